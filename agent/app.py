@@ -1,0 +1,58 @@
+"""Wiring: settings → collectors → runner → state → sinks (Prometheus registry, OTLP, API server)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from agent.collectors import CollectContext, enabled_collectors
+from agent.config import Settings
+from agent.identity import node_identity
+from agent.runner import Runner
+from agent.state import AgentState
+from exporters.prometheus import make_registry
+
+log = logging.getLogger(__name__)
+
+
+class Agent:
+    """The running agent. ``start``/``stop`` are idempotent; ``stop`` is bounded in time."""
+
+    def __init__(self, settings: Settings, services: dict[str, Any] | None = None) -> None:
+        self.settings = settings
+        self.state = AgentState(environment=settings.node.environment)
+        self.state.identity = node_identity(settings.path.procfs, settings.path.sysfs)
+        self.ctx = CollectContext(settings=settings, services=dict(services or {}))
+        self.runner = Runner(settings, self.state, enabled_collectors(self.ctx))
+        self.registry = make_registry(self.state)
+        self.otlp: Any = None
+        self._started = False
+        self._stopped = False
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        if self.settings.otlp_enabled():
+            from exporters.otlp import OTLPExporter, build_resource, make_exporter
+
+            self.otlp = OTLPExporter(
+                self.state, build_resource(self.state.identity, self.settings.node.environment), make_exporter()
+            )
+        self.runner.start()
+        log.info(
+            "agent started: collectors %s", ", ".join(c.name for c in self.runner.collectors) or "(none)"
+        )
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        self.runner.stop()
+        if self.otlp is not None:
+            self.otlp.shutdown()
+        log.info("agent stopped")

@@ -1,0 +1,49 @@
+"""Metrics about the agent itself: per-collector health (node_exporter's scrape_collector_*)."""
+
+from agent.catalog.spec import Kind, MetricSpec
+
+METRICS = (
+    MetricSpec(
+        "inferwatch.collector.duration",
+        Kind.GAUGE,
+        "s",
+        "Wall time of the collector's last run.",
+        ("collector",),
+    ),
+    MetricSpec(
+        "inferwatch.collector.success",
+        Kind.GAUGE,
+        "",
+        "1 when the collector's last run did not fail (expected absence counts as success), 0 when it failed.",
+        ("collector",),
+    ),
+    MetricSpec(
+        "inferwatch.collector.data_absent",
+        Kind.GAUGE,
+        "",
+        "1 when the collector's last run found its data absent on this host (no GPU, no PSI, runtime not "
+        "running); the status API carries the hint on how to get it.",
+        ("collector",),
+    ),
+    MetricSpec(
+        "inferwatch.collector.errors",
+        Kind.COUNTER,
+        "{error}",
+        "Failed collector runs (exceptions, timeouts, samples that do not match the catalog).",
+        ("collector", "reason"),
+    ),
+    MetricSpec(
+        "inferwatch.collector.last_success_timestamp",
+        Kind.GAUGE,
+        "s",
+        "Unix time of the collector's last run that did not fail.",
+        ("collector",),
+    ),
+    MetricSpec(
+        "inferwatch.agent.info",
+        Kind.GAUGE,
+        "",
+        "Always 1; carries the agent version and the node's configured environment.",
+        ("version", "environment"),
+    ),
+)

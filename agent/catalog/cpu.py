@@ -1,0 +1,43 @@
+"""CPU capability: identity, SIMD features expected for this CPU model and present, SVE vector length."""
+
+from agent.catalog.spec import Kind, MetricSpec
+
+METRICS = (
+    MetricSpec(
+        "inferwatch.node.info",
+        Kind.GAUGE,
+        "",
+        "Always 1; the node's hardware and OS identity as labels (CPU model, kernel release, machine type "
+        "from DMI, which is the instance type on AWS).",
+        ("arch", "cpu_vendor", "cpu_model", "kernel_release", "machine_type"),
+    ),
+    MetricSpec(
+        "inferwatch.cpu.feature.present",
+        Kind.GAUGE,
+        "",
+        "1 when the SIMD feature is reported by every CPU of the node (/proc/cpuinfo flags), else 0.",
+        ("feature",),
+    ),
+    MetricSpec(
+        "inferwatch.cpu.feature.expected",
+        Kind.GAUGE,
+        "",
+        "1 when this CPU model is expected to have the feature (built-in table or expect_features config).",
+        ("feature", "cpu_model"),
+    ),
+    MetricSpec(
+        "inferwatch.cpu.feature.missing",
+        Kind.GAUGE,
+        "",
+        "1 when the feature is expected for this CPU model but absent: the silent fallback that costs ~20% "
+        "latency with no errors.",
+        ("feature", "cpu_model"),
+    ),
+    MetricSpec(
+        "inferwatch.cpu.sve.vector_length",
+        Kind.GAUGE,
+        "By",
+        "Default SVE vector length (/proc/sys/abi/sve_default_vector_length), where the kernel exposes it.",
+    ),
+    MetricSpec("system.cpu.logical.count", Kind.UPDOWNCOUNTER, "{cpu}", "Logical CPUs in /proc/cpuinfo."),
+)

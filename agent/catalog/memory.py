@@ -1,0 +1,87 @@
+"""Page-cache pressure: /proc/meminfo, /proc/pressure/memory, /proc/vmstat and the runtime's cgroup v2."""
+
+from agent.catalog.spec import Kind, MetricSpec
+
+METRICS = (
+    MetricSpec("system.memory.limit", Kind.UPDOWNCOUNTER, "By", "Total usable memory (MemTotal)."),
+    MetricSpec(
+        "system.memory.usage",
+        Kind.UPDOWNCOUNTER,
+        "By",
+        "Memory by state: used = MemTotal − MemAvailable, free = MemFree, cached = Cached (includes "
+        "tmpfs/shmem), buffers = Buffers.",
+        ("system.memory.state",),
+    ),
+    MetricSpec(
+        "system.memory.linux.available",
+        Kind.UPDOWNCOUNTER,
+        "By",
+        "MemAvailable: the kernel's estimate of memory available to new workloads without swapping.",
+    ),
+    MetricSpec(
+        "inferwatch.memory.file_lru",
+        Kind.UPDOWNCOUNTER,
+        "By",
+        "Page cache on the file LRU lists, Active(file) and Inactive(file); inactive pages are reclaimed first.",
+        ("list",),
+    ),
+    MetricSpec(
+        "inferwatch.memory.inactive_file.threshold",
+        Kind.GAUGE,
+        "By",
+        "Configured Inactive(file) floor below which the page cache counts as low (default 1 GiB).",
+    ),
+    MetricSpec(
+        "inferwatch.memory.writeback",
+        Kind.UPDOWNCOUNTER,
+        "By",
+        "Dirty and writeback page cache (Dirty, Writeback) and shared memory (Shmem).",
+        ("state",),
+    ),
+    MetricSpec(
+        "inferwatch.pressure.memory.avg",
+        Kind.GAUGE,
+        "1",
+        "PSI memory stall share over a window (avg10/avg60/avg300 divided by 100): some = at least one task "
+        "stalled, full = all non-idle tasks stalled.",
+        ("kind", "window"),
+    ),
+    MetricSpec(
+        "inferwatch.pressure.memory.stalled",
+        Kind.COUNTER,
+        "s",
+        "PSI memory stall time (total, µs converted to seconds).",
+        ("kind",),
+    ),
+    MetricSpec(
+        "inferwatch.memory.vmstat",
+        Kind.COUNTER,
+        "{event}",
+        "Paging events from /proc/vmstat: pgmajfault, workingset_refault_file, pgscan_direct, pgsteal_direct, "
+        "pgscan_kswapd, pgsteal_kswapd, allocstall (zoned counters summed on old kernels).",
+        ("event",),
+    ),
+    MetricSpec(
+        "inferwatch.runtime.cgroup.memory.stat",
+        Kind.UPDOWNCOUNTER,
+        "By",
+        "The runtime's cgroup v2 memory.stat sizes (anon, file, inactive_file, active_file, shmem, "
+        "file_mapped, file_dirty).",
+        ("field",),
+    ),
+    MetricSpec(
+        "inferwatch.runtime.cgroup.memory.events",
+        Kind.COUNTER,
+        "{event}",
+        "The runtime's cgroup v2 memory.stat event counters (workingset_refault_file, pgmajfault, pgscan, "
+        "pgsteal).",
+        ("event",),
+    ),
+    MetricSpec(
+        "inferwatch.runtime.cgroup.pressure.memory.avg",
+        Kind.GAUGE,
+        "1",
+        "PSI memory stall share of the runtime's cgroup (memory.pressure), as inferwatch.pressure.memory.avg.",
+        ("kind", "window"),
+    ),
+)

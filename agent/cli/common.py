@@ -1,0 +1,67 @@
+"""Options shared by commands: config file, path roots, and node_exporter-style collector switches."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from agent.config import Settings, load_settings
+from agent.errors import ConfigError
+
+EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+_SWITCH = re.compile(r"^--(no-)?collector\.([a-z0-9_]+)$")
+
+ConfigOpt = typer.Option(None, "--config", "-c", help="YAML configuration file (or INFERWATCH_CONFIG).")
+ProcfsOpt = typer.Option(None, "--path.procfs", help="procfs root to read (default /proc).")
+SysfsOpt = typer.Option(None, "--path.sysfs", help="sysfs root to read (default /sys).")
+
+
+def collector_switches(extra: list[str]) -> dict[str, dict[str, bool]]:
+    """Turn ``--collector.NAME`` / ``--no-collector.NAME`` into config overrides; reject anything else."""
+    from agent.collectors import REGISTRY
+
+    out: dict[str, dict[str, bool]] = {}
+    for arg in extra:
+        m = _SWITCH.match(arg)
+        if not m:
+            raise typer.BadParameter(f"unknown option {arg!r}", param_hint="options")
+        name = m.group(2)
+        if name not in REGISTRY:
+            raise typer.BadParameter(
+                f"unknown collector {name!r} (known: {', '.join(sorted(REGISTRY))})", param_hint=arg
+            )
+        out[name] = {"enabled": m.group(1) is None}
+    return out
+
+
+def build_settings(
+    config: Path | None,
+    procfs: Path | None,
+    sysfs: Path | None,
+    extra: list[str],
+    overrides: dict[str, Any] | None = None,
+) -> Settings:
+    """Settings from file, environment and flags; on a bad value print one message and exit 2."""
+    merged: dict[str, Any] = dict(overrides or {})
+    paths = {k: v for k, v in (("procfs", procfs), ("sysfs", sysfs)) if v is not None}
+    if paths:
+        merged["path"] = paths
+    switches = collector_switches(extra)
+    if switches:
+        merged["collectors"] = switches
+    try:
+        return load_settings(config, merged)
+    except ConfigError as exc:
+        typer.echo(f"inferwatch: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )

@@ -1,0 +1,49 @@
+"""``inferwatch doctor``: run the host checks once; exit 0 ok, 1 a check failed, 2 usage or tool error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from agent.cli.common import ConfigOpt, ProcfsOpt, SysfsOpt, build_settings
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def doctor(
+        config: Path | None = ConfigOpt,
+        procfs: Path | None = ProcfsOpt,
+        sysfs: Path | None = SysfsOpt,
+        require: list[str] = typer.Option([], "--require", help="CPU feature that must be present (repeatable)."),
+        as_json: bool = typer.Option(False, "--json", help="Print {\"checks\": [...]} as JSON."),
+    ) -> None:
+        """Check this host once: CPU features against its model, page cache, GPU; a CI/CD hardware gate."""
+        from agent import doctor as doc
+
+        settings = build_settings(config, procfs, sysfs, [])
+        if not settings.path.procfs.is_dir():
+            typer.echo(f"inferwatch: procfs root {settings.path.procfs} is not a directory", err=True)
+            raise typer.Exit(2)
+        findings = doc.run_checks(doc.DoctorContext(settings=settings, require=[r.lower() for r in require]))
+        if as_json:
+            typer.echo(json.dumps(doc.as_json(findings), indent=2, sort_keys=False, default=str))
+        else:
+            _print_table(findings)
+        raise typer.Exit(doc.exit_code(findings))
+
+
+def _print_table(findings: list) -> None:  # type: ignore[type-arg]
+    from rich.console import Console
+    from rich.table import Table
+
+    colors = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
+    table = Table(title="inferwatch doctor")
+    table.add_column("check")
+    table.add_column("status")
+    table.add_column("summary")
+    table.add_column("runbook")
+    for f in findings:
+        table.add_row(f.id, f"[{colors.get(f.status, '')}]{f.status}[/]", f.summary, f.runbook)
+    Console(width=160).print(table)

@@ -1,0 +1,29 @@
+"""Entry point of the ``inferwatch`` command. Only this layer exits; library code raises."""
+
+from __future__ import annotations
+
+import typer
+
+from agent import __version__
+from agent.cli import doctor, run
+
+app = typer.Typer(
+    name="inferwatch",
+    help="Observability and SLO diagnostics for LLM inference runtimes.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+for module in (run, doctor):
+    module.register(app)
+
+
+@app.command()
+def version() -> None:
+    """Print the inferwatch version."""
+    typer.echo(__version__)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,73 @@
+"""The collector protocol.
+
+A collector reads one part of the world and returns plain values (:class:`Collection`). It never
+knows which sink shows its data, never measures its own duration or success (the runner does), and
+takes every OS or hardware boundary from its :class:`CollectContext` (procfs and sysfs roots, the
+NVML client, HTTP clients), so it can be tested on recorded files.
+
+Raise :class:`~agent.errors.NoDataError` (with a hint) for expected absence, any other exception for
+failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from agent.config import Settings
+from agent.samples import AnySample, Finding
+
+
+@dataclass(frozen=True, slots=True)
+class Collection:
+    """What one collector run produced."""
+
+    samples: Sequence[AnySample] = ()
+    findings: Sequence[Finding] = ()
+    details: Mapping[str, Any] = field(default_factory=dict)  # shown in the status API
+
+
+@dataclass
+class CollectContext:
+    """Everything a collector may touch outside the process, injectable for tests."""
+
+    settings: Settings
+    services: dict[str, Any] = field(default_factory=dict)  # shared helpers (runtime locator, nvml client)
+
+    @property
+    def procfs(self) -> Path:
+        return self.settings.path.procfs
+
+    @property
+    def sysfs(self) -> Path:
+        return self.settings.path.sysfs
+
+
+class Collector(Protocol):
+    name: ClassVar[str]
+    default_enabled: ClassVar[bool]
+    default_interval_s: ClassVar[float | None]  # None: the agent's global interval
+
+    def collect(self) -> Collection: ...
+
+    def close(self) -> None: ...
+
+
+class BaseCollector:
+    """Convenience base: stores the context; subclasses set the class variables and ``collect``."""
+
+    name: ClassVar[str] = ""
+    default_enabled: ClassVar[bool] = True
+    default_interval_s: ClassVar[float | None] = None
+    description: ClassVar[str] = ""
+
+    def __init__(self, ctx: CollectContext) -> None:
+        self.ctx = ctx
+
+    def collect(self) -> Collection:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release resources (clients, handles). Safe to call twice."""

@@ -1,0 +1,179 @@
+"""The agent's one settings model.
+
+Sources, highest first: CLI flags (passed as init values), environment (``INFERWATCH_`` prefix, nested
+with ``__``: ``INFERWATCH_PAGECACHE__INACTIVE_FILE_THRESHOLD_BYTES``), a YAML file (``--config`` or
+``INFERWATCH_CONFIG``), then the defaults below. OTLP export is configured by the standard ``OTEL_*``
+variables (read by the OpenTelemetry SDK itself), never by parallel inferwatch variables.
+
+A bad value raises :class:`~agent.errors.ConfigError` naming the field.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from agent.errors import ConfigError
+
+DEFAULT_LISTEN_ADDRESS = "127.0.0.1"
+DEFAULT_LISTEN_PORT = 9435
+DEFAULT_INTERVAL_S = 5.0
+DEFAULT_TIMEOUT_S = 2.0
+DEFAULT_INACTIVE_FILE_THRESHOLD_BYTES = 1 << 30  # 1 GiB; relative to the model size, see runbooks
+CONFIG_ENV = "INFERWATCH_CONFIG"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CollectorSettings(_Section):
+    """Per-collector switches; ``None`` means the collector's own default."""
+
+    enabled: bool | None = None
+    interval_s: float | None = Field(default=None, gt=0, le=3600)
+    timeout_s: float | None = Field(default=None, gt=0, le=600)
+
+
+class PathSettings(_Section):
+    procfs: Path = Path("/proc")
+    sysfs: Path = Path("/sys")
+
+
+class RuntimeSettings(_Section):
+    """How to find the inference runtime process on this host (first match wins: pid, pidfile, pattern)."""
+
+    name: str = "runtime"
+    pid: int | None = Field(default=None, gt=0)
+    pidfile: Path | None = None
+    cmdline_pattern: str | None = None
+
+    @field_validator("cmdline_pattern")
+    @classmethod
+    def _valid_regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            import re
+
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression: {exc}") from exc
+        return v
+
+
+class NodeSettings(_Section):
+    environment: str = "unknown"  # e.g. production, staging: DebugProfileEnabledInProduction reads it
+
+
+class CPUSettings(_Section):
+    expect_features: list[str] = Field(default_factory=list)
+
+
+class PageCacheSettings(_Section):
+    inactive_file_threshold_bytes: int = Field(default=DEFAULT_INACTIVE_FILE_THRESHOLD_BYTES, ge=0)
+
+
+class OTLPSettings(_Section):
+    """Only the switch lives here; endpoint, protocol, headers and resource come from ``OTEL_*``."""
+
+    enabled: bool | None = None  # None: on when OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT is set
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="INFERWATCH_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    listen_address: str = DEFAULT_LISTEN_ADDRESS
+    listen_port: int = Field(default=DEFAULT_LISTEN_PORT, ge=0, le=65535)
+    interval_s: float = Field(default=DEFAULT_INTERVAL_S, gt=0, le=3600)
+    timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0, le=600)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    path: PathSettings = PathSettings()
+    collectors: dict[str, CollectorSettings] = Field(default_factory=dict)
+    runtime: RuntimeSettings = RuntimeSettings()
+    node: NodeSettings = NodeSettings()
+    cpu: CPUSettings = CPUSettings()
+    pagecache: PageCacheSettings = PageCacheSettings()
+    otlp: OTLPSettings = OTLPSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _YamlSource(settings_cls))
+
+    def collector(self, name: str) -> CollectorSettings:
+        return self.collectors.get(name, CollectorSettings())
+
+    def otlp_enabled(self) -> bool:
+        if self.otlp.enabled is not None:
+            return self.otlp.enabled
+        return bool(
+            os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+        )
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    """Values from the YAML file named by the class-level ``_yaml_path`` (set by :func:`load_settings`)."""
+
+    data: dict[str, Any] = {}
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self.data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_YamlSource.data)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level, not {type(data).__name__}")
+    return data
+
+
+def _format_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        value = err.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        parts.append(f"{loc}: {err['msg']}{shown}")
+    return "invalid configuration: " + "; ".join(parts)
+
+
+def load_settings(config_file: Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
+    """Build the settings from flags (``overrides``), environment and the YAML file; raise ConfigError."""
+    if config_file is None and os.environ.get(CONFIG_ENV):
+        config_file = Path(os.environ[CONFIG_ENV])
+    _YamlSource.data = read_yaml(config_file) if config_file else {}
+    try:
+        return Settings(**(overrides or {}))
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc)) from None
+    finally:
+        _YamlSource.data = {}

@@ -1,0 +1,51 @@
+"""Exception hierarchy of the agent. Library code raises these; only the CLI entry point exits.
+
+    InferwatchError
+    ├── ConfigError              invalid configuration (CLI exit code 2)
+    ├── CollectorError           a collector failed: unreadable input, bad data, remote error
+    │   └── SourceFormatError    input parsed but not in the expected shape (garbage /metrics, bad JSON)
+    ├── NoDataError              expected absence: no GPU, no PSI, runtime not running; carries a hint
+    ├── CatalogError             a sample that does not match the metric catalog
+    └── ToolError                an external program (py-spy, ldd) could not run or failed
+"""
+
+from __future__ import annotations
+
+
+class InferwatchError(Exception):
+    """Base class of every error the agent raises on purpose."""
+
+
+class ConfigError(InferwatchError):
+    """The configuration is invalid; the message names the field."""
+
+
+class CollectorError(InferwatchError):
+    """A collector could not produce data because something is wrong (not merely absent)."""
+
+
+class SourceFormatError(CollectorError):
+    """A source answered, but not in the format we read (garbage exposition, non-JSON body, ...)."""
+
+
+class NoDataError(InferwatchError):
+    """Expected absence of data on this host; not a failure.
+
+    ``hint`` says how to get the data (as node_exporter's ErrNoData messages do).
+    """
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        return f"{base} (hint: {self.hint})" if self.hint else base
+
+
+class CatalogError(InferwatchError):
+    """A sample names a metric or attribute the catalog does not declare."""
+
+
+class ToolError(InferwatchError):
+    """An external program could not be run or returned an error."""

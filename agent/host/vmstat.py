@@ -1,0 +1,51 @@
+"""/proc/vmstat counters that show page-cache churn, both the modern and the pre-4.8 zoned shapes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agent.errors import NoDataError
+
+# Modern name -> prefixes whose zoned/old variants are summed into it.
+EVENTS: dict[str, tuple[str, ...]] = {
+    "pgmajfault": ("pgmajfault",),
+    "workingset_refault_file": ("workingset_refault_file", "workingset_refault"),
+    "pgscan_direct": ("pgscan_direct",),
+    "pgsteal_direct": ("pgsteal_direct",),
+    "pgscan_kswapd": ("pgscan_kswapd",),
+    "pgsteal_kswapd": ("pgsteal_kswapd",),
+    "allocstall": ("allocstall",),
+}
+
+
+def parse_vmstat(text: str) -> dict[str, int]:
+    raw: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+            raw[parts[0]] = int(parts[1])
+    out: dict[str, int] = {}
+    for event, prefixes in EVENTS.items():
+        if event in raw:
+            out[event] = raw[event]
+            continue
+        total, found = 0, False
+        for key, value in raw.items():
+            for prefix in prefixes:
+                # zoned: pgscan_direct_normal, allocstall_movable; old single: workingset_refault
+                zoned = key.startswith(prefix + "_") and not key.endswith("_throttle")
+                if key == prefix or (zoned and not key.startswith("workingset_refault_anon")):
+                    total += value
+                    found = True
+                    break
+        if found:
+            out[event] = total
+    return out
+
+
+def read_vmstat(procfs: Path) -> dict[str, int]:
+    path = procfs / "vmstat"
+    try:
+        return parse_vmstat(path.read_text(encoding="ascii", errors="replace"))
+    except FileNotFoundError:
+        raise NoDataError(f"{path} does not exist", hint="point --path.procfs at the host's /proc") from None

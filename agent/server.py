@@ -1,0 +1,51 @@
+"""The agent's HTTP API (FastAPI): /metrics, /healthz, /readyz, /api/v1/status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Response
+from fastapi.responses import JSONResponse
+
+from agent import __version__
+from agent.app import Agent
+from exporters.prometheus import CONTENT_TYPE, exposition
+
+
+def create_app(agent: Agent) -> FastAPI:
+    app = FastAPI(title="inferwatch agent", version=__version__, docs_url=None, redoc_url=None)
+    app.state.agent = agent
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        # A plain route, not a mounted ASGI app: a mount answers 307 to /metrics/.
+        return Response(exposition(agent.registry), media_type=CONTENT_TYPE)
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "alive"}
+
+    @app.get("/readyz")
+    def readyz() -> JSONResponse:
+        health = agent.state.health()
+        pending = sorted(n for n, h in health.items() if h.runs == 0)
+        code = 200 if not pending else 503
+        return JSONResponse({"ready": not pending, "pending": pending}, status_code=code)
+
+    @app.get("/api/v1/status")
+    def status() -> dict[str, Any]:
+        state = agent.state
+        return {
+            "version": __version__,
+            "environment": state.environment,
+            "started_at": state.started_at,
+            "node": state.identity,
+            "collectors": [h.as_dict() for h in state.health().values()],
+            "findings": [
+                {"id": f.id, "status": f.status, "summary": f.summary, "evidence": dict(f.evidence),
+                 "runbook": f.runbook}
+                for f in state.findings()
+            ],
+        }
+
+    return app

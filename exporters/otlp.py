@@ -1,0 +1,192 @@
+"""OTLP metric export through the OpenTelemetry SDK.
+
+Endpoint, protocol (``grpc`` or ``http/protobuf``), headers, timeout and extra resource attributes
+come from the standard ``OTEL_*`` variables, read by the SDK. Each catalog metric becomes an
+observable instrument whose callback reads the agent state, so OTLP and Prometheus show the same
+values. When the collector endpoint is unreachable the SDK drops the batch (cumulative temporality:
+the next success carries full totals), memory stays bounded, and we log once when export starts
+failing and once when it recovers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricReader,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import Resource
+
+from agent import __version__, catalog
+from agent.catalog.spec import Kind, MetricSpec
+from agent.samples import Sample
+from agent.state import AgentState
+
+log = logging.getLogger(__name__)
+
+DEFAULT_EXPORT_INTERVAL_MS = 15_000
+DEFAULT_EXPORT_TIMEOUT_MS = 5_000
+SHUTDOWN_TIMEOUT_MS = 5_000
+SERVICE_NAME = "inferwatch-agent"
+_SDK_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.sdk.metrics._internal.export",
+)
+
+
+def protocol() -> str:
+    return (
+        os.environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc"
+    ).strip()
+
+
+def make_exporter() -> MetricExporter:
+    proto = protocol()
+    if proto == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
+
+        return GrpcExporter()
+    if proto == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
+
+        return HttpExporter()
+    raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL={proto!r} is not supported (use grpc or http/protobuf)")
+
+
+class _StateLoggingExporter(MetricExporter):
+    """Delegates to the real exporter; logs once per change between failing and working."""
+
+    def __init__(self, inner: MetricExporter, on_result: Callable[[bool], None]) -> None:
+        super().__init__(
+            preferred_temporality=inner._preferred_temporality,
+            preferred_aggregation=inner._preferred_aggregation,
+        )
+        self._inner = inner
+        self._failing = False
+        self._on_result = on_result
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        try:
+            result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - an exporter bug must not kill the reader thread
+            log.debug("OTLP export raised", exc_info=exc)
+            result = MetricExportResult.FAILURE
+        ok = result is MetricExportResult.SUCCESS
+        if not ok and not self._failing:
+            log.warning("OTLP metric export failing (endpoint unreachable or refusing); data is dropped until it recovers")
+        elif ok and self._failing:
+            log.info("OTLP metric export recovered")
+        self._failing = not ok
+        self._on_result(ok)
+        return result
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self._inner.force_flush(timeout_millis=timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+def build_resource(identity: dict[str, str], environment: str) -> Resource:
+    attrs: dict[str, Any] = dict(identity)
+    attrs["service.version"] = __version__
+    if environment and environment != "unknown":
+        attrs["deployment.environment.name"] = environment
+    env_attrs = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in env_attrs:
+        attrs["service.name"] = SERVICE_NAME
+    # Resource.create merges OTEL_RESOURCE_ATTRIBUTES; explicitly passed keys win, so drop ours where set.
+    for item in env_attrs.split(","):
+        key = item.partition("=")[0].strip()
+        attrs.pop(key, None)
+    return Resource.create(attrs)
+
+
+class OTLPExporter:
+    """The agent's OTLP metrics sink: export on a period, flush, shutdown (idempotent, bounded)."""
+
+    def __init__(
+        self,
+        state: AgentState,
+        resource: Resource,
+        exporter: MetricExporter | None = None,
+        readers: Sequence[MetricReader] = (),
+        export_interval_ms: int | None = None,
+    ) -> None:
+        self.state = state
+        self.exports_ok = 0
+        self.exports_failed = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        all_readers: list[MetricReader] = list(readers)  # non-network readers first (shutdown order)
+        if exporter is not None:
+            interval = export_interval_ms or int(os.environ.get("OTEL_METRIC_EXPORT_INTERVAL", DEFAULT_EXPORT_INTERVAL_MS))
+            timeout = min(int(os.environ.get("OTEL_METRIC_EXPORT_TIMEOUT", DEFAULT_EXPORT_TIMEOUT_MS)),
+                          SHUTDOWN_TIMEOUT_MS - 1000)
+            for name in _SDK_LOGGERS:  # we log transitions ourselves; the SDK logs every retry
+                logging.getLogger(name).setLevel(logging.CRITICAL)
+            all_readers.append(
+                PeriodicExportingMetricReader(
+                    _StateLoggingExporter(exporter, self._count),
+                    export_interval_millis=interval,
+                    export_timeout_millis=timeout,
+                )
+            )
+        self.provider = MeterProvider(resource=resource, metric_readers=all_readers)
+        meter = self.provider.get_meter("inferwatch.agent", __version__)
+        for spec in catalog.CATALOG.values():
+            self._instrument(meter, spec)
+
+    def _count(self, ok: bool) -> None:
+        with self._lock:
+            if ok:
+                self.exports_ok += 1
+            else:
+                self.exports_failed += 1
+
+    def _callback(self, spec: MetricSpec) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(_options: CallbackOptions) -> Iterable[Observation]:
+            seen = set()
+            for s in self.state.samples():
+                if s.name == spec.name and isinstance(s, Sample) and s.attributes not in seen:
+                    seen.add(s.attributes)
+                    yield Observation(float(s.value), dict(s.attributes))
+
+        return observe
+
+    def _instrument(self, meter: Any, spec: MetricSpec) -> None:
+        cb = [self._callback(spec)]
+        if spec.kind is Kind.GAUGE:
+            meter.create_observable_gauge(spec.name, callbacks=cb, unit=spec.unit, description=spec.description)
+        elif spec.kind is Kind.COUNTER:
+            meter.create_observable_counter(spec.name, callbacks=cb, unit=spec.unit, description=spec.description)
+        elif spec.kind is Kind.UPDOWNCOUNTER:
+            meter.create_observable_up_down_counter(
+                spec.name, callbacks=cb, unit=spec.unit, description=spec.description
+            )
+        # Histograms: the SDK has no observable histogram; they are exported through Prometheus (and the
+        # Collector's Prometheus receiver) until the analytics sink records them synchronously.
+
+    def force_flush(self, timeout_ms: int = SHUTDOWN_TIMEOUT_MS) -> bool:
+        return bool(self.provider.force_flush(timeout_millis=timeout_ms))
+
+    def shutdown(self, timeout_ms: int = SHUTDOWN_TIMEOUT_MS) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self.provider.shutdown(timeout_millis=timeout_ms)
+        except Exception:  # noqa: BLE001 - shutdown must be bounded and never raise
+            log.warning("OTLP shutdown incomplete", exc_info=True)

@@ -1,0 +1,44 @@
+"""Shared test helpers: fixture paths, a procfs builder, free ports, process cleanup."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def fake_procfs(tmp_path: Path):
+    """Build a procfs tree from recorded files: ``fake_procfs(meminfo=..., pressure_memory=..., ...)``."""
+
+    def build(**files: str | Path) -> Path:
+        root = tmp_path / "proc"
+        mapping = {
+            "meminfo": "meminfo",
+            "pressure_memory": "pressure/memory",
+            "vmstat": "vmstat",
+            "cpuinfo": "cpuinfo",
+            "osrelease": "sys/kernel/osrelease",
+            "cmdline": "cmdline",
+        }
+        for key, src in files.items():
+            dest = root / mapping[key]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            text = src.read_text() if isinstance(src, Path) else src
+            dest.write_text(text)
+        root.mkdir(exist_ok=True)
+        return root
+
+    return build

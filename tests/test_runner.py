@@ -1,0 +1,138 @@
+"""The runner isolates collectors: one that raises, hangs or returns garbage breaks nothing else."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import ClassVar
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent.collectors.base import BaseCollector, CollectContext, Collection
+from agent.config import load_settings
+from agent.errors import NoDataError
+from agent.runner import Runner
+from agent.samples import Sample, attrs
+from agent.state import AgentState
+from exporters.prometheus import exposition, make_registry
+
+
+class Good(BaseCollector):
+    name: ClassVar[str] = "good"
+
+    def collect(self) -> Collection:
+        return Collection([Sample("process.uptime", 42.0, attrs(runtime="r"))])
+
+
+class Raises(BaseCollector):
+    name: ClassVar[str] = "raises"
+
+    def collect(self) -> Collection:
+        raise RuntimeError("boom")
+
+
+class Hangs(BaseCollector):
+    name: ClassVar[str] = "hangs"
+    release = threading.Event()
+
+    def collect(self) -> Collection:
+        self.release.wait(30)
+        return Collection()
+
+
+class Garbage(BaseCollector):
+    name: ClassVar[str] = "garbage"
+
+    def collect(self) -> Collection:
+        return Collection([Sample("not.in.catalog", 1.0)])
+
+
+class WrongAttrs(BaseCollector):
+    name: ClassVar[str] = "wrongattrs"
+
+    def collect(self) -> Collection:
+        return Collection([Sample("process.uptime", 1.0, attrs(nope="x"))])
+
+
+class NotACollection(BaseCollector):
+    name: ClassVar[str] = "notacollection"
+
+    def collect(self):  # type: ignore[override]
+        return "garbage"
+
+
+class Absent(BaseCollector):
+    name: ClassVar[str] = "absent"
+
+    def collect(self) -> Collection:
+        raise NoDataError("no GPU", hint="install the NVIDIA driver")
+
+
+def _wait(pred, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_failures_are_isolated_and_reported(caplog) -> None:
+    settings = load_settings(overrides={"interval_s": 0.2, "timeout_s": 0.3})
+    ctx = CollectContext(settings)
+    state = AgentState()
+    kinds = [Good, Raises, Hangs, Garbage, WrongAttrs, NotACollection, Absent]
+    runner = Runner(settings, state, [k(ctx) for k in kinds])
+    runner.start()
+    try:
+        assert _wait(lambda: all(h.runs >= 3 for h in state.health().values()))
+        health = state.health()
+        assert health["good"].state == "ok"
+        assert health["raises"].state == "failed" and "boom" in (health["raises"].last_error or "")
+        assert health["hangs"].state == "failed" and health["hangs"].error_reason in ("timeout", "hung")
+        assert health["garbage"].state == "failed" and health["garbage"].error_reason == "bad_sample"
+        assert health["wrongattrs"].error_reason == "bad_sample"
+        assert health["notacollection"].error_reason == "bad_sample"
+        assert health["absent"].state == "absent" and health["absent"].hint == "install the NVIDIA driver"
+
+        text = exposition(make_registry(state)).decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        assert families["process_uptime_seconds"].samples[0].value == 42.0
+        success = {s.labels["collector"]: s.value for s in families["inferwatch_collector_success"].samples}
+        assert success == {"good": 1, "raises": 0, "hangs": 0, "garbage": 0, "wrongattrs": 0,
+                           "notacollection": 0, "absent": 1}
+        absent = {s.labels["collector"]: s.value for s in families["inferwatch_collector_data_absent"].samples}
+        assert absent["absent"] == 1 and absent["good"] == 0
+        errors = families["inferwatch_collector_errors"].samples
+        assert any(s.labels == {"collector": "raises", "reason": "exception"} and s.value >= 3 for s in errors)
+        # Logged once per change of state, not per cycle.
+        assert sum("collector raises failing" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        Hangs.release.set()
+        runner.stop()
+
+
+def test_hung_collector_is_not_started_twice() -> None:
+    calls = []
+
+    class Slow(BaseCollector):
+        name: ClassVar[str] = "slow"
+        gate = threading.Event()
+
+        def collect(self) -> Collection:
+            calls.append(time.monotonic())
+            self.gate.wait(5)
+            return Collection()
+
+    settings = load_settings(overrides={"interval_s": 0.1, "timeout_s": 0.1})
+    state = AgentState()
+    runner = Runner(settings, state, [Slow(CollectContext(settings))])
+    runner.start()
+    try:
+        assert _wait(lambda: state.health()["slow"].runs >= 5)
+        assert len(calls) == 1
+        Slow.gate.set()
+        assert _wait(lambda: len(calls) >= 2)
+    finally:
+        Slow.gate.set()
+        runner.stop()

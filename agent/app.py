@@ -43,9 +43,7 @@ class Agent:
                 self.state, build_resource(self.state.identity, self.settings.node.environment), make_exporter()
             )
         self.runner.start()
-        log.info(
-            "agent started: collectors %s", ", ".join(c.name for c in self.runner.collectors) or "(none)"
-        )
+        log.info("agent started: collectors %s", ", ".join(c.name for c in self.runner.collectors) or "(none)")
 
     def stop(self) -> None:
         with self._lock:

@@ -50,7 +50,7 @@ def run_checks(ctx: DoctorContext, checks: list[tuple[str, CheckFn]] | None = No
             findings.extend(fn(ctx))
         except NoDataError as exc:
             findings.append(Finding(check_id, "skip", str(exc.args[0]), {"hint": exc.hint}))
-        except Exception as exc:  # noqa: BLE001 - report, never crash the gate
+        except Exception as exc:
             findings.append(Finding(check_id, "fail", f"check failed: {type(exc).__name__}: {exc}"))
     return findings
 

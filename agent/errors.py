@@ -1,12 +1,12 @@
 """Exception hierarchy of the agent. Library code raises these; only the CLI entry point exits.
 
-    InferwatchError
-    ├── ConfigError              invalid configuration (CLI exit code 2)
-    ├── CollectorError           a collector failed: unreadable input, bad data, remote error
-    │   └── SourceFormatError    input parsed but not in the expected shape (garbage /metrics, bad JSON)
-    ├── NoDataError              expected absence: no GPU, no PSI, runtime not running; carries a hint
-    ├── CatalogError             a sample that does not match the metric catalog
-    └── ToolError                an external program (py-spy, ldd) could not run or failed
+InferwatchError
+├── ConfigError              invalid configuration (CLI exit code 2)
+├── CollectorError           a collector failed: unreadable input, bad data, remote error
+│   └── SourceFormatError    input parsed but not in the expected shape (garbage /metrics, bad JSON)
+├── NoDataError              expected absence: no GPU, no PSI, runtime not running; carries a hint
+├── CatalogError             a sample that does not match the metric catalog
+└── ToolError                an external program (py-spy, ldd) could not run or failed
 """
 
 from __future__ import annotations

@@ -49,7 +49,9 @@ def validate(collection: object) -> Collection:
             raise CatalogError(f"sample of type {type(s).__name__} is not a Sample")
         keys = tuple(k for k, _ in s.attributes)
         if set(keys) != set(spec.attributes) or len(keys) != len(spec.attributes):
-            raise CatalogError(f"{s.name}: attributes {sorted(keys)} differ from the catalog's {sorted(spec.attributes)}")
+            raise CatalogError(
+                f"{s.name}: attributes {sorted(keys)} differ from the catalog's {sorted(spec.attributes)}"
+            )
     return collection
 
 
@@ -89,7 +91,7 @@ class Runner:
         for c in self.collectors:
             try:
                 c.close()
-            except Exception:  # noqa: BLE001 - closing must not raise at shutdown
+            except Exception:
                 log.debug("closing collector %s failed", c.name, exc_info=True)
         self._threads = []
 
@@ -110,8 +112,9 @@ class Runner:
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _await(self, collector: BaseCollector, fut: concurrent.futures.Future[Collection], started: float,
-               timeout: float) -> None:
+    def _await(
+        self, collector: BaseCollector, fut: concurrent.futures.Future[Collection], started: float, timeout: float
+    ) -> None:
         try:
             result = fut.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
@@ -120,13 +123,20 @@ class Runner:
             self._finish(collector, started, Collection(), "absent", str(exc.args[0] if exc.args else exc), exc.hint)
         except CatalogError as exc:
             self._finish(collector, started, None, "bad_sample", str(exc))
-        except Exception as exc:  # noqa: BLE001 - isolate every collector failure
+        except Exception as exc:
             self._finish(collector, started, None, "exception", f"{type(exc).__name__}: {exc}")
         else:
             self._finish(collector, started, result, "ok")
 
-    def _finish(self, collector: BaseCollector, started: float, collection: Collection | None, outcome: str,
-                message: str | None = None, hint: str | None = None) -> None:
+    def _finish(
+        self,
+        collector: BaseCollector,
+        started: float,
+        collection: Collection | None,
+        outcome: str,
+        message: str | None = None,
+        hint: str | None = None,
+    ) -> None:
         now = time.time()
         prev = self.state.health()[collector.name]
         failed = outcome not in ("ok", "absent")

@@ -42,8 +42,13 @@ def create_app(agent: Agent) -> FastAPI:
             "node": state.identity,
             "collectors": [h.as_dict() for h in state.health().values()],
             "findings": [
-                {"id": f.id, "status": f.status, "summary": f.summary, "evidence": dict(f.evidence),
-                 "runbook": f.runbook}
+                {
+                    "id": f.id,
+                    "status": f.status,
+                    "summary": f.summary,
+                    "evidence": dict(f.evidence),
+                    "runbook": f.runbook,
+                }
                 for f in state.findings()
             ],
         }

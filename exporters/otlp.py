@@ -79,12 +79,14 @@ class _StateLoggingExporter(MetricExporter):
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
         try:
             result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - an exporter bug must not kill the reader thread
+        except Exception as exc:
             log.debug("OTLP export raised", exc_info=exc)
             result = MetricExportResult.FAILURE
         ok = result is MetricExportResult.SUCCESS
         if not ok and not self._failing:
-            log.warning("OTLP metric export failing (endpoint unreachable or refusing); data is dropped until it recovers")
+            log.warning(
+                "OTLP metric export failing (endpoint unreachable or refusing); data is dropped until it recovers"
+            )
         elif ok and self._failing:
             log.info("OTLP metric export recovered")
         self._failing = not ok
@@ -131,9 +133,12 @@ class OTLPExporter:
         self._closed = False
         all_readers: list[MetricReader] = list(readers)  # non-network readers first (shutdown order)
         if exporter is not None:
-            interval = export_interval_ms or int(os.environ.get("OTEL_METRIC_EXPORT_INTERVAL", DEFAULT_EXPORT_INTERVAL_MS))
-            timeout = min(int(os.environ.get("OTEL_METRIC_EXPORT_TIMEOUT", DEFAULT_EXPORT_TIMEOUT_MS)),
-                          SHUTDOWN_TIMEOUT_MS - 1000)
+            interval = export_interval_ms or int(
+                os.environ.get("OTEL_METRIC_EXPORT_INTERVAL", DEFAULT_EXPORT_INTERVAL_MS)
+            )
+            timeout = min(
+                int(os.environ.get("OTEL_METRIC_EXPORT_TIMEOUT", DEFAULT_EXPORT_TIMEOUT_MS)), SHUTDOWN_TIMEOUT_MS - 1000
+            )
             for name in _SDK_LOGGERS:  # we log transitions ourselves; the SDK logs every retry
                 logging.getLogger(name).setLevel(logging.CRITICAL)
             all_readers.append(
@@ -188,5 +193,5 @@ class OTLPExporter:
             self._closed = True
         try:
             self.provider.shutdown(timeout_millis=timeout_ms)
-        except Exception:  # noqa: BLE001 - shutdown must be bounded and never raise
+        except Exception:
             log.warning("OTLP shutdown incomplete", exc_info=True)

@@ -67,8 +67,8 @@ class StateCollector(_PromCollector):
             if isinstance(s, HistogramSample):
                 assert isinstance(family, HistogramMetricFamily)
                 family.add_metric(list(values), [(_fmt_le(le), c) for le, c in s.buckets], s.sum)
-            elif isinstance(s, Sample):
-                family.add_metric(list(values), float(s.value))  # type: ignore[attr-defined]
+            elif isinstance(s, Sample) and isinstance(family, (GaugeMetricFamily, CounterMetricFamily)):
+                family.add_metric(list(values), float(s.value))
         return family
 
 

@@ -13,8 +13,12 @@ from pathlib import Path
 import httpx
 
 
-def wait_http(url: str, timeout_s: float = 30.0, ok: Callable[[httpx.Response], bool] | None = None,
-              proc: subprocess.Popen[bytes] | None = None) -> httpx.Response:
+def wait_http(
+    url: str,
+    timeout_s: float = 30.0,
+    ok: Callable[[httpx.Response], bool] | None = None,
+    proc: subprocess.Popen[bytes] | None = None,
+) -> httpx.Response:
     """Poll ``url`` until it answers (and ``ok`` accepts it) or time runs out."""
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
@@ -46,12 +50,19 @@ def stop(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
 
 
 @contextlib.contextmanager
-def running(cmd: Sequence[str], log: Path, cwd: Path | None = None, env: dict[str, str] | None = None
-            ) -> Iterator[subprocess.Popen[bytes]]:
+def running(
+    cmd: Sequence[str], log: Path, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     """Run ``cmd`` in its own process group with output to ``log``; always stopped on exit."""
     with open(log, "wb") as out:
-        proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, cwd=cwd,
-                                env={**os.environ, **(env or {})}, start_new_session=True)
+        proc = subprocess.Popen(
+            list(cmd),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
         try:
             yield proc
         finally:

@@ -43,12 +43,14 @@ def test_bad_config_names_the_field(tmp_path, yaml_text: str, needle: str) -> No
 def test_cli_exits_2_with_one_clear_line(tmp_path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("listen_port: 99999\n")
-    proc = subprocess.run([PYTHON, "-m", "agent", "run", "--config", str(cfg)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [PYTHON, "-m", "agent", "run", "--config", str(cfg)], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "inferwatch: invalid configuration: listen_port: Input should be less than or equal to 65535 (got 99999)"
     ]
-    proc = subprocess.run([PYTHON, "-m", "agent", "run", "--no-collector.nonesuch"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [PYTHON, "-m", "agent", "run", "--no-collector.nonesuch"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2 and "unknown collector 'nonesuch'" in proc.stderr

@@ -57,7 +57,8 @@ def test_zoned_vmstat_is_summed() -> None:
     vm = parse_vmstat((MEM / "vmstat_node_exporter_pre_4_8_zoned.txt").read_text())
     text = (MEM / "vmstat_node_exporter_pre_4_8_zoned.txt").read_text()
     expected = sum(
-        int(v) for k, v in (line.split() for line in text.splitlines())
+        int(v)
+        for k, v in (line.split() for line in text.splitlines())
         if k.startswith("pgscan_direct_") and not k.endswith("_throttle")
     )
     assert vm["pgscan_direct"] == expected

@@ -99,8 +99,15 @@ def test_failures_are_isolated_and_reported(caplog) -> None:
         families = {f.name: f for f in text_string_to_metric_families(text)}
         assert families["process_uptime_seconds"].samples[0].value == 42.0
         success = {s.labels["collector"]: s.value for s in families["inferwatch_collector_success"].samples}
-        assert success == {"good": 1, "raises": 0, "hangs": 0, "garbage": 0, "wrongattrs": 0,
-                           "notacollection": 0, "absent": 1}
+        assert success == {
+            "good": 1,
+            "raises": 0,
+            "hangs": 0,
+            "garbage": 0,
+            "wrongattrs": 0,
+            "notacollection": 0,
+            "absent": 1,
+        }
         absent = {s.labels["collector"]: s.value for s in families["inferwatch_collector_data_absent"].samples}
         assert absent["absent"] == 1 and absent["good"] == 0
         errors = families["inferwatch_collector_errors"].samples

@@ -19,7 +19,11 @@ def test_agent_serves_metrics_on_this_host(tmp_path) -> None:
         r = httpx.get(f"{base}/metrics")
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
         names = {f.name for f in text_string_to_metric_families(r.text)}
-        assert {"system_memory_limit_bytes", "inferwatch_memory_file_lru_bytes", "inferwatch_collector_success"} <= names
+        assert {
+            "system_memory_limit_bytes",
+            "inferwatch_memory_file_lru_bytes",
+            "inferwatch_collector_success",
+        } <= names
         status = httpx.get(f"{base}/api/v1/status").json()
         assert {c["name"] for c in status["collectors"]} >= {"pagecache"}
         assert status["node"]["os.type"] == "linux"

@@ -7,11 +7,11 @@ the one place that assembles them.
 
 from __future__ import annotations
 
-from agent.catalog import agent, cpu, gpu, memory, process
+from agent.catalog import agent, cpu, engine, gpu, memory, process, runtime
 from agent.catalog.spec import Kind, MetricSpec, prometheus_label, prometheus_name
 from agent.errors import CatalogError
 
-_MODULES = (agent, cpu, memory, gpu, process)
+_MODULES = (agent, cpu, memory, gpu, process, engine, runtime)
 
 
 def _build() -> dict[str, MetricSpec]:

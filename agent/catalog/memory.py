@@ -73,8 +73,7 @@ METRICS = (
         "inferwatch.runtime.cgroup.memory.events",
         Kind.COUNTER,
         "{event}",
-        "The runtime's cgroup v2 memory.stat event counters (workingset_refault_file, pgmajfault, pgscan, "
-        "pgsteal).",
+        "The runtime's cgroup v2 memory.stat event counters (workingset_refault_file, pgmajfault, pgscan, pgsteal).",
         ("event",),
     ),
     MetricSpec(

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from agent.cli.common import ConfigOpt, ProcfsOpt, SysfsOpt, build_settings
+from agent.samples import Finding
 
 
 def register(app: typer.Typer) -> None:
@@ -17,7 +18,7 @@ def register(app: typer.Typer) -> None:
         procfs: Path | None = ProcfsOpt,
         sysfs: Path | None = SysfsOpt,
         require: list[str] = typer.Option([], "--require", help="CPU feature that must be present (repeatable)."),
-        as_json: bool = typer.Option(False, "--json", help="Print {\"checks\": [...]} as JSON."),
+        as_json: bool = typer.Option(False, "--json", help='Print {"checks": [...]} as JSON.'),
     ) -> None:
         """Check this host once: CPU features against its model, page cache, GPU; a CI/CD hardware gate."""
         from agent import doctor as doc
@@ -34,7 +35,7 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(doc.exit_code(findings))
 
 
-def _print_table(findings: list) -> None:  # type: ignore[type-arg]
+def _print_table(findings: list[Finding]) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -16,7 +16,9 @@ def register(app: typer.Typer) -> None:
         config: Path | None = ConfigOpt,
         procfs: Path | None = ProcfsOpt,
         sysfs: Path | None = SysfsOpt,
-        listen_address: str | None = typer.Option(None, "--listen-address", help="Address to bind (default 127.0.0.1)."),
+        listen_address: str | None = typer.Option(
+            None, "--listen-address", help="Address to bind (default 127.0.0.1)."
+        ),
         port: int | None = typer.Option(None, "--port", help="Port of the API and /metrics (default 9435)."),
         interval: float | None = typer.Option(None, "--interval", help="Default collection interval, seconds."),
         environment: str | None = typer.Option(None, "--environment", help="Node environment, e.g. production."),

@@ -10,12 +10,7 @@ from __future__ import annotations
 from agent.collectors.base import BaseCollector, CollectContext, Collection, Collector
 from agent.collectors.pagecache import PageCacheCollector
 
-REGISTRY: dict[str, type[BaseCollector]] = {
-    cls.name: cls
-    for cls in (
-        PageCacheCollector,
-    )
-}
+REGISTRY: dict[str, type[BaseCollector]] = {cls.name: cls for cls in (PageCacheCollector,)}
 
 
 def enabled_collectors(ctx: CollectContext) -> list[BaseCollector]:

@@ -35,7 +35,7 @@ class PageCacheCollector(BaseCollector):
             Sample("system.memory.linux.available", mem_available(info)),
             Sample("inferwatch.memory.inactive_file.threshold", threshold),
         ]
-        states = {
+        states: dict[str, int | None] = {
             "used": info["MemTotal"] - mem_available(info),
             "free": info.get("MemFree"),
             "cached": info.get("Cached"),
@@ -59,8 +59,8 @@ class PageCacheCollector(BaseCollector):
             details["psi"] = str(exc)
         if pressure:
             for kind, line in pressure.items():
-                for window, value in (("10s", line.avg10), ("60s", line.avg60), ("300s", line.avg300)):
-                    samples.append(Sample("inferwatch.pressure.memory.avg", value, attrs(kind=kind, window=window)))
+                for window, avg in (("10s", line.avg10), ("60s", line.avg60), ("300s", line.avg300)):
+                    samples.append(Sample("inferwatch.pressure.memory.avg", avg, attrs(kind=kind, window=window)))
                 samples.append(Sample("inferwatch.pressure.memory.stalled", line.total_seconds, attrs(kind=kind)))
 
         refault_rate: float | None = None

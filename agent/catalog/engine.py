@@ -1,0 +1,187 @@
+"""Engine timing and state, normalised across vLLM, SGLang, TGI, llama.cpp and TensorRT-LLM.
+
+Per-model metrics carry the OpenTelemetry attribute ``gen_ai.request.model`` (Prometheus label
+``gen_ai_request_model``) — one name for the model everywhere, so rules and panels can join them.
+Quantities: ttft, itl, e2e, queue, prefill, decode, inference. Windows: 1m, 5m. ``source`` says where
+a value comes from: ``histogram`` (interpolated from the engine's cumulative buckets, as
+``histogram_quantile`` does) or ``spans`` (per-request samples from OTLP spans, in a DDSketch).
+A quantity an engine does not expose is absent, never zero.
+"""
+
+from agent.catalog.spec import Kind, MetricSpec
+
+MODEL = "gen_ai.request.model"
+_M = (MODEL,)
+_Q = (MODEL, "quantity", "window", "source")
+
+# vLLM v1's default TTFT buckets (vllm/v1/metrics/loggers.py); every SLO threshold must be one of them.
+TTFT_BUCKETS_S = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS_S = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS_S = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+
+METRICS = (
+    MetricSpec(
+        "inferwatch.engine.up",
+        Kind.GAUGE,
+        "",
+        "1 when the engine's /metrics answered and parsed on the last scrape, else 0.",
+        ("engine",),
+    ),
+    MetricSpec(
+        "inferwatch.engine.info",
+        Kind.GAUGE,
+        "",
+        "Always 1 per model the engine serves; labels say which engine was detected.",
+        ("engine", MODEL),
+    ),
+    MetricSpec(
+        "inferwatch.engine.latency",
+        Kind.GAUGE,
+        "s",
+        "Latency quantile of a request phase over a sliding window (quantity: ttft, itl, e2e, queue, prefill, "
+        "decode, inference; quantile: 0.5, 0.9, 0.95, 0.99).",
+        (*_Q, "quantile"),
+    ),
+    MetricSpec(
+        "inferwatch.engine.latency.samples",
+        Kind.GAUGE,
+        "{request}",
+        "Observations behind the window's quantiles (requests finished in the window).",
+        _Q,
+    ),
+    MetricSpec(
+        "inferwatch.engine.latency.tail_ratio",
+        Kind.GAUGE,
+        "1",
+        "P99 / P50 of the quantity over the window; above 3 means jitter that more resources will not fix.",
+        _Q,
+    ),
+    MetricSpec(
+        "inferwatch.engine.latency.bimodal",
+        Kind.GAUGE,
+        "",
+        "1 when the window's latency distribution is bimodal (slow node or slow path), else 0.",
+        _Q,
+    ),
+    MetricSpec(
+        "inferwatch.engine.latency.bimodality",
+        Kind.GAUGE,
+        "",
+        "The bimodality statistic behind the verdict (see docs/engine.md for its definition and threshold).",
+        _Q,
+    ),
+    MetricSpec(
+        "inferwatch.engine.frontend_gap",
+        Kind.GAUGE,
+        "s",
+        "Mean TTFT − (queue + prefill) over the window: API server, tokenisation, templating and IPC time.",
+        (MODEL, "window"),
+    ),
+    MetricSpec("inferwatch.engine.requests.running", Kind.UPDOWNCOUNTER, "{request}", "Requests in the batch.", _M),
+    MetricSpec("inferwatch.engine.requests.waiting", Kind.UPDOWNCOUNTER, "{request}", "Requests queued.", _M),
+    MetricSpec("inferwatch.engine.kv_cache.usage", Kind.GAUGE, "1", "KV-cache blocks in use (0..1).", _M),
+    MetricSpec(
+        "inferwatch.engine.tokens",
+        Kind.COUNTER,
+        "{token}",
+        "Tokens processed, by type (prompt, generation), summed over data-parallel ranks.",
+        (MODEL, "type"),
+    ),
+    MetricSpec("inferwatch.engine.preemptions", Kind.COUNTER, "{preemption}", "Requests preempted.", _M),
+    MetricSpec(
+        "inferwatch.engine.requests.finished",
+        Kind.COUNTER,
+        "{request}",
+        "Requests finished, by reason (stop, length, abort, error).",
+        (MODEL, "reason"),
+    ),
+    MetricSpec(
+        "gen_ai.server.time_to_first_token",
+        Kind.HISTOGRAM,
+        "s",
+        "Time to first token, from request arrival (engine buckets summed over data-parallel ranks).",
+        _M,
+        TTFT_BUCKETS_S,
+    ),
+    MetricSpec(
+        "gen_ai.server.time_per_output_token",
+        Kind.HISTOGRAM,
+        "s",
+        "Inter-token latency during decode.",
+        _M,
+        ITL_BUCKETS_S,
+    ),
+    MetricSpec(
+        "gen_ai.server.request.duration",
+        Kind.HISTOGRAM,
+        "s",
+        "End-to-end request latency to the last output token.",
+        _M,
+        E2E_BUCKETS_S,
+    ),
+)

@@ -1,0 +1,63 @@
+"""Runtime diagnostics: the debug runtime_profile, the streaming probe, binary compatibility, profiles."""
+
+from agent.catalog.spec import Kind, MetricSpec
+
+METRICS = (
+    MetricSpec(
+        "inferwatch.runtime.profile.available",
+        Kind.GAUGE,
+        "",
+        "1 when the runtime answered the debug runtime_profile request with a non-empty profile, 0 when it "
+        "answered {} (debug mode is only enabled at runtime start).",
+    ),
+    MetricSpec(
+        "inferwatch.runtime.profile.fetch.errors",
+        Kind.COUNTER,
+        "{error}",
+        "runtime_profile fetches that failed, by reason (timeout, connect, http_status, oversized, not_json).",
+        ("reason",),
+    ),
+    MetricSpec(
+        "inferwatch.runtime.profile.value",
+        Kind.GAUGE,
+        "",
+        "Numeric runtime_profile fields on the allowlist (e.g. gpu_memory_used_bytes), in the field's own unit.",
+        ("field",),
+    ),
+    MetricSpec(
+        "inferwatch.probe.success", Kind.GAUGE, "", "1 when the last synthetic stream completed cleanly.", ("protocol",)
+    ),
+    MetricSpec(
+        "inferwatch.probe.ttft", Kind.GAUGE, "s", "Client-side time to first token of the last probe.", ("protocol",)
+    ),
+    MetricSpec(
+        "inferwatch.probe.itl",
+        Kind.GAUGE,
+        "s",
+        "Mean client-side inter-token latency of the last probe.",
+        ("protocol",),
+    ),
+    MetricSpec("inferwatch.probe.duration", Kind.GAUGE, "s", "Total time of the last probe.", ("protocol",)),
+    MetricSpec(
+        "inferwatch.probe.schema_violations",
+        Kind.COUNTER,
+        "{violation}",
+        "Streamed chunks or events off-schema, by kind (empty_delta_with_usage, malformed_json, "
+        "missing_terminator, wrong_event_order, non_utf8, crlf_framing, schema).",
+        ("protocol", "kind"),
+    ),
+    MetricSpec(
+        "inferwatch.probe.http_errors",
+        Kind.COUNTER,
+        "{error}",
+        "Probe requests answered with an HTTP error, by error type (hardware_mismatch counted on its own).",
+        ("protocol", "error_type"),
+    ),
+    MetricSpec(
+        "inferwatch.runtime.binary.missing_libraries",
+        Kind.GAUGE,
+        "{library}",
+        "Shared libraries the runtime binary needs that cannot be found on this host.",
+        ("runtime",),
+    ),
+)

@@ -6,6 +6,7 @@ import typer
 
 from agent import __version__
 from agent.cli import doctor, run
+from agent.cli import simd as simd_cli
 
 app = typer.Typer(
     name="inferwatch",
@@ -17,6 +18,7 @@ app = typer.Typer(
 
 for module in (run, doctor):
     module.register(app)
+simd_cli.register(app)
 
 
 @app.command()

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from agent.collectors.base import BaseCollector, CollectContext, Collection, Collector
 from agent.collectors.pagecache import PageCacheCollector
+from agent.collectors.simd import SimdCollector
 
 REGISTRY: dict[str, type[BaseCollector]] = {cls.name: cls for cls in (PageCacheCollector,)}
+REGISTRY[SimdCollector.name] = SimdCollector
 
 
 def enabled_collectors(ctx: CollectContext) -> list[BaseCollector]:

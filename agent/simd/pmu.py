@@ -98,7 +98,7 @@ class ThreadCounters:
                         continue  # the thread ended meanwhile
                     self._last[key] = 0
                 try:
-                    value = struct.unpack("<Q", os.pread(self._fds[key], 8, 0))[0]
+                    value = struct.unpack("<Q", os.read(self._fds[key], 8))[0]
                 except OSError:
                     continue
                 delta[event.name] += value - self._last[key]

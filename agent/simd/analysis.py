@@ -36,9 +36,17 @@ from agent.simd.proc import (
 )
 
 DEFAULT_BUSY_CPU = 0.05  # cores: below this the runtime is idle and no verdict is drawn
-# Per file, fewer heuristic hits than this are treated as noise (code without AVX-512 scores 0-50 per
-# 20 MB; llama.cpp's AVX-512 libggml-cpu.so scores ~16,000), see agent/simd/codescan.py.
+# Per file, fewer heuristic hits than this (absolute, and per MiB of code) are treated as noise. Measured:
+# libraries without AVX-512 (objdump: 0) score 0-48 hits, <= 35 per MiB (llama.cpp's libllama, libmtmd,
+# libllama-common; Go's prometheus 43 in 21 MiB); the native libggml-cpu.so scores 31,109 (objdump: 31,967),
+# ~23,000 per MiB. See agent/simd/codescan.py and docs/llamacpp.md.
 MIN_FILE_INSTRUCTIONS = 64
+MIN_FILE_INSTRUCTIONS_PER_MIB = 100
+
+
+def _present(c: codescan.CodeCount) -> bool:
+    mib = max(c.code_bytes / (1 << 20), 1e-9)
+    return c.count >= MIN_FILE_INSTRUCTIONS and c.count / mib >= MIN_FILE_INSTRUCTIONS_PER_MIB
 _GLIBC_CORE = ("libc.so", "libc-", "ld-linux", "ld64.so", "libc.musl", "ld-musl")
 
 
@@ -123,8 +131,8 @@ class SimdAnalyzer:
         serving = prev is not None and busy >= self.busy_cpu
         flags = cpu_flags(self.procfs)
         counts, anon, errors = self.code()
-        code_by_file = {c.path: c.count for c in counts if c.count >= MIN_FILE_INSTRUCTIONS}
-        noise = {c.path: c.count for c in counts if 0 < c.count < MIN_FILE_INSTRUCTIONS}
+        code_by_file = {c.path: c.count for c in counts if _present(c)}
+        noise = {c.path: c.count for c in counts if c.count and not _present(c)}
         compute = sum(n for p, n in code_by_file.items() if not _is_glibc_core(p))
         libc = sum(n for p, n in code_by_file.items() if _is_glibc_core(p))
         evidence: dict[str, Any] = {

@@ -4,7 +4,8 @@ Inputs per observation window (between two calls of :meth:`SimdAnalyzer.observe`
 
 - capable: the CPU flag (``avx512f`` on x86, ``sve`` on AArch64) in ``<procfs>/cpuinfo``;
 - code present: AVX-512 / SVE instructions in the executable code the runtime has mapped, outside the C
-  library and the dynamic loader (:mod:`agent.simd.codescan`, cached per file);
+  library, the dynamic loader and other system libraries with their own AVX-512 code (OpenSSL, zlib: see
+  ``_SYSTEM``) (:mod:`agent.simd.codescan`, cached per file);
 - threads active (x86): threads whose ``AVX512_elapsed_ms`` says AVX-512 state was in use since the
   previous observation (last-use time = now − elapsed > previous observation time);
 - attributable (x86): thread activity means engine compute only when glibc's own AVX-512 string code is
@@ -47,12 +48,35 @@ MIN_FILE_INSTRUCTIONS_PER_MIB = 100
 def _present(c: codescan.CodeCount) -> bool:
     mib = max(c.code_bytes / (1 << 20), 1e-9)
     return c.count >= MIN_FILE_INSTRUCTIONS and c.count / mib >= MIN_FILE_INSTRUCTIONS_PER_MIB
+
+
 _GLIBC_CORE = ("libc.so", "libc-", "ld-linux", "ld64.so", "libc.musl", "ld-musl")
+# System libraries with AVX-512 code of their own that is not the runtime's compute (string functions, TLS
+# and hashing, compression). Measured: llama-server maps libcrypto.so.3 (1,704 AVX-512 instructions, used only
+# for TLS), so without this list an AVX2-only build would look like it had AVX-512 code.
+_SYSTEM = (
+    *_GLIBC_CORE,
+    "libcrypto.so",
+    "libssl.so",
+    "libgcrypt.so",
+    "libnettle.so",
+    "libhogweed.so",
+    "libgnutls.so",
+    "libz.so",
+    "libzstd.so",
+    "liblzma.so",
+    "libsystemd.so",
+)
 
 
 def _is_glibc_core(path: str) -> bool:
     name = path.rsplit("/", 1)[-1]
     return any(name.startswith(p) for p in _GLIBC_CORE)
+
+
+def _is_system(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return any(name.startswith(p) for p in _SYSTEM)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,13 +157,15 @@ class SimdAnalyzer:
         counts, anon, errors = self.code()
         code_by_file = {c.path: c.count for c in counts if _present(c)}
         noise = {c.path: c.count for c in counts if c.count and not _present(c)}
-        compute = sum(n for p, n in code_by_file.items() if not _is_glibc_core(p))
+        compute = sum(n for p, n in code_by_file.items() if not _is_system(p))
         libc = sum(n for p, n in code_by_file.items() if _is_glibc_core(p))
+        evidence_system = {p: n for p, n in code_by_file.items() if _is_system(p)}
         evidence: dict[str, Any] = {
             "pid": self.pid,
             "window_s": round(window_s, 3),
             "busy_cpu": round(busy, 3),
-            "code_by_file": code_by_file,
+            "code_by_file": {p: n for p, n in code_by_file.items() if not _is_system(p)},
+            "system_code_by_file": evidence_system,
             "anonymous_exec_mappings": anon,
         }
         if noise:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from agent.config import Settings
 from agent.errors import NoDataError
+from agent.host.cpucap import cpu_feature_verdict, read_cpu_capability, require_verdict
 from agent.host.meminfo import read_meminfo
 from agent.host.pagecache import pagecache_verdict
 from agent.host.pressure import read_pressure
@@ -37,9 +38,25 @@ def check_pagecache(ctx: DoctorContext) -> list[Finding]:
     return [pagecache_verdict(info, ctx.settings.pagecache.inactive_file_threshold_bytes, pressure)]
 
 
+def check_cpu(ctx: DoctorContext) -> list[Finding]:
+    """SIMD features expected for this CPU model, and ``--require`` features, against /proc/cpuinfo."""
+    try:
+        cap = read_cpu_capability(ctx.settings.path.procfs, ctx.settings.path.sysfs, ctx.settings.cpu.expect_features)
+    except NoDataError as exc:
+        if not ctx.require:
+            raise
+        # A gate that cannot read the CPU must not pass: the required features are unverified.
+        return [Finding("cpu.require", "fail", f"cannot check required CPU features: {exc}", {"hint": exc.hint})]
+    findings = [cpu_feature_verdict(cap)]
+    if ctx.require:
+        findings.append(require_verdict(cap, ctx.require))
+    return findings
+
+
 # The explicit list of checks, in the order doctor prints them.
 CHECKS: list[tuple[str, CheckFn]] = [
     ("pagecache", check_pagecache),
+    ("cpu", check_cpu),
 ]
 
 

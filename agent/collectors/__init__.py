@@ -10,8 +10,11 @@ from __future__ import annotations
 from agent.collectors.base import BaseCollector, CollectContext, Collection, Collector
 from agent.collectors.cpu import CPUCollector
 from agent.collectors.pagecache import PageCacheCollector
+from agent.collectors.process import ProcessCollector
 
-REGISTRY: dict[str, type[BaseCollector]] = {cls.name: cls for cls in (PageCacheCollector, CPUCollector)}
+REGISTRY: dict[str, type[BaseCollector]] = {
+    cls.name: cls for cls in (PageCacheCollector, CPUCollector, ProcessCollector)
+}
 
 
 def enabled_collectors(ctx: CollectContext) -> list[BaseCollector]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from agent.config import Settings
 from agent.errors import NoDataError
@@ -23,6 +24,7 @@ from agent.samples import Finding
 class DoctorContext:
     settings: Settings
     require: list[str] = field(default_factory=list)  # CPU features that must be present
+    services: dict[str, Any] = field(default_factory=dict)  # injected clients (nvml), as CollectContext
 
 
 CheckFn = Callable[[DoctorContext], list[Finding]]
@@ -53,10 +55,36 @@ def check_cpu(ctx: DoctorContext) -> list[Finding]:
     return findings
 
 
+def check_gpu(ctx: DoctorContext) -> list[Finding]:
+    """Every GPU NVML sees, flagged when its clocks are held down (power cap, thermal, hardware slowdown)."""
+    from agent.collectors.gpu import nvml_client, throttle_finding
+    from agent.host.nvml import CLOCK_EVENT_REASONS, NVMLUnsupported
+
+    nv = nvml_client(ctx.services)
+    nv.init()
+    try:
+        count = nv.device_count()
+        if count == 0:
+            raise NoDataError("NVML found no GPU", hint="check nvidia-smi; in a container pass --gpus all")
+        findings = []
+        for i in range(count):
+            try:
+                reasons = nv.clock_event_reasons(i)
+            except NVMLUnsupported:
+                findings.append(Finding(f"gpu{i}.throttle", "skip", f"GPU {i} does not report clock-event reasons"))
+                continue
+            active = [r for r, bit in CLOCK_EVENT_REASONS.items() if reasons & bit]
+            findings.append(throttle_finding(i, nv.uuid(i), nv.name(i), active))
+        return findings
+    finally:
+        nv.shutdown()
+
+
 # The explicit list of checks, in the order doctor prints them.
 CHECKS: list[tuple[str, CheckFn]] = [
     ("pagecache", check_pagecache),
     ("cpu", check_cpu),
+    ("gpu", check_gpu),
 ]
 
 

@@ -173,6 +173,12 @@ def test_cgroup_v2_memory_on_synthetic_sysfs(tmp_path: Path) -> None:
         assert v[("inferwatch.runtime.cgroup.memory.events", (("event", "pgmajfault"),))] == 4242
         assert v[("inferwatch.runtime.cgroup.pressure.memory.avg", (("kind", "some"), ("window", "10s")))] == 0.125
         assert result.details["cgroup"] == cg
+        # inactive_file 512 MiB < the 1 GiB default, and the cgroup's PSI shows stalls: the runtime's own
+        # page cache is being reclaimed, whatever the node's meminfo says.
+        (finding,) = result.findings
+        assert finding.id == "pagecache.runtime_cgroup" and finding.status == "fail"
+        (directory / "memory.pressure").write_text(MEMORY_PRESSURE.replace("avg10=12.50", "avg10=0.00"))
+        assert c.collect().findings[0].status == "warn"  # low, no stall now, refaults unchanged since last run
         # without the files the process metrics still come, and the details say why cgroup ones do not
         (directory / "memory.stat").unlink()
         result = validate(c.collect())

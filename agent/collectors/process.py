@@ -12,15 +12,17 @@ status API carries the hint.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import ClassVar
 
 import psutil
 
 from agent.collectors.base import BaseCollector, CollectContext, Collection
 from agent.errors import NoDataError
-from agent.host.cgroup import EVENT_FIELDS, SIZE_FIELDS, read_cgroup_memory
+from agent.host.cgroup import EVENT_FIELDS, SIZE_FIELDS, CgroupMemory, read_cgroup_memory
+from agent.host.pagecache import pagecache_verdict
 from agent.host.runtime import RuntimeLocator, runtime_locator
-from agent.samples import AnySample, Sample, attrs
+from agent.samples import AnySample, Finding, Sample, attrs
 
 
 def _faults(procfs_stat: str) -> tuple[int, int] | None:
@@ -43,6 +45,7 @@ class ProcessCollector(BaseCollector):
     def __init__(self, ctx: CollectContext) -> None:
         super().__init__(ctx)
         self.locator: RuntimeLocator = runtime_locator(ctx.services, ctx.settings.runtime, ctx.procfs)
+        self._last_refaults: tuple[str, float, int] | None = None  # (cgroup, monotonic time, count)
 
     def collect(self) -> Collection:
         loc = self.locator
@@ -117,4 +120,20 @@ class ProcessCollector(BaseCollector):
                     samples.append(
                         Sample("inferwatch.runtime.cgroup.pressure.memory.avg", avg, attrs(kind=kind, window=window))
                     )
+            findings = [self._cgroup_pagecache(cg)] if "inactive_file" in cg.stat else []
+            return Collection(samples=samples, findings=findings, details=details)
         return Collection(samples=samples, details=details)
+
+    def _cgroup_pagecache(self, cg: CgroupMemory) -> Finding:
+        """The page-cache verdict on the runtime's own cgroup: its inactive_file, its PSI, its refaults."""
+        now = time.monotonic()
+        refaults = cg.stat.get("workingset_refault_file")
+        rate: float | None = None
+        last = self._last_refaults
+        if refaults is not None:
+            if last is not None and last[0] == cg.path and now > last[1]:
+                rate = max(refaults - last[2], 0) / (now - last[1])
+            self._last_refaults = (cg.path, now, refaults)
+        threshold = self.ctx.settings.pagecache.inactive_file_threshold_bytes
+        f = pagecache_verdict({"Inactive(file)": cg.stat["inactive_file"]}, threshold, cg.pressure, rate)
+        return replace(f, id="pagecache.runtime_cgroup", summary=f"runtime cgroup {cg.path}: {f.summary}")

@@ -175,6 +175,7 @@ def test_old_kernel_hint_for_bf16_on_graviton(tmp_path: Path) -> None:
 
     hints = cause_hints(cap, cap.missing)
     assert any("older than 5.10" in h for h in hints)
+    assert any("older than 4.15" in h for h in hints)
     assert any("sve_default_vector_length" in h for h in hints)
 
 

@@ -21,6 +21,7 @@ from agent.samples import Finding
 RUNBOOK = "CPUFeatureMissing"
 # Kernels before these releases do not report the feature even on silicon that has it.
 ARM_BF16_I8MM_MIN_KERNEL = (5, 10)  # Graviton: bf16/i8mm hwcaps (aws-graviton-getting-started)
+ARM_SVE_MIN_KERNEL = (4, 15)  # arm64 SVE support merged in 4.15
 X86_AMX_MIN_KERNEL = (5, 16)  # AMX (XFD dynamic xstate) support merged in 5.16
 _NOSVE = ("arm64.nosve", "id_aa64pfr0.sve=0")
 _HYPERVISOR_DMI = ("kvm", "qemu", "vmware", "virtualbox", "xen", "hvm domu", "firecracker", "microsoft")
@@ -103,6 +104,8 @@ def cause_hints(cap: CpuCapability, missing: frozenset[str]) -> list[str]:
         hints.append(f"kernel command line has {' '.join(clear)}: those CPUID features are masked at boot")
     version = kernel_version(cap.kernel_release)
     if version is not None:
+        if cap.info.arch == "aarch64" and sve_like and version < ARM_SVE_MIN_KERNEL:
+            hints.append(f"kernel {cap.kernel_release} is older than 4.15, which first supports SVE")
         arm_mm = missing & {"bf16", "i8mm", "svebf16", "svei8mm"}
         if cap.info.arch == "aarch64" and arm_mm and version < ARM_BF16_I8MM_MIN_KERNEL:
             hints.append(f"kernel {cap.kernel_release} is older than 5.10, which first reports bf16/i8mm")

@@ -8,9 +8,10 @@ Each collector lives in its own module here (``agent/collectors/<name>.py``), as
 from __future__ import annotations
 
 from agent.collectors.base import BaseCollector, CollectContext, Collection, Collector
+from agent.collectors.engine import EngineCollector
 from agent.collectors.pagecache import PageCacheCollector
 
-REGISTRY: dict[str, type[BaseCollector]] = {cls.name: cls for cls in (PageCacheCollector,)}
+REGISTRY: dict[str, type[BaseCollector]] = {cls.name: cls for cls in (PageCacheCollector, EngineCollector)}
 
 
 def enabled_collectors(ctx: CollectContext) -> list[BaseCollector]:

@@ -1,0 +1,102 @@
+"""Sliding windows over cumulative engine counters and histograms.
+
+Each scrape is a snapshot of cumulative values per series (one series per data-parallel rank).
+Between two consecutive scrapes every series' increase is computed as Prometheus's ``increase``
+computes it between two samples: a value lower than the previous one is a counter reset (engine
+restart), so the increase is the new value; a series (or bucket bound) seen for the first time
+contributes nothing until its second scrape (its first value is history, not an increase); a series
+that disappears stops contributing. The per-series increases are summed (``sum by (le)``) into one
+step per scrape interval. A window of ``W`` seconds ending at the latest scrape ``T`` sums the steps
+whose *both* samples lie in ``[T - W, T]`` — the samples a Prometheus range selector ``[W]``
+evaluated at ``T`` sees — so its quantiles equal
+``histogram_quantile(q, sum by (le) (rate(x_bucket[W])))`` (rate's extrapolation scales every bucket
+by the same factor, which a quantile ignores).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from agent.engine.exposition import Labels
+from agent.engine.histogram import Histogram, counter_increase, histogram_increase, sum_histograms
+
+WINDOWS_S: dict[str, float] = {"1m": 60.0, "5m": 300.0}
+HORIZON_S = max(WINDOWS_S.values())
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    start: float  # timestamp of the earlier scrape (seconds)
+    end: float
+    hist: Histogram | None
+    values: Mapping[str, float]
+
+
+class HistogramWindow:
+    """Reset-aware increments of one model's per-series cumulative histogram (one timing quantity)."""
+
+    def __init__(self, horizon_s: float = HORIZON_S) -> None:
+        self.horizon_s = horizon_s
+        self._last: dict[Labels, Histogram] = {}
+        self._last_t: float | None = None
+        self._steps: deque[_Step] = deque()
+
+    @property
+    def last_time(self) -> float | None:
+        return self._last_t
+
+    def update(self, t: float, series: Mapping[Labels, Histogram]) -> None:
+        """Add the scrape taken at ``t`` (seconds, increasing)."""
+        if self._last_t is not None and t > self._last_t:
+            increases = [histogram_increase(self._last[k], h) for k, h in series.items() if k in self._last]
+            self._steps.append(_Step(self._last_t, t, sum_histograms(increases), {}))
+        if self._last_t is None or t > self._last_t:
+            self._last = dict(series)
+            self._last_t = t
+        _expire(self._steps, t - self.horizon_s)
+
+    def window(self, window_s: float, at: float | None = None) -> Histogram | None:
+        """Summed increase over ``[at - window_s, at]`` (default: the latest scrape); None without two scrapes."""
+        at = self._last_t if at is None else at
+        if at is None:
+            return None
+        steps = [s.hist for s in self._steps if s.start >= at - window_s and s.end <= at and s.hist is not None]
+        return sum_histograms(steps)
+
+    def current(self) -> Histogram | None:
+        """The latest cumulative histogram summed over series."""
+        return sum_histograms(self._last.values())
+
+
+class CounterWindow:
+    """Reset-aware increments of named cumulative counters (llama.cpp's seconds and token totals)."""
+
+    def __init__(self, horizon_s: float = HORIZON_S) -> None:
+        self.horizon_s = horizon_s
+        self._last: dict[str, float] = {}
+        self._last_t: float | None = None
+        self._steps: deque[_Step] = deque()
+
+    def update(self, t: float, values: Mapping[str, float]) -> None:
+        if self._last_t is not None and t > self._last_t:
+            inc = {k: counter_increase(self._last[k], v) for k, v in values.items() if k in self._last}
+            self._steps.append(_Step(self._last_t, t, None, inc))
+        if self._last_t is None or t > self._last_t:
+            self._last = dict(values)
+            self._last_t = t
+        _expire(self._steps, t - self.horizon_s)
+
+    def increase(self, name: str, window_s: float, at: float | None = None) -> float | None:
+        """Increase of ``name`` over ``[at - window_s, at]``; None when no step in the window has it."""
+        at = self._last_t if at is None else at
+        if at is None:
+            return None
+        found = [s.values[name] for s in self._steps if s.start >= at - window_s and s.end <= at and name in s.values]
+        return sum(found) if found else None
+
+
+def _expire(steps: deque[_Step], oldest: float) -> None:
+    while steps and steps[0].start < oldest:
+        steps.popleft()

@@ -26,8 +26,6 @@ def inspect(current: EngineReading, baseline: EngineReading | None = None) -> di
     models: dict[str, Any] = {}
     absent: dict[str, list[str]] = {}
     for model, m in sorted(current.models.items()):
-        if not m.histograms:
-            continue
         entry: dict[str, Any] = {}
         missing = []
         for quantity in INSPECT_QUANTITIES:

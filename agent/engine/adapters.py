@@ -220,45 +220,83 @@ class EngineReading:
     series: int  # samples read
 
 
-_LE_CACHE: dict[str, float] = {}
+_Key = tuple[str, Labels, float | None]  # (model, other labels sorted, le bound or None)
+MAX_KEY_CACHE_ENTRIES = 200_000
 
 
-def _le(text: str) -> float:
-    v = _LE_CACHE.get(text)
-    if v is None:
-        v = float(text)  # "+Inf" → inf
-        if len(_LE_CACHE) < 10_000:
-            _LE_CACHE[text] = v
-    return v
+class KeyCache:
+    """Memoised split of a label tuple into (model, remaining labels, ``le``), per label filter.
 
-
-class _Split:
-    """Splits a label tuple into (model, dimension value, other labels) with per-tuple memoisation."""
+    The reader hands out the same label tuple objects scrape after scrape, so the memo is keyed by
+    object identity (the entry keeps the tuple alive, so an id cannot be reused while cached): after
+    the first scrape, one int-keyed dict lookup per sample. Keep one per target (``EngineParser`` does).
+    """
 
     def __init__(self, model_labels: tuple[str, ...], default_model: str) -> None:
-        self.model_labels = model_labels
+        self.model_labels = frozenset(model_labels)
+        self.model_order = model_labels
         self.default_model = default_model
+        self._memo: dict[tuple[tuple[str, str], ...], dict[int, tuple[Labels, _Key | None]]] = {}
+        self._size = 0
+        self._le: dict[str, float] = {}
 
-    def model_of(self, d: dict[str, str]) -> str:
-        for key in self.model_labels:
-            v = d.pop(key, None)
-            if v is not None:
-                for other in self.model_labels:
-                    d.pop(other, None)
-                return v
-        return self.default_model
+    def memo(self, match: tuple[tuple[str, str], ...]) -> dict[int, tuple[Labels, _Key | None]]:
+        """The memo for one label filter: ``id(labels) → (labels, key)`` (check ``entry[0] is labels``)."""
+        memo = self._memo.get(match)
+        if memo is None:
+            memo = self._memo[match] = {}
+        return memo
+
+    def key(self, labels: Labels, match: tuple[tuple[str, str], ...]) -> _Key | None:
+        memo = self.memo(match)
+        hit = memo.get(id(labels))
+        if hit is not None and hit[0] is labels:
+            return hit[1]
+        out = self._split(labels, match)
+        if self._size >= MAX_KEY_CACHE_ENTRIES:
+            self._memo.clear()
+            self._size = 0
+            memo = self._memo[match] = {}
+        memo[id(labels)] = (labels, out)
+        self._size += 1
+        return out
+
+    def _split(self, labels: Labels, match: tuple[tuple[str, str], ...]) -> _Key | None:
+        if match:
+            have = dict(labels)
+            if any(have.get(k) != v for k, v in match):
+                return None
+            skip = {k for k, _ in match}
+        else:
+            skip = set()
+        model = None
+        model_rank = len(self.model_order)
+        le_text = None
+        rest = []
+        for k, v in labels:
+            if k == "le":
+                le_text = v
+            elif k in self.model_labels:
+                rank = self.model_order.index(k)
+                if rank < model_rank:
+                    model, model_rank = v, rank
+            elif k not in skip:
+                rest.append((k, v))
+        if len(rest) > 1:
+            rest.sort()
+        le = None
+        if le_text is not None:
+            le = self._le.get(le_text)
+            if le is None:
+                le = self._le[le_text] = float(le_text)  # "+Inf" → inf
+        return (model if model is not None else self.default_model), tuple(rest), le
 
 
-def _matches(d: dict[str, str], match: tuple[tuple[str, str], ...]) -> bool:
-    ok = True
-    for k, v in match:  # pops every matched label, so it does not split the series
-        ok = d.pop(k, None) == v and ok
-    return ok
-
-
-def read(adapter: Adapter, expo: Exposition, default_model: str = DEFAULT_MODEL) -> EngineReading:
+def read(
+    adapter: Adapter, expo: Exposition, default_model: str = DEFAULT_MODEL, keys: KeyCache | None = None
+) -> EngineReading:
     """Map an exposition's samples to per-model canonical quantities (see the module docstring)."""
-    split = _Split(adapter.model_labels, default_model)
+    split = keys if keys is not None else KeyCache(adapter.model_labels, default_model)
     models: dict[str, ModelReading] = {}
 
     def model(name: str) -> ModelReading:
@@ -301,56 +339,63 @@ def read(adapter: Adapter, expo: Exposition, default_model: str = DEFAULT_MODEL)
     return EngineReading(adapter.kind, models, expo.matched)
 
 
-def _histograms(src: Source, expo: Exposition, split: _Split) -> dict[str, dict[Labels, Histogram]]:
+def _histograms(src: Source, expo: Exposition, keys: KeyCache) -> dict[str, dict[Labels, Histogram]]:
     buckets: dict[tuple[str, Labels], dict[float, float]] = {}
     sums: dict[tuple[str, Labels], float] = {}
     counts: dict[tuple[str, Labels], float] = {}
+    match = src.match
+    memo = keys.memo(match)
+    scaled = src.scale != 1.0
     for labels, value in expo.get(src.name + "_bucket"):
-        d = dict(labels)
-        le = d.pop("le", None)
-        if le is None or (src.match and not _matches(d, src.match)):
+        hit = memo.get(id(labels))
+        k = hit[1] if hit is not None and hit[0] is labels else keys.key(labels, match)
+        if k is None:
             continue
-        key = (split.model_of(d), tuple(sorted(d.items())))
-        b = buckets.get(key)
+        model, series, bound = k
+        if bound is None:
+            continue
+        b = buckets.get((model, series))
         if b is None:
-            b = buckets[key] = {}
-        bound = _le(le) * (src.scale if math.isfinite(_le(le)) else 1.0)
+            b = buckets[(model, series)] = {}
+        if scaled and math.isfinite(bound):
+            bound *= src.scale
         b[bound] = b.get(bound, 0.0) + value
     for suffix, into in (("_sum", sums), ("_count", counts)):
+        scale = src.scale if suffix == "_sum" else 1.0
         for labels, value in expo.get(src.name + suffix):
-            d = dict(labels)
-            if src.match and not _matches(d, src.match):
+            k = keys.key(labels, match)
+            if k is None:
                 continue
-            key = (split.model_of(d), tuple(sorted(d.items())))
-            into[key] = into.get(key, 0.0) + value * (src.scale if suffix == "_sum" else 1.0)
+            key = (k[0], k[1])
+            into[key] = into.get(key, 0.0) + value * scale
     out: dict[str, dict[Labels, Histogram]] = {}
-    for (mname, series), b in buckets.items():
+    for (model, series), b in buckets.items():
         if math.inf not in b:
             continue  # not a usable histogram (no +Inf bucket); Prometheus would return NaN
         ordered = tuple(sorted(b.items()))
-        count = counts.get((mname, series), ordered[-1][1])
-        out.setdefault(mname, {})[series] = Histogram(ordered, sums.get((mname, series), math.nan), count)
+        count = counts.get((model, series), ordered[-1][1])
+        out.setdefault(model, {})[series] = Histogram(ordered, sums.get((model, series), math.nan), count)
     return out
 
 
 def _scalars(
-    src: Source, expo: Exposition, split: _Split, per_dimension: bool
+    src: Source, expo: Exposition, keys: KeyCache, per_dimension: bool
 ) -> dict[str, tuple[dict[str, float], int]]:
     out: dict[str, tuple[dict[str, float], int]] = {}
     for labels, value in expo.get(src.name):
         if math.isnan(value):
             continue
-        d = dict(labels)
-        if src.match and not _matches(d, src.match):
+        k = keys.key(labels, src.match)
+        if k is None:
             continue
-        mname = split.model_of(d)
+        model, rest, _le = k
         if src.fixed is not None:
             dim = src.fixed
         elif per_dimension and src.dimension:
-            dim = d.get(src.dimension, "")
+            dim = next((v for name, v in rest if name == src.dimension), "")
         else:
             dim = ""
-        total, n = out.get(mname, ({}, 0))
+        total, n = out.get(model, ({}, 0))
         total[dim] = total.get(dim, 0.0) + value
-        out[mname] = (total, n + 1)
+        out[model] = (total, n + 1)
     return out

@@ -38,6 +38,7 @@ Series = list[tuple[Labels, float]]
 
 MAX_LABEL_CACHE_ENTRIES = 200_000  # a bound on memory when series churn (each entry ~ one series)
 _UNESCAPE = {"\\": "\\", '"': '"', "n": "\n"}
+_SKIP = object()  # a cached head whose name the adapter does not want
 
 
 @dataclass
@@ -69,55 +70,68 @@ class ExpositionReader:
     def __init__(self, prefixes: tuple[str, ...], wanted: Container[str]) -> None:
         self.prefixes = prefixes
         self.wanted = wanted
-        self._cache: dict[str, Labels] = {}
+        self._cache: dict[str, Labels] = {}  # raw label text → parsed labels
+        self._heads: dict[str, tuple[str, Labels] | object] = {}  # "name{labels}" → (name, labels) or _SKIP
 
     def read(self, text: str) -> Exposition:
         out: dict[str, Series] = {}
-        cache = self._cache
+        heads = self._heads
         wanted = self.wanted
+        labels_cache = self._cache
+        if len(labels_cache) >= MAX_LABEL_CACHE_ENTRIES:
+            labels_cache.clear()
         prefixes = self.prefixes
         lines = text.split("\n")
         matched = 0
         for line in lines:
             if not line.startswith(prefixes):
                 continue
-            brace = line.find("{")
-            space = line.find(" ")
-            if brace != -1 and (space == -1 or brace < space):
-                name = line[:brace]
-                if name not in wanted:
+            # Fast path: "name{labels} value" seen before → one dict lookup on the text before the value.
+            head, _, val = line.rpartition(" ")
+            hit = heads.get(head)
+            if hit is not None:
+                if hit is _SKIP:
                     continue
-                end = _labels_end(line, brace)
-                if end < 0:
-                    raise self._error(lines, line, "unterminated label set")
-                raw = line[brace + 1 : end]
-                labels = cache.get(raw)
-                if labels is None:
-                    labels = self._parse_labels(raw, lines, line)
-                    if len(cache) >= MAX_LABEL_CACHE_ENTRIES:
-                        cache.clear()
-                    cache[raw] = labels
-                rest = line[end + 1 :]
-            else:
-                if space == -1:
-                    name, rest = line.rstrip("\r"), ""
-                else:
-                    name, rest = line[:space], line[space:]
-                if name not in wanted:
-                    continue
-                labels = ()
-            parts = rest.split(None, 2)
-            if not parts:
-                raise self._error(lines, line, "missing value")
-            try:
-                value = float(parts[0])
-            except ValueError:
-                raise self._error(lines, line, f"value {parts[0][:40]!r} is not a number") from None
-            if len(parts) > 1 and parts[1] != "#":
                 try:
-                    float(parts[1])  # timestamp (milliseconds); validated, not used
+                    value = float(val)
                 except ValueError:
-                    raise self._error(lines, line, f"timestamp {parts[1][:40]!r} is not a number") from None
+                    value = self._slow(lines, line)[2]
+            else:
+                if len(heads) >= MAX_LABEL_CACHE_ENTRIES:
+                    heads.clear()
+                brace = line.find("{")
+                space = line.find(" ")
+                if brace != -1 and (space == -1 or brace < space):
+                    name = line[:brace]
+                    if name not in wanted:
+                        heads[head] = _SKIP  # whatever the value: unwanted
+                        continue
+                    end = _labels_end(line, brace)
+                    if end < 0:
+                        raise self._error(lines, line, "unterminated label set")
+                    raw = line[brace + 1 : end]
+                    cached = labels_cache.get(raw)
+                    if cached is None:
+                        cached = labels_cache[raw] = self._parse_labels(raw, lines, line)
+                    labels = cached
+                    plain = end + 1 == len(head)
+                else:
+                    name = head if space == len(head) else _name_of(line)
+                    if name not in wanted:
+                        heads[head] = _SKIP
+                        continue
+                    labels = ()
+                    plain = space == len(head)
+                if plain:  # "name{labels} value": no timestamp, no exemplar, same head every scrape
+                    try:
+                        value = float(val)
+                    except ValueError:
+                        value = self._slow(lines, line)[2]
+                    hit = heads[head] = (name, labels)
+                else:
+                    value = self._slow(lines, line)[2]
+                    hit = (name, labels)
+            name, labels = hit  # type: ignore[misc]
             series = out.get(name)
             if series is None:
                 out[name] = [(labels, value)]
@@ -125,6 +139,45 @@ class ExpositionReader:
                 series.append((labels, value))
             matched += 1
         return Exposition(out, len(lines), matched)
+
+    def _slow(self, lines: list[str], line: str) -> tuple[str, Labels, float, bool]:
+        """Parse one line fully: (name, labels, value, plain) — plain: no timestamp and no exemplar."""
+        cache = self._cache
+        brace = line.find("{")
+        space = line.find(" ")
+        if brace != -1 and (space == -1 or brace < space):
+            name = line[:brace]
+            end = _labels_end(line, brace)
+            if end < 0:
+                raise self._error(lines, line, "unterminated label set")
+            raw = line[brace + 1 : end]
+            labels = cache.get(raw)
+            if labels is None:
+                labels = self._parse_labels(raw, lines, line) if name in self.wanted else ()
+                if len(cache) >= MAX_LABEL_CACHE_ENTRIES:
+                    cache.clear()
+                cache[raw] = labels
+            rest = line[end + 1 :]
+        else:
+            if space == -1:
+                name, rest = line.rstrip("\r"), ""
+            else:
+                name, rest = line[:space], line[space:]
+            labels = ()
+        parts = rest.split(None, 2)
+        if not parts:
+            raise self._error(lines, line, "missing value")
+        try:
+            value = float(parts[0])
+        except ValueError:
+            raise self._error(lines, line, f"value {parts[0][:40]!r} is not a number") from None
+        if len(parts) > 1 and parts[1] != "#":
+            try:
+                float(parts[1])  # timestamp (milliseconds); validated, not used
+            except ValueError:
+                raise self._error(lines, line, f"timestamp {parts[1][:40]!r} is not a number") from None
+        plain = len(parts) == 1 and rest.startswith(" ") and rest.count(" ") == 1
+        return name, labels, value, plain
 
     def _parse_labels(self, raw: str, lines: list[str], line: str) -> Labels:
         try:
@@ -137,6 +190,14 @@ class ExpositionReader:
         # Line numbers are only computed on the error path (never in the loop).
         lineno = next((i + 1 for i, candidate in enumerate(lines) if candidate is line), 0)
         return ExpositionError(f"line {lineno}: {why}: {line[:120]!r}", lineno, lineno == len(lines))
+
+
+def _name_of(line: str) -> str:
+    brace = line.find("{")
+    space = line.find(" ")
+    if brace != -1 and (space == -1 or brace < space):
+        return line[:brace]
+    return line[:space] if space != -1 else line.rstrip("\r")
 
 
 def _labels_end(line: str, brace: int) -> int:

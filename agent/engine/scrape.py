@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from agent.engine.adapters import ADAPTERS, DEFAULT_MODEL, EngineReading, detect, read
+from agent.engine.adapters import ADAPTERS, DEFAULT_MODEL, EngineReading, KeyCache, detect, read
 from agent.engine.board import QUANTILES, LatencyStats
 from agent.engine.exposition import ExpositionError, ExpositionReader
 from agent.engine.fetch import EngineScrapeError
@@ -24,6 +24,7 @@ class EngineParser:
         self.kind = kind
         self.default_model = default_model
         self._readers: dict[str, ExpositionReader] = {}
+        self._keys: dict[str, KeyCache] = {}
 
     def parse(self, body: bytes) -> EngineReading:
         try:
@@ -50,7 +51,10 @@ class EngineParser:
             raise EngineScrapeError("parse", str(exc)) from None
         if expo.matched == 0:
             raise EngineScrapeError("not_prometheus", f"no {kind} families this adapter reads in the response")
-        return read(adapter, expo, self.default_model)
+        keys = self._keys.get(kind)
+        if keys is None:
+            keys = self._keys[kind] = KeyCache(adapter.model_labels, self.default_model)
+        return read(adapter, expo, self.default_model, keys)
 
 
 def stats_from_histogram(h: Histogram | None) -> LatencyStats | None:

@@ -100,10 +100,10 @@ class EngineServer:
             def do_GET(self) -> None:
                 server.requests.append((time.time(), self.path))
                 route = server.routes.get(self.path)
-                if route is None:
-                    status(404)(self)
-                else:
-                    route(self)
+                try:
+                    (route or status(404))(self)
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True  # the client gave up first (cap, deadline): expected
 
             def log_message(self, format: str, *args: object) -> None:
                 pass

@@ -24,6 +24,7 @@ from agent.engine.histogram import Histogram, counter_increase, histogram_increa
 
 WINDOWS_S: dict[str, float] = {"1m": 60.0, "5m": 300.0}
 HORIZON_S = max(WINDOWS_S.values())
+EDGE_S = 1e-6  # a sample exactly on the window's start is inside it, whatever the float rounding of T - W
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +63,8 @@ class HistogramWindow:
         at = self._last_t if at is None else at
         if at is None:
             return None
-        steps = [s.hist for s in self._steps if s.start >= at - window_s and s.end <= at and s.hist is not None]
+        start = at - window_s - EDGE_S
+        steps = [s.hist for s in self._steps if s.start >= start and s.end <= at and s.hist is not None]
         return sum_histograms(steps)
 
     def current(self) -> Histogram | None:
@@ -93,7 +95,8 @@ class CounterWindow:
         at = self._last_t if at is None else at
         if at is None:
             return None
-        found = [s.values[name] for s in self._steps if s.start >= at - window_s and s.end <= at and name in s.values]
+        start = at - window_s - EDGE_S
+        found = [s.values[name] for s in self._steps if s.start >= start and s.end <= at and name in s.values]
         return sum(found) if found else None
 
 

@@ -18,6 +18,7 @@ import gc
 import statistics
 import sys
 import time
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
@@ -107,6 +108,16 @@ def main() -> None:
     for name, _ in cases:
         med, best = statistics.median(runs[name]), min(runs[name])
         print(f"{name:<52} {med * 1e3:>10.1f} {best * 1e3:>9.1f} {base_med / med:>10.1f}x {base_best / best:>8.1f}x")
+
+    print(f"\n{'case':<52} {'peak MiB allocated during one ingest':>38}")
+    for name, fn in cases:
+        gc.collect()
+        tracemalloc.start()
+        result = fn()
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        del result
+        print(f"{name:<52} {peak / 2**20:>38.1f}")
 
 
 if __name__ == "__main__":

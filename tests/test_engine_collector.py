@@ -212,3 +212,30 @@ def _wait_metric(base: str, name: str, labels: dict[str, str], at_least: float, 
             return seen
         time.sleep(0.2)
     raise AssertionError(f"{name}{labels} did not reach {at_least} (last {last})")
+
+
+def test_engine_restart_and_new_rank_between_scrapes() -> None:
+    before = VllmLike(["m"], engines=1, seed=21)
+    before.observe(30)
+    with es.EngineServer({"/metrics": es.body(before.text())}) as srv:
+        c = collector(srv.url("/metrics"))
+        try:
+            validate(c.collect())
+            before.observe(4)
+            srv.routes["/metrics"] = es.body(before.text())
+            validate(c.collect())  # +4 on engine 0
+            after = VllmLike(["m"], engines=2, seed=22)  # restarted with a second data-parallel rank
+            after.observe(3)
+            srv.routes["/metrics"] = es.body(after.text())
+            out = validate(c.collect())
+        finally:
+            c.close()
+    counts = {
+        dict(s.attributes)["window"]: s.value
+        for s in out.samples
+        if s.name == "inferwatch.engine.latency.samples" and dict(s.attributes)["quantity"] == "e2e"
+    }
+    # 4 before the restart + 3 on the restarted engine 0; the new engine 1's first 3 are history, not increase
+    assert counts == {"1m": 7, "5m": 7}
+    cumulative = [s for s in out.samples if s.name == "gen_ai.server.request.duration"]
+    assert len(cumulative) == 1 and cumulative[0].count == 6  # what the engine says now, summed over ranks

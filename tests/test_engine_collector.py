@@ -239,3 +239,23 @@ def test_engine_restart_and_new_rank_between_scrapes() -> None:
     assert counts == {"1m": 7, "5m": 7}
     cumulative = [s for s in out.samples if s.name == "gen_ai.server.request.duration"]
     assert len(cumulative) == 1 and cumulative[0].count == 6  # what the engine says now, summed over ranks
+
+
+def test_board_prefers_spans_and_samples_fit_the_catalog() -> None:
+    from agent.collectors.base import Collection
+    from agent.engine.board import LatencyStats, latency_board, latency_samples
+
+    services: dict[str, object] = {}
+    board = latency_board(services)
+    assert latency_board(services) is board
+    hist = LatencyStats({0.5: 0.3, 0.9: 0.5, 0.95: 0.6, 0.99: 0.9}, 100, "histogram", 0.35)
+    spans = LatencyStats({0.5: 0.29, 0.9: 0.45, 0.95: 0.55, 0.99: 0.87}, 98, "spans", 0.33)
+    board.replace("histogram", {("m", "ttft", "1m"): hist})
+    board.replace("spans", {("m", "ttft", "1m"): spans})
+    assert board.get("m", "ttft", "1m") is spans and board.get("m", "ttft", "1m", "histogram") is hist
+    board.replace("spans", {})
+    assert board.get("m", "ttft", "1m") is hist  # spans gone: the histogram value remains
+    samples = latency_samples("m", "ttft", "1m", spans)
+    validate(Collection(samples=samples))
+    ratio = next(s for s in samples if s.name == "inferwatch.engine.latency.tail_ratio")
+    assert ratio.value == pytest.approx(0.87 / 0.29) and dict(ratio.attributes)["source"] == "spans"

@@ -92,3 +92,15 @@ def test_usage_and_bad_input_exit_codes(tmp_path) -> None:
     assert bad.returncode == 1 and "reason: not_utf8" in bad.stderr
     missing = inspect("--metrics-file", str(tmp_path / "missing.prom"))
     assert missing.returncode == 1 and "cannot read" in missing.stderr
+
+
+def test_baseline_without_a_rank_counts_all_of_it(tmp_path) -> None:
+    one = VllmLike(["m"], engines=1, seed=4)
+    one.observe(10)
+    (tmp_path / "before.prom").write_text(one.text())
+    two = VllmLike(["m"], engines=2, seed=4)  # restarted with a second rank: every series starts again
+    two.observe(3)
+    (tmp_path / "after.prom").write_text(two.text())
+    out = inspect("--metrics-file", str(tmp_path / "after.prom"), "--baseline", str(tmp_path / "before.prom"), "--json")
+    doc = json.loads(out.stdout)
+    assert doc["models"]["m"]["e2e"]["count"] == 6  # engine 0 reset (3) + engine 1 new (3)

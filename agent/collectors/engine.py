@@ -32,7 +32,7 @@ import httpx
 
 from agent.catalog.engine import MODEL
 from agent.collectors.base import BaseCollector, CollectContext, Collection
-from agent.engine.adapters import DEFAULT_MODEL, EngineReading, ModelReading
+from agent.engine.adapters import DEFAULT_MODEL, QUANTITIES, EngineReading, ModelReading
 from agent.engine.board import Key, LatencyStats, latency_board, latency_samples
 from agent.engine.fetch import REASONS, EngineScrapeError, fetch
 from agent.engine.histogram import sum_histograms
@@ -203,6 +203,9 @@ class EngineCollector(BaseCollector):
             "quantities": {
                 model: sorted(set(m.histograms) | set(m.gauges) | set(m.counters))
                 for model, m in sorted(reading.models.items())
+            },
+            "absent": {
+                model: [q for q in QUANTITIES if q not in m.histograms] for model, m in sorted(reading.models.items())
             },
         }
         return Collection(samples=samples, details=details)

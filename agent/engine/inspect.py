@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from agent.engine.adapters import ADAPTERS, EngineReading
+from agent.engine.histogram import Histogram
 from agent.engine.scrape import stats_from_histogram
 from agent.engine.windows import HistogramWindow
 
@@ -36,7 +37,10 @@ def inspect(current: EngineReading, baseline: EngineReading | None = None) -> di
             window = HistogramWindow(horizon_s=math.inf)
             if baseline is not None:
                 before = baseline.models.get(model)
-                window.update(0.0, before.histograms.get(quantity, {}) if before else {})
+                known = before.histograms.get(quantity, {}) if before else {}
+                # A rank (or model) the baseline did not have started after it: all of it is increase.
+                zero = {k: _zero(h) for k, h in series.items() if k not in known}
+                window.update(0.0, {**known, **zero})
                 window.update(1.0, series)
                 hist = window.window(math.inf)
             else:
@@ -59,6 +63,10 @@ def inspect(current: EngineReading, baseline: EngineReading | None = None) -> di
         models[model] = entry
         absent[model] = missing
     return {"engine": current.kind, "models": models, "absent": absent}
+
+
+def _zero(h: Histogram) -> Histogram:
+    return Histogram(tuple((b, 0.0) for b, _ in h.buckets), 0.0, 0.0)
 
 
 def expected_quantities(kind: str) -> tuple[str, ...]:

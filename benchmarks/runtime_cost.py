@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,10 +124,8 @@ def agent_beside(server_url: str, pid: int, interval_s: float, workdir: Path) ->
         def scrape() -> None:  # Prometheus scraping the agent at the same interval
             with httpx.Client() as c:
                 while not stop.wait(interval_s):
-                    try:
+                    with suppress(httpx.HTTPError):
                         c.get(f"{base}/metrics", timeout=5)
-                    except httpx.HTTPError:
-                        pass
 
         scraper = threading.Thread(target=scrape, daemon=True)
         scraper.start()
@@ -176,8 +174,10 @@ def main(argv: list[str] | None = None) -> None:
                     flush=True,
                 )
     by_round = [phases[i * 3 : i * 3 + 3] for i in range(args.rounds)]
-    print(f"\nllama-server {binary}, model {args.preset}, {args.clients} clients, {args.max_tokens} tokens/request, "
-          f"{args.rounds} rounds x {args.phase_s:g} s per phase, cpu count {os.cpu_count()}")
+    print(
+        f"\nllama-server {binary}, model {args.preset}, {args.clients} clients, {args.max_tokens} tokens/request, "
+        f"{args.rounds} rounds x {args.phase_s:g} s per phase, cpu count {os.cpu_count()}"
+    )
     print("| setting | throughput ratio (median, min..max) | TTFT p50 ratio (median, min..max) | tok/s (median) |")
     print("|---|---|---|---|")
     for setting in settings:

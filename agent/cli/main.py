@@ -6,6 +6,7 @@ import typer
 
 from agent import __version__
 from agent.cli import doctor, run
+from agent.cli import engine as engine_cli
 from agent.cli import simd as simd_cli
 
 app = typer.Typer(
@@ -16,9 +17,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (run, doctor):
+for module in (run, doctor, engine_cli, simd_cli):
     module.register(app)
-simd_cli.register(app)
 
 
 @app.command()

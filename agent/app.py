@@ -20,6 +20,10 @@ class Agent:
     """The running agent. ``start``/``stop`` are idempotent; ``stop`` is bounded in time."""
 
     def __init__(self, settings: Settings, services: dict[str, Any] | None = None) -> None:
+        from agent.diag.services import build_services, collector_timing
+
+        settings = collector_timing(settings)
+        services = {**build_services(settings), **(services or {})}
         self.settings = settings
         self.state = AgentState(environment=settings.node.environment)
         self.state.identity = node_identity(settings.path.procfs, settings.path.sysfs)
@@ -27,6 +31,7 @@ class Agent:
         self.runner = Runner(settings, self.state, enabled_collectors(self.ctx))
         self.registry = make_registry(self.state)
         self.otlp: Any = None
+        self.otlp_logs: Any = None
         self._started = False
         self._stopped = False
         self._lock = threading.Lock()
@@ -42,6 +47,11 @@ class Agent:
             self.otlp = OTLPExporter(
                 self.state, build_resource(self.state.identity, self.settings.node.environment), make_exporter()
             )
+            from agent.diag.services import start_sinks
+
+            self.otlp_logs = start_sinks(
+                self.ctx.services, self.settings, build_resource(self.state.identity, self.settings.node.environment)
+            )
         self.runner.start()
         log.info("agent started: collectors %s", ", ".join(c.name for c in self.runner.collectors) or "(none)")
 
@@ -53,4 +63,6 @@ class Agent:
         self.runner.stop()
         if self.otlp is not None:
             self.otlp.shutdown()
+        if self.otlp_logs is not None:
+            self.otlp_logs.shutdown()
         log.info("agent stopped")

@@ -49,7 +49,13 @@ def serve(settings: object) -> None:
     from agent.server import create_app
 
     assert isinstance(settings, Settings)
-    agent = Agent(settings)
+    from agent.errors import ConfigError
+
+    try:
+        agent = Agent(settings)
+    except ConfigError as exc:
+        typer.echo(f"inferwatch: {exc}", err=True)
+        raise typer.Exit(2) from None
     agent.start()
     try:
         uvicorn.run(

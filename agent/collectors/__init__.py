@@ -8,9 +8,14 @@ Each collector lives in its own module here (``agent/collectors/<name>.py``), as
 from __future__ import annotations
 
 from agent.collectors.base import BaseCollector, CollectContext, Collection, Collector
+from agent.collectors.binary import BinaryCollector
 from agent.collectors.pagecache import PageCacheCollector
+from agent.collectors.probe import ProbeCollector
+from agent.collectors.runtime_profile import RuntimeProfileCollector
 
-REGISTRY: dict[str, type[BaseCollector]] = {cls.name: cls for cls in (PageCacheCollector,)}
+REGISTRY: dict[str, type[BaseCollector]] = {
+    cls.name: cls for cls in (PageCacheCollector, RuntimeProfileCollector, ProbeCollector, BinaryCollector)
+}
 
 
 def enabled_collectors(ctx: CollectContext) -> list[BaseCollector]:

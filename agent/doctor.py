@@ -22,6 +22,8 @@ from agent.samples import Finding
 class DoctorContext:
     settings: Settings
     require: list[str] = field(default_factory=list)  # CPU features that must be present
+    engine_url: str | None = None  # runtime base URL: the streaming probe runs once against it
+    profile_url: str | None = None  # debug runtime_profile URL
 
 
 CheckFn = Callable[[DoctorContext], list[Finding]]
@@ -37,9 +39,16 @@ def check_pagecache(ctx: DoctorContext) -> list[Finding]:
     return [pagecache_verdict(info, ctx.settings.pagecache.inactive_file_threshold_bytes, pressure)]
 
 
+def check_runtime(ctx: DoctorContext) -> list[Finding]:
+    from agent.diag.doctor_checks import runtime_checks
+
+    return runtime_checks(ctx)
+
+
 # The explicit list of checks, in the order doctor prints them.
 CHECKS: list[tuple[str, CheckFn]] = [
     ("pagecache", check_pagecache),
+    ("runtime", check_runtime),
 ]
 
 

@@ -6,6 +6,8 @@ import typer
 
 from agent import __version__
 from agent.cli import doctor, run
+from agent.cli import probe as probe_cmd
+from agent.cli import profile as profile_cmd
 
 app = typer.Typer(
     name="inferwatch",
@@ -15,7 +17,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (run, doctor):
+for module in (run, doctor, probe_cmd, profile_cmd):
     module.register(app)
 
 

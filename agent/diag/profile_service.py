@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -50,7 +51,8 @@ class CaptureResult:
 
 
 class RuntimeProfileService:
-    def __init__(self, settings: Settings, log_sink: LogSink | None = None) -> None:
+    def __init__(self, settings: Settings, log_sink: LogSink | None = None, store: bool = True) -> None:
+        self.store = store  # False (doctor): nothing written, an ephemeral hash key
         self.settings = settings
         self.cfg = settings.runtime_profile
         self.log_sink = log_sink
@@ -76,7 +78,7 @@ class RuntimeProfileService:
 
     def policy(self) -> RedactionPolicy:
         if self._policy is None:
-            key = load_or_create_key(self.directory)
+            key = load_or_create_key(self.directory) if self.store else secrets.token_bytes(32)
             allow = [*self.cfg.allow_keys, *self.cfg.gauge_fields]
             self._policy = RedactionPolicy.build(key, self.cfg.redaction, self.cfg.deny_keys, allow)
             self._enrich_policy = RedactionPolicy.build(key, "denylist", self.cfg.deny_keys)
@@ -142,7 +144,8 @@ class RuntimeProfileService:
         )
         data = json.dumps(snapshot, sort_keys=True, default=str).encode()
         try:
-            self.ring().put(data, ".json", snap_id)
+            if self.store:
+                self.ring().put(data, ".json", snap_id)
         except (OSError, ValueError) as exc:
             with self._state_lock:
                 self.store_errors += 1

@@ -48,7 +48,7 @@ DEFAULT_DENY_PATTERNS: tuple[str, ...] = (
 )
 # Values that look like credentials whatever key holds them.
 DEFAULT_VALUE_PATTERNS: tuple[str, ...] = (
-    r"(?i)^bearer\s+\S+",
+    r"(?i:^bearer\s+\S+)",
     r"\bsk-[A-Za-z0-9_-]{16,}",
     r"\bhf_[A-Za-z0-9]{20,}",
     r"\bgh[pousr]_[A-Za-z0-9]{20,}",

@@ -139,6 +139,7 @@ class _Stream:
         self.r = result
         self.order = OrderChecker(result.protocol)
         self.text_times: list[float] = []
+        self.order_reported = False
 
     def add(self, v: Violation) -> None:
         if len(self.r.violations) < MAX_VIOLATIONS:
@@ -151,7 +152,8 @@ class _Stream:
             self.add(Violation("non_utf8", f"event {index} is not valid UTF-8 ({len(ev.raw)} bytes)", index))
             return
         if proto == "openai" and ev.data.strip() == "[DONE]":
-            if self.order.done:
+            if self.order.done and not self.order_reported:
+                self.order_reported = True
                 self.add(Violation("wrong_event_order", "second [DONE]", index))
             self.order.terminate_openai()
             return
@@ -172,7 +174,8 @@ class _Stream:
         for v in validate_payload(proto, payload, index):
             self.add(v)
         problem = self.order.check(payload)
-        if problem:
+        if problem and not self.order_reported:  # one per stream: later ones are consequences of the first
+            self.order_reported = True
             self.add(Violation("wrong_event_order", f"event {index}: {problem}", index))
         if proto == "anthropic" and isinstance(payload, dict) and payload.get("type") == "error":
             err = payload.get("error") or {}
@@ -255,11 +258,12 @@ def run_probe(
             stream.add(
                 Violation("crlf_framing", "events are framed with CRLF, not LF (clients splitting on \\n\\n break)")
             )
-        if parser.rest().strip():
-            stream.add(Violation("missing_terminator", f"stream cut mid-event ({len(parser.rest())} bytes left)"))
         if not stream.order.done:
             term = "data: [DONE]" if protocol == "openai" else "event: message_stop"
-            stream.add(Violation("missing_terminator", f"stream ended after {result.events} events without {term}"))
+            cut = f", cut mid-event ({len(parser.rest())} bytes after the last event)" if parser.rest().strip() else ""
+            stream.add(
+                Violation("missing_terminator", f"stream ended after {result.events} events without {term}{cut}")
+            )
         times = stream.text_times
         result.text_events = len(times)
         if len(times) > 1:

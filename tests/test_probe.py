@@ -121,8 +121,8 @@ def test_cli_prints_what_it_saw_with_schema_paths(rt) -> None:
     assert "empty_delta_with_usage" in out.stdout
     assert "schema path: anthropic_event.json#/$defs/content_block_delta/properties/usage/not" in out.stdout
     rt.stream_mode = "ok"
-    out = subprocess.run(cmd[:-1] + ["openai", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = subprocess.run([*cmd[:-1], "openai", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads(out.stdout)["ok"] is True
-    bad = subprocess.run(cmd[:-1] + ["grpc"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    bad = subprocess.run([*cmd[:-1], "grpc"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--protocol" in bad.stderr

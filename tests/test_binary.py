@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,55 @@ def test_bad_paths_are_refused(tmp_path) -> None:
     script.write_text("#!/bin/sh\necho hi\n")
     with pytest.raises(ToolError, match="not an ELF"):
         check_binary(script)
+
+
+SLEEPER_C = (
+    "#include <unistd.h>\nint diag_answer(void);\n"
+    "int main(void) { for (int i = 0; i < 600; i++) { if (diag_answer() != 42) return 1; sleep(1); } return 0; }\n"
+)
+
+
+def test_running_runtime_via_proc_exe_and_the_api(built, tmp_path) -> None:
+    """The agent resolves /proc/PID/exe at start; a library deleted under a running process is reported."""
+    import httpx
+
+    from tests.conftest import free_port
+    from tests.procs import running, stop, wait_http
+
+    _prog, lib = built
+    (tmp_path / "sleeper.c").write_text(SLEEPER_C)
+    sleeper = tmp_path / "sleeper"
+    subprocess.run(
+        [
+            "gcc",
+            "-o",
+            str(sleeper),
+            str(tmp_path / "sleeper.c"),
+            f"-L{tmp_path}",
+            "-ldiagprobe",
+            f"-Wl,-rpath,{tmp_path}",
+        ],
+        check=True,
+        timeout=120,
+    )
+    runtime = subprocess.Popen([str(sleeper)], start_new_session=True)
+    try:
+        time.sleep(0.3)
+        lib.unlink()  # the runtime keeps running on the mapped copy; a restart would fail
+        port = free_port()
+        env = {"INFERWATCH_RUNTIME__PID": str(runtime.pid), "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap")}
+        cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5"]
+        with running(cmd, tmp_path / "agent.log", cwd=ROOT, env=env) as proc:
+            base = f"http://127.0.0.1:{port}"
+            wait_http(f"{base}/readyz", ok=lambda r: r.status_code == 200, proc=proc)
+            body = httpx.get(f"{base}/api/v1/binary").json()
+            assert body["report"]["path"] == str(sleeper) and body["report"]["pid"] == runtime.pid
+            assert body["report"]["missing_libraries"] == ["libdiagprobe.so"]
+            assert body["report"]["deleted_mapped"] == [str(lib)]
+            assert body["findings"][0]["id"] == "runtime.hardware_mismatch"
+            metrics = httpx.get(f"{base}/metrics").text
+            assert 'inferwatch_runtime_binary_missing_libraries{runtime="runtime"} 1.0' in metrics
+            # on demand needs the profile scope, which is never anonymous
+            assert httpx.post(f"{base}/api/v1/binary").status_code == 401
+    finally:
+        stop(runtime)

@@ -45,7 +45,7 @@ def install(app: FastAPI, agent: Any) -> None:
     @app.middleware("http")
     async def authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         path = request.url.path
-        if path in auth.open_paths:
+        if auth.is_open(path):
             return await call_next(request)
         scope = scope_for(request.method, path)
         code = auth.decide(request.headers.get("authorization"), scope)

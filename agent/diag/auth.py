@@ -58,8 +58,12 @@ class Authenticator:
         if cfg.tokens_file is not None:
             creds += read_tokens_file(cfg.tokens_file)
         self.credentials = creds
-        self.open_paths = frozenset(cfg.open_paths)
+        self.open_paths = frozenset(p for p in cfg.open_paths if not p.endswith("/*"))
+        self.open_prefixes = tuple(p[:-1] for p in cfg.open_paths if p.endswith("/*"))
         self.anonymous = frozenset(cfg.anonymous_scopes) - {"profile"} if not creds else frozenset()
+
+    def is_open(self, path: str) -> bool:
+        return path in self.open_paths or path.startswith(self.open_prefixes)
 
     def identify(self, authorization: str | None) -> Credential | None:
         """The credential a header presents, or None (no header, wrong scheme, unknown token)."""

@@ -143,7 +143,7 @@ class ProbeSettings(_Section):
     protocols: list[ProbeProtocol] = Field(default_factory=_default_protocols)
     interval_s: float = Field(default=DEFAULT_PROBE_INTERVAL_S, gt=0, le=86400)
     timeout_s: float = Field(default=DEFAULT_PROBE_TIMEOUT_S, gt=0, le=300)
-    model: str = "default"
+    model: str | None = None  # None: the first model of GET /v1/models
     prompt: str = "Say OK."
     max_tokens: int = Field(default=DEFAULT_PROBE_MAX_TOKENS, gt=0, le=256)
     max_bytes: int = Field(default=DEFAULT_PROBE_MAX_BYTES, gt=0, le=64 << 20)

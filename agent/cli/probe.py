@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
             ..., "--url", help="Runtime base URL (or the full /v1/chat/completions or /v1/messages URL)."
         ),
         protocol: str = typer.Option("openai", "--protocol", help="openai (chat/completions) or anthropic (messages)."),
-        model: str = typer.Option("default", "--model", help="Model name to request."),
+        model: str | None = typer.Option(None, "--model", help="Model to request (default: first of GET /v1/models)."),
         prompt: str = typer.Option("Say OK.", "--prompt", help="Prompt of the synthetic request."),
         max_tokens: int = typer.Option(8, "--max-tokens", min=1, max=256, help="max_tokens of the request."),
         timeout: float = typer.Option(10.0, "--timeout", min=0.1, max=300, help="Overall timeout, seconds."),

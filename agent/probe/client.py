@@ -24,6 +24,8 @@ PATHS = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
 ANTHROPIC_VERSION = "2023-06-01"
 MAX_VIOLATIONS = 100
 MAX_ERROR_BODY_BYTES = 64 * 1024
+DISCOVERY_TIMEOUT_S = 2.0
+FALLBACK_MODEL = "default"
 _ERROR_TYPE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
 
 
@@ -85,6 +87,19 @@ def endpoint(url: str, protocol: str) -> str:
             base = base[: -len(suffix)]
             break
     return base + PATHS[protocol]
+
+
+def discover_model(http: httpx.Client, url: str, timeout_s: float) -> str | None:
+    """The first model id of ``GET /v1/models`` (OpenAI list shape), or None."""
+    base = endpoint(url, "openai").removesuffix(PATHS["openai"])
+    try:
+        r = http.get(base + "/v1/models", timeout=min(timeout_s, DISCOVERY_TIMEOUT_S))
+        data = r.json().get("data") if r.status_code == 200 and len(r.content) <= MAX_ERROR_BODY_BYTES else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    if isinstance(data, list) and data and isinstance(data[0], dict) and isinstance(data[0].get("id"), str):
+        return str(data[0]["id"])
+    return None
 
 
 def request_body(protocol: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -194,7 +209,7 @@ def run_probe(
     url: str,
     protocol: str,
     *,
-    model: str = "default",
+    model: str | None = None,
     prompt: str = "Say OK.",
     max_tokens: int = 8,
     timeout_s: float = 10.0,
@@ -209,9 +224,11 @@ def run_probe(
     headers = {"accept": "text/event-stream", "content-type": "application/json"}
     if protocol == "anthropic":
         headers["anthropic-version"] = ANTHROPIC_VERSION
-    body = request_body(protocol, model, prompt, max_tokens)
     own = client is None
     http = client or httpx.Client(timeout=httpx.Timeout(timeout_s), follow_redirects=False)
+    if model is None:
+        model = discover_model(http, url, timeout_s) or FALLBACK_MODEL
+    body = request_body(protocol, model, prompt, max_tokens)
     stream = _Stream(result)
     parser = SSEParser()
     started = time.monotonic()

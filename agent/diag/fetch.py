@@ -43,7 +43,7 @@ def fetch_json(
             if declared and declared.isdigit() and int(declared) > max_bytes:
                 raise ProfileFetchError("oversized", f"profile of {declared} bytes exceeds the cap of {max_bytes}")
             body = bytearray()
-            for chunk in r.iter_raw():
+            for chunk in r.iter_bytes():  # decoded: the cap also bounds a compressed body's expansion
                 body += chunk
                 if len(body) > max_bytes:
                     raise ProfileFetchError("oversized", f"profile exceeds the cap of {max_bytes} bytes")

@@ -59,7 +59,12 @@ def classify(stderr: str, pid: int) -> PySpyError:
     if "failed to get process executable name" in text or "no such process" in text:
         if "permission denied" in text:
             return PySpyError("permission", f"permission denied reading pid {pid}: {PERMISSION_FIX}")
-        return PySpyError("no_process", f"pid {pid} is not running or not visible in this pid namespace")
+        return PySpyError(
+            "no_process",
+            f"pid {pid} is not running or not visible in the agent's pid namespace (to profile a runtime in another "
+            "container share its pid namespace: docker pid: host or pid: service:<runtime>; kubernetes "
+            "shareProcessNamespace: true)",
+        )
     head = "\n".join(stderr.strip().splitlines()[:3])
     return PySpyError("failed", f"py-spy failed on pid {pid}: {head}")
 

@@ -12,7 +12,7 @@ import threading
 from typing import Any
 
 from agent.config import CollectorSettings, Settings
-from agent.diag import binary, runtime_proc
+from agent.diag import binary, pyspy, runtime_proc
 from agent.diag.profile_service import RuntimeProfileService
 from agent.diag.profiles import ProfileManager
 from agent.errors import NoDataError, ToolError
@@ -104,7 +104,12 @@ def collector_timing(settings: Settings) -> Settings:
     """Give runtime_profile and probe their section's interval and a timeout that fits one run."""
     collectors = dict(settings.collectors)
     wanted = {
-        "runtime_profile": (settings.runtime_profile.interval_s, settings.runtime_profile.timeout_s + TIMING_MARGIN_S),
+        "runtime_profile": (
+            settings.runtime_profile.interval_s,
+            settings.runtime_profile.timeout_s
+            + TIMING_MARGIN_S
+            + (pyspy.DUMP_TIMEOUT_S if settings.profiling.enabled else 0.0),
+        ),
         "probe": (
             settings.probe.interval_s,
             settings.probe.timeout_s * len(settings.probe.protocols) + TIMING_MARGIN_S,

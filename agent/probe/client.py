@@ -246,7 +246,7 @@ def run_probe(
                         break
                 result.error_type, result.error_message = error_type_of(r.status_code, bytes(data))
                 return result
-            for chunk in r.iter_raw():
+            for chunk in r.iter_bytes():
                 received += len(chunk)
                 now = time.monotonic()
                 for ev in parser.feed(chunk, now):

@@ -30,6 +30,7 @@ from typing import Any
 MARKER_PREFIX = "[REDACTED hmac:"
 KEY_FILE_NAME = "redaction.key"
 KEY_BYTES = 32
+KEY_CACHE_MAX = 10_000
 
 DEFAULT_DENY_PATTERNS: tuple[str, ...] = (
     r"cpu_affinity(_mask)?",
@@ -87,10 +88,12 @@ class RedactionPolicy:
     value_patterns: tuple[str, ...] = DEFAULT_VALUE_PATTERNS
     _deny: re.Pattern[str] = field(init=False, repr=False, compare=False)
     _values: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    _key_cache: dict[str, bool] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_deny", re.compile("|".join(f"(?:{p})" for p in self.deny_patterns), re.I))
         object.__setattr__(self, "_values", re.compile("|".join(f"(?:{p})" for p in self.value_patterns)))
+        object.__setattr__(self, "_key_cache", {})  # profiles repeat their keys: decide each once
 
     @classmethod
     def build(
@@ -109,7 +112,12 @@ class RedactionPolicy:
         return f"{MARKER_PREFIX}{digest}]"
 
     def key_denied(self, key: str) -> bool:
-        return bool(self._deny.search(key))
+        hit = self._key_cache.get(key)
+        if hit is None:
+            hit = bool(self._deny.search(key))
+            if len(self._key_cache) < KEY_CACHE_MAX:
+                self._key_cache[key] = hit
+        return hit
 
     def value_looks_secret(self, value: str) -> bool:
         return bool(self._values.search(value))

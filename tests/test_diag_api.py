@@ -172,3 +172,13 @@ def test_bad_tokens_file_refuses_to_start(tmp_path) -> None:
         env={**os.environ, "INFERWATCH_API__TOKENS_FILE": str(tokens)},
     )
     assert res.returncode == 2 and "shorter than 16" in res.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/setpriv"), reason="needs root to drop to nobody")
+def test_cli_without_ptrace_permission_names_the_fix(target, tmp_path) -> None:
+    """A real refusal: py-spy as user nobody against a root-owned Python process."""
+    cmd = ["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", PYTHON, "-m", "agent", "profile"]
+    cmd += ["--pid", str(target.pid), "--duration", "1", "-o", str(tmp_path / "never.json")]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "permission denied" in res.stderr and "SYS_PTRACE" in res.stderr and "pid: host" in res.stderr

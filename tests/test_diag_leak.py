@@ -157,7 +157,8 @@ def test_no_canary_in_any_sink(tmp_path: Path) -> None:
     assert listing and ring_texts and rec.log_bodies and "/v1/metrics" in rec.paths
     snapshot = api_texts[3]
     assert "leakcheck-engine" in snapshot and "[REDACTED hmac:" in snapshot
-    assert '"runtime_process"' in snapshot and "--api-key" in snapshot and '"py_spy_dump"' in snapshot
+    assert '"runtime_process"' in snapshot and "--api-key" in snapshot
+    assert '"py_spy_dump": [' in snapshot and '"owns_gil"' in snapshot  # the dump enrichment really ran
     assert any("leakcheck-engine" in b and "[REDACTED hmac:" in b for b in rec.log_bodies)
     assert 'inferwatch_runtime_profile_value{field="gpu_memory_used_bytes"} 4242.0' in metrics
     # ... and no canary anywhere:

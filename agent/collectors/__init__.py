@@ -9,12 +9,24 @@ from __future__ import annotations
 
 from agent.collectors.base import BaseCollector, CollectContext, Collection, Collector
 from agent.collectors.binary import BinaryCollector
+from agent.collectors.cpu import CPUCollector
+from agent.collectors.gpu import GPUCollector
 from agent.collectors.pagecache import PageCacheCollector
 from agent.collectors.probe import ProbeCollector
+from agent.collectors.process import ProcessCollector
 from agent.collectors.runtime_profile import RuntimeProfileCollector
 
 REGISTRY: dict[str, type[BaseCollector]] = {
-    cls.name: cls for cls in (PageCacheCollector, RuntimeProfileCollector, ProbeCollector, BinaryCollector)
+    cls.name: cls
+    for cls in (
+        PageCacheCollector,
+        CPUCollector,
+        ProcessCollector,
+        GPUCollector,
+        RuntimeProfileCollector,
+        ProbeCollector,
+        BinaryCollector,
+    )
 }
 
 

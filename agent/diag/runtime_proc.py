@@ -8,7 +8,6 @@ the redaction policy by the caller.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,36 +28,11 @@ class RuntimeProcess:
 
 
 def find_runtime_pid(procfs: Path, cfg: RuntimeSettings) -> int:
-    """The runtime's pid; raise NoDataError (with a hint) when none is configured or it is not running."""
-    if cfg.pid is not None:
-        if not (procfs / str(cfg.pid)).is_dir():
-            raise NoDataError(f"runtime pid {cfg.pid} is not running", hint="check runtime.pid")
-        return cfg.pid
-    if cfg.pidfile is not None:
-        try:
-            pid = int(cfg.pidfile.read_text().strip())
-        except (OSError, ValueError) as exc:
-            raise NoDataError(
-                f"cannot read runtime pidfile {cfg.pidfile}: {exc}", hint="check runtime.pidfile"
-            ) from None
-        if not (procfs / str(pid)).is_dir():
-            raise NoDataError(f"runtime pid {pid} from {cfg.pidfile} is not running", hint="check runtime.pidfile")
-        return pid
-    if cfg.cmdline_pattern:
-        pattern = re.compile(cfg.cmdline_pattern)
-        me = os.getpid()
-        for entry in sorted(procfs.iterdir(), key=lambda p: p.name):
-            if not entry.name.isdigit() or int(entry.name) == me:
-                continue
-            argv = read_cmdline(procfs, int(entry.name))
-            if argv and pattern.search(" ".join(argv)):
-                return int(entry.name)
-        raise NoDataError(
-            f"no process matches runtime.cmdline_pattern {cfg.cmdline_pattern!r}", hint="is the runtime running?"
-        )
-    raise NoDataError(
-        "no runtime process configured", hint="set runtime.pid, runtime.pidfile or runtime.cmdline_pattern"
-    )
+    """The runtime's pid (:class:`agent.host.runtime.RuntimeLocator`: pid, pidfile, oldest pattern match);
+    raise NoDataError (with a hint) when none is configured or it is not running."""
+    from agent.host.runtime import RuntimeLocator
+
+    return int(RuntimeLocator(cfg, procfs).find().pid)
 
 
 def read_cmdline(procfs: Path, pid: int) -> list[str]:

@@ -12,9 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.config import RuntimeSettings
-from agent.errors import NoDataError
-
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 @dataclass(frozen=True, slots=True)

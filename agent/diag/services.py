@@ -101,7 +101,8 @@ def start_sinks(services: dict[str, Any], settings: Settings, resource: Any) -> 
 
 
 def collector_timing(settings: Settings) -> Settings:
-    """Give runtime_profile and probe their section's interval and a timeout that fits one run."""
+    """Switch runtime_profile, probe and binary on when configured (unless ``collectors.NAME.enabled`` says
+    otherwise) and give them their section's interval and a timeout that fits one run."""
     collectors = dict(settings.collectors)
     wanted = {
         "runtime_profile": (
@@ -116,10 +117,17 @@ def collector_timing(settings: Settings) -> Settings:
         ),
         "binary": (None, settings.binary.timeout_s + TIMING_MARGIN_S),
     }
+    rt = settings.runtime
+    configured = {
+        "runtime_profile": bool(settings.runtime_profile.url),
+        "probe": bool(settings.probe.url),
+        "binary": bool(settings.binary.path or rt.pid or rt.pidfile or rt.cmdline_pattern),
+    }
     for name, (interval, timeout) in wanted.items():
         cur = collectors.get(name, CollectorSettings())
         collectors[name] = cur.model_copy(
             update={
+                "enabled": cur.enabled if cur.enabled is not None else (configured[name] or None),
                 "interval_s": cur.interval_s or interval,
                 "timeout_s": cur.timeout_s or (min(timeout, 600) if timeout else None),
             }

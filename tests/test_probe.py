@@ -126,3 +126,17 @@ def test_cli_prints_what_it_saw_with_schema_paths(rt) -> None:
     assert json.loads(out.stdout)["ok"] is True
     bad = subprocess.run([*cmd[:-1], "grpc"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--protocol" in bad.stderr
+
+
+def test_sse_framing_details() -> None:
+    from agent.probe.sse import SSEParser
+
+    p = SSEParser()
+    evs = p.feed(b': keep-alive\n\nevent: ping\ndata: {"type"', 1.0)
+    assert evs == [] and not p.crlf
+    evs = p.feed(b': "ping"}\n\ndata: a\ndata: b\n\nretry: 5\n\n', 2.0)
+    assert [(e.event, e.data, e.arrived_s) for e in evs] == [("ping", '{"type": "ping"}', 2.0), (None, "a\nb", 2.0)]
+    assert p.feed(b"data: x\r\n\r\n", 3.0)[0].data == "x" and p.crlf
+    assert p.feed(b"data: \xff\n\n", 4.0)[0].data is None  # non-UTF-8 event kept, flagged by the probe
+    p.feed(b"data: half", 5.0)
+    assert p.rest() == b"data: half"

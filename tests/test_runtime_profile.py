@@ -148,3 +148,6 @@ def test_agent_keeps_serving_with_bad_profile_and_cut_stream(rt, tmp_path) -> No
         rt.profile_mode = "debug"  # recovers without a restart
         wait_http(f"{base}/metrics", ok=lambda r: "inferwatch_runtime_profile_available 1.0" in r.text, proc=proc)
         assert httpx.get(f"{base}/healthz").status_code == 200
+        # no token configured (loopback): anonymous read only; snapshots and profiles need a token
+        assert httpx.get(f"{base}/api/v1/snapshots").status_code == 401
+        assert httpx.post(f"{base}/api/v1/profiles", json={"duration_s": 1}).status_code == 401

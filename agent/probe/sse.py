@@ -37,8 +37,9 @@ class SSEParser:
             if b"\r" in m.group(0) or b"\r" in block:
                 self.crlf = True
             del self._buf[: m.end()]
-            if block.strip():
-                out.append(parse_block(block, now_s))
+            ev = parse_block(block, now_s) if block.strip() else None
+            if ev is not None:
+                out.append(ev)
         return out
 
     def rest(self) -> bytes:
@@ -46,7 +47,8 @@ class SSEParser:
         return bytes(self._buf)
 
 
-def parse_block(block: bytes, now_s: float) -> RawEvent:
+def parse_block(block: bytes, now_s: float) -> RawEvent | None:
+    """One event; None for a block without data (comments such as ``: keep-alive``, a lone ``retry:``)."""
     try:
         text = block.decode("utf-8")
     except UnicodeDecodeError:
@@ -62,4 +64,6 @@ def parse_block(block: bytes, now_s: float) -> RawEvent:
             event = value
         elif name == "data":
             data.append(value)
+    if not data:
+        return None
     return RawEvent(event, "\n".join(data), block, now_s)

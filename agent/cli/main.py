@@ -6,6 +6,7 @@ import typer
 
 from agent import __version__
 from agent.cli import doctor, run
+from agent.cli import engine as engine_cli
 from agent.cli import probe as probe_cmd
 from agent.cli import profile as profile_cmd
 
@@ -17,7 +18,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (run, doctor, probe_cmd, profile_cmd):
+for module in (run, doctor, engine_cli, probe_cmd, profile_cmd):
     module.register(app)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from agent.collectors.base import BaseCollector, CollectContext, Collection, Collector
 from agent.collectors.binary import BinaryCollector
 from agent.collectors.cpu import CPUCollector
+from agent.collectors.engine import EngineCollector
 from agent.collectors.gpu import GPUCollector
 from agent.collectors.pagecache import PageCacheCollector
 from agent.collectors.probe import ProbeCollector
@@ -23,6 +24,7 @@ REGISTRY: dict[str, type[BaseCollector]] = {
         CPUCollector,
         ProcessCollector,
         GPUCollector,
+        EngineCollector,
         RuntimeProfileCollector,
         ProbeCollector,
         BinaryCollector,

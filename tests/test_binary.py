@@ -123,6 +123,7 @@ def test_running_runtime_via_proc_exe_and_the_api(built, tmp_path) -> None:
             assert body["findings"][0]["id"] == "runtime.hardware_mismatch"
             metrics = httpx.get(f"{base}/metrics").text
             assert 'inferwatch_runtime_binary_missing_libraries{runtime="runtime"} 1.0' in metrics
+            assert 'inferwatch_runtime_binary_compatible{runtime="runtime"} 0.0' in metrics
             # on demand needs the profile scope, which is never anonymous
             assert httpx.post(f"{base}/api/v1/binary").status_code == 401
     finally:

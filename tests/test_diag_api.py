@@ -78,6 +78,9 @@ def test_scopes_401_403_and_open_paths(agent) -> None:
     assert r.status_code == 403 and "profile" in r.json()["message"]
     assert httpx.post(agent + "/api/v1/profiles", json={"duration_s": 1}).status_code == 401
     assert httpx.post(agent + "/api/v1/binary", headers=hdr(SNAP)).status_code == 403
+    metrics = httpx.get(agent + "/metrics").text
+    assert 'inferwatch_api_refused_total{status="401"} 4.0' in metrics
+    assert 'inferwatch_api_refused_total{status="403"} 3.0' in metrics
 
 
 def test_api_records_a_speedscope_profile_of_the_runtime(agent, target) -> None:

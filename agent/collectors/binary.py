@@ -44,6 +44,9 @@ class BinaryCollector(BaseCollector):
             return Collection((), svc.findings(), {"error": svc.error})
         runtime = self.ctx.settings.runtime.name
         samples = [
-            Sample("inferwatch.runtime.binary.missing_libraries", len(report.missing_libraries), attrs(runtime=runtime))
+            Sample(
+                "inferwatch.runtime.binary.missing_libraries", len(report.missing_libraries), attrs(runtime=runtime)
+            ),
+            Sample("inferwatch.runtime.binary.compatible", 1 if report.compatible else 0, attrs(runtime=runtime)),
         ]
         return Collection(samples, svc.findings(), report.as_dict())

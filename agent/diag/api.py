@@ -22,6 +22,7 @@ from agent.diag.profiles import ProfileBusyError, ProfileManager
 from agent.diag.ring import valid_id
 from agent.diag.services import BinaryService
 from agent.errors import NoDataError
+from agent.samples import Sample, attrs
 
 MEDIA_TYPES = {"speedscope": "application/json", "flamegraph": "image/svg+xml", "raw": "text/plain"}
 
@@ -41,6 +42,10 @@ def _finding_dict(f: Any) -> dict[str, Any]:
 def install(app: FastAPI, agent: Any) -> None:
     auth: Authenticator = agent.ctx.services.get("auth") or Authenticator(agent.settings.api)
     services = agent.ctx.services
+    agent.state.add_source(
+        "api_auth",
+        lambda: [Sample("inferwatch.api.refused", n, attrs(status=code)) for code, n in sorted(auth.refused.items())],
+    )
 
     @app.middleware("http")
     async def authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

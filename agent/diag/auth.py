@@ -61,6 +61,7 @@ class Authenticator:
         self.open_paths = frozenset(p for p in cfg.open_paths if not p.endswith("/*"))
         self.open_prefixes = tuple(p[:-1] for p in cfg.open_paths if p.endswith("/*"))
         self.anonymous = frozenset(cfg.anonymous_scopes) - {"profile"} if not creds else frozenset()
+        self.refused = {401: 0, 403: 0}  # counted by decide(); exported as inferwatch.api.refused
 
     def is_open(self, path: str) -> bool:
         return path in self.open_paths or path.startswith(self.open_prefixes)
@@ -83,5 +84,9 @@ class Authenticator:
         """200 allowed, 401 no valid token, 403 valid token without the scope."""
         cred = self.identify(authorization)
         if cred is None:
-            return 200 if scope in self.anonymous and not authorization else 401
-        return 200 if scope in cred.scopes else 403
+            code = 200 if scope in self.anonymous and not authorization else 401
+        else:
+            code = 200 if scope in cred.scopes else 403
+        if code != 200:
+            self.refused[code] += 1
+        return code

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from agent import __version__
-from agent.cli import doctor, run
+from agent.cli import demo, doctor, loadgen, run, simulate
 
 app = typer.Typer(
     name="inferwatch",
@@ -15,7 +15,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (run, doctor):
+for module in (run, doctor, simulate, loadgen, demo):
     module.register(app)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from simulator.config import SimConfig
@@ -22,6 +23,8 @@ from simulator.scenarios import ScenarioSet
 from simulator.tracing import SpanEmitter
 
 HANG_POLL_S = 0.05
+LAG_PROBE_INTERVAL_S = 0.01
+LAG_WINDOW = 60_000
 DEADLINE_SLACK_S = 0.005
 
 
@@ -121,6 +124,27 @@ class ModelServer:
         return target
 
 
+class LoopLag:
+    """Event-loop lag: how late a 10 ms timer fires (the simulator's own overhead, GET /sim/stats)."""
+
+    def __init__(self) -> None:
+        self.samples: deque[float] = deque(maxlen=LAG_WINDOW)
+
+    async def run(self) -> None:
+        clock = time.perf_counter
+        while True:
+            t0 = clock()
+            await asyncio.sleep(LAG_PROBE_INTERVAL_S)
+            self.samples.append(max(0.0, clock() - t0 - LAG_PROBE_INTERVAL_S))
+
+    def stats(self) -> dict[str, float | int | None]:
+        v = sorted(self.samples)
+        if not v:
+            return {"samples": 0, "p50_s": None, "p99_s": None, "max_s": None}
+        pick = lambda q: v[min(len(v) - 1, int(q * len(v)))]  # noqa: E731
+        return {"samples": len(v), "p50_s": pick(0.5), "p99_s": pick(0.99), "max_s": v[-1]}
+
+
 class Runtime:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
@@ -152,8 +176,10 @@ class Runtime:
             self.models[m] = server
         self._tasks: list[asyncio.Task[None]] = []
         self.started_at = time.time()
+        self.lag = LoopLag()
 
     def start(self) -> None:
+        self._tasks.append(asyncio.get_running_loop().create_task(self.lag.run()))
         for server in self.models.values():
             for lp in server.loops:
                 self._tasks.append(asyncio.get_running_loop().create_task(lp.run()))

@@ -38,7 +38,7 @@ from simulator.text import chat_prompt_tokens, count_tokens, dumps, full_text, t
 from simulator.tracing import parent_context
 
 log = logging.getLogger("simulator")
-EXCLUDED_HANDLERS = {"/metrics", "/health", "/version"}
+EXCLUDED_HANDLERS = {"/metrics", "/health", "/version", "/sim/stats"}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -432,6 +432,14 @@ class SimulatorApp:
             return openai_error(RequestError(404, f"The model `{model}` does not exist.", "NotFoundError", "model"))
         return JSONResponse(runtime_profile(self.config, dep, self.runtime.scenarios, self.runtime.started_at))
 
+    async def stats(self, request: Request) -> Response:
+        """The simulator's own health: event-loop lag and engine steps (``?reset=1`` clears the lag window)."""
+        lag = self.runtime.lag.stats()
+        if request.query_params.get("reset") == "1":
+            self.runtime.lag.samples.clear()
+        steps = {f"{m}/{lp.core.index}": lp.steps for m, s in self.runtime.models.items() for lp in s.loops}
+        return JSONResponse({"loop_lag": lag, "engine_steps": steps, "scenarios": self.runtime.scenarios.to_json()})
+
     async def control(self, request: Request) -> Response:
         token = self.config.token()
         if not token:
@@ -518,6 +526,7 @@ def create_app(config: SimConfig) -> tuple[ASGIApp, SimulatorApp]:
         Route("/metrics", sim.metrics, methods=["GET"]),
         Route("/debug/runtime_profile", sim.debug_profile, methods=["GET"]),
         Route("/control/scenario", sim.control, methods=["GET", "POST"]),
+        Route("/sim/stats", sim.stats, methods=["GET"]),
     ]
 
     @contextlib.asynccontextmanager

@@ -90,7 +90,7 @@ async def one(port: int, body: bytes) -> tuple[float | None, list[float], bool]:
 
 async def drive(port: int, rate: float, seconds: float, seed: int) -> dict:
     rng = random.Random(seed)
-    words = "the model serves requests across the batch while".split()
+    words = ["the", "model", "serves", "requests", "across", "the", "batch", "while"]
     results: list[tuple[float | None, list[float], bool]] = []
     tasks = set()
 

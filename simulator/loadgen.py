@@ -11,6 +11,7 @@ by ``count`` requests or ``duration_s`` seconds, whichever comes first, and by `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import random
@@ -50,7 +51,9 @@ class Dist:
             raise ValueError(f"bad distribution {spec!r}: numbers expected") from None
         arity = {"const": 1, "uniform": 2, "normal": 2, "lognormal": 2}
         if kind not in arity or len(nums) != arity[kind]:
-            raise ValueError(f"bad distribution {spec!r}: use N, const:N, uniform:LO:HI, normal:MEAN:SD, lognormal:MEDIAN:SIGMA")
+            raise ValueError(
+                f"bad distribution {spec!r}: use N, const:N, uniform:LO:HI, normal:MEAN:SD, lognormal:MEDIAN:SIGMA"
+            )
         if any(n < 0 for n in nums) or (kind == "uniform" and nums[0] > nums[1]):
             raise ValueError(f"bad distribution {spec!r}: parameters must be >= 0 (and LO <= HI)")
         return cls(kind, nums[0], nums[1] if len(nums) > 1 else 0.0)
@@ -244,8 +247,15 @@ def summarize(spec: LoadSpec, results: list[Result], progress: Progress) -> dict
     }
 
 
-async def run_load(spec: LoadSpec, on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
-    """Run the load described by ``spec`` and return the summary (see :func:`summarize`)."""
+async def run_load(
+    spec: LoadSpec, on_progress: Callable[[Progress], None] | None = None, stop: asyncio.Event | None = None
+) -> dict[str, Any]:
+    """Run the load described by ``spec`` and return the summary (see :func:`summarize`).
+
+    Setting ``stop`` (SIGINT/SIGTERM in the CLI) ends the run early: no new arrivals, in-flight
+    requests are cancelled and counted as ``cancelled``, and the summary covers what was done.
+    """
+    stop = stop or asyncio.Event()
     rng = random.Random(spec.seed)
     prefix = _words(random.Random(spec.seed ^ 0xABC), spec.shared_prefix_tokens) if spec.shared_prefix_tokens else ""
     progress = Progress()
@@ -260,6 +270,8 @@ async def run_load(spec: LoadSpec, on_progress: Callable[[Progress], None] | Non
             progress.in_flight += 1
             try:
                 res = await one_request(client, spec, body)
+            except asyncio.CancelledError:
+                res = Result(ok=False, error="cancelled")
             finally:
                 progress.in_flight -= 1
             results.append(res)
@@ -276,7 +288,10 @@ async def run_load(spec: LoadSpec, on_progress: Callable[[Progress], None] | Non
                 break
             delay = next_at - time.perf_counter()
             if delay > 0:
-                await asyncio.sleep(delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+            if stop.is_set():
+                break
             body = build_body(spec, rng, prefix)
             if progress.in_flight >= spec.max_in_flight:
                 progress.dropped += 1
@@ -291,7 +306,12 @@ async def run_load(spec: LoadSpec, on_progress: Callable[[Progress], None] | Non
                 last_report = now
                 on_progress(progress)
         while tasks:
-            done, _ = await asyncio.wait(set(tasks), timeout=0.25)
+            if stop.is_set():
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                break
+            await asyncio.wait(set(tasks), timeout=0.25)
             progress.elapsed_s = time.perf_counter() - start
             if on_progress is not None:
                 on_progress(progress)
@@ -309,7 +329,9 @@ def summary_table(summary: dict[str, Any]) -> Any:
         table.add_column(col, justify="right")
     for key, label in (("ttft_s", "TTFT"), ("itl_s", "ITL"), ("e2e_s", "e2e")):
         s = summary[key]
-        table.add_row(label + " (ms)", *("-" if s[c] is None else f"{s[c] * 1000:.1f}" for c in ("mean", "p50", "p95", "p99")))
+        table.add_row(
+            label + " (ms)", *("-" if s[c] is None else f"{s[c] * 1000:.1f}" for c in ("mean", "p50", "p95", "p99"))
+        )
     table.caption = (
         f"requests {summary['requests']}  ok {summary['ok']}  errors {summary['errors']} "
         f"{summary['error_types'] or ''}  achieved {summary['achieved_rate_per_s']:.1f} req/s  "

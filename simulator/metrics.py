@@ -202,9 +202,14 @@ class VllmMetrics:
             if show_hidden
             else None
         )
-        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", LABELS, registry=r)
+        self.kv_usage = Gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", LABELS, registry=r
+        )
         self.prefix_queries = Counter(
-            "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", LABELS, registry=r
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            LABELS,
+            registry=r,
         )
         self.prefix_hits = Counter(
             "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", LABELS, registry=r
@@ -224,7 +229,10 @@ class VllmMetrics:
             registry=r,
         )
         self.mm_queries = Counter(
-            "vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items.", LABELS, registry=r
+            "vllm:mm_cache_queries",
+            "Multi-modal cache queries, in terms of number of queried items.",
+            LABELS,
+            registry=r,
         )
         self.mm_hits = Counter(
             "vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.", LABELS, registry=r
@@ -237,7 +245,10 @@ class VllmMetrics:
             "vllm:generation_tokens", "Number of generation tokens processed.", LABELS, registry=r
         )
         self.success = Counter(
-            "vllm:request_success", "Count of successfully processed requests.", [*LABELS, "finished_reason"], registry=r
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*LABELS, "finished_reason"],
+            registry=r,
         )
         self.req_prompt = Histogram(
             "vllm:request_prompt_tokens", "Number of prefill tokens processed.", LABELS, buckets=tokens, registry=r
@@ -350,7 +361,10 @@ class VllmMetrics:
         labels = cache_config_labels(dep, index)
         if self._cache_info is None:
             self._cache_info = Gauge(
-                "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(labels), registry=self.registry
+                "vllm:cache_config_info",
+                "Information of the LLMEngine CacheConfig",
+                list(labels),
+                registry=self.registry,
             )
         self._cache_info.labels(**labels).set(1)
         return _PerEngine(self, model, index)

@@ -30,14 +30,16 @@ def cpu_affinity_mask() -> str:
     return hex(sum(1 << c for c in cpus))
 
 
-def runtime_profile(
-    config: SimConfig, dep: Deployment, scenarios: ScenarioSet, started_at: float
-) -> dict[str, Any]:
+def runtime_profile(config: SimConfig, dep: Deployment, scenarios: ScenarioSet, started_at: float) -> dict[str, Any]:
     hw = dep.hardware
     simd_fallback = "simd_fallback" in scenarios
     mismatch = "hardware_mismatch" in scenarios
     reserved = hw.memory_bytes * dep.gpu_memory_utilization if hw.kind == "gpu" else 0
-    native_target = hw.compute_capability if hw.kind == "gpu" else ("x86_64-amx" if "amx_bf16" in hw.simd_features else "aarch64-sve")
+    native_target = (
+        hw.compute_capability
+        if hw.kind == "gpu"
+        else ("x86_64-amx" if "amx_bf16" in hw.simd_features else "aarch64-sve")
+    )
     profile: dict[str, Any] = {
         "engine": "vllm",
         "engine_version": ENGINE_VERSION,

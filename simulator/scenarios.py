@@ -6,7 +6,7 @@ page_cache_pressure:fraction=0.3``) and as ``{"name": ..., "params": {...}}`` on
 | scenario | effect | parameters (default) |
 |---|---|---|
 | simd_fallback | every engine step slower by ``factor`` (prefill and decode), no errors | factor (1.22) |
-| page_cache_pressure | a ``fraction`` of requests stalls ``extra_s`` before its prefill: bimodal TTFT | fraction (0.2), extra_s (0.55) |
+| page_cache_pressure | a ``fraction`` of requests stalls ``extra_s`` before prefill | fraction (0.2), extra_s (0.55) |
 | hardware_mismatch | requests fail with HTTP 400, error type ``hardware_mismatch`` | — |
 | stream_usage_only | stream chunks carry an empty delta text plus a usage object | — |
 | debug_disabled | ``/debug/runtime_profile`` answers ``{}`` | — |

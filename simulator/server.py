@@ -106,8 +106,7 @@ class SimulatorApp:
             hw = self.runtime.config.hardware
             raise RequestError(
                 400,
-                f"model kernels were compiled for a different target than this {hw} host "
-                "(simulated hardware_mismatch)",
+                f"model kernels were compiled for a different target than this {hw} host (simulated hardware_mismatch)",
                 type_="hardware_mismatch",
             )
         burst = scenarios.get("error_burst")
@@ -351,7 +350,7 @@ class SimulatorApp:
             out = []
             if not started:
                 started = True
-                message = {
+                message: dict[str, Any] = {
                     "id": "msg_" + req.request_id,
                     "type": "message",
                     "role": "assistant",

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import typer
 
@@ -18,14 +21,18 @@ def register(app: typer.Typer) -> None:
         rate: float = typer.Option(10.0, "--rate", help="Target arrival rate, requests/s (Poisson)."),
         count: int | None = typer.Option(None, "--count", help="Stop after this many requests."),
         duration: float | None = typer.Option(None, "--duration", help="Stop launching after this many seconds."),
-        prompt_tokens: str = typer.Option("128", "--prompt-tokens", help="N, uniform:LO:HI, normal:M:SD, lognormal:MED:S"),
+        prompt_tokens: str = typer.Option(
+            "128", "--prompt-tokens", help="N, uniform:LO:HI, normal:M:SD, lognormal:MED:S"
+        ),
         output_tokens: str = typer.Option("32", "--output-tokens", help="Same forms as --prompt-tokens."),
         shared_prefix: int = typer.Option(0, "--shared-prefix-tokens", help="System prompt shared by all requests."),
         seed: int = typer.Option(0, "--seed", help="Seed of arrivals and lengths."),
         timeout: float = typer.Option(60.0, "--timeout", help="Per-request timeout, seconds."),
         max_in_flight: int = typer.Option(2000, "--max-in-flight", help="Arrivals beyond this are dropped, counted."),
         as_json: bool = typer.Option(False, "--json", help="Print only the summary as JSON."),
-        progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Live progress (default: on a TTY)."),
+        progress: bool | None = typer.Option(
+            None, "--progress/--no-progress", help="Live progress (default: on a TTY)."
+        ),
     ) -> None:
         """Send open-loop streaming load and print client-side TTFT/ITL/e2e percentiles.
 
@@ -56,6 +63,14 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2) from None
         console = Console(stderr=as_json)
         show = progress if progress is not None else (console.is_terminal and not as_json)
+
+        async def main(update: Callable[[Progress], None] | None) -> dict[str, Any]:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            return await run_load(spec, update, stop)
+
         try:
             if show:
                 with Live(console=console, refresh_per_second=4) as live:
@@ -66,9 +81,9 @@ def register(app: typer.Typer) -> None:
                             f"in flight {p.in_flight}  errors {p.errors}  dropped {p.dropped}"
                         )
 
-                    summary = asyncio.run(run_load(spec, update))
+                    summary = asyncio.run(main(update))
             else:
-                summary = asyncio.run(run_load(spec))
+                summary = asyncio.run(main(None))
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
         if as_json:

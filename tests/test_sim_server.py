@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -206,7 +205,9 @@ def test_hardware_mismatch_and_error_burst(sim: str, scenarios: str):
     with pytest.raises(openai.BadRequestError) as exc:
         oai(sim).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2)
     assert exc.value.status_code == 400 and exc.value.body["type"] == "hardware_mismatch"
-    r = httpx.post(sim + "/v1/messages", json={"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]})
+    r = httpx.post(
+        sim + "/v1/messages", json={"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+    )
     assert r.status_code == 400 and r.json()["error"]["type"] == "hardware_mismatch"
     control(sim, {"scenarios": ["error_burst:rate=1,status=503"]})
     with pytest.raises(openai.InternalServerError) as exc5:

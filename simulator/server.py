@@ -11,6 +11,7 @@ Errors use the OpenAI error shape ``{"error": {"message", "type", "param", "code
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import itertools
@@ -19,13 +20,13 @@ import logging
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -39,7 +40,50 @@ from simulator.tracing import parent_context
 
 log = logging.getLogger("simulator")
 EXCLUDED_HANDLERS = {"/metrics", "/health", "/version", "/sim/stats"}
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+SSE_RAW_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class SSEResponse:
+    """A server-sent-events response written straight to the ASGI ``send`` (no per-chunk middleware).
+
+    A watcher task reads ``receive`` for ``http.disconnect`` and cancels the writer, so the generator's
+    ``finally`` aborts the engine request when the client goes away (what Starlette's
+    StreamingResponse does, without its per-chunk layers).
+    """
+
+    def __init__(self, chunks: AsyncIterator[str]) -> None:
+        self.chunks = chunks
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        disconnected = False
+
+        async def watch() -> None:
+            nonlocal disconnected
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            disconnected = True
+            if task is not None:
+                task.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_RAW_HEADERS})
+            async for chunk in self.chunks:
+                await send({"type": "http.response.body", "body": chunk.encode(), "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not disconnected:
+                raise
+            if task is not None and hasattr(task, "uncancel"):
+                task.uncancel()
+        finally:
+            watcher.cancel()
+            await self.chunks.aclose()  # type: ignore[attr-defined]
 
 
 class RequestError(Exception):
@@ -192,13 +236,13 @@ class SimulatorApp:
                 self.runtime.abort(req)
 
     # -- OpenAI ----------------------------------------------------------------------------------
-    async def chat(self, request: Request) -> Response:
+    async def chat(self, request: Request) -> ASGIApp:
         return await self._openai(request, chat=True)
 
-    async def completions(self, request: Request) -> Response:
+    async def completions(self, request: Request) -> ASGIApp:
         return await self._openai(request, chat=False)
 
-    async def _openai(self, request: Request, chat: bool) -> Response:
+    async def _openai(self, request: Request, chat: bool) -> ASGIApp:
         try:
             body = await self._json_body(request)
             model = self._model(body)
@@ -229,7 +273,7 @@ class SimulatorApp:
             return openai_error(exc)
         if stream:
             gen = self._openai_stream(req, model, chat, include_usage)
-            return StreamingResponse(gen, media_type="text/event-stream", headers=SSE_HEADERS)
+            return SSEResponse(gen)
         await self._wait_done(req)
         return self._openai_full(req, model, chat)
 
@@ -305,7 +349,7 @@ class SimulatorApp:
         yield last + "data: [DONE]\n\n"
 
     # -- Anthropic -------------------------------------------------------------------------------
-    async def messages(self, request: Request) -> Response:
+    async def messages(self, request: Request) -> ASGIApp:
         try:
             body = await self._json_body(request)
             model = self._model(body)
@@ -324,9 +368,7 @@ class SimulatorApp:
         except RequestError as exc:
             return anthropic_error(exc)
         if body.get("stream") is True:
-            return StreamingResponse(
-                self._anthropic_stream(req, model), media_type="text/event-stream", headers=SSE_HEADERS
-            )
+            return SSEResponse(self._anthropic_stream(req, model))
         await self._wait_done(req)
         return JSONResponse(
             {
@@ -486,12 +528,20 @@ def _scenario(item: Any) -> sc.Scenario:
 
 
 class HttpMetrics:
-    """ASGI wrapper counting requests like prometheus_fastapi_instrumentator (vLLM's HTTP metrics)."""
+    """Outermost ASGI layer: counts requests like prometheus_fastapi_instrumentator (vLLM's HTTP metrics)
+    and sends the inference POSTs straight to their handlers (the hot path skips Starlette's stack)."""
 
-    def __init__(self, app: ASGIApp, record: Callable[[str, str, int, float], None], handlers: set[str]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        record: Callable[[str, str, int, float], None],
+        handlers: set[str],
+        fast: Mapping[str, Callable[[Request], Awaitable[ASGIApp]]],
+    ) -> None:
         self.app = app
         self.record = record
         self.handlers = handlers
+        self.fast = fast
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in EXCLUDED_HANDLERS:
@@ -507,7 +557,12 @@ class HttpMetrics:
             await send(message)
 
         try:
-            await self.app(scope, receive, wrapped)
+            fast = self.fast.get(scope["path"]) if scope["method"] == "POST" else None
+            if fast is not None:
+                response = await fast(Request(scope, receive))
+                await response(scope, receive, wrapped)
+            else:
+                await self.app(scope, receive, wrapped)
         finally:
             handler = scope["path"] if scope["path"] in self.handlers else "none"
             self.record(handler, scope["method"], status, time.perf_counter() - start)
@@ -537,5 +592,6 @@ def create_app(config: SimConfig) -> tuple[ASGIApp, SimulatorApp]:
             await sim.runtime.stop()
 
     app = Starlette(routes=routes, lifespan=lifespan)
-    wrapped = HttpMetrics(app, sim.runtime.metrics.http, {r.path for r in routes})
+    fast = {"/v1/chat/completions": sim.chat, "/v1/completions": sim.completions, "/v1/messages": sim.messages}
+    wrapped = HttpMetrics(app, sim.runtime.metrics.http, {r.path for r in routes}, fast)
     return wrapped, sim

@@ -132,6 +132,9 @@ class SimulatorApp:
 
     # -- helpers ---------------------------------------------------------------------------------
     async def _json_body(self, request: Request) -> dict[str, Any]:
+        declared = request.headers.get("content-length", "0")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            raise RequestError(413, f"request body of {declared} bytes exceeds {MAX_BODY_BYTES}")
         body = await request.body()
         if len(body) > MAX_BODY_BYTES:
             raise RequestError(413, f"request body of {len(body)} bytes exceeds {MAX_BODY_BYTES}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -273,3 +274,29 @@ def test_simd_fallback_live_slows_engine_phases(sim: str, scenarios: str):
     control(sim, {"enable": "simd_fallback:factor=1.5"})
     slow = batch()
     assert 1.3 < slow / base < 1.7
+
+
+def _aborted(url: str) -> float:
+    fams = _families(httpx.get(url + "/metrics").text)
+    return sum(s.value for s in fams["vllm:request_success"].samples if s.labels.get("finished_reason") == "abort")
+
+
+def test_client_disconnect_aborts_the_request(sim: str):
+    before = _aborted(sim)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2000, "stream": True,
+            "ignore_eos": True}  # fmt: skip
+    with httpx.stream("POST", sim + "/v1/chat/completions", json=body, timeout=10) as r:
+        for line in r.iter_lines():
+            if '"content":"' in line and '"content":""' not in line:
+                break  # leave after the first token
+    deadline = time.monotonic() + 10
+    while _aborted(sim) < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _aborted(sim) == before + 1
+    running = _families(httpx.get(sim + "/metrics").text)["vllm:num_requests_running"].samples
+    assert sum(s.value for s in running) == 0
+
+
+def test_oversized_body_is_refused(sim: str):
+    r = httpx.post(sim + "/v1/completions", content=b"x" * (9 << 20), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "exceeds" in r.json()["error"]["message"]

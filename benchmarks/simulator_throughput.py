@@ -4,8 +4,9 @@ Starts ``inferwatch simulate`` (h100 profile, 8B model) in a subprocess, then dr
 (Poisson arrivals) at increasing rates with a lean asyncio HTTP/1.1 client (so the client's own cost
 does not hide the server's). For each rate it reports achieved completions/s, errors, client-side
 TTFT/ITL, the server's CPU time per request (from /proc/PID/stat) and its event-loop lag p50/p99
-(``GET /sim/stats``). Baselines measured in the same run: the event-loop lag of the idle server,
-and the timing model's own TTFT/ITL for the same load in virtual time (``run_offline``) — the
+(``GET /sim/stats``). Baselines measured in the same run: the event-loop lag of the idle server and
+of an idle asyncio process running alongside each step (the host's own scheduling noise on a shared
+machine), and the timing model's own TTFT/ITL for the same load in virtual time (``run_offline``) — the
 difference between client-observed and modelled latency is the simulator's overhead.
 
     /work/venv/bin/python benchmarks/simulator_throughput.py [--rates 50,100,150] [--seconds 10]
@@ -135,6 +136,26 @@ async def drive(port: int, rate: float, seconds: float, seed: int) -> dict:
     }
 
 
+LAG_PROBE = """
+import asyncio, json, sys, time
+async def main(seconds):
+    lags = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        await asyncio.sleep(0.01)
+        lags.append(max(0.0, time.perf_counter() - t0 - 0.01))
+    lags.sort()
+    print(json.dumps({"p50_s": lags[len(lags) // 2], "p99_s": lags[int(0.99 * len(lags))]}))
+asyncio.run(main(float(sys.argv[1])))
+"""
+
+
+def start_lag_probe(seconds: float) -> subprocess.Popen[str]:
+    """An idle asyncio process measuring its own timer lag over the same window: the host's share of the lag."""
+    return subprocess.Popen([sys.executable, "-c", LAG_PROBE, str(seconds)], stdout=subprocess.PIPE, text=True)
+
+
 def modelled(rate: float, seed: int) -> dict:
     core = EngineCore(0, deploy(MODEL, "h100"), ScenarioSet(), rec := Recorder(), seed=seed)
     run_offline(core, poisson_requests(2000, rate, PROMPT_WORDS + 4, OUTPUT_TOKENS, seed=seed))
@@ -175,8 +196,11 @@ def main() -> None:
         for rate in (float(r) for r in args.rates.split(",")):
             cpu0 = cpu_seconds(proc.pid)
             get_json(base + "/sim/stats?reset=1")
+            probe = start_lag_probe(args.seconds)
             row = asyncio.run(drive(port, rate, args.seconds, args.seed))
             lag = get_json(base + "/sim/stats?reset=1")["loop_lag"]
+            host = json.loads(probe.communicate(timeout=60)[0])
+            row["idle_process_lag_p99_ms"] = host["p99_s"] * 1e3
             row["server_cpu_ms_per_request"] = (cpu_seconds(proc.pid) - cpu0) / max(1, row["requests"]) * 1e3
             row["loop_lag_p50_ms"] = lag["p50_s"] * 1e3
             row["loop_lag_p99_ms"] = lag["p99_s"] * 1e3
@@ -187,14 +211,16 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-    hdr = ("rate", "completed/s", "errors", "lag p50 ms", "lag p99 ms", "cpu ms/req", "client TTFT p50/p99 ms",
+    print(f"load average at end: {os.getloadavg()}")
+    hdr = ("rate", "completed/s", "errors", "lag p50 ms", "lag p99 ms", "idle-process lag p99 ms", "cpu ms/req",
+           "client TTFT p50/p99 ms",
            "model TTFT p50/p99 ms", "client/model ITL ms")  # fmt: skip
     print("| " + " | ".join(hdr) + " |")
     print("|" + "---|" * len(hdr))
     for r in rows:
         print(
             f"| {r['target_rate']:.0f} | {r['completed_per_s']:.1f} | {r['errors']} | {r['loop_lag_p50_ms']:.2f} | "
-            f"{r['loop_lag_p99_ms']:.2f} | {r['server_cpu_ms_per_request']:.2f} | "
+            f"{r['loop_lag_p99_ms']:.2f} | {r['idle_process_lag_p99_ms']:.2f} | {r['server_cpu_ms_per_request']:.2f} | "
             f"{r['client_ttft_p50_ms']:.1f} / {r['client_ttft_p99_ms']:.1f} | "
             f"{r['model_ttft_p50_ms']:.1f} / {r['model_ttft_p99_ms']:.1f} | "
             f"{r['client_itl_mean_ms']:.2f} / {r['model_itl_mean_ms']:.2f} |"

@@ -4,7 +4,8 @@ One task per engine runs the step loop (the shared ticker: one timer per engine 
 or per request). A step's tokens go to each request's :class:`TokenStream`, which the HTTP handler
 drains and writes as SSE chunks. Steps are scheduled on a deadline chain (next step starts when the
 previous one was due, if the loop is only slightly late), so timer granularity does not inflate the
-simulated latencies.
+simulated latencies, and a host that briefly deschedules the process delays token delivery without
+changing the engine's timestamps (the vLLM phase histograms stay the model's).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from simulator.tracing import SpanEmitter
 HANG_POLL_S = 0.05
 LAG_PROBE_INTERVAL_S = 0.01
 LAG_WINDOW = 60_000
-DEADLINE_SLACK_S = 0.005
+DEADLINE_SLACK_S = 0.25  # a loop this late still follows the model's timeline (it catches up)
 
 
 class TokenStream:

@@ -300,3 +300,22 @@ def test_client_disconnect_aborts_the_request(sim: str):
 def test_oversized_body_is_refused(sim: str):
     r = httpx.post(sim + "/v1/completions", content=b"x" * (9 << 20), headers={"content-type": "application/json"})
     assert r.status_code == 413 and "exceeds" in r.json()["error"]["message"]
+
+
+def test_several_models_each_with_their_own_engines():
+    from starlette.testclient import TestClient
+
+    from simulator.config import SimConfig
+    from simulator.server import create_app
+
+    app, _ = create_app(SimConfig(models=("org/a-1B", "org/b-3B"), engines=2))
+    with TestClient(app) as client:
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["org/a-1B", "org/b-3B"]
+        for model in ("org/a-1B", "org/b-3B"):
+            r = client.post("/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 3})
+            assert r.status_code == 200 and r.json()["model"] == model
+        fams = _families(client.get("/metrics").text)
+    pairs = {(s.labels["model_name"], s.labels["engine"]) for s in fams["vllm:num_requests_running"].samples}
+    assert pairs == {(m, e) for m in ("org/a-1B", "org/b-3B") for e in ("0", "1")}
+    done = {s.labels["model_name"] for s in fams["vllm:request_success"].samples if s.value > 0}
+    assert done == {"org/a-1B", "org/b-3B"}

@@ -319,3 +319,28 @@ def test_several_models_each_with_their_own_engines():
     assert pairs == {(m, e) for m in ("org/a-1B", "org/b-3B") for e in ("0", "1")}
     done = {s.labels["model_name"] for s in fams["vllm:request_success"].samples if s.value > 0}
     assert done == {"org/a-1B", "org/b-3B"}
+
+
+def test_page_cache_pressure_live_splits_prefill_into_two_buckets(sim: str, scenarios: str):
+    """Smaller live check: half the requests take the 0.4 s slow path, the rest stay in the first bucket."""
+    import asyncio
+
+    def counts() -> tuple[float, float, float]:
+        samples = _families(httpx.get(sim + "/metrics").text)["vllm:request_prefill_time_seconds"].samples
+        le = lambda b: sum(s.value for s in samples if s.name.endswith("_bucket") and s.labels["le"] == b)  # noqa: E731
+        return le("0.3"), le("0.8"), le("+Inf")
+
+    async def burst(n: int) -> None:
+        async with httpx.AsyncClient(timeout=30) as c:
+            rs = await asyncio.gather(
+                *(c.post(sim + "/v1/completions", json={"prompt": "x", "max_tokens": 2}) for _ in range(n))
+            )
+        assert all(r.status_code == 200 for r in rs)
+
+    control(sim, {"enable": "page_cache_pressure:fraction=0.5,extra_s=0.4"})
+    fast0, below0, all0 = counts()
+    asyncio.run(burst(24))
+    fast1, below1, all1 = counts()
+    fast = fast1 - fast0
+    assert all1 - all0 == 24 and below1 - below0 == 24  # ~15 ms or ~0.4 s, nothing slower
+    assert 4 <= 24 - fast <= 20, fast

@@ -332,9 +332,13 @@ def summary_table(summary: dict[str, Any]) -> Any:
         table.add_row(
             label + " (ms)", *("-" if s[c] is None else f"{s[c] * 1000:.1f}" for c in ("mean", "p50", "p95", "p99"))
         )
-    table.caption = (
-        f"requests {summary['requests']}  ok {summary['ok']}  errors {summary['errors']} "
-        f"{summary['error_types'] or ''}  achieved {summary['achieved_rate_per_s']:.1f} req/s  "
-        f"{summary['output_tokens_per_s']:.0f} tok/s  in {summary['duration_s']:.1f} s"
-    )
     return table
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    errors = f" {summary['error_types']}" if summary["error_types"] else ""
+    return (
+        f"requests {summary['requests']}  ok {summary['ok']}  errors {summary['errors']}{errors}  "
+        f"achieved {summary['achieved_rate_per_s']:.1f} req/s  {summary['output_tokens_per_s']:.0f} tok/s  "
+        f"in {summary['duration_s']:.1f} s"
+    )

@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.live import Live
 
-        from simulator.loadgen import Dist, LoadSpec, Progress, run_load, summary_table
+        from simulator.loadgen import Dist, LoadSpec, Progress, run_load, summary_line, summary_table
 
         try:
             spec = LoadSpec(
@@ -90,3 +90,4 @@ def register(app: typer.Typer) -> None:
             sys.stdout.write(json.dumps(summary, indent=2) + "\n")
         else:
             console.print(summary_table(summary))
+            console.print(summary_line(summary), soft_wrap=True)

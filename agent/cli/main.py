@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from agent import __version__
-from agent.cli import doctor, run
+from agent.cli import demo, doctor, loadgen, run, simulate
 from agent.cli import engine as engine_cli
 from agent.cli import probe as probe_cmd
 from agent.cli import profile as profile_cmd
@@ -18,7 +18,16 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (run, doctor, engine_cli, probe_cmd, profile_cmd):
+for module in (
+    run,
+    doctor,
+    engine_cli,
+    simulate,
+    loadgen,
+    demo,
+    probe_cmd,
+    profile_cmd,
+):
     module.register(app)
 
 

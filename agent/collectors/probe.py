@@ -17,7 +17,9 @@ from agent.probe.client import ProbeResult, run_probe
 from agent.probe.schema import VIOLATION_KINDS
 from agent.samples import Finding, Sample, attrs
 
-DOCS = "docs/diagnostics.md#streaming-probe"
+# Runbooks are named after the alerts that watch the same signal (alerts/inferwatch.rules.yml).
+RUNBOOK_MISMATCH = "RuntimeHardwareMismatch"
+RUNBOOK_SCHEMA = "StreamSchemaViolation"
 MAX_ERROR_TYPES = 32  # bound on distinct error_type values per protocol; beyond it: "other"
 
 
@@ -34,7 +36,7 @@ def probe_findings(result: ProbeResult) -> list[Finding]:
                 f"{p} probe: the runtime refused with hardware_mismatch: its build does not match this host "
                 f"({result.error_message})",
                 ev,
-                DOCS,
+                RUNBOOK_MISMATCH,
             )
         )
     elif result.error_type is not None:
@@ -52,7 +54,7 @@ def probe_findings(result: ProbeResult) -> list[Finding]:
                 + ", ".join(f"{k}×{n}" for k, n in sorted(counts.items()))
                 + (f" (first at {first.schema_path})" if first.schema_path else f" ({first.message})"),
                 {**ev, "violations": counts},
-                DOCS,
+                RUNBOOK_SCHEMA,
             )
         )
     if not out:

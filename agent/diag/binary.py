@@ -207,7 +207,7 @@ def binary_findings(report: BinaryReport) -> list[Any]:
                 "fail",
                 f"runtime binary {report.path} does not match this host: " + "; ".join(parts),
                 ev,
-                "docs/diagnostics.md#binary-compatibility",
+                "RuntimeHardwareMismatch",  # runbook named after the alert (runbooks/)
             )
         ]
     summary = f"runtime binary {report.path}: all shared libraries resolve"

@@ -27,6 +27,9 @@ from agent.samples import Finding
 log = logging.getLogger(__name__)
 MAX_GAUGE_FIELDS = 64
 DOCS = "docs/diagnostics.md#runtime-profile"
+# Runbooks are named after the alerts that watch the same signal (alerts/inferwatch.rules.yml).
+RUNBOOK_EMPTY = "RuntimeProfileUnavailable"
+RUNBOOK_PRODUCTION = "DebugProfileEnabledInProduction"
 ENABLE_HINT = (
     "debug mode is only read at runtime start: restart the runtime with its debug profile enabled "
     "(the inferwatch simulator: --debug-profile; other runtimes: their debug/profile start flag), "
@@ -220,7 +223,7 @@ class RuntimeProfileService:
                     "the runtime answered the debug profile request with {}: debug mode was not enabled at start; "
                     + ENABLE_HINT,
                     {**ev, "hint": ENABLE_HINT},
-                    DOCS,
+                    RUNBOOK_EMPTY,
                 )
             ]
         out = [
@@ -240,7 +243,7 @@ class RuntimeProfileService:
                     "the runtime answers its debug profile on a node whose environment is production: restart it "
                     "without debug mode (debug profiles expose internals such as cpu_affinity_mask)",
                     {**ev, "environment": env},
-                    DOCS,
+                    RUNBOOK_PRODUCTION,
                 )
             )
         return out

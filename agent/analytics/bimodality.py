@@ -7,10 +7,15 @@ the sorted values) to the log latencies and calls the distribution bimodal when 
 
 1. the mixture is supported by the data: ΔBIC = 2·(ℓ₂ − ℓ₁) − 3·ln n > 0 (three extra parameters);
 2. the smaller component holds at least :data:`MIN_WEIGHT` of the requests;
-3. the components are separated: Ashman's D = √2·|μ₁ − μ₂| / √(σ₁² + σ₂²) ≥ :data:`D_THRESHOLD` (2,
+3. the data themselves dip between the two modes: with h half the narrower component's σ, the requests
+   within ±h of the fitted density's valley (c_v) are significantly fewer than those within ±h of the
+   emptier mode (c_p): c_p − c_v ≥ :data:`DIP_Z`·√(c_p + c_v) (counts are Poisson-like). A
+   flat-topped unimodal shape (a uniform) is fit well by two Gaussians with a valley the data do not
+   have; this check rejects it;
+4. the components are separated: Ashman's D = √2·|μ₁ − μ₂| / √(σ₁² + σ₂²) ≥ :data:`D_THRESHOLD` (2,
    the usual criterion for a clean separation; with D < 2 the mixture density may have one peak).
 
-The exported statistic is Ashman's D when 1 and 2 hold, else 0, so ``bimodality >= 2`` is the verdict.
+The exported statistic is Ashman's D when 1–3 hold, else 0, so ``bimodality >= 2`` is the verdict.
 Its measured power and false-positive rate are in docs/analytics.md (benchmarks/bimodality_power.py).
 
 The input is weighted points (log value, count): the bins of a DDSketch, so the detector runs on the
@@ -20,12 +25,14 @@ milliseconds, and the agent caches the verdict per sub-window.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 D_THRESHOLD = 2.0
 MIN_WEIGHT = 0.05
+DIP_Z = 2.0
 MIN_SAMPLES = 50  # below this no verdict: absent, never a guess
 MAX_ITERATIONS = 200
 TOLERANCE = 1e-7  # relative change of the log-likelihood that ends EM
@@ -43,6 +50,8 @@ class Bimodality:
     delta_bic: float
     ashman_d: float
     weight_slow: float  # weight of the component with the larger median
+    valley_ratio: float  # c_v / c_p of condition 3 (requests near the valley / near the emptier mode)
+    dip_z: float  # (c_p − c_v) / √(c_p + c_v)
     mode_fast: float
     mode_slow: float
 
@@ -128,6 +137,31 @@ def _em(
     return comps
 
 
+def _mass_near(pts: Sequence[tuple[float, float]], xs: list[float], center: float, h: float) -> float:
+    lo = bisect.bisect_left(xs, center - h)
+    hi = bisect.bisect_right(xs, center + h)
+    return sum(w for _, w in pts[lo:hi])
+
+
+def _valley_and_peak(
+    pts: Sequence[tuple[float, float]], fast: tuple[float, float, float], slow: tuple[float, float, float]
+) -> tuple[float, float]:
+    """Empirical mass near the fitted density's lowest point between the modes, and near the emptier mode."""
+    comps = [fast, slow]
+
+    def density(x: float) -> float:
+        return sum(a * math.exp(-0.5 * (x - m) ** 2 / v) / math.sqrt(v) for a, m, v in comps)
+
+    lo, hi = fast[1], slow[1]
+    grid = [lo + (hi - lo) * i / 64 for i in range(1, 64)]
+    valley = min(grid, key=density) if grid and hi > lo else lo
+    h = max(0.5 * math.sqrt(min(fast[2], slow[2])), 0.01)
+    xs = [x for x, _ in pts]
+    peak = min(_mass_near(pts, xs, fast[1], h), _mass_near(pts, xs, slow[1], h))
+    near = _mass_near(pts, xs, valley, h)
+    return near, peak
+
+
 def detect_log(points: Iterable[tuple[float, float]]) -> Bimodality | None:
     """Run the test on weighted points (log latency, count); ``None`` below :data:`MIN_SAMPLES`."""
     pts = sorted((x, w) for x, w in points if w > 0 and math.isfinite(x))
@@ -138,7 +172,7 @@ def detect_log(points: Iterable[tuple[float, float]]) -> Bimodality | None:
     ll1 = _loglik(pts, [(1.0, mu, var)])
     if len(pts) < 2:
         m = math.exp(mu)
-        return Bimodality(n, False, 0.0, -math.inf, 0.0, 0.0, m, m)
+        return Bimodality(n, False, 0.0, -math.inf, 0.0, 0.0, math.inf, 0.0, m, m)
     k = _best_split(pts)
     wa, ma, va = _moments(pts[:k])
     wb, mb, vb = _moments(pts[k:])
@@ -147,7 +181,9 @@ def detect_log(points: Iterable[tuple[float, float]]) -> Bimodality | None:
     delta_bic = 2.0 * (ll2 - ll1) - 3.0 * math.log(n)
     fast, slow = sorted(comps, key=lambda c: c[1])
     d = math.sqrt(2.0) * abs(slow[1] - fast[1]) / math.sqrt(fast[2] + slow[2])
-    supported = delta_bic > 0 and min(fast[0], slow[0]) >= MIN_WEIGHT
+    c_v, c_p = _valley_and_peak(pts, fast, slow)
+    dip_z = (c_p - c_v) / math.sqrt(c_p + c_v) if c_p + c_v > 0 else 0.0
+    supported = delta_bic > 0 and min(fast[0], slow[0]) >= MIN_WEIGHT and dip_z >= DIP_Z
     statistic = d if supported else 0.0
     return Bimodality(
         n=n,
@@ -156,6 +192,8 @@ def detect_log(points: Iterable[tuple[float, float]]) -> Bimodality | None:
         delta_bic=delta_bic,
         ashman_d=d,
         weight_slow=slow[0],
+        valley_ratio=c_v / c_p if c_p > 0 else math.inf,
+        dip_z=dip_z,
         mode_fast=math.exp(fast[1]),
         mode_slow=math.exp(slow[1]),
     )

@@ -230,13 +230,18 @@ def test_forwarding_reaches_a_second_receiver_untouched(scheme: str) -> None:
         try:
             send_with_sdk(GrpcSpanExporter(endpoint=f"127.0.0.1:{upstream.grpc_port}", insecure=True), 40, "a")
             send_with_sdk(HttpSpanExporter(endpoint=f"http://127.0.0.1:{upstream.http_port}/v1/traces"), 60, "b")
+            accepted = counter(upstream, "inferwatch.receiver.exports.accepted", transport="grpc") + counter(
+                upstream, "inferwatch.receiver.exports.accepted", transport="http"
+            )
             deadline = time.monotonic() + 20
-            while counter(downstream, "inferwatch.receiver.requests", transport=scheme) < 100:
+            while (
+                counter(downstream, "inferwatch.receiver.requests", transport=scheme) < 100
+                or counter(upstream, "inferwatch.receiver.forward", outcome="sent") < accepted
+            ):
                 assert time.monotonic() < deadline, "forwarded spans did not arrive"
                 time.sleep(0.05)
-            assert counter(upstream, "inferwatch.receiver.forward", outcome="sent") == counter(
-                upstream, "inferwatch.receiver.exports.accepted", transport="grpc"
-            ) + counter(upstream, "inferwatch.receiver.exports.accepted", transport="http")
+            assert counter(upstream, "inferwatch.receiver.forward", outcome="sent") == accepted
+            assert counter(downstream, "inferwatch.receiver.exports.accepted", transport=scheme) == accepted
             assert counter(downstream, "inferwatch.receiver.spans", transport=scheme) == 200  # unrelated spans too
             assert downstream.analytics.models() == ["a", "b"]
             for m in ("a", "b"):
@@ -251,34 +256,42 @@ def test_forwarding_reaches_a_second_receiver_untouched(scheme: str) -> None:
 
 @pytest.mark.integration
 def test_forward_queue_is_bounded_and_never_blocks_intake() -> None:
-    dead = f"127.0.0.1:{free_port()}"  # nothing listens: every send fails after connecting is refused
-    r = Receiver(
-        ReceiverSettings(
-            enabled=True,
-            grpc_endpoint=None,
-            http_endpoint="127.0.0.1:0",
-            forward_endpoint=f"http://{dead}",
-            forward_queue_requests=2,
-            forward_timeout_s=1.0,
-        ),
-        LatencyAnalytics(),
-    )
-    r.start()
-    try:
-        with httpx.Client() as client:
-            for _ in range(30):
-                resp = client.post(
-                    f"http://127.0.0.1:{r.http_port}/v1/traces",
-                    content=raw_request(1),
-                    headers={"Content-Type": "application/x-protobuf"},
-                )
-                assert resp.status_code == 200
-    finally:
-        r.stop()
+    import socket
+
+    with socket.socket() as blackhole:  # accepts connections (kernel backlog) and never answers
+        blackhole.bind(("127.0.0.1", 0))
+        blackhole.listen(64)
+        r = Receiver(
+            ReceiverSettings(
+                enabled=True,
+                grpc_endpoint=None,
+                http_endpoint="127.0.0.1:0",
+                forward_endpoint=f"http://127.0.0.1:{blackhole.getsockname()[1]}",
+                forward_queue_requests=2,
+                forward_timeout_s=1.0,
+            ),
+            LatencyAnalytics(),
+        )
+        r.start()
+        try:
+            with httpx.Client() as client:
+                for _ in range(30):
+                    resp = client.post(
+                        f"http://127.0.0.1:{r.http_port}/v1/traces",
+                        content=raw_request(1),
+                        headers={"Content-Type": "application/x-protobuf"},
+                    )
+                    assert resp.status_code == 200
+            # a blocking queue would never drop: intake went on while the downstream hung
+            assert counter(r, "inferwatch.receiver.forward", outcome="dropped") > 0
+            assert counter(r, "inferwatch.receiver.forward.queued") <= 2
+        finally:
+            r.stop()
     sent = counter(r, "inferwatch.receiver.forward", outcome="sent")
     dropped = counter(r, "inferwatch.receiver.forward", outcome="dropped")
     failed = counter(r, "inferwatch.receiver.forward", outcome="failed")
-    assert sent == 0 and dropped > 0 and dropped + failed == 30
+    assert sent == 0 and failed >= 1 and dropped + failed == 30
+    assert counter(r, "inferwatch.receiver.requests", transport="http") == 30
     assert counter(r, "inferwatch.receiver.up", transport="http") == 0
 
 

@@ -121,6 +121,23 @@ def test_sdk_grpc_and_http_exporters_feed_the_analytics(receiver: Receiver) -> N
 
 
 @pytest.mark.integration
+def test_sdk_exporters_with_gzip_compression(receiver: Receiver) -> None:
+    from opentelemetry.exporter.otlp.proto.grpc.exporter import Compression as GrpcCompression
+    from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
+
+    send_with_sdk(
+        GrpcSpanExporter(endpoint=f"127.0.0.1:{receiver.grpc_port}", insecure=True, compression=GrpcCompression.Gzip),
+        20,
+    )
+    send_with_sdk(
+        HttpSpanExporter(endpoint=f"http://127.0.0.1:{receiver.http_port}/v1/traces", compression=HttpCompression.Gzip),
+        30,
+    )
+    assert counter(receiver, "inferwatch.receiver.requests", transport="grpc") == 20
+    assert counter(receiver, "inferwatch.receiver.requests", transport="http") == 30
+
+
+@pytest.mark.integration
 def test_hostile_http_payloads_are_rejected_with_otlp_status_and_counted(receiver: Receiver) -> None:
     url = f"http://127.0.0.1:{receiver.http_port}/v1/traces"
     pb = {"Content-Type": "application/x-protobuf"}

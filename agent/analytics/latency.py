@@ -34,6 +34,7 @@ QUANTITIES = ("ttft", "itl", "e2e", "queue", "prefill", "decode", "inference")
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 SOURCE = "spans"
 DEFAULT_MAX_MODELS = 64
+SAMPLES_TTL_S = 1.0  # one computation serves every sink reading within a second (OTLP reads once per metric)
 HISTOGRAMS = {
     "ttft": "gen_ai.server.time_to_first_token",
     "itl": "gen_ai.server.time_per_output_token",
@@ -110,6 +111,7 @@ class LatencyAnalytics:
         self._models: dict[str, _Model] = {}
         self._bimodal_cache: dict[tuple[str, str, str], tuple[int, float, bimodality.Bimodality | None]] = {}
         self.rejected_models = 0  # requests dropped because max_models distinct models were already tracked
+        self._cached: tuple[float, list[AnySample]] | None = None
 
     def record(self, timings: Iterable[RequestTiming]) -> int:
         """Add finished requests; return how many were dropped (too many distinct models)."""
@@ -178,9 +180,20 @@ class LatencyAnalytics:
         return total / count if count else None
 
     def samples(self) -> list[AnySample]:
-        """Every catalog sample the analytics currently derive (absent quantities stay absent)."""
-        out: list[AnySample] = []
+        """Every catalog sample the analytics currently derive (absent quantities stay absent).
+
+        Cached for :data:`SAMPLES_TTL_S`: the OTLP sink calls this once per catalog metric per export.
+        """
         now = self._clock()
+        cached = self._cached
+        if cached is not None and 0 <= now - cached[0] < SAMPLES_TTL_S:
+            return cached[1]
+        out = self._compute(now)
+        self._cached = (now, out)
+        return out
+
+    def _compute(self, now: float) -> list[AnySample]:
+        out: list[AnySample] = []
         with self._lock:
             self._evict_idle(now)
             names = sorted(self._models)

@@ -371,3 +371,26 @@ def test_agent_exits_2_when_the_receiver_port_is_taken(tmp_path) -> None:
         )
     assert done.returncode == 2
     assert b"receiver" in done.stderr and b"Traceback" not in done.stderr
+
+
+@pytest.mark.integration
+def test_slow_body_gets_408_and_the_receiver_keeps_serving(receiver: Receiver, monkeypatch) -> None:
+    import socket
+
+    from agent.receiver import http_server
+
+    monkeypatch.setattr(http_server, "BODY_TIMEOUT_S", 0.5)
+    with socket.create_connection(("127.0.0.1", receiver.http_port), timeout=10) as s:
+        s.sendall(
+            b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+            b"Content-Length: 1000\r\n\r\n" + b"\x0a" * 10
+        )  # ...and the rest never comes
+        reply = s.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 408")
+    assert counter(receiver, "inferwatch.receiver.exports.rejected", transport="http", reason="timeout") == 1
+    r = httpx.post(
+        f"http://127.0.0.1:{receiver.http_port}/v1/traces",
+        content=raw_request(1),
+        headers={"Content-Type": "application/x-protobuf"},
+    )
+    assert r.status_code == 200

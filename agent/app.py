@@ -25,16 +25,23 @@ class Agent:
         self.state.identity = node_identity(settings.path.procfs, settings.path.sysfs)
         self.ctx = CollectContext(settings=settings, services=dict(services or {}))
         self.runner = Runner(settings, self.state, enabled_collectors(self.ctx))
+        for collector in self.runner.collectors:  # status a collector exports even while failing (engine up)
+            status = getattr(collector, "status_samples", None)
+            if callable(status):
+                self.state.add_source(f"{collector.name}.status", status)
         self.registry = make_registry(self.state)
         self.otlp: Any = None
         self.analytics: Any = None  # LatencyAnalytics when the OTLP trace receiver is on
         self.receiver: Any = None
         if settings.receiver.enabled:
             from agent.analytics.latency import LatencyAnalytics
+            from agent.engine.board import latency_board
             from agent.receiver import Receiver
 
             self.analytics = LatencyAnalytics(
-                max_models=settings.receiver.max_models, histograms=settings.receiver.emit_histograms
+                max_models=settings.receiver.max_models,
+                histograms=settings.receiver.emit_histograms,
+                board=latency_board(self.ctx.services),  # shared with the engine collector
             )
             self.receiver = Receiver(settings.receiver, self.analytics)
             self.state.add_source("spans", self.analytics.samples)

@@ -157,3 +157,28 @@ def test_bimodality_false_positives_on_unimodal_lognormals() -> None:
         return r.lognormvariate(math.log(0.38), (0.1, 0.2, 0.4, 0.6)[i % 4])
 
     assert _flag_rate(lognormal, trials=200, seed=12) <= 0.02
+
+
+def test_publishes_to_the_engine_board_and_leaves_frontend_gap_to_the_engine_when_it_has_one() -> None:
+    from agent.engine.board import LatencyBoard, LatencyStats
+
+    board = LatencyBoard()
+    a = LatencyAnalytics(board=board)
+    a.record([RequestTiming("m", {"ttft": 0.5, "queue": 0.1, "prefill": 0.3})] * 60)
+    samples = a.samples()
+    assert board.get("m", "ttft", "1m", "spans") is not None
+    assert board.get("m", "ttft", "1m", "spans").mean_s == pytest.approx(0.5, rel=1e-9)
+    assert {dict(s.attributes)["window"] for s in samples if s.name == "inferwatch.engine.frontend_gap"} == {
+        "1m",
+        "5m",
+    }
+    # the engine collector now has all three from its histograms for 1m: it emits that series, we do not
+    for q in ("ttft", "queue", "prefill"):
+        board.replace("histogram", {**board.snapshot().get("histogram", {}), ("m", q, "1m"): _hist_stats(LatencyStats)})
+    a._cached = None
+    gaps = {dict(s.attributes)["window"] for s in a.samples() if s.name == "inferwatch.engine.frontend_gap"}
+    assert gaps == {"5m"}
+
+
+def _hist_stats(cls):
+    return cls({0.5: 0.3, 0.9: 0.4, 0.95: 0.45, 0.99: 0.5}, count=10, source="histogram", mean_s=0.3)

@@ -8,9 +8,16 @@ Input: :class:`RequestTiming` values (one per finished request, seconds). Output
 - ``inferwatch.engine.latency.tail_ratio`` P99 / P50;
 - ``inferwatch.engine.latency.bimodal`` / ``.bimodality`` (see :mod:`agent.analytics.bimodality`), from
   :data:`~agent.analytics.bimodality.MIN_SAMPLES` requests on, recomputed once per sub-window;
-- ``inferwatch.engine.frontend_gap``: mean of TTFT − (queue + prefill) over requests that carry all three;
+- ``inferwatch.engine.frontend_gap``: mean of TTFT − (queue + prefill) over requests that carry all three,
+  only for a (model, window) where the engine collector does not emit it from its histograms (the
+  metric has no ``source`` attribute, so one producer per series);
 - optionally (``receiver.emit_histograms``) cumulative ``gen_ai.server.*`` histograms on the catalog's
   bucket edges, for engines that have none of their own.
+
+Every computation also publishes its stats as ``source="spans"`` on the shared
+:class:`~agent.engine.board.LatencyBoard` (``engine inspect`` and other readers compare the sources
+there), and the quantile samples are built by :func:`~agent.engine.board.latency_samples`, so both
+producers export the same shape.
 
 Thread-safe: intake threads call :meth:`LatencyAnalytics.record`, sinks call :meth:`samples`.
 """
@@ -28,6 +35,7 @@ from agent import catalog
 from agent.analytics import bimodality
 from agent.analytics.windows import WINDOWS_S, WindowedSketch, WindowedSum, log_bins, slot_of
 from agent.catalog.engine import MODEL
+from agent.engine.board import LatencyBoard, LatencyStats, latency_samples
 from agent.samples import AnySample, HistogramSample, Sample, attrs
 
 QUANTITIES = ("ttft", "itl", "e2e", "queue", "prefill", "decode", "inference")
@@ -60,6 +68,7 @@ class WindowStats:
     quantiles: dict[float, float]
     tail_ratio: float | None
     bimodality: bimodality.Bimodality | None
+    mean_s: float | None = None
 
 
 class _Histogram:
@@ -103,8 +112,10 @@ class LatencyAnalytics:
         clock: Callable[[], float] = time.monotonic,
         max_models: int = DEFAULT_MAX_MODELS,
         histograms: bool = False,
+        board: LatencyBoard | None = None,
     ) -> None:
         self._clock = clock
+        self.board = board if board is not None else LatencyBoard()
         self._max_models = max_models
         self._histograms = histograms
         self._lock = threading.Lock()
@@ -168,7 +179,16 @@ class LatencyAnalytics:
         else:
             verdict = bimodality.detect_log(log_bins(sketch))
             self._bimodal_cache[key] = (slot, sketch.count, verdict)
-        return WindowStats(float(sketch.count), qs, ratio, verdict)
+        mean = sketch.sum / sketch.count if sketch.count else None
+        return WindowStats(float(sketch.count), qs, ratio, verdict, mean)
+
+    def _engine_has_gap(self, model: str, window: str) -> bool:
+        """Whether the engine collector emits frontend_gap for this series (its histograms have all three)."""
+        for q in ("ttft", "queue", "prefill"):
+            st = self.board.get(model, q, window, "histogram")
+            if st is None or st.mean_s is None:
+                return False
+        return True
 
     def frontend_gap(self, model: str, window: str) -> float | None:
         """Mean TTFT − (queue + prefill) over the window, seconds; None without such requests."""
@@ -206,25 +226,24 @@ class LatencyAnalytics:
             live = {(n, q, w) for n in names for q in QUANTITIES for w in WINDOWS_S}
             for key in [k for k in self._bimodal_cache if k not in live]:
                 del self._bimodal_cache[key]
+        published: dict[tuple[str, str, str], LatencyStats] = {}
         for name in names:
             for window in WINDOWS_S:
                 for q in QUANTITIES:
                     st = self.window_stats(name, q, window)
                     if st is None:
                         continue
-                    base = {MODEL: name, "quantity": q, "window": window, "source": SOURCE}
-                    a = attrs(base)
-                    for quantile, value in st.quantiles.items():
-                        out.append(Sample("inferwatch.engine.latency", value, attrs(base, quantile=str(quantile))))
-                    out.append(Sample("inferwatch.engine.latency.samples", st.count, a))
-                    if st.tail_ratio is not None:
-                        out.append(Sample("inferwatch.engine.latency.tail_ratio", st.tail_ratio, a))
+                    stats = LatencyStats(st.quantiles, st.count, SOURCE, st.mean_s)
+                    published[(name, q, window)] = stats
+                    out.extend(latency_samples(name, q, window, stats))
                     if st.bimodality is not None:
+                        a = attrs({MODEL: name, "quantity": q, "window": window, "source": SOURCE})
                         b = st.bimodality
                         out.append(Sample("inferwatch.engine.latency.bimodal", 1.0 if b.bimodal else 0.0, a))
                         out.append(Sample("inferwatch.engine.latency.bimodality", b.statistic, a))
-                gap = self.frontend_gap(name, window)
+                gap = self.frontend_gap(name, window) if not self._engine_has_gap(name, window) else None
                 if gap is not None:
                     out.append(Sample("inferwatch.engine.frontend_gap", gap, attrs({MODEL: name, "window": window})))
+        self.board.replace(SOURCE, published)
         out.extend(hists)
         return out

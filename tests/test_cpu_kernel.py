@@ -115,7 +115,10 @@ class FakeProbe:
         return self.vl
 
 
-def _collect(procfs: Path, probe: FakeProbe) -> tuple[dict[tuple[str, tuple[tuple[str, str], ...]], float], list[Finding]]:
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def _collect(procfs: Path, probe: FakeProbe) -> tuple[Samples, list[Finding]]:
     settings = load_settings(overrides={"path": {"procfs": str(procfs), "sysfs": str(procfs.parent / "nosys")}})
     result = validate(CPUCollector(CollectContext(settings, services={"cpu_probe": probe})).collect())
     return {(s.name, s.attributes): s.value for s in result.samples}, list(result.findings)
@@ -252,17 +255,17 @@ def test_amx_on_a_kernel_without_dynamic_xstate(tmp_path: Path) -> None:
     assert by[("inferwatch.cpu.amx.permitted", ())] == 0
     amx = {f.id: f for f in findings}["cpu.amx"]
     assert amx.status == "fail" and "EINVAL" in amx.summary and "5.16" in amx.summary
-    assert any("older than 5.16" in h for h in amx.evidence["hints"])  # type: ignore[union-attr]
+    assert any("older than 5.16" in h for h in amx.evidence["hints"])
 
 
 def test_amx_enabled_by_the_kernel_but_masked_in_cpuinfo(tmp_path: Path) -> None:
     text = _drop((CPU / f"{SPR}.txt").read_text(), "amx_tile", "amx_bf16", "amx_int8")
     found = _doctor(_tree(tmp_path, text), FakeProbe())
     assert found["cpu.features"].status == "fail"
-    assert any("enables AMX tile state" in h for h in found["cpu.features"].evidence["hints"])  # type: ignore[union-attr]
+    assert any("enables AMX tile state" in h for h in found["cpu.features"].evidence["hints"])
     assert found["cpu.amx"].status == "warn"
     found = _doctor(_tree(tmp_path, text), FakeProbe(supp=XSTATE_AVX512))
-    assert any("does not enable AMX tile state either" in h for h in found["cpu.features"].evidence["hints"])  # type: ignore[union-attr]
+    assert any("does not enable AMX tile state either" in h for h in found["cpu.features"].evidence["hints"])
 
 
 def test_no_amx_anywhere_is_clean_absence(tmp_path: Path) -> None:
@@ -276,7 +279,7 @@ def test_answers_of_another_kernel_are_not_attributed(tmp_path: Path, probe: Fak
     by, findings = _collect(_tree(tmp_path, (CPU / f"{SPR}.txt").read_text()), probe)
     assert not any(name == "inferwatch.cpu.amx.permitted" for name, _ in by)
     assert [f.id for f in findings] == ["cpu.features"]
-    assert findings[0].evidence["kernel_probe"].startswith("skipped")  # type: ignore[union-attr]
+    assert findings[0].evidence["kernel_probe"].startswith("skipped")
     assert "amx" not in findings[0].evidence
 
 
@@ -297,9 +300,9 @@ def test_sve_absence_confirmed_or_contradicted_by_prctl(tmp_path: Path) -> None:
     procfs = _tree(tmp_path, text)
     gone = _doctor(procfs, FakeProbe(arch="aarch64", vl=-errno.EINVAL))["cpu.features"]
     assert gone.status == "fail" and gone.evidence["sve_prctl"] == "prctl(PR_SVE_GET_VL): EINVAL"
-    assert any("EINVAL, which confirms it" in h for h in gone.evidence["hints"])  # type: ignore[union-attr]
+    assert any("EINVAL, which confirms it" in h for h in gone.evidence["hints"])
     there = _doctor(procfs, FakeProbe(arch="aarch64", vl=16))["cpu.features"]
-    assert any("this kernel runs SVE" in h for h in there.evidence["hints"])  # type: ignore[union-attr]
+    assert any("this kernel runs SVE" in h for h in there.evidence["hints"])
 
 
 # --- the real system calls on this machine -------------------------------------------------------------

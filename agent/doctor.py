@@ -13,7 +13,8 @@ from typing import Any
 
 from agent.config import Settings
 from agent.errors import NoDataError
-from agent.host.cpucap import cpu_feature_verdict, read_cpu_capability, require_verdict
+from agent.host.cpucap import amx_verdict, cpu_feature_verdict, read_cpu_capability, require_verdict
+from agent.host.cpuprobe import cpu_probe
 from agent.host.meminfo import read_meminfo
 from agent.host.pagecache import pagecache_verdict
 from agent.host.pressure import read_pressure
@@ -24,6 +25,8 @@ from agent.samples import Finding
 class DoctorContext:
     settings: Settings
     require: list[str] = field(default_factory=list)  # CPU features that must be present
+    engine_url: str | None = None  # runtime base URL: the streaming probe runs once against it
+    profile_url: str | None = None  # debug runtime_profile URL
     services: dict[str, Any] = field(default_factory=dict)  # injected clients (nvml), as CollectContext
 
 
@@ -41,15 +44,20 @@ def check_pagecache(ctx: DoctorContext) -> list[Finding]:
 
 
 def check_cpu(ctx: DoctorContext) -> list[Finding]:
-    """SIMD features expected for this CPU model, and ``--require`` features, against /proc/cpuinfo."""
+    """SIMD features expected for this CPU model, and ``--require`` features, against /proc/cpuinfo; AMX OS state."""
     try:
-        cap = read_cpu_capability(ctx.settings.path.procfs, ctx.settings.path.sysfs, ctx.settings.cpu.expect_features)
+        cap = read_cpu_capability(
+            ctx.settings.path.procfs, ctx.settings.path.sysfs, ctx.settings.cpu.expect_features, cpu_probe(ctx.services)
+        )
     except NoDataError as exc:
         if not ctx.require:
             raise
         # A gate that cannot read the CPU must not pass: the required features are unverified.
         return [Finding("cpu.require", "fail", f"cannot check required CPU features: {exc}", {"hint": exc.hint})]
     findings = [cpu_feature_verdict(cap)]
+    amx = amx_verdict(cap)  # only on x86_64 when --path.procfs is the running kernel's
+    if amx is not None:
+        findings.append(amx)
     if ctx.require:
         findings.append(require_verdict(cap, ctx.require))
     return findings
@@ -80,11 +88,17 @@ def check_gpu(ctx: DoctorContext) -> list[Finding]:
         nv.shutdown()
 
 
+def check_runtime(ctx: DoctorContext) -> list[Finding]:
+    from agent.diag.doctor_checks import runtime_checks
+
+    return runtime_checks(ctx)
+
+
 def check_engine(ctx: DoctorContext) -> list[Finding]:
     """Engine reachable, which engine, its metrics present, which quantities it cannot give (--engine-url)."""
     from agent.doctor_engine import engine_findings
 
-    url = getattr(ctx, "engine_url", None)
+    url = ctx.engine_url
     if not url:
         raise NoDataError("no engine URL", hint="pass --engine-url http://HOST:PORT")
     return engine_findings(url)
@@ -94,7 +108,7 @@ def check_engine_simd(ctx: DoctorContext) -> list[Finding]:
     """Is the engine's process executing AVX-512 / SVE while it serves? (--engine-url)"""
     from agent.doctor_engine import simd_findings
 
-    url = getattr(ctx, "engine_url", None)
+    url = ctx.engine_url
     if not url:
         raise NoDataError("no engine URL", hint="pass --engine-url http://HOST:PORT")
     s = ctx.settings
@@ -106,6 +120,7 @@ CHECKS: list[tuple[str, CheckFn]] = [
     ("pagecache", check_pagecache),
     ("cpu", check_cpu),
     ("gpu", check_gpu),
+    ("runtime", check_runtime),
     ("engine", check_engine),
     ("engine.simd", check_engine_simd),
 ]

@@ -5,8 +5,10 @@ from __future__ import annotations
 import typer
 
 from agent import __version__
-from agent.cli import doctor, run
+from agent.cli import demo, doctor, loadgen, run, simulate
 from agent.cli import engine as engine_cli
+from agent.cli import probe as probe_cmd
+from agent.cli import profile as profile_cmd
 from agent.cli import simd as simd_cli
 
 app = typer.Typer(
@@ -17,7 +19,17 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (run, doctor, engine_cli, simd_cli):
+for module in (
+    run,
+    doctor,
+    engine_cli,
+    simulate,
+    loadgen,
+    demo,
+    probe_cmd,
+    profile_cmd,
+    simd_cli,
+):
     module.register(app)
 
 

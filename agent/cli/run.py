@@ -52,6 +52,7 @@ def serve(settings: object) -> None:
 
     from agent.app import Agent
     from agent.config import Settings
+    from agent.errors import ConfigError
     from agent.server import create_app
 
     assert isinstance(settings, Settings)
@@ -59,8 +60,17 @@ def serve(settings: object) -> None:
     # the process before agent.stop() (no OTLP flush). These handlers let the re-raise return instead.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _stop_requested)
-    agent = Agent(settings)
-    agent.start()
+    try:
+        agent = Agent(settings)
+    except ConfigError as exc:
+        typer.echo(f"inferwatch: {exc}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        agent.start()
+    except ConfigError as exc:  # e.g. the OTLP receiver's port is taken
+        agent.stop()
+        typer.echo(f"inferwatch: {exc}", err=True)
+        raise typer.Exit(2) from None
     try:
         uvicorn.run(
             create_app(agent),

@@ -8,11 +8,14 @@ Each collector lives in its own module here (``agent/collectors/<name>.py``), as
 from __future__ import annotations
 
 from agent.collectors.base import BaseCollector, CollectContext, Collection, Collector
+from agent.collectors.binary import BinaryCollector
 from agent.collectors.cpu import CPUCollector
 from agent.collectors.engine import EngineCollector
 from agent.collectors.gpu import GPUCollector
 from agent.collectors.pagecache import PageCacheCollector
+from agent.collectors.probe import ProbeCollector
 from agent.collectors.process import ProcessCollector
+from agent.collectors.runtime_profile import RuntimeProfileCollector
 from agent.collectors.simd import SimdCollector
 
 REGISTRY: dict[str, type[BaseCollector]] = {
@@ -23,6 +26,9 @@ REGISTRY: dict[str, type[BaseCollector]] = {
         ProcessCollector,
         GPUCollector,
         EngineCollector,
+        RuntimeProfileCollector,
+        ProbeCollector,
+        BinaryCollector,
         SimdCollector,
     )
 }

@@ -97,6 +97,7 @@ def llama_server(
     threads: int = 1,
     parallel: int = 2,
     ctx: int = 1024,
+    metrics: bool = True,
 ) -> Iterator[LlamaServer]:
     """Start ``binary`` on 127.0.0.1 (free port, ``--metrics --slots``) and stop it on exit, always.
 
@@ -109,7 +110,7 @@ def llama_server(
         "-m", str(model),
         "--host", "127.0.0.1",
         "--port", str(port),
-        "--metrics",
+        *(["--metrics"] if metrics else []),
         "--slots",
         "-c", str(ctx),
         "-np", str(parallel),

@@ -65,7 +65,9 @@ def _stream_once(client: httpx.Client, url: str, max_tokens: int) -> tuple[float
     start = time.perf_counter()
     ttft = None
     tokens = 0
-    with client.stream("POST", f"{url}/completion", json=body, timeout=120) as r:
+    # a fresh connection per request: llama-server (cpp-httplib) drops idle keep-alive connections, which
+    # a reused client then sees as RemoteProtocolError
+    with client.stream("POST", f"{url}/completion", json=body, timeout=120, headers={"Connection": "close"}) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: "):
@@ -83,6 +85,7 @@ def run_load(url: str, clients: int, seconds: float, max_tokens: int, setting: s
     lock = threading.Lock()
     tokens = errors = 0
     ttfts: list[float] = []
+    error_kinds: dict[str, int] = {}
 
     def worker() -> None:
         nonlocal tokens, errors
@@ -90,9 +93,10 @@ def run_load(url: str, clients: int, seconds: float, max_tokens: int, setting: s
             while time.perf_counter() < stop_at:
                 try:
                     ttft, n = _stream_once(client, url, max_tokens)
-                except (httpx.HTTPError, ValueError):
+                except (httpx.HTTPError, ValueError) as exc:
                     with lock:
                         errors += 1
+                        error_kinds[type(exc).__name__] = error_kinds.get(type(exc).__name__, 0) + 1
                     continue
                 with lock:
                     tokens += n
@@ -104,6 +108,8 @@ def run_load(url: str, clients: int, seconds: float, max_tokens: int, setting: s
         t.start()
     for t in threads:
         t.join()
+    if error_kinds:
+        print(f"  errors in {setting}: {error_kinds}", flush=True)
     return Phase(setting, tokens, time.perf_counter() - started, ttfts, errors)
 
 

@@ -50,6 +50,7 @@ class Phase:
     seconds: float
     ttfts: list[float]
     errors: int
+    agent_cpu_s: float = 0.0  # CPU seconds the agent process used during the phase (utime + stime)
 
     @property
     def throughput(self) -> float:
@@ -113,8 +114,14 @@ def run_load(url: str, clients: int, seconds: float, max_tokens: int, setting: s
     return Phase(setting, tokens, time.perf_counter() - started, ttfts, errors)
 
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process and its threads, from /proc/PID/stat (clock ticks → seconds)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
-def agent_beside(server_url: str, pid: int, interval_s: float, workdir: Path) -> Iterator[None]:
+def agent_beside(server_url: str, pid: int, interval_s: float, workdir: Path) -> Iterator[int]:
     port = free_port()
     env = {
         "INFERWATCH_ENGINE__METRICS_URL": f"{server_url}/metrics",
@@ -136,7 +143,7 @@ def agent_beside(server_url: str, pid: int, interval_s: float, workdir: Path) ->
         scraper = threading.Thread(target=scrape, daemon=True)
         scraper.start()
         try:
-            yield
+            yield proc.pid
         finally:
             stop.set()
             scraper.join(10)
@@ -170,13 +177,16 @@ def main(argv: list[str] | None = None) -> None:
                     phases.append(run_load(server.url, args.clients, args.phase_s, args.max_tokens, setting))
                 else:
                     interval = 1.0 if setting == "agent_1s" else 5.0
-                    with agent_beside(server.url, server.pid, interval, work):
+                    with agent_beside(server.url, server.pid, interval, work) as agent_pid:
                         time.sleep(min(interval, 2.0))  # first collections (code scan) before the measurement
-                        phases.append(run_load(server.url, args.clients, args.phase_s, args.max_tokens, setting))
+                        before = cpu_seconds(agent_pid)
+                        phase = run_load(server.url, args.clients, args.phase_s, args.max_tokens, setting)
+                        phase.agent_cpu_s = cpu_seconds(agent_pid) - before
+                        phases.append(phase)
                 p = phases[-1]
                 print(
                     f"round {r + 1} {setting:9s} {p.throughput:8.1f} tok/s  TTFT p50 {p.ttft_p50 * 1e3:6.1f} ms  "
-                    f"requests {len(p.ttfts)} errors {p.errors}",
+                    f"requests {len(p.ttfts)} errors {p.errors}  agent CPU {p.agent_cpu_s / p.seconds:.2%} of a core",
                     flush=True,
                 )
     by_round = [phases[i * 3 : i * 3 + 3] for i in range(args.rounds)]
@@ -184,19 +194,24 @@ def main(argv: list[str] | None = None) -> None:
         f"\nllama-server {binary}, model {args.preset}, {args.clients} clients, {args.max_tokens} tokens/request, "
         f"{args.rounds} rounds x {args.phase_s:g} s per phase, cpu count {os.cpu_count()}"
     )
-    print("| setting | throughput ratio (median, min..max) | TTFT p50 ratio (median, min..max) | tok/s (median) |")
-    print("|---|---|---|---|")
+    print(
+        "| setting | throughput ratio (median, min..max) | TTFT p50 ratio (median, min..max) | tok/s (median) "
+        "| agent CPU, % of one core (median) |"
+    )
+    print("|---|---|---|---|---|")
     for setting in settings:
-        tput, ttft, abs_tput = [], [], []
+        tput, ttft, abs_tput, cpu = [], [], [], []
         for rnd in by_round:
             base = next(p for p in rnd if p.setting == "none")
             this = next(p for p in rnd if p.setting == setting)
             tput.append(this.throughput / base.throughput)
             ttft.append(this.ttft_p50 / base.ttft_p50)
             abs_tput.append(this.throughput)
+            cpu.append(this.agent_cpu_s / this.seconds)
         print(
             f"| {setting} | {statistics.median(tput):.3f} ({min(tput):.3f}..{max(tput):.3f}) | "
-            f"{statistics.median(ttft):.3f} ({min(ttft):.3f}..{max(ttft):.3f}) | {statistics.median(abs_tput):.1f} |"
+            f"{statistics.median(ttft):.3f} ({min(ttft):.3f}..{max(ttft):.3f}) | {statistics.median(abs_tput):.1f} | "
+            f"{statistics.median(cpu):.2%} |"
         )
     base_tput = [p.throughput for p in phases if p.setting == "none"]
     if len(base_tput) > 1:

@@ -152,6 +152,7 @@ def test_glibc_marks_threads_unless_tunables_disable_it() -> None:
     for tunables in (None, "glibc.cpu.hwcaps=-AVX512F,-AVX512VL"):
         proc = _spawn(3.0, tunables)
         try:
+            time.sleep(0.3)  # the main thread's inherited last use (the parent's, before fork) falls before the window
             analyzer = SimdAnalyzer(Path("/proc"), proc.pid, busy_cpu=0.01)
             analyzer.observe()
             time.sleep(1.5)

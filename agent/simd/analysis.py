@@ -42,6 +42,7 @@ DEFAULT_BUSY_CPU = 0.05  # cores: below this the runtime is idle and no verdict 
 # libllama-common; Go's prometheus 43 in 21 MiB); the native libggml-cpu.so scores 31,109 (objdump: 31,967),
 # ~23,000 per MiB. See agent/simd/codescan.py and docs/llamacpp.md.
 MIN_FILE_INSTRUCTIONS = 64
+ARCH_STATUS_SLACK_MS = 20.0  # AVX512_elapsed_ms resolution is a jiffy (up to 10 ms at HZ=100)
 MIN_FILE_INSTRUCTIONS_PER_MIB = 100
 
 
@@ -194,9 +195,12 @@ class SimdAnalyzer:
         has_signal = any(t.avx512_elapsed_ms is not None for t in threads)
         active_threads = []
         if has_signal and prev is not None:
-            window_ms = window_s * 1000.0
+            # last use inside the window: elapsed < window. The kernel counts in jiffies (4-10 ms), and a
+            # child's main thread inherits its parent's last use from just before the fork, so a use exactly
+            # at the window's start is not counted.
+            window_ms = window_s * 1000.0 - ARCH_STATUS_SLACK_MS
             active_threads = [
-                t for t in threads if t.avx512_elapsed_ms is not None and 0 <= t.avx512_elapsed_ms <= window_ms
+                t for t in threads if t.avx512_elapsed_ms is not None and 0 <= t.avx512_elapsed_ms < window_ms
             ]
         tunables = glibc_tunables(self.procfs, self.pid)
         attributable = glibc_avx512_disabled(tunables) or libc == 0

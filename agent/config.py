@@ -27,6 +27,9 @@ DEFAULT_INTERVAL_S = 5.0
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_INACTIVE_FILE_THRESHOLD_BYTES = 1 << 30  # 1 GiB; relative to the model size, see runbooks
 CONFIG_ENV = "INFERWATCH_CONFIG"
+# Where alert runbook links point: the agent serves runbooks/<AlertName>.md at /runbooks/<AlertName>. Rule files
+# fall back to the same default; set the Prometheus external label runbook_base to this value (docs/alerts.md).
+DEFAULT_RUNBOOKS_BASE_URL = "http://127.0.0.1:9435/runbooks"
 
 
 class _Section(BaseModel):
@@ -85,6 +88,19 @@ class OTLPSettings(_Section):
     enabled: bool | None = None  # None: on when OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT is set
 
 
+class RunbooksSettings(_Section):
+    """Base URL of the runbook links (no trailing slash); ``/runbooks/<AlertName>`` on the agent by default."""
+
+    base_url: str = DEFAULT_RUNBOOKS_BASE_URL
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return v.rstrip("/")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="INFERWATCH_",
@@ -105,6 +121,7 @@ class Settings(BaseSettings):
     cpu: CPUSettings = CPUSettings()
     pagecache: PageCacheSettings = PageCacheSettings()
     otlp: OTLPSettings = OTLPSettings()
+    runbooks: RunbooksSettings = RunbooksSettings()
 
     @classmethod
     def settings_customise_sources(

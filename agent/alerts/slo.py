@@ -181,18 +181,18 @@ def render(slos: list[SLO], spec_name: str = "alerts/slo.yml") -> str:
         by = ", ".join(slo.group_by)
         sel = f'{{slo="{slo.name}"}}'
         lines += [f"  - name: inferwatch-slo-{slo.name}-sli", "    rules:"]
-        for w in RECORD_WINDOWS:
+        for rw in RECORD_WINDOWS:
             lines += [
-                f"      - record: slo:sli_error:ratio_rate{w}",
+                f"      - record: slo:sli_error:ratio_rate{rw}",
                 f"        labels: {{slo: {slo.name}}}",
                 "        expr: |",
                 "          1 - (",
-                f'            sum by ({by}) (rate({slo.histogram}_bucket{{le="{slo.le}"}}[{w}]))',
-                f"            / sum by ({by}) (rate({slo.histogram}_count[{w}]))",
+                f'            sum by ({by}) (rate({slo.histogram}_bucket{{le="{slo.le}"}}[{rw}]))',
+                f"            / sum by ({by}) (rate({slo.histogram}_count[{rw}]))",
                 "          )",
-                f"      - record: slo:sli_requests:rate{w}",
+                f"      - record: slo:sli_requests:rate{rw}",
                 f"        labels: {{slo: {slo.name}}}",
-                f"        expr: sum by ({by}) (rate({slo.histogram}_count[{w}]))",
+                f"        expr: sum by ({by}) (rate({slo.histogram}_count[{rw}]))",
             ]
         lines += [
             "      - record: slo:objective:ratio",
@@ -223,7 +223,8 @@ def render(slos: list[SLO], spec_name: str = "alerts/slo.yml") -> str:
                 f'          burn_rate: "{w.factor}"',
                 "        annotations:",
                 f"          summary: {_q('The TTFT SLO error budget is burning too fast.')}",
-                "          description: " + _q(
+                "          description: "
+                + _q(
                     f"{model}: {{{{ $value | humanizePercentage }}}} of requests took longer than {thr} to the "
                     f"first token over the last {w.long} (and over {w.short}); SLO {slo.name}: {pct}% within {thr}. "
                     f"At {w.factor}x the 30-day error budget is gone in {w.exhaustion}."

@@ -1,0 +1,228 @@
+"""Fault → agent → Prometheus → Alertmanager → PagerDuty/webhook sink, with the repo's own rules and routing.
+
+One Prometheus/Alertmanager pair for the module; scenarios run in parallel, told apart by their agent's
+``instance`` label. Injection times and arrival times are time.monotonic(); time to page = arrival − injection.
+Figures are recorded (printed, and written to $INFERWATCH_E2E_REPORT when set), never asserted.
+
+Scenarios that need components not on main yet are skipped with the component named; they start running
+as soon as it lands (the cpu collector for CPUFeatureMissing; the simulator, engine collector and diagnostics
+for the rest: see docs/alerts.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from agent.collectors import REGISTRY
+from tests.conftest import FIXTURES, PYTHON, ROOT, free_port
+from tests.e2e.harness import ROUTING_KEY, Delivery, Pipeline, Sink, pipeline
+from tests.procs import running, wait_http
+
+pytestmark = pytest.mark.integration
+
+DELIVERY_TIMEOUT_S = 120.0  # generous: 2 shared cores; the expected figures are ~20-45 s
+MIN_OBSERVATION_S = 50.0  # a healthy node is watched at least this long (longest for: + ticket group_wait)
+HEALTHY_MEMINFO = FIXTURES / "meminfo" / "gopsutil_intelcorei5_16gb.txt"
+GRAVITON3_CPUINFO = FIXTURES / "cpuinfo" / "graviton3_neoverse_v1.txt"
+# arm64.nosve hides every SVE hwcap: the recorded Graviton3 Features line without its sve* tokens.
+SVE_TOKENS = re.compile(r" (sve|svei8mm|svebf16)(?= |$)", re.M)
+
+
+@dataclass
+class AgentProc:
+    name: str
+    port: int
+    procfs: Path
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def instance(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@dataclass
+class Run:
+    sink: Sink
+    pipeline: Pipeline
+    agents: dict[str, AgentProc]
+    injected: dict[str, float] = field(default_factory=dict)  # scenario → monotonic injection time
+    found: dict[str, Delivery | None] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    watchdog: Delivery | None = None
+
+    def time_to(self, scenario: str) -> float | None:
+        d = self.found.get(scenario)
+        return None if d is None else round(d.t - self.injected[scenario], 2)
+
+
+def _procfs(root: Path, cpuinfo: str | None = None, cmdline: str = "BOOT_IMAGE=/vmlinuz ro quiet\n") -> Path:
+    root.mkdir(parents=True)
+    (root / "meminfo").write_text(HEALTHY_MEMINFO.read_text())
+    (root / "cmdline").write_text(cmdline)
+    if cpuinfo is not None:
+        (root / "cpuinfo").write_text(cpuinfo)
+    return root
+
+
+def _start_agent(stack: contextlib.ExitStack, tmp: Path, name: str, procfs: Path, *extra: str) -> AgentProc:
+    port = free_port()
+    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5", "--path.procfs", str(procfs)]
+    proc = stack.enter_context(running([*cmd, *extra], tmp / f"agent-{name}.log", cwd=ROOT))
+    return AgentProc(name, port, procfs, proc)
+
+
+def _wait_agents(agents: list[AgentProc]) -> None:
+    for a in agents:
+        wait_http(f"{a.url}/metrics", ok=lambda r: r.status_code == 200, proc=a.proc, timeout_s=60)
+
+
+def _match(alertname: str, instance: str, receiver: str):
+    def pred(d: Delivery) -> bool:
+        return (
+            d.alertname == alertname
+            and d.instance == instance
+            and d.receiver == receiver
+            and d.action
+            in (
+                "trigger",
+                "firing",
+            )
+        )
+
+    return pred
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    tmp = tmp_path_factory.mktemp("e2e")
+    with contextlib.ExitStack() as stack:
+        sink = stack.enter_context(Sink())
+        agents = {
+            "healthy": _start_agent(stack, tmp, "healthy", _procfs(tmp / "healthy"), "--environment", "production"),
+            "collector": _start_agent(stack, tmp, "collector", _procfs(tmp / "collector")),
+        }
+        cpu_agent: AgentProc | None = None
+        if "cpu" in REGISTRY:
+            cpuinfo = SVE_TOKENS.sub("", GRAVITON3_CPUINFO.read_text())
+            procfs = _procfs(tmp / "cpu", cpuinfo, "BOOT_IMAGE=/vmlinuz ro quiet arm64.nosve\n")
+            cpu_agent = _start_agent(stack, tmp, "cpu", procfs)
+        _wait_agents([*agents.values(), *([cpu_agent] if cpu_agent else [])])
+        runbook_base = f"{agents['healthy'].url}/runbooks"
+        ports = [a.port for a in agents.values()]
+        pl = stack.enter_context(pipeline(tmp / "pipeline", sink, ports, runbook_base))
+        r = Run(sink, pl, agents)
+        # The pipeline is live once the always-firing Watchdog reaches the dead-man's switch.
+        r.watchdog = sink.wait_for(lambda d: d.alertname == "Watchdog", DELIVERY_TIMEOUT_S)
+        assert r.watchdog is not None, "Watchdog never reached the dead-man's-switch receiver"
+
+        # Inject every fault now, in parallel.
+        (agents["collector"].procfs / "meminfo").write_text("this is not /proc/meminfo\n")
+        r.injected["CollectorFailing"] = time.monotonic()
+        expected = {"CollectorFailing": ("CollectorFailing", agents["collector"].instance, "ticket")}
+        if cpu_agent is not None:
+            agents["cpu"] = cpu_agent
+            pl.set_targets([*ports, cpu_agent.port])  # a node with SVE disabled joins the fleet
+            r.injected["CPUFeatureMissing"] = time.monotonic()
+            expected["CPUFeatureMissing"] = ("CPUFeatureMissing", cpu_agent.instance, "pagerduty")
+        else:
+            r.skipped["CPUFeatureMissing"] = "waits for the cpu collector (host) on main"
+
+        deadline = time.monotonic() + DELIVERY_TIMEOUT_S
+        for scenario, (alertname, instance, receiver) in expected.items():
+            left = max(0.0, deadline - time.monotonic())
+            r.found[scenario] = sink.wait_for(_match(alertname, instance, receiver), left)
+        # Watch the healthy node (and everything else) for long enough that a spurious alert would arrive.
+        quiet_left = MIN_OBSERVATION_S - (time.monotonic() - pl.started_at)
+        if quiet_left > 0:
+            time.sleep(quiet_left)
+        report = {
+            "watchdog_s_from_prometheus_start": round(r.watchdog.t - pl.started_at, 2),
+            "time_to_receiver_s": {s: r.time_to(s) for s in expected},
+            "skipped": r.skipped,
+            "timings": "scrape/eval 1s, rules with every duration /60, --rules.alert.resend-delay=1s, "
+            "shipped alertmanager.yml (group_wait critical 10s, warning 30s)",
+        }
+        print("\ne2e alert pipeline:", json.dumps(report, indent=2))
+        if os.environ.get("INFERWATCH_E2E_REPORT"):
+            Path(os.environ["INFERWATCH_E2E_REPORT"]).write_text(json.dumps(report, indent=2) + "\n")
+        yield r
+
+
+def _runbook_ok(url: str, alertname: str) -> None:
+    resp = httpx.get(url, timeout=5)
+    assert resp.status_code == 200 and resp.text.startswith(f"# {alertname}\n"), url
+
+
+def test_watchdog_reaches_only_the_deadmansswitch(run: Run) -> None:
+    assert run.watchdog is not None and run.watchdog.receiver == "deadmansswitch"
+    assert all(d.receiver == "deadmansswitch" for d in run.sink.snapshot() if d.alertname == "Watchdog")
+    _runbook_ok(run.watchdog.alert["annotations"]["runbook_url"], "Watchdog")
+
+
+def test_collector_failing_opens_exactly_one_ticket_with_evidence(run: Run) -> None:
+    d = run.found["CollectorFailing"]
+    node = run.agents["collector"]
+    assert d is not None, "CollectorFailing never reached the ticket receiver"
+    labels, ann = d.alert["labels"], d.alert["annotations"]
+    assert (
+        labels["collector"] == "pagecache" and labels["severity"] == "warning" and labels["job"] == "inferwatch-agent"
+    )
+    assert ann["runbook_url"] == f"{run.agents['healthy'].url}/runbooks/CollectorFailing"
+    assert ann["description"].startswith(f"{node.instance}: collector pagecache has failed for 5m (")
+    _runbook_ok(ann["runbook_url"], "CollectorFailing")
+    from_node = {(x.receiver, x.alertname) for x in run.sink.snapshot() if x.instance == node.instance}
+    assert from_node == {("ticket", "CollectorFailing")}  # a warning never pages
+
+
+def test_cpu_feature_missing_pages_with_runbook_and_evidence(run: Run) -> None:
+    if "CPUFeatureMissing" in run.skipped:
+        pytest.skip(run.skipped["CPUFeatureMissing"])
+    d = run.found["CPUFeatureMissing"]
+    node = run.agents["cpu"]
+    assert d is not None, "CPUFeatureMissing never reached PagerDuty"
+    body: dict[str, Any] = d.body
+    assert body["routing_key"] == ROUTING_KEY and body["event_action"] == "trigger"
+    assert body["payload"]["severity"] == "critical" and body["payload"]["source"] == node.instance
+    assert body["payload"]["summary"].startswith(f"CPUFeatureMissing on {node.instance}: ")
+    links = {link["text"]: link["href"] for link in body["links"]}
+    assert links["Runbook: CPUFeatureMissing"] == f"{run.agents['healthy'].url}/runbooks/CPUFeatureMissing"
+    assert "/d/inferwatch-node?var-instance=" in links["Dashboard"]
+    evidence = body["payload"]["custom_details"]["evidence"]
+    assert "should have sve" in evidence and node.instance in evidence
+    _runbook_ok(links["Runbook: CPUFeatureMissing"], "CPUFeatureMissing")
+    from_node = {(x.receiver, x.alertname) for x in run.sink.snapshot() if x.instance == node.instance}
+    assert from_node == {("pagerduty", "CPUFeatureMissing")}
+
+
+def test_healthy_node_pages_nothing(run: Run) -> None:
+    healthy = run.agents["healthy"].instance
+    assert [d for d in run.sink.snapshot() if d.instance == healthy] == []
+    up = run.pipeline.query(f'up{{instance="{healthy}"}}')
+    assert up and up[0]["value"][1] == "1"  # it was scraped all along, so silence means healthy
+
+
+def test_nothing_unexpected_reached_any_receiver(run: Run) -> None:
+    expected_pairs = {("deadmansswitch", "Watchdog", "")}
+    expected_pairs.add(("ticket", "CollectorFailing", run.agents["collector"].instance))
+    if "cpu" in run.agents:
+        expected_pairs.add(("pagerduty", "CPUFeatureMissing", run.agents["cpu"].instance))
+    got = {(d.receiver, d.alertname, d.instance) for d in run.sink.snapshot()}
+    assert got == expected_pairs
+    pd = [raw for raw in run.sink.raw if raw["path"] == "/v2/enqueue"]
+    assert all(raw["headers"].get("User-Agent", "").startswith("Alertmanager/") for raw in pd)

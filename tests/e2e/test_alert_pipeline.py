@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,9 +25,11 @@ from typing import Any
 import httpx
 import pytest
 
+from agent.catalog import CATALOG
 from agent.collectors import REGISTRY
+from agent.samples import AnySample, Sample, attrs
 from tests.conftest import FIXTURES, PYTHON, ROOT, free_port
-from tests.e2e.harness import ROUTING_KEY, Delivery, Pipeline, Sink, pipeline
+from tests.e2e.harness import ROUTING_KEY, Delivery, Pipeline, Sink, StandInExporter, pipeline
 from tests.procs import running, wait_http
 
 pytestmark = pytest.mark.integration
@@ -65,6 +67,7 @@ class Run:
     found: dict[str, Delivery | None] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     watchdog: Delivery | None = None
+    standin_instances: dict[str, str] = field(default_factory=dict)
 
     def time_to(self, scenario: str) -> float | None:
         d = self.found.get(scenario)
@@ -108,6 +111,128 @@ def _match(alertname: str, instance: str, receiver: str):
     return pred
 
 
+MODEL = "llama-3.1-8b"
+TTFT = attrs({"gen_ai.request.model": MODEL, "quantity": "ttft", "window": "5m", "source": "histogram"})
+
+
+def _quantiles(p50: float, p99: float) -> list[AnySample]:
+    return [
+        Sample("inferwatch.engine.latency", v, attrs(dict(TTFT), quantile=q)) for q, v in (("0.5", p50), ("0.99", p99))
+    ]
+
+
+def _node(cpu_model: str, arch: str = "aarch64") -> Sample:
+    return Sample(
+        "inferwatch.node.info",
+        1,
+        attrs(
+            arch=arch,
+            cpu_vendor="ARM",
+            cpu_model=cpu_model,
+            kernel_release="6.1.0-13-cloud-arm64",
+            machine_type="r8g.4xlarge",
+        ),
+    )
+
+
+# Samples as a function of (seconds since the exporter started, seconds since injection or None before it).
+SampleFn = Callable[[float, float | None], list[AnySample]]
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """A pitfall injected through the agent's real exporter while its collector is not on main yet."""
+
+    alertname: str
+    receiver: str
+    evidence: str  # must appear in the delivered description
+    samples: SampleFn
+    environment: str = "staging"
+
+
+STANDINS: dict[str, StandIn] = {
+    "cpu_feature_missing": StandIn(
+        "CPUFeatureMissing",
+        "pagerduty",
+        "CPU Neoverse-V2 should have sve2 but the kernel does not report it (kernel 6.1.0-13-cloud-arm64)",
+        lambda up, inj: [
+            Sample(
+                "inferwatch.cpu.feature.missing",
+                0 if inj is None else 1,
+                attrs(feature="sve2", cpu_model="Neoverse-V2"),
+            ),
+            _node("Neoverse-V2"),
+        ],
+    ),
+    "hardware_mismatch": StandIn(
+        "RuntimeHardwareMismatch",
+        "pagerduty",
+        "openai probe requests with hardware_mismatch in 5m (CPU AMD EPYC 7R13 Processor)",
+        lambda up, inj: [
+            Sample(
+                "inferwatch.probe.http_errors",
+                0 if inj is None else 1 + int(inj),
+                attrs(protocol="openai", error_type="hardware_mismatch"),
+            ),
+            _node("AMD EPYC 7R13 Processor", "x86_64"),
+        ],
+    ),
+    "debug_in_production": StandIn(
+        "DebugProfileEnabledInProduction",
+        "pagerduty",
+        'is labelled environment="production" and its runtime returns a non-empty debug runtime_profile',
+        lambda up, inj: [Sample("inferwatch.runtime.profile.available", 0 if inj is None else 1)],
+        environment="production",
+    ),
+    "engine_hung": StandIn(
+        "EngineHungButHealthy",
+        "pagerduty",
+        f"4 requests of {MODEL} have been running for 5m with no generation token produced",
+        lambda up, inj: [
+            Sample("inferwatch.engine.up", 1, attrs(engine="vllm")),
+            Sample("inferwatch.engine.requests.running", 4, attrs({"gen_ai.request.model": MODEL})),
+            # 40 tokens/s while healthy; frozen from the injection on
+            Sample(
+                "inferwatch.engine.tokens",
+                1000 + 40 * int(up if inj is None else up - inj),
+                attrs({"gen_ai.request.model": MODEL, "type": "generation"}),
+            ),
+        ],
+    ),
+    "tail_ratio": StandIn(
+        "TailLatencyRatioHigh",
+        "ticket",
+        f"TTFT P99/P50 of {MODEL} is 4.50 (source histogram): P99 1.8s, P50 400ms over 300 requests in 5m",
+        lambda up, inj: [
+            Sample("inferwatch.engine.latency.tail_ratio", 1.4 if inj is None else 4.5, TTFT),
+            Sample("inferwatch.engine.latency.samples", 300, TTFT),
+            *_quantiles(0.4, 0.56 if inj is None else 1.8),
+        ],
+    ),
+    "bimodal": StandIn(
+        "LatencyBimodal",
+        "ticket",
+        f"TTFT of {MODEL} is bimodal (statistic 0.830, source histogram): P50 400ms, P99 1.2s",
+        lambda up, inj: [
+            Sample("inferwatch.engine.latency.bimodal", 0 if inj is None else 1, TTFT),
+            Sample("inferwatch.engine.latency.bimodality", 0.31 if inj is None else 0.83, TTFT),
+            Sample("inferwatch.engine.latency.samples", 300, TTFT),
+            *_quantiles(0.4, 0.6 if inj is None else 1.2),
+        ],
+    ),
+}
+
+
+def test_standin_samples_match_the_catalog() -> None:
+    """The exporter drops samples the catalog does not know; a typo here would only show as a missing page."""
+    for name, spec in STANDINS.items():
+        for injected in (None, 3.0):
+            for sample in spec.samples(10.0, injected):
+                assert sample.name in CATALOG, f"{name}: {sample.name} is not in the catalog"
+                keys = tuple(sorted(k for k, _ in sample.attributes))
+                assert keys == tuple(sorted(CATALOG[sample.name].attributes)), f"{name}: {sample.name} {keys}"
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     tmp = tmp_path_factory.mktemp("e2e")
@@ -123,18 +248,37 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             procfs = _procfs(tmp / "cpu", cpuinfo, "BOOT_IMAGE=/vmlinuz ro quiet arm64.nosve\n")
             cpu_agent = _start_agent(stack, tmp, "cpu", procfs)
         _wait_agents([*agents.values(), *([cpu_agent] if cpu_agent else [])])
+        started = time.monotonic()
+        injected_at: dict[str, float] = {}
+
+        def source(name: str, spec: StandIn) -> Callable[[], list[AnySample]]:
+            def samples() -> list[AnySample]:
+                now = time.monotonic()
+                t = injected_at.get(name)
+                return spec.samples(now - started, None if t is None else now - t)
+
+            return samples
+
+        standins = {
+            name: stack.enter_context(StandInExporter(spec.environment, source(name, spec)))
+            for name, spec in STANDINS.items()
+        }
         runbook_base = f"{agents['healthy'].url}/runbooks"
-        ports = [a.port for a in agents.values()]
+        ports = [a.port for a in agents.values()] + [e.port for e in standins.values()]
         pl = stack.enter_context(pipeline(tmp / "pipeline", sink, ports, runbook_base))
         r = Run(sink, pl, agents)
         # The pipeline is live once the always-firing Watchdog reaches the dead-man's switch.
         r.watchdog = sink.wait_for(lambda d: d.alertname == "Watchdog", DELIVERY_TIMEOUT_S)
         assert r.watchdog is not None, "Watchdog never reached the dead-man's-switch receiver"
 
+        r.standin_instances = {name: f"127.0.0.1:{e.port}" for name, e in standins.items()}
         # Inject every fault now, in parallel.
         (agents["collector"].procfs / "meminfo").write_text("this is not /proc/meminfo\n")
         r.injected["CollectorFailing"] = time.monotonic()
         expected = {"CollectorFailing": ("CollectorFailing", agents["collector"].instance, "ticket")}
+        for name, spec in STANDINS.items():
+            injected_at[name] = r.injected[name] = time.monotonic()
+            expected[name] = (spec.alertname, r.standin_instances[name], spec.receiver)
         if cpu_agent is not None:
             agents["cpu"] = cpu_agent
             pl.set_targets([*ports, cpu_agent.port])  # a node with SVE disabled joins the fleet
@@ -217,8 +361,36 @@ def test_healthy_node_pages_nothing(run: Run) -> None:
     assert up and up[0]["value"][1] == "1"  # it was scraped all along, so silence means healthy
 
 
+@pytest.mark.parametrize("name", sorted(STANDINS))
+def test_pitfall_reaches_exactly_its_receiver_with_runbook_and_evidence(run: Run, name: str) -> None:
+    spec, instance = STANDINS[name], run.standin_instances[name]
+    d = run.found[name]
+    assert d is not None, f"{spec.alertname} never reached {spec.receiver}"
+    if spec.receiver == "pagerduty":
+        body = d.body
+        assert body["routing_key"] == ROUTING_KEY and body["event_action"] == "trigger"
+        assert body["payload"]["severity"] == "critical" and body["payload"]["source"] == instance
+        assert body["payload"]["summary"].startswith(f"{spec.alertname} on {instance}: ")
+        links = {link["text"]: link["href"] for link in body["links"]}
+        runbook = links[f"Runbook: {spec.alertname}"]
+        assert links["Dashboard"].startswith("http://127.0.0.1:3000/d/inferwatch-")
+        details = body["payload"]["custom_details"]
+        assert details["runbook_url"] == runbook and details["alertname"] == spec.alertname
+        description = details["evidence"]
+    else:
+        runbook = d.alert["annotations"]["runbook_url"]
+        description = d.alert["annotations"]["description"]
+    assert runbook == f"{run.agents['healthy'].url}/runbooks/{spec.alertname}"
+    _runbook_ok(runbook, spec.alertname)
+    assert description.startswith(f"{instance}") and spec.evidence in description, description
+    from_node = {(x.receiver, x.alertname) for x in run.sink.snapshot() if x.instance == instance}
+    assert from_node == {(spec.receiver, spec.alertname)}
+
+
 def test_nothing_unexpected_reached_any_receiver(run: Run) -> None:
     expected_pairs = {("deadmansswitch", "Watchdog", "")}
+    for name, spec in STANDINS.items():
+        expected_pairs.add((spec.receiver, spec.alertname, run.standin_instances[name]))
     expected_pairs.add(("ticket", "CollectorFailing", run.agents["collector"].instance))
     if "cpu" in run.agents:
         expected_pairs.add(("pagerduty", "CPUFeatureMissing", run.agents["cpu"].instance))

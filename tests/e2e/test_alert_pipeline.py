@@ -151,19 +151,6 @@ class StandIn:
 
 
 STANDINS: dict[str, StandIn] = {
-    "cpu_feature_missing": StandIn(
-        "CPUFeatureMissing",
-        "pagerduty",
-        "CPU Neoverse-V2 should have sve2 but the kernel does not report it (kernel 6.1.0-13-cloud-arm64)",
-        lambda up, inj: [
-            Sample(
-                "inferwatch.cpu.feature.missing",
-                0 if inj is None else 1,
-                attrs(feature="sve2", cpu_model="Neoverse-V2"),
-            ),
-            _node("Neoverse-V2"),
-        ],
-    ),
     "hardware_mismatch": StandIn(
         "RuntimeHardwareMismatch",
         "pagerduty",

@@ -279,3 +279,42 @@ class StandInExporter:
         self.server.shutdown()
         self.server.server_close()
         self._thread.join(5)
+
+
+class EngineReplay:
+    """A recorded engine exposition served at ``GET /metrics``, with values a test may rewrite over time.
+
+    ``text()`` returns the exposition to serve; :meth:`stop` closes the port (the engine going down).
+    """
+
+    def __init__(self, text: Callable[[], str]) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                data = text().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._stopped = False
+
+    def stop(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            self.server.shutdown()
+            self.server.server_close()
+            self._thread.join(5)
+
+    def __enter__(self) -> EngineReplay:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -40,14 +40,35 @@ GRAVITON3_CPUINFO = FIXTURES / "cpuinfo" / "graviton3_neoverse_v1.txt"
 SVE_TOKENS = re.compile(r" (sve|svei8mm|svebf16)(?= |$)", re.M)
 VLLM_EXPOSITION = FIXTURES / "engines" / "vllm-0.5.x-with-v1-families.prom"
 VLLM_MODEL = "facebook/opt-125m"
-REAL_SCENARIOS = ("collector_failing", "cpu_feature_missing", "engine_down", "engine_hung")
+REAL_SCENARIOS = ("collector_failing", "cpu_feature_missing", "engine_down", "engine_hung", "tail_ratio", "slo_burn")
 
 
-def _vllm_exposition(running: int, generation_tokens: int) -> str:
-    """The recorded vLLM exposition with the two values a hang changes rewritten."""
+def _vllm_exposition(running: int, generation_tokens: int, ttft: tuple[int, int] | None = None) -> str:
+    """The recorded vLLM exposition with the values a fault changes rewritten.
+
+    ``ttft`` = (fast, slow) replaces the TTFT histogram: ``fast`` requests at 0.09 s, ``slow`` ones at 2 s.
+    """
     text = VLLM_EXPOSITION.read_text()
     text = re.sub(r"^(vllm:num_requests_running\{[^}]*\}) \S+$", rf"\g<1> {running}.0", text, flags=re.M)
-    return re.sub(r"^(vllm:generation_tokens_total\{[^}]*\}) \S+$", rf"\g<1> {generation_tokens}.0", text, flags=re.M)
+    text = re.sub(r"^(vllm:generation_tokens_total\{[^}]*\}) \S+$", rf"\g<1> {generation_tokens}.0", text, flags=re.M)
+    if ttft is not None:
+        fast, slow = ttft
+
+        def bucket(m: re.Match[str]) -> str:
+            le = float(m.group(2))
+            return f"{m.group(1)} {fast * (le >= 0.1) + slow * (le >= 2.5)}.0"
+
+        text = re.sub(r'^(vllm:time_to_first_token_seconds_bucket\{le="([^"]+)"[^}]*\}) \S+$', bucket, text, flags=re.M)
+        text = re.sub(
+            r"^(vllm:time_to_first_token_seconds_count\{[^}]*\}) \S+$", rf"\g<1> {fast + slow}.0", text, flags=re.M
+        )
+        text = re.sub(
+            r"^(vllm:time_to_first_token_seconds_sum\{[^}]*\}) \S+$",
+            rf"\g<1> {0.09 * fast + 2.0 * slow}",
+            text,
+            flags=re.M,
+        )
+    return text
 
 
 @dataclass
@@ -190,16 +211,6 @@ STANDINS: dict[str, StandIn] = {
         lambda up, inj: [Sample("inferwatch.runtime.profile.available", 0 if inj is None else 1)],
         environment="production",
     ),
-    "tail_ratio": StandIn(
-        "TailLatencyRatioHigh",
-        "ticket",
-        f"TTFT P99/P50 of {MODEL} is 4.50 (source histogram): P99 1.8s, P50 400ms over 300 requests in 5m",
-        lambda up, inj: [
-            Sample("inferwatch.engine.latency.tail_ratio", 1.4 if inj is None else 4.5, TTFT),
-            Sample("inferwatch.engine.latency.samples", 300, TTFT),
-            *_quantiles(0.4, 0.56 if inj is None else 1.8),
-        ],
-    ),
     "bimodal": StandIn(
         "LatencyBimodal",
         "ticket",
@@ -241,6 +252,14 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             return _vllm_exposition(3, 7 + int(40 * (t - started)))
 
         engine_hung = stack.enter_context(EngineReplay(hung_text))
+
+        def tail_text() -> str:  # 20 requests/s, all fast; from injection on 15% of them slow (2 s vs 0.09 s)
+            now = time.monotonic()
+            t = injected_at.get("tail_ratio", now)
+            pre, post = t - started, now - t
+            return _vllm_exposition(0, 7, (int(20 * pre + 17 * post), int(3 * post)))
+
+        engine_tail = stack.enter_context(EngineReplay(tail_text))
         cpuinfo = SVE_TOKENS.sub("", GRAVITON3_CPUINFO.read_text())
         agents = {
             "healthy": _start_agent(stack, tmp, "healthy", _procfs(tmp / "healthy"), "--environment", "production"),
@@ -261,6 +280,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                 "engine_hung",
                 _procfs(tmp / "engine_hung"),
                 env={"INFERWATCH_ENGINE__METRICS_URL": engine_hung.url},
+            ),
+            "tail_ratio": _start_agent(
+                stack,
+                tmp,
+                "tail_ratio",
+                _procfs(tmp / "tail_ratio"),
+                env={"INFERWATCH_ENGINE__METRICS_URL": engine_tail.url},
             ),
         }
         _wait_agents(list(agents.values()))
@@ -314,6 +340,18 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                 f"3 requests of {VLLM_MODEL} have been running for 5m with no generation token produced",
             ),
         )
+        inject(
+            "tail_ratio",
+            Expect(
+                "TailLatencyRatioHigh",
+                agents["tail_ratio"].instance,
+                "ticket",
+                f"TTFT P99/P50 of {VLLM_MODEL} is ",
+            ),
+        )
+        # The same 15% of requests over 500 ms is a 15x burn of the ttft-500ms SLO (budget 1%): a fleet-level page.
+        r.injected["slo_burn"] = r.injected["tail_ratio"]
+        r.expected["slo_burn"] = Expect("TTFTErrorBudgetBurn", "", "pagerduty", f"{VLLM_MODEL}: ")
         for name, spec in STANDINS.items():
             inject(name, Expect(spec.alertname, f"127.0.0.1:{standins[name].port}", spec.receiver, spec.evidence))
 
@@ -356,8 +394,10 @@ def test_pitfall_reaches_exactly_its_receiver_with_runbook_and_evidence(run: Run
     if e.receiver == "pagerduty":
         body = d.body
         assert body["routing_key"] == ROUTING_KEY and body["event_action"] == "trigger"
-        assert body["payload"]["severity"] == "critical" and body["payload"]["source"] == e.instance
-        assert body["payload"]["summary"].startswith(f"{e.alertname} on {e.instance}: ")
+        assert body["payload"]["severity"] == "critical"
+        assert body["payload"]["source"] == (e.instance or "inferwatch")  # fleet-level alerts have no instance
+        on = f" on {e.instance}" if e.instance else ""
+        assert body["payload"]["summary"].startswith(f"{e.alertname}{on}: ")
         links = {link["text"]: link["href"] for link in body["links"]}
         runbook = links[f"Runbook: {e.alertname}"]
         assert links["Dashboard"].startswith("http://127.0.0.1:3000/d/inferwatch-")
@@ -371,7 +411,9 @@ def test_pitfall_reaches_exactly_its_receiver_with_runbook_and_evidence(run: Run
     assert runbook == f"{run.agents['healthy'].url}/runbooks/{e.alertname}"
     _runbook_ok(runbook, e.alertname)
     assert description.startswith(e.instance) and e.evidence in description, description
-    from_node = {(x.receiver, x.alertname) for x in run.sink.snapshot() if x.instance == e.instance}
+    from_node = {
+        (x.receiver, x.alertname) for x in run.sink.snapshot() if x.instance == e.instance and x.alertname != "Watchdog"
+    }
     assert from_node == {(e.receiver, e.alertname)}  # exactly this alert (EngineDown inhibits its CollectorFailing)
 
 

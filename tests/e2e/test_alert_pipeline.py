@@ -39,8 +39,17 @@ GRAVITON3_CPUINFO = FIXTURES / "cpuinfo" / "graviton3_neoverse_v1.txt"
 # arm64.nosve hides every SVE hwcap: the recorded Graviton3 Features line without its sve* tokens.
 SVE_TOKENS = re.compile(r" (sve|svei8mm|svebf16)(?= |$)", re.M)
 VLLM_EXPOSITION = FIXTURES / "engines" / "vllm-0.5.x-with-v1-families.prom"
+LOW_PAGECACHE_MEMINFO = FIXTURES / "meminfo" / "node_exporter_low_inactive_file_no_memavailable.txt"
 VLLM_MODEL = "facebook/opt-125m"
-REAL_SCENARIOS = ("collector_failing", "cpu_feature_missing", "engine_down", "engine_hung", "tail_ratio", "slo_burn")
+REAL_SCENARIOS = (
+    "collector_failing",
+    "cpu_feature_missing",
+    "engine_down",
+    "engine_hung",
+    "tail_ratio",
+    "pagecache_pressure",
+    "slo_burn",
+)
 
 
 def _vllm_exposition(running: int, generation_tokens: int, ttft: tuple[int, int] | None = None) -> str:
@@ -253,13 +262,17 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
 
         engine_hung = stack.enter_context(EngineReplay(hung_text))
 
-        def tail_text() -> str:  # 20 requests/s, all fast; from injection on 15% of them slow (2 s vs 0.09 s)
-            now = time.monotonic()
-            t = injected_at.get("tail_ratio", now)
-            pre, post = t - started, now - t
-            return _vllm_exposition(0, 7, (int(20 * pre + 17 * post), int(3 * post)))
+        def tail_text(scenario: str) -> Callable[[], str]:
+            def text() -> str:  # 20 requests/s, all fast; from injection on 15% of them slow (2 s vs 0.09 s)
+                now = time.monotonic()
+                t = injected_at.get(scenario, now)
+                pre, post = t - started, now - t
+                return _vllm_exposition(0, 7, (int(20 * pre + 17 * post), int(3 * post)))
 
-        engine_tail = stack.enter_context(EngineReplay(tail_text))
+            return text
+
+        engine_tail = stack.enter_context(EngineReplay(tail_text("tail_ratio")))
+        engine_pagecache = stack.enter_context(EngineReplay(tail_text("pagecache_pressure")))
         cpuinfo = SVE_TOKENS.sub("", GRAVITON3_CPUINFO.read_text())
         agents = {
             "healthy": _start_agent(stack, tmp, "healthy", _procfs(tmp / "healthy"), "--environment", "production"),
@@ -287,6 +300,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                 "tail_ratio",
                 _procfs(tmp / "tail_ratio"),
                 env={"INFERWATCH_ENGINE__METRICS_URL": engine_tail.url},
+            ),
+            "pagecache_pressure": _start_agent(
+                stack,
+                tmp,
+                "pagecache_pressure",
+                _procfs(tmp / "pagecache_pressure"),
+                env={"INFERWATCH_ENGINE__METRICS_URL": engine_pagecache.url},
             ),
         }
         _wait_agents(list(agents.values()))
@@ -347,6 +367,24 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                 agents["tail_ratio"].instance,
                 "ticket",
                 f"TTFT P99/P50 of {VLLM_MODEL} is ",
+            ),
+        )
+        # Page-cache pressure: the recorded low-Inactive(file) meminfo (142 MiB, under the 1 GiB floor), memory PSI
+        # some avg60 at 12.4% (kernel format), and the same tail jitter on the engine.
+        pc = agents["pagecache_pressure"].procfs
+        (pc / "meminfo").write_text(LOW_PAGECACHE_MEMINFO.read_text())
+        (pc / "pressure").mkdir(exist_ok=True)
+        (pc / "pressure" / "memory").write_text(
+            "some avg10=18.20 avg60=12.40 avg300=4.10 total=91833411\n"
+            "full avg10=6.10 avg60=3.90 avg300=1.20 total=29114067\n"
+        )
+        inject(
+            "pagecache_pressure",
+            Expect(
+                "PageCachePressureTailLatency",
+                agents["pagecache_pressure"].instance,
+                "ticket",
+                "while Inactive(file) is 142.3MiB (floor 1GiB), memory PSI some avg60 12.4%",
             ),
         )
         # The same 15% of requests over 500 ms is a 15x burn of the ttft-500ms SLO (budget 1%): a fleet-level page.
@@ -421,6 +459,12 @@ def test_engine_down_inhibits_its_collector_failure(run: Run) -> None:
     instance = run.expected["engine_down"].instance
     failing = run.pipeline.query(f'ALERTS{{alertname="CollectorFailing",instance="{instance}",alertstate="firing"}}')
     assert [a["metric"]["collector"] for a in failing] == ["engine"]  # firing in Prometheus, never delivered
+
+
+def test_pagecache_pressure_inhibits_the_generic_tail_alert(run: Run) -> None:
+    instance = run.expected["pagecache_pressure"].instance
+    tail = run.pipeline.query(f'ALERTS{{alertname="TailLatencyRatioHigh",instance="{instance}",alertstate="firing"}}')
+    assert len(tail) == 1  # firing in Prometheus, never delivered: the more specific cause wins
 
 
 def test_healthy_node_pages_nothing(run: Run) -> None:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -42,6 +43,7 @@ VLLM_EXPOSITION = FIXTURES / "engines" / "vllm-0.5.x-with-v1-families.prom"
 LOW_PAGECACHE_MEMINFO = FIXTURES / "meminfo" / "node_exporter_low_inactive_file_no_memavailable.txt"
 VLLM_MODEL = "facebook/opt-125m"
 REAL_SCENARIOS = (
+    "bimodal",
     "collector_failing",
     "cpu_feature_missing",
     "engine_down",
@@ -139,6 +141,43 @@ def _start_agent(
     return AgentProc(name, port, procfs, proc)
 
 
+SIM_CONTROL_TOKEN = "e2e-control-token"
+
+
+@dataclass
+class SimProc:
+    model: str
+    port: int
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def control(self, body: dict[str, Any]) -> None:
+        r = httpx.post(
+            f"{self.url}/control/scenario",
+            json=body,
+            headers={"Authorization": f"Bearer {SIM_CONTROL_TOKEN}"},
+            timeout=10,
+        )
+        r.raise_for_status()
+
+
+def _start_simulator(stack: contextlib.ExitStack, tmp: Path, model: str, *extra: str) -> SimProc:
+    port = free_port()
+    cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(port), "--model", model, "--seed", "6"]
+    cmd += ["--control-token", SIM_CONTROL_TOKEN, "--log-level", "warning", *extra]
+    proc = stack.enter_context(running(cmd, tmp / f"sim-{model}.log", cwd=ROOT))
+    return SimProc(model, port, proc)
+
+
+def _start_loadgen(stack: contextlib.ExitStack, tmp: Path, sim: SimProc, rate: float) -> None:
+    cmd = [PYTHON, "-m", "agent", "loadgen", "--url", sim.url, "--rate", str(rate), "--duration", "600"]
+    cmd += ["--output-tokens", "32", "--timeout", "600", "--seed", "6", "--no-progress"]
+    stack.enter_context(running(cmd, tmp / f"loadgen-{sim.model}.log", cwd=ROOT))
+
+
 def _wait_agents(agents: list[AgentProc]) -> None:
     for a in agents:
         wait_http(f"{a.url}/metrics", ok=lambda r: r.status_code == 200, proc=a.proc, timeout_s=60)
@@ -158,16 +197,6 @@ def _match(alertname: str, instance: str, receiver: str):
         )
 
     return pred
-
-
-MODEL = "llama-3.1-8b"
-TTFT = attrs({"gen_ai.request.model": MODEL, "quantity": "ttft", "window": "5m", "source": "histogram"})
-
-
-def _quantiles(p50: float, p99: float) -> list[AnySample]:
-    return [
-        Sample("inferwatch.engine.latency", v, attrs(dict(TTFT), quantile=q)) for q, v in (("0.5", p50), ("0.99", p99))
-    ]
 
 
 def _node(cpu_model: str, arch: str = "aarch64") -> Sample:
@@ -220,17 +249,6 @@ STANDINS: dict[str, StandIn] = {
         lambda up, inj: [Sample("inferwatch.runtime.profile.available", 0 if inj is None else 1)],
         environment="production",
     ),
-    "bimodal": StandIn(
-        "LatencyBimodal",
-        "ticket",
-        f"TTFT of {MODEL} is bimodal (statistic 0.830, source histogram): P50 400ms, P99 1.2s",
-        lambda up, inj: [
-            Sample("inferwatch.engine.latency.bimodal", 0 if inj is None else 1, TTFT),
-            Sample("inferwatch.engine.latency.bimodality", 0.31 if inj is None else 0.83, TTFT),
-            Sample("inferwatch.engine.latency.samples", 300, TTFT),
-            *_quantiles(0.4, 0.6 if inj is None else 1.2),
-        ],
-    ),
 }
 
 
@@ -256,11 +274,12 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         # running, generation tokens advancing at 40/s until injection, frozen after).
         engine_down = stack.enter_context(EngineReplay(lambda: _vllm_exposition(0, 7)))
 
-        def hung_text() -> str:
-            t = injected_at.get("engine_hung", time.monotonic())
-            return _vllm_exposition(3, 7 + int(40 * (t - started)))
-
-        engine_hung = stack.enter_context(EngineReplay(hung_text))
+        # Simulators (vLLM-compatible, with load): one hangs at injection, one turns bimodal (page_cache_pressure).
+        sim_hang = _start_simulator(stack, tmp, "sim-hang")
+        sim_bimodal_spans = free_port()
+        sim_bimodal = _start_simulator(
+            stack, tmp, "sim-bimodal", "--otlp-traces-endpoint", f"http://127.0.0.1:{sim_bimodal_spans}/v1/traces"
+        )
 
         def tail_text(scenario: str) -> Callable[[], str]:
             def text() -> str:  # 20 requests/s, all fast; from injection on 15% of them slow (2 s vs 0.09 s)
@@ -292,7 +311,18 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                 tmp,
                 "engine_hung",
                 _procfs(tmp / "engine_hung"),
-                env={"INFERWATCH_ENGINE__METRICS_URL": engine_hung.url},
+                env={"INFERWATCH_ENGINE__METRICS_URL": f"{sim_hang.url}/metrics"},
+            ),
+            "bimodal": _start_agent(
+                stack,
+                tmp,
+                "bimodal",
+                _procfs(tmp / "bimodal"),
+                env={
+                    "INFERWATCH_RECEIVER__ENABLED": "true",
+                    "INFERWATCH_RECEIVER__GRPC_ENDPOINT": "",
+                    "INFERWATCH_RECEIVER__HTTP_ENDPOINT": f"127.0.0.1:{sim_bimodal_spans}",
+                },
             ),
             "tail_ratio": _start_agent(
                 stack,
@@ -310,6 +340,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             ),
         }
         _wait_agents(list(agents.values()))
+        for sim, rate in ((sim_hang, 4), (sim_bimodal, 10)):
+            wait_http(f"{sim.url}/health", proc=sim.proc, timeout_s=60)
+            _start_loadgen(stack, tmp, sim, rate)
 
         def source(name: str, spec: StandIn) -> Callable[[], list[AnySample]]:
             def samples() -> list[AnySample]:
@@ -351,14 +384,20 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             "engine_down",
             Expect("EngineDown", agents["engine_down"].instance, "pagerduty", "could not scrape or parse the vllm"),
         )
+        sim_hang.control({"enable": "hang"})
         inject(
             "engine_hung",
             Expect(
                 "EngineHungButHealthy",
                 agents["engine_hung"].instance,
                 "pagerduty",
-                f"3 requests of {VLLM_MODEL} have been running for 5m with no generation token produced",
+                f"requests of {sim_hang.model} have been in the engine for 5m with no generation token produced",
             ),
+        )
+        sim_bimodal.control({"enable": "page_cache_pressure"})  # 20% of requests stall 0.55 s before prefill
+        inject(
+            "bimodal",
+            Expect("LatencyBimodal", agents["bimodal"].instance, "ticket", f"TTFT of {sim_bimodal.model} is bimodal"),
         )
         inject(
             "tail_ratio",
@@ -401,9 +440,18 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         quiet_left = MIN_OBSERVATION_S - (time.monotonic() - pl.started_at)
         if quiet_left > 0:
             time.sleep(quiet_left)
+        missing = {
+            name: {
+                "alerts": [a["metric"] for a in pl.query(f'ALERTS{{instance="{e.instance}"}}')],
+                "delivered": sorted({(x.receiver, x.alertname) for x in sink.snapshot() if x.instance == e.instance}),
+            }
+            for name, e in r.expected.items()
+            if r.found.get(name) is None
+        }
         report = {
             "watchdog_s_from_prometheus_start": round(r.watchdog.t - pl.started_at, 2),
             "time_to_receiver_s": {s: r.time_to(s) for s in r.expected},
+            "missing": missing,
             "timings": "scrape/eval 1s, rules with every duration /60, --rules.alert.resend-delay=1s, "
             "shipped alertmanager.yml (group_wait critical 10s, warning 30s)",
         }
@@ -461,8 +509,9 @@ def test_engine_down_inhibits_its_collector_failure(run: Run) -> None:
     assert [a["metric"]["collector"] for a in failing] == ["engine"]  # firing in Prometheus, never delivered
 
 
-def test_pagecache_pressure_inhibits_the_generic_tail_alert(run: Run) -> None:
-    instance = run.expected["pagecache_pressure"].instance
+@pytest.mark.parametrize("name", ["pagecache_pressure", "bimodal"])
+def test_specific_cause_inhibits_the_generic_tail_alert(run: Run, name: str) -> None:
+    instance = run.expected[name].instance
     tail = run.pipeline.query(f'ALERTS{{alertname="TailLatencyRatioHigh",instance="{instance}",alertstate="firing"}}')
     assert len(tail) == 1  # firing in Prometheus, never delivered: the more specific cause wins
 

@@ -71,4 +71,7 @@ def create_app(agent: Agent) -> FastAPI:
             return HTMLResponse(to_html(name, text))
         return Response(text, media_type="text/markdown; charset=utf-8")
 
+    from agent.diag.api import install
+
+    install(app, agent)
     return app

@@ -28,9 +28,6 @@ import pytest
 import yaml
 
 from agent.alerts.profile import DEFAULT_FACTOR, render_file
-from agent.samples import AnySample
-from agent.state import AgentState
-from exporters.prometheus import CONTENT_TYPE, exposition, make_registry
 from tests.conftest import ROOT, free_port
 from tests.procs import running, wait_http
 
@@ -238,47 +235,6 @@ def pipeline(workdir: Path, sink: Sink, agent_ports: list[int], runbook_base: st
         wait_http(f"{am_url}/-/ready", ok=lambda r: r.status_code == 200, proc=am, timeout_s=60)
         wait_http(f"{prom_url}/-/ready", ok=lambda r: r.status_code == 200, proc=prom, timeout_s=60)
         yield pl
-
-
-class StandInExporter:
-    """The agent's own Prometheus exposition (exporters.prometheus over an AgentState) of samples a test sets.
-
-    A stand-in for collectors not on main yet: the exposition format, names and labels are the agent's real
-    ones; only the values come from ``samples()`` instead of a collector. Serves ``GET /metrics``.
-    """
-
-    def __init__(self, environment: str, samples: Callable[[], list[AnySample]]) -> None:
-        state = AgentState(environment=environment)
-        state.add_source("e2e", samples)
-        registry = make_registry(state)
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path.split("?", 1)[0] != "/metrics":
-                    self.send_error(404)
-                    return
-                data = exposition(registry)
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = int(self.server.server_address[1])
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> StandInExporter:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join(5)
 
 
 class EngineReplay:

@@ -4,9 +4,9 @@ One Prometheus/Alertmanager pair for the module; scenarios run in parallel, told
 ``instance`` label. Injection times and arrival times are time.monotonic(); time to page = arrival − injection.
 Figures are recorded (printed, and written to $INFERWATCH_E2E_REPORT when set), never asserted.
 
-Real paths: the agent's collectors on recorded inputs (procfs, the recorded vLLM exposition served by a local
-replay server). Pitfalls whose collectors are not on main yet (probe, runtime_profile, span analytics) are
-injected through the agent's own exporter (STANDINS) until they land: see docs/alerts.md.
+Every pitfall goes through the agent's real collectors: recorded procfs files, the recorded vLLM exposition
+served by a local replay server, or the simulator (`python -m agent simulate`, with `loadgen` where the fault
+needs traffic) switched by its control endpoint. See docs/alerts.md for the table.
 """
 
 from __future__ import annotations
@@ -25,10 +25,8 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.catalog import CATALOG
-from agent.samples import AnySample, Sample, attrs
 from tests.conftest import FIXTURES, PYTHON, ROOT, free_port
-from tests.e2e.harness import ROUTING_KEY, Delivery, EngineReplay, Pipeline, Sink, StandInExporter, pipeline
+from tests.e2e.harness import ROUTING_KEY, Delivery, EngineReplay, Pipeline, Sink, pipeline
 from tests.procs import running, wait_http
 
 pytestmark = pytest.mark.integration
@@ -42,10 +40,12 @@ SVE_TOKENS = re.compile(r" (sve|svei8mm|svebf16)(?= |$)", re.M)
 VLLM_EXPOSITION = FIXTURES / "engines" / "vllm-0.5.x-with-v1-families.prom"
 LOW_PAGECACHE_MEMINFO = FIXTURES / "meminfo" / "node_exporter_low_inactive_file_no_memavailable.txt"
 VLLM_MODEL = "facebook/opt-125m"
-REAL_SCENARIOS = (
+SCENARIOS = (
     "bimodal",
     "collector_failing",
     "cpu_feature_missing",
+    "debug_in_production",
+    "hardware_mismatch",
     "engine_down",
     "engine_hung",
     "tail_ratio",
@@ -199,69 +199,6 @@ def _match(alertname: str, instance: str, receiver: str):
     return pred
 
 
-def _node(cpu_model: str, arch: str = "aarch64") -> Sample:
-    return Sample(
-        "inferwatch.node.info",
-        1,
-        attrs(
-            arch=arch,
-            cpu_vendor="ARM",
-            cpu_model=cpu_model,
-            kernel_release="6.1.0-13-cloud-arm64",
-            machine_type="r8g.4xlarge",
-        ),
-    )
-
-
-# Samples as a function of (seconds since the exporter started, seconds since injection or None before it).
-SampleFn = Callable[[float, float | None], list[AnySample]]
-
-
-@dataclass(frozen=True)
-class StandIn:
-    """A pitfall injected through the agent's real exporter while its collector is not on main yet."""
-
-    alertname: str
-    receiver: str
-    evidence: str  # must appear in the delivered description
-    samples: SampleFn
-    environment: str = "staging"
-
-
-STANDINS: dict[str, StandIn] = {
-    "hardware_mismatch": StandIn(
-        "RuntimeHardwareMismatch",
-        "pagerduty",
-        "openai probe requests with hardware_mismatch in 5m (CPU AMD EPYC 7R13 Processor)",
-        lambda up, inj: [
-            Sample(
-                "inferwatch.probe.http_errors",
-                0 if inj is None else 1 + int(inj),
-                attrs(protocol="openai", error_type="hardware_mismatch"),
-            ),
-            _node("AMD EPYC 7R13 Processor", "x86_64"),
-        ],
-    ),
-    "debug_in_production": StandIn(
-        "DebugProfileEnabledInProduction",
-        "pagerduty",
-        'is labelled environment="production" and its runtime returns a non-empty debug runtime_profile',
-        lambda up, inj: [Sample("inferwatch.runtime.profile.available", 0 if inj is None else 1)],
-        environment="production",
-    ),
-}
-
-
-def test_standin_samples_match_the_catalog() -> None:
-    """The exporter drops samples the catalog does not know; a typo here would only show as a missing page."""
-    for name, spec in STANDINS.items():
-        for injected in (None, 3.0):
-            for sample in spec.samples(10.0, injected):
-                assert sample.name in CATALOG, f"{name}: {sample.name} is not in the catalog"
-                keys = tuple(sorted(k for k, _ in sample.attributes))
-                assert keys == tuple(sorted(CATALOG[sample.name].attributes)), f"{name}: {sample.name} {keys}"
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     tmp = tmp_path_factory.mktemp("e2e")
@@ -276,6 +213,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
 
         # Simulators (vLLM-compatible, with load): one hangs at injection, one turns bimodal (page_cache_pressure).
         sim_hang = _start_simulator(stack, tmp, "sim-hang")
+        sim_hw = _start_simulator(stack, tmp, "sim-hw")
+        sim_debug = _start_simulator(stack, tmp, "sim-debug", "--debug-profile", "--scenario", "debug_disabled")
         sim_bimodal_spans = free_port()
         sim_bimodal = _start_simulator(
             stack, tmp, "sim-bimodal", "--otlp-traces-endpoint", f"http://127.0.0.1:{sim_bimodal_spans}/v1/traces"
@@ -313,6 +252,25 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                 _procfs(tmp / "engine_hung"),
                 env={"INFERWATCH_ENGINE__METRICS_URL": f"{sim_hang.url}/metrics"},
             ),
+            "hardware_mismatch": _start_agent(
+                stack,
+                tmp,
+                "hardware_mismatch",
+                _procfs(tmp / "hardware_mismatch"),
+                env={"INFERWATCH_PROBE__URL": sim_hw.url, "INFERWATCH_PROBE__INTERVAL_S": "1"},
+            ),
+            "debug_in_production": _start_agent(
+                stack,
+                tmp,
+                "debug_in_production",
+                _procfs(tmp / "debug_in_production"),
+                "--environment",
+                "production",
+                env={
+                    "INFERWATCH_RUNTIME_PROFILE__URL": f"{sim_debug.url}/debug/runtime_profile",
+                    "INFERWATCH_RUNTIME_PROFILE__INTERVAL_S": "1",
+                },
+            ),
             "bimodal": _start_agent(
                 stack,
                 tmp,
@@ -340,24 +298,14 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             ),
         }
         _wait_agents(list(agents.values()))
+        for sim in (sim_hw, sim_debug):
+            wait_http(f"{sim.url}/health", proc=sim.proc, timeout_s=60)
         for sim, rate in ((sim_hang, 4), (sim_bimodal, 10)):
             wait_http(f"{sim.url}/health", proc=sim.proc, timeout_s=60)
             _start_loadgen(stack, tmp, sim, rate)
 
-        def source(name: str, spec: StandIn) -> Callable[[], list[AnySample]]:
-            def samples() -> list[AnySample]:
-                now = time.monotonic()
-                t = injected_at.get(name)
-                return spec.samples(now - started, None if t is None else now - t)
-
-            return samples
-
-        standins = {
-            name: stack.enter_context(StandInExporter(spec.environment, source(name, spec)))
-            for name, spec in STANDINS.items()
-        }
         runbook_base = f"{agents['healthy'].url}/runbooks"
-        fleet = [a.port for n, a in agents.items() if n != "cpu"] + [e.port for e in standins.values()]
+        fleet = [a.port for n, a in agents.items() if n != "cpu"]
         pl = stack.enter_context(pipeline(tmp / "pipeline", sink, fleet, runbook_base))
         r = Run(sink, pl, agents)
         # The pipeline is live once the always-firing Watchdog reaches the dead-man's switch.
@@ -429,8 +377,26 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         # The same 15% of requests over 500 ms is a 15x burn of the ttft-500ms SLO (budget 1%): a fleet-level page.
         r.injected["slo_burn"] = r.injected["tail_ratio"]
         r.expected["slo_burn"] = Expect("TTFTErrorBudgetBurn", "", "pagerduty", f"{VLLM_MODEL}: ")
-        for name, spec in STANDINS.items():
-            inject(name, Expect(spec.alertname, f"127.0.0.1:{standins[name].port}", spec.receiver, spec.evidence))
+        sim_hw.control({"enable": "hardware_mismatch"})  # every request: HTTP 400, error type hardware_mismatch
+        inject(
+            "hardware_mismatch",
+            Expect(
+                "RuntimeHardwareMismatch",
+                agents["hardware_mismatch"].instance,
+                "pagerduty",
+                "openai probe requests with hardware_mismatch in 5m",
+            ),
+        )
+        sim_debug.control({"disable": "debug_disabled"})  # the runtime now answers the debug profile
+        inject(
+            "debug_in_production",
+            Expect(
+                "DebugProfileEnabledInProduction",
+                agents["debug_in_production"].instance,
+                "pagerduty",
+                'is labelled environment="production" and its runtime returns a non-empty debug runtime_profile',
+            ),
+        )
 
         deadline = time.monotonic() + DELIVERY_TIMEOUT_S
         for name, e in r.expected.items():
@@ -472,7 +438,7 @@ def test_watchdog_reaches_only_the_deadmansswitch(run: Run) -> None:
     _runbook_ok(run.watchdog.alert["annotations"]["runbook_url"], "Watchdog")
 
 
-@pytest.mark.parametrize("name", [*REAL_SCENARIOS, *sorted(STANDINS)])
+@pytest.mark.parametrize("name", SCENARIOS)
 def test_pitfall_reaches_exactly_its_receiver_with_runbook_and_evidence(run: Run, name: str) -> None:
     e = run.expected[name]
     d = run.found[name]

@@ -33,6 +33,16 @@ def test_every_alert_has_a_complete_runbook() -> None:
         assert hit is None, f"{name}: placeholder text {hit.group(0)!r}"
 
 
+def test_runbooks_named_by_the_agent_exist() -> None:
+    """Findings name a runbook (``RUNBOOK... = "AlertName"`` in agent/); each must be a real runbook file."""
+    named = set()
+    for path in (ROOT / "agent").rglob("*.py"):
+        named |= set(re.findall(r'^RUNBOOK\w* = "([A-Z][A-Za-z0-9]+)"', path.read_text(), re.M))
+    assert named, "no runbook constants found: did the convention change?"
+    missing = sorted(n for n in named if not (RUNBOOKS_DIR / f"{n}.md").is_file())
+    assert not missing, f"findings link runbooks that do not exist: {missing}"
+
+
 def test_no_orphan_runbooks() -> None:
     files = {p.stem for p in RUNBOOKS_DIR.glob("*.md")} - {"README"}
     assert files <= alert_names(), f"runbooks without an alert: {sorted(files - alert_names())}"

@@ -31,7 +31,7 @@ from tests.procs import running, wait_http
 
 pytestmark = pytest.mark.integration
 
-DELIVERY_TIMEOUT_S = 120.0  # generous: 2 shared cores; the expected figures are ~20-45 s
+DELIVERY_TIMEOUT_S = 120.0  # generous: 2 shared cores; measured figures are 12-55 s
 MIN_OBSERVATION_S = 50.0  # a healthy node is watched at least this long (longest for: + ticket group_wait)
 HEALTHY_MEMINFO = FIXTURES / "meminfo" / "gopsutil_intelcorei5_16gb.txt"
 GRAVITON3_CPUINFO = FIXTURES / "cpuinfo" / "graviton3_neoverse_v1.txt"

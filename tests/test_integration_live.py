@@ -12,7 +12,7 @@ What is checked, per case:
   load generator made; span TTFT quantiles agree with the client-side TTFT the load generator measured
   (see :func:`test_sources_per_model_and_span_ttft_agrees_with_the_client` for the tolerance); span TTFT
   is not flagged bimodal;
-- ``page_cache_pressure``: span TTFT flagged bimodal (1);
+- ``page_cache_pressure`` (spans over OTLP/HTTP this time): span TTFT flagged bimodal (1);
 - ``simd_fallback``: the agent's span prefill/decode quantiles rise by the configured factor against the
   healthy run with the same seeds.
 """
@@ -57,9 +57,10 @@ class Stack:
 
 
 @contextlib.contextmanager
-def stack(tmp_path: Path, name: str, *sim_args: str) -> Iterator[Stack]:
+def stack(tmp_path: Path, name: str, *sim_args: str, transport: str = "grpc") -> Iterator[Stack]:
+    """Simulator and agent; the spans go over OTLP/gRPC, or OTLP/HTTP (``/v1/traces``) with ``transport="http"``."""
     sim_port, agent_port, grpc_port, http_port = (free_port() for _ in range(4))
-    otlp = f"http://127.0.0.1:{grpc_port}"
+    otlp = f"http://127.0.0.1:{grpc_port}" if transport == "grpc" else f"http://127.0.0.1:{http_port}/v1/traces"
     sim_cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(sim_port), "--engines", "2", "--seed", "3",
                "--control-token", "t", "--otlp-traces-endpoint", otlp, *sim_args]  # fmt: skip
     env = {
@@ -186,11 +187,12 @@ def test_sources_per_model_and_span_ttft_agrees_with_the_client(tmp_path: Path) 
             assert latency(m, QWEN, "ttft", src, "0.5") < latency(m, LLAMA, "ttft", src, "0.5")  # type: ignore[operator]
 
 
-def test_page_cache_pressure_makes_span_ttft_bimodal(tmp_path: Path) -> None:
+def test_page_cache_pressure_makes_span_ttft_bimodal_over_otlp_http(tmp_path: Path) -> None:
     n = 200
-    with stack(tmp_path, "pagecache", "--model", LLAMA, "--scenario", "page_cache_pressure") as s:
+    with stack(tmp_path, "pagecache", "--model", LLAMA, "--scenario", "page_cache_pressure", transport="http") as s:
         loadgen(s, LLAMA, n, rate=60, seed=5)
         m = wait_until(s, settled({LLAMA: n}))
+        assert value(m, "inferwatch_receiver_requests_total", transport="http") == n  # over OTLP/HTTP this time
         bimodal = value(m, "inferwatch_engine_latency_bimodal", gen_ai_request_model=LLAMA, quantity="ttft",
                         source="spans", window="1m")  # fmt: skip
         assert bimodal == 1.0, value(m, "inferwatch_engine_latency_bimodality", gen_ai_request_model=LLAMA,

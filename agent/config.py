@@ -216,7 +216,9 @@ class ApiSettings(_Section):
 
     tokens: list[ApiToken] = Field(default_factory=list)
     tokens_file: Path | None = None  # lines "TOKEN scope,scope [name]"
-    open_paths: list[str] = Field(default_factory=lambda: ["/metrics", "/healthz", "/readyz", "/runbooks", "/runbooks/*"])
+    open_paths: list[str] = Field(
+        default_factory=lambda: ["/metrics", "/healthz", "/readyz", "/runbooks", "/runbooks/*"]
+    )
     # ^ exact paths, or a prefix ending in "/*"
     anonymous_scopes: list[Scope] = Field(default_factory=_default_scopes)
     # ^ used only while no token is configured (loopback-only agent); "profile" is never granted anonymously

@@ -13,7 +13,7 @@ from agent import catalog
 from tests.conftest import ROOT
 
 RULES = ROOT / "alerts" / "simd.rules.yml"
-TESTS = ROOT / "alerts" / "tests" / "simd.test.yml"
+TESTS = ROOT / "tests" / "rules" / "simd.test.yml"
 
 
 def _promtool() -> str:
@@ -39,9 +39,10 @@ def test_unit_test_catches_a_broken_rule(tmp_path) -> None:
     rules = yaml.safe_load(RULES.read_text())
     rule = rules["groups"][0]["rules"][0]
     rule["expr"] = "inferwatch_runtime_simd_used == 0"
-    (tmp_path / "simd.rules.yml").write_text(yaml.safe_dump(rules))
-    tests_dir = tmp_path / "tests"
-    tests_dir.mkdir()
+    (tmp_path / "alerts").mkdir()
+    (tmp_path / "alerts" / "simd.rules.yml").write_text(yaml.safe_dump(rules))
+    tests_dir = tmp_path / "tests" / "rules"
+    tests_dir.mkdir(parents=True)
     (tests_dir / "simd.test.yml").write_text(TESTS.read_text())
     test = subprocess.run(
         [promtool, "test", "rules", "simd.test.yml"], capture_output=True, text=True, timeout=120, cwd=tests_dir

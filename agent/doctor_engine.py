@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from agent.engine.adapters import detect
 from agent.errors import NoDataError
 from agent.samples import Finding
 
@@ -25,14 +26,6 @@ SIMD_WINDOW_S = 2.0
 FETCH_TIMEOUT_S = 5.0
 MAX_METRICS_BYTES = 16 << 20
 
-# Exposition prefixes per engine (the engine collector's adapters are the full mapping).
-ENGINE_PREFIXES = {
-    "llamacpp": ("llamacpp:",),
-    "vllm": ("vllm:",),
-    "sglang": ("sglang:",),
-    "tgi": ("tgi_",),
-    "trtllm": ("trtllm_", "trtllm:"),
-}
 # Families the llama.cpp adapter reads; the server exposes them only with --metrics.
 LLAMACPP_FAMILIES = (
     "llamacpp:prompt_tokens_total",
@@ -72,12 +65,6 @@ def families(text: str) -> frozenset[str]:
     return frozenset(out)
 
 
-def detect(names: frozenset[str]) -> str | None:
-    scores = {kind: sum(1 for n in names if n.startswith(p)) for kind, p in ENGINE_PREFIXES.items()}
-    kind, score = max(scores.items(), key=lambda kv: kv[1])
-    return kind if score else None
-
-
 def probe(url: str, client: httpx.Client | None = None) -> EngineProbe:
     base, metrics_url = split_url(url)
     own = client is None
@@ -91,7 +78,7 @@ def probe(url: str, client: httpx.Client | None = None) -> EngineProbe:
         if own:
             c.close()
     names = families(text)
-    return EngineProbe(base, metrics_url, r.status_code, elapsed, names, detect(names))
+    return EngineProbe(base, metrics_url, r.status_code, elapsed, names, detect(text))
 
 
 def engine_findings(url: str) -> list[Finding]:

@@ -164,11 +164,13 @@ class SimProc:
         r.raise_for_status()
 
 
-def _start_simulator(stack: contextlib.ExitStack, tmp: Path, model: str, *extra: str) -> SimProc:
+def _start_simulator(
+    stack: contextlib.ExitStack, tmp: Path, model: str, *extra: str, env: dict[str, str] | None = None
+) -> SimProc:
     port = free_port()
     cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(port), "--model", model, "--seed", "6"]
     cmd += ["--control-token", SIM_CONTROL_TOKEN, "--log-level", "warning", *extra]
-    proc = stack.enter_context(running(cmd, tmp / f"sim-{model}.log", cwd=ROOT))
+    proc = stack.enter_context(running(cmd, tmp / f"sim-{model}.log", cwd=ROOT, env=env))
     return SimProc(model, port, proc)
 
 
@@ -216,8 +218,15 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         sim_hw = _start_simulator(stack, tmp, "sim-hw")
         sim_debug = _start_simulator(stack, tmp, "sim-debug", "--debug-profile", "--scenario", "debug_disabled")
         sim_bimodal_spans = free_port()
+        # Like vLLM, the simulator puts no model on its spans; the agent here has no engine URL to name the
+        # model, so the process is tagged the documented way (docs/analytics.md).
         sim_bimodal = _start_simulator(
-            stack, tmp, "sim-bimodal", "--otlp-traces-endpoint", f"http://127.0.0.1:{sim_bimodal_spans}/v1/traces"
+            stack,
+            tmp,
+            "sim-bimodal",
+            "--otlp-traces-endpoint",
+            f"http://127.0.0.1:{sim_bimodal_spans}/v1/traces",
+            env={"OTEL_RESOURCE_ATTRIBUTES": "gen_ai.request.model=sim-bimodal"},
         )
 
         def tail_text(scenario: str) -> Callable[[], str]:

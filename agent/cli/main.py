@@ -18,6 +18,11 @@ app = typer.Typer(
 for module in (run, doctor):
     module.register(app)
 
+from agent.cli import grafana, matrix  # noqa: E402  (dash: grafana push, matrix)
+
+for module in (grafana, matrix):
+    module.register(app)
+
 
 @app.command()
 def version() -> None:

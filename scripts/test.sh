@@ -22,7 +22,7 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 echo "== installing Python packages"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 2> >(grep -v 'is ignored: it is neither' >&2)
 
 if [ -x scripts/build-llama-server.sh ]; then
   scripts/build-llama-server.sh

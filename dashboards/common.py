@@ -30,8 +30,8 @@ REFRESH = "30s"
 # ``job`` picks the data path when Prometheus holds the agent's series twice (direct scrape of the agent's
 # /metrics and the OpenTelemetry Collector's export, as in docker-compose.yml): summing both would double rates.
 SEL_JOB = 'job=~"$job"'
-SEL_MODEL = 'job=~"$job", instance=~"$node", gen_ai_request_model=~"$model"'
-SEL_NODE = 'job=~"$job", instance=~"$node"'
+SEL_MODEL = 'job=~"$job", instance=~"$instance", gen_ai_request_model=~"$model"'
+SEL_NODE = 'job=~"$job", instance=~"$instance"'
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,7 +313,7 @@ def engine_variables(include_node: bool = True) -> list[cogbuilder.Builder[dm.Va
     if include_node:
         out.append(
             query_variable(
-                "node",
+                "instance",
                 "Node",
                 'label_values(inferwatch_engine_info{job=~"$job", engine=~"$engine"}, instance)',
                 "Agent scrape target (one per node).",
@@ -324,7 +324,7 @@ def engine_variables(include_node: bool = True) -> list[cogbuilder.Builder[dm.Va
             "model",
             "Model",
             (
-                'label_values(inferwatch_engine_info{job=~"$job", engine=~"$engine", instance=~"$node"}, '
+                'label_values(inferwatch_engine_info{job=~"$job", engine=~"$engine", instance=~"$instance"}, '
                 "gen_ai_request_model)"
             )
             if include_node
@@ -346,19 +346,17 @@ def quantiles(metric: str, sel: str, by: str = "instance, gen_ai_request_model")
     ]
 
 
-# Runbooks (runbooks/<AlertName>.md, one per alert). Names follow the alert rules in alerts/*.rules.yml;
-# tests/test_dashboards.py checks that every one referenced exists once runbooks/ is present.
-RB_TTFT_BURN = "InferwatchTTFTBudgetBurn"
-RB_ERROR_BURN = "InferwatchErrorBudgetBurn"
-RB_TAIL_RATIO = "InferwatchLatencyTailRatioHigh"
-RB_BIMODAL = "InferwatchLatencyBimodal"
-RB_FRONTEND_GAP = "InferwatchFrontendGapHigh"
-RB_QUEUE = "InferwatchRequestsQueueing"
-RB_KV_CACHE = "InferwatchKVCacheSaturated"
-RB_PREEMPTIONS = "InferwatchPreemptions"
-RB_ENGINE_DOWN = "InferwatchEngineDown"
-RB_SIMD = "InferwatchSIMDFeatureMissing"
-RB_PAGE_CACHE = "InferwatchPageCachePressure"
-RB_GPU_THROTTLE = "InferwatchGPUThrottling"
-RB_RUNTIME_DOWN = "InferwatchRuntimeDown"
-RB_HARDWARE = "InferwatchHardwareMismatch"
+# Runbooks (runbooks/<AlertName>.md, one per alert in alerts/*.rules.yml); None where no alert derives from a
+# panel. tests/test_dashboards.py checks that every referenced runbook exists once runbooks/ is present.
+RB_TTFT_BURN = "TTFTErrorBudgetBurn"
+RB_TAIL_RATIO = "TailLatencyRatioHigh"
+RB_BIMODAL = "LatencyBimodal"
+RB_ENGINE_DOWN = "EngineDown"
+RB_ENGINE_HUNG = "EngineHungButHealthy"
+RB_SIMD = "CPUFeatureMissing"
+RB_PAGE_CACHE = "PageCachePressureTailLatency"
+RB_NODE_CHANGE = "LatencyRegressionAfterNodeChange"
+RB_HARDWARE_MISMATCH = "RuntimeHardwareMismatch"
+RB_PROFILE_UNAVAILABLE = "RuntimeProfileUnavailable"
+RB_STREAM_SCHEMA = "StreamSchemaViolation"
+RB_NONE = None

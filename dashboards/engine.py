@@ -6,12 +6,13 @@ from grafana_foundation_sdk.models import dashboard as dm
 
 from dashboards.common import (
     RB_ENGINE_DOWN,
-    RB_FRONTEND_GAP,
-    RB_KV_CACHE,
-    RB_PREEMPTIONS,
-    RB_QUEUE,
+    RB_ENGINE_HUNG,
+    RB_NONE,
+    RB_STREAM_SCHEMA,
+    RB_TAIL_RATIO,
     RB_TTFT_BURN,
     SEL_MODEL,
+    SEL_NODE,
     Board,
     Target,
     describe,
@@ -44,7 +45,7 @@ def build() -> dm.Dashboard:
                 "P95 of the time requests spend queued, in prefill and in decode, per model and node. Prefill "
                 "grows with prompt length and batch contention; decode with output length and ITL. Queue time "
                 "growing first means the node is saturated.",
-                RB_QUEUE,
+                RB_TAIL_RATIO,
             ),
             "s",
             [
@@ -66,7 +67,7 @@ def build() -> dm.Dashboard:
                 "(queue + prefill)): time spent in the API server, tokenisation, chat templating and IPC before "
                 "the engine sees the request. A gap that grows while prefill stays flat is a front-end problem "
                 "(CPU-starved API server, slow tokenizer), not a GPU one.",
-                RB_FRONTEND_GAP,
+                RB_NONE,
             ),
             "s",
             [
@@ -95,8 +96,10 @@ def build() -> dm.Dashboard:
             "Running and waiting requests",
             describe(
                 "Requests in the running batch and in the waiting queue, per model and node. A waiting queue "
-                "that does not drain while running is flat means the batch is capped (KV cache or max_num_seqs).",
-                RB_QUEUE,
+                "that does not drain while running is flat means the batch is capped (KV cache or max_num_seqs). "
+                "Requests running with no tokens produced is a "
+                "hung engine.",
+                RB_ENGINE_HUNG,
             ),
             "short",
             [
@@ -120,7 +123,7 @@ def build() -> dm.Dashboard:
                 "Fraction of KV-cache blocks in use. Sustained above "
                 f"{KV_CACHE_HIGH_RATIO:.0%} (dashed line) the scheduler preempts requests, which shows up as "
                 "ITL spikes and preemptions.",
-                RB_KV_CACHE,
+                RB_NONE,
             ),
             "percentunit",
             [
@@ -140,7 +143,7 @@ def build() -> dm.Dashboard:
             describe(
                 "Requests preempted (evicted from the batch and recomputed or swapped) per second. Any "
                 "sustained rate wastes prefill work and inflates ITL; lower max_num_seqs or add KV memory.",
-                RB_PREEMPTIONS,
+                RB_NONE,
             ),
             "short",
             [
@@ -188,7 +191,7 @@ def build() -> dm.Dashboard:
             "none",
             [
                 Target(
-                    'inferwatch_engine_up{job=~"$job", instance=~"$node", engine=~"$engine"}',
+                    'inferwatch_engine_up{job=~"$job", instance=~"$instance", engine=~"$engine"}',
                     "{{engine}} @ {{instance}}",
                     instant=True,
                 )
@@ -198,5 +201,50 @@ def build() -> dm.Dashboard:
         ),
         6,
         9,
+    )
+    b.row("Synthetic probe (client's view)")
+    b.add(
+        ts(
+            "Probe TTFT and ITL",
+            describe(
+                "Time to first token and mean inter-token latency measured by the agent's synthetic streaming "
+                "request, per protocol (OpenAI chat, Anthropic messages). The client's view: when it diverges "
+                "from the engine's TTFT, the time is lost in front of the engine (proxy, API server).",
+                RB_TAIL_RATIO,
+            ),
+            "s",
+            [
+                Target(f"inferwatch_probe_ttft_seconds{{{SEL_NODE}}}", "TTFT {{protocol}} @ {{instance}}"),
+                Target(f"inferwatch_probe_itl_seconds{{{SEL_NODE}}}", "ITL {{protocol}} @ {{instance}}"),
+            ],
+        ),
+        12,
+        8,
+    )
+    b.add(
+        ts(
+            "Stream schema violations and probe HTTP errors",
+            describe(
+                "Probe stream chunks off-schema (empty delta carrying usage, malformed JSON, missing [DONE], "
+                "wrong event order ...) and probe requests answered with an HTTP error, per minute, by kind. "
+                "Any violation breaks strict client SDKs even though the server reports success.",
+                RB_STREAM_SCHEMA,
+            ),
+            "short",
+            [
+                Target(
+                    "sum by (instance, protocol, kind) "
+                    f"(increase(inferwatch_probe_schema_violations_total{{{SEL_NODE}}}[$__rate_interval]))",
+                    "{{kind}} {{protocol}} @ {{instance}}",
+                ),
+                Target(
+                    "sum by (instance, protocol, error_type) "
+                    f"(increase(inferwatch_probe_http_errors_total{{{SEL_NODE}}}[$__rate_interval]))",
+                    "HTTP {{error_type}} {{protocol}} @ {{instance}}",
+                ),
+            ],
+        ),
+        12,
+        8,
     )
     return b.build()

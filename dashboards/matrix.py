@@ -9,7 +9,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 
 from agent.matrix import nodes_query, tokens_query, ttft_p95_query
 from dashboards.common import (
-    RB_HARDWARE,
+    RB_NODE_CHANGE,
     RB_TTFT_BURN,
     SEL_JOB,
     Board,
@@ -60,7 +60,7 @@ def build() -> dm.Dashboard:
                 "type (machine type / CPU model / GPU model; 'none' = CPU only), from the summed engine "
                 "histograms over the dashboard's time range. Read across a row: the same model should order "
                 "hardware the same way everywhere; a cell out of line is a node problem, not a model one.",
-                RB_HARDWARE,
+                RB_NODE_CHANGE,
             ),
             "s",
             [Target(_hardware_label(ttft_p95_query(_WINDOW, SEL_JOB, _MODEL)), instant=True, fmt="table")],

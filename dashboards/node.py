@@ -5,10 +5,12 @@ from __future__ import annotations
 from grafana_foundation_sdk.models import dashboard as dm
 
 from dashboards.common import (
-    RB_GPU_THROTTLE,
-    RB_HARDWARE,
+    RB_ENGINE_DOWN,
+    RB_HARDWARE_MISMATCH,
+    RB_NODE_CHANGE,
+    RB_NONE,
     RB_PAGE_CACHE,
-    RB_RUNTIME_DOWN,
+    RB_PROFILE_UNAVAILABLE,
     RB_SIMD,
     SEL_NODE,
     Board,
@@ -47,7 +49,7 @@ def build() -> dm.Dashboard:
             datasource_variable(),
             job_variable(),
             query_variable(
-                "node",
+                "instance",
                 "Node",
                 'label_values(inferwatch_agent_info{job=~"$job"}, instance)',
                 "Agent scrape target (one per node).",
@@ -62,7 +64,7 @@ def build() -> dm.Dashboard:
                 "One row per node: CPU model, machine type (DMI product name, the instance type on AWS), "
                 "kernel release and architecture. Nodes serving the same model should agree; an odd one out "
                 "explains an outlier in the hardware × model matrix.",
-                RB_HARDWARE,
+                RB_NODE_CHANGE,
             ),
             "string",
             [
@@ -260,7 +262,7 @@ def build() -> dm.Dashboard:
             describe(
                 "Streaming-multiprocessor clock (left) per GPU. A clock dropping under load while temperature "
                 "or power is at its limit is thermal or power throttling: see the throttle panel.",
-                RB_GPU_THROTTLE,
+                RB_NONE,
             ),
             "hertz",
             [Target(f"inferwatch_gpu_clock_sm_hertz{{{SEL_NODE}}}", "{{hw_id}} {{hw_model}} @ {{instance}}")],
@@ -274,7 +276,7 @@ def build() -> dm.Dashboard:
             describe(
                 f"GPU core temperature (NVML). Above {GPU_HOT_CELSIUS} °C (dashed line) most data-centre GPUs "
                 "start to reduce clocks.",
-                RB_GPU_THROTTLE,
+                RB_NONE,
             ),
             "celsius",
             [Target(f"inferwatch_gpu_temperature_celsius{{{SEL_NODE}}}", "{{hw_id}} {{hw_model}} @ {{instance}}")],
@@ -289,7 +291,7 @@ def build() -> dm.Dashboard:
             describe(
                 "1 while NVML reports the throttle reason active, per GPU and reason (power cap, thermal, "
                 "hardware slowdown). Any reason other than idle during serving costs throughput.",
-                RB_GPU_THROTTLE,
+                RB_NONE,
             ),
             "none",
             [Target(f"inferwatch_gpu_throttle{{{SEL_NODE}}}", "{{reason}} {{hw_id}} @ {{instance}}")],
@@ -301,7 +303,7 @@ def build() -> dm.Dashboard:
     b.add(
         ts(
             "GPU power",
-            describe("Board power draw per GPU (NVML), watts.", RB_GPU_THROTTLE),
+            describe("Board power draw per GPU (NVML), watts.", RB_NONE),
             "watt",
             [Target(f"inferwatch_gpu_power_watts{{{SEL_NODE}}}", "{{hw_id}} {{hw_model}} @ {{instance}}")],
         ),
@@ -315,8 +317,8 @@ def build() -> dm.Dashboard:
             "Runtime up",
             describe(
                 "Whether the agent found the inference runtime process (runtime.pid / pidfile / cmdline_pattern), "
-                "per node.",
-                RB_RUNTIME_DOWN,
+                "per node. 'down' with the engine's /metrics also down is an engine outage.",
+                RB_ENGINE_DOWN,
             ),
             "none",
             [Target(f"inferwatch_runtime_up{{{SEL_NODE}}}", "{{runtime}} @ {{instance}}", instant=True)],
@@ -376,5 +378,43 @@ def build() -> dm.Dashboard:
         ),
         6,
         8,
+    )
+    b.add(
+        stat_panel(
+            "Runtime binary: missing libraries",
+            describe(
+                "Shared libraries the runtime binary needs that this host cannot resolve (ldd), per runtime. "
+                "Above 0 the binary was built for other hardware or another image: it fails or runs a fallback.",
+                RB_HARDWARE_MISMATCH,
+            ),
+            "none",
+            [
+                Target(
+                    f"inferwatch_runtime_binary_missing_libraries{{{SEL_NODE}}}",
+                    "{{runtime}} @ {{instance}}",
+                    instant=True,
+                )
+            ],
+            steps=((None, "green"), (1, "red")),
+        ),
+        12,
+        6,
+    )
+    b.add(
+        stat_panel(
+            "Debug runtime profile",
+            describe(
+                "Whether the runtime answers the debug runtime_profile request (1 = debug mode on). Off outside "
+                "production loses the per-request profile (RuntimeProfileUnavailable); on in production costs "
+                "latency and pages as DebugProfileEnabledInProduction.",
+                RB_PROFILE_UNAVAILABLE,
+            ),
+            "none",
+            [Target(f"inferwatch_runtime_profile_available{{{SEL_NODE}}}", "{{instance}}", instant=True)],
+            steps=((None, "blue"),),
+            mappings=[value_map({"0": ("off", "blue"), "1": ("on", "orange")})],
+        ),
+        12,
+        6,
     )
     return b.build()

@@ -6,7 +6,8 @@ from grafana_foundation_sdk.models import dashboard as dm
 
 from dashboards.common import (
     RB_BIMODAL,
-    RB_ERROR_BURN,
+    RB_ENGINE_HUNG,
+    RB_NONE,
     RB_TAIL_RATIO,
     RB_TTFT_BURN,
     SEL_MODEL,
@@ -22,30 +23,24 @@ from dashboards.common import (
 
 UID = "inferwatch-slo"
 
-# SLOs drawn on this dashboard. The TTFT threshold must be an engine bucket boundary (agent/catalog/engine.py
-# TTFT_BUCKETS_S) so the good-request count is exact, not interpolated.
-TTFT_SLO_THRESHOLD_S = "2.5"  # le label value: requests with TTFT <= 2.5 s are good
-TTFT_SLO_OBJECTIVE = 0.99  # 99 % of requests within the threshold
-AVAILABILITY_OBJECTIVE = 0.999  # 99.9 % of finished requests not ended by an engine error
-TAIL_RATIO_THRESHOLD = 3  # P99/P50 above 3: jitter that more replicas will not fix (catalog description)
-FAST_BURN = 14.4  # burn rate that spends 2 % of a 30-day budget in 1 h (Google SRE workbook, multiwindow)
-SLOW_BURN = 6  # 5 % of the budget in 6 h
+# The TTFT SLO is alerts/slo.yml's "ttft-500ms" (99 % of requests within 500 ms over 30 days); its burn-rate
+# panels read the recording rules generated from it (alerts/slo.rules.yml), so panel and page agree.
+TTFT_SLO_THRESHOLD_S = 0.5
+TAIL_RATIO_THRESHOLD = 3  # P99/P50 above 3: jitter that more replicas will not fix (alerts: TAIL_RATIO_MAX)
+FAST_BURN = 14.4  # spends 2 % of a 30-day budget in 1 h: pages (SRE workbook multiwindow, alerts/slo.rules.yml)
+SLOW_BURN = 6  # spends 5 % of the budget in 6 h: pages
+_BURN_WINDOWS = ("5m", "1h", "6h")
 
 _TTFT = "gen_ai_server_time_to_first_token_seconds"
 _FINISHED = "inferwatch_engine_requests_finished_total"
 _BY = "instance, gen_ai_request_model"
 
 
-def _ttft_burn(window: str) -> str:
-    good = f'sum by ({_BY}) (rate({_TTFT}_bucket{{{SEL_MODEL}, le="{TTFT_SLO_THRESHOLD_S}"}}[{window}]))'
-    total = f"sum by ({_BY}) (rate({_TTFT}_count{{{SEL_MODEL}}}[{window}]))"
-    return f"(1 - {good} / {total}) / {1 - TTFT_SLO_OBJECTIVE:.3g}"
-
-
-def _error_burn(window: str) -> str:
-    bad = f'sum by ({_BY}) (rate({_FINISHED}{{{SEL_MODEL}, reason="error"}}[{window}]))'
-    total = f"sum by ({_BY}) (rate({_FINISHED}{{{SEL_MODEL}}}[{window}]))"
-    return f"({bad} or {total} * 0) / {total} / {1 - AVAILABILITY_OBJECTIVE:.3g}"
+def _burn(window: str) -> str:
+    return (
+        f'slo:sli_error:ratio_rate{window}{{gen_ai_request_model=~"$model"}} '
+        "/ on (slo) group_left () slo:error_budget:ratio"
+    )
 
 
 def build() -> dm.Dashboard:
@@ -63,12 +58,12 @@ def build() -> dm.Dashboard:
             describe(
                 "TTFT quantiles per model and node, computed with histogram_quantile over the engine's TTFT "
                 "buckets at the panel's rate interval. P99 far above P95 points at queueing or a slow node; "
-                f"the dashed line is the SLO threshold ({TTFT_SLO_THRESHOLD_S} s).",
+                f"the dashed line is the SLO threshold ({TTFT_SLO_THRESHOLD_S} s, alerts/slo.yml).",
                 RB_TTFT_BURN,
             ),
             "s",
             quantiles(_TTFT, SEL_MODEL),
-            steps=((None, "green"), (float(TTFT_SLO_THRESHOLD_S), "red")),
+            steps=((None, "green"), (TTFT_SLO_THRESHOLD_S, "red")),
         ),
         8,
         9,
@@ -168,42 +163,37 @@ def build() -> dm.Dashboard:
         9,
     )
 
-    b.row("Error budget")
+    b.row("Error budget (SLO recording rules)")
     b.add(
         ts(
             "TTFT error-budget burn rate",
             describe(
-                f"How fast the TTFT SLO ({TTFT_SLO_OBJECTIVE:.0%} of requests ≤ {TTFT_SLO_THRESHOLD_S} s) spends "
-                "its budget: 1 = exactly on budget over 30 days. Fast burn (1 h window) above "
-                f"{FAST_BURN} and slow burn (6 h) above {SLOW_BURN} are the paging thresholds (dashed lines).",
+                "How fast each SLO in alerts/slo.yml spends its 30-day error budget, per model, over 5 m, 1 h and "
+                "6 h (SLI error ratio / error budget, from the recording rules in alerts/slo.rules.yml; fleet-wide "
+                f"per model, so the node filter does not apply). 1 = exactly on budget. Above {FAST_BURN} on 1 h "
+                f"and 5 m, or above {SLOW_BURN} on 6 h and 30 m, TTFTErrorBudgetBurn pages (dashed lines).",
                 RB_TTFT_BURN,
             ),
             "x",
-            [
-                Target(_ttft_burn("1h"), "1h {{gen_ai_request_model}} @ {{instance}}"),
-                Target(_ttft_burn("6h"), "6h {{gen_ai_request_model}} @ {{instance}}"),
-            ],
+            [Target(_burn(w), f"{{{{slo}}}} {w} {{{{gen_ai_request_model}}}}") for w in _BURN_WINDOWS],
             steps=((None, "green"), (SLOW_BURN, "orange"), (FAST_BURN, "red")),
         ),
-        12,
+        16,
         8,
     )
     b.add(
-        ts(
-            "Availability error-budget burn rate",
+        stat_panel(
+            "Burn rate now (1 h)",
             describe(
-                f"How fast the availability SLO ({AVAILABILITY_OBJECTIVE:.1%} of finished requests not ended by "
-                "an engine error) spends its budget; same thresholds as the TTFT burn.",
-                RB_ERROR_BURN,
+                "The 1-hour burn rate per SLO and model at the end of the time range: green below "
+                f"{SLOW_BURN}, orange from {SLOW_BURN}, red from {FAST_BURN} (the fast-burn paging level).",
+                RB_TTFT_BURN,
             ),
             "x",
-            [
-                Target(_error_burn("1h"), "1h {{gen_ai_request_model}} @ {{instance}}"),
-                Target(_error_burn("6h"), "6h {{gen_ai_request_model}} @ {{instance}}"),
-            ],
+            [Target(_burn("1h"), "{{slo}} {{gen_ai_request_model}}", instant=True)],
             steps=((None, "green"), (SLOW_BURN, "orange"), (FAST_BURN, "red")),
         ),
-        12,
+        8,
         8,
     )
 
@@ -213,8 +203,8 @@ def build() -> dm.Dashboard:
             "Requests finished per second",
             describe(
                 "Finished requests per second by model and node, all finish reasons (stop, length, abort, "
-                "error). A drop to zero with steady load is a hung engine.",
-                RB_ERROR_BURN,
+                "error). A drop to zero while requests are running is a hung engine.",
+                RB_ENGINE_HUNG,
             ),
             "reqps",
             [
@@ -252,8 +242,8 @@ def build() -> dm.Dashboard:
             describe(
                 "Requests per second that did not finish normally (reason other than stop or length), by "
                 "reason. 'error' spends the availability budget; 'abort' is usually a client timeout caused by "
-                "high TTFT.",
-                RB_ERROR_BURN,
+                "high TTFT. No alert pages on errors alone; the TTFT SLO covers slow service.",
+                RB_NONE,
             ),
             "reqps",
             [

@@ -98,9 +98,9 @@ def test_variables(uid: str) -> None:
     variables = d["templating"]["list"]
     assert variables[0] == {**variables[0], "name": "datasource", "type": "datasource", "query": "prometheus"}
     names = [v["name"] for v in variables]
-    assert "job" in names and "node" in names if uid != "inferwatch-matrix" else "model" in names
+    assert "job" in names and ("instance" in names if uid != "inferwatch-matrix" else "model" in names)
     if uid in ("inferwatch-slo", "inferwatch-engine"):
-        assert {"engine", "node", "model"} <= set(names)
+        assert {"engine", "instance", "model"} <= set(names)
     defined: set[str] = {"datasource"}
     for v in variable_queries(d):
         assert v["datasource"]["uid"] == "${datasource}"

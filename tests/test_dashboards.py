@@ -14,7 +14,7 @@ import yaml
 
 from agent.catalog import prometheus_series_names
 from dashboards import JSON_DIR, load_all
-from dashboards.generate import render
+from dashboards.generate import render, render_docs
 from dashboards.prove import (
     format_values,
     interpolate,
@@ -51,6 +51,15 @@ def test_committed_json_matches_generator() -> None:
     assert sorted(committed) == sorted(rendered), "dashboards/json holds files the generator does not produce"
     for name, text in rendered.items():
         assert committed[name] == text, f"dashboards/json/{name} is stale: run python -m dashboards.generate"
+
+
+def test_docs_page_matches_the_dashboards() -> None:
+    page = ROOT / "docs" / "dashboards.md"
+    assert page.read_text(encoding="utf-8") == render_docs(render()), "run python -m dashboards.generate"
+    text = page.read_text(encoding="utf-8")
+    for d in DASHBOARDS.values():
+        for p in panels(d):
+            assert f"**{p['title']}**" in text
 
 
 def test_generate_check_detects_a_hand_edit(tmp_path) -> None:

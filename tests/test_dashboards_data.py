@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
 import subprocess
 import threading
 import time
@@ -27,7 +29,7 @@ import pytest
 from dashboards import load_all
 from dashboards.prove import Outcome, Prover
 from tests import stack
-from tests.conftest import PYTHON, ROOT, free_port
+from tests.conftest import FIXTURES, PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
 
 pytestmark = pytest.mark.integration
@@ -43,15 +45,20 @@ DEADLINE_S = 150.0  # bounded wait for every panel to have data
 class Node:
     hardware: str  # simulator profile
     machine_type: str  # DMI product_name (an AWS instance type carrying that hardware)
+    cpuinfo: str  # recorded /proc/cpuinfo in tests/fixtures/cpuinfo/ (the node's CPU)
     gpu: str | None  # NVML device name, None for CPU-only
     scenarios: tuple[str, ...] = ()
 
 
+# stream_usage_only gives the probe schema violations to count, error_burst HTTP errors (before the engine,
+# so TTFT is unaffected); both leave the timing model alone.
 NODES = (
-    Node("h100", "p5.48xlarge", "NVIDIA H100 80GB HBM3"),
-    Node("a100", "p4d.24xlarge", "NVIDIA A100-SXM4-80GB", ("stream_usage_only",)),
-    Node("l40s", "g6e.2xlarge", "NVIDIA L40S"),
-    Node("sapphirerapids-cpu", "m7i.48xlarge", None),
+    Node("h100", "p5.48xlarge", "x86_amd_epyc_9654_zen4", "NVIDIA H100 80GB HBM3"),
+    Node(
+        "a100", "p4d.24xlarge", "x86_cascadelake_xeon_platinum_8260m", "NVIDIA A100-SXM4-80GB", ("stream_usage_only",)
+    ),
+    Node("l40s", "g6e.2xlarge", "x86_amd_epyc_9654_zen4", "NVIDIA L40S", ("error_burst:rate=0.3",)),
+    Node("sapphirerapids-cpu", "m7i.48xlarge", "x86_sapphirerapids_xeon_platinum_8480plus", None),
 )
 
 
@@ -81,6 +88,18 @@ def _fake_sysfs(root: Path, machine_type: str) -> Path:
     dmi = root / "class" / "dmi" / "id"
     dmi.mkdir(parents=True, exist_ok=True)
     (dmi / "product_name").write_text(machine_type + "\n")
+    return root
+
+
+def _fake_procfs(root: Path, cpuinfo: str) -> Path:
+    """This host's /proc (every entry a symlink, so meminfo, PSI and /proc/<pid> are real) with the node's
+    recorded cpuinfo: the CPU collector then sees that node's CPU model and SIMD flags."""
+    root.mkdir(parents=True, exist_ok=True)
+    for entry in os.listdir("/proc"):
+        if entry != "cpuinfo":
+            with contextlib.suppress(OSError):
+                (root / entry).symlink_to(Path("/proc") / entry)
+    shutil.copyfile(FIXTURES / "cpuinfo" / f"{cpuinfo}.txt", root / "cpuinfo")
     return root
 
 
@@ -198,7 +217,7 @@ def full_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             for m in MODELS:
                 cmd += ["--model", m]
             cmd += ["--hardware", node.hardware, "--seed", str(i), "--debug-profile"]
-            cmd += ["--otlp-traces-endpoint", f"http://127.0.0.1:{http_port}"]
+            cmd += ["--otlp-traces-endpoint", f"http://127.0.0.1:{http_port}/v1/traces"]
             for s in node.scenarios:
                 cmd += ["--scenario", s]
             sim = es.enter_context(running(cmd, tmp / f"sim-{node.hardware}.log", cwd=ROOT))
@@ -207,6 +226,7 @@ def full_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 agent_port,
                 _fake_sysfs(tmp / f"sys-{node.hardware}", node.machine_type),
                 {
+                    "INFERWATCH_PATH__PROCFS": str(_fake_procfs(tmp / f"proc-{node.hardware}", node.cpuinfo)),
                     "INFERWATCH_ENGINE__METRICS_URL": f"{base}/metrics",
                     "INFERWATCH_RUNTIME__PID": str(sim.pid),
                     "INFERWATCH_RUNTIME__NAME": "simulator",
@@ -307,4 +327,5 @@ def test_matrix_ttft_ordering_matches_the_hardware_profiles(full_stack: Stack) -
         text=True,
         timeout=60,
     )
+    print(table.stdout)
     assert table.returncode == 0 and "p5.48xlarge" in table.stdout and MODELS[0] in table.stdout

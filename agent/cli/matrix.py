@@ -27,7 +27,6 @@ def register(app: typer.Typer) -> None:
             MatrixError,
             PrometheusClient,
             fetch_matrix,
-            header,
             rows,
             to_csv,
             to_json,
@@ -71,9 +70,15 @@ def register(app: typer.Typer) -> None:
             from rich.console import Console
             from rich.table import Table
 
-            table = Table(title=f"TTFT P95 and generation tokens/s per node, last {window}")
-            for i, h in enumerate(header(m)):
-                table.add_column(h, justify="left" if i == 0 else "right", overflow="fold")
-            for r in rows(m):
-                table.add_row(*r)
-            Console(width=max(120, 24 * len(header(m)))).print(table)
+            table = Table(title=f"TTFT P95 · generation tokens/s per node, last {window}", show_lines=True)
+            table.add_column("model", no_wrap=True)
+            for hw in m.hardware:
+                parts = [hw.machine_type or "unknown machine", hw.cpu_model or "unknown CPU"]
+                parts.append(hw.gpu_model if hw.gpu_model and hw.gpu_model != "none" else "no GPU")
+                table.add_column("\n".join(parts), justify="right")
+            for model, *cells in rows(m):
+                pairs = zip(cells[::2], cells[1::2], strict=True)
+                table.add_row(
+                    model, *(f"{ttft}\n{tps} tok/s" if ttft != "–" or tps != "–" else "–" for ttft, tps in pairs)
+                )
+            Console(width=max(120, 40 + 34 * len(m.hardware))).print(table)

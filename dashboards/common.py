@@ -292,7 +292,8 @@ def job_variable() -> db.QueryVariable:
         "Data path",
         "label_values(inferwatch_agent_info, job)",
         "Prometheus job holding the agent's series: the direct scrape (inferwatch-agent) or the OpenTelemetry "
-        "Collector's export (otelcol). Pick one; both together would count everything twice.",
+        "Collector's export (job = the agent's OTLP service.name, inferwatch-agent-otlp in docker-compose). "
+        "Pick one; both together would count everything twice.",
         include_all=False,
         multi=False,
     )

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from agent.config import Settings
 from agent.errors import NoDataError
+from agent.host.cpucap import cpu_feature_verdict, read_cpu_capability, require_verdict
 from agent.host.meminfo import read_meminfo
 from agent.host.pagecache import pagecache_verdict
 from agent.host.pressure import read_pressure
@@ -22,6 +24,7 @@ from agent.samples import Finding
 class DoctorContext:
     settings: Settings
     require: list[str] = field(default_factory=list)  # CPU features that must be present
+    services: dict[str, Any] = field(default_factory=dict)  # injected clients (nvml), as CollectContext
 
 
 CheckFn = Callable[[DoctorContext], list[Finding]]
@@ -37,9 +40,51 @@ def check_pagecache(ctx: DoctorContext) -> list[Finding]:
     return [pagecache_verdict(info, ctx.settings.pagecache.inactive_file_threshold_bytes, pressure)]
 
 
+def check_cpu(ctx: DoctorContext) -> list[Finding]:
+    """SIMD features expected for this CPU model, and ``--require`` features, against /proc/cpuinfo."""
+    try:
+        cap = read_cpu_capability(ctx.settings.path.procfs, ctx.settings.path.sysfs, ctx.settings.cpu.expect_features)
+    except NoDataError as exc:
+        if not ctx.require:
+            raise
+        # A gate that cannot read the CPU must not pass: the required features are unverified.
+        return [Finding("cpu.require", "fail", f"cannot check required CPU features: {exc}", {"hint": exc.hint})]
+    findings = [cpu_feature_verdict(cap)]
+    if ctx.require:
+        findings.append(require_verdict(cap, ctx.require))
+    return findings
+
+
+def check_gpu(ctx: DoctorContext) -> list[Finding]:
+    """Every GPU NVML sees, flagged when its clocks are held down (power cap, thermal, hardware slowdown)."""
+    from agent.collectors.gpu import nvml_client, throttle_finding
+    from agent.host.nvml import CLOCK_EVENT_REASONS, NVMLUnsupported
+
+    nv = nvml_client(ctx.services)
+    nv.init()
+    try:
+        count = nv.device_count()
+        if count == 0:
+            raise NoDataError("NVML found no GPU", hint="check nvidia-smi; in a container pass --gpus all")
+        findings = []
+        for i in range(count):
+            try:
+                reasons = nv.clock_event_reasons(i)
+            except NVMLUnsupported:
+                findings.append(Finding(f"gpu{i}.throttle", "skip", f"GPU {i} does not report clock-event reasons"))
+                continue
+            active = [r for r, bit in CLOCK_EVENT_REASONS.items() if reasons & bit]
+            findings.append(throttle_finding(i, nv.uuid(i), nv.name(i), active))
+        return findings
+    finally:
+        nv.shutdown()
+
+
 # The explicit list of checks, in the order doctor prints them.
 CHECKS: list[tuple[str, CheckFn]] = [
     ("pagecache", check_pagecache),
+    ("cpu", check_cpu),
+    ("gpu", check_gpu),
 ]
 
 

@@ -11,6 +11,9 @@ InferwatchError
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 
 class InferwatchError(Exception):
     """Base class of every error the agent raises on purpose."""
@@ -31,12 +34,14 @@ class SourceFormatError(CollectorError):
 class NoDataError(InferwatchError):
     """Expected absence of data on this host; not a failure.
 
-    ``hint`` says how to get the data (as node_exporter's ErrNoData messages do).
+    ``hint`` says how to get the data (as node_exporter's ErrNoData messages do). ``samples`` are what
+    can still be said about the absence (``inferwatch.runtime.up 0``); the runner validates and keeps them.
     """
 
-    def __init__(self, message: str, hint: str = "") -> None:
+    def __init__(self, message: str, hint: str = "", samples: Sequence[Any] = ()) -> None:
         super().__init__(message)
         self.hint = hint
+        self.samples = samples
 
     def __str__(self) -> str:
         base = super().__str__()

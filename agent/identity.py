@@ -1,7 +1,9 @@
 """The node's hardware identity, read once at start for OTLP resource attributes and the status API.
 
-Reads ``<procfs>/cpuinfo`` (first CPU's model), ``<procfs>/sys/kernel/osrelease`` and
-``<sysfs>/class/dmi/id/product_name`` (the instance type on AWS). Missing files leave fields empty.
+Reads ``<procfs>/cpuinfo`` (through :mod:`agent.host.cpucap`, so arm64 nodes, which print no
+"model name", are named from implementer/part: "Neoverse V1 (AWS Graviton3)"),
+``<procfs>/sys/kernel/osrelease`` and ``<sysfs>/class/dmi/id/product_name`` (the instance type on AWS).
+Attribute names follow the OpenTelemetry host.* / os.* conventions. Missing files leave fields out.
 """
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ from __future__ import annotations
 import platform
 import socket
 from pathlib import Path
+
+from agent.errors import InferwatchError
+from agent.host.cpucap import read_cpu_capability
 
 
 def _read(path: Path) -> str:
@@ -18,22 +23,28 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _cpu_model(cpuinfo: str) -> str:
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("model name", "Model Name"):
-            return value.strip()
-    return ""
-
-
 def node_identity(procfs: Path, sysfs: Path) -> dict[str, str]:
     """OpenTelemetry resource attributes describing this node (host.*, os.*)."""
     ident = {
         "host.name": socket.gethostname(),
         "host.arch": platform.machine(),
-        "host.cpu.model.name": _cpu_model(_read(procfs / "cpuinfo")),
         "host.type": _read(sysfs / "class" / "dmi" / "id" / "product_name"),
         "os.type": "linux",
         "os.version": _read(procfs / "sys" / "kernel" / "osrelease") or platform.release(),
     }
+    try:
+        cap = read_cpu_capability(procfs, sysfs)
+    except InferwatchError:
+        pass
+    else:
+        info = cap.info
+        ident["host.arch"] = {"x86_64": "amd64", "aarch64": "arm64"}.get(info.arch, ident["host.arch"])
+        ident["host.cpu.model.name"] = cap.cpu_model
+        ident["host.cpu.vendor.id"] = info.vendor
+        if info.family is not None:
+            ident["host.cpu.family"] = str(info.family)
+            ident["host.cpu.model.id"] = str(info.model)
+            ident["host.cpu.stepping"] = str(info.stepping)
+        elif info.core_types:
+            ident["host.cpu.model.id"] = ",".join(f"0x{c.implementer:02x}/0x{c.part:03x}" for c in info.core_types)
     return {k: v for k, v in ident.items() if v}

@@ -120,7 +120,12 @@ class Runner:
         except concurrent.futures.TimeoutError:
             self._finish(collector, started, None, "timeout", f"timed out after {timeout:g}s")
         except NoDataError as exc:
-            self._finish(collector, started, Collection(), "absent", str(exc.args[0] if exc.args else exc), exc.hint)
+            try:
+                absent = validate(Collection(samples=list(exc.samples))) if exc.samples else Collection()
+            except CatalogError as bad:
+                self._finish(collector, started, None, "bad_sample", str(bad))
+                return
+            self._finish(collector, started, absent, "absent", str(exc.args[0] if exc.args else exc), exc.hint)
         except CatalogError as exc:
             self._finish(collector, started, None, "bad_sample", str(exc))
         except Exception as exc:

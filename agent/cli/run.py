@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import signal
 from pathlib import Path
 
 import typer
@@ -41,6 +43,10 @@ def register(app: typer.Typer) -> None:
         serve(settings)
 
 
+def _stop_requested(signum: int, _frame: object) -> None:
+    logging.getLogger(__name__).info("received %s: stopping", signal.Signals(signum).name)
+
+
 def serve(settings: object) -> None:
     import uvicorn
 
@@ -49,6 +55,10 @@ def serve(settings: object) -> None:
     from agent.server import create_app
 
     assert isinstance(settings, Settings)
+    # uvicorn re-raises SIGTERM/SIGINT once its server has stopped; with the default handlers that kills
+    # the process before agent.stop() (no OTLP flush). These handlers let the re-raise return instead.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stop_requested)
     agent = Agent(settings)
     agent.start()
     try:

@@ -8,9 +8,20 @@ Each collector lives in its own module here (``agent/collectors/<name>.py``), as
 from __future__ import annotations
 
 from agent.collectors.base import BaseCollector, CollectContext, Collection, Collector
+from agent.collectors.cpu import CPUCollector
+from agent.collectors.gpu import GPUCollector
 from agent.collectors.pagecache import PageCacheCollector
+from agent.collectors.process import ProcessCollector
 
-REGISTRY: dict[str, type[BaseCollector]] = {cls.name: cls for cls in (PageCacheCollector,)}
+REGISTRY: dict[str, type[BaseCollector]] = {
+    cls.name: cls
+    for cls in (
+        PageCacheCollector,
+        CPUCollector,
+        ProcessCollector,
+        GPUCollector,
+    )
+}
 
 
 def enabled_collectors(ctx: CollectContext) -> list[BaseCollector]:

@@ -1,0 +1,60 @@
+"""CPU capability collector: identity, SIMD features present / expected / missing, SVE vector length.
+
+Reads what :mod:`agent.host.cpucap` reads (``<procfs>/cpuinfo``, ``osrelease``, ``cmdline``,
+``sys/abi/sve_default_vector_length``, DMI under ``<sysfs>``). CPU features only change across a reboot
+(or a CPU hotplug), and reading /proc/cpuinfo on x86 costs an IPI per CPU, so the default interval is
+long (:data:`DEFAULT_CPU_INTERVAL_S`).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from agent.collectors.base import BaseCollector, Collection
+from agent.host.cpucap import cpu_feature_verdict, read_cpu_capability
+from agent.host.cpumodels import ARM_CORES, X86_MODELS
+from agent.samples import AnySample, Sample, attrs
+
+DEFAULT_CPU_INTERVAL_S = 60.0
+
+# Features reported as present (1/0) whether or not this model expects them: every feature any model
+# in the table expects, per architecture, so a dashboard can compare nodes of different generations.
+TRACKED: dict[str, frozenset[str]] = {
+    "aarch64": frozenset().union(*(c.features for c in ARM_CORES.values())),
+    "x86_64": frozenset().union(*(r.features for r in X86_MODELS)),
+}
+
+
+class CPUCollector(BaseCollector):
+    name: ClassVar[str] = "cpu"
+    description: ClassVar[str] = "CPU identity and SIMD features expected for this CPU model (/proc/cpuinfo)"
+    default_interval_s: ClassVar[float | None] = DEFAULT_CPU_INTERVAL_S
+
+    def collect(self) -> Collection:
+        cap = read_cpu_capability(self.ctx.procfs, self.ctx.sysfs, self.ctx.settings.cpu.expect_features)
+        info = cap.info
+        model = cap.cpu_model
+        samples: list[AnySample] = [
+            Sample(
+                "inferwatch.node.info",
+                1,
+                attrs(
+                    arch=info.arch,
+                    cpu_vendor=info.vendor,
+                    cpu_model=model,
+                    kernel_release=cap.kernel_release,
+                    machine_type=cap.machine_type,
+                ),
+            ),
+            Sample("system.cpu.logical.count", info.logical_cpus),
+        ]
+        for feature in sorted(TRACKED.get(info.arch, frozenset()) | cap.expected):
+            samples.append(Sample("inferwatch.cpu.feature.present", int(feature in info.flags), attrs(feature=feature)))
+        for feature in sorted(cap.expected):
+            a = attrs(feature=feature, cpu_model=model)
+            samples.append(Sample("inferwatch.cpu.feature.expected", 1, a))
+            samples.append(Sample("inferwatch.cpu.feature.missing", int(feature not in info.flags), a))
+        if cap.sve_vector_length_bytes is not None:
+            samples.append(Sample("inferwatch.cpu.sve.vector_length", cap.sve_vector_length_bytes))
+        finding = cpu_feature_verdict(cap)
+        return Collection(samples=samples, findings=[finding], details=dict(finding.evidence))

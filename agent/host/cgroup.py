@@ -1,0 +1,74 @@
+"""cgroup v2 memory files of a process: ``<procfs>/<pid>/cgroup`` → ``<sysfs>/fs/cgroup/<path>/memory.*``.
+
+``memory.stat`` holds sizes in bytes and event counts (kernel ``Documentation/admin-guide/cgroup-v2.rst``);
+``memory.pressure`` is a PSI file. Hybrid hosts mount the v2 hierarchy at ``/sys/fs/cgroup/unified``;
+both places are tried. A v1-only host has no ``0::`` line and is reported as absent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.errors import NoDataError
+from agent.host.pressure import PressureLine, read_pressure
+
+SIZE_FIELDS = ("anon", "file", "inactive_file", "active_file", "shmem", "file_mapped", "file_dirty")
+EVENT_FIELDS = ("workingset_refault_file", "pgmajfault", "pgscan", "pgsteal")
+MAX_STAT_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupMemory:
+    path: str  # the cgroup path, e.g. /system.slice/vllm.service
+    directory: Path
+    stat: dict[str, int]  # every memory.stat field (bytes or counts)
+    pressure: dict[str, PressureLine] | None  # None: no memory.pressure (no PSI)
+
+
+def cgroup_v2_path(procfs: Path, pid: int) -> str:
+    path = procfs / str(pid) / "cgroup"
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise NoDataError(
+            f"{path} cannot be read ({exc.strerror})", hint="run the agent in the host PID namespace"
+        ) from None
+    for line in text.splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip() or "/"
+    raise NoDataError(
+        f"process {pid} is in no cgroup v2 hierarchy", hint="boot with cgroup v2 (systemd.unified_cgroup_hierarchy=1)"
+    )
+
+
+def parse_memory_stat(text: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            out[parts[0]] = int(parts[1])
+    return out
+
+
+def read_cgroup_memory(procfs: Path, sysfs: Path, pid: int) -> CgroupMemory:
+    cg = cgroup_v2_path(procfs, pid)
+    rel = cg.lstrip("/")
+    for base in (sysfs / "fs" / "cgroup", sysfs / "fs" / "cgroup" / "unified"):
+        directory = base / rel if rel else base
+        stat_file = directory / "memory.stat"
+        try:
+            with stat_file.open("rb") as fh:
+                stat = parse_memory_stat(fh.read(MAX_STAT_BYTES).decode("ascii", errors="replace"))
+        except OSError:
+            continue
+        try:
+            pressure: dict[str, PressureLine] | None = read_pressure(directory / "memory.pressure")
+        except NoDataError:
+            pressure = None
+        return CgroupMemory(cg, directory, stat, pressure)
+    raise NoDataError(
+        f"no cgroup v2 memory.stat for cgroup {cg} under {sysfs / 'fs' / 'cgroup'}",
+        hint="enable the memory controller for the runtime's cgroup (cgroup v2), "
+        "or point --path.sysfs at the host's /sys",
+    )

@@ -14,14 +14,16 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
 from tests import stack
-from tests.conftest import ROOT
+from tests.conftest import PYTHON, ROOT, free_port
 
 SERVICES = {"simulator", "loadgen", "agent", "otelcol", "prometheus", "alertmanager", "grafana", "pagerduty-sink"}
 DOCKER_COMPOSE = shutil.which("docker-compose")
@@ -280,3 +282,53 @@ def _scenario_names() -> set[str] | None:
     except ImportError:
         return None
     return set(DEFAULTS)
+
+
+def test_demo_pages_reach_the_local_sink(tmp_path: Path) -> None:
+    """The compose Alertmanager path without a key, run natively: entrypoint → Alertmanager → sink."""
+    binary = shutil.which("prometheus-alertmanager")
+    if binary is None:
+        pytest.skip("prometheus-alertmanager not installed (scripts/test.sh installs it)")
+    from tests.procs import running, wait_http
+
+    sink_port, am_port = free_port(), free_port()
+    sink_url = f"http://127.0.0.1:{sink_port}"
+    am_url = f"http://127.0.0.1:{am_port}"
+    env = {
+        "ALERTMANAGER_BIN": binary,
+        "ALERTMANAGER_STATE_DIR": str(tmp_path / "state"),
+        "PAGERDUTY_SINK_URL": sink_url,
+        "PAGERDUTY_ROUTING_KEY_FILE": str(ROOT / "deploy" / "alertmanager" / "no-routing-key"),
+    }
+    script = ROOT / "deploy" / "alertmanager" / "entrypoint.sh"
+    am_cmd = [
+        "sh",
+        str(script),
+        str(stack.ALERTMANAGER_CONFIG),
+        str(tmp_path / "alertmanager.yml"),
+        f"--web.listen-address=127.0.0.1:{am_port}",
+        f"--web.external-url={am_url}",
+        "--cluster.listen-address=",
+    ]
+    sink_cmd = [PYTHON, "deploy/alert_sink.py", "--port", str(sink_port)]
+    with (
+        running(sink_cmd, tmp_path / "sink.log", cwd=ROOT) as sink,
+        running(am_cmd, tmp_path / "am.log", env=env) as am,
+    ):
+        wait_http(sink_url, proc=sink)
+        wait_http(f"{am_url}/-/ready", proc=am, timeout_s=60)
+        alert = {
+            "labels": {"alertname": "EngineDown", "severity": "critical", "instance": "agent:9435"},
+            "annotations": {"summary": "demo page", "runbook_url": "http://localhost:9435/runbooks/EngineDown"},
+        }
+        assert httpx.post(f"{am_url}/api/v2/alerts", json=[alert], timeout=10).status_code == 200
+        deadline = time.monotonic() + 60
+        events: list[dict[str, Any]] = []
+        while time.monotonic() < deadline and not events:
+            events = [e for e in httpx.get(sink_url, timeout=5).json() if e["path"] == "/v2/enqueue"]
+            time.sleep(0.5)
+    assert events, (tmp_path / "am.log").read_text()[-2000:]
+    body = events[0]["body"]
+    assert body["event_action"] == "trigger" and body["routing_key"] == "0" * 32
+    assert "EngineDown" in body["payload"]["summary"]
+    assert any(link["href"] == "http://localhost:9435/runbooks/EngineDown" for link in body.get("links", []))

@@ -43,4 +43,4 @@ if [ "$out" = "-" ]; then
   exit 0
 fi
 render > "$out"
-exec /bin/alertmanager --config.file="$out" --storage.path="$state" "$@"
+exec "${ALERTMANAGER_BIN:-/bin/alertmanager}" --config.file="$out" --storage.path="$state" "$@"

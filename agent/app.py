@@ -25,6 +25,10 @@ class Agent:
         self.state.identity = node_identity(settings.path.procfs, settings.path.sysfs)
         self.ctx = CollectContext(settings=settings, services=dict(services or {}))
         self.runner = Runner(settings, self.state, enabled_collectors(self.ctx))
+        for collector in self.runner.collectors:  # status a collector exports even while failing (engine up)
+            status = getattr(collector, "status_samples", None)
+            if callable(status):
+                self.state.add_source(f"{collector.name}.status", status)
         self.registry = make_registry(self.state)
         self.otlp: Any = None
         self._started = False

@@ -27,6 +27,10 @@ DEFAULT_INTERVAL_S = 5.0
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_INACTIVE_FILE_THRESHOLD_BYTES = 1 << 30  # 1 GiB; relative to the model size, see runbooks
 CONFIG_ENV = "INFERWATCH_CONFIG"
+# Below the runner's default collector timeout (DEFAULT_TIMEOUT_S), so a slow engine is reported as a
+# slow engine (reason "timeout" on the engine collector), not as a hung collector.
+DEFAULT_ENGINE_TIMEOUT_S = 1.5
+DEFAULT_ENGINE_MAX_BYTES = 10 * 1024 * 1024  # 10 MiB; a 20,000-series vLLM exposition is ~2.5 MB
 
 
 class _Section(BaseModel):
@@ -85,6 +89,16 @@ class OTLPSettings(_Section):
     enabled: bool | None = None  # None: on when OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT is set
 
 
+class EngineSettings(_Section):
+    """The inference engine's own /metrics (vLLM, SGLang, TGI, llama.cpp, TensorRT-LLM)."""
+
+    metrics_url: str | None = None  # None: the engine collector reports absence
+    kind: Literal["auto", "vllm", "sglang", "tgi", "llamacpp", "trtllm"] = "auto"
+    timeout_s: float = Field(default=DEFAULT_ENGINE_TIMEOUT_S, gt=0, le=600)
+    max_bytes: int = Field(default=DEFAULT_ENGINE_MAX_BYTES, gt=0)
+    model_name: str | None = None  # model label for engines whose series have none (TGI, llama.cpp)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="INFERWATCH_",
@@ -105,6 +119,7 @@ class Settings(BaseSettings):
     cpu: CPUSettings = CPUSettings()
     pagecache: PageCacheSettings = PageCacheSettings()
     otlp: OTLPSettings = OTLPSettings()
+    engine: EngineSettings = EngineSettings()
 
     @classmethod
     def settings_customise_sources(

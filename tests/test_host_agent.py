@@ -63,4 +63,4 @@ def test_collector_switches(tmp_path: Path) -> None:
     with running(agent, tmp_path / "agent.log", cwd=ROOT) as proc:
         wait_http(f"http://127.0.0.1:{port}/readyz", ok=lambda r: r.status_code == 200, proc=proc)
         names = {c["name"] for c in httpx.get(f"http://127.0.0.1:{port}/api/v1/status").json()["collectors"]}
-        assert names == {"pagecache", "cpu"}
+        assert {"pagecache", "cpu"} <= names and not names & {"gpu", "process"}

@@ -184,4 +184,21 @@ METRICS = (
         _M,
         E2E_BUCKETS_S,
     ),
+    # Added with the engine collector (agent/collectors/engine.py).
+    MetricSpec(
+        "inferwatch.engine.scrape.errors",
+        Kind.COUNTER,
+        "{error}",
+        "Failed reads of the engine's /metrics by reason (connect, timeout, http_status, too_large, truncated, "
+        "not_utf8, not_prometheus, parse).",
+        ("reason",),
+    ),
+    MetricSpec(
+        "inferwatch.engine.token_time",
+        Kind.GAUGE,
+        "s",
+        "Mean seconds per token over the window by phase (prefill: per prompt token; decode: per generated "
+        "token), from the engine's cumulative seconds and token counters (llama.cpp).",
+        (MODEL, "phase", "window"),
+    ),
 )

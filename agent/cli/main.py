@@ -6,6 +6,7 @@ import typer
 
 from agent import __version__
 from agent.cli import doctor, run
+from agent.cli import engine as engine_cli
 
 app = typer.Typer(
     name="inferwatch",
@@ -15,7 +16,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (run, doctor):
+for module in (run, doctor, engine_cli):
     module.register(app)
 
 from agent.cli import grafana, matrix  # noqa: E402  (dash: grafana push, matrix)

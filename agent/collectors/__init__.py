@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from agent.collectors.base import BaseCollector, CollectContext, Collection, Collector
 from agent.collectors.cpu import CPUCollector
+from agent.collectors.engine import EngineCollector
 from agent.collectors.gpu import GPUCollector
 from agent.collectors.pagecache import PageCacheCollector
 from agent.collectors.process import ProcessCollector
@@ -20,6 +21,7 @@ REGISTRY: dict[str, type[BaseCollector]] = {
         CPUCollector,
         ProcessCollector,
         GPUCollector,
+        EngineCollector,
     )
 }
 

@@ -1,0 +1,108 @@
+"""``inferwatch engine inspect``: what the agent derives from one engine exposition.
+
+Exit 0 on success, 1 when the exposition cannot be read or used (the message says why), 2 on usage.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import typer
+
+from agent.config import DEFAULT_ENGINE_MAX_BYTES
+from agent.engine.adapters import DEFAULT_MODEL, EngineReading
+from agent.engine.fetch import fetch, read_file
+from agent.engine.inspect import INSPECT_QUANTITIES, inspect
+from agent.engine.scrape import EngineParser
+from agent.errors import CollectorError
+
+DEFAULT_INSPECT_TIMEOUT_S = 5.0
+KINDS = ("auto", "vllm", "sglang", "tgi", "llamacpp", "trtllm")
+
+
+def register(app: typer.Typer) -> None:
+    engine_app = typer.Typer(help="Inspect an inference engine's own /metrics.", no_args_is_help=True)
+
+    @engine_app.command("inspect")
+    def inspect_cmd(
+        metrics_url: str | None = typer.Option(None, "--metrics-url", help="Engine /metrics URL to fetch once."),
+        metrics_file: Path | None = typer.Option(None, "--metrics-file", help="A saved exposition to read."),
+        baseline: Path | None = typer.Option(
+            None, "--baseline", help="An earlier exposition of the same engine: quantiles over the increase since it."
+        ),
+        kind: str = typer.Option("auto", "--kind", help=f"Engine kind ({', '.join(KINDS)}); default: detect."),
+        model_name: str = typer.Option(DEFAULT_MODEL, "--model-name", help="Model name for unlabeled engines."),
+        timeout_s: float = typer.Option(DEFAULT_INSPECT_TIMEOUT_S, "--timeout", help="Fetch timeout, seconds."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (seconds)."),
+    ) -> None:
+        """Detected engine, models, quantities present and absent, P50/P90/P95/P99 per quantity (seconds)."""
+        if (metrics_url is None) == (metrics_file is None):
+            typer.echo("inferwatch: give exactly one of --metrics-url and --metrics-file", err=True)
+            raise typer.Exit(2)
+        if kind not in KINDS:
+            typer.echo(f"inferwatch: --kind must be one of {', '.join(KINDS)}", err=True)
+            raise typer.Exit(2)
+        if timeout_s <= 0:
+            typer.echo("inferwatch: --timeout must be > 0", err=True)
+            raise typer.Exit(2)
+        parser = EngineParser(kind, model_name)
+        try:
+            current = _load(parser, metrics_url, metrics_file, timeout_s)
+            base = (
+                EngineParser(kind, model_name).parse(read_file(baseline, DEFAULT_ENGINE_MAX_BYTES))
+                if baseline
+                else None
+            )
+            result = inspect(current, base)
+        except (CollectorError, ValueError) as exc:
+            typer.echo(f"inferwatch: {exc}", err=True)
+            raise typer.Exit(1) from None
+        if as_json:
+            typer.echo(json.dumps(result, indent=2))
+        else:
+            _print(result, current, baseline is not None)
+
+    app.add_typer(engine_app, name="engine")
+
+
+def _load(parser: EngineParser, url: str | None, path: Path | None, timeout_s: float) -> EngineReading:
+    if url is not None:
+        with httpx.Client(trust_env=False) as client:
+            return parser.parse(fetch(client, url, timeout_s, DEFAULT_ENGINE_MAX_BYTES))
+    assert path is not None
+    return parser.parse(read_file(path, DEFAULT_ENGINE_MAX_BYTES))
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _print(result: dict[str, Any], reading: EngineReading, delta: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=140)
+    basis = "increase since the baseline" if delta else "cumulative buckets"
+    console.print(f"engine: [bold]{result['engine']}[/]   quantiles from {basis} (seconds)")
+    for model, m in sorted(reading.models.items()):
+        table = Table(title=f"model {model}")
+        for col in ("quantity", "p50", "p90", "p95", "p99", "count", "source"):
+            table.add_column(col)
+        entry = result["models"].get(model, {})
+        for quantity in INSPECT_QUANTITIES:
+            e = entry.get(quantity)
+            if e is None:
+                table.add_row(quantity, "absent", "", "", "", "", "")
+            else:
+                table.add_row(quantity, *(_fmt(e[k]) for k in ("p50", "p90", "p95", "p99", "count", "source")))
+        console.print(table)
+        ratio = entry.get("ttft_p99_p50_ratio")
+        others = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(m.gauges.items())) or "none"
+        console.print(f"  TTFT P99/P50: {_fmt(ratio)}   gauges: {others}")

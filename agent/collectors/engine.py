@@ -1,0 +1,226 @@
+"""Engine collector: the inference engine's own Prometheus ``/metrics`` (``engine.metrics_url``).
+
+Reads vLLM v1, SGLang, TGI, llama.cpp server or TensorRT-LLM (detected from the exposition, or
+``engine.kind``), maps their families to canonical per-model quantities (see docs/engine.md) and
+emits, per model (``gen_ai.request.model``):
+
+- ``inferwatch.engine.latency{quantity,window,source="histogram",quantile}`` (seconds), ``.samples``,
+  ``.tail_ratio`` over 1 m and 5 m windows from bucket increments (reset-aware, summed over ranks);
+- ``inferwatch.engine.frontend_gap`` = mean TTFT − (mean queue + mean prefill) over each window;
+- ``inferwatch.engine.token_time{phase}`` for llama.cpp (seconds per token from its counters);
+- requests running / waiting, KV-cache usage (0..1), tokens, preemptions, finished requests by reason;
+- the engine's TTFT / inter-token / end-to-end histograms re-exported as ``gen_ai.server.*``
+  (cumulative, summed over data-parallel ranks, with the engine's own bucket edges).
+
+``inferwatch.engine.up`` and ``inferwatch.engine.scrape.errors{reason}`` come from
+:meth:`EngineCollector.status_samples` (attached to the agent state), so they are exported even
+while the collector is failing. Every failure raises :class:`~agent.engine.fetch.EngineScrapeError`
+with its reason; the runner counts it and the agent keeps serving.
+
+The histogram-derived stats are also published to the shared
+:class:`~agent.engine.board.LatencyBoard` (``ctx.services["engine.latency_board"]``), where a
+span-based producer can publish ``source="spans"`` stats next to them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import ClassVar
+
+import httpx
+
+from agent.catalog.engine import MODEL
+from agent.collectors.base import BaseCollector, CollectContext, Collection
+from agent.engine.adapters import DEFAULT_MODEL, QUANTITIES, EngineReading, ModelReading
+from agent.engine.board import Key, LatencyStats, latency_board, latency_samples
+from agent.engine.fetch import REASONS, EngineScrapeError, fetch
+from agent.engine.histogram import sum_histograms
+from agent.engine.scrape import EngineParser, stats_from_histogram
+from agent.engine.windows import WINDOWS_S, CounterWindow, HistogramWindow
+from agent.errors import NoDataError
+from agent.samples import AnySample, HistogramSample, Sample, attrs
+
+HTTP_CLIENT_SERVICE = "engine.http_client"  # an httpx.Client to use instead of the collector's own
+REEXPORTED = {
+    "ttft": "gen_ai.server.time_to_first_token",
+    "itl": "gen_ai.server.time_per_output_token",
+    "e2e": "gen_ai.server.request.duration",
+}
+TOKEN_TIME = {"prefill": ("prompt_seconds", "prompt_tokens"), "decode": ("generation_seconds", "generation_tokens")}
+
+
+class EngineTimeline:
+    """Per-model sliding windows over successive readings; turns them into samples and latency stats."""
+
+    def __init__(self) -> None:
+        self._hist: dict[tuple[str, str], HistogramWindow] = {}
+        self._counters: dict[str, CounterWindow] = {}
+
+    def update(self, t: float, reading: EngineReading) -> None:
+        live: set[tuple[str, str]] = set()
+        for model, m in reading.models.items():
+            for quantity, series in m.histograms.items():
+                key = (model, quantity)
+                live.add(key)
+                self._hist.setdefault(key, HistogramWindow()).update(t, series)
+            flat = {name: sum(dims.values()) for name, dims in m.counters.items()}
+            self._counters.setdefault(model, CounterWindow()).update(t, flat)
+        for key in set(self._hist) - live:  # the model or family is gone (restart with other flags)
+            del self._hist[key]
+        for model in set(self._counters) - set(reading.models):
+            del self._counters[model]
+
+    def stats(self) -> dict[Key, LatencyStats]:
+        out: dict[Key, LatencyStats] = {}
+        for (model, quantity), window in self._hist.items():
+            for wname, seconds in WINDOWS_S.items():
+                stats = stats_from_histogram(window.window(seconds))
+                if stats is not None:
+                    out[(model, quantity, wname)] = stats
+        return out
+
+    def derived_samples(self, stats: dict[Key, LatencyStats]) -> list[Sample]:
+        out: list[Sample] = []
+        for (model, quantity, wname), s in sorted(stats.items()):
+            out.extend(latency_samples(model, quantity, wname, s))
+        models = {k[0] for k in self._hist} | set(self._counters)
+        for model in sorted(models):
+            for wname, seconds in WINDOWS_S.items():
+                gap = frontend_gap(stats, model, wname)
+                if gap is not None:
+                    out.append(Sample("inferwatch.engine.frontend_gap", gap, attrs({MODEL: model}, window=wname)))
+                counters = self._counters.get(model)
+                if counters is None:
+                    continue
+                for phase, (secs, toks) in TOKEN_TIME.items():
+                    d_secs = counters.increase(secs, seconds)
+                    d_toks = counters.increase(toks, seconds)
+                    if d_secs is not None and d_toks:
+                        out.append(
+                            Sample(
+                                "inferwatch.engine.token_time",
+                                d_secs / d_toks,
+                                attrs({MODEL: model}, phase=phase, window=wname),
+                            )
+                        )
+        return out
+
+
+def frontend_gap(stats: dict[Key, LatencyStats], model: str, window: str) -> float | None:
+    """Mean TTFT − (mean queue + mean prefill): API server, tokenisation, templating and IPC (seconds)."""
+    parts = [stats.get((model, q, window)) for q in ("ttft", "queue", "prefill")]
+    means = [p.mean_s if p is not None else None for p in parts]
+    if any(m is None for m in means):
+        return None
+    ttft, queue, prefill = means
+    assert ttft is not None and queue is not None and prefill is not None
+    return ttft - (queue + prefill)
+
+
+def reading_samples(reading: EngineReading) -> list[AnySample]:
+    """Instant samples of one reading: info, gauges, counters and re-exported cumulative histograms."""
+    out: list[AnySample] = []
+    for model, m in sorted(reading.models.items()):
+        out.extend(_model_samples(reading.kind, model, m))
+    return out
+
+
+def _model_samples(kind: str, model: str, m: ModelReading) -> list[AnySample]:
+    a = attrs({MODEL: model})
+    out: list[AnySample] = [Sample("inferwatch.engine.info", 1, attrs({MODEL: model}, engine=kind))]
+    for gauge, name in (
+        ("running", "inferwatch.engine.requests.running"),
+        ("waiting", "inferwatch.engine.requests.waiting"),
+        ("kv_usage", "inferwatch.engine.kv_cache.usage"),
+    ):
+        if gauge in m.gauges:
+            out.append(Sample(name, m.gauges[gauge], a))
+    for counter, typ in (("prompt_tokens", "prompt"), ("generation_tokens", "generation")):
+        if counter in m.counters:
+            total = sum(m.counters[counter].values())
+            out.append(Sample("inferwatch.engine.tokens", total, attrs({MODEL: model}, type=typ)))
+    if "preemptions" in m.counters:
+        out.append(Sample("inferwatch.engine.preemptions", sum(m.counters["preemptions"].values()), a))
+    for reason, v in sorted(m.counters.get("finished", {}).items()):
+        out.append(Sample("inferwatch.engine.requests.finished", v, attrs({MODEL: model}, reason=reason or "unknown")))
+    for quantity, name in REEXPORTED.items():
+        series = m.histograms.get(quantity)
+        h = sum_histograms(series.values()) if series else None
+        if h is not None and h.sum == h.sum:  # skip when the engine gave no _sum (NaN)
+            out.append(HistogramSample(name, h.buckets, h.sum, h.count, a))
+    return out
+
+
+class EngineCollector(BaseCollector):
+    name: ClassVar[str] = "engine"
+    description: ClassVar[str] = "Inference engine /metrics (vLLM, SGLang, TGI, llama.cpp, TensorRT-LLM)"
+
+    def __init__(self, ctx: CollectContext) -> None:
+        super().__init__(ctx)
+        cfg = ctx.settings.engine
+        self.cfg = cfg
+        self.parser = EngineParser(cfg.kind, cfg.model_name or DEFAULT_MODEL)
+        self.timeline = EngineTimeline()
+        self.board = latency_board(ctx.services)
+        injected = ctx.services.get(HTTP_CLIENT_SERVICE)
+        self._own_client = injected is None
+        self._client: httpx.Client = injected or httpx.Client(follow_redirects=False, trust_env=False)
+        self._lock = threading.Lock()
+        self._up: float | None = None
+        self._kind: str = cfg.kind if cfg.kind != "auto" else "unknown"
+        self._errors = dict.fromkeys(REASONS, 0)
+
+    def collect(self) -> Collection:
+        url = self.cfg.metrics_url
+        if not url:
+            raise NoDataError(
+                "no engine /metrics URL configured",
+                hint="set engine.metrics_url (INFERWATCH_ENGINE__METRICS_URL=http://127.0.0.1:8000/metrics)",
+            )
+        try:
+            body = fetch(self._client, url, self.cfg.timeout_s, self.cfg.max_bytes)
+            reading = self.parser.parse(body)
+        except EngineScrapeError as exc:
+            with self._lock:
+                self._up = 0
+                self._errors[exc.reason] = self._errors.get(exc.reason, 0) + 1
+            raise
+        now = time.time()
+        with self._lock:
+            self._up = 1
+            self._kind = reading.kind
+        self.timeline.update(now, reading)
+        stats = self.timeline.stats()
+        self.board.replace("histogram", stats)
+        samples: list[AnySample] = reading_samples(reading)
+        samples.extend(self.timeline.derived_samples(stats))
+        details = {
+            "engine": reading.kind,
+            "models": sorted(reading.models),
+            "series_read": reading.series,
+            "bytes": len(body),
+            "quantities": {
+                model: sorted(set(m.histograms) | set(m.gauges) | set(m.counters))
+                for model, m in sorted(reading.models.items())
+            },
+            "absent": {
+                model: [q for q in QUANTITIES if q not in m.histograms] for model, m in sorted(reading.models.items())
+            },
+        }
+        return Collection(samples=samples, details=details)
+
+    def status_samples(self) -> list[AnySample]:
+        """``inferwatch.engine.up`` and scrape errors by reason; exported even while the collector fails."""
+        with self._lock:
+            out: list[AnySample] = []
+            if self._up is not None:
+                out.append(Sample("inferwatch.engine.up", self._up, attrs(engine=self._kind)))
+            out.extend(
+                Sample("inferwatch.engine.scrape.errors", n, attrs(reason=reason)) for reason, n in self._errors.items()
+            )
+            return out
+
+    def close(self) -> None:
+        if self._own_client:
+            self._client.close()

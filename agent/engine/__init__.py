@@ -1,0 +1,1 @@
+"""Engine /metrics: fast exposition reader, engine adapters, windowed bucket quantiles."""

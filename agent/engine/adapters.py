@@ -1,0 +1,401 @@
+"""Engine adapters: which families each engine exposes and how they map to canonical quantities.
+
+An :class:`Adapter` lists, per canonical quantity, candidate sources in order of preference (the
+first one present for a model wins: vLLM's current ``inter_token_latency_seconds`` before the
+deprecated ``time_per_output_token_seconds``). :func:`read` turns the samples of one exposition into
+an :class:`EngineReading`: per model, the cumulative histograms of each timing quantity **per
+series** (one per data-parallel rank, so resets are handled per rank, as ``increase`` does), the
+gauges summed over ranks (KV-cache usage averaged), and the counters summed over ranks.
+
+Anything an engine does not expose is simply missing from the reading (absent, never zero).
+Names, labels and buckets: ``/work/shared/reference/engines.md`` §1 and §4.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from agent.engine.exposition import Exposition, ExpositionReader, Labels
+from agent.engine.histogram import Histogram
+
+QUANTITIES = ("ttft", "itl", "e2e", "queue", "prefill", "decode", "inference")
+ENGINE_KINDS = ("vllm", "sglang", "tgi", "llamacpp", "trtllm")
+DEFAULT_MODEL = "unknown"  # engines without a model label (TGI, llama.cpp) unless engine.model_name is set
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One family (histogram base name, or full sample name for counters and gauges) with a label filter.
+
+    ``dimension``: a label kept apart (``finished_reason``); ``fixed``: a constant dimension value
+    (``error`` for an error counter); ``scale``: factor to the canonical unit (seconds, ratio).
+    """
+
+    name: str
+    match: tuple[tuple[str, str], ...] = ()
+    dimension: str | None = None
+    fixed: str | None = None
+    scale: float = 1.0
+
+
+def _s(*names: str, **kw: object) -> tuple[Source, ...]:
+    return tuple(Source(n, **kw) for n in names)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Adapter:
+    kind: str
+    prefixes: tuple[str, ...]
+    model_labels: tuple[str, ...]  # first present label names the model
+    histograms: dict[str, tuple[Source, ...]] = field(default_factory=dict)  # quantity → candidates
+    gauges: dict[str, tuple[Source, ...]] = field(default_factory=dict)  # running, waiting, kv_usage
+    counters: dict[str, tuple[Source, ...]] = field(default_factory=dict)  # prompt_tokens, ..., finished
+
+    def wanted(self) -> frozenset[str]:
+        names: set[str] = set()
+        for cands in self.histograms.values():
+            for src in cands:
+                names.update((src.name + "_bucket", src.name + "_sum", src.name + "_count"))
+        for group in (self.gauges, self.counters):
+            for cands in group.values():
+                names.update(src.name for src in cands)
+        return frozenset(names)
+
+    def reader(self) -> ExpositionReader:
+        return ExpositionReader(self.prefixes, self.wanted())
+
+
+GAUGE_MEAN = frozenset({"kv_usage"})  # averaged over ranks; every other gauge is summed
+# Counters whose candidates are all used (summed by dimension) instead of first-present-wins.
+COUNTER_ALL = frozenset({"finished"})
+
+VLLM = Adapter(
+    "vllm",
+    ("vllm:",),
+    ("model_name",),
+    histograms={
+        "ttft": _s("vllm:time_to_first_token_seconds"),
+        "itl": _s("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+        "e2e": _s("vllm:e2e_request_latency_seconds"),
+        "queue": _s("vllm:request_queue_time_seconds"),
+        "prefill": _s("vllm:request_prefill_time_seconds"),
+        "decode": _s("vllm:request_decode_time_seconds"),
+        "inference": _s("vllm:request_inference_time_seconds"),
+    },
+    gauges={
+        "running": _s("vllm:num_requests_running"),
+        "waiting": _s("vllm:num_requests_waiting"),
+        "kv_usage": _s("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    },
+    counters={
+        "prompt_tokens": _s("vllm:prompt_tokens_total"),
+        "generation_tokens": _s("vllm:generation_tokens_total"),
+        "preemptions": _s("vllm:num_preemptions_total"),
+        "finished": _s("vllm:request_success_total", dimension="finished_reason"),
+    },
+)
+
+SGLANG = Adapter(
+    "sglang",
+    ("sglang:",),
+    ("model_name",),
+    histograms={
+        "ttft": _s("sglang:time_to_first_token_seconds"),
+        "itl": _s("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+        "e2e": _s("sglang:e2e_request_latency_seconds"),
+        "queue": _s("sglang:queue_time_seconds"),
+        "prefill": _s("sglang:per_stage_req_latency_seconds", match=(("stage", "prefill_forward"),)),
+    },
+    gauges={
+        "running": _s("sglang:num_running_reqs"),
+        "waiting": _s("sglang:num_queue_reqs"),
+        "kv_usage": _s("sglang:token_usage"),
+    },
+    counters={
+        "prompt_tokens": _s("sglang:prompt_tokens_total"),
+        "generation_tokens": _s("sglang:generation_tokens_total"),
+        "preemptions": _s("sglang:num_retracted_requests_total"),
+        "finished": _s("sglang:num_aborted_requests_total", fixed="abort"),
+    },
+)
+
+TGI = Adapter(
+    "tgi",
+    ("tgi_",),
+    (),
+    histograms={
+        "itl": _s("tgi_request_mean_time_per_token_duration"),
+        "e2e": _s("tgi_request_duration"),
+        "queue": _s("tgi_request_queue_duration"),
+        "prefill": _s("tgi_batch_forward_duration", match=(("method", "prefill"),)),
+        "inference": _s("tgi_request_inference_duration"),
+    },
+    gauges={"running": _s("tgi_batch_current_size"), "waiting": _s("tgi_queue_size")},
+    counters={
+        "prompt_tokens": _s("tgi_request_input_length_sum"),
+        "generation_tokens": _s("tgi_request_generated_tokens_sum"),
+        "finished": _s("tgi_request_failure", "tgi_request_failure_total", fixed="error"),
+    },
+)
+
+LLAMACPP = Adapter(
+    "llamacpp",
+    ("llamacpp:",),
+    (),
+    gauges={"running": _s("llamacpp:requests_processing"), "waiting": _s("llamacpp:requests_deferred")},
+    counters={
+        "prompt_tokens": _s("llamacpp:prompt_tokens_total"),
+        "generation_tokens": _s("llamacpp:tokens_predicted_total"),
+        "prompt_seconds": _s("llamacpp:prompt_seconds_total"),
+        "generation_seconds": _s("llamacpp:tokens_predicted_seconds_total"),
+    },
+)
+
+TRTLLM = Adapter(
+    "trtllm",
+    ("trtllm_", "trtllm:", "nv_trt_llm_", "nv_llm_"),
+    ("model_name", "model"),
+    histograms={
+        "ttft": _s("trtllm_time_to_first_token_seconds", "trtllm:time_to_first_token_seconds"),
+        "itl": _s("trtllm_time_per_output_token_seconds", "trtllm:time_per_output_token_seconds"),
+        "e2e": _s("trtllm_e2e_request_latency_seconds", "trtllm:e2e_request_latency_seconds"),
+        "queue": _s("trtllm_request_queue_time_seconds", "trtllm:request_queue_time_seconds"),
+        "prefill": _s("trtllm_request_prefill_time_seconds", "trtllm:request_prefill_time_seconds"),
+        "decode": _s("trtllm_request_decode_time_seconds", "trtllm:request_decode_time_seconds"),
+        "inference": _s("trtllm_request_inference_time_seconds", "trtllm:request_inference_time_seconds"),
+    },
+    gauges={
+        "running": (
+            *_s("trtllm_num_requests_running", "trtllm:num_requests_running"),
+            Source("nv_trt_llm_request_metrics", match=(("request_type", "scheduled"),)),
+        ),
+        "waiting": (
+            *_s("trtllm_num_requests_waiting", "trtllm:num_requests_waiting"),
+            Source("nv_trt_llm_request_metrics", match=(("request_type", "waiting"),)),
+        ),
+        "kv_usage": (
+            *_s("trtllm_kv_cache_utilization", "trtllm:kv_cache_utilization"),
+            Source("nv_trt_llm_kv_cache_block_metrics", match=(("kv_cache_block_type", "fraction"),)),
+        ),
+    },
+    counters={
+        "prompt_tokens": _s("trtllm_prompt_tokens_total", "trtllm:prompt_tokens_total", "nv_llm_input_token_len_sum"),
+        "generation_tokens": _s(
+            "trtllm_generation_tokens_total", "trtllm:generation_tokens_total", "nv_llm_output_token_len_sum"
+        ),
+        "finished": (
+            *_s("trtllm_request_success_total", "trtllm:request_success_total", dimension="finished_reason"),
+            *_s("trtllm_request_error_total", "trtllm:request_error_total", fixed="error"),
+        ),
+    },
+)
+
+ADAPTERS: dict[str, Adapter] = {a.kind: a for a in (VLLM, SGLANG, TGI, LLAMACPP, TRTLLM)}
+
+
+def detect(text: str) -> str | None:
+    """The engine whose prefix starts a sample line of ``text`` (first in ENGINE_KINDS order), else None."""
+    for kind in ENGINE_KINDS:
+        for prefix in ADAPTERS[kind].prefixes:
+            if text.startswith(prefix) or ("\n" + prefix) in text:
+                return kind
+    return None
+
+
+@dataclass
+class ModelReading:
+    """What one model's series say, summed over data-parallel ranks (histograms kept per series)."""
+
+    histograms: dict[str, dict[Labels, Histogram]] = field(default_factory=dict)  # quantity → series → hist
+    gauges: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, dict[str, float]] = field(default_factory=dict)  # name → dimension value → total
+    sources: dict[str, str] = field(default_factory=dict)  # quantity/gauge/counter → family it came from
+
+
+@dataclass
+class EngineReading:
+    kind: str
+    models: dict[str, ModelReading]
+    series: int  # samples read
+
+
+_Key = tuple[str, Labels, float | None]  # (model, other labels sorted, le bound or None)
+MAX_KEY_CACHE_ENTRIES = 200_000
+
+
+class KeyCache:
+    """Memoised split of a label tuple into (model, remaining labels, ``le``), per label filter.
+
+    The reader hands out the same label tuple objects scrape after scrape, so the memo is keyed by
+    object identity (the entry keeps the tuple alive, so an id cannot be reused while cached): after
+    the first scrape, one int-keyed dict lookup per sample. Keep one per target (``EngineParser`` does).
+    """
+
+    def __init__(self, model_labels: tuple[str, ...], default_model: str) -> None:
+        self.model_labels = frozenset(model_labels)
+        self.model_order = model_labels
+        self.default_model = default_model
+        self._memo: dict[tuple[tuple[str, str], ...], dict[int, tuple[Labels, _Key | None]]] = {}
+        self._size = 0
+        self._le: dict[str, float] = {}
+
+    def memo(self, match: tuple[tuple[str, str], ...]) -> dict[int, tuple[Labels, _Key | None]]:
+        """The memo for one label filter: ``id(labels) → (labels, key)`` (check ``entry[0] is labels``)."""
+        memo = self._memo.get(match)
+        if memo is None:
+            memo = self._memo[match] = {}
+        return memo
+
+    def key(self, labels: Labels, match: tuple[tuple[str, str], ...]) -> _Key | None:
+        memo = self.memo(match)
+        hit = memo.get(id(labels))
+        if hit is not None and hit[0] is labels:
+            return hit[1]
+        out = self._split(labels, match)
+        if self._size >= MAX_KEY_CACHE_ENTRIES:
+            self._memo.clear()
+            self._size = 0
+            memo = self._memo[match] = {}
+        memo[id(labels)] = (labels, out)
+        self._size += 1
+        return out
+
+    def _split(self, labels: Labels, match: tuple[tuple[str, str], ...]) -> _Key | None:
+        if match:
+            have = dict(labels)
+            if any(have.get(k) != v for k, v in match):
+                return None
+            skip = {k for k, _ in match}
+        else:
+            skip = set()
+        model = None
+        model_rank = len(self.model_order)
+        le_text = None
+        rest = []
+        for k, v in labels:
+            if k == "le":
+                le_text = v
+            elif k in self.model_labels:
+                rank = self.model_order.index(k)
+                if rank < model_rank:
+                    model, model_rank = v, rank
+            elif k not in skip:
+                rest.append((k, v))
+        if len(rest) > 1:
+            rest.sort()
+        le = None
+        if le_text is not None:
+            le = self._le.get(le_text)
+            if le is None:
+                le = self._le[le_text] = float(le_text)  # "+Inf" → inf
+        return (model if model is not None else self.default_model), tuple(rest), le
+
+
+def read(
+    adapter: Adapter, expo: Exposition, default_model: str = DEFAULT_MODEL, keys: KeyCache | None = None
+) -> EngineReading:
+    """Map an exposition's samples to per-model canonical quantities (see the module docstring)."""
+    split = keys if keys is not None else KeyCache(adapter.model_labels, default_model)
+    models: dict[str, ModelReading] = {}
+
+    def model(name: str) -> ModelReading:
+        m = models.get(name)
+        if m is None:
+            m = models[name] = ModelReading()
+        return m
+
+    for quantity, cands in adapter.histograms.items():
+        taken: set[str] = set()
+        for src in cands:
+            for mname, series in _histograms(src, expo, split).items():
+                if mname in taken:
+                    continue
+                reading = model(mname)
+                reading.histograms[quantity] = series
+                reading.sources[quantity] = src.name
+            taken.update(m for m, r in models.items() if quantity in r.histograms)
+
+    for gname, cands in adapter.gauges.items():
+        for src in cands:
+            for mname, (total, n) in _scalars(src, expo, split, per_dimension=False).items():
+                reading = model(mname)
+                if gname in reading.gauges:
+                    continue
+                value = total[""] / n if gname in GAUGE_MEAN else total[""]
+                reading.gauges[gname] = value * src.scale
+                reading.sources[gname] = src.name
+
+    for cname, cands in adapter.counters.items():
+        for src in cands:
+            for mname, (total, _n) in _scalars(src, expo, split, per_dimension=True).items():
+                reading = model(mname)
+                if cname in reading.counters and cname not in COUNTER_ALL:
+                    continue
+                acc = reading.counters.setdefault(cname, {})
+                for dim, v in total.items():
+                    acc[dim] = acc.get(dim, 0.0) + v * src.scale
+                reading.sources.setdefault(cname, src.name)
+    return EngineReading(adapter.kind, models, expo.matched)
+
+
+def _histograms(src: Source, expo: Exposition, keys: KeyCache) -> dict[str, dict[Labels, Histogram]]:
+    buckets: dict[tuple[str, Labels], dict[float, float]] = {}
+    sums: dict[tuple[str, Labels], float] = {}
+    counts: dict[tuple[str, Labels], float] = {}
+    match = src.match
+    memo = keys.memo(match)
+    scaled = src.scale != 1.0
+    for labels, value in expo.get(src.name + "_bucket"):
+        hit = memo.get(id(labels))
+        k = hit[1] if hit is not None and hit[0] is labels else keys.key(labels, match)
+        if k is None:
+            continue
+        model, series, bound = k
+        if bound is None:
+            continue
+        b = buckets.get((model, series))
+        if b is None:
+            b = buckets[(model, series)] = {}
+        if scaled and math.isfinite(bound):
+            bound *= src.scale
+        b[bound] = b.get(bound, 0.0) + value
+    for suffix, into in (("_sum", sums), ("_count", counts)):
+        scale = src.scale if suffix == "_sum" else 1.0
+        for labels, value in expo.get(src.name + suffix):
+            k = keys.key(labels, match)
+            if k is None:
+                continue
+            key = (k[0], k[1])
+            into[key] = into.get(key, 0.0) + value * scale
+    out: dict[str, dict[Labels, Histogram]] = {}
+    for (model, series), b in buckets.items():
+        if math.inf not in b:
+            continue  # not a usable histogram (no +Inf bucket); Prometheus would return NaN
+        ordered = tuple(sorted(b.items()))
+        count = counts.get((model, series), ordered[-1][1])
+        out.setdefault(model, {})[series] = Histogram(ordered, sums.get((model, series), math.nan), count)
+    return out
+
+
+def _scalars(
+    src: Source, expo: Exposition, keys: KeyCache, per_dimension: bool
+) -> dict[str, tuple[dict[str, float], int]]:
+    out: dict[str, tuple[dict[str, float], int]] = {}
+    for labels, value in expo.get(src.name):
+        if math.isnan(value):
+            continue
+        k = keys.key(labels, src.match)
+        if k is None:
+            continue
+        model, rest, _le = k
+        if src.fixed is not None:
+            dim = src.fixed
+        elif per_dimension and src.dimension:
+            dim = next((v for name, v in rest if name == src.dimension), "")
+        else:
+            dim = ""
+        total, n = out.get(model, ({}, 0))
+        total[dim] = total.get(dim, 0.0) + value
+        out[model] = (total, n + 1)
+    return out

@@ -1,0 +1,74 @@
+"""Fetch an engine's ``/metrics`` over HTTP (or read a file) with a size cap and a deadline.
+
+The body is streamed and abandoned as soon as it passes ``max_bytes`` (a ``Content-Length`` above the
+cap is refused before reading); a server that answers slowly is cut at ``timeout_s`` in total, not
+only per read. Every failure is an :class:`EngineScrapeError` whose ``reason`` is one of
+:data:`REASONS`, so the collector can count failures by cause.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+
+from agent.errors import CollectorError
+
+REASONS = ("connect", "timeout", "http_status", "too_large", "truncated", "not_utf8", "not_prometheus", "parse")
+ACCEPT = "text/plain;version=0.0.4;q=1,application/openmetrics-text;q=0.5,*/*;q=0.1"
+_REFUSED_TYPES = ("text/html", "application/json", "application/xml", "text/xml", "application/x-protobuf")
+
+
+class EngineScrapeError(CollectorError):
+    """The engine's exposition could not be used; ``reason`` says why (one of :data:`REASONS`)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{message} (reason: {reason})")
+        self.reason = reason
+
+
+def fetch(client: httpx.Client, url: str, timeout_s: float, max_bytes: int) -> bytes:
+    """GET ``url``; return the body (at most ``max_bytes``) or raise EngineScrapeError."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        with client.stream("GET", url, timeout=httpx.Timeout(timeout_s), headers={"Accept": ACCEPT}) as resp:
+            if resp.status_code != 200:
+                raise EngineScrapeError("http_status", f"{url} answered HTTP {resp.status_code}")
+            ctype = resp.headers.get("content-type", "").split(";")[0].strip().lower()
+            if ctype in _REFUSED_TYPES:
+                raise EngineScrapeError("not_prometheus", f"{url} answered {ctype}, not a Prometheus text exposition")
+            length = resp.headers.get("content-length")
+            if length is not None and length.isdigit() and int(length) > max_bytes:
+                raise EngineScrapeError("too_large", f"{url} announced {length} bytes, over the {max_bytes}-byte cap")
+            body = bytearray()
+            for chunk in resp.iter_bytes():
+                body += chunk
+                if len(body) > max_bytes:
+                    raise EngineScrapeError("too_large", f"{url} sent more than the {max_bytes}-byte cap")
+                if time.monotonic() > deadline:
+                    raise EngineScrapeError("timeout", f"{url} still sending after {timeout_s:g}s")
+            return bytes(body)
+    except httpx.TimeoutException as exc:
+        raise EngineScrapeError("timeout", f"{url}: no answer within {timeout_s:g}s ({type(exc).__name__})") from None
+    except httpx.RemoteProtocolError as exc:
+        raise EngineScrapeError("truncated", f"{url}: connection closed before the body was complete ({exc})") from None
+    except httpx.DecodingError as exc:
+        raise EngineScrapeError("parse", f"{url}: bad content encoding ({exc})") from None
+    except httpx.TransportError as exc:
+        raise EngineScrapeError("connect", f"{url}: {type(exc).__name__}: {exc}") from None
+
+
+def read_file(path: Path, max_bytes: int) -> bytes:
+    """Read an exposition file with the same cap; OSError becomes a ``connect``-less CollectorError."""
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise EngineScrapeError("too_large", f"{path} is {size} bytes, over the {max_bytes}-byte cap")
+        with path.open("rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise CollectorError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > max_bytes:
+        raise EngineScrapeError("too_large", f"{path} is over the {max_bytes}-byte cap")
+    return data

@@ -1,0 +1,68 @@
+"""From exposition bytes to an :class:`~agent.engine.adapters.EngineReading`, and from histograms to stats.
+
+:class:`EngineParser` decodes (UTF-8 only), detects the engine (or takes ``engine.kind``), reads only
+the adapter's families and maps them; it keeps one reader per engine kind so the label cache
+survives between scrapes. Errors are :class:`~agent.engine.fetch.EngineScrapeError` with a reason.
+"""
+
+from __future__ import annotations
+
+import math
+
+from agent.engine.adapters import ADAPTERS, DEFAULT_MODEL, EngineReading, KeyCache, detect, read
+from agent.engine.board import QUANTILES, LatencyStats
+from agent.engine.exposition import ExpositionError, ExpositionReader
+from agent.engine.fetch import EngineScrapeError
+from agent.engine.histogram import Histogram
+from agent.errors import SourceFormatError
+
+
+class EngineParser:
+    def __init__(self, kind: str = "auto", default_model: str = DEFAULT_MODEL) -> None:
+        if kind != "auto" and kind not in ADAPTERS:
+            raise ValueError(f"unknown engine kind {kind!r}")
+        self.kind = kind
+        self.default_model = default_model
+        self._readers: dict[str, ExpositionReader] = {}
+        self._keys: dict[str, KeyCache] = {}
+
+    def parse(self, body: bytes) -> EngineReading:
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise EngineScrapeError("not_utf8", f"body is not UTF-8 (invalid byte at offset {exc.start})") from None
+        kind = self.kind if self.kind != "auto" else detect(text)
+        if kind is None:
+            head = text[:60].replace("\n", "\\n")
+            raise EngineScrapeError(
+                "not_prometheus",
+                f"no vLLM, SGLang, TGI, llama.cpp or TensorRT-LLM families in the response (starts {head!r})",
+            )
+        adapter = ADAPTERS[kind]
+        reader = self._readers.get(kind)
+        if reader is None:
+            reader = self._readers[kind] = adapter.reader()
+        try:
+            expo = reader.read(text)
+        except ExpositionError as exc:
+            truncated = exc.last and not text.endswith("\n")
+            raise EngineScrapeError("truncated" if truncated else "parse", str(exc)) from None
+        except SourceFormatError as exc:
+            raise EngineScrapeError("parse", str(exc)) from None
+        if expo.matched == 0:
+            raise EngineScrapeError("not_prometheus", f"no {kind} families this adapter reads in the response")
+        keys = self._keys.get(kind)
+        if keys is None:
+            keys = self._keys[kind] = KeyCache(adapter.model_labels, self.default_model)
+        return read(adapter, expo, self.default_model, keys)
+
+
+def stats_from_histogram(h: Histogram | None) -> LatencyStats | None:
+    """Quantiles interpolated from (increments of) cumulative buckets; None when nothing was observed."""
+    if h is None or not h.count > 0:
+        return None
+    qs = {q: h.quantile(q) for q in QUANTILES}
+    if any(math.isnan(v) for v in qs.values()):
+        return None
+    mean = h.sum / h.count if math.isfinite(h.sum) else None
+    return LatencyStats(qs, h.count, "histogram", mean)

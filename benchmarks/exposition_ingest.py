@@ -1,0 +1,124 @@
+"""Ingest of a 20,000-series vLLM-style exposition: inferwatch's reader vs prometheus_client's parser.
+
+Run from the repository root: ``python benchmarks/exposition_ingest.py [--series 20000] [--repeat 15]``.
+
+Both sides read the same text (built with prometheus_client, formatted exactly like vLLM's /metrics).
+Baseline: ``prometheus_client.parser.text_string_to_metric_families`` consumed to the end (it parses
+every family; it has no way to skip). Ours: :class:`agent.engine.exposition.ExpositionReader` with the
+vLLM adapter's family list, cold (a new reader: empty label cache) and warm (the collector's case:
+the same reader scrape after scrape), alone and with the adapter mapping (``agent.engine.adapters.read``).
+Before timing, the samples of every family the adapter uses are asserted identical to the baseline's
+(names, labels, values), and so are the per-model quantities derived from either side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from agent.engine.adapters import VLLM, KeyCache, read  # noqa: E402
+from agent.engine.exposition import Exposition, ExpositionReader  # noqa: E402
+from tests.engine_expo import big_exposition  # noqa: E402
+
+
+def timed(fn: Callable[[], object], repeat: int) -> list[float]:
+    out = []
+    for _ in range(repeat):
+        gc.collect()
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def baseline_samples(text: str, wanted: frozenset[str]) -> Exposition:
+    samples: dict[str, list] = {}
+    matched = 0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name in wanted:
+                samples.setdefault(s.name, []).append((tuple(s.labels.items()), s.value))
+                matched += 1
+    return Exposition(samples, 0, matched)
+
+
+def check_identical(text: str) -> int:
+    wanted = VLLM.wanted()
+    ours = ExpositionReader(VLLM.prefixes, wanted).read(text)
+    theirs = baseline_samples(text, wanted)
+    assert set(ours.samples) == set(theirs.samples), set(ours.samples) ^ set(theirs.samples)
+    for name, series in theirs.samples.items():
+        a = sorted((tuple(sorted(lbl)), v) for lbl, v in ours.samples[name])
+        b = sorted((tuple(sorted(lbl)), v) for lbl, v in series)
+        assert a == b, f"samples of {name} differ"
+    ra, rb = read(VLLM, ours), read(VLLM, theirs)
+    assert ra.models.keys() == rb.models.keys()
+    for model in ra.models:
+        ma, mb = ra.models[model], rb.models[model]
+        assert ma.gauges == mb.gauges and ma.counters == mb.counters, model
+        assert ma.histograms == mb.histograms, model
+    return ours.matched
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--series", type=int, default=20_000)
+    ap.add_argument("--repeat", type=int, default=15)
+    args = ap.parse_args()
+
+    text, gen = big_exposition(args.series)
+    lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    matched = check_identical(text)
+    print(f"exposition: {len(lines)} samples, {len(text) / 1e6:.2f} MB, {len(gen.models)} models x 2 engines")
+    print(f"families used by the vLLM adapter: {matched} samples, identical to prometheus_client's (asserted)")
+
+    wanted = VLLM.wanted()
+    warm = ExpositionReader(VLLM.prefixes, wanted)
+    warm_keys = KeyCache(VLLM.model_labels, "unknown")
+    read(VLLM, warm.read(text), keys=warm_keys)
+    cases: list[tuple[str, Callable[[], object]]] = [
+        ("prometheus_client text_string_to_metric_families", lambda: list(text_string_to_metric_families(text))),
+        ("inferwatch reader, cold (new label cache)", lambda: ExpositionReader(VLLM.prefixes, wanted).read(text)),
+        ("inferwatch reader, warm (collector's case)", lambda: warm.read(text)),
+        (
+            "inferwatch reader + vLLM adapter, cold",
+            lambda: read(VLLM, ExpositionReader(VLLM.prefixes, wanted).read(text)),
+        ),
+        ("inferwatch reader + vLLM adapter, warm", lambda: read(VLLM, warm.read(text), keys=warm_keys)),
+    ]
+    # Interleaved: each round runs every case once, so a noisy neighbour slows all cases alike.
+    runs: dict[str, list[float]] = {name: [] for name, _ in cases}
+    for _ in range(args.repeat):
+        for name, fn in cases:
+            runs[name].extend(timed(fn, 1))
+    base_med = statistics.median(runs[cases[0][0]])
+    base_best = min(runs[cases[0][0]])
+    print(f"\n{'case':<52} {'median ms':>10} {'best ms':>9} {'x (median)':>11} {'x (best)':>9}")
+    for name, _ in cases:
+        med, best = statistics.median(runs[name]), min(runs[name])
+        print(f"{name:<52} {med * 1e3:>10.1f} {best * 1e3:>9.1f} {base_med / med:>10.1f}x {base_best / best:>8.1f}x")
+
+    print(f"\n{'case':<52} {'peak MiB allocated during one ingest':>38}")
+    for name, fn in cases:
+        gc.collect()
+        tracemalloc.start()
+        result = fn()
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        del result
+        print(f"{name:<52} {peak / 2**20:>38.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -161,6 +161,17 @@ def test_prover_against_real_prometheus_and_agent(tmp_path: Path) -> None:
                 assert broken.error and not broken.ok
             finally:
                 prover.close()
+            # The same check as a command against any Prometheus: here GPU and engine panels have no data.
+            r = subprocess.run(
+                [PYTHON, "-m", "dashboards.prove", "--prometheus", prom, "--rate-interval", "10s", "--range", "3m"],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert r.returncode == 1
+            assert "ok   inferwatch-node / Inactive(file) vs threshold [A]" in r.stdout
+            assert "FAIL inferwatch-node / GPU utilisation [A]" in r.stdout
 
 
 _PAGE_CACHE_PANELS = ("Inactive(file) vs threshold", "Memory pressure (PSI)", "Page-cache refaults and major faults")

@@ -107,7 +107,7 @@ def build() -> dm.Dashboard:
                 "CPU contention, a slow node — that more replicas will not fix.",
                 RB_TAIL_RATIO,
             ),
-            "x",
+            "suffix:×",
             [
                 Target(
                     f'inferwatch_engine_latency_tail_ratio{{{SEL_MODEL}, window="5m", quantity=~"ttft|itl|e2e"}}',
@@ -174,7 +174,7 @@ def build() -> dm.Dashboard:
                 f"and 5 m, or above {SLOW_BURN} on 6 h and 30 m, TTFTErrorBudgetBurn pages (dashed lines).",
                 RB_TTFT_BURN,
             ),
-            "x",
+            "suffix:×",
             [Target(_burn(w), f"{{{{slo}}}} {w} {{{{gen_ai_request_model}}}}") for w in _BURN_WINDOWS],
             steps=((None, "green"), (SLOW_BURN, "orange"), (FAST_BURN, "red")),
         ),
@@ -189,7 +189,7 @@ def build() -> dm.Dashboard:
                 f"{SLOW_BURN}, orange from {SLOW_BURN}, red from {FAST_BURN} (the fast-burn paging level).",
                 RB_TTFT_BURN,
             ),
-            "x",
+            "suffix:×",
             [Target(_burn("1h"), "{{slo}} {{gen_ai_request_model}}", instant=True)],
             steps=((None, "green"), (SLOW_BURN, "orange"), (FAST_BURN, "red")),
         ),

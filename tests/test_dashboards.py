@@ -28,6 +28,8 @@ from tests.conftest import PYTHON, ROOT
 
 DASHBOARDS = load_all()
 PANEL_TYPES = {"timeseries", "stat", "table", "heatmap"}
+# Grafana unit ids used here (public/app/features/.../valueFormats categories), or a custom "suffix:<text>".
+GRAFANA_UNITS = {"s", "bytes", "percentunit", "reqps", "short", "none", "hertz", "celsius", "watt", "string"}
 ALLOWED_EXTRA_SERIES = {"up"}
 
 
@@ -91,7 +93,8 @@ def test_panel_rules(uid: str) -> None:
         where = f"{uid} / {p['title']}"
         assert p["type"] in PANEL_TYPES, where
         assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, where
-        assert p["fieldConfig"]["defaults"].get("unit"), f"{where}: no unit"
+        unit = p["fieldConfig"]["defaults"].get("unit", "")
+        assert unit in GRAFANA_UNITS or unit.startswith("suffix:"), f"{where}: unit {unit!r}"
         desc = p.get("description", "")
         assert len(desc) > 60 and "\n\nRunbook: " in desc, f"{where}: description must say how to read it + runbook"
         assert 0 < p["gridPos"]["w"] <= 24 and p["gridPos"]["x"] + p["gridPos"]["w"] <= 24, where

@@ -31,6 +31,21 @@ class Agent:
                 self.state.add_source(f"{collector.name}.status", status)
         self.registry = make_registry(self.state)
         self.otlp: Any = None
+        self.analytics: Any = None  # LatencyAnalytics when the OTLP trace receiver is on
+        self.receiver: Any = None
+        if settings.receiver.enabled:
+            from agent.analytics.latency import LatencyAnalytics
+            from agent.engine.board import latency_board
+            from agent.receiver import Receiver
+
+            self.analytics = LatencyAnalytics(
+                max_models=settings.receiver.max_models,
+                histograms=settings.receiver.emit_histograms,
+                board=latency_board(self.ctx.services),  # shared with the engine collector
+            )
+            self.receiver = Receiver(settings.receiver, self.analytics)
+            self.state.add_source("spans", self.analytics.samples)
+            self.state.add_source("receiver", self.receiver.samples)
         self._started = False
         self._stopped = False
         self._lock = threading.Lock()
@@ -46,6 +61,8 @@ class Agent:
             self.otlp = OTLPExporter(
                 self.state, build_resource(self.state.identity, self.settings.node.environment), make_exporter()
             )
+        if self.receiver is not None:
+            self.receiver.start()  # raises ConfigError when an endpoint cannot be bound
         self.runner.start()
         log.info("agent started: collectors %s", ", ".join(c.name for c in self.runner.collectors) or "(none)")
 
@@ -55,6 +72,8 @@ class Agent:
                 return
             self._stopped = True
         self.runner.stop()
+        if self.receiver is not None:
+            self.receiver.stop()
         if self.otlp is not None:
             self.otlp.shutdown()
         log.info("agent stopped")

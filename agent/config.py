@@ -99,6 +99,45 @@ class EngineSettings(_Section):
     model_name: str | None = None  # model label for engines whose series have none (TGI, llama.cpp)
 
 
+DEFAULT_RECEIVER_GRPC_ENDPOINT = "127.0.0.1:4317"
+DEFAULT_RECEIVER_HTTP_ENDPOINT = "127.0.0.1:4318"
+DEFAULT_RECEIVER_MAX_MESSAGE_BYTES = 4 << 20  # 4 MiB: the OTel Collector's default gRPC receive limit
+DEFAULT_RECEIVER_FORWARD_QUEUE_REQUESTS = 256
+DEFAULT_RECEIVER_FORWARD_TIMEOUT_S = 5.0
+DEFAULT_RECEIVER_MAX_MODELS = 64
+
+
+class ReceiverSettings(_Section):
+    """OTLP trace intake (gRPC and HTTP/protobuf) for per-request timing from engine spans.
+
+    An endpoint is ``host:port``; ``None`` turns that transport off. ``forward_endpoint`` sends every
+    accepted export request on untouched: ``http(s)://host:port[/v1/traces]`` for OTLP/HTTP, otherwise
+    ``[grpc://]host:port`` for OTLP/gRPC. ``emit_histograms`` makes the spans feed the
+    ``gen_ai.server.*`` histograms (for engines without their own, e.g. TGI or llama.cpp); leave it off
+    when the engine collector already emits them.
+    """
+
+    enabled: bool = False
+    grpc_endpoint: str | None = DEFAULT_RECEIVER_GRPC_ENDPOINT
+    http_endpoint: str | None = DEFAULT_RECEIVER_HTTP_ENDPOINT
+    forward_endpoint: str | None = None
+    max_message_bytes: int = Field(default=DEFAULT_RECEIVER_MAX_MESSAGE_BYTES, ge=1024, le=256 << 20)
+    forward_queue_requests: int = Field(default=DEFAULT_RECEIVER_FORWARD_QUEUE_REQUESTS, ge=1, le=100_000)
+    forward_timeout_s: float = Field(default=DEFAULT_RECEIVER_FORWARD_TIMEOUT_S, gt=0, le=300)
+    max_models: int = Field(default=DEFAULT_RECEIVER_MAX_MODELS, ge=1, le=10_000)
+    emit_histograms: bool = False
+
+    @field_validator("grpc_endpoint", "http_endpoint")
+    @classmethod
+    def _host_port(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError("must be host:port")
+        return v
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="INFERWATCH_",
@@ -120,6 +159,7 @@ class Settings(BaseSettings):
     pagecache: PageCacheSettings = PageCacheSettings()
     otlp: OTLPSettings = OTLPSettings()
     engine: EngineSettings = EngineSettings()
+    receiver: ReceiverSettings = ReceiverSettings()
 
     @classmethod
     def settings_customise_sources(

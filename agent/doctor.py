@@ -13,7 +13,8 @@ from typing import Any
 
 from agent.config import Settings
 from agent.errors import NoDataError
-from agent.host.cpucap import cpu_feature_verdict, read_cpu_capability, require_verdict
+from agent.host.cpucap import amx_verdict, cpu_feature_verdict, read_cpu_capability, require_verdict
+from agent.host.cpuprobe import cpu_probe
 from agent.host.meminfo import read_meminfo
 from agent.host.pagecache import pagecache_verdict
 from agent.host.pressure import read_pressure
@@ -41,15 +42,20 @@ def check_pagecache(ctx: DoctorContext) -> list[Finding]:
 
 
 def check_cpu(ctx: DoctorContext) -> list[Finding]:
-    """SIMD features expected for this CPU model, and ``--require`` features, against /proc/cpuinfo."""
+    """SIMD features expected for this CPU model, and ``--require`` features, against /proc/cpuinfo; AMX OS state."""
     try:
-        cap = read_cpu_capability(ctx.settings.path.procfs, ctx.settings.path.sysfs, ctx.settings.cpu.expect_features)
+        cap = read_cpu_capability(
+            ctx.settings.path.procfs, ctx.settings.path.sysfs, ctx.settings.cpu.expect_features, cpu_probe(ctx.services)
+        )
     except NoDataError as exc:
         if not ctx.require:
             raise
         # A gate that cannot read the CPU must not pass: the required features are unverified.
         return [Finding("cpu.require", "fail", f"cannot check required CPU features: {exc}", {"hint": exc.hint})]
     findings = [cpu_feature_verdict(cap)]
+    amx = amx_verdict(cap)  # only on x86_64 when --path.procfs is the running kernel's
+    if amx is not None:
+        findings.append(amx)
     if ctx.require:
         findings.append(require_verdict(cap, ctx.require))
     return findings

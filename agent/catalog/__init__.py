@@ -7,11 +7,11 @@ the one place that assembles them.
 
 from __future__ import annotations
 
-from agent.catalog import agent, cpu, engine, gpu, memory, process, runtime
+from agent.catalog import agent, cpu, engine, gpu, memory, process, receiver, runtime
 from agent.catalog.spec import Kind, MetricSpec, prometheus_label, prometheus_name
 from agent.errors import CatalogError
 
-_MODULES = (agent, cpu, memory, gpu, process, engine, runtime)
+_MODULES = (agent, cpu, memory, gpu, process, engine, runtime, receiver)
 
 
 def _build() -> dict[str, MetricSpec]:

@@ -39,5 +39,14 @@ METRICS = (
         "By",
         "Default SVE vector length (/proc/sys/abi/sve_default_vector_length), where the kernel exposes it.",
     ),
+    MetricSpec(
+        "inferwatch.cpu.amx.permitted",
+        Kind.GAUGE,
+        "",
+        "1 when the running kernel enables AMX tile state for processes (arch_prctl ARCH_GET_XCOMP_SUPP has "
+        "XTILECFG and XTILEDATA), so a runtime's ARCH_REQ_XCOMP_PERM can succeed; 0 when it does not (or the "
+        "kernel predates 5.16). x86_64 only, and only when --path.procfs is the running kernel's. With "
+        'inferwatch_cpu_feature_present{feature="amx_tile"} == 1 a 0 here means AMX the CPU has is unusable.',
+    ),
     MetricSpec("system.cpu.logical.count", Kind.UPDOWNCOUNTER, "{cpu}", "Logical CPUs in /proc/cpuinfo."),
 )

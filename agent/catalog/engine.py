@@ -132,7 +132,8 @@ METRICS = (
         "inferwatch.engine.latency.bimodality",
         Kind.GAUGE,
         "",
-        "The bimodality statistic behind the verdict (see docs/engine.md for its definition and threshold).",
+        "The bimodality statistic behind the verdict: Ashman's D of a two-component fit on log latency "
+        "(>= 2, with the other criteria, means bimodal; see docs/analytics.md).",
         _Q,
     ),
     MetricSpec(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from agent import __version__
-from agent.cli import doctor, run
+from agent.cli import demo, doctor, loadgen, run, simulate
 from agent.cli import engine as engine_cli
 
 app = typer.Typer(
@@ -16,7 +16,14 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (run, doctor, engine_cli):
+for module in (
+    run,
+    doctor,
+    engine_cli,
+    simulate,
+    loadgen,
+    demo,
+):
     module.register(app)
 
 from agent.cli import grafana, matrix  # noqa: E402  (dash: grafana push, matrix)

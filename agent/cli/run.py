@@ -52,6 +52,7 @@ def serve(settings: object) -> None:
 
     from agent.app import Agent
     from agent.config import Settings
+    from agent.errors import ConfigError
     from agent.server import create_app
 
     assert isinstance(settings, Settings)
@@ -60,7 +61,12 @@ def serve(settings: object) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _stop_requested)
     agent = Agent(settings)
-    agent.start()
+    try:
+        agent.start()
+    except ConfigError as exc:  # e.g. the OTLP receiver's port is taken
+        agent.stop()
+        typer.echo(f"inferwatch: {exc}", err=True)
+        raise typer.Exit(2) from None
     try:
         uvicorn.run(
             create_app(agent),

@@ -1,7 +1,9 @@
-"""CPU capability collector: identity, SIMD features present / expected / missing, SVE vector length.
+"""CPU capability collector: identity, SIMD features present / expected / missing, SVE vector length, AMX.
 
 Reads what :mod:`agent.host.cpucap` reads (``<procfs>/cpuinfo``, ``osrelease``, ``cmdline``,
-``sys/abi/sve_default_vector_length``, DMI under ``<sysfs>``). CPU features only change across a reboot
+``sys/abi/sve_default_vector_length``, ``self/auxv``, DMI under ``<sysfs>``) and, when procfs is the
+running kernel's, asks that kernel through ``ctx.services["cpu_probe"]`` (:mod:`agent.host.cpuprobe`)
+whether AMX is enabled and the SVE vector length. CPU features only change across a reboot
 (or a CPU hotplug), and reading /proc/cpuinfo on x86 costs an IPI per CPU, so the default interval is
 long (:data:`DEFAULT_CPU_INTERVAL_S`).
 """
@@ -11,8 +13,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 from agent.collectors.base import BaseCollector, Collection
-from agent.host.cpucap import cpu_feature_verdict, read_cpu_capability
+from agent.host.cpucap import amx_verdict, cpu_feature_verdict, read_cpu_capability
 from agent.host.cpumodels import ARM_CORES, X86_MODELS
+from agent.host.cpuprobe import cpu_probe
 from agent.samples import AnySample, Sample, attrs
 
 DEFAULT_CPU_INTERVAL_S = 60.0
@@ -31,7 +34,9 @@ class CPUCollector(BaseCollector):
     default_interval_s: ClassVar[float | None] = DEFAULT_CPU_INTERVAL_S
 
     def collect(self) -> Collection:
-        cap = read_cpu_capability(self.ctx.procfs, self.ctx.sysfs, self.ctx.settings.cpu.expect_features)
+        cap = read_cpu_capability(
+            self.ctx.procfs, self.ctx.sysfs, self.ctx.settings.cpu.expect_features, cpu_probe(self.ctx.services)
+        )
         info = cap.info
         model = cap.cpu_model
         samples: list[AnySample] = [
@@ -56,5 +61,12 @@ class CPUCollector(BaseCollector):
             samples.append(Sample("inferwatch.cpu.feature.missing", int(feature not in info.flags), a))
         if cap.sve_vector_length_bytes is not None:
             samples.append(Sample("inferwatch.cpu.sve.vector_length", cap.sve_vector_length_bytes))
+        amx = cap.live.amx if cap.live is not None else None
+        if amx is not None:
+            samples.append(Sample("inferwatch.cpu.amx.permitted", int(amx.os_enabled)))
         finding = cpu_feature_verdict(cap)
-        return Collection(samples=samples, findings=[finding], details=dict(finding.evidence))
+        findings = [finding]
+        amx_finding = amx_verdict(cap)
+        if amx_finding is not None:
+            findings.append(amx_finding)
+        return Collection(samples=samples, findings=findings, details=dict(finding.evidence))

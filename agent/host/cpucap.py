@@ -1,8 +1,11 @@
 """The node's CPU capability: identity, features present / expected / missing, and why one may be missing.
 
 Reads ``<procfs>/cpuinfo``, ``<procfs>/sys/kernel/osrelease``, ``<procfs>/cmdline``,
-``<procfs>/sys/abi/sve_default_vector_length`` (bytes) and ``<sysfs>/class/dmi/id/{product_name,sys_vendor}``.
-Shared by the ``cpu`` collector and ``inferwatch doctor``, so the agent and the CI gate agree.
+``<procfs>/sys/abi/sve_default_vector_length`` (bytes), ``<procfs>/self/auxv`` (AT_HWCAP/AT_HWCAP2,
+:mod:`agent.host.hwcap`), ``<procfs>/sys/kernel/random/boot_id`` and ``<sysfs>/class/dmi/id/{product_name,sys_vendor}``;
+when procfs is the running kernel's, also asks that kernel (:mod:`agent.host.cpuprobe`) whether AMX is
+enabled (x86_64) and the SVE vector length (arm64). Shared by the ``cpu`` collector and ``inferwatch
+doctor``, so the agent and the CI gate agree.
 
 Missing = expected − present, where expected = the built-in table for this CPU model ∪ the user's
 ``cpu.expect_features``. Features are exact tokens (``sve`` is not ``sve2``).
@@ -14,8 +17,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.errors import SourceFormatError
 from agent.host.cpuinfo import CpuInfo, read_cpuinfo
 from agent.host.cpumodels import CpuIdentity, identify
+from agent.host.cpuprobe import CpuProbe, LiveKernel, read_live
+from agent.host.hwcap import Hwcaps, compare, read_hwcaps
 from agent.samples import Finding
 
 RUNBOOK = "CPUFeatureMissing"
@@ -38,6 +44,10 @@ class CpuCapability:
     sve_vector_length_bytes: int | None
     expected: frozenset[str]
     user_expected: frozenset[str]
+    hwcaps: Hwcaps | None = None  # from <procfs>/self/auxv; None when absent (recorded trees)
+    hwcap_error: str = ""  # auxv present but unreadable as pairs
+    live: LiveKernel | None = None  # the running kernel's answers; None when procfs is not its tree
+    live_note: str = ""  # why ``live`` is None ("" when no probe was given)
 
     @property
     def present(self) -> frozenset[str]:
@@ -65,13 +75,27 @@ def kernel_version(release: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def read_cpu_capability(procfs: Path, sysfs: Path, expect_features: list[str] | tuple[str, ...] = ()) -> CpuCapability:
+def read_cpu_capability(
+    procfs: Path,
+    sysfs: Path,
+    expect_features: list[str] | tuple[str, ...] = (),
+    probe: CpuProbe | None = None,
+) -> CpuCapability:
+    """Read everything above; ``probe`` (the live-kernel boundary) is consulted only when given."""
     info = read_cpuinfo(procfs)
     dmi = sysfs / "class" / "dmi" / "id"
     product, vendor = _read(dmi / "product_name"), _read(dmi / "sys_vendor")
     identity = identify(info, f"{vendor} {product}")
     vl_text = _read(procfs / "sys" / "abi" / "sve_default_vector_length")
     user = frozenset(f.strip().lower() for f in expect_features if f.strip())
+    hwcaps, hwcap_error = None, ""
+    try:
+        hwcaps = read_hwcaps(procfs, info.arch)
+    except SourceFormatError as exc:
+        hwcap_error = str(exc)
+    live, live_note = None, ""
+    if probe is not None:
+        live, live_note = read_live(probe, _read(procfs / "sys" / "kernel" / "random" / "boot_id"), info.arch)
     return CpuCapability(
         info=info,
         identity=identity,
@@ -82,6 +106,10 @@ def read_cpu_capability(procfs: Path, sysfs: Path, expect_features: list[str] | 
         sve_vector_length_bytes=int(vl_text) if vl_text.isdigit() else None,
         expected=identity.expected | user,
         user_expected=user,
+        hwcaps=hwcaps,
+        hwcap_error=hwcap_error,
+        live=live,
+        live_note=live_note,
     )
 
 
@@ -95,10 +123,19 @@ def cause_hints(cap: CpuCapability, missing: frozenset[str]) -> list[str]:
         if hit:
             hints.append(f"kernel command line has {' '.join(hit)}: SVE is disabled at boot; remove it and reboot")
         elif cap.sve_vector_length_bytes is None and cap.info.arch == "aarch64":
-            hints.append(
-                "no /proc/sys/abi/sve_default_vector_length: the kernel runs without SVE support "
-                "(CONFIG_ARM64_SVE=n), or firmware/hypervisor hides SVE from this CPU"
-            )
+            vl = cap.live.sve_vl if cap.live is not None else None
+            if vl is not None and vl.bytes is not None:
+                hints.append(
+                    f"no /proc/sys/abi/sve_default_vector_length, yet prctl(PR_SVE_GET_VL) answers {vl.bytes} bytes: "
+                    "this kernel runs SVE; the cpuinfo and /proc/sys read are not this kernel's (check --path.procfs)"
+                )
+            else:
+                confirm = f" (prctl(PR_SVE_GET_VL) answers {vl.error}, which confirms it)" if vl is not None else ""
+                hints.append(
+                    "no /proc/sys/abi/sve_default_vector_length: the kernel runs without SVE support "
+                    f"(CONFIG_ARM64_SVE=n), or firmware/hypervisor hides SVE from this CPU{confirm}"
+                )
+    hints.extend(_hwcap_hints(cap, missing))
     clear = [w for w in words if w.startswith("clearcpuid=")]
     if clear:
         hints.append(f"kernel command line has {' '.join(clear)}: those CPUID features are masked at boot")
@@ -111,6 +148,17 @@ def cause_hints(cap: CpuCapability, missing: frozenset[str]) -> list[str]:
             hints.append(f"kernel {cap.kernel_release} is older than 5.10, which first reports bf16/i8mm")
         if cap.info.arch == "x86_64" and any(f.startswith("amx") for f in missing) and version < X86_AMX_MIN_KERNEL:
             hints.append(f"kernel {cap.kernel_release} is older than 5.16, which first supports AMX")
+    amx = cap.live.amx if cap.live is not None else None
+    amx_gone = sorted(f for f in missing if f.startswith("amx") and f not in cap.info.flags)
+    if amx is not None and amx_gone:
+        if amx.os_enabled:
+            hints.append(
+                f"the kernel enables AMX tile state (arch_prctl ARCH_GET_XCOMP_SUPP={amx.supported_mask:#x}) yet "
+                f"/proc/cpuinfo lacks {', '.join(amx_gone)}: CPUID is masked (clearcpuid=, hypervisor CPU model)"
+            )
+        else:
+            why = amx.error or f"ARCH_GET_XCOMP_SUPP={amx.supported_mask:#x} has no XTILECFG/XTILEDATA"
+            hints.append(f"the kernel does not enable AMX tile state either ({why})")
     virt = "hypervisor" in cap.info.flags or any(w in cap.sys_vendor.lower() for w in _HYPERVISOR_DMI)
     if virt or "firecracker" in cap.machine_type.lower():
         who = cap.sys_vendor or "a hypervisor"
@@ -123,6 +171,40 @@ def cause_hints(cap: CpuCapability, missing: frozenset[str]) -> list[str]:
             "no cause found on this host: compare firmware settings and the image's kernel with a healthy node"
         )
     return hints
+
+
+def _hwcap_hints(cap: CpuCapability, missing: frozenset[str]) -> list[str]:
+    """AT_HWCAP is the kernel's own record of what cpuinfo prints: name where the two disagree."""
+    hw = cap.hwcaps
+    if hw is None or hw.features is None:
+        return []
+    both = sorted(missing & hw.features)
+    if not both:
+        return []
+    return [
+        f"AT_HWCAP/AT_HWCAP2 (<procfs>/self/auxv) report {', '.join(both)} although /proc/cpuinfo lacks "
+        "it: the cpuinfo read is not this kernel's, or is filtered (LXCFS, a recorded file); check --path.procfs"
+    ]
+
+
+def _hwcap_evidence(cap: CpuCapability) -> dict[str, object]:
+    hw = cap.hwcaps
+    if hw is None:
+        return {"error": cap.hwcap_error} if cap.hwcap_error else {}
+    ev: dict[str, object] = {"at_hwcap": hex(hw.hwcap), "at_hwcap2": hex(hw.hwcap2)}
+    if hw.features is None:
+        ev["note"] = f"{cap.info.arch}: AT_HWCAP is not a SIMD feature list here (x86: CPUID leaf 1 EDX); not compared"
+        return ev
+    ev["features"] = sorted(hw.features)
+    if hw.unknown_bits:
+        ev["unknown_bits"] = list(hw.unknown_bits)
+    only_hw, only_cpuinfo = compare(hw, cap.info.flags)
+    if only_hw:
+        ev["not_in_cpuinfo"] = only_hw
+    if only_cpuinfo:
+        ev["not_in_hwcap"] = only_cpuinfo
+    ev["agrees_with_cpuinfo"] = not only_hw and not only_cpuinfo
+    return ev
 
 
 def _evidence(cap: CpuCapability) -> dict[str, object]:
@@ -143,6 +225,21 @@ def _evidence(cap: CpuCapability) -> dict[str, object]:
         ev["machine_type"] = cap.machine_type
     if cap.sve_vector_length_bytes is not None:
         ev["sve_vector_length_bytes"] = cap.sve_vector_length_bytes
+    hw = _hwcap_evidence(cap)
+    if hw:
+        ev["hwcap"] = hw
+    if cap.live is None:
+        if cap.live_note:
+            ev["kernel_probe"] = f"skipped: {cap.live_note}"
+        return ev
+    vl = cap.live.sve_vl
+    if vl is not None:
+        if vl.bytes is not None:
+            ev["sve_thread_vector_length_bytes"] = vl.bytes
+        else:
+            ev["sve_prctl"] = f"prctl(PR_SVE_GET_VL): {vl.error}"
+    if cap.live.amx is not None:
+        ev["amx"] = cap.live.amx.evidence()
     return ev
 
 
@@ -189,3 +286,53 @@ def require_verdict(cap: CpuCapability, required: list[str]) -> Finding:
         ev["hints"] = cause_hints(cap, frozenset(absent))
         return Finding("cpu.require", "fail", f"required CPU features absent: {', '.join(absent)}", ev, RUNBOOK)
     return Finding("cpu.require", "ok", f"required CPU features present: {', '.join(wanted)}", ev, RUNBOOK)
+
+
+AMX_FLAGS = ("amx_tile", "amx_bf16", "amx_int8")
+
+
+def amx_verdict(cap: CpuCapability) -> Finding | None:
+    """x86_64, live kernel only: does the kernel let processes use the AMX that /proc/cpuinfo shows?
+
+    ok: AMX present and enabled, or absent everywhere; fail: present in cpuinfo but the kernel does not
+    enable tile state (runtimes that trust CPUID fault with SIGILL or fall back); warn: the kernel enables
+    tile state while cpuinfo shows no AMX flag. None when there is no live x86 answer.
+    """
+    amx = cap.live.amx if cap.live is not None else None
+    if amx is None:
+        return None
+    flags = sorted(f for f in AMX_FLAGS if f in cap.info.flags)
+    ev: dict[str, object] = {"cpu_model": cap.cpu_model, "cpuinfo_amx": flags, **amx.evidence()}
+    if flags and amx.os_enabled:
+        return Finding(
+            "cpu.amx",
+            "ok",
+            f"AMX present ({', '.join(flags)}) and enabled by the kernel; a runtime must still request it "
+            "(arch_prctl ARCH_REQ_XCOMP_PERM)",
+            ev,
+            RUNBOOK,
+        )
+    if flags:
+        if amx.error:
+            why = f"no dynamic XSTATE support in the kernel (arch_prctl ARCH_GET_XCOMP_SUPP: {amx.error}; Linux < 5.16)"
+        else:
+            why = f"arch_prctl ARCH_GET_XCOMP_SUPP={amx.supported_mask:#x} lacks XTILECFG/XTILEDATA (bits 17-18)"
+        ev["hints"] = cause_hints(cap, frozenset(flags))
+        return Finding(
+            "cpu.amx",
+            "fail",
+            f"AMX present in /proc/cpuinfo but not enabled by the OS: {why}; runtimes that trust CPUID "
+            "fault (SIGILL) or fall back to AVX-512",
+            ev,
+            RUNBOOK,
+        )
+    if amx.os_enabled:
+        return Finding(
+            "cpu.amx",
+            "warn",
+            "the kernel enables AMX tile state but /proc/cpuinfo shows no amx flag: CPUID is masked "
+            "(clearcpuid=, hypervisor CPU model), so runtimes will not use AMX",
+            ev,
+            RUNBOOK,
+        )
+    return Finding("cpu.amx", "ok", "no AMX on this CPU (no amx flags, no AMX tile state in the kernel)", ev, RUNBOOK)

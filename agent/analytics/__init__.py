@@ -1,0 +1,1 @@
+"""Analytics over per-request samples: windowed sketches, latency quantiles, bimodality."""

@@ -1,0 +1,249 @@
+"""Per-model latency analytics from per-request timings (OTLP spans).
+
+Input: :class:`RequestTiming` values (one per finished request, seconds). Output: catalog samples with
+``source="spans"``, per model (``gen_ai.request.model``), quantity and window (1m, 5m):
+
+- ``inferwatch.engine.latency`` P50/P90/P95/P99 from the window's merged DDSketch (≤ 0.5 % relative error);
+- ``inferwatch.engine.latency.samples`` requests in the window;
+- ``inferwatch.engine.latency.tail_ratio`` P99 / P50;
+- ``inferwatch.engine.latency.bimodal`` / ``.bimodality`` (see :mod:`agent.analytics.bimodality`), from
+  :data:`~agent.analytics.bimodality.MIN_SAMPLES` requests on, recomputed once per sub-window;
+- ``inferwatch.engine.frontend_gap``: mean of TTFT − (queue + prefill) over requests that carry all three,
+  only for a (model, window) where the engine collector does not emit it from its histograms (the
+  metric has no ``source`` attribute, so one producer per series);
+- optionally (``receiver.emit_histograms``) cumulative ``gen_ai.server.*`` histograms on the catalog's
+  bucket edges, for engines that have none of their own.
+
+Every computation also publishes its stats as ``source="spans"`` on the shared
+:class:`~agent.engine.board.LatencyBoard` (``engine inspect`` and other readers compare the sources
+there), and the quantile samples are built by :func:`~agent.engine.board.latency_samples`, so both
+producers export the same shape.
+
+Thread-safe: intake threads call :meth:`LatencyAnalytics.record`, sinks call :meth:`samples`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from agent import catalog
+from agent.analytics import bimodality
+from agent.analytics.windows import WINDOWS_S, WindowedSketch, WindowedSum, log_bins, slot_of
+from agent.catalog.engine import MODEL
+from agent.engine.board import LatencyBoard, LatencyStats, latency_samples
+from agent.samples import AnySample, HistogramSample, Sample, attrs
+
+QUANTITIES = ("ttft", "itl", "e2e", "queue", "prefill", "decode", "inference")
+QUANTILES = (0.5, 0.9, 0.95, 0.99)
+SOURCE = "spans"
+DEFAULT_MAX_MODELS = 64
+SAMPLES_TTL_S = 1.0  # one computation serves every sink reading within a second (OTLP reads once per metric)
+HISTOGRAMS = {
+    "ttft": "gen_ai.server.time_to_first_token",
+    "itl": "gen_ai.server.time_per_output_token",
+    "e2e": "gen_ai.server.request.duration",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTiming:
+    """One finished request. ``seconds`` maps a quantity (:data:`QUANTITIES`) to its value in seconds."""
+
+    model: str
+    seconds: dict[str, float] = field(default_factory=dict)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WindowStats:
+    """What one window says about one quantity of one model (seconds)."""
+
+    count: float
+    quantiles: dict[float, float]
+    tail_ratio: float | None
+    bimodality: bimodality.Bimodality | None
+    mean_s: float | None = None
+
+
+class _Histogram:
+    __slots__ = ("bounds", "count", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, v: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, v)] += 1  # le semantics: v <= bound
+        self.total += v
+        self.count += 1
+
+    def sample(self, name: str, attributes: tuple[tuple[str, str], ...]) -> HistogramSample:
+        cum, buckets = 0, []
+        for bound, c in zip((*self.bounds, math.inf), self.counts, strict=True):
+            cum += c
+            buckets.append((bound, float(cum)))
+        return HistogramSample(name, tuple(buckets), self.total, float(self.count), attributes)
+
+
+class _Model:
+    __slots__ = ("gap", "histograms", "sketches")
+
+    def __init__(self, histograms: bool) -> None:
+        self.sketches = {q: WindowedSketch() for q in QUANTITIES}
+        self.gap = WindowedSum()
+        self.histograms = (
+            {q: _Histogram(catalog.get(name).buckets) for q, name in HISTOGRAMS.items()} if histograms else {}
+        )
+
+
+class LatencyAnalytics:
+    """Windowed per-model latency sketches and what the catalog derives from them."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        max_models: int = DEFAULT_MAX_MODELS,
+        histograms: bool = False,
+        board: LatencyBoard | None = None,
+    ) -> None:
+        self._clock = clock
+        self.board = board if board is not None else LatencyBoard()
+        self._max_models = max_models
+        self._histograms = histograms
+        self._lock = threading.Lock()
+        self._models: dict[str, _Model] = {}
+        self._bimodal_cache: dict[tuple[str, str, str], tuple[int, float, bimodality.Bimodality | None]] = {}
+        self.rejected_models = 0  # requests dropped because max_models distinct models were already tracked
+        self._cached: tuple[float, list[AnySample]] | None = None
+
+    def record(self, timings: Iterable[RequestTiming]) -> int:
+        """Add finished requests; return how many were dropped (too many distinct models)."""
+        dropped = 0
+        with self._lock:
+            now = self._clock()
+            for t in timings:
+                m = self._models.get(t.model)
+                if m is None:
+                    if len(self._models) >= self._max_models:
+                        self._evict_idle(now)
+                    if len(self._models) >= self._max_models:
+                        dropped += 1
+                        continue
+                    m = self._models[t.model] = _Model(self._histograms)
+                s = t.seconds
+                for q, v in s.items():
+                    sk = m.sketches.get(q)
+                    if sk is not None:
+                        sk.add(v, now)
+                if "ttft" in s and "queue" in s and "prefill" in s:
+                    m.gap.add(s["ttft"] - s["queue"] - s["prefill"], now)
+                for q, h in m.histograms.items():
+                    if q in s:
+                        h.observe(s[q])
+            self.rejected_models += dropped
+        return dropped
+
+    def _evict_idle(self, now: float) -> None:
+        for name in [n for n, m in self._models.items() if all(sk.empty(now) for sk in m.sketches.values())]:
+            del self._models[name]
+
+    def models(self) -> list[str]:
+        with self._lock:
+            return sorted(self._models)
+
+    def window_stats(self, model: str, quantity: str, window: str) -> WindowStats | None:
+        """Quantiles, tail ratio and bimodality of one series, or None when the window holds nothing."""
+        now = self._clock()
+        with self._lock:
+            m = self._models.get(model)
+            if m is None:
+                return None
+            sketch = m.sketches[quantity].window(WINDOWS_S[window], now)
+        if not sketch.count:
+            return None
+        qs = {q: float(sketch.get_quantile_value(q) or 0.0) for q in QUANTILES}
+        p50, p99 = qs[0.5], qs[0.99]
+        ratio = p99 / p50 if p50 > 0 else None
+        key, slot = (model, quantity, window), slot_of(now)
+        cached = self._bimodal_cache.get(key)
+        if cached is not None and cached[0] == slot and (cached[2] is not None or cached[1] == sketch.count):
+            verdict = cached[2]
+        else:
+            verdict = bimodality.detect_log(log_bins(sketch))
+            self._bimodal_cache[key] = (slot, sketch.count, verdict)
+        mean = sketch.sum / sketch.count if sketch.count else None
+        return WindowStats(float(sketch.count), qs, ratio, verdict, mean)
+
+    def _engine_has_gap(self, model: str, window: str) -> bool:
+        """Whether the engine collector emits frontend_gap for this series (its histograms have all three)."""
+        for q in ("ttft", "queue", "prefill"):
+            st = self.board.get(model, q, window, "histogram")
+            if st is None or st.mean_s is None:
+                return False
+        return True
+
+    def frontend_gap(self, model: str, window: str) -> float | None:
+        """Mean TTFT − (queue + prefill) over the window, seconds; None without such requests."""
+        with self._lock:
+            m = self._models.get(model)
+            if m is None:
+                return None
+            total, count = m.gap.window(WINDOWS_S[window], self._clock())
+        return total / count if count else None
+
+    def samples(self) -> list[AnySample]:
+        """Every catalog sample the analytics currently derive (absent quantities stay absent).
+
+        Cached for :data:`SAMPLES_TTL_S`: the OTLP sink calls this once per catalog metric per export.
+        """
+        now = self._clock()
+        cached = self._cached
+        if cached is not None and 0 <= now - cached[0] < SAMPLES_TTL_S:
+            return cached[1]
+        out = self._compute(now)
+        self._cached = (now, out)
+        return out
+
+    def _compute(self, now: float) -> list[AnySample]:
+        out: list[AnySample] = []
+        with self._lock:
+            self._evict_idle(now)
+            names = sorted(self._models)
+            hists = [
+                h.sample(HISTOGRAMS[q], attrs({MODEL: name}))
+                for name in names
+                for q, h in self._models[name].histograms.items()
+                if h.count
+            ]
+            live = {(n, q, w) for n in names for q in QUANTITIES for w in WINDOWS_S}
+            for key in [k for k in self._bimodal_cache if k not in live]:
+                del self._bimodal_cache[key]
+        published: dict[tuple[str, str, str], LatencyStats] = {}
+        for name in names:
+            for window in WINDOWS_S:
+                for q in QUANTITIES:
+                    st = self.window_stats(name, q, window)
+                    if st is None:
+                        continue
+                    stats = LatencyStats(st.quantiles, st.count, SOURCE, st.mean_s)
+                    published[(name, q, window)] = stats
+                    out.extend(latency_samples(name, q, window, stats))
+                    if st.bimodality is not None:
+                        a = attrs({MODEL: name, "quantity": q, "window": window, "source": SOURCE})
+                        b = st.bimodality
+                        out.append(Sample("inferwatch.engine.latency.bimodal", 1.0 if b.bimodal else 0.0, a))
+                        out.append(Sample("inferwatch.engine.latency.bimodality", b.statistic, a))
+                gap = self.frontend_gap(name, window) if not self._engine_has_gap(name, window) else None
+                if gap is not None:
+                    out.append(Sample("inferwatch.engine.frontend_gap", gap, attrs({MODEL: name, "window": window})))
+        self.board.replace(SOURCE, published)
+        out.extend(hists)
+        return out

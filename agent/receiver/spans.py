@@ -1,0 +1,132 @@
+"""From OTLP spans to per-request timings.
+
+Reads an ``ExportTraceServiceRequest`` (opentelemetry-proto). Every span that carries at least one
+``gen_ai.latency.*`` attribute (vLLM's ``llm_request`` span, emitted once per finished request, see
+vllm/v1/engine/output_processor.py ``do_tracing``) becomes one :class:`RequestTiming`:
+
+=========================================  =========  =====================================
+attribute (seconds, double)                quantity   interval (vLLM v1)
+=========================================  =========  =====================================
+gen_ai.latency.time_to_first_token         ttft       frontend arrival → first token
+gen_ai.latency.e2e                         e2e        frontend arrival → last token
+gen_ai.latency.time_in_queue               queue      queued → scheduled (engine core)
+gen_ai.latency.time_in_model_prefill       prefill    scheduled → first token
+gen_ai.latency.time_in_model_decode        decode     first → last token
+gen_ai.latency.time_in_model_inference     inference  scheduled → last token
+(derived) decode / (completion_tokens − 1) itl        per-request mean inter-token latency
+=========================================  =========  =====================================
+
+V0-only keys (``time_in_scheduler``, ``time_in_model_forward``, ``time_in_model_execute``) are not
+quantities of the catalog and are ignored. Tokens come from ``gen_ai.usage.prompt_tokens`` /
+``completion_tokens`` (the old GenAI keys vLLM uses) or ``input_tokens`` / ``output_tokens`` (current).
+The model is ``gen_ai.request.model``, else ``gen_ai.response.model`` (vLLM sets the latter to the
+served model name), else ``unknown``.
+
+A value that is not a finite number in [0, :data:`MAX_LATENCY_S`] is left out and counted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from agent.analytics.latency import RequestTiming
+
+MAX_LATENCY_S = 86_400.0  # a day: anything longer is not a request latency
+MAX_MODEL_NAME_CHARS = 256
+UNKNOWN_MODEL = "unknown"
+
+LATENCY_KEYS: dict[str, str] = {
+    "gen_ai.latency.time_to_first_token": "ttft",
+    "gen_ai.latency.e2e": "e2e",
+    "gen_ai.latency.time_in_queue": "queue",
+    "gen_ai.latency.time_in_model_prefill": "prefill",
+    "gen_ai.latency.time_in_model_decode": "decode",
+    "gen_ai.latency.time_in_model_inference": "inference",
+}
+_PROMPT_KEYS = frozenset({"gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"})
+_COMPLETION_KEYS = frozenset({"gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens"})
+_REQUEST_MODEL = "gen_ai.request.model"
+_RESPONSE_MODEL = "gen_ai.response.model"
+
+
+class PayloadError(ValueError):
+    """The payload is not a valid ExportTraceServiceRequest."""
+
+
+@dataclass(slots=True)
+class Extracted:
+    """What one export request held."""
+
+    spans: int = 0
+    timings: list[RequestTiming] = field(default_factory=list)
+    invalid: Counter[str] = field(default_factory=Counter)  # reason → values left out
+
+
+def decode(payload: bytes) -> ExportTraceServiceRequest:
+    req = ExportTraceServiceRequest()
+    try:
+        req.ParseFromString(payload)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise PayloadError(f"not an OTLP ExportTraceServiceRequest: {exc}") from None
+    return req
+
+
+def _number(v: object) -> float | None:
+    which = v.WhichOneof("value")  # type: ignore[attr-defined]
+    if which == "double_value":
+        return float(v.double_value)  # type: ignore[attr-defined]
+    if which == "int_value":
+        return float(v.int_value)  # type: ignore[attr-defined]
+    return None
+
+
+def extract(req: ExportTraceServiceRequest) -> Extracted:
+    """Per-request timings from every span with ``gen_ai.latency.*`` attributes."""
+    out = Extracted()
+    timings = out.timings
+    invalid = out.invalid
+    latency_keys = LATENCY_KEYS
+    for rs in req.resource_spans:
+        for ss in rs.scope_spans:
+            spans = ss.spans
+            out.spans += len(spans)
+            for span in spans:
+                seconds: dict[str, float] = {}
+                model = response_model = None
+                prompt = completion = None
+                for kv in span.attributes:
+                    key = kv.key
+                    if not key.startswith("gen_ai."):
+                        continue
+                    q = latency_keys.get(key)
+                    if q is not None:
+                        x = _number(kv.value)
+                        if x is None or math.isnan(x):
+                            invalid["not_a_number"] += 1
+                        elif not 0.0 <= x <= MAX_LATENCY_S:
+                            invalid["out_of_range"] += 1
+                        else:
+                            seconds[q] = x
+                    elif key == _REQUEST_MODEL:
+                        model = kv.value.string_value
+                    elif key == _RESPONSE_MODEL:
+                        response_model = kv.value.string_value
+                    elif key in _COMPLETION_KEYS:
+                        n = _number(kv.value)
+                        completion = int(n) if n is not None and 0 <= n < 2**53 else None
+                    elif key in _PROMPT_KEYS:
+                        n = _number(kv.value)
+                        prompt = int(n) if n is not None and 0 <= n < 2**53 else None
+                if not seconds:
+                    continue
+                decode_s = seconds.get("decode")
+                if decode_s is not None and completion is not None and completion > 1:
+                    seconds["itl"] = decode_s / (completion - 1)
+                name = (model or response_model or UNKNOWN_MODEL)[:MAX_MODEL_NAME_CHARS]
+                timings.append(RequestTiming(name, seconds, prompt, completion))
+    return out

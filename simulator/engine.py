@@ -1,0 +1,336 @@
+"""The engine core: a synchronous continuous-batching scheduler, driven in real time or virtual time.
+
+Each call to :meth:`EngineCore.plan` builds one step the way vLLM v1's scheduler does: every running
+sequence that finished its prefill decodes one token, the rest of the token budget
+(``max_num_batched_tokens``) goes to prefill chunks, and waiting requests are admitted first-come
+first-served while there are sequence slots (``max_num_seqs``) and free KV-cache blocks. When a
+decoding sequence needs a block and none is free, the most recently admitted sequence is preempted
+(recompute, as vLLM v1 does) and goes back to the head of the queue. :meth:`complete` advances the
+step's requests and reports tokens, steps and finished requests to an :class:`EngineListener`.
+
+Timestamps follow vLLM: ``arrival`` (frontend), ``queued`` (engine), ``scheduled`` (most recent),
+``first_token``, ``last_token``; all in seconds of the driver's clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from simulator.profiles import Deployment
+from simulator.scenarios import ScenarioSet
+from simulator.timing import TimingModel
+
+PREFIX_CACHE_ENTRIES = 4096
+
+
+@dataclass(slots=True, eq=False)
+class SimRequest:
+    """One request as the engine sees it (mutable: the scheduler advances it)."""
+
+    request_id: str
+    prompt_tokens: int
+    max_tokens: int
+    arrival: float
+    ignore_eos: bool = False
+    prefix_key: int = 0  # hash of a shared prefix (system prompt); 0 = none
+    prefix_tokens: int = 0
+    max_tokens_param: int | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    # set by the engine
+    engine_index: int = 0
+    target_tokens: int = 0
+    queued: float = 0.0
+    scheduled: float | None = None
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    stall_until: float = 0.0
+    cached_tokens: int = 0
+    to_prefill: int = 0  # tokens still to compute before the next token comes out
+    generated: int = 0
+    blocks: int = 0
+    preemptions: int = 0
+    finish_reason: str | None = None
+    finished_at: float | None = None
+    sink: Any = None  # the runtime's token stream
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.to_prefill == 0 and self.scheduled is not None
+
+
+class EngineListener(Protocol):
+    def on_token(self, req: SimRequest, now: float, itl: float | None) -> None: ...
+
+    def on_finish(self, req: SimRequest) -> None: ...
+
+    def on_step(self, core: EngineCore, prompt_tokens: int, generation_tokens: int, preempted: int) -> None: ...
+
+
+@dataclass(slots=True)
+class Step:
+    start: float
+    duration: float
+    prefill: list[tuple[SimRequest, int]]
+    decode: list[SimRequest]
+
+
+class EngineCore:
+    """One data-parallel engine (vLLM ``EngineCore``) with its own scheduler, KV cache and RNG."""
+
+    def __init__(
+        self,
+        index: int,
+        deployment: Deployment,
+        scenarios: ScenarioSet,
+        listener: EngineListener,
+        seed: int = 0,
+    ) -> None:
+        self.index = index
+        self.dep = deployment
+        self.listener = listener
+        self.rng = random.Random(seed * 1_000_003 + index)
+        self.model = TimingModel(deployment, scenarios, self.rng)
+        self.total_blocks = deployment.num_gpu_blocks
+        self.free_blocks = self.total_blocks
+        self.pending: list[tuple[float, int, SimRequest]] = []  # not yet through the frontend
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.prefix_cache: OrderedDict[int, None] = OrderedDict()
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self._seq = itertools.count()
+
+    # -- intake ----------------------------------------------------------------------------------
+    def add(self, req: SimRequest) -> None:
+        """Take a request that arrived at ``req.arrival``; it reaches the queue after the frontend."""
+        req.engine_index = self.index
+        limit = max(1, self.dep.size.max_model_len - req.prompt_tokens)
+        req.target_tokens = self.model.output_tokens(min(req.max_tokens, limit), req.ignore_eos)
+        req.queued = req.arrival + self.model.frontend_seconds(req.prompt_tokens)
+        heapq.heappush(self.pending, (req.queued, next(self._seq), req))
+
+    def abort(self, req: SimRequest, now: float) -> None:
+        """Client went away: drop the request wherever it is and report it finished (``abort``)."""
+        if req.finish_reason is not None:
+            return
+        if req in self.running:
+            self.running.remove(req)
+            self._free(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        else:
+            self.pending = [p for p in self.pending if p[2] is not req]
+            heapq.heapify(self.pending)
+        req.finish_reason = "abort"
+        req.finished_at = now
+        self.listener.on_finish(req)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return 1.0 - self.free_blocks / self.total_blocks if self.total_blocks else 0.0
+
+    @property
+    def load(self) -> int:
+        """Data-parallel balancing score (vLLM weighs waiting requests 4×)."""
+        return 4 * (len(self.waiting) + len(self.pending)) + len(self.running)
+
+    def busy(self) -> bool:
+        return bool(self.pending or self.waiting or self.running)
+
+    def next_wakeup(self) -> float | None:
+        """Earliest time something becomes schedulable when :meth:`plan` found nothing to do."""
+        times = [self.pending[0][0]] if self.pending else []
+        times += [r.stall_until for r in self.running if not r.prefill_done]
+        return min(times) if times else None
+
+    # -- scheduling ------------------------------------------------------------------------------
+    def _blocks_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.dep.block_size)
+
+    def _free(self, req: SimRequest) -> None:
+        self.free_blocks += req.blocks
+        req.blocks = 0
+
+    def _preempt_newest(self) -> bool:
+        victim = self.running.pop()
+        self._free(victim)
+        victim.to_prefill = victim.prompt_tokens + victim.generated
+        victim.scheduled = None
+        victim.preemptions += 1
+        self.waiting.appendleft(victim)
+        return True
+
+    def _lookup_prefix(self, req: SimRequest) -> int:
+        self.prefix_queries += req.prompt_tokens
+        if not req.prefix_key:
+            return 0
+        cached = 0
+        if req.prefix_key in self.prefix_cache:
+            self.prefix_cache.move_to_end(req.prefix_key)
+            cached = (min(req.prefix_tokens, req.prompt_tokens - 1) // self.dep.block_size) * self.dep.block_size
+        else:
+            self.prefix_cache[req.prefix_key] = None
+            if len(self.prefix_cache) > PREFIX_CACHE_ENTRIES:
+                self.prefix_cache.popitem(last=False)
+        self.prefix_hits += cached
+        return cached
+
+    def plan(self, now: float) -> Step | None:
+        """Build the next step at ``now``; None when nothing can run yet (see :meth:`next_wakeup`)."""
+        while self.pending and self.pending[0][0] <= now:
+            self.waiting.append(heapq.heappop(self.pending)[2])
+        budget = self.dep.batched_tokens
+        preempted = 0
+        decode: list[SimRequest] = []
+        for req in list(self.running):
+            if req not in self.running or not req.prefill_done:
+                continue
+            ctx = req.prompt_tokens + req.generated
+            while ctx % self.dep.block_size == 0 and self.free_blocks == 0 and self.running:
+                preempted += self._preempt_newest()
+                if req not in self.running:
+                    break
+            if req not in self.running:
+                continue
+            if ctx % self.dep.block_size == 0:
+                self.free_blocks -= 1
+                req.blocks += 1
+            decode.append(req)
+        budget -= len(decode)
+        prefill: list[tuple[SimRequest, int]] = []
+        for req in self.running:
+            if budget <= 0:
+                break
+            if not req.prefill_done and req.stall_until <= now:
+                chunk = min(req.to_prefill, budget)
+                prefill.append((req, chunk))
+                budget -= chunk
+        while self.waiting and budget > 0 and len(self.running) < self.dep.seqs:
+            req = self.waiting[0]
+            if req.preemptions == 0 and req.scheduled is None and req.first_scheduled is None:
+                req.cached_tokens = self._lookup_prefix(req)
+                req.to_prefill = req.prompt_tokens - req.cached_tokens
+            need = self._blocks_for(req.prompt_tokens + req.generated)
+            if need > self.free_blocks:
+                break
+            self.waiting.popleft()
+            self.free_blocks -= need
+            req.blocks = need
+            req.scheduled = now
+            if req.first_scheduled is None:
+                req.first_scheduled = now
+                req.stall_until = now + self.model.slow_path_seconds()
+            self.running.append(req)
+            if req.stall_until <= now:
+                chunk = min(req.to_prefill, budget)
+                prefill.append((req, chunk))
+                budget -= chunk
+        if preempted:
+            self.listener.on_step(self, 0, 0, preempted)
+        if not prefill and not decode:
+            return None
+        prefill_tokens = sum(c for _, c in prefill)
+        context = sum(r.prompt_tokens + r.generated for r in decode)
+        duration = self.model.step_seconds(prefill_tokens, len(decode), context)
+        return Step(now, duration, prefill, decode)
+
+    def complete(self, step: Step, end: float) -> None:
+        """Apply ``step`` as finished at ``end``: emit tokens, finish requests, report the step."""
+        prompt_done = 0
+        emitted: list[SimRequest] = []
+        for req, chunk in step.prefill:
+            if req.finish_reason is not None:
+                continue
+            req.to_prefill -= chunk
+            if req.to_prefill == 0:
+                if req.generated == 0:
+                    prompt_done += req.prompt_tokens
+                emitted.append(req)
+        emitted.extend(r for r in step.decode if r.finish_reason is None)
+        for req in emitted:
+            req.generated += 1
+            itl = None if req.last_token is None else end - req.last_token
+            if req.first_token is None:
+                req.first_token = end
+            req.last_token = end
+            self.listener.on_token(req, end, itl)
+            if req.generated >= req.target_tokens:
+                req.finish_reason = "length" if req.target_tokens >= req.max_tokens else "stop"
+                req.finished_at = end
+                self.running.remove(req)
+                self._free(req)
+                self.listener.on_finish(req)
+        self.listener.on_step(self, prompt_done, len(emitted), 0)
+
+
+class Recorder:
+    """An :class:`EngineListener` that keeps finished requests and every ITL (offline runs, tests)."""
+
+    def __init__(self) -> None:
+        self.finished: list[SimRequest] = []
+        self.itls: list[float] = []
+        self.preemptions = 0
+
+    def on_token(self, req: SimRequest, now: float, itl: float | None) -> None:
+        if itl is not None:
+            self.itls.append(itl)
+
+    def on_finish(self, req: SimRequest) -> None:
+        self.finished.append(req)
+
+    def on_step(self, core: EngineCore, prompt_tokens: int, generation_tokens: int, preempted: int) -> None:
+        self.preemptions += preempted
+
+
+def run_offline(core: EngineCore, requests: list[SimRequest], max_steps: int = 10_000_000) -> float:
+    """Drive ``core`` in virtual time over ``requests`` (sorted by arrival); return the end time.
+
+    The same scheduler and timing model as the live server, without sleeping: n = 10 000 requests
+    take a second or two, so statistical checks run on large samples deterministically.
+    """
+    now = 0.0
+    i = 0
+    n = len(requests)
+    for _ in range(max_steps):
+        while i < n and requests[i].arrival <= now:
+            core.add(requests[i])
+            i += 1
+        step = core.plan(now)
+        if step is None:
+            candidates = [t for t in (core.next_wakeup(), requests[i].arrival if i < n else None) if t is not None]
+            if not candidates:
+                return now
+            now = max(now, min(candidates))
+            continue
+        now = step.start + step.duration
+        core.complete(step, now)
+    raise RuntimeError(f"offline run did not finish within {max_steps} steps")
+
+
+def poisson_requests(
+    n: int,
+    rate_per_s: float,
+    prompt_tokens: int,
+    max_tokens: int,
+    seed: int = 0,
+    ignore_eos: bool = True,
+) -> list[SimRequest]:
+    """``n`` requests with Poisson arrivals at ``rate_per_s`` (for offline runs and benchmarks)."""
+    rng = random.Random(seed)
+    t = 0.0
+    out = []
+    for k in range(n):
+        t += rng.expovariate(rate_per_s)
+        out.append(SimRequest(f"req-{k}", prompt_tokens, max_tokens, t, ignore_eos=ignore_eos))
+    return out

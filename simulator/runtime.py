@@ -1,0 +1,201 @@
+"""The live runtime: engine cores driven in real time on the asyncio loop, and token delivery.
+
+One task per engine runs the step loop (the shared ticker: one timer per engine step, not per token
+or per request). A step's tokens go to each request's :class:`TokenStream`, which the HTTP handler
+drains and writes as SSE chunks. Steps are scheduled on a deadline chain (next step starts when the
+previous one was due, if the loop is only slightly late), so timer granularity does not inflate the
+simulated latencies, and a host that briefly deschedules the process delays token delivery without
+changing the engine's timestamps (the vLLM phase histograms stay the model's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from simulator.config import SimConfig
+from simulator.engine import EngineCore, SimRequest
+from simulator.metrics import VllmMetrics, _PerEngine
+from simulator.profiles import Deployment, deploy
+from simulator.scenarios import ScenarioSet
+from simulator.tracing import SpanEmitter
+
+HANG_POLL_S = 0.05
+LAG_PROBE_INTERVAL_S = 0.01
+LAG_WINDOW = 60_000
+DEADLINE_SLACK_S = 0.25  # a loop this late still follows the model's timeline (it catches up)
+
+
+class TokenStream:
+    """Tokens produced for one request so far; the handler awaits ``event``."""
+
+    __slots__ = ("count", "done", "event")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.done = False
+        self.event = asyncio.Event()
+
+    def push(self) -> None:
+        self.count += 1
+        self.event.set()
+
+    def finish(self) -> None:
+        self.done = True
+        self.event.set()
+
+
+class _Listener:
+    def __init__(self, metrics: _PerEngine, spans: SpanEmitter | None, model: str) -> None:
+        self.metrics = metrics
+        self.spans = spans
+        self.model = model
+
+    def on_token(self, req: SimRequest, now: float, itl: float | None) -> None:
+        self.metrics.token(req, now, itl)
+        if req.sink is not None:
+            req.sink.push()
+
+    def on_finish(self, req: SimRequest) -> None:
+        self.metrics.finish(req)
+        if self.spans is not None:
+            self.spans.emit(req, self.model)
+        if req.sink is not None:
+            req.sink.finish()
+
+    def on_step(self, core: EngineCore, prompt_tokens: int, generation_tokens: int, preempted: int) -> None:
+        self.metrics.step(core, prompt_tokens, generation_tokens, preempted)
+
+
+class EngineLoop:
+    def __init__(self, core: EngineCore, scenarios: ScenarioSet) -> None:
+        self.core = core
+        self.scenarios = scenarios
+        self.wakeup = asyncio.Event()
+        self.steps = 0
+
+    def submit(self, req: SimRequest) -> None:
+        self.core.add(req)
+        self.wakeup.set()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        clock = time.monotonic
+        due: float | None = None
+        core = self.core
+        while True:
+            if "hang" in self.scenarios:
+                due = None
+                await asyncio.sleep(HANG_POLL_S)
+                continue
+            now = clock()
+            start = due if due is not None and 0 <= now - due < DEADLINE_SLACK_S else now
+            step = core.plan(start)
+            if step is None:
+                due = None
+                wake = core.next_wakeup()
+                self.wakeup.clear()
+                handle = loop.call_later(max(0.0, wake - now), self.wakeup.set) if wake is not None else None
+                await self.wakeup.wait()
+                if handle is not None:
+                    handle.cancel()
+                continue
+            due = step.start + step.duration
+            delay = due - clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            core.complete(step, due)
+            self.steps += 1
+
+
+@dataclass
+class ModelServer:
+    """One served model: its deployment and its data-parallel engines."""
+
+    name: str
+    deployment: Deployment
+    loops: list[EngineLoop] = field(default_factory=list)
+
+    def submit(self, req: SimRequest) -> EngineLoop:
+        target = min(self.loops, key=lambda lp: lp.core.load)
+        target.submit(req)
+        return target
+
+
+class LoopLag:
+    """Event-loop lag: how late a 10 ms timer fires (the simulator's own overhead, GET /sim/stats)."""
+
+    def __init__(self) -> None:
+        self.samples: deque[float] = deque(maxlen=LAG_WINDOW)
+
+    async def run(self) -> None:
+        clock = time.perf_counter
+        while True:
+            t0 = clock()
+            await asyncio.sleep(LAG_PROBE_INTERVAL_S)
+            self.samples.append(max(0.0, clock() - t0 - LAG_PROBE_INTERVAL_S))
+
+    def stats(self) -> dict[str, float | int | None]:
+        v = sorted(self.samples)
+        if not v:
+            return {"samples": 0, "p50_s": None, "p99_s": None, "max_s": None}
+        pick = lambda q: v[min(len(v) - 1, int(q * len(v)))]  # noqa: E731
+        return {"samples": len(v), "p50_s": pick(0.5), "p99_s": pick(0.99), "max_s": v[-1]}
+
+
+class Runtime:
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.scenarios = ScenarioSet(config.scenarios)
+        self.deployments = {
+            m: deploy(
+                m,
+                config.hardware,
+                params_b=config.params_b,
+                quantization=config.quantization,
+                tensor_parallel_size=config.tensor_parallel_size,
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_model_len=config.max_model_len,
+            )
+            for m in config.models
+        }
+        max_len = max(d.size.max_model_len for d in self.deployments.values())
+        self.metrics = VllmMetrics(max_len, show_hidden=config.show_hidden_metrics)
+        self.spans = SpanEmitter(config.otlp_traces_endpoint) if config.otlp_traces_endpoint else None
+        self.models: dict[str, ModelServer] = {}
+        for m, dep in self.deployments.items():
+            server = ModelServer(m, dep)
+            for i in range(config.engines):
+                listener = _Listener(self.metrics.engine(m, i, dep), self.spans, m)
+                seed = config.seed * 7919 + len(self.models)
+                core = EngineCore(i, dep, self.scenarios, listener, seed=seed)
+                server.loops.append(EngineLoop(core, self.scenarios))
+            self.models[m] = server
+        self._tasks: list[asyncio.Task[None]] = []
+        self.started_at = time.time()
+        self.lag = LoopLag()
+
+    def start(self) -> None:
+        self._tasks.append(asyncio.get_running_loop().create_task(self.lag.run()))
+        for server in self.models.values():
+            for lp in server.loops:
+                self._tasks.append(asyncio.get_running_loop().create_task(lp.run()))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+        if self.spans is not None:
+            await asyncio.to_thread(self.spans.shutdown)
+
+    def abort(self, req: SimRequest) -> None:
+        server = self.models.get(req.params.get("model", ""))
+        if server is not None:
+            server.loops[req.engine_index].core.abort(req, time.monotonic())

@@ -20,6 +20,10 @@ class Agent:
     """The running agent. ``start``/``stop`` are idempotent; ``stop`` is bounded in time."""
 
     def __init__(self, settings: Settings, services: dict[str, Any] | None = None) -> None:
+        from agent.diag.services import build_services, collector_timing
+
+        settings = collector_timing(settings)
+        services = {**build_services(settings), **(services or {})}
         self.settings = settings
         self.state = AgentState(environment=settings.node.environment)
         self.state.identity = node_identity(settings.path.procfs, settings.path.sysfs)
@@ -31,6 +35,7 @@ class Agent:
                 self.state.add_source(f"{collector.name}.status", status)
         self.registry = make_registry(self.state)
         self.otlp: Any = None
+        self.otlp_logs: Any = None
         self.analytics: Any = None  # LatencyAnalytics when the OTLP trace receiver is on
         self.receiver: Any = None
         if settings.receiver.enabled:
@@ -61,6 +66,11 @@ class Agent:
             self.otlp = OTLPExporter(
                 self.state, build_resource(self.state.identity, self.settings.node.environment), make_exporter()
             )
+            from agent.diag.services import start_sinks
+
+            self.otlp_logs = start_sinks(
+                self.ctx.services, self.settings, build_resource(self.state.identity, self.settings.node.environment)
+            )
         if self.receiver is not None:
             self.receiver.start()  # raises ConfigError when an endpoint cannot be bound
         self.runner.start()
@@ -76,4 +86,6 @@ class Agent:
             self.receiver.stop()
         if self.otlp is not None:
             self.otlp.shutdown()
+        if self.otlp_logs is not None:
+            self.otlp_logs.shutdown()
         log.info("agent stopped")

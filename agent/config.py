@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -138,6 +138,111 @@ class ReceiverSettings(_Section):
         return v
 
 
+DEFAULT_PROFILE_HEADER = "X-Runtime-Debug: runtime_profile=1"
+DEFAULT_PROFILE_INTERVAL_S = 60.0
+DEFAULT_PROFILE_TIMEOUT_S = 3.0
+DEFAULT_PROFILE_MAX_BYTES = 1 << 20  # 1 MiB: a debug profile is a small JSON document
+DEFAULT_GAUGE_FIELDS = ("gpu_memory_used_bytes", "gpu_memory_total_bytes", "num_running_requests", "kv_cache_usage")
+DEFAULT_PROBE_INTERVAL_S = 30.0
+DEFAULT_PROBE_TIMEOUT_S = 10.0
+DEFAULT_PROBE_MAX_TOKENS = 8
+DEFAULT_PROBE_MAX_BYTES = 1 << 20
+DEFAULT_SNAPSHOT_DIR = Path("~/.local/state/inferwatch/snapshots")
+DEFAULT_SNAPSHOT_MAX_COUNT = 32
+DEFAULT_SNAPSHOT_MAX_BYTES = 8 << 20
+DEFAULT_PROFILE_DURATION_CAP_S = 60.0
+DEFAULT_PROFILE_RING_COUNT = 8
+DEFAULT_PROFILE_RING_BYTES = 64 << 20
+DEFAULT_BINARY_TIMEOUT_S = 10.0
+API_SCOPES = ("read", "snapshots", "profile")
+Scope = Literal["read", "snapshots", "profile"]
+ProbeProtocol = Literal["openai", "anthropic"]
+
+
+def _default_protocols() -> list[ProbeProtocol]:
+    return ["openai"]
+
+
+def _default_scopes() -> list[Scope]:
+    return ["read"]
+
+
+class RuntimeProfileSettings(_Section):
+    """The runtime's debug ``runtime_profile`` endpoint (None = collector reports absence)."""
+
+    url: str | None = None  # e.g. http://127.0.0.1:8000/debug/runtime_profile
+    header: str = DEFAULT_PROFILE_HEADER  # "Name: value" sent with every fetch
+    interval_s: float = Field(default=DEFAULT_PROFILE_INTERVAL_S, gt=0, le=86400)
+    timeout_s: float = Field(default=DEFAULT_PROFILE_TIMEOUT_S, gt=0, le=120)
+    max_bytes: int = Field(default=DEFAULT_PROFILE_MAX_BYTES, gt=0, le=64 << 20)
+    redaction: Literal["denylist", "allowlist"] = "denylist"
+    deny_keys: list[str] = Field(default_factory=list)  # extra key regexes, added to the built-in denylist
+    allow_keys: list[str] = Field(default_factory=list)  # allowlist mode: keys (or dotted paths) kept verbatim
+    gauge_fields: list[str] = Field(default_factory=lambda: list(DEFAULT_GAUGE_FIELDS))
+
+    @field_validator("header")
+    @classmethod
+    def _header_shape(cls, v: str) -> str:
+        name, sep, _ = v.partition(":")
+        if not sep or not name.strip() or any(c.isspace() for c in name.strip()):
+            raise ValueError("must look like 'Header-Name: value'")
+        return v
+
+
+class ProbeSettings(_Section):
+    """Synthetic streaming request against the runtime (off unless ``url`` is set)."""
+
+    url: str | None = None  # base URL of the runtime, e.g. http://127.0.0.1:8000
+    protocols: list[ProbeProtocol] = Field(default_factory=_default_protocols)
+    interval_s: float = Field(default=DEFAULT_PROBE_INTERVAL_S, gt=0, le=86400)
+    timeout_s: float = Field(default=DEFAULT_PROBE_TIMEOUT_S, gt=0, le=300)
+    model: str | None = None  # None: the first model of GET /v1/models
+    prompt: str = "Say OK."
+    max_tokens: int = Field(default=DEFAULT_PROBE_MAX_TOKENS, gt=0, le=256)
+    max_bytes: int = Field(default=DEFAULT_PROBE_MAX_BYTES, gt=0, le=64 << 20)
+
+
+class ApiToken(_Section):
+    token: str = Field(min_length=16)
+    scopes: list[Scope] = Field(default_factory=_default_scopes)
+    name: str = ""
+
+
+class ApiSettings(_Section):
+    """Bearer tokens and scopes of the JSON API (see docs/diagnostics.md)."""
+
+    tokens: list[ApiToken] = Field(default_factory=list)
+    tokens_file: Path | None = None  # lines "TOKEN scope,scope [name]"
+    open_paths: list[str] = Field(default_factory=lambda: ["/metrics", "/healthz", "/readyz", "/runbooks/*"])
+    # ^ exact paths, or a prefix ending in "/*"
+    anonymous_scopes: list[Scope] = Field(default_factory=_default_scopes)
+    # ^ used only while no token is configured (loopback-only agent); "profile" is never granted anonymously
+
+
+class ProfilingSettings(_Section):
+    """py-spy: off unless enabled; never run on the collection path except the rate-limited dump enrichment."""
+
+    enabled: bool = False
+    py_spy: Path | None = None  # None: py-spy next to the agent's Python, else on PATH (resolved once at start)
+    max_duration_s: float = Field(default=DEFAULT_PROFILE_DURATION_CAP_S, gt=0, le=600)
+    ring_count: int = Field(default=DEFAULT_PROFILE_RING_COUNT, gt=0, le=1000)
+    ring_bytes: int = Field(default=DEFAULT_PROFILE_RING_BYTES, gt=0)
+    dir: Path | None = None  # None: <snapshots.dir>/../profiles
+
+
+class SnapshotSettings(_Section):
+    dir: Path = DEFAULT_SNAPSHOT_DIR
+    max_count: int = Field(default=DEFAULT_SNAPSHOT_MAX_COUNT, gt=0, le=10000)
+    max_bytes: int = Field(default=DEFAULT_SNAPSHOT_MAX_BYTES, gt=0)
+
+
+class BinarySettings(_Section):
+    """Binary compatibility of the runtime (at start and on demand): ``path`` overrides /proc/PID/exe."""
+
+    path: Path | None = None
+    timeout_s: float = Field(default=DEFAULT_BINARY_TIMEOUT_S, gt=0, le=120)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="INFERWATCH_",
@@ -161,6 +266,22 @@ class Settings(BaseSettings):
     engine: EngineSettings = EngineSettings()
     receiver: ReceiverSettings = ReceiverSettings()
 
+    runtime_profile: RuntimeProfileSettings = RuntimeProfileSettings()
+    probe: ProbeSettings = ProbeSettings()
+    api: ApiSettings = ApiSettings()
+    profiling: ProfilingSettings = ProfilingSettings()
+    snapshots: SnapshotSettings = SnapshotSettings()
+    binary: BinarySettings = BinarySettings()
+
+    @model_validator(mode="after")
+    def _no_open_api_off_loopback(self) -> Settings:
+        if not _is_loopback(self.listen_address) and not self.api.tokens and self.api.tokens_file is None:
+            raise ValueError(
+                f"listen_address {self.listen_address} is not a loopback address and no API token is configured; "
+                "set api.tokens (or api.tokens_file) before exposing the agent, or bind 127.0.0.1"
+            )
+        return self
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -181,6 +302,17 @@ class Settings(BaseSettings):
         return bool(
             os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
         )
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class _YamlSource(PydanticBaseSettingsSource):

@@ -25,6 +25,8 @@ from agent.samples import Finding
 class DoctorContext:
     settings: Settings
     require: list[str] = field(default_factory=list)  # CPU features that must be present
+    engine_url: str | None = None  # runtime base URL: the streaming probe runs once against it
+    profile_url: str | None = None  # debug runtime_profile URL
     services: dict[str, Any] = field(default_factory=dict)  # injected clients (nvml), as CollectContext
 
 
@@ -86,11 +88,18 @@ def check_gpu(ctx: DoctorContext) -> list[Finding]:
         nv.shutdown()
 
 
+def check_runtime(ctx: DoctorContext) -> list[Finding]:
+    from agent.diag.doctor_checks import runtime_checks
+
+    return runtime_checks(ctx)
+
+
 # The explicit list of checks, in the order doctor prints them.
 CHECKS: list[tuple[str, CheckFn]] = [
     ("pagecache", check_pagecache),
     ("cpu", check_cpu),
     ("gpu", check_gpu),
+    ("runtime", check_runtime),
 ]
 
 

@@ -53,4 +53,7 @@ def create_app(agent: Agent) -> FastAPI:
             ],
         }
 
+    from agent.diag.api import install
+
+    install(app, agent)
     return app

@@ -60,4 +60,19 @@ METRICS = (
         "Shared libraries the runtime binary needs that cannot be found on this host.",
         ("runtime",),
     ),
+    MetricSpec(
+        "inferwatch.runtime.binary.compatible",
+        Kind.GAUGE,
+        "",
+        "1 when the runtime binary's shared libraries, symbol versions and required glibc all resolve on this "
+        "host, 0 when not (checked at start and on demand).",
+        ("runtime",),
+    ),
+    MetricSpec(
+        "inferwatch.api.refused",
+        Kind.COUNTER,
+        "{request}",
+        "API requests refused by authentication, by HTTP status (401 no valid token, 403 token lacks the scope).",
+        ("status",),
+    ),
 )

@@ -19,6 +19,12 @@ def register(app: typer.Typer) -> None:
         sysfs: Path | None = SysfsOpt,
         require: list[str] = typer.Option([], "--require", help="CPU feature that must be present (repeatable)."),
         as_json: bool = typer.Option(False, "--json", help='Print {"checks": [...]} as JSON.'),
+        engine_url: str | None = typer.Option(
+            None, "--engine-url", help="Runtime base URL: probe its streams once (schema, hardware_mismatch)."
+        ),
+        profile_url: str | None = typer.Option(
+            None, "--profile-url", help="The runtime's debug runtime_profile URL: check its state."
+        ),
     ) -> None:
         """Check this host once: CPU features against its model, page cache, GPU; a CI/CD hardware gate."""
         from agent import doctor as doc
@@ -27,7 +33,14 @@ def register(app: typer.Typer) -> None:
         if not settings.path.procfs.is_dir():
             typer.echo(f"inferwatch: procfs root {settings.path.procfs} is not a directory", err=True)
             raise typer.Exit(2)
-        findings = doc.run_checks(doc.DoctorContext(settings=settings, require=[r.lower() for r in require]))
+        findings = doc.run_checks(
+            doc.DoctorContext(
+                settings=settings,
+                require=[r.lower() for r in require],
+                engine_url=engine_url,
+                profile_url=profile_url,
+            )
+        )
         if as_json:
             typer.echo(json.dumps(doc.as_json(findings), indent=2, sort_keys=False, default=str))
         else:

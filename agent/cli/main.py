@@ -7,6 +7,8 @@ import typer
 from agent import __version__
 from agent.cli import demo, doctor, loadgen, run, simulate
 from agent.cli import engine as engine_cli
+from agent.cli import probe as probe_cmd
+from agent.cli import profile as profile_cmd
 
 app = typer.Typer(
     name="inferwatch",
@@ -23,6 +25,8 @@ for module in (
     simulate,
     loadgen,
     demo,
+    probe_cmd,
+    profile_cmd,
 ):
     module.register(app)
 

@@ -60,7 +60,11 @@ def serve(settings: object) -> None:
     # the process before agent.stop() (no OTLP flush). These handlers let the re-raise return instead.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _stop_requested)
-    agent = Agent(settings)
+    try:
+        agent = Agent(settings)
+    except ConfigError as exc:
+        typer.echo(f"inferwatch: {exc}", err=True)
+        raise typer.Exit(2) from None
     try:
         agent.start()
     except ConfigError as exc:  # e.g. the OTLP receiver's port is taken

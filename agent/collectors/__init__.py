@@ -8,11 +8,14 @@ Each collector lives in its own module here (``agent/collectors/<name>.py``), as
 from __future__ import annotations
 
 from agent.collectors.base import BaseCollector, CollectContext, Collection, Collector
+from agent.collectors.binary import BinaryCollector
 from agent.collectors.cpu import CPUCollector
 from agent.collectors.engine import EngineCollector
 from agent.collectors.gpu import GPUCollector
 from agent.collectors.pagecache import PageCacheCollector
+from agent.collectors.probe import ProbeCollector
 from agent.collectors.process import ProcessCollector
+from agent.collectors.runtime_profile import RuntimeProfileCollector
 
 REGISTRY: dict[str, type[BaseCollector]] = {
     cls.name: cls
@@ -22,6 +25,9 @@ REGISTRY: dict[str, type[BaseCollector]] = {
         ProcessCollector,
         GPUCollector,
         EngineCollector,
+        RuntimeProfileCollector,
+        ProbeCollector,
+        BinaryCollector,
     )
 }
 

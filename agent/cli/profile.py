@@ -1,0 +1,57 @@
+"""``inferwatch profile``: record the runtime (or any Python pid) with py-spy into a file.
+
+Exit 0 written, 1 py-spy could not record (permission, not Python, no such pid), 2 usage error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from agent.cli.common import ConfigOpt, ProcfsOpt, build_settings
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def profile(
+        runtime: bool = typer.Option(False, "--runtime", help="Profile the configured runtime process."),
+        pid: int | None = typer.Option(None, "--pid", min=1, help="Profile this pid."),
+        duration: float = typer.Option(5.0, "--duration", help="Seconds to record (cap: profiling.max_duration_s)."),
+        rate: int = typer.Option(100, "--rate", help="Samples per second (1..1000)."),
+        fmt: str = typer.Option("speedscope", "--format", help="speedscope, flamegraph or raw."),
+        native: bool = typer.Option(False, "--native", help="Include native (C/C++) frames."),
+        nonblocking: bool = typer.Option(False, "--nonblocking", help="Do not pause the target while sampling."),
+        output: Path | None = typer.Option(None, "--output", "-o", help="Output file (default profile-PID.EXT)."),
+        config: Path | None = ConfigOpt,
+        procfs: Path | None = ProcfsOpt,
+    ) -> None:
+        """Record a py-spy profile of the runtime (--runtime) or of --pid."""
+        from agent.diag import pyspy, runtime_proc
+        from agent.errors import NoDataError
+
+        if runtime == (pid is not None):
+            typer.echo("inferwatch: give exactly one of --runtime or --pid", err=True)
+            raise typer.Exit(2)
+        settings = build_settings(config, procfs, None, [])
+        opts = pyspy.RecordOptions(duration, rate, fmt, native, nonblocking)
+        try:
+            opts.validate(settings.profiling.max_duration_s)
+        except ValueError as exc:
+            typer.echo(f"inferwatch: {exc}", err=True)
+            raise typer.Exit(2) from None
+        if pid is None:
+            try:
+                pid = runtime_proc.find_runtime_pid(settings.path.procfs, settings.runtime)
+            except NoDataError as exc:
+                typer.echo(f"inferwatch: {exc}", err=True)
+                raise typer.Exit(2) from None
+        out = output or Path(f"profile-{pid}{pyspy.FORMATS[fmt]}")
+        try:
+            exe = pyspy.resolve_executable(settings.profiling.py_spy)
+            typer.echo(f"recording pid {pid} for {duration:g}s at {rate} Hz ({fmt}) ...", err=True)
+            pyspy.record(exe, pid, opts, out, settings.profiling.max_duration_s)
+        except pyspy.PySpyError as exc:
+            typer.echo(f"inferwatch: {exc}", err=True)
+            raise typer.Exit(1) from None
+        typer.echo(str(out))

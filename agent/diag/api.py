@@ -1,0 +1,209 @@
+"""API routes for diagnostics and the authentication middleware for the whole API.
+
+Scopes by route (see :mod:`agent.diag.auth`): ``read`` for ``/api/v1/status``, ``/api/v1/findings``,
+``GET /api/v1/binary`` and anything not listed; ``snapshots`` for ``/api/v1/snapshots*``; ``profile``
+for ``/api/v1/profiles*`` and ``POST /api/v1/binary``. Paths in ``api.open_paths`` (default
+``/metrics``, ``/healthz``, ``/readyz``) need no token. 401 = no valid token, 403 = token lacks scope.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import Body, FastAPI, Request, Response
+from fastapi.responses import FileResponse, JSONResponse
+
+from agent.diag import pyspy, runtime_proc
+from agent.diag.auth import Authenticator
+from agent.diag.profile_service import RuntimeProfileService
+from agent.diag.profiles import ProfileBusyError, ProfileManager
+from agent.diag.ring import valid_id
+from agent.diag.services import BinaryService
+from agent.errors import NoDataError
+from agent.samples import Sample, attrs
+
+MEDIA_TYPES = {"speedscope": "application/json", "flamegraph": "image/svg+xml", "raw": "text/plain"}
+
+
+def scope_for(method: str, path: str) -> str:
+    if path.startswith("/api/v1/snapshots"):
+        return "snapshots"
+    if path.startswith("/api/v1/profiles") or (path == "/api/v1/binary" and method == "POST"):
+        return "profile"
+    return "read"
+
+
+def _finding_dict(f: Any) -> dict[str, Any]:
+    return {"id": f.id, "status": f.status, "summary": f.summary, "evidence": dict(f.evidence), "runbook": f.runbook}
+
+
+def install(app: FastAPI, agent: Any) -> None:
+    auth: Authenticator = agent.ctx.services.get("auth") or Authenticator(agent.settings.api)
+    services = agent.ctx.services
+    agent.state.add_source(
+        "api_auth",
+        lambda: [Sample("inferwatch.api.refused", n, attrs(status=code)) for code, n in sorted(auth.refused.items())],
+    )
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        path = request.url.path
+        if auth.is_open(path):
+            return await call_next(request)
+        scope = scope_for(request.method, path)
+        code = auth.decide(request.headers.get("authorization"), scope)
+        if code == 401:
+            return JSONResponse(
+                {"error": "unauthorized", "message": "a bearer token is required (Authorization: Bearer <token>)"},
+                status_code=401,
+                headers={"WWW-Authenticate": 'Bearer realm="inferwatch"'},
+            )
+        if code == 403:
+            return JSONResponse(
+                {"error": "forbidden", "message": f"this token lacks the {scope!r} scope"}, status_code=403
+            )
+        return await call_next(request)
+
+    @app.get("/api/v1/findings")
+    def findings() -> list[dict[str, Any]]:
+        return [_finding_dict(f) for f in agent.state.findings()]
+
+    # --- runtime_profile snapshots ---
+    def profile_service() -> RuntimeProfileService:
+        svc = services.get("runtime_profile")
+        if svc is None:
+            svc = services["runtime_profile"] = RuntimeProfileService(agent.settings)
+        return svc
+
+    @app.get("/api/v1/snapshots")
+    def list_snapshots() -> dict[str, Any]:
+        svc = profile_service()
+        if not svc.directory.is_dir():
+            return {"snapshots": []}
+        out = []
+        for e in reversed(svc.ring().entries()):
+            try:
+                meta = json.loads(e.path.read_bytes()).get("meta", {})
+            except (OSError, ValueError):
+                meta = {}
+            out.append({"id": e.id, "size_bytes": e.size_bytes, **{k: meta.get(k) for k in ("captured_at", "outcome")}})
+        return {"snapshots": out}
+
+    @app.get("/api/v1/snapshots/{snap_id}")
+    def get_snapshot(snap_id: str) -> Response:
+        svc = profile_service()
+        entry = svc.ring().get(snap_id) if valid_id(snap_id) and svc.directory.is_dir() else None
+        if entry is None:
+            return JSONResponse({"error": "not_found", "message": f"no snapshot {snap_id!r}"}, status_code=404)
+        return Response(entry.path.read_bytes(), media_type="application/json")
+
+    @app.post("/api/v1/snapshots")
+    def capture_snapshot() -> JSONResponse:
+        try:
+            result = profile_service().capture("api")
+        except NoDataError as exc:
+            return JSONResponse({"error": "not_configured", "message": str(exc)}, status_code=409)
+        return JSONResponse(
+            {"id": result.id, "outcome": result.outcome, "reason": result.reason, "message": result.message},
+            status_code=201,
+        )
+
+    # --- binary compatibility ---
+    def binary_service() -> BinaryService:
+        svc = services.get("binary")
+        if svc is None:
+            svc = services["binary"] = BinaryService(agent.settings)
+        return svc
+
+    def binary_answer(svc: BinaryService) -> JSONResponse:
+        if svc.report is not None:
+            return JSONResponse(
+                {"report": svc.report.as_dict(), "findings": [_finding_dict(f) for f in svc.findings()]}
+            )
+        if svc.absent is not None:
+            return JSONResponse({"error": "no_runtime", "message": str(svc.absent)}, status_code=404)
+        return JSONResponse({"error": "check_failed", "message": svc.error or "not run yet"}, status_code=503)
+
+    @app.get("/api/v1/binary")
+    def get_binary() -> JSONResponse:
+        return binary_answer(binary_service())
+
+    @app.post("/api/v1/binary")
+    def run_binary() -> JSONResponse:
+        svc = binary_service()
+        svc.check()
+        return binary_answer(svc)
+
+    # --- py-spy profiles ---
+    def manager() -> ProfileManager:
+        mgr = services.get("profiles")
+        if mgr is None:
+            mgr = services["profiles"] = ProfileManager(agent.settings)
+        return mgr
+
+    @app.post("/api/v1/profiles")
+    def start_profile(body: dict[str, Any] = Body(default_factory=dict)) -> JSONResponse:
+        settings = agent.settings
+        if not settings.profiling.enabled:
+            return JSONResponse(
+                {"error": "profiling_disabled", "message": "py-spy profiles are off: set profiling.enabled=true"},
+                status_code=409,
+            )
+        try:
+            if body.get("pid") is not None:
+                pid = int(body["pid"])
+            elif body.get("runtime", True):
+                pid = runtime_proc.find_runtime_pid(settings.path.procfs, settings.runtime)
+            else:
+                raise ValueError("give pid or runtime: true")
+            opts = pyspy.RecordOptions(
+                duration_s=float(body.get("duration_s", 5.0)),
+                rate_hz=int(body.get("rate_hz", 100)),
+                fmt=str(body.get("format", "speedscope")),
+                native=bool(body.get("native", False)),
+                nonblocking=bool(body.get("nonblocking", False)),
+            )
+            job = manager().start(pid, opts)
+        except (ValueError, TypeError) as exc:
+            return JSONResponse({"error": "bad_request", "message": str(exc)}, status_code=400)
+        except NoDataError as exc:
+            return JSONResponse({"error": "no_runtime", "message": str(exc)}, status_code=404)
+        except ProfileBusyError as exc:
+            return JSONResponse({"error": "busy", "message": str(exc)}, status_code=409)
+        except pyspy.PySpyError as exc:
+            return JSONResponse({"error": exc.kind, "message": str(exc)}, status_code=503)
+        return JSONResponse(
+            job.as_dict()
+            | {"status_url": f"/api/v1/profiles/{job.id}/status", "result_url": f"/api/v1/profiles/{job.id}"},
+            status_code=202,
+        )
+
+    @app.get("/api/v1/profiles")
+    def list_profiles() -> dict[str, Any]:
+        return {"profiles": [j.as_dict() for j in manager().jobs()]}
+
+    @app.get("/api/v1/profiles/{job_id}/status")
+    def profile_status(job_id: str) -> JSONResponse:
+        job = manager().get(job_id)
+        if job is None:
+            return JSONResponse({"error": "not_found", "message": f"no profile {job_id!r}"}, status_code=404)
+        return JSONResponse(job.as_dict())
+
+    @app.get("/api/v1/profiles/{job_id}")
+    def download_profile(job_id: str) -> Response:
+        mgr = manager()
+        job = mgr.get(job_id)
+        if job is None:
+            return JSONResponse({"error": "not_found", "message": f"no profile {job_id!r}"}, status_code=404)
+        if job.state == "running":
+            return JSONResponse(job.as_dict(), status_code=202)
+        if job.state == "failed":
+            return JSONResponse(job.as_dict(), status_code=422)
+        path = mgr.result_path(job_id)
+        if path is None:
+            return JSONResponse({"error": "evicted", "message": "the result left the bounded ring"}, status_code=410)
+        return FileResponse(
+            path, media_type=MEDIA_TYPES[job.options.fmt], filename=f"profile-{job.pid}{pyspy.FORMATS[job.options.fmt]}"
+        )

@@ -1,0 +1,62 @@
+"""Bounded HTTP fetch of the runtime's debug profile: a byte cap, an overall deadline, JSON only.
+
+Every failure raises :class:`ProfileFetchError` with a ``reason`` from :data:`FETCH_REASONS` (the
+``reason`` attribute of ``inferwatch.runtime.profile.fetch.errors``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+
+from agent.errors import CollectorError
+
+FETCH_REASONS = ("timeout", "connect", "http_status", "oversized", "not_json")
+
+
+class ProfileFetchError(CollectorError):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def parse_header(header: str) -> dict[str, str]:
+    name, _, value = header.partition(":")
+    return {name.strip(): value.strip()}
+
+
+def fetch_json(
+    url: str, headers: dict[str, str], timeout_s: float, max_bytes: int, client: httpx.Client | None = None
+) -> Any:
+    """GET ``url``; return the decoded JSON. Bounded by ``max_bytes`` and ``timeout_s`` overall."""
+    deadline = time.monotonic() + timeout_s
+    own = client is None
+    http = client or httpx.Client(timeout=httpx.Timeout(timeout_s), follow_redirects=False)
+    try:
+        with http.stream("GET", url, headers=headers, timeout=timeout_s) as r:
+            if r.status_code != 200:
+                raise ProfileFetchError("http_status", f"{url} answered HTTP {r.status_code}")
+            declared = r.headers.get("content-length")
+            if declared and declared.isdigit() and int(declared) > max_bytes:
+                raise ProfileFetchError("oversized", f"profile of {declared} bytes exceeds the cap of {max_bytes}")
+            body = bytearray()
+            for chunk in r.iter_bytes():  # decoded: the cap also bounds a compressed body's expansion
+                body += chunk
+                if len(body) > max_bytes:
+                    raise ProfileFetchError("oversized", f"profile exceeds the cap of {max_bytes} bytes")
+                if time.monotonic() > deadline:
+                    raise ProfileFetchError("timeout", f"profile not received within {timeout_s:g}s")
+    except httpx.TimeoutException as exc:
+        raise ProfileFetchError("timeout", f"{url} did not answer within {timeout_s:g}s") from exc
+    except httpx.TransportError as exc:
+        raise ProfileFetchError("connect", f"cannot reach {url}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        if own:
+            http.close()
+    try:
+        return json.loads(bytes(body).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProfileFetchError("not_json", f"profile from {url} is not JSON ({len(body)} bytes): {exc}") from exc

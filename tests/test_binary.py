@@ -1,0 +1,130 @@
+"""Binary compatibility on real binaries: a program built here against a library that is then removed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.diag.binary import check_binary, elf_interpreter, glibc_available
+from agent.errors import ToolError
+from tests.conftest import PYTHON, ROOT
+
+LIB_C = "int diag_answer(void) { return 42; }\n"
+MAIN_C = '#include <stdio.h>\nint diag_answer(void);\nint main(void) { printf("%d\\n", diag_answer()); return 0; }\n'
+
+
+@pytest.fixture
+def built(tmp_path: Path) -> tuple[Path, Path]:
+    """(program, its shared library) built with gcc; the program finds the library through its rpath."""
+    (tmp_path / "lib.c").write_text(LIB_C)
+    (tmp_path / "main.c").write_text(MAIN_C)
+    lib = tmp_path / "libdiagprobe.so"
+    prog = tmp_path / "runtime-bin"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "lib.c")], check=True, timeout=120)
+    subprocess.run(
+        ["gcc", "-o", str(prog), str(tmp_path / "main.c"), f"-L{tmp_path}", "-ldiagprobe", f"-Wl,-rpath,{tmp_path}"],
+        check=True,
+        timeout=120,
+    )
+    assert subprocess.run([str(prog)], capture_output=True, text=True, timeout=30).stdout == "42\n"
+    return prog, lib
+
+
+def test_removed_library_is_reported_by_name(built) -> None:
+    prog, lib = built
+    ok = check_binary(prog)
+    assert ok.compatible and ok.missing_libraries == []
+    assert ok.glibc_required is not None and ok.glibc_available == glibc_available()
+    lib.unlink()
+    report = check_binary(prog)
+    assert report.missing_libraries == ["libdiagprobe.so"]
+    assert not report.compatible
+
+
+def test_doctor_reports_the_missing_library(built, tmp_path) -> None:
+    prog, lib = built
+    lib.unlink()
+    env = {**os.environ, "INFERWATCH_BINARY__PATH": str(prog)}
+    out = subprocess.run(
+        [PYTHON, "-m", "agent", "doctor", "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    checks = {c["id"]: c for c in json.loads(out.stdout)["checks"]}
+    finding = checks["runtime.hardware_mismatch"]
+    assert finding["status"] == "fail" and "libdiagprobe.so" in finding["summary"]
+
+
+def test_running_process_exe_resolves() -> None:
+    report = check_binary(Path(os.path.realpath(sys.executable)), os.getpid())
+    assert report.compatible, report.as_dict()
+    assert report.interpreter is not None and elf_interpreter(Path(sys.executable).resolve()) == report.interpreter
+
+
+def test_bad_paths_are_refused(tmp_path) -> None:
+    with pytest.raises(ToolError, match="absolute"):
+        check_binary(Path("relative/bin"))
+    with pytest.raises(ToolError, match="cannot resolve"):
+        check_binary(tmp_path / "missing")
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    with pytest.raises(ToolError, match="not an ELF"):
+        check_binary(script)
+
+
+SLEEPER_C = (
+    "#include <unistd.h>\nint diag_answer(void);\n"
+    "int main(void) { for (int i = 0; i < 600; i++) { if (diag_answer() != 42) return 1; sleep(1); } return 0; }\n"
+)
+
+
+def test_running_runtime_via_proc_exe_and_the_api(built, tmp_path) -> None:
+    """The agent resolves /proc/PID/exe at start; a library deleted under a running process is reported."""
+    import httpx
+
+    from tests.conftest import free_port
+    from tests.procs import running, stop, wait_http
+
+    _prog, lib = built
+    (tmp_path / "sleeper.c").write_text(SLEEPER_C)
+    sleeper = tmp_path / "sleeper"
+    subprocess.run(
+        [
+            "gcc",
+            "-o",
+            str(sleeper),
+            str(tmp_path / "sleeper.c"),
+            f"-L{tmp_path}",
+            "-ldiagprobe",
+            f"-Wl,-rpath,{tmp_path}",
+        ],
+        check=True,
+        timeout=120,
+    )
+    runtime = subprocess.Popen([str(sleeper)], start_new_session=True)
+    try:
+        time.sleep(0.3)
+        lib.unlink()  # the runtime keeps running on the mapped copy; a restart would fail
+        port = free_port()
+        env = {"INFERWATCH_RUNTIME__PID": str(runtime.pid), "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap")}
+        cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5"]
+        with running(cmd, tmp_path / "agent.log", cwd=ROOT, env=env) as proc:
+            base = f"http://127.0.0.1:{port}"
+            wait_http(f"{base}/readyz", ok=lambda r: r.status_code == 200, proc=proc)
+            body = httpx.get(f"{base}/api/v1/binary").json()
+            assert body["report"]["path"] == str(sleeper) and body["report"]["pid"] == runtime.pid
+            assert body["report"]["missing_libraries"] == ["libdiagprobe.so"]
+            assert body["report"]["deleted_mapped"] == [str(lib)]
+            assert body["findings"][0]["id"] == "runtime.hardware_mismatch"
+            metrics = httpx.get(f"{base}/metrics").text
+            assert 'inferwatch_runtime_binary_missing_libraries{runtime="runtime"} 1.0' in metrics
+            assert 'inferwatch_runtime_binary_compatible{runtime="runtime"} 0.0' in metrics
+            # on demand needs the profile scope, which is never anonymous
+            assert httpx.post(f"{base}/api/v1/binary").status_code == 401
+    finally:
+        stop(runtime)

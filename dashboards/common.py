@@ -360,4 +360,5 @@ RB_NODE_CHANGE = "LatencyRegressionAfterNodeChange"
 RB_HARDWARE_MISMATCH = "RuntimeHardwareMismatch"
 RB_PROFILE_UNAVAILABLE = "RuntimeProfileUnavailable"
 RB_STREAM_SCHEMA = "StreamSchemaViolation"
+RB_GPU_THROTTLE = "GPUThrottling"
 RB_NONE = None

@@ -6,9 +6,9 @@ from grafana_foundation_sdk.models import dashboard as dm
 
 from dashboards.common import (
     RB_ENGINE_DOWN,
+    RB_GPU_THROTTLE,
     RB_HARDWARE_MISMATCH,
     RB_NODE_CHANGE,
-    RB_NONE,
     RB_PAGE_CACHE,
     RB_PROFILE_UNAVAILABLE,
     RB_SIMD,
@@ -262,7 +262,7 @@ def build() -> dm.Dashboard:
             describe(
                 "Streaming-multiprocessor clock (left) per GPU. A clock dropping under load while temperature "
                 "or power is at its limit is thermal or power throttling: see the throttle panel.",
-                RB_NONE,
+                RB_GPU_THROTTLE,
             ),
             "hertz",
             [Target(f"inferwatch_gpu_clock_sm_hertz{{{SEL_NODE}}}", "{{hw_id}} {{hw_model}} @ {{instance}}")],
@@ -276,7 +276,7 @@ def build() -> dm.Dashboard:
             describe(
                 f"GPU core temperature (NVML). Above {GPU_HOT_CELSIUS} °C (dashed line) most data-centre GPUs "
                 "start to reduce clocks.",
-                RB_NONE,
+                RB_GPU_THROTTLE,
             ),
             "celsius",
             [Target(f"inferwatch_gpu_temperature_celsius{{{SEL_NODE}}}", "{{hw_id}} {{hw_model}} @ {{instance}}")],
@@ -290,8 +290,9 @@ def build() -> dm.Dashboard:
             "GPU throttle reasons",
             describe(
                 "1 while NVML reports the throttle reason active, per GPU and reason (power cap, thermal, "
-                "hardware slowdown). Any reason other than idle during serving costs throughput.",
-                RB_NONE,
+                "hardware slowdown). Thermal, hardware-slowdown and power-brake reasons held for minutes are faults "
+                "(GPUThrottling); sw_power_cap under full load and gpu_idle are normal.",
+                RB_GPU_THROTTLE,
             ),
             "none",
             [Target(f"inferwatch_gpu_throttle{{{SEL_NODE}}}", "{{reason}} {{hw_id}} @ {{instance}}")],
@@ -303,7 +304,11 @@ def build() -> dm.Dashboard:
     b.add(
         ts(
             "GPU power",
-            describe("Board power draw per GPU (NVML), watts.", RB_NONE),
+            describe(
+                "Board power draw per GPU (NVML), watts. At the power limit under full load is normal (the "
+                "sw_power_cap reason); a drop with the power brake reason is a fault.",
+                RB_GPU_THROTTLE,
+            ),
             "watt",
             [Target(f"inferwatch_gpu_power_watts{{{SEL_NODE}}}", "{{hw_id}} {{hw_model}} @ {{instance}}")],
         ),

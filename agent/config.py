@@ -31,6 +31,9 @@ CONFIG_ENV = "INFERWATCH_CONFIG"
 # slow engine (reason "timeout" on the engine collector), not as a hung collector.
 DEFAULT_ENGINE_TIMEOUT_S = 1.5
 DEFAULT_ENGINE_MAX_BYTES = 10 * 1024 * 1024  # 10 MiB; a 20,000-series vLLM exposition is ~2.5 MB
+# Where alert runbook links point: the agent serves runbooks/<AlertName>.md at /runbooks/<AlertName>. Rule files
+# fall back to the same default; set the Prometheus external label runbook_base to this value (docs/alerts.md).
+DEFAULT_RUNBOOKS_BASE_URL = "http://127.0.0.1:9435/runbooks"
 
 
 class _Section(BaseModel):
@@ -213,7 +216,9 @@ class ApiSettings(_Section):
 
     tokens: list[ApiToken] = Field(default_factory=list)
     tokens_file: Path | None = None  # lines "TOKEN scope,scope [name]"
-    open_paths: list[str] = Field(default_factory=lambda: ["/metrics", "/healthz", "/readyz", "/runbooks/*"])
+    open_paths: list[str] = Field(
+        default_factory=lambda: ["/metrics", "/healthz", "/readyz", "/runbooks", "/runbooks/*"]
+    )
     # ^ exact paths, or a prefix ending in "/*"
     anonymous_scopes: list[Scope] = Field(default_factory=_default_scopes)
     # ^ used only while no token is configured (loopback-only agent); "profile" is never granted anonymously
@@ -243,6 +248,19 @@ class BinarySettings(_Section):
     timeout_s: float = Field(default=DEFAULT_BINARY_TIMEOUT_S, gt=0, le=120)
 
 
+class RunbooksSettings(_Section):
+    """Base URL of the runbook links (no trailing slash); ``/runbooks/<AlertName>`` on the agent by default."""
+
+    base_url: str = DEFAULT_RUNBOOKS_BASE_URL
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return v.rstrip("/")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="INFERWATCH_",
@@ -265,6 +283,7 @@ class Settings(BaseSettings):
     otlp: OTLPSettings = OTLPSettings()
     engine: EngineSettings = EngineSettings()
     receiver: ReceiverSettings = ReceiverSettings()
+    runbooks: RunbooksSettings = RunbooksSettings()
 
     runtime_profile: RuntimeProfileSettings = RuntimeProfileSettings()
     probe: ProbeSettings = ProbeSettings()

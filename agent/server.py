@@ -1,14 +1,15 @@
-"""The agent's HTTP API (FastAPI): /metrics, /healthz, /readyz, /api/v1/status."""
+"""The agent's HTTP API (FastAPI): /metrics, /healthz, /readyz, /api/v1/status, /runbooks/<AlertName>."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI, Response
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 from agent import __version__
 from agent.app import Agent
+from agent.runbooks import Runbooks, to_html
 from exporters.prometheus import CONTENT_TYPE, exposition
 
 
@@ -52,6 +53,23 @@ def create_app(agent: Agent) -> FastAPI:
                 for f in state.findings()
             ],
         }
+
+    runbooks = Runbooks.load()
+
+    @app.get("/runbooks")
+    def runbook_index() -> dict[str, Any]:
+        base = agent.settings.runbooks.base_url
+        return {"runbooks": [{"alert": n, "url": f"{base}/{n}"} for n in runbooks.names()]}
+
+    @app.get("/runbooks/{name}")
+    def runbook(name: str, request: Request, format: str | None = None) -> Response:
+        text = runbooks.read(name)
+        if text is None:
+            return PlainTextResponse(f"no runbook named {name[:128]!r}\n", status_code=404)
+        wants_html = format == "html" or (format is None and "text/html" in request.headers.get("accept", ""))
+        if wants_html:
+            return HTMLResponse(to_html(name, text))
+        return Response(text, media_type="text/markdown; charset=utf-8")
 
     from agent.diag.api import install
 

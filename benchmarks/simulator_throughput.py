@@ -10,6 +10,10 @@ machine), and the timing model's own TTFT/ITL for the same load in virtual time 
 difference between client-observed and modelled latency is the simulator's overhead.
 
     /work/venv/bin/python benchmarks/simulator_throughput.py [--rates 50,100,150] [--seconds 10]
+        [--servers asyncio+h11,uvloop+httptools] [--rounds 2] [--extra-path DIR]
+
+``--servers`` runs one simulator per uvicorn setup (``--loop``/``--http``) and drives them in turn at
+every rate, alternating which goes first each round, so the setups are compared under the same load.
 """
 
 from __future__ import annotations
@@ -167,63 +171,93 @@ def modelled(rate: float, seed: int) -> dict:
     }
 
 
+SERVERS = {"asyncio+h11": ("asyncio", "h11"), "uvloop+httptools": ("uvloop", "httptools")}
+
+
+def start_sim(name: str, seed: int, extra_path: str | None) -> tuple[subprocess.Popen[bytes], int]:
+    loop, http = SERVERS[name]
+    port = free_port()
+    env = dict(os.environ)
+    if extra_path:
+        env["PYTHONPATH"] = extra_path + os.pathsep + env.get("PYTHONPATH", "")
+    log = open(f"/tmp/simulator_throughput-{name}.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent", "simulate", "--port", str(port), "--model", MODEL, "--seed", str(seed),
+         "--loop", loop, "--http", http],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            stats = get_json(base + "/sim/stats")
+            assert stats["server"] == {"loop": loop, "http": http}, stats
+            return proc, port
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"simulator {name} did not start (see /tmp/simulator_throughput-{name}.log)")
+
+
+def step(proc: subprocess.Popen[bytes], port: int, rate: float, seconds: float, seed: int) -> dict:
+    base = f"http://127.0.0.1:{port}"
+    cpu0 = cpu_seconds(proc.pid)
+    get_json(base + "/sim/stats?reset=1")
+    probe = start_lag_probe(seconds)
+    row = asyncio.run(drive(port, rate, seconds, seed))
+    lag = get_json(base + "/sim/stats?reset=1")["loop_lag"]
+    host = json.loads(probe.communicate(timeout=60)[0])
+    row["idle_process_lag_p99_ms"] = host["p99_s"] * 1e3
+    row["server_cpu_ms_per_request"] = (cpu_seconds(proc.pid) - cpu0) / max(1, row["requests"]) * 1e3
+    row["loop_lag_p50_ms"] = lag["p50_s"] * 1e3
+    row["loop_lag_p99_ms"] = lag["p99_s"] * 1e3
+    row.update(modelled(rate, seed))
+    row["load_average_1m"] = os.getloadavg()[0]
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rates", default="50,100,150")
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--servers", default="asyncio+h11", help=f"comma list of {', '.join(SERVERS)}")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat every (rate, server) step; order alternates")
+    ap.add_argument("--extra-path", default=None, help="prepended to PYTHONPATH of the simulators (uvloop elsewhere)")
     args = ap.parse_args()
-    port = free_port()
-    log = open("/tmp/simulator_throughput.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agent", "simulate", "--port", str(port), "--model", MODEL, "--seed", str(args.seed)],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
+    names = args.servers.split(",")
+    sims = {name: start_sim(name, args.seed, args.extra_path) for name in names}
     try:
-        for _ in range(100):
-            try:
-                get_json(base + "/sim/stats")
-                break
-            except OSError:
-                time.sleep(0.1)
-        get_json(base + "/sim/stats?reset=1")
         time.sleep(3)
-        idle = get_json(base + "/sim/stats?reset=1")["loop_lag"]
         print(f"load average at start: {os.getloadavg()}")
-        print(f"idle baseline: loop lag p50 {idle['p50_s'] * 1e3:.2f} ms, p99 {idle['p99_s'] * 1e3:.2f} ms")
+        for name, (_proc, port) in sims.items():
+            idle = get_json(f"http://127.0.0.1:{port}/sim/stats?reset=1")["loop_lag"]
+            print(f"{name} idle: loop lag p50 {idle['p50_s'] * 1e3:.2f} ms, p99 {idle['p99_s'] * 1e3:.2f} ms")
         rows = []
-        for rate in (float(r) for r in args.rates.split(",")):
-            cpu0 = cpu_seconds(proc.pid)
-            get_json(base + "/sim/stats?reset=1")
-            probe = start_lag_probe(args.seconds)
-            row = asyncio.run(drive(port, rate, args.seconds, args.seed))
-            lag = get_json(base + "/sim/stats?reset=1")["loop_lag"]
-            host = json.loads(probe.communicate(timeout=60)[0])
-            row["idle_process_lag_p99_ms"] = host["p99_s"] * 1e3
-            row["server_cpu_ms_per_request"] = (cpu_seconds(proc.pid) - cpu0) / max(1, row["requests"]) * 1e3
-            row["loop_lag_p50_ms"] = lag["p50_s"] * 1e3
-            row["loop_lag_p99_ms"] = lag["p99_s"] * 1e3
-            row.update(modelled(rate, args.seed))
-            row["load_average_1m"] = os.getloadavg()[0]
-            rows.append(row)
-            print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}))
+        for rnd in range(args.rounds):
+            for rate in (float(r) for r in args.rates.split(",")):
+                order = names if rnd % 2 == 0 else names[::-1]  # ABBA: neither server always goes first
+                for name in order:
+                    proc, port = sims[name]
+                    row = {"server": name, "round": rnd, **step(proc, port, rate, args.seconds, args.seed)}
+                    rows.append(row)
+                    print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}))
     finally:
-        proc.terminate()
-        proc.wait(10)
+        for proc, _port in sims.values():
+            proc.terminate()
+            proc.wait(10)
     print(f"load average at end: {os.getloadavg()}")
-    hdr = ("rate", "completed/s", "errors", "lag p50 ms", "lag p99 ms", "idle-process lag p99 ms", "cpu ms/req",
-           "client TTFT p50/p99 ms",
-           "model TTFT p50/p99 ms", "client/model ITL ms")  # fmt: skip
+    hdr = ("server", "round", "rate", "completed/s", "errors", "lag p50 ms", "lag p99 ms", "idle-process lag p99 ms",
+           "cpu ms/req", "client TTFT p50/p99 ms", "model TTFT p50/p99 ms", "client/model ITL ms",
+           "load 1m")  # fmt: skip
     print("| " + " | ".join(hdr) + " |")
     print("|" + "---|" * len(hdr))
     for r in rows:
         print(
-            f"| {r['target_rate']:.0f} | {r['completed_per_s']:.1f} | {r['errors']} | {r['loop_lag_p50_ms']:.2f} | "
-            f"{r['loop_lag_p99_ms']:.2f} | {r['idle_process_lag_p99_ms']:.2f} | {r['server_cpu_ms_per_request']:.2f} | "
+            f"| {r['server']} | {r['round']} | {r['target_rate']:.0f} | {r['completed_per_s']:.1f} | {r['errors']} | "
+            f"{r['loop_lag_p50_ms']:.2f} | {r['loop_lag_p99_ms']:.2f} | {r['idle_process_lag_p99_ms']:.2f} | "
+            f"{r['server_cpu_ms_per_request']:.2f} | "
             f"{r['client_ttft_p50_ms']:.1f} / {r['client_ttft_p99_ms']:.1f} | "
             f"{r['model_ttft_p50_ms']:.1f} / {r['model_ttft_p99_ms']:.1f} | "
-            f"{r['client_itl_mean_ms']:.2f} / {r['model_itl_mean_ms']:.2f} |"
+            f"{r['client_itl_mean_ms']:.2f} / {r['model_itl_mean_ms']:.2f} | {r['load_average_1m']:.1f} |"
         )
 
 

@@ -36,6 +36,8 @@ class SimConfig:
     debug_header: str = DEFAULT_DEBUG_HEADER
     control_token: str | None = None
     show_hidden_metrics: bool = False
+    loop: str = "auto"  # uvicorn event loop: auto (uvloop when installed), uvloop, asyncio
+    http: str = "auto"  # uvicorn HTTP parser: auto (httptools when installed), httptools, h11
     extra: dict[str, str] = field(default_factory=dict)
 
     def token(self) -> str | None:

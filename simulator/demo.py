@@ -152,6 +152,9 @@ class Demo:
             "INFERWATCH_RECEIVER__ENABLED": "true",
             "INFERWATCH_RECEIVER__GRPC_ENDPOINT": f"127.0.0.1:{self.grpc_port}",
             "INFERWATCH_RECEIVER__HTTP_ENDPOINT": f"127.0.0.1:{self.http_port}",
+            # Diagnostics: the debug runtime_profile (redacted) and the streaming probe against the simulator.
+            "INFERWATCH_RUNTIME_PROFILE__URL": f"http://127.0.0.1:{self.sim_port}/debug/runtime_profile",
+            "INFERWATCH_PROBE__URL": f"http://127.0.0.1:{self.sim_port}",
             **c.extra_env,
         }
         agent = Child(

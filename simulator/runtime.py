@@ -49,10 +49,9 @@ class TokenStream:
 
 
 class _Listener:
-    def __init__(self, metrics: _PerEngine, spans: SpanEmitter | None, model: str) -> None:
+    def __init__(self, metrics: _PerEngine, spans: SpanEmitter | None) -> None:
         self.metrics = metrics
         self.spans = spans
-        self.model = model
 
     def on_token(self, req: SimRequest, now: float, itl: float | None) -> None:
         self.metrics.token(req, now, itl)
@@ -62,7 +61,7 @@ class _Listener:
     def on_finish(self, req: SimRequest) -> None:
         self.metrics.finish(req)
         if self.spans is not None:
-            self.spans.emit(req, self.model)
+            self.spans.emit(req)
         if req.sink is not None:
             req.sink.finish()
 
@@ -165,13 +164,18 @@ class Runtime:
         }
         max_len = max(d.size.max_model_len for d in self.deployments.values())
         self.metrics = VllmMetrics(max_len, show_hidden=config.show_hidden_metrics)
-        self.spans = SpanEmitter(config.otlp_traces_endpoint) if config.otlp_traces_endpoint else None
+        endpoint = config.otlp_traces_endpoint
+        several = len(config.models) > 1  # one provider per model, the model on its resource (see tracing.py)
+        self.spans: dict[str, SpanEmitter] = (
+            {m: SpanEmitter(endpoint, resource_model=m if several else None) for m in config.models} if endpoint else {}
+        )
         self.models: dict[str, ModelServer] = {}
         for m, dep in self.deployments.items():
             server = ModelServer(m, dep)
             for i in range(config.engines):
-                listener = _Listener(self.metrics.engine(m, i, dep), self.spans, m)
-                seed = config.seed * 7919 + len(self.models)
+                listener = _Listener(self.metrics.engine(m, i, dep), self.spans.get(m))
+                # each engine its own noise (engine 0 keeps the seed it always had)
+                seed = config.seed * 7919 + len(self.models) + 104_729 * i
                 core = EngineCore(i, dep, self.scenarios, listener, seed=seed)
                 server.loops.append(EngineLoop(core, self.scenarios))
             self.models[m] = server
@@ -192,8 +196,8 @@ class Runtime:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks.clear()
-        if self.spans is not None:
-            await asyncio.to_thread(self.spans.shutdown)
+        for emitter in self.spans.values():
+            await asyncio.to_thread(emitter.shutdown)
 
     def abort(self, req: SimRequest) -> None:
         server = self.models.get(req.params.get("model", ""))

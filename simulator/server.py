@@ -129,6 +129,7 @@ class SimulatorApp:
         self._ids = itertools.count()
         self._id_prefix = os.urandom(4).hex()
         self._debug_header = config.debug_header_pair()
+        self.server_impl: dict[str, str] = {}  # uvicorn loop and http parser, set by simulator.serve
 
     # -- helpers ---------------------------------------------------------------------------------
     async def _json_body(self, request: Request) -> dict[str, Any]:
@@ -482,7 +483,14 @@ class SimulatorApp:
         if request.query_params.get("reset") == "1":
             self.runtime.lag.samples.clear()
         steps = {f"{m}/{lp.core.index}": lp.steps for m, s in self.runtime.models.items() for lp in s.loops}
-        return JSONResponse({"loop_lag": lag, "engine_steps": steps, "scenarios": self.runtime.scenarios.to_json()})
+        return JSONResponse(
+            {
+                "loop_lag": lag,
+                "engine_steps": steps,
+                "scenarios": self.runtime.scenarios.to_json(),
+                "server": self.server_impl,
+            }
+        )
 
     async def control(self, request: Request) -> Response:
         token = self.config.token()

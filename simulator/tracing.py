@@ -1,7 +1,12 @@
 """OTLP traces as vLLM emits them: one ``llm_request`` span (kind SERVER) per finished request.
 
-Start = frontend arrival, end = finish; attributes are vLLM's ``SpanAttributes`` (old GenAI keys:
-``gen_ai.usage.prompt_tokens``, ``gen_ai.latency.time_to_first_token``, ...). An incoming
+Start = frontend arrival, end = finish; attributes are the ones vLLM v1's ``do_tracing`` sets (old GenAI
+keys: ``gen_ai.usage.prompt_tokens``, ``gen_ai.latency.time_to_first_token``, ...; see
+/work/shared/reference/engines.md §2). Like vLLM v1, a span names **no model**: one vLLM process serves
+one model, and a deployer tells processes apart by the resource (``OTEL_SERVICE_NAME``,
+``OTEL_RESOURCE_ATTRIBUTES``). A simulator serving several models stands for several such processes, so
+it exports each model's spans from its own tracer provider whose resource carries
+``gen_ai.request.model`` (what ``OTEL_RESOURCE_ATTRIBUTES=gen_ai.request.model=NAME`` would give). An incoming
 ``traceparent`` becomes the parent, as vLLM carries ``trace_headers`` through the engine. Exported by
 the OpenTelemetry SDK's ``BatchSpanProcessor`` over OTLP: gRPC, or HTTP/protobuf when the URL path
 ends in ``/v1/traces`` or ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf``.
@@ -26,6 +31,7 @@ from simulator.engine import SimRequest
 
 SPAN_NAME = "llm_request"
 DEFAULT_SERVICE_NAME = "vllm"
+RESOURCE_MODEL_KEY = "gen_ai.request.model"  # only when one process simulates several models
 SHUTDOWN_TIMEOUT_MS = 3000
 _PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -54,9 +60,12 @@ def parent_context(headers: Mapping[str, str]) -> Context | None:
 class SpanEmitter:
     """Turns finished :class:`SimRequest` objects into ``llm_request`` spans."""
 
-    def __init__(self, endpoint: str, exporter: SpanExporter | None = None) -> None:
+    def __init__(self, endpoint: str, exporter: SpanExporter | None = None, resource_model: str | None = None) -> None:
         service = os.environ.get("OTEL_SERVICE_NAME", DEFAULT_SERVICE_NAME)
-        self.provider = TracerProvider(resource=Resource.create({"service.name": service}))
+        resource: dict[str, str] = {"service.name": service}
+        if resource_model is not None:
+            resource[RESOURCE_MODEL_KEY] = resource_model
+        self.provider = TracerProvider(resource=Resource.create(resource))
         self.provider.add_span_processor(BatchSpanProcessor(exporter or make_exporter(endpoint)))
         self.tracer = self.provider.get_tracer("vllm.llm_engine")
         # engine clock (monotonic seconds) -> wall clock nanoseconds
@@ -66,19 +75,17 @@ class SpanEmitter:
     def _ns(self, t: float) -> int:
         return self._offset_ns + int(t * 1e9)
 
-    def emit(self, req: SimRequest, model: str) -> None:
+    def emit(self, req: SimRequest) -> None:
         attrs: dict[str, Any] = {
-            "gen_ai.response.model": model,
             "gen_ai.request.id": req.request_id,
             "gen_ai.usage.prompt_tokens": req.prompt_tokens,
             "gen_ai.usage.completion_tokens": req.generated,
             "gen_ai.request.n": 1,
-            "gen_ai.usage.num_sequences": 1,
         }
         if req.max_tokens_param:
             attrs["gen_ai.request.max_tokens"] = req.max_tokens_param
         for key in ("temperature", "top_p"):
-            if req.params.get(key) is not None:
+            if req.params.get(key):  # vLLM sets them only when truthy (temperature 0 is left out)
                 attrs[f"gen_ai.request.{key}"] = float(req.params[key])
         end = req.finished_at if req.finished_at is not None else req.arrival
         attrs["gen_ai.latency.e2e"] = end - req.arrival

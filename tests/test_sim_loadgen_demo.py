@@ -102,6 +102,7 @@ def test_demo_serves_then_sigint_leaves_no_child_behind(tmp_path: Path):
            "--log-dir", str(tmp_path / "logs")]  # fmt: skip
     log = tmp_path / "demo.log"
     with running(cmd, log, cwd=ROOT) as demo:
+        started = time.monotonic()
         deadline = time.monotonic() + 60
         while "children" not in log.read_text() and time.monotonic() < deadline:
             assert demo.poll() is None, log.read_text()
@@ -119,6 +120,26 @@ def test_demo_serves_then_sigint_leaves_no_child_behind(tmp_path: Path):
             text = httpx.get(sim + "/metrics", timeout=5).text
             served = sum(float(v) for v in re.findall(r"^vllm:request_success_total\{[^}]*\} (\S+)", text, re.M))
         assert served >= 3
+        # The agent shows the engine's timing from both sources within ~30 s of the demo's start:
+        # histogram quantiles (two engine scrapes with traffic between them) and span quantiles (the
+        # simulator's spans reached the agent's OTLP receiver). Engine state and receiver counters too.
+        agent = f"http://127.0.0.1:{agent_port}/metrics"
+        need = {
+            "histogram": re.compile(r'^inferwatch_engine_latency_seconds\{[^}]*source="histogram"[^}]*\} \S+', re.M),
+            "spans": re.compile(r'^inferwatch_engine_latency_seconds\{[^}]*source="spans"[^}]*\} \S+', re.M),
+            "engine_up": re.compile(r'^inferwatch_engine_up\{engine="vllm"\} 1\.0$', re.M),
+            "running": re.compile(r"^inferwatch_engine_requests_running\{", re.M),
+            "spans_in": re.compile(r'^inferwatch_receiver_requests_total\{transport="grpc"\} [1-9]', re.M),
+        }
+        seen: set[str] = set()
+        deadline = started + 45  # ~30 s is the target; margin for a loaded 2-core machine
+        while seen != set(need) and time.monotonic() < deadline:
+            text = httpx.get(agent, timeout=5).text
+            seen = {name for name, rx in need.items() if rx.search(text)}
+            if seen != set(need):
+                time.sleep(1)
+        print(f"demo: agent /metrics complete {time.monotonic() - started:.1f} s after start")
+        assert seen == set(need), sorted(set(need) - seen)
         os.kill(demo.pid, signal.SIGINT)
         assert demo.wait(30) == 0
     assert not [name for name, pid in pids.items() if _alive(pid)], pids

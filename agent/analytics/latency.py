@@ -41,6 +41,7 @@ from agent.samples import AnySample, HistogramSample, Sample, attrs
 QUANTITIES = ("ttft", "itl", "e2e", "queue", "prefill", "decode", "inference")
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 SOURCE = "spans"
+UNKNOWN_MODEL = "unknown"  # what agent.receiver.spans names a span without a model
 DEFAULT_MAX_MODELS = 64
 SAMPLES_TTL_S = 1.0  # one computation serves every sink reading within a second (OTLP reads once per metric)
 HISTOGRAMS = {
@@ -212,13 +213,25 @@ class LatencyAnalytics:
         self._cached = (now, out)
         return out
 
+    def display_name(self, model: str, tracked: Iterable[str] = ()) -> str:
+        """The model to report ``model``'s spans under: spans that named none (vLLM v1's never do,
+        :data:`~agent.receiver.spans.UNKNOWN_MODEL`) belong to the engine's model when the engine
+        collector sees exactly one and no span named it; otherwise the name is kept."""
+        if model != UNKNOWN_MODEL:
+            return model
+        engine_models = self.board.models("histogram")
+        if len(engine_models) == 1 and engine_models[0] not in tracked:
+            return engine_models[0]
+        return model
+
     def _compute(self, now: float) -> list[AnySample]:
         out: list[AnySample] = []
         with self._lock:
             self._evict_idle(now)
             names = sorted(self._models)
+            shown = {name: self.display_name(name, names) for name in names}
             hists = [
-                h.sample(HISTOGRAMS[q], attrs({MODEL: name}))
+                h.sample(HISTOGRAMS[q], attrs({MODEL: shown[name]}))
                 for name in names
                 for q, h in self._models[name].histograms.items()
                 if h.count
@@ -228,22 +241,23 @@ class LatencyAnalytics:
                 del self._bimodal_cache[key]
         published: dict[tuple[str, str, str], LatencyStats] = {}
         for name in names:
+            label = shown[name]
             for window in WINDOWS_S:
                 for q in QUANTITIES:
                     st = self.window_stats(name, q, window)
                     if st is None:
                         continue
                     stats = LatencyStats(st.quantiles, st.count, SOURCE, st.mean_s)
-                    published[(name, q, window)] = stats
-                    out.extend(latency_samples(name, q, window, stats))
+                    published[(label, q, window)] = stats
+                    out.extend(latency_samples(label, q, window, stats))
                     if st.bimodality is not None:
-                        a = attrs({MODEL: name, "quantity": q, "window": window, "source": SOURCE})
+                        a = attrs({MODEL: label, "quantity": q, "window": window, "source": SOURCE})
                         b = st.bimodality
                         out.append(Sample("inferwatch.engine.latency.bimodal", 1.0 if b.bimodal else 0.0, a))
                         out.append(Sample("inferwatch.engine.latency.bimodality", b.statistic, a))
-                gap = self.frontend_gap(name, window) if not self._engine_has_gap(name, window) else None
+                gap = self.frontend_gap(name, window) if not self._engine_has_gap(label, window) else None
                 if gap is not None:
-                    out.append(Sample("inferwatch.engine.frontend_gap", gap, attrs({MODEL: name, "window": window})))
+                    out.append(Sample("inferwatch.engine.frontend_gap", gap, attrs({MODEL: label, "window": window})))
         self.board.replace(SOURCE, published)
         out.extend(hists)
         return out

@@ -47,6 +47,10 @@ def register(app: typer.Typer) -> None:
             None, "--show-hidden-metrics-for-version", help="Also expose deprecated metrics (vLLM flag, e.g. 0.11)."
         ),
         log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
+        loop: str = typer.Option("auto", "--loop", help="Event loop: auto (uvloop when installed), uvloop, asyncio."),
+        http: str = typer.Option(
+            "auto", "--http", help="HTTP parser: auto (httptools when installed), httptools, h11."
+        ),
     ) -> None:
         """Serve a simulated vLLM: OpenAI and Anthropic APIs, vLLM /metrics, OTLP spans, fault scenarios."""
         from simulator.config import DEFAULT_MODEL, SimConfig
@@ -73,11 +77,15 @@ def register(app: typer.Typer) -> None:
                 debug_header=debug_header,
                 control_token=control_token,
                 show_hidden_metrics=show_hidden is not None,
+                loop=loop,
+                http=http,
             )
             if engines < 1:
                 raise ValueError("--engines must be >= 1")
             config.debug_header_pair()
-            from simulator.serve import serve
+            from simulator.serve import serve, server_impl
+
+            server_impl(loop, http)  # a bad or missing choice is a usage error (exit 2)
 
             serve(config)
         except (ScenarioError, ValueError) as exc:

@@ -193,6 +193,7 @@ class EngineCollector(BaseCollector):
         self.timeline.update(now, reading)
         stats = self.timeline.stats()
         self.board.replace("histogram", stats)
+        self.board.set_models("histogram", reading.models)
         samples: list[AnySample] = reading_samples(reading)
         samples.extend(self.timeline.derived_samples(stats))
         details = {

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +58,16 @@ class LatencyBoard:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_source: dict[str, dict[Key, LatencyStats]] = {}
+        self._models: dict[str, tuple[str, ...]] = {}
+
+    def set_models(self, source: str, models: Iterable[str]) -> None:
+        """The models ``source`` currently sees (the engine collector: every model of the last scrape)."""
+        with self._lock:
+            self._models[source] = tuple(sorted(models))
+
+    def models(self, source: str) -> tuple[str, ...]:
+        with self._lock:
+            return self._models.get(source, ())
 
     def replace(self, source: str, entries: Mapping[Key, LatencyStats]) -> None:
         """Replace everything ``source`` published before (what it no longer sees becomes absent)."""

@@ -19,8 +19,12 @@ gen_ai.latency.time_in_model_inference     inference  scheduled → last token
 V0-only keys (``time_in_scheduler``, ``time_in_model_forward``, ``time_in_model_execute``) are not
 quantities of the catalog and are ignored. Tokens come from ``gen_ai.usage.prompt_tokens`` /
 ``completion_tokens`` (the old GenAI keys vLLM uses) or ``input_tokens`` / ``output_tokens`` (current).
-The model is ``gen_ai.request.model``, else ``gen_ai.response.model`` (vLLM sets the latter to the
-served model name), else ``unknown``.
+The model is the span's ``gen_ai.request.model``, else its ``gen_ai.response.model`` (other emitters),
+else the same keys on the resource (``OTEL_RESOURCE_ATTRIBUTES=gen_ai.request.model=NAME`` tags every
+span of a process), else ``unknown``. vLLM v1 puts no model on its spans (engines.md §2: one process,
+one model), so with a stock vLLM every span is ``unknown`` here and
+:class:`~agent.analytics.latency.LatencyAnalytics` attributes it to the one model the engine collector
+sees.
 
 A value that is not a finite number in [0, :data:`MAX_LATENCY_S`] is left out and counted.
 """
@@ -34,11 +38,10 @@ from dataclasses import dataclass, field
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from agent.analytics.latency import RequestTiming
+from agent.analytics.latency import UNKNOWN_MODEL, RequestTiming
 
 MAX_LATENCY_S = 86_400.0  # a day: anything longer is not a request latency
 MAX_MODEL_NAME_CHARS = 256
-UNKNOWN_MODEL = "unknown"
 
 LATENCY_KEYS: dict[str, str] = {
     "gen_ai.latency.time_to_first_token": "ttft",
@@ -85,6 +88,16 @@ def _number(v: object) -> float | None:
     return None
 
 
+def _resource_model(attributes: object) -> str | None:
+    request = response = None
+    for kv in attributes:  # type: ignore[attr-defined]
+        if kv.key == _REQUEST_MODEL:
+            request = kv.value.string_value
+        elif kv.key == _RESPONSE_MODEL:
+            response = kv.value.string_value
+    return request or response or None
+
+
 def extract(req: ExportTraceServiceRequest) -> Extracted:
     """Per-request timings from every span with ``gen_ai.latency.*`` attributes."""
     out = Extracted()
@@ -92,6 +105,7 @@ def extract(req: ExportTraceServiceRequest) -> Extracted:
     invalid = out.invalid
     latency_keys = LATENCY_KEYS
     for rs in req.resource_spans:
+        resource_model = _resource_model(rs.resource.attributes)
         for ss in rs.scope_spans:
             spans = ss.spans
             out.spans += len(spans)
@@ -127,6 +141,6 @@ def extract(req: ExportTraceServiceRequest) -> Extracted:
                 decode_s = seconds.get("decode")
                 if decode_s is not None and completion is not None and completion > 1:
                     seconds["itl"] = decode_s / (completion - 1)
-                name = (model or response_model or UNKNOWN_MODEL)[:MAX_MODEL_NAME_CHARS]
+                name = (model or response_model or resource_model or UNKNOWN_MODEL)[:MAX_MODEL_NAME_CHARS]
                 timings.append(RequestTiming(name, seconds, prompt, completion))
     return out

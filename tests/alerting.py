@@ -1,0 +1,59 @@
+"""Helpers shared by the alerting tests: rule files, the Debian tools, rule-file parsing."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+ALERTS_DIR = ROOT / "alerts"
+RULE_TESTS_DIR = ROOT / "tests" / "rules"
+RUNBOOKS_DIR = ROOT / "runbooks"
+ALERTMANAGER_YML = ALERTS_DIR / "alertmanager.yml"
+TOOL_TIMEOUT_S = 120
+
+
+def rule_files() -> list[Path]:
+    return sorted(ALERTS_DIR.glob("*.rules.yml"))
+
+
+def rule_test_files() -> list[Path]:
+    return sorted(RULE_TESTS_DIR.glob("*.test.yml"))
+
+
+def load_rules() -> list[dict[str, Any]]:
+    """Every rule of every rule file, with ``_file`` and ``_group`` added."""
+    out = []
+    for path in rule_files():
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        for group in data["groups"]:
+            for rule in group["rules"]:
+                out.append({**rule, "_file": path.name, "_group": group["name"]})
+    return out
+
+
+def alert_names() -> set[str]:
+    return {r["alert"] for r in load_rules() if "alert" in r}
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} not found: apt-get install -y --no-install-recommends prometheus prometheus-alertmanager")
+    return path
+
+
+def run_tool(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S, check=False
+    )
+
+
+PLACEHOLDER_RE = re.compile(r"\bTODO\b|\bTBD\b|\bXXX\b|\bFIXME\b|<[A-Za-z_][A-Za-z0-9_ -]*>|\{\{|\bplaceholder\b", re.I)

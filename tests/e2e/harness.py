@@ -1,0 +1,276 @@
+"""End-to-end alerting harness: a PagerDuty Events v2 sink, and Prometheus + Alertmanager with the repo's files.
+
+What is overridden, and nothing else:
+- Prometheus: the rule files are the repo's ``alerts/*.rules.yml`` rendered with the test profile
+  (:mod:`agent.alerts.profile`: every duration divided by 60, to match 1 s scrape and evaluation intervals);
+  ``--rules.alert.resend-delay=1s``; the agent targets come from a file_sd file the test writes; the external
+  label ``runbook_base`` points runbook links at a test agent.
+- Alertmanager: the repo's ``alerts/alertmanager.yml`` with the PagerDuty URL, the routing-key file and the two
+  webhook URLs pointed at the local sink. Routes, group_wait, inhibition and templates are the shipped ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from agent.alerts.profile import DEFAULT_FACTOR, render_file
+from tests.conftest import ROOT, free_port
+from tests.procs import running, wait_http
+
+MAX_BODY_BYTES = 1 << 20
+ROUTING_KEY = "e2e0123456789abcdef0123456789abc"  # 32 characters, like an Events v2 integration key
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One alert as it reached a receiver. ``t`` is time.monotonic() at arrival."""
+
+    t: float
+    receiver: str  # pagerduty | ticket | deadmansswitch
+    alertname: str
+    instance: str
+    action: str  # trigger/resolve (PagerDuty) or firing/resolved (webhook)
+    body: dict[str, Any] = field(hash=False, compare=False)
+    alert: dict[str, Any] = field(hash=False, compare=False)  # webhook: the alert; PagerDuty: {}
+
+
+class Sink:
+    """PagerDuty Events API v2 (``POST /v2/enqueue`` → 202) and webhook receivers on one ThreadingHTTPServer."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[Delivery] = []
+        self.raw: list[dict[str, Any]] = []
+        self._cond = threading.Condition()
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = min(int(self.headers.get("Content-Length") or 0), MAX_BODY_BYTES)
+                try:
+                    body = json.loads(self.rfile.read(length) or b"{}")
+                except ValueError:
+                    self.send_error(400, "not JSON")
+                    return
+                sink._record(self.path, dict(self.headers), body)
+                if self.path == "/v2/enqueue":
+                    reply = {"status": "success", "message": "Event processed", "dedup_key": body.get("dedup_key")}
+                    data = json.dumps(reply).encode()
+                    self.send_response(202)
+                else:
+                    data = b"ok"
+                    self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def _record(self, path: str, headers: dict[str, str], body: dict[str, Any]) -> None:
+        now = time.monotonic()
+        out: list[Delivery] = []
+        if path == "/v2/enqueue":
+            details = body.get("payload", {}).get("custom_details", {})
+            out.append(
+                Delivery(
+                    now,
+                    "pagerduty",
+                    details.get("alertname", ""),
+                    details.get("instance", ""),
+                    body.get("event_action", ""),
+                    body,
+                    {},
+                )
+            )
+        else:
+            receiver = path.rstrip("/").rsplit("/", 1)[-1]
+            for alert in body.get("alerts", []):
+                labels = alert.get("labels", {})
+                out.append(
+                    Delivery(
+                        now,
+                        receiver,
+                        labels.get("alertname", ""),
+                        labels.get("instance", ""),
+                        alert.get("status", ""),
+                        body,
+                        alert,
+                    )
+                )
+        with self._cond:
+            self.raw.append({"t": now, "path": path, "headers": headers, "body": body})
+            self.deliveries.extend(out)
+            self._cond.notify_all()
+
+    def wait_for(self, pred: Callable[[Delivery], bool], timeout_s: float) -> Delivery | None:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                for d in self.deliveries:
+                    if pred(d):
+                        return d
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(min(left, 0.5))
+
+    def snapshot(self) -> list[Delivery]:
+        with self._cond:
+            return list(self.deliveries)
+
+    def __enter__(self) -> Sink:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(5)
+
+
+def alertmanager_config(sink_url: str, routing_key_file: Path) -> dict[str, Any]:
+    """The shipped alertmanager.yml with only the receiver addresses (and the key file path) replaced."""
+    cfg = yaml.safe_load((ROOT / "alerts" / "alertmanager.yml").read_text())
+    for receiver in cfg["receivers"]:
+        for pd in receiver.get("pagerduty_configs", []):
+            pd["url"] = f"{sink_url}/v2/enqueue"
+            pd["routing_key_file"] = str(routing_key_file)
+        for hook in receiver.get("webhook_configs", []):
+            hook["url"] = f"{sink_url}/inferwatch/{receiver['name']}"
+    return cfg
+
+
+@dataclass
+class Pipeline:
+    prometheus_url: str
+    alertmanager_url: str
+    targets_file: Path
+    started_at: float
+
+    def set_targets(self, ports: list[int]) -> None:
+        """Atomically rewrite the agent job's file_sd targets (Prometheus picks it up through inotify)."""
+        tmp = self.targets_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps([{"targets": [f"127.0.0.1:{p}" for p in ports]}]))
+        os.replace(tmp, self.targets_file)
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        r = httpx.get(f"{self.prometheus_url}/api/v1/query", params={"query": promql}, timeout=5)
+        r.raise_for_status()
+        return list(r.json()["data"]["result"])
+
+
+def _binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} not found: apt-get install -y --no-install-recommends prometheus prometheus-alertmanager")
+    return path
+
+
+@contextlib.contextmanager
+def pipeline(workdir: Path, sink: Sink, agent_ports: list[int], runbook_base: str) -> Iterator[Pipeline]:
+    """Start Alertmanager and Prometheus on free ports with the repo's files; stop both on exit."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    rules_dir = workdir / "rules"
+    rules_dir.mkdir(exist_ok=True)
+    for path in sorted((ROOT / "alerts").glob("*.rules.yml")):
+        (rules_dir / path.name).write_text(render_file(path, DEFAULT_FACTOR))
+    key_file = workdir / "pagerduty_routing_key"
+    key_file.write_text(ROUTING_KEY + "\n")
+    am_yml = workdir / "alertmanager.yml"
+    am_yml.write_text(yaml.safe_dump(alertmanager_config(sink.url, key_file), sort_keys=False))
+    am_port, prom_port = free_port(), free_port()
+    targets = workdir / "agents.json"
+    prom_cfg = {
+        "global": {
+            "scrape_interval": "1s",
+            "scrape_timeout": "1s",
+            "evaluation_interval": "1s",
+            "external_labels": {"runbook_base": runbook_base},
+        },
+        "rule_files": [str(rules_dir / "*.rules.yml")],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
+        "scrape_configs": [{"job_name": "inferwatch-agent", "file_sd_configs": [{"files": [str(targets)]}]}],
+    }
+    prom_yml = workdir / "prometheus.yml"
+    prom_yml.write_text(yaml.safe_dump(prom_cfg, sort_keys=False))
+    am_url, prom_url = f"http://127.0.0.1:{am_port}", f"http://127.0.0.1:{prom_port}"
+    am_cmd = [
+        _binary("prometheus-alertmanager"),
+        f"--config.file={am_yml}",
+        f"--storage.path={workdir / 'am'}",
+        f"--web.listen-address=127.0.0.1:{am_port}",
+        f"--web.external-url={am_url}",
+        "--cluster.listen-address=",
+    ]
+    prom_cmd = [
+        _binary("prometheus"),
+        f"--config.file={prom_yml}",
+        f"--storage.tsdb.path={workdir / 'prom'}",
+        f"--web.listen-address=127.0.0.1:{prom_port}",
+        f"--web.external-url={prom_url}",
+        "--rules.alert.resend-delay=1s",
+    ]
+    pl = Pipeline(prom_url, am_url, targets, time.monotonic())
+    pl.set_targets(agent_ports)
+    with running(am_cmd, workdir / "alertmanager.log") as am, running(prom_cmd, workdir / "prometheus.log") as prom:
+        wait_http(f"{am_url}/-/ready", ok=lambda r: r.status_code == 200, proc=am, timeout_s=60)
+        wait_http(f"{prom_url}/-/ready", ok=lambda r: r.status_code == 200, proc=prom, timeout_s=60)
+        yield pl
+
+
+class EngineReplay:
+    """A recorded engine exposition served at ``GET /metrics``, with values a test may rewrite over time.
+
+    ``text()`` returns the exposition to serve; :meth:`stop` closes the port (the engine going down).
+    """
+
+    def __init__(self, text: Callable[[], str]) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                data = text().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._stopped = False
+
+    def stop(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            self.server.shutdown()
+            self.server.server_close()
+            self._thread.join(5)
+
+    def __enter__(self) -> EngineReplay:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,211 @@
+"""The alert rules with the real tools: promtool check/test, the SLO generator, the catalog lint, the test profile."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import promql_parser
+import pytest
+import yaml
+
+from agent.alerts import profile, slo
+from agent.catalog import prometheus_series_names
+from agent.config import DEFAULT_RUNBOOKS_BASE_URL
+from agent.errors import ConfigError
+from tests.alerting import (
+    ALERTS_DIR,
+    RULE_TESTS_DIR,
+    load_rules,
+    rule_files,
+    rule_test_files,
+    run_tool,
+    tool,
+)
+
+pytestmark = pytest.mark.integration
+SEVERITIES = {"critical", "warning", "info"}
+ANNOTATIONS = {"summary", "description", "runbook_url", "dashboard_url"}
+
+
+def test_promtool_check_rules_passes() -> None:
+    r = run_tool(tool("promtool"), "check", "rules", *rule_files())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("SUCCESS") == len(rule_files())
+
+
+def test_promtool_unit_tests_pass() -> None:
+    r = run_tool(tool("promtool"), "test", "rules", *rule_test_files())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("SUCCESS") == len(rule_test_files())
+
+
+def test_every_alert_has_a_firing_case_with_links_and_a_near_miss() -> None:
+    firing: dict[str, list[dict]] = {}
+    quiet: set[str] = set()
+    for path in rule_test_files():
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for check in case.get("alert_rule_test", []):
+                if check["exp_alerts"]:
+                    firing.setdefault(check["alertname"], []).extend(check["exp_alerts"])
+                else:
+                    quiet.add(check["alertname"])
+    for rule in load_rules():
+        if "alert" not in rule:
+            continue
+        name = rule["alert"]
+        assert name in firing, f"{name}: no firing case in tests/rules"
+        for exp in firing[name]:
+            assert set(exp["exp_annotations"]) == ANNOTATIONS, f"{name}: assert every annotation exactly"
+            assert exp["exp_annotations"]["runbook_url"].endswith(f"/{name}")
+            assert exp["exp_labels"]["severity"] == rule["labels"]["severity"] or name == "TTFTErrorBudgetBurn"
+        if name != "Watchdog":  # always fires by design
+            assert name in quiet, f"{name}: no near-miss case (exp_alerts: []) in tests/rules"
+
+
+def test_every_alert_has_the_same_anatomy() -> None:
+    for rule in load_rules():
+        if "alert" not in rule:
+            continue
+        name = rule["alert"]
+        assert re.fullmatch(r"[A-Z][A-Za-z0-9]+", name), name
+        assert rule["labels"]["severity"] in SEVERITIES, name
+        assert set(rule["annotations"]) == ANNOTATIONS, name
+        assert "{{" not in rule["annotations"]["summary"], f"{name}: summary must be static (CommonAnnotations)"
+        assert rule["annotations"]["summary"].endswith("."), name
+        assert "$labels" in rule["annotations"]["description"] or name in {"Watchdog"}, name
+        url = rule["annotations"]["runbook_url"]
+        # the rule's fallback base is the agent's own runbook server, as in agent.config
+        assert url.endswith(f"{{{{ else }}}}{DEFAULT_RUNBOOKS_BASE_URL}{{{{ end }}}}/{name}"), url
+        assert (
+            "$externalLabels.runbook_base" in url
+            and "$externalLabels.dashboard_base" in (rule["annotations"]["dashboard_url"])
+        )
+
+
+def _selector_names(node: object, out: set[str]) -> None:
+    if isinstance(node, promql_parser.VectorSelector):
+        if node.name:
+            out.add(node.name)
+        return
+    for attr in ("lhs", "rhs", "expr", "args", "vector_selector", "param"):
+        child = getattr(node, attr, None)
+        if isinstance(child, (list, tuple)):
+            for c in child:
+                _selector_names(c, out)
+        elif child is not None:
+            _selector_names(child, out)
+
+
+_TEMPLATE_QUERY_RE = re.compile(r'printf "([a-z](?:[^"\\]|\\.)*)"')
+
+
+def test_every_metric_named_in_a_rule_is_in_the_catalog() -> None:
+    known = prometheus_series_names() | {"up"}
+    records = {r["record"] for r in load_rules() if "record" in r}
+    seen: set[str] = set()
+    for rule in load_rules():
+        names: set[str] = set()
+        _selector_names(promql_parser.parse(rule["expr"]), names)
+        # evidence queries inside annotation templates: printf "<promql with %q>" ...
+        for text in rule.get("annotations", {}).values():
+            for q in _TEMPLATE_QUERY_RE.findall(text):
+                _selector_names(promql_parser.parse(q.replace('\\"', '"').replace("%q", '"x"')), names)
+        unknown = names - known - records
+        assert not unknown, f"{rule.get('alert') or rule.get('record')}: not in the catalog: {sorted(unknown)}"
+        seen |= names
+    assert len(seen) > 20  # the walk found the selectors (a parser change cannot silently empty it)
+
+
+def test_slo_rules_are_regenerated_exactly() -> None:
+    assert (ALERTS_DIR / "slo.rules.yml").read_text() == slo.generate(), "run: python -m agent.alerts.slo"
+    assert slo.main(["--check"]) == 0
+
+
+def _spec(**over: object) -> dict:
+    base = {
+        "name": "ttft-x",
+        "alert": "TTFTErrorBudgetBurn",
+        "histogram": "gen_ai_server_time_to_first_token_seconds",
+        "threshold_s": 0.5,
+        "objective": 0.99,
+        "group_by": ["gen_ai_request_model"],
+    }
+    return {"version": 1, "period": "30d", "slos": [{**base, **over}]}
+
+
+def test_slo_thresholds_print_as_written() -> None:
+    text = slo.render(slo.parse_spec(_spec(objective=0.999, threshold_s=1.0)))
+    assert "(14.4 * 0.001)" in text and "(6 * 0.001)" in text and "vector(0.999)" in text
+    assert "0.000999" not in text and "0.0010000" not in text
+    assert 'le="1.0"' in text  # as the agent's exporter writes le (repr of the float)
+    assert "within 1s" in text
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        ({"threshold_s": 0.3}, "not a bucket edge"),
+        ({"threshold_s": 0.45}, "not a bucket edge"),
+        ({"histogram": "inferwatch_engine_up"}, "not a histogram"),
+        ({"histogram": "nope_seconds"}, "not in the metric catalog"),
+        ({"objective": 1.0}, "between 0 and 1"),
+        ({"objective": "high"}, "not a number"),
+        ({"alert": "lower_case"}, "CamelCase"),
+        ({"surprise": 1}, "unknown keys"),
+    ],
+)
+def test_slo_spec_errors_are_clear(over: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        slo.parse_spec(_spec(**over))
+
+
+def test_slo_check_fails_on_a_hand_edit(tmp_path: Path) -> None:
+    out = tmp_path / "slo.rules.yml"
+    out.write_text(slo.generate().replace("(14.4 * 0.01)", "(14 * 0.01)", 1))
+    assert slo.main(["--check", "--out", str(out)]) == 1
+    assert slo.main(["--out", str(out)]) == 0 and out.read_text() == slo.generate()
+
+
+def test_near_misses_catch_a_loosened_rule(tmp_path: Path) -> None:
+    """Mutate the rules the way a careless edit would; the unit tests must notice."""
+    src = (ALERTS_DIR / "inferwatch.rules.yml").read_text()
+    mutants = {
+        "traffic floor dropped": src.replace(">= 50", ">= 0"),
+        "tail threshold lowered": src.replace(
+            'tail_ratio{quantity="ttft",window="5m"} > 3', 'tail_ratio{quantity="ttft",window="5m"} > 2.5'
+        ),
+        "production exclusion dropped": src.replace(
+            'unless on(instance) inferwatch_agent_info{environment="production"}', ""
+        ),
+    }
+    test_text = (RULE_TESTS_DIR / "inferwatch.test.yml").read_text()
+    for what, text in mutants.items():
+        assert text != src, what
+        (tmp_path / "inferwatch.rules.yml").write_text(text)
+        (tmp_path / "t.test.yml").write_text(
+            test_text.replace("rule_files: [../../alerts/inferwatch.rules.yml]", "rule_files: [inferwatch.rules.yml]")
+        )
+        r = run_tool(tool("promtool"), "test", "rules", tmp_path / "t.test.yml", cwd=tmp_path)
+        assert r.returncode == 1 and "FAILED" in r.stdout + r.stderr, what
+
+
+def test_test_profile_compresses_every_duration(tmp_path: Path) -> None:
+    assert profile.compress_duration("5m", 60) == "5s"
+    assert profile.compress_duration("1h30m", 60) == "90s"
+    assert profile.compress_duration("1d", 60) == "1440s"
+    assert profile.compress_duration("0s", 60) == "0s"
+    expr = 'rate(x[5m]) > 0 and y offset 1d and max_over_time(z[1h:5m]) and w{window="5m"}'
+    assert profile.compress_expr(expr, 60) == (
+        'rate(x[5s]) > 0 and y offset 1440s and max_over_time(z[60s:5s]) and w{window="5m"}'
+    )
+    with pytest.raises(ValueError):
+        profile.duration_s("5 minutes")
+    for path in rule_files():
+        out = tmp_path / path.name
+        out.write_text(profile.render_file(path))
+        r = run_tool(tool("promtool"), "check", "rules", out)
+        assert r.returncode == 0, r.stdout + r.stderr
+        rules = [r for g in yaml.safe_load(out.read_text())["groups"] for r in g["rules"]]
+        assert all(not re.search(r"\[\d+[mhd]", r["expr"]) for r in rules), path
+        assert all(r.get("for", "0s").endswith("s") for r in rules), path

@@ -1,0 +1,71 @@
+"""Which model a span's timings are reported under (vLLM v1 spans name none: engines.md §2)."""
+
+from __future__ import annotations
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+from agent.analytics.latency import UNKNOWN_MODEL, LatencyAnalytics, RequestTiming
+from agent.engine.board import LatencyBoard
+from agent.receiver.spans import extract
+
+
+def _kv(key: str, value: str | float) -> KeyValue:
+    v = AnyValue(string_value=value) if isinstance(value, str) else AnyValue(double_value=value)
+    return KeyValue(key=key, value=v)
+
+
+def _request(resource: dict[str, str], spans: list[dict[str, str | float]]) -> ExportTraceServiceRequest:
+    rs = ResourceSpans(
+        resource=Resource(attributes=[_kv(k, v) for k, v in resource.items()]),
+        scope_spans=[
+            ScopeSpans(spans=[Span(name="llm_request", attributes=[_kv(k, v) for k, v in s.items()]) for s in spans])
+        ],
+    )
+    return ExportTraceServiceRequest(resource_spans=[rs])
+
+
+def test_model_from_span_then_resource_then_unknown() -> None:
+    ttft = {"gen_ai.latency.time_to_first_token": 0.1}
+    req = _request({"service.name": "vllm", "gen_ai.request.model": "from-resource"}, [
+        ttft,  # vLLM v1: no model on the span
+        {**ttft, "gen_ai.response.model": "from-span"},
+        {**ttft, "gen_ai.request.model": "requested", "gen_ai.response.model": "from-span"},
+    ])  # fmt: skip
+    assert [t.model for t in extract(req).timings] == ["from-resource", "from-span", "requested"]
+    bare = _request({"service.name": "vllm"}, [ttft])
+    assert [t.model for t in extract(bare).timings] == [UNKNOWN_MODEL]
+
+
+def _labels(analytics: LatencyAnalytics) -> set[str]:
+    return {
+        dict(s.attributes)["gen_ai.request.model"] for s in analytics.samples() if s.name == "inferwatch.engine.latency"
+    }
+
+
+def test_model_less_spans_go_to_the_engines_only_model() -> None:
+    board = LatencyBoard()
+    analytics = LatencyAnalytics(clock=lambda: 100.0, board=board)
+    analytics.record([RequestTiming(UNKNOWN_MODEL, {"ttft": 0.02 + i * 1e-4}) for i in range(60)])
+    assert _labels(analytics) == {UNKNOWN_MODEL}  # the engine collector has not said yet
+    board.set_models("histogram", ["meta-llama/Llama-3.1-8B-Instruct"])
+    analytics = LatencyAnalytics(clock=lambda: 200.0, board=board)  # fresh: samples are cached for 1 s
+    analytics.record([RequestTiming(UNKNOWN_MODEL, {"ttft": 0.02 + i * 1e-4}) for i in range(60)])
+    assert _labels(analytics) == {"meta-llama/Llama-3.1-8B-Instruct"}
+    stats = board.get("meta-llama/Llama-3.1-8B-Instruct", "ttft", "1m", "spans")
+    assert stats is not None and stats.count == 60
+
+
+def test_model_less_spans_stay_unknown_when_ambiguous() -> None:
+    board = LatencyBoard()
+    board.set_models("histogram", ["a", "b"])  # two models: nothing says which one a bare span is from
+    analytics = LatencyAnalytics(clock=lambda: 100.0, board=board)
+    analytics.record([RequestTiming(UNKNOWN_MODEL, {"ttft": 0.02})])
+    assert _labels(analytics) == {UNKNOWN_MODEL}
+    board.set_models("histogram", ["a"])
+    analytics = LatencyAnalytics(clock=lambda: 200.0, board=board)
+    # spans that do name "a" keep their own series; bare ones are not merged into it
+    analytics.record([RequestTiming("a", {"ttft": 0.02}), RequestTiming(UNKNOWN_MODEL, {"ttft": 0.5})])
+    assert _labels(analytics) == {"a", UNKNOWN_MODEL}

@@ -86,6 +86,15 @@ class PageCacheSettings(_Section):
     inactive_file_threshold_bytes: int = Field(default=DEFAULT_INACTIVE_FILE_THRESHOLD_BYTES, ge=0)
 
 
+DEFAULT_SIMD_BUSY_CPU_CORES = 0.05  # runtime CPU below this over a window is "idle": no SIMD verdict
+
+
+class SimdSettings(_Section):
+    """SIMD utilisation (collector ``simd``): the CPU use above which the runtime counts as serving."""
+
+    busy_cpu_cores: float = Field(default=DEFAULT_SIMD_BUSY_CPU_CORES, ge=0, le=4096)
+
+
 class OTLPSettings(_Section):
     """Only the switch lives here; endpoint, protocol, headers and resource come from ``OTEL_*``."""
 
@@ -291,6 +300,7 @@ class Settings(BaseSettings):
     profiling: ProfilingSettings = ProfilingSettings()
     snapshots: SnapshotSettings = SnapshotSettings()
     binary: BinarySettings = BinarySettings()
+    simd: SimdSettings = SimdSettings()
 
     @model_validator(mode="after")
     def _no_open_api_off_loopback(self) -> Settings:

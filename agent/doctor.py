@@ -94,12 +94,35 @@ def check_runtime(ctx: DoctorContext) -> list[Finding]:
     return runtime_checks(ctx)
 
 
+def check_engine(ctx: DoctorContext) -> list[Finding]:
+    """Engine reachable, which engine, its metrics present, which quantities it cannot give (--engine-url)."""
+    from agent.doctor_engine import engine_findings
+
+    url = ctx.engine_url
+    if not url:
+        raise NoDataError("no engine URL", hint="pass --engine-url http://HOST:PORT")
+    return engine_findings(url)
+
+
+def check_engine_simd(ctx: DoctorContext) -> list[Finding]:
+    """Is the engine's process executing AVX-512 / SVE while it serves? (--engine-url)"""
+    from agent.doctor_engine import simd_findings
+
+    url = ctx.engine_url
+    if not url:
+        raise NoDataError("no engine URL", hint="pass --engine-url http://HOST:PORT")
+    s = ctx.settings
+    return simd_findings(url, s.path.procfs, s.runtime, s.simd.busy_cpu_cores)
+
+
 # The explicit list of checks, in the order doctor prints them.
 CHECKS: list[tuple[str, CheckFn]] = [
     ("pagecache", check_pagecache),
     ("cpu", check_cpu),
     ("gpu", check_gpu),
     ("runtime", check_runtime),
+    ("engine", check_engine),
+    ("engine.simd", check_engine_simd),
 ]
 
 

@@ -11,6 +11,9 @@ command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || need_apt+=(prometheus-alertmanager)
 command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
 python3 -m venv --help >/dev/null 2>&1 || need_apt+=(python3-venv)
+command -v g++ >/dev/null 2>&1 || need_apt+=(g++)    # scripts/build-llama-server.sh compiles llama.cpp
+command -v make >/dev/null 2>&1 || need_apt+=(make)
+command -v objdump >/dev/null 2>&1 || need_apt+=(binutils)  # SIMD code-scan cross-check
 command -v gcc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)  # diag: binary-compatibility test builds a program
 command -v ldd >/dev/null 2>&1 || need_apt+=(libc-bin)
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 PYTHON = sys.executable
 
+pytest_plugins = ["tests.llamacpp_server"]  # llama-server fixtures: llama_bin, llama_models, llama_tiny
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

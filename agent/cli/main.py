@@ -9,6 +9,7 @@ from agent.cli import demo, doctor, loadgen, run, simulate
 from agent.cli import engine as engine_cli
 from agent.cli import probe as probe_cmd
 from agent.cli import profile as profile_cmd
+from agent.cli import simd as simd_cli
 
 app = typer.Typer(
     name="inferwatch",
@@ -27,6 +28,7 @@ for module in (
     demo,
     probe_cmd,
     profile_cmd,
+    simd_cli,
 ):
     module.register(app)
 

@@ -16,6 +16,7 @@ from agent.collectors.pagecache import PageCacheCollector
 from agent.collectors.probe import ProbeCollector
 from agent.collectors.process import ProcessCollector
 from agent.collectors.runtime_profile import RuntimeProfileCollector
+from agent.collectors.simd import SimdCollector
 
 REGISTRY: dict[str, type[BaseCollector]] = {
     cls.name: cls
@@ -28,6 +29,7 @@ REGISTRY: dict[str, type[BaseCollector]] = {
         RuntimeProfileCollector,
         ProbeCollector,
         BinaryCollector,
+        SimdCollector,
     )
 }
 

@@ -1,0 +1,160 @@
+"""Engine checks for ``inferwatch doctor --engine-url URL``: reachable, which engine, metrics present,
+quantities absent, and the runtime's SIMD utilisation verdict.
+
+``URL`` is the engine's base URL (``http://127.0.0.1:8080``) or its metrics URL (``.../metrics``). The
+SIMD check finds the engine's process by the port it listens on (or ``runtime.*`` settings), observes it
+for :data:`SIMD_WINDOW_S` while sending it a few short completions (llama.cpp only: the one engine whose
+completion API needs no model name), and reports the verdict of :mod:`agent.simd.analysis`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from agent.engine.adapters import detect
+from agent.errors import NoDataError
+from agent.samples import Finding
+
+SIMD_WINDOW_S = 2.0
+FETCH_TIMEOUT_S = 5.0
+MAX_METRICS_BYTES = 16 << 20
+
+# Families the llama.cpp adapter reads; the server exposes them only with --metrics.
+LLAMACPP_FAMILIES = (
+    "llamacpp:prompt_tokens_total",
+    "llamacpp:prompt_seconds_total",
+    "llamacpp:tokens_predicted_total",
+    "llamacpp:tokens_predicted_seconds_total",
+    "llamacpp:requests_processing",
+    "llamacpp:requests_deferred",
+)
+LLAMACPP_ABSENT = ("ttft", "itl", "e2e", "queue")  # no histograms: only means of prefill/decode from counters
+
+
+@dataclass(frozen=True, slots=True)
+class EngineProbe:
+    base_url: str
+    metrics_url: str
+    status: int
+    elapsed_s: float
+    families: frozenset[str]
+    kind: str | None
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """(base URL, metrics URL) from either form."""
+    url = url.rstrip("/")
+    if url.endswith("/metrics"):
+        return url[: -len("/metrics")], url
+    return url, url + "/metrics"
+
+
+def families(text: str) -> frozenset[str]:
+    out = set()
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            out.add(name)
+    return frozenset(out)
+
+
+def probe(url: str, client: httpx.Client | None = None) -> EngineProbe:
+    base, metrics_url = split_url(url)
+    own = client is None
+    c = client or httpx.Client()
+    try:
+        start = time.perf_counter()
+        r = c.get(metrics_url, timeout=FETCH_TIMEOUT_S)
+        elapsed = time.perf_counter() - start
+        text = r.content[:MAX_METRICS_BYTES].decode("utf-8", "replace") if r.status_code == 200 else ""
+    finally:
+        if own:
+            c.close()
+    names = families(text)
+    return EngineProbe(base, metrics_url, r.status_code, elapsed, names, detect(text))
+
+
+def engine_findings(url: str) -> list[Finding]:
+    """reachable / kind / metrics / quantities findings for the engine at ``url``."""
+    try:
+        p = probe(url)
+    except httpx.HTTPError as exc:
+        return [Finding("engine.reachable", "fail", f"{split_url(url)[1]}: {type(exc).__name__}: {exc}")]
+    ev: dict[str, Any] = {"url": p.metrics_url, "status": p.status, "elapsed_ms": round(p.elapsed_s * 1e3, 1)}
+    if p.status != 200:
+        hint = "llama-server exposes /metrics only when started with --metrics" if p.status == 501 else ""
+        return [
+            Finding("engine.reachable", "ok", f"{p.base_url} answers", ev),
+            Finding("engine.metrics", "fail", f"{p.metrics_url} answered HTTP {p.status}", {**ev, "hint": hint}),
+        ]
+    out = [Finding("engine.reachable", "ok", f"{p.metrics_url} answered in {p.elapsed_s * 1e3:.0f} ms", ev)]
+    if p.kind is None:
+        out.append(Finding("engine.kind", "warn", "no known engine families in the exposition", ev))
+        return out
+    out.append(Finding("engine.kind", "ok", f"engine: {p.kind} ({len(p.families)} series names)", {"kind": p.kind}))
+    if p.kind == "llamacpp":
+        missing = [f for f in LLAMACPP_FAMILIES if f not in p.families]
+        status = "fail" if missing else "ok"
+        summary = f"missing {', '.join(missing)}" if missing else f"all {len(LLAMACPP_FAMILIES)} families read"
+        out.append(Finding("engine.metrics", status, summary, {"missing": missing}))
+        out.append(
+            Finding(
+                "engine.quantities",
+                "ok",
+                f"absent (no histograms in llama.cpp): {', '.join(LLAMACPP_ABSENT)}; present: prefill and decode "
+                "time per token as window means of the _seconds_total/_total counters",
+                {"absent": list(LLAMACPP_ABSENT), "present": ["prefill", "decode"]},
+            )
+        )
+    else:
+        out.append(Finding("engine.metrics", "ok", f"{p.kind} families present", {"count": len(p.families)}))
+    return out
+
+
+def _load(base_url: str, stop: threading.Event) -> None:
+    with httpx.Client() as c:
+        while not stop.is_set():
+            try:
+                c.post(f"{base_url}/completion", json={"prompt": "doctor", "n_predict": 32}, timeout=10)
+            except httpx.HTTPError:
+                return
+
+
+def simd_findings(
+    url: str, procfs: Any, runtime: Any, busy_cpu: float, window_s: float = SIMD_WINDOW_S
+) -> list[Finding]:
+    """The SIMD verdict for the process serving ``url`` (found by its listening port or runtime settings)."""
+    from agent.collectors.simd import report_finding
+    from agent.simd.analysis import SimdAnalyzer
+    from agent.simd.proc import locate_runtime
+
+    base, _ = split_url(url)
+    port = urlsplit(base).port
+    pid = locate_runtime(procfs, runtime, port)
+    analyzer = SimdAnalyzer(procfs, pid, busy_cpu)
+    kind = None
+    with contextlib.suppress(httpx.HTTPError):
+        kind = probe(url).kind
+    stop = threading.Event()
+    loader = threading.Thread(target=_load, args=(base, stop), daemon=True) if kind == "llamacpp" else None
+    try:
+        analyzer.observe()
+        if loader is not None:
+            loader.start()
+        time.sleep(window_s)
+        reports = analyzer.observe()
+    finally:
+        stop.set()
+        if loader is not None:
+            loader.join(15)
+        analyzer.close()
+    if not reports:
+        raise NoDataError("no wide-SIMD feature is tracked on this architecture")
+    return [report_finding(r) for r in reports]

@@ -32,6 +32,11 @@ for module in (
 ):
     module.register(app)
 
+from agent.cli import grafana, matrix  # noqa: E402  (dash: grafana push, matrix)
+
+for module in (grafana, matrix):
+    module.register(app)
+
 
 @app.command()
 def version() -> None:

@@ -1,0 +1,291 @@
+"""The hardware × model matrix: TTFT P95 and generation tokens/s per model on each hardware type.
+
+Read from a Prometheus holding fleet data (the agent's series, scraped directly or through an
+OpenTelemetry Collector). A *hardware type* is the tuple (machine type, CPU model, GPU model):
+
+- ``inferwatch_node_info{machine_type, cpu_model}`` — machine type from DMI ``product_name`` (the instance
+  type on AWS), CPU model from ``/proc/cpuinfo``;
+- the GPU model from the ``hw_model`` label of ``hw_gpu_memory_limit_bytes`` (NVML), ``none`` on CPU-only
+  nodes;
+
+joined on ``instance`` (the agent's scrape target, one per node). The same PromQL feeds the Grafana
+"Hardware × model matrix" dashboard (dashboards/matrix.py), so the CLI and the panel cannot disagree.
+
+- TTFT P95: ``histogram_quantile(0.95, …)`` over the engine's TTFT buckets of every node of that hardware
+  type, summed (a fleet-wide quantile, not an average of per-node quantiles);
+- tokens/s: generation tokens per second per node, averaged over the nodes of that hardware type.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+import httpx
+
+from agent.errors import InferwatchError
+
+DEFAULT_WINDOW = "1h"
+DEFAULT_TIMEOUT_S = 10.0
+MAX_RESPONSE_BYTES = 32 << 20
+NO_GPU = "none"
+HW_LABELS = ("machine_type", "cpu_model", "hw_model")
+_HW = ", ".join(HW_LABELS)
+_WINDOW = re.compile(r"^[0-9]+(ms|s|m|h|d|w|y)$|^\$__range$")
+
+
+class MatrixError(InferwatchError):
+    """Prometheus could not be queried or answered something that is not a query result."""
+
+
+def _sel(*parts: str) -> str:
+    inner = ", ".join(p for p in parts if p)
+    return f"{{{inner}}}" if inner else ""
+
+
+def hardware_info(selector: str = "") -> str:
+    """One series per node, value 1, labels ``instance`` + (machine_type, cpu_model, hw_model)."""
+    sel = _sel(selector)
+    gpu = f"topk by (instance) (1, count by (instance, hw_model) (hw_gpu_memory_limit_bytes{sel}))"
+    return (
+        f"(max by (instance, machine_type, cpu_model, hw_model) (inferwatch_node_info{sel} "
+        f"* on (instance) group_left (hw_model) (0 * {gpu} + 1)) "
+        f"or on (instance) label_replace(max by (instance, machine_type, cpu_model) (inferwatch_node_info{sel}), "
+        f'"hw_model", "{NO_GPU}", "", ""))'
+    )
+
+
+def ttft_p95_query(window: str, selector: str = "", model_selector: str = "") -> str:
+    """TTFT P95 per (model, hardware type). ``selector`` applies to every series (e.g. a job filter)."""
+    return (
+        f"histogram_quantile(0.95, sum by (le, gen_ai_request_model, {_HW}) "
+        f"(rate(gen_ai_server_time_to_first_token_seconds_bucket{_sel(selector, model_selector)}[{window}]) "
+        f"* on (instance) group_left ({_HW}) {hardware_info(selector)}))"
+    )
+
+
+def tokens_query(window: str, selector: str = "", model_selector: str = "") -> str:
+    """Generation tokens per second per node, averaged over the nodes of each (model, hardware type)."""
+    sel = _sel('type="generation"', selector, model_selector)
+    return (
+        f"avg by (gen_ai_request_model, {_HW}) "
+        f"(sum by (instance, gen_ai_request_model) (rate(inferwatch_engine_tokens_total{sel}[{window}])) "
+        f"* on (instance) group_left ({_HW}) {hardware_info(selector)})"
+    )
+
+
+def nodes_query(window: str, selector: str = "", model_selector: str = "") -> str:
+    """Nodes that served each model on each hardware type in the window."""
+    sel = _sel(selector, model_selector)
+    return (
+        f"count by (gen_ai_request_model, {_HW}) (max by (instance, gen_ai_request_model) "
+        f"(rate(gen_ai_server_time_to_first_token_seconds_count{sel}[{window}])) "
+        f"* on (instance) group_left ({_HW}) {hardware_info(selector)})"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    machine_type: str
+    cpu_model: str
+    gpu_model: str
+
+    @property
+    def label(self) -> str:
+        parts = [self.machine_type or "unknown machine", self.cpu_model or "unknown CPU"]
+        if self.gpu_model and self.gpu_model != NO_GPU:
+            parts.append(self.gpu_model)
+        return " / ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One model on one hardware type. ``None``: no data in the window."""
+
+    ttft_p95_seconds: float | None
+    tokens_per_second: float | None
+    nodes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Matrix:
+    window: str
+    models: tuple[str, ...]
+    hardware: tuple[Hardware, ...]
+    cells: Mapping[tuple[str, Hardware], Cell]
+
+    def cell(self, model: str, hw: Hardware) -> Cell | None:
+        return self.cells.get((model, hw))
+
+
+def validate_window(window: str) -> str:
+    if not _WINDOW.match(window):
+        raise ValueError(f"window {window!r} is not a Prometheus duration such as 30m, 1h or 1d")
+    return window
+
+
+class PrometheusClient:
+    """Instant queries against Prometheus's HTTP API (``GET /api/v1/query``)."""
+
+    def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, client: httpx.Client | None = None) -> None:
+        self.url = url.rstrip("/")
+        self._client = client or httpx.Client(timeout=timeout_s)
+
+    def query(self, expr: str) -> list[dict[str, object]]:
+        try:
+            r = self._client.get(f"{self.url}/api/v1/query", params={"query": expr})
+        except httpx.HTTPError as exc:
+            raise MatrixError(f"cannot reach Prometheus at {self.url}: {exc}") from exc
+        if len(r.content) > MAX_RESPONSE_BYTES:
+            raise MatrixError(f"Prometheus answer is larger than {MAX_RESPONSE_BYTES} bytes")
+        try:
+            body = r.json()
+        except ValueError:
+            raise MatrixError(
+                f"{self.url} answered HTTP {r.status_code} with a body that is not JSON: is it a Prometheus?"
+            ) from None
+        if not isinstance(body, dict) or body.get("status") != "success":
+            err = body.get("error") if isinstance(body, dict) else None
+            raise MatrixError(f"Prometheus rejected the query (HTTP {r.status_code}): {err or body!r}")
+        data = body.get("data")
+        if not isinstance(data, dict) or data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
+            raise MatrixError(f"unexpected answer from {self.url}: not an instant vector")
+        return [x for x in data["result"] if isinstance(x, dict)]
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _value(item: dict[str, object]) -> float | None:
+    v = item.get("value")
+    if not isinstance(v, list) or len(v) != 2:
+        return None
+    try:
+        f = float(v[1])
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) or math.isinf(f) else f
+
+
+def _key(item: dict[str, object]) -> tuple[str, Hardware] | None:
+    m = item.get("metric")
+    if not isinstance(m, dict) or "gen_ai_request_model" not in m:
+        return None
+    hw = Hardware(str(m.get("machine_type", "")), str(m.get("cpu_model", "")), str(m.get("hw_model", NO_GPU)))
+    return str(m["gen_ai_request_model"]), hw
+
+
+def fetch_matrix(
+    prom: PrometheusClient, window: str = DEFAULT_WINDOW, selector: str = "", model_selector: str = ""
+) -> Matrix:
+    """Run the three matrix queries and assemble the cells."""
+    window = validate_window(window)
+    ttft: dict[tuple[str, Hardware], float | None] = {}
+    tps: dict[tuple[str, Hardware], float | None] = {}
+    nodes: dict[tuple[str, Hardware], int] = {}
+    for item in prom.query(ttft_p95_query(window, selector, model_selector)):
+        k = _key(item)
+        if k:
+            ttft[k] = _value(item)
+    for item in prom.query(tokens_query(window, selector, model_selector)):
+        k = _key(item)
+        if k:
+            tps[k] = _value(item)
+    for item in prom.query(nodes_query(window, selector, model_selector)):
+        k = _key(item)
+        v = _value(item)
+        if k and v is not None:
+            nodes[k] = int(v)
+    keys = set(ttft) | set(tps)
+    cells = {k: Cell(ttft.get(k), tps.get(k), nodes.get(k, 0)) for k in keys}
+    models = tuple(sorted({m for m, _ in keys}))
+    hardware = tuple(sorted({h for _, h in keys}, key=lambda h: (h.machine_type, h.cpu_model, h.gpu_model)))
+    return Matrix(window, models, hardware, cells)
+
+
+def _fmt_s(v: float | None) -> str:
+    if v is None:
+        return "–"
+    return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
+
+
+def _fmt_tps(v: float | None) -> str:
+    return "–" if v is None else f"{v:.1f}"
+
+
+def header(m: Matrix) -> list[str]:
+    cols = ["model"]
+    for hw in m.hardware:
+        cols += [f"{hw.label} TTFT P95", f"{hw.label} tok/s"]
+    return cols
+
+
+def rows(m: Matrix) -> list[list[str]]:
+    out = []
+    for model in m.models:
+        row = [model]
+        for hw in m.hardware:
+            c = m.cell(model, hw)
+            row += [_fmt_s(c.ttft_p95_seconds if c else None), _fmt_tps(c.tokens_per_second if c else None)]
+        out.append(row)
+    return out
+
+
+def to_csv(m: Matrix) -> str:
+    """Long form, one line per (model, hardware): raw numbers for spreadsheets."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["model", "machine_type", "cpu_model", "gpu_model", "nodes", "ttft_p95_seconds", "tokens_per_second"])
+    for model in m.models:
+        for hw in m.hardware:
+            c = m.cell(model, hw)
+            if c is None:
+                continue
+            w.writerow(
+                [
+                    model,
+                    hw.machine_type,
+                    hw.cpu_model,
+                    hw.gpu_model,
+                    c.nodes,
+                    "" if c.ttft_p95_seconds is None else f"{c.ttft_p95_seconds:.6g}",
+                    "" if c.tokens_per_second is None else f"{c.tokens_per_second:.6g}",
+                ]
+            )
+    return buf.getvalue()
+
+
+def _md_cell(s: str) -> str:
+    return s.replace("|", "\\|")
+
+
+def to_markdown(m: Matrix) -> str:
+    head = header(m)
+    lines = [
+        "| " + " | ".join(_md_cell(h) for h in head) + " |",
+        "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|",
+    ]
+    lines += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows(m)]
+    return "\n".join(lines) + "\n"
+
+
+def to_json(m: Matrix) -> str:
+    return json.dumps(
+        {
+            "window": m.window,
+            "models": list(m.models),
+            "hardware": [asdict(h) | {"label": h.label} for h in m.hardware],
+            "cells": [
+                {"model": model, "hardware": asdict(hw), **asdict(c)}
+                for model in m.models
+                for hw in m.hardware
+                if (c := m.cell(model, hw)) is not None
+            ],
+        },
+        indent=2,
+    )

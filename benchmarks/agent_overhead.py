@@ -10,7 +10,7 @@ Reported per exporter: CPU per collection cycle (user+system CPU seconds / cycle
 RSS at the end of the window (and peak), /metrics median and p99 latency, and the body size and series
 count (node_exporter exposes far more series; the latency is per scrape, whatever the content).
 
-    /work/venv/bin/python benchmarks/agent_overhead.py [--window-1s 30] [--window-5s 60] [--scrapes 300]
+    .venv/bin/python benchmarks/agent_overhead.py [--window-1s 30] [--window-5s 60] [--scrapes 300]
 
 Needs ``prometheus-node-exporter`` on PATH (``apt-get install -y --no-install-recommends
 prometheus-node-exporter``). Not a test: it prints a table and writes benchmarks/results/agent_overhead.json.

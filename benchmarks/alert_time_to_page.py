@@ -10,7 +10,7 @@ max seconds from injection to the receiver, side by side with the pipeline floor
 (the always-firing Watchdog: Prometheus start → dead-man's-switch webhook) and the configured budget
 (test-profile for: + Alertmanager group_wait).
 
-    /work/venv/bin/python benchmarks/alert_time_to_page.py [--runs 3] [--skip-e2e]
+    .venv/bin/python benchmarks/alert_time_to_page.py [--runs 3] [--skip-e2e]
 """
 
 from __future__ import annotations

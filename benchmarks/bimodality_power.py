@@ -11,7 +11,7 @@ the detector on the sketch's bins, exactly the production path.
 - Baseline, same trials: "ΔBIC > 0 alone" (a plain two-component BIC test, no separation or dip
   condition), to show what each extra condition buys.
 
-Rates carry a 95 % Wilson interval. Run: ``/work/venv/bin/python benchmarks/bimodality_power.py
+Rates carry a 95 % Wilson interval. Run: ``.venv/bin/python benchmarks/bimodality_power.py
 [--trials 500] [--n 500]`` (a few minutes on one core).
 """
 

@@ -9,7 +9,7 @@
 3. Probe: client-side TTFT and total time against a local streaming server (tests/fake_runtime.py),
    baseline = the same request read by plain httpx without validation.
 
-    /work/venv/bin/python benchmarks/diag_overhead.py [--seconds 4] [--rounds 3] [--rate 100]
+    .venv/bin/python benchmarks/diag_overhead.py [--seconds 4] [--rounds 3] [--rate 100]
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ default collectors, the engine collector on the server's /metrics, the simd coll
 phases of the same rounds: throughput ratio (generated tokens/s) and client TTFT p50 ratio, as the median of
 the per-round ratios with min..max.
 
-    python benchmarks/runtime_cost.py --rounds 5 --phase-s 20 --out docs/benchmarks-llama.md
+    python benchmarks/runtime_cost.py --rounds 4 --phase-s 15 --threads 1 [--json FILE]   # figures: docs/benchmarks.md
 
 Not a pass/fail test. On a shared machine the spread between identical phases is usually larger than the
 effect; read the baseline-vs-baseline spread that is printed alongside.

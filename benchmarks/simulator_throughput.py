@@ -9,7 +9,7 @@ of an idle asyncio process running alongside each step (the host's own schedulin
 machine), and the timing model's own TTFT/ITL for the same load in virtual time (``run_offline``) — the
 difference between client-observed and modelled latency is the simulator's overhead.
 
-    /work/venv/bin/python benchmarks/simulator_throughput.py [--rates 50,100,150] [--seconds 10]
+    .venv/bin/python benchmarks/simulator_throughput.py [--rates 50,100,150] [--seconds 10]
         [--servers asyncio+h11,uvloop+httptools] [--rounds 2] [--extra-path DIR]
 
 ``--servers`` runs one simulator per uvicorn setup (``--loop``/``--http``) and drives them in turn at

@@ -13,7 +13,7 @@ Stages, each side by side with the previous one as its baseline, all in the same
    the sender in this process. Reported as spans per wall second and spans per CPU second of the
    receiver process (the "one core" figure: the receiver's own cost, whatever the sender's).
 
-Run: ``/work/venv/bin/python benchmarks/span_intake.py [--batch 512] [--seconds 5]``.
+Run: ``.venv/bin/python benchmarks/span_intake.py [--batch 512] [--seconds 5]``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Starts ``inferwatch simulate`` with two models and two data-parallel engines eac
 - ``vllm-sim-dp2-hidden.prom``: with ``--show-hidden-metrics-for-version 0.11`` (the deprecated
   ``vllm:gpu_cache_usage_perc`` and ``vllm:time_per_output_token_seconds`` next to the current names).
 
-    /work/venv/bin/python scripts/record_sim_expositions.py [--out tests/fixtures/sim]
+    .venv/bin/python scripts/record_sim_expositions.py [--out tests/fixtures/sim]
 """
 
 from __future__ import annotations

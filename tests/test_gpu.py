@@ -161,3 +161,38 @@ def test_gpu_collector_fails_on_a_lost_gpu_through_pynvml_errors() -> None:
     fake = FakeNVML([FakeGPU(broken=CollectorError(str(pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST))))])
     with pytest.raises(CollectorError, match="GPU is lost"):
         _collector(fake).collect()
+
+
+def test_absent_driver_is_retried_once_a_minute_not_every_cycle(monkeypatch) -> None:
+    """nvmlInit (a dlopen search) runs again only after NVML_ABSENT_RETRY_S; a driver installed later is found."""
+    import types
+
+    import pynvml
+
+    from agent.host import nvml as nvml_mod
+
+    calls = []
+    state = {"installed": False}
+
+    def init() -> None:
+        calls.append(1)
+        if not state["installed"]:
+            raise pynvml.NVMLError_LibraryNotFound()
+
+    module = types.SimpleNamespace(
+        **{n: getattr(pynvml, n) for n in dir(pynvml) if n.startswith("NVMLError") or n.startswith("NVML_")},
+        nvmlInit=init,
+        nvmlShutdown=lambda: None,
+    )
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(nvml_mod.time, "monotonic", lambda: clock["now"])
+    client = PynvmlClient()
+    client._nvml = module
+    for _ in range(5):
+        with pytest.raises(NoDataError, match="NVML library not found"):
+            client.init()
+    assert len(calls) == 1
+    clock["now"] += nvml_mod.NVML_ABSENT_RETRY_S + 1
+    state["installed"] = True
+    client.init()
+    assert len(calls) == 2

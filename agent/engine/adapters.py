@@ -8,7 +8,7 @@ series** (one per data-parallel rank, so resets are handled per rank, as ``incre
 gauges summed over ranks (KV-cache usage averaged), and the counters summed over ranks.
 
 Anything an engine does not expose is simply missing from the reading (absent, never zero).
-Names, labels and buckets: ``/work/shared/reference/engines.md`` §1 and §4.
+Names, labels and buckets: ``../shared/reference/engines.md`` §1 and §4.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -65,6 +66,7 @@ class NVMLClient(Protocol):
     def compute_processes(self, index: int) -> list[GpuProcess]: ...
 
 
+NVML_ABSENT_RETRY_S = 60.0
 NO_NVML_HINT = (
     "install the NVIDIA driver (libnvidia-ml.so.1); in a container run with the NVIDIA container toolkit "
     "(--gpus all / runtime: nvidia); on a host without a GPU disable the collector with --no-collector.gpu"
@@ -81,6 +83,7 @@ class PynvmlClient:
         self._lock = threading.Lock()
         self._handles: dict[int, Any] = {}
         self._initialised = False
+        self._absent: tuple[float, NoDataError] | None = None
 
     def _call(self, fn: str, *args: Any) -> Any:
         nv = self._nvml
@@ -96,18 +99,31 @@ class PynvmlClient:
         with self._lock:
             if self._initialised:
                 return
+            # A host without a driver stays without one: retry the (dlopen-heavy) init once a minute, not
+            # on every cycle; in between, report the same absence.
+            if self._absent is not None and time.monotonic() - self._absent[0] < NVML_ABSENT_RETRY_S:
+                raise self._absent[1]
             try:
                 nv.nvmlInit()
             except nv.NVMLError_LibraryNotFound:
-                raise NoDataError("NVML library not found: no NVIDIA driver on this host", hint=NO_NVML_HINT) from None
+                raise self._remember_absent(
+                    NoDataError("NVML library not found: no NVIDIA driver on this host", hint=NO_NVML_HINT)
+                ) from None
             except nv.NVMLError_DriverNotLoaded:
-                raise NoDataError(
-                    "NVIDIA kernel driver not loaded", hint="load the nvidia kernel module (modprobe nvidia)"
+                raise self._remember_absent(
+                    NoDataError(
+                        "NVIDIA kernel driver not loaded", hint="load the nvidia kernel module (modprobe nvidia)"
+                    )
                 ) from None
             except nv.NVMLError as exc:
                 raise CollectorError(f"nvmlInit failed: {exc}") from None
             self._initialised = True
+            self._absent = None
             self._handles = {}
+
+    def _remember_absent(self, exc: NoDataError) -> NoDataError:
+        self._absent = (time.monotonic(), exc)
+        return exc
 
     def shutdown(self) -> None:
         with self._lock:

@@ -186,6 +186,16 @@ class EngineCore:
         self.prefix_hits += cached
         return cached
 
+    def stalled(self, now: float) -> None:
+        """A hung step: arrivals still reach the queue and the gauges are published, no token is produced.
+
+        Like a vLLM engine stuck in a forward pass (a wedged collective or GPU): the batch it was running
+        stays running, new requests pile up waiting, and the token counters stop.
+        """
+        while self.pending and self.pending[0][0] <= now:
+            self.waiting.append(heapq.heappop(self.pending)[2])
+        self.listener.on_step(self, 0, 0, 0)
+
     def plan(self, now: float) -> Step | None:
         """Build the next step at ``now``; None when nothing can run yet (see :meth:`next_wakeup`)."""
         while self.pending and self.pending[0][0] <= now:

@@ -88,6 +88,7 @@ class EngineLoop:
         while True:
             if "hang" in self.scenarios:
                 due = None
+                core.stalled(clock())
                 await asyncio.sleep(HANG_POLL_S)
                 continue
             now = clock()

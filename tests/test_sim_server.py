@@ -243,6 +243,18 @@ def test_hang_stops_tokens_while_health_stays_200(sim: str, scenarios: str):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "stream": True}
     got = b""
     with httpx.stream("POST", sim + "/v1/chat/completions", json=body, timeout=httpx.Timeout(10, read=1.5)) as r:
+        # The hang began with the engine idle; the request that arrived after it is visible as queued, as a
+        # wedged vLLM shows it, so "requests in the engine, no tokens" holds (EngineHungButHealthy).
+        queued = 0.0
+        for _ in range(20):
+            fams = _families(httpx.get(sim + "/metrics").text)
+            queued = sum(
+                s.value for f in ("vllm:num_requests_waiting", "vllm:num_requests_running") for s in fams[f].samples
+            )
+            if queued:
+                break
+            time.sleep(0.05)
+        assert queued == 1
         with pytest.raises(httpx.ReadTimeout):
             for part in r.iter_bytes():
                 got += part

@@ -117,6 +117,7 @@ class Run:
     expected: dict[str, Expect] = field(default_factory=dict)
     found: dict[str, Delivery | None] = field(default_factory=dict)
     watchdog: Delivery | None = None
+    missing: dict[str, Any] = field(default_factory=dict)  # scenario → what Prometheus/the sink had instead
 
     def time_to(self, scenario: str) -> float | None:
         d = self.found.get(scenario)
@@ -178,6 +179,16 @@ def _start_loadgen(stack: contextlib.ExitStack, tmp: Path, sim: SimProc, rate: f
     cmd = [PYTHON, "-m", "agent", "loadgen", "--url", sim.url, "--rate", str(rate), "--duration", "600"]
     cmd += ["--output-tokens", "32", "--timeout", "600", "--seed", "6", "--no-progress"]
     stack.enter_context(running(cmd, tmp / f"loadgen-{sim.model}.log", cwd=ROOT))
+
+
+def _wait_generation_tokens(url: str, timeout_s: float) -> None:
+    """Wait until the simulator at ``url`` has produced generation tokens (its loadgen is running)."""
+
+    def serving(r: httpx.Response) -> bool:
+        lines = r.text.splitlines()
+        return any(ln.startswith("vllm:generation_tokens_total{") and float(ln.split()[-1]) > 0 for ln in lines)
+
+    wait_http(f"{url}/metrics", ok=serving, timeout_s=timeout_s)
 
 
 def _wait_agents(agents: list[AgentProc]) -> None:
@@ -341,6 +352,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             "engine_down",
             Expect("EngineDown", agents["engine_down"].instance, "pagerduty", "could not scrape or parse the vllm"),
         )
+        # The engine must have been serving before it hangs: a hang of an engine that never produced a token
+        # is a different page (nothing to compare against), and on a slow machine loadgen may start late.
+        _wait_generation_tokens(sim_hang.url, DELIVERY_TIMEOUT_S)
         sim_hang.control({"enable": "hang"})
         inject(
             "engine_hung",
@@ -423,6 +437,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             for name, e in r.expected.items()
             if r.found.get(name) is None
         }
+        r.missing = missing
         report = {
             "watchdog_s_from_prometheus_start": round(r.watchdog.t - pl.started_at, 2),
             "time_to_receiver_s": {s: r.time_to(s) for s in r.expected},
@@ -451,7 +466,7 @@ def test_watchdog_reaches_only_the_deadmansswitch(run: Run) -> None:
 def test_pitfall_reaches_exactly_its_receiver_with_runbook_and_evidence(run: Run, name: str) -> None:
     e = run.expected[name]
     d = run.found[name]
-    assert d is not None, f"{e.alertname} from {e.instance} never reached {e.receiver}"
+    assert d is not None, f"{e.alertname} from {e.instance} never reached {e.receiver}: {run.missing.get(name)}"
     if e.receiver == "pagerduty":
         body = d.body
         assert body["routing_key"] == ROUTING_KEY and body["event_action"] == "trigger"

@@ -282,6 +282,10 @@ class Settings(BaseSettings):
     listen_port: int = Field(default=DEFAULT_LISTEN_PORT, ge=0, le=65535)
     interval_s: float = Field(default=DEFAULT_INTERVAL_S, gt=0, le=3600)
     timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0, le=600)
+    # A scrape of /metrics runs the collections due before the next scrape and waits for them (at most
+    # scrape_wait_s): fresh values, and one wake-up per cycle instead of two (docs/collectors.md).
+    collect_on_scrape: bool = True
+    scrape_wait_s: float = Field(default=2.0, gt=0, le=60)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     path: PathSettings = PathSettings()
     collectors: dict[str, CollectorSettings] = Field(default_factory=dict)

@@ -1,21 +1,21 @@
 """Runs each enabled collector on its interval, with a timeout, isolating failures.
 
-One scheduler thread per collector; the collector's ``collect`` runs on its own worker thread so a
-hang is detected by the timeout without blocking anyone else. A hung call is never started twice: the
-collector stays "failed (hung)" until that call returns. Samples are checked against the catalog
-before they reach the state; a collector that returns garbage fails, it does not break a sink.
-State changes are logged once (failed → ok → absent), never per cycle.
+One scheduler thread; collectors run on lane worker threads (see :class:`Runner`), so a hang is detected
+by the timeout without blocking anyone else. A hung call is never started twice: the collector stays
+"failed (hung)" until that call returns. A scrape can pull due runs forward (:meth:`Runner.pull`).
+Samples are checked against the catalog before they reach the state; a collector that returns garbage
+fails, it does not break a sink. State changes are logged once (failed → ok → absent), never per cycle.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from agent import catalog
 from agent.catalog.spec import Kind
@@ -55,20 +55,87 @@ def validate(collection: object) -> Collection:
     return collection
 
 
+def next_due(started: float, interval: float, now: float) -> float:
+    """The next run of a collector that started at ``started``: the next point on a grid of ``interval``.
+
+    Every collector with the same interval (and every longer interval that is a multiple of it) wakes at
+    the same instant, so a cycle is one burst of work instead of one wake-up per collector: on a VM an
+    idle-to-busy wake-up costs far more CPU than the work itself (docs/benchmarks.md). The first run is at
+    start; a run that overran its interval skips the grid points it missed instead of running twice.
+    """
+    due = (math.floor(started / interval + 0.5) + 1) * interval
+    if due <= now:
+        due += (math.floor((now - due) / interval) + 1) * interval
+    return due
+
+
 def run_collection(collector: BaseCollector) -> Collection:
     """Run one collector in the calling thread and validate what it returns (used by doctor)."""
     return validate(collector.collect())
 
 
+HOST_LANE = "host"
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One collector's schedule; every field is guarded by the runner's lock."""
+
+    collector: BaseCollector
+    interval: float
+    timeout: float
+    lane: str
+    due: float = 0.0  # monotonic time of its next run
+    started: float = -math.inf  # monotonic time its last call started
+    running: bool = False  # queued in or running on its lane
+    stuck: bool = False  # its last call timed out and has not returned yet
+    cycles: int = 0  # completed cycles (any outcome)
+
+
+@dataclass(eq=False)
+class _Lane:
+    """A worker thread that runs its queued calls one after another."""
+
+    name: str
+    cond: threading.Condition
+    queue: deque[_Slot] = field(default_factory=deque)
+    worker: object = None  # the current worker's token; a worker whose token is replaced exits
+    current: _Slot | None = None
+    deadline: float = math.inf  # when the current call times out
+    threads: list[threading.Thread] = field(default_factory=list)
+
+
 class Runner:
+    """Runs each enabled collector on its interval, with a timeout, isolating failures.
+
+    One scheduler thread, and one worker thread per lane: the host collectors (quick /proc, /sys and NVML
+    reads) share the ``host`` lane and run one after another; a collector that waits on the network or a
+    subprocess (engine, probe, runtime_profile, binary) has a lane of its own. A cycle is thus a handful of
+    thread wake-ups, not two per collector: on a VM an idle-to-busy wake-up costs far more CPU than the
+    work (docs/benchmarks.md). A call that passes its timeout is recorded as failed (``timeout``) and its
+    lane gets a new worker for the calls queued behind it; the stuck call's thread is abandoned, and the
+    collector is not called again ("failed (hung)" each cycle) until that call returns.
+    """
+
     def __init__(self, settings: Settings, state: AgentState, collectors: Iterable[BaseCollector]) -> None:
         self.settings = settings
         self.state = state
         self.collectors = list(collectors)
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)  # the scheduler waits on it
+        self._cycled = threading.Condition(self._lock)  # pull() waits on it
+        self._lanes: dict[str, _Lane] = {}
+        self._slots: list[_Slot] = []
+        self._scheduler: threading.Thread | None = None
+        self._last_pull: float | None = None
         for c in self.collectors:
-            state.register(CollectorHealth(c.name, *self._timing(c)))
+            interval, timeout = self._timing(c)
+            lane = getattr(c, "lane", HOST_LANE) or c.name
+            if lane not in self._lanes:
+                self._lanes[lane] = _Lane(lane, threading.Condition(self._lock))
+            self._slots.append(_Slot(c, interval, timeout, lane))
+            state.register(CollectorHealth(c.name, interval, timeout))
 
     def _timing(self, c: BaseCollector) -> tuple[float, float]:
         cfg = self.settings.collector(c.name)
@@ -77,61 +144,156 @@ class Runner:
         return interval, timeout
 
     def start(self) -> None:
-        for c in self.collectors:
-            t = threading.Thread(target=self._loop, args=(c,), name=f"collector-{c.name}", daemon=True)
-            t.start()
-            self._threads.append(t)
+        with self._lock:
+            for lane in self._lanes.values():
+                self._new_worker(lane)
+        self._scheduler = threading.Thread(target=self._schedule, name="collector-scheduler", daemon=True)
+        self._scheduler.start()
+
+    def pull(self, wait_s: float) -> None:
+        """Bring forward, into the caller's scrape, every run that was due before the next scrape; wait for them.
+
+        A collector is run now when its next timed run would come before the next scrape (expected one scrape
+        gap from now; half its interval before the second scrape) and its last run started at least half an
+        interval ago. Its timed runs then follow in phase with the scrapes, so with Prometheus scraping at the
+        collection interval each cycle runs on the scrape: one wake-up instead of two, and the scrape sees values
+        collected for it, as an exporter that collects on scrape would. Two scrapers (an HA pair) at most double
+        the collection rate. A run in progress is waited for, not repeated; a hung collector is left to its
+        schedule. Waits at most ``wait_s``; whatever has not finished by then is served from the last cycle.
+        """
+        with self._lock:
+            now = time.monotonic()
+            gap = None if self._last_pull is None else now - self._last_pull
+            self._last_pull = now
+            waiting: list[tuple[_Slot, int]] = []
+            for slot in self._slots:
+                if slot.running:
+                    waiting.append((slot, slot.cycles))
+                elif not slot.stuck:
+                    window = slot.interval / 2 if gap is None else gap  # the next scrape: one gap from now
+                    if slot.due - now <= window and now - slot.started >= slot.interval / 2:
+                        slot.due = now
+                        waiting.append((slot, slot.cycles))
+            if waiting:
+                self._wake.notify()
+                self._cycled.wait_for(lambda: all(s.cycles > seen for s, seen in waiting), wait_s)
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop scheduling; wait (bounded) for loops to end; close collectors. Safe to call twice."""
+        """Stop scheduling; wait (bounded) for the threads to end; close collectors. Safe to call twice."""
         self._stop.set()
+        with self._lock:
+            self._wake.notify_all()
+            for lane in self._lanes.values():
+                lane.cond.notify_all()
+            threads = [t for lane in self._lanes.values() for t in lane.threads]
         deadline = time.monotonic() + timeout_s
-        for t in self._threads:
+        for t in ([self._scheduler] if self._scheduler else []) + threads:
             t.join(max(0.0, deadline - time.monotonic()))
         for c in self.collectors:
             try:
                 c.close()
             except Exception:
                 log.debug("closing collector %s failed", c.name, exc_info=True)
-        self._threads = []
+        self._scheduler = None
 
-    def _loop(self, collector: BaseCollector) -> None:
-        interval, timeout = self._timing(collector)
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"collect-{collector.name}")
-        pending: concurrent.futures.Future[Collection] | None = None
-        try:
+    # -- scheduler -------------------------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        with self._lock:
             while not self._stop.is_set():
-                started = time.monotonic()
-                if pending is not None and not pending.done():
-                    self._finish(collector, started, None, "hung", f"previous run still running after {timeout:g}s")
-                else:
-                    pending = pool.submit(run_collection, collector)
-                    self._await(collector, pending, started, timeout)
-                elapsed = time.monotonic() - started
-                self._stop.wait(max(0.0, interval - elapsed))
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+                now = time.monotonic()
+                self._expire(now)
+                for slot in self._slots:
+                    if slot.running or slot.due > now:
+                        continue
+                    if slot.stuck:
+                        self._finish(
+                            slot.collector, now, None, "hung", f"previous run still running after {slot.timeout:g}s"
+                        )
+                        self._cycle_done(slot, now, now)
+                        continue
+                    slot.running = True
+                    lane = self._lanes[slot.lane]
+                    lane.queue.append(slot)
+                    if lane.current is None and len(lane.queue) == 1:
+                        lane.deadline = now + slot.timeout  # the worker sets the exact one when it starts
+                    lane.cond.notify()
+                wake = min((s.due for s in self._slots if not s.running), default=math.inf)
+                for lane in self._lanes.values():
+                    if lane.current is not None or lane.queue:
+                        wake = min(wake, lane.deadline)
+                self._wake.wait(None if math.isinf(wake) else max(0.0, wake - time.monotonic()))
 
-    def _await(
-        self, collector: BaseCollector, fut: concurrent.futures.Future[Collection], started: float, timeout: float
-    ) -> None:
+    def _expire(self, now: float) -> None:
+        """Time out every call past its deadline; its lane gets a new worker for the calls behind it."""
+        for lane in self._lanes.values():
+            slot = lane.current
+            if slot is None or now < lane.deadline:
+                continue
+            slot.stuck = True
+            self._finish(slot.collector, slot.started, None, "timeout", f"timed out after {slot.timeout:g}s")
+            self._cycle_done(slot, slot.started, now)
+            lane.current, lane.deadline = None, math.inf
+            self._new_worker(lane)
+            if lane.queue:
+                lane.deadline = now + lane.queue[0].timeout
+
+    def _cycle_done(self, slot: _Slot, started: float, now: float) -> None:
+        """Under the lock: the slot's cycle ended; schedule its next run and wake pull() waiters."""
+        slot.running = False
+        slot.cycles += 1
+        # While scrapes pull, the timed run is one interval after this one (in phase with the scrapes, so the
+        # next scrape normally comes first); otherwise the next point of the shared grid.
+        last_pull = self._last_pull
+        scraped = last_pull is not None and now - last_pull < 2 * slot.interval
+        slot.due = started + slot.interval if scraped else next_due(started, slot.interval, now)
+        self._cycled.notify_all()
+
+    # -- lanes -----------------------------------------------------------------------------------------
+
+    def _new_worker(self, lane: _Lane) -> None:
+        token = lane.worker = object()
+        t = threading.Thread(target=self._work, args=(lane, token), name=f"collect-{lane.name}", daemon=True)
+        lane.threads = [x for x in lane.threads if x.is_alive()] + [t]
+        t.start()
+
+    def _work(self, lane: _Lane, token: object) -> None:
+        while True:
+            with self._lock:
+                while lane.worker is token and not lane.queue and not self._stop.is_set():
+                    lane.cond.wait()
+                if lane.worker is not token or self._stop.is_set():
+                    return
+                slot = lane.queue.popleft()
+                started = slot.started = time.monotonic()
+                lane.current, lane.deadline = slot, started + slot.timeout
+            outcome = self._call(slot.collector)
+            with self._lock:
+                if lane.worker is not token:  # timed out meanwhile: recorded by the scheduler; we are abandoned
+                    slot.stuck = False
+                    return
+                self._finish(slot.collector, started, *outcome)
+                lane.current, lane.deadline = None, math.inf
+                self._cycle_done(slot, started, time.monotonic())
+                if not lane.queue:
+                    self._wake.notify()  # the scheduler stops watching this lane's deadline
+
+    @staticmethod
+    def _call(collector: BaseCollector) -> tuple[Collection | None, str, str | None, str | None]:
+        """Run one collection: (collection, outcome, message, hint)."""
         try:
-            result = fut.result(timeout=timeout)
-        except concurrent.futures.TimeoutError:
-            self._finish(collector, started, None, "timeout", f"timed out after {timeout:g}s")
+            return run_collection(collector), "ok", None, None
         except NoDataError as exc:
+            message = str(exc.args[0] if exc.args else exc)
             try:
                 absent = validate(Collection(samples=list(exc.samples))) if exc.samples else Collection()
             except CatalogError as bad:
-                self._finish(collector, started, None, "bad_sample", str(bad))
-                return
-            self._finish(collector, started, absent, "absent", str(exc.args[0] if exc.args else exc), exc.hint)
+                return None, "bad_sample", str(bad), None
+            return absent, "absent", message, exc.hint
         except CatalogError as exc:
-            self._finish(collector, started, None, "bad_sample", str(exc))
+            return None, "bad_sample", str(exc), None
         except Exception as exc:
-            self._finish(collector, started, None, "exception", f"{type(exc).__name__}: {exc}")
-        else:
-            self._finish(collector, started, result, "ok")
+            return None, "exception", f"{type(exc).__name__}: {exc}", None
 
     def _finish(
         self,

@@ -19,7 +19,10 @@ def create_app(agent: Agent) -> FastAPI:
 
     @app.get("/metrics")
     def metrics() -> Response:
-        # A plain route, not a mounted ASGI app: a mount answers 307 to /metrics/.
+        # A plain route, not a mounted ASGI app: a mount answers 307 to /metrics/. A sync route: it runs on a
+        # worker thread, where waiting for the collections pulled into this scrape blocks no other request.
+        if agent.settings.collect_on_scrape:
+            agent.runner.pull(agent.settings.scrape_wait_s)
         return Response(exposition(agent.registry), media_type=CONTENT_TYPE)
 
     @app.get("/healthz")

@@ -83,6 +83,7 @@ def test_failures_are_isolated_and_reported(caplog) -> None:
     state = AgentState()
     kinds = [Good, Raises, Hangs, Garbage, WrongAttrs, NotACollection, Absent]
     runner = Runner(settings, state, [k(ctx) for k in kinds])
+    Hangs.release.clear()
     runner.start()
     try:
         assert _wait(lambda: all(h.runs >= 3 for h in state.health().values()))
@@ -142,4 +143,81 @@ def test_hung_collector_is_not_started_twice() -> None:
         assert _wait(lambda: len(calls) >= 2)
     finally:
         Slow.gate.set()
+        runner.stop()
+
+
+class Counting(BaseCollector):
+    name: ClassVar[str] = "counting"
+
+    def __init__(self, ctx: CollectContext) -> None:
+        super().__init__(ctx)
+        self.calls: list[float] = []
+
+    def collect(self) -> Collection:
+        self.calls.append(time.monotonic())
+        return Collection([Sample("process.uptime", float(len(self.calls)), attrs(runtime="r"))])
+
+
+class Network(Counting):
+    name: ClassVar[str] = "network"
+    lane: ClassVar[str | None] = None
+
+
+def test_host_collectors_share_one_worker_thread() -> None:
+    settings = load_settings(overrides={"interval_s": 0.2, "timeout_s": 0.3})
+    ctx = CollectContext(settings)
+    state = AgentState()
+    runner = Runner(settings, state, [Good(ctx), Absent(ctx), Counting(ctx), Network(ctx)])
+    runner.start()
+    try:
+        assert _wait(lambda: all(h.runs >= 3 for h in state.health().values()))
+        names = [t.name for t in threading.enumerate()]
+        assert names.count("collector-scheduler") == 1
+        assert names.count("collect-host") == 1  # three host collectors, one thread
+        assert names.count("collect-network") == 1  # a lane of its own
+    finally:
+        runner.stop()
+    assert _wait(lambda: not any(t.name.startswith("collect") for t in threading.enumerate()), 5)
+
+
+def test_a_scrape_pulls_due_runs_forward_and_waits_for_them() -> None:
+    settings = load_settings(overrides={"interval_s": 2.0, "timeout_s": 1.0})
+    collector = Counting(CollectContext(settings))
+    state = AgentState()
+    runner = Runner(settings, state, [collector])
+    # Start just after a point of the runner's 2 s grid, so the first timed run after the start is ~1.95 s on.
+    while time.monotonic() % 2.0 > 0.05:
+        time.sleep(0.01)
+    runner.start()
+    try:
+        assert _wait(lambda: len(collector.calls) == 1)
+        runner.pull(1.0)  # just after the first run: not due before the next scrape, nothing to pull
+        assert len(collector.calls) == 1
+        time.sleep(1.2)  # past half the interval; the timed run is ~0.7 s away, before the next scrape
+        t = time.monotonic()
+        runner.pull(1.0)
+        assert len(collector.calls) == 2 and collector.calls[1] - t < 0.5  # run for this scrape, waited for
+        assert state.health()["counting"].runs == 2
+        # In phase with the scrapes from now on: the next timed run is one interval after the pulled one.
+        assert _wait(lambda: len(collector.calls) == 3, 5)
+        assert 1.9 < collector.calls[2] - collector.calls[1] < 2.6
+    finally:
+        runner.stop()
+
+
+def test_pull_never_waits_on_a_hung_collector() -> None:
+    settings = load_settings(overrides={"interval_s": 0.2, "timeout_s": 0.2})
+    ctx = CollectContext(settings)
+    state = AgentState()
+    runner = Runner(settings, state, [Hangs(ctx), Good(ctx)])
+    Hangs.release.clear()
+    runner.start()
+    try:
+        assert _wait(lambda: state.health()["hangs"].state == "failed" and state.health()["good"].runs >= 2)
+        t = time.monotonic()
+        runner.pull(3.0)
+        assert time.monotonic() - t < 1.0
+        assert state.health()["good"].state == "ok"
+    finally:
+        Hangs.release.set()
         runner.stop()

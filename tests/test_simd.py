@@ -20,7 +20,14 @@ from agent.errors import NoDataError
 from agent.runner import run_collection
 from agent.simd import codescan, pmu
 from agent.simd.analysis import SimdAnalyzer
-from agent.simd.proc import glibc_avx512_disabled, locate_runtime, pid_listening_on, read_arch_status, read_threads
+from agent.simd.proc import (
+    RuntimeLocator,
+    glibc_avx512_disabled,
+    locate_runtime,
+    pid_listening_on,
+    read_arch_status,
+    read_threads,
+)
 from tests.conftest import free_port
 
 X86 = platform.machine() == "x86_64"
@@ -254,3 +261,25 @@ def test_collector_absent_without_runtime_and_valid_with_one() -> None:
         assert finding.id == "simd.avx512"
         if AVX512:
             assert finding.status == "warn" and finding.runbook == "SIMDUnusedWhileServing"
+
+
+def test_runtime_locator_scans_once_and_again_after_a_restart(tmp_path) -> None:
+    marker = f"inferwatch-locator-{os.getpid()}"
+    cmd = [sys.executable, "-c", "import time; time.sleep(60)", marker]
+    first = subprocess.Popen(cmd)
+    try:
+        locator = RuntimeLocator(Path("/proc"), RuntimeSettings(cmdline_pattern=marker))
+        assert [locator.locate() for _ in range(3)] == [first.pid] * 3
+        assert locator.scans == 1  # the same process: no rescan
+        first.kill()
+        first.wait()
+        second = subprocess.Popen(cmd)
+        try:
+            assert locator.locate() == second.pid
+            assert locator.scans == 2
+        finally:
+            second.kill()
+            second.wait()
+    finally:
+        first.kill()
+        first.wait()

@@ -48,8 +48,7 @@ def _stop_requested(signum: int, _frame: object) -> None:
 
 
 def serve(settings: object) -> None:
-    import uvicorn
-
+    from agent import quietserver
     from agent.app import Agent
     from agent.config import Settings
     from agent.errors import ConfigError
@@ -72,7 +71,7 @@ def serve(settings: object) -> None:
         typer.echo(f"inferwatch: {exc}", err=True)
         raise typer.Exit(2) from None
     try:
-        uvicorn.run(
+        quietserver.serve(
             create_app(agent),
             host=settings.listen_address,
             port=settings.listen_port,

@@ -49,6 +49,7 @@ class Collector(Protocol):
     name: ClassVar[str]
     default_enabled: ClassVar[bool]
     default_interval_s: ClassVar[float | None]  # None: the agent's global interval
+    lane: ClassVar[str | None]  # "host": runs in turn with the other host reads; None: a thread of its own
 
     def collect(self) -> Collection: ...
 
@@ -61,6 +62,9 @@ class BaseCollector:
     name: ClassVar[str] = ""
     default_enabled: ClassVar[bool] = True
     default_interval_s: ClassVar[float | None] = None
+    # Quick local reads share the "host" lane (one worker thread, calls in turn); a collector that waits on
+    # the network or a subprocess sets None and gets a lane of its own, so it never delays the others.
+    lane: ClassVar[str | None] = "host"
     description: ClassVar[str] = ""
 
     def __init__(self, ctx: CollectContext) -> None:

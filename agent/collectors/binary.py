@@ -19,6 +19,7 @@ SERVICE = "binary"
 
 class BinaryCollector(BaseCollector):
     name: ClassVar[str] = "binary"
+    lane: ClassVar[str | None] = None  # network / subprocess: a thread of its own
     default_enabled: ClassVar[bool] = False  # switched on when a runtime process or binary.path is configured
     default_interval_s: ClassVar[float | None] = None
     description: ClassVar[str] = "Runtime binary compatibility, checked at start and on demand."

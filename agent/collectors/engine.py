@@ -154,6 +154,7 @@ def _model_samples(kind: str, model: str, m: ModelReading) -> list[AnySample]:
 
 class EngineCollector(BaseCollector):
     name: ClassVar[str] = "engine"
+    lane: ClassVar[str | None] = None  # network / subprocess: a thread of its own
     description: ClassVar[str] = "Inference engine /metrics (vLLM, SGLang, TGI, llama.cpp, TensorRT-LLM)"
 
     def __init__(self, ctx: CollectContext) -> None:

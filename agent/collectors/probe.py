@@ -64,6 +64,7 @@ def probe_findings(result: ProbeResult) -> list[Finding]:
 
 class ProbeCollector(BaseCollector):
     name: ClassVar[str] = "probe"
+    lane: ClassVar[str | None] = None  # network / subprocess: a thread of its own
     default_enabled: ClassVar[bool] = False  # switched on when probe.url is set
     default_interval_s: ClassVar[float | None] = DEFAULT_PROBE_INTERVAL_S
     description: ClassVar[str] = "Synthetic streamed requests: client TTFT/ITL, stream schema, HTTP error types."

@@ -22,6 +22,7 @@ SERVICE = "runtime_profile"
 
 class RuntimeProfileCollector(BaseCollector):
     name: ClassVar[str] = "runtime_profile"
+    lane: ClassVar[str | None] = None  # network / subprocess: a thread of its own
     default_enabled: ClassVar[bool] = False  # switched on when runtime_profile.url is set
     default_interval_s: ClassVar[float | None] = DEFAULT_PROFILE_INTERVAL_S
     description: ClassVar[str] = "Redacted snapshots of the runtime's debug runtime_profile (slow interval)."

@@ -18,7 +18,7 @@ from agent.errors import NoDataError
 from agent.samples import AnySample, Finding, Sample, attrs
 from agent.simd.analysis import FeatureReport, SimdAnalyzer
 from agent.simd.codescan import CodeScanCache
-from agent.simd.proc import locate_runtime
+from agent.simd.proc import RuntimeLocator
 
 RUNBOOK = "SIMDUnusedWhileServing"
 
@@ -76,10 +76,12 @@ class SimdCollector(BaseCollector):
         super().__init__(ctx)
         self._analyzer: SimdAnalyzer | None = None
         self._cache = CodeScanCache()
+        settings = ctx.settings
+        self._locator = RuntimeLocator(settings.path.procfs, settings.runtime, engine_port(settings))
 
     def collect(self) -> Collection:
         settings = self.ctx.settings
-        pid = locate_runtime(settings.path.procfs, settings.runtime, engine_port(settings))
+        pid = self._locator.locate()
         if self._analyzer is None or self._analyzer.pid != pid:
             self.close()
             self._analyzer = SimdAnalyzer(settings.path.procfs, pid, settings.simd.busy_cpu_cores, self._cache)

@@ -9,11 +9,11 @@ for ``/api/v1/profiles*`` and ``POST /api/v1/binary``. Paths in ``api.open_paths
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import Body, FastAPI, Request, Response
+from fastapi import Body, FastAPI, Response
 from fastapi.responses import FileResponse, JSONResponse
+from starlette.datastructures import Headers
 
 from agent.diag import pyspy, runtime_proc
 from agent.diag.auth import Authenticator
@@ -39,6 +39,39 @@ def _finding_dict(f: Any) -> dict[str, Any]:
     return {"id": f.id, "status": f.status, "summary": f.summary, "evidence": dict(f.evidence), "runbook": f.runbook}
 
 
+class Authenticate:
+    """Bearer-token check for every path not in ``api.open_paths``, as plain ASGI middleware.
+
+    Not ``@app.middleware("http")``: Starlette's BaseHTTPMiddleware runs each request through a task group and
+    memory streams, several times the cost of a /metrics scrape itself.
+    """
+
+    def __init__(self, app: Any, auth: Authenticator) -> None:
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or self.auth.is_open(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        needed = scope_for(scope["method"], scope["path"])
+        code = self.auth.decide(Headers(scope=scope).get("authorization"), needed)
+        if code == 401:
+            refusal: Response = JSONResponse(
+                {"error": "unauthorized", "message": "a bearer token is required (Authorization: Bearer <token>)"},
+                status_code=401,
+                headers={"WWW-Authenticate": 'Bearer realm="inferwatch"'},
+            )
+        elif code == 403:
+            refusal = JSONResponse(
+                {"error": "forbidden", "message": f"this token lacks the {needed!r} scope"}, status_code=403
+            )
+        else:
+            await self.app(scope, receive, send)
+            return
+        await refusal(scope, receive, send)
+
+
 def install(app: FastAPI, agent: Any) -> None:
     auth: Authenticator = agent.ctx.services.get("auth") or Authenticator(agent.settings.api)
     services = agent.ctx.services
@@ -47,24 +80,7 @@ def install(app: FastAPI, agent: Any) -> None:
         lambda: [Sample("inferwatch.api.refused", n, attrs(status=code)) for code, n in sorted(auth.refused.items())],
     )
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        path = request.url.path
-        if auth.is_open(path):
-            return await call_next(request)
-        scope = scope_for(request.method, path)
-        code = auth.decide(request.headers.get("authorization"), scope)
-        if code == 401:
-            return JSONResponse(
-                {"error": "unauthorized", "message": "a bearer token is required (Authorization: Bearer <token>)"},
-                status_code=401,
-                headers={"WWW-Authenticate": 'Bearer realm="inferwatch"'},
-            )
-        if code == 403:
-            return JSONResponse(
-                {"error": "forbidden", "message": f"this token lacks the {scope!r} scope"}, status_code=403
-            )
-        return await call_next(request)
+    app.add_middleware(Authenticate, auth=auth)
 
     @app.get("/api/v1/findings")
     def findings() -> list[dict[str, Any]]:

@@ -184,11 +184,13 @@ class HttpReceiver:
     def __init__(self, intake: SpanIntake, endpoint: str, max_bytes: int) -> None:
         import uvicorn
 
+        from agent.quietserver import DateHeader, QuietServer
+
         self.intake = intake
         self._sock = bind(endpoint)
         self.port = int(self._sock.getsockname()[1])
         config = uvicorn.Config(
-            OTLPHttpApp(intake, max_bytes),
+            DateHeader(OTLPHttpApp(intake, max_bytes)),
             log_level="warning",
             access_log=False,
             lifespan="on",
@@ -196,7 +198,7 @@ class HttpReceiver:
             timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=int(STOP_TIMEOUT_S),
         )
-        self._server = uvicorn.Server(config)
+        self._server = QuietServer(config)
         self._thread = threading.Thread(target=self._serve, name="otlp-http", daemon=True)
 
     def _serve(self) -> None:
@@ -214,7 +216,7 @@ class HttpReceiver:
             raise RuntimeError("OTLP/HTTP receiver did not start")
 
     def stop(self) -> None:
-        self._server.should_exit = True
+        self._server.request_exit()
         if self._thread.is_alive():
             self._thread.join(STOP_TIMEOUT_S + 1)
         if self._thread.is_alive():

@@ -123,6 +123,9 @@ class SimdAnalyzer:
         self._prev: tuple[float, float] | None = None  # (monotonic time, runtime CPU seconds)
         self._pmu: pmu.ThreadCounters | None = None
         self._pmu_error: str | None = None
+        # Read once per runtime process: the kernel's CPU flags change only with a reboot, and on x86 every
+        # read of /proc/cpuinfo asks each CPU for its frequency (an interrupt on every core the runtime uses).
+        self._flags: set[str] | None = None
 
     def close(self) -> None:
         if self._pmu is not None:
@@ -154,7 +157,9 @@ class SimdAnalyzer:
         window_s = now - prev[0] if prev else 0.0
         busy = (cpu_s - prev[1]) / window_s if prev and window_s > 0 else 0.0
         serving = prev is not None and busy >= self.busy_cpu
-        flags = cpu_flags(self.procfs)
+        if self._flags is None:
+            self._flags = cpu_flags(self.procfs)
+        flags = self._flags
         counts, anon, errors = self.code()
         code_by_file = {c.path: c.count for c in counts if _present(c)}
         noise = {c.path: c.count for c in counts if c.count and not _present(c)}

@@ -36,12 +36,15 @@ class NoDataError(InferwatchError):
 
     ``hint`` says how to get the data (as node_exporter's ErrNoData messages do). ``samples`` are what
     can still be said about the absence (``inferwatch.runtime.up 0``); the runner validates and keeps them.
+    ``permanent``: only a configuration change (which means a restart) can end it, so the runner does not
+    call the collector again (nothing configured to watch); the absence and its hint stay in the status.
     """
 
-    def __init__(self, message: str, hint: str = "", samples: Sequence[Any] = ()) -> None:
+    def __init__(self, message: str, hint: str = "", samples: Sequence[Any] = (), permanent: bool = False) -> None:
         super().__init__(message)
         self.hint = hint
         self.samples = samples
+        self.permanent = permanent
 
     def __str__(self) -> str:
         base = super().__str__()

@@ -267,7 +267,7 @@ class Runner:
                 slot = lane.queue.popleft()
                 started = slot.started = time.monotonic()
                 lane.current, lane.deadline = slot, started + slot.timeout
-            outcome = self._call(slot.collector)
+            outcome, permanent = self._call(slot.collector)
             with self._lock:
                 if lane.worker is not token:  # timed out meanwhile: recorded by the scheduler; we are abandoned
                     slot.stuck = False
@@ -275,25 +275,27 @@ class Runner:
                 self._finish(slot.collector, started, *outcome)
                 lane.current, lane.deadline = None, math.inf
                 self._cycle_done(slot, started, time.monotonic())
+                if permanent:  # nothing configured to watch: never called again (the status keeps the hint)
+                    slot.due = math.inf
                 if not lane.queue:
                     self._wake.notify()  # the scheduler stops watching this lane's deadline
 
     @staticmethod
-    def _call(collector: BaseCollector) -> tuple[Collection | None, str, str | None, str | None]:
-        """Run one collection: (collection, outcome, message, hint)."""
+    def _call(collector: BaseCollector) -> tuple[tuple[Collection | None, str, str | None, str | None], bool]:
+        """Run one collection: ((collection, outcome, message, hint), whether the absence is permanent)."""
         try:
-            return run_collection(collector), "ok", None, None
+            return (run_collection(collector), "ok", None, None), False
         except NoDataError as exc:
             message = str(exc.args[0] if exc.args else exc)
             try:
                 absent = validate(Collection(samples=list(exc.samples))) if exc.samples else Collection()
             except CatalogError as bad:
-                return None, "bad_sample", str(bad), None
-            return absent, "absent", message, exc.hint
+                return (None, "bad_sample", str(bad), None), False
+            return (absent, "absent", message, exc.hint), exc.permanent
         except CatalogError as exc:
-            return None, "bad_sample", str(exc), None
+            return (None, "bad_sample", str(exc), None), False
         except Exception as exc:
-            return None, "exception", f"{type(exc).__name__}: {exc}", None
+            return (None, "exception", f"{type(exc).__name__}: {exc}", None), False
 
     def _finish(
         self,

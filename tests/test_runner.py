@@ -221,3 +221,27 @@ def test_pull_never_waits_on_a_hung_collector() -> None:
     finally:
         Hangs.release.set()
         runner.stop()
+
+
+def test_absence_only_configuration_can_end_is_not_retried() -> None:
+    class Unconfigured(BaseCollector):
+        name: ClassVar[str] = "unconfigured"
+        calls = 0
+
+        def collect(self) -> Collection:
+            type(self).calls += 1
+            raise NoDataError("no engine URL configured", hint="set engine.metrics_url", permanent=True)
+
+    settings = load_settings(overrides={"interval_s": 0.1, "timeout_s": 0.1})
+    ctx = CollectContext(settings)
+    state = AgentState()
+    runner = Runner(settings, state, [Unconfigured(ctx), Absent(ctx), Good(ctx)])
+    runner.start()
+    try:
+        assert _wait(lambda: state.health()["good"].runs >= 5 and state.health()["absent"].runs >= 5)
+        runner.pull(1.0)
+        health = state.health()["unconfigured"]
+        assert Unconfigured.calls == 1 and health.runs == 1
+        assert health.state == "absent" and health.hint == "set engine.metrics_url"  # still reported
+    finally:
+        runner.stop()

@@ -211,4 +211,5 @@ def locate_runtime(procfs: Path, runtime: RuntimeSettings, port: int | None = No
     raise NoDataError(
         "no runtime process configured",
         hint="set runtime.pid, runtime.pidfile or runtime.cmdline_pattern (INFERWATCH_RUNTIME__CMDLINE_PATTERN)",
+        permanent=True,
     )

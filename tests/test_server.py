@@ -41,3 +41,26 @@ def test_readyz_waits_for_first_run_and_bad_procfs_does_not_kill_agent(tmp_path)
         assert pc["state"] == "absent" and "--path.procfs" in pc["hint"]
         assert httpx.get(f"{base}/metrics").status_code == 200
     assert FIXTURES.is_dir()
+
+
+def test_metrics_endpoint_honours_auth_head_and_date(tmp_path) -> None:
+    """/metrics is served ahead of FastAPI's routing; the auth middleware and HTTP basics still hold."""
+    token = "metrics-token-0123456789abcdef"
+    port = free_port()
+    env = {
+        "INFERWATCH_API__TOKENS": f'[{{"token": "{token}", "scopes": ["read"]}}]',
+        "INFERWATCH_API__OPEN_PATHS": '["/healthz"]',  # /metrics needs a token on this node
+    }
+    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5"]
+    with running(cmd, tmp_path / "agent.log", cwd=ROOT, env=env) as proc:
+        base = f"http://127.0.0.1:{port}"
+        wait_http(f"{base}/healthz", proc=proc)
+        assert httpx.get(f"{base}/metrics").status_code == 401
+        auth = {"Authorization": f"Bearer {token}"}
+        r = httpx.get(f"{base}/metrics", headers=auth)
+        assert r.status_code == 200 and r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+        assert int(r.headers["content-length"]) == len(r.content) and "inferwatch_agent_info" in r.text
+        assert r.headers["date"].endswith(" GMT")  # stamped per response now that the server has no tick
+        head = httpx.head(f"{base}/metrics", headers=auth)
+        assert head.status_code == 200 and head.content == b""
+        assert httpx.post(f"{base}/metrics", headers=auth).status_code == 405

@@ -201,28 +201,35 @@ class Runner:
     def _schedule(self) -> None:
         with self._lock:
             while not self._stop.is_set():
-                now = time.monotonic()
-                self._expire(now)
-                for slot in self._slots:
-                    if slot.running or slot.due > now:
-                        continue
-                    if slot.stuck:
-                        self._finish(
-                            slot.collector, now, None, "hung", f"previous run still running after {slot.timeout:g}s"
-                        )
-                        self._cycle_done(slot, now, now)
-                        continue
-                    slot.running = True
-                    lane = self._lanes[slot.lane]
-                    lane.queue.append(slot)
-                    if lane.current is None and len(lane.queue) == 1:
-                        lane.deadline = now + slot.timeout  # the worker sets the exact one when it starts
-                    lane.cond.notify()
-                wake = min((s.due for s in self._slots if not s.running), default=math.inf)
-                for lane in self._lanes.values():
-                    if lane.current is not None or lane.queue:
-                        wake = min(wake, lane.deadline)
+                try:
+                    wake = self._dispatch()
+                except Exception:  # a bug here must not end every collection: log it, retry in a second
+                    log.exception("collector scheduler failed; retrying in 1s")
+                    wake = time.monotonic() + 1.0
                 self._wake.wait(None if math.isinf(wake) else max(0.0, wake - time.monotonic()))
+
+    def _dispatch(self) -> float:
+        """Under the lock: expire overdue calls, queue the due runs; return when to wake next."""
+        now = time.monotonic()
+        self._expire(now)
+        for slot in self._slots:
+            if slot.running or slot.due > now:
+                continue
+            if slot.stuck:
+                self._finish(slot.collector, now, None, "hung", f"previous run still running after {slot.timeout:g}s")
+                self._cycle_done(slot, now, now)
+                continue
+            slot.running = True
+            lane = self._lanes[slot.lane]
+            lane.queue.append(slot)
+            if lane.current is None and len(lane.queue) == 1:
+                lane.deadline = now + slot.timeout  # the worker sets the exact one when it starts
+            lane.cond.notify()
+        wake = min((s.due for s in self._slots if not s.running), default=math.inf)
+        for lane in self._lanes.values():
+            if lane.current is not None or lane.queue:
+                wake = min(wake, lane.deadline)
+        return wake
 
     def _expire(self, now: float) -> None:
         """Time out every call past its deadline; its lane gets a new worker for the calls behind it."""

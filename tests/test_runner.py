@@ -245,3 +245,24 @@ def test_absence_only_configuration_can_end_is_not_retried() -> None:
         assert health.state == "absent" and health.hint == "set engine.metrics_url"  # still reported
     finally:
         runner.stop()
+
+
+def test_a_scheduler_bug_is_logged_and_collection_goes_on(caplog) -> None:
+    settings = load_settings(overrides={"interval_s": 0.1, "timeout_s": 0.1})
+    state = AgentState()
+    runner = Runner(settings, state, [Good(CollectContext(settings))])
+    real_expire, failures = runner._expire, []
+
+    def expire_failing_once(now: float) -> None:
+        if not failures:
+            failures.append(now)
+            raise RuntimeError("scheduler bug")
+        real_expire(now)
+
+    runner._expire = expire_failing_once  # type: ignore[method-assign]
+    runner.start()
+    try:
+        assert _wait(lambda: state.health()["good"].runs >= 3, 5)
+        assert failures and any("collector scheduler failed" in r.getMessage() for r in caplog.records)
+    finally:
+        runner.stop()

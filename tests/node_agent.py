@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import os
 
-import uvicorn
-
+from agent import quietserver
 from agent.app import Agent
 from agent.config import load_settings
 from agent.server import create_app
@@ -30,7 +29,7 @@ def main() -> None:
     agent = Agent(settings, services=services)
     agent.start()
     try:
-        uvicorn.run(
+        quietserver.serve(  # the server `inferwatch run` uses
             create_app(agent),
             host=settings.listen_address,
             port=settings.listen_port,

@@ -21,7 +21,6 @@ from agent.runner import run_collection
 from agent.simd import codescan, pmu
 from agent.simd.analysis import SimdAnalyzer
 from agent.simd.proc import (
-    RuntimeLocator,
     glibc_avx512_disabled,
     locate_runtime,
     pid_listening_on,
@@ -263,21 +262,24 @@ def test_collector_absent_without_runtime_and_valid_with_one() -> None:
             assert finding.status == "warn" and finding.runbook == "SIMDUnusedWhileServing"
 
 
-def test_runtime_locator_scans_once_and_again_after_a_restart(tmp_path) -> None:
+def test_collector_finds_the_runtime_once_and_again_after_a_restart(tmp_path) -> None:
     marker = f"inferwatch-locator-{os.getpid()}"
     cmd = [sys.executable, "-c", "import time; time.sleep(60)", marker]
     first = subprocess.Popen(cmd)
     try:
-        locator = RuntimeLocator(Path("/proc"), RuntimeSettings(cmdline_pattern=marker))
-        assert [locator.locate() for _ in range(3)] == [first.pid] * 3
-        assert locator.scans == 1  # the same process: no rescan
+        ctx = CollectContext(Settings(runtime=RuntimeSettings(cmdline_pattern=marker)))
+        collector = SimdCollector(ctx)
+        assert [collector.collect().details["pid"] for _ in range(3)] == [first.pid] * 3
+        locator = ctx.services["runtime"]  # the agent's one locator, shared with process and gpu
+        assert locator.restarts == 0  # the same process all along
         first.kill()
         first.wait()
         second = subprocess.Popen(cmd)
         try:
-            assert locator.locate() == second.pid
-            assert locator.scans == 2
+            assert collector.collect().details["pid"] == second.pid
+            assert locator.restarts == 1
         finally:
+            collector.close()
             second.kill()
             second.wait()
     finally:

@@ -150,32 +150,6 @@ def start_time(procfs: Path, pid: int) -> int | None:
         return None
 
 
-class RuntimeLocator:
-    """:func:`locate_runtime` that remembers what it found, for a collector that asks every cycle.
-
-    A pattern or port lookup scans every process; while the process it found keeps its pid and start time
-    (so it is the same process, not a reused pid) it is returned without a scan.
-    """
-
-    def __init__(self, procfs: Path, runtime: RuntimeSettings, port: int | None = None) -> None:
-        self.procfs, self.runtime, self.port = procfs, runtime, port
-        self._found: tuple[int, int] | None = None  # (pid, start time)
-        self.scans = 0
-
-    def locate(self) -> int:
-        if self.runtime.pid is None and self.runtime.pidfile is None and self._found is not None:
-            pid, started = self._found
-            if start_time(self.procfs, pid) == started:
-                return pid
-        self._found = None
-        self.scans += 1
-        pid = locate_runtime(self.procfs, self.runtime, self.port)
-        born = start_time(self.procfs, pid)
-        if born is not None:
-            self._found = (pid, born)
-        return pid
-
-
 def locate_runtime(procfs: Path, runtime: RuntimeSettings, port: int | None = None) -> int:
     """The runtime's pid from settings (pid, pidfile, cmdline pattern) or the port it listens on."""
     if runtime.pid is not None:

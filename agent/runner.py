@@ -9,13 +9,15 @@ fails, it does not break a sink. State changes are logged once (failed â†’ ok â†
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from agent import catalog
 from agent.catalog.spec import Kind
@@ -67,6 +69,21 @@ def next_due(started: float, interval: float, now: float) -> float:
     if due <= now:
         due += (math.floor((now - due) / interval) + 1) * interval
     return due
+
+
+def _all_cycled(waiting: list[tuple[_Slot, int]]) -> bool:
+    return all(slot.cycles > seen for slot, seen in waiting)
+
+
+def _quick(collector: BaseCollector) -> bool:
+    quick = getattr(collector, "quick", None)  # optional in the Collector protocol
+    if quick is None:
+        return False
+    try:
+        return bool(quick())
+    except Exception:  # a collector's bug must not reach the scheduler: take its own lane
+        log.debug("quick() of collector %s failed", collector.name, exc_info=True)
+        return False
 
 
 def run_collection(collector: BaseCollector) -> Collection:
@@ -129,6 +146,8 @@ class Runner:
         self._slots: list[_Slot] = []
         self._scheduler: threading.Thread | None = None
         self._last_pull: float | None = None
+        self._planned = -math.inf  # when the sleeping scheduler wakes next (-inf: awake)
+        self._waiters: list[tuple[list[tuple[_Slot, int]], Callable[[], None]]] = []  # pull_async's scrapes
         for c in self.collectors:
             interval, timeout = self._timing(c)
             lane = getattr(c, "lane", HOST_LANE) or c.name
@@ -162,21 +181,67 @@ class Runner:
         schedule. Waits at most ``wait_s``; whatever has not finished by then is served from the last cycle.
         """
         with self._lock:
-            now = time.monotonic()
-            gap = None if self._last_pull is None else now - self._last_pull
-            self._last_pull = now
-            waiting: list[tuple[_Slot, int]] = []
-            for slot in self._slots:
-                if slot.running:
-                    waiting.append((slot, slot.cycles))
-                elif not slot.stuck:
-                    window = slot.interval / 2 if gap is None else gap  # the next scrape: one gap from now
-                    if slot.due - now <= window and now - slot.started >= slot.interval / 2:
-                        slot.due = now
-                        waiting.append((slot, slot.cycles))
+            waiting = self._begin_pull()
             if waiting:
+                self._cycled.wait_for(lambda: _all_cycled(waiting), wait_s)
+
+    async def pull_async(self, wait_s: float) -> None:
+        """:meth:`pull` for an asyncio caller: the event loop waits, no thread is parked for the scrape.
+
+        The lane worker that finishes the last awaited run resolves the scrape's future through
+        ``call_soon_threadsafe``, so a scrape costs the loop one wake-up for the answer and no thread hand-off.
+        """
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def resolve() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        def notify() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody is waiting any more
+                loop.call_soon_threadsafe(resolve)
+
+        with self._lock:
+            waiting = self._begin_pull()
+            if not waiting:
+                return
+            waiter = (waiting, notify)
+            self._waiters.append(waiter)
+        timer = loop.call_later(wait_s, resolve)
+        try:
+            await done
+        finally:
+            timer.cancel()
+            with self._lock:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+
+    def _begin_pull(self) -> list[tuple[_Slot, int]]:
+        """Under the lock: queue the runs a scrape pulls (see :meth:`pull`); return (slot, cycles seen) to await.
+
+        The pulled runs are queued on their lanes here, by the scraping thread: the scheduler is not woken for
+        them (it wakes for its own timed runs and deadlines; on a VM each wake-up costs far more than the work).
+        A call past its deadline is expired here too, so a scrape never waits on a lane a hung call holds.
+        """
+        now = time.monotonic()
+        gap = None if self._last_pull is None else now - self._last_pull
+        self._last_pull = now
+        self._expire(now)
+        waiting: list[tuple[_Slot, int]] = []
+        for slot in self._slots:
+            if slot.running:
+                waiting.append((slot, slot.cycles))
+            elif not slot.stuck:
+                window = slot.interval / 2 if gap is None else gap  # the next scrape: one gap from now
+                if slot.due - now <= window and now - slot.started >= slot.interval / 2:
+                    slot.due = now
+                    waiting.append((slot, slot.cycles))
+        if waiting:
+            self._queue_due(now)
+            if self._deadline() < self._planned:  # the scheduler must watch a deadline before its planned wake
                 self._wake.notify()
-                self._cycled.wait_for(lambda: all(s.cycles > seen for s, seen in waiting), wait_s)
+        return waiting
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop scheduling; wait (bounded) for the threads to end; close collectors. Safe to call twice."""
@@ -206,12 +271,27 @@ class Runner:
                 except Exception:  # a bug here must not end every collection: log it, retry in a second
                     log.exception("collector scheduler failed; retrying in 1s")
                     wake = time.monotonic() + 1.0
+                self._planned = wake
                 self._wake.wait(None if math.isinf(wake) else max(0.0, wake - time.monotonic()))
+                self._planned = -math.inf  # awake: nobody needs to notify
 
     def _dispatch(self) -> float:
         """Under the lock: expire overdue calls, queue the due runs; return when to wake next."""
         now = time.monotonic()
         self._expire(now)
+        self._queue_due(now)
+        wake = min((s.due for s in self._slots if not s.running), default=math.inf)
+        return min(wake, self._deadline())
+
+    def _deadline(self) -> float:
+        """Under the lock: the earliest deadline of a running or queued call (inf when every lane is idle)."""
+        return min(
+            (lane.deadline for lane in self._lanes.values() if lane.current is not None or lane.queue),
+            default=math.inf,
+        )
+
+    def _queue_due(self, now: float) -> None:
+        """Under the lock: queue every due run on its lane (a hung collector's run is recorded as hung)."""
         for slot in self._slots:
             if slot.running or slot.due > now:
                 continue
@@ -221,15 +301,12 @@ class Runner:
                 continue
             slot.running = True
             lane = self._lanes[slot.lane]
+            if lane.name != HOST_LANE and HOST_LANE in self._lanes and _quick(slot.collector):
+                lane = self._lanes[HOST_LANE]  # a quick call of a network collector: no wake-up of its thread
             lane.queue.append(slot)
             if lane.current is None and len(lane.queue) == 1:
                 lane.deadline = now + slot.timeout  # the worker sets the exact one when it starts
             lane.cond.notify()
-        wake = min((s.due for s in self._slots if not s.running), default=math.inf)
-        for lane in self._lanes.values():
-            if lane.current is not None or lane.queue:
-                wake = min(wake, lane.deadline)
-        return wake
 
     def _expire(self, now: float) -> None:
         """Time out every call past its deadline; its lane gets a new worker for the calls behind it."""
@@ -255,6 +332,10 @@ class Runner:
         scraped = last_pull is not None and now - last_pull < 2 * slot.interval
         slot.due = started + slot.interval if scraped else next_due(started, slot.interval, now)
         self._cycled.notify_all()
+        if self._waiters:
+            for waiter in [w for w in self._waiters if _all_cycled(w[0])]:
+                self._waiters.remove(waiter)
+                waiter[1]()
 
     # -- lanes -----------------------------------------------------------------------------------------
 
@@ -274,7 +355,7 @@ class Runner:
                 slot = lane.queue.popleft()
                 started = slot.started = time.monotonic()
                 lane.current, lane.deadline = slot, started + slot.timeout
-            outcome, permanent = self._call(slot.collector)
+            outcome, retry_s = self._call(slot.collector)
             with self._lock:
                 if lane.worker is not token:  # timed out meanwhile: recorded by the scheduler; we are abandoned
                     slot.stuck = False
@@ -282,27 +363,30 @@ class Runner:
                 self._finish(slot.collector, started, *outcome)
                 lane.current, lane.deadline = None, math.inf
                 self._cycle_done(slot, started, time.monotonic())
-                if permanent:  # nothing configured to watch: never called again (the status keeps the hint)
-                    slot.due = math.inf
-                if not lane.queue:
-                    self._wake.notify()  # the scheduler stops watching this lane's deadline
+                if retry_s is not None:  # an absence that lasts: not called again before then (inf: never)
+                    slot.due = max(slot.due, started + retry_s)
+                # The scheduler is not woken: at worst it wakes at this call's deadline and finds nothing to do.
 
     @staticmethod
-    def _call(collector: BaseCollector) -> tuple[tuple[Collection | None, str, str | None, str | None], bool]:
-        """Run one collection: ((collection, outcome, message, hint), whether the absence is permanent)."""
+    def _call(collector: BaseCollector) -> tuple[tuple[Collection | None, str, str | None, str | None], float | None]:
+        """Run one collection: ((collection, outcome, message, hint), seconds before the next call if absent).
+
+        The delay is inf for an absence only configuration can end (nothing configured to watch: the status
+        keeps the hint), ``NoDataError.retry_s`` for one that lasts, None otherwise.
+        """
         try:
-            return (run_collection(collector), "ok", None, None), False
+            return (run_collection(collector), "ok", None, None), None
         except NoDataError as exc:
             message = str(exc.args[0] if exc.args else exc)
             try:
                 absent = validate(Collection(samples=list(exc.samples))) if exc.samples else Collection()
             except CatalogError as bad:
-                return (None, "bad_sample", str(bad), None), False
-            return (absent, "absent", message, exc.hint), exc.permanent
+                return (None, "bad_sample", str(bad), None), None
+            return (absent, "absent", message, exc.hint), math.inf if exc.permanent else exc.retry_s
         except CatalogError as exc:
-            return (None, "bad_sample", str(exc), None), False
+            return (None, "bad_sample", str(exc), None), None
         except Exception as exc:
-            return (None, "exception", f"{type(exc).__name__}: {exc}", None), False
+            return (None, "exception", f"{type(exc).__name__}: {exc}", None), None
 
     def _finish(
         self,
@@ -314,15 +398,17 @@ class Runner:
         hint: str | None = None,
     ) -> None:
         now = time.time()
-        prev = self.state.health()[collector.name]
+        prev = self.state.health_of(collector.name)
         failed = outcome not in ("ok", "absent")
         new_state = "failed" if failed else outcome
         counts = dict(prev.error_counts)
         if failed:
             reason = "timeout" if outcome == "hung" else outcome
             counts[reason] = counts.get(reason, 0) + 1
-        health = replace(
-            prev,
+        health = CollectorHealth(  # not dataclasses.replace: this runs for every collection
+            prev.name,
+            prev.interval_s,
+            prev.timeout_s,
             runs=prev.runs + 1,
             errors=prev.errors + (1 if failed else 0),
             last_run_at=now,

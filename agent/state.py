@@ -89,6 +89,11 @@ class AgentState:
         with self._lock:
             return {k: replace(v) for k, v in self._health.items()}
 
+    def health_of(self, name: str) -> CollectorHealth:
+        """One collector's record (immutable, so not copied)."""
+        with self._lock:
+            return self._health[name]
+
     def collections(self) -> dict[str, Collection]:
         with self._lock:
             return dict(self._collections)

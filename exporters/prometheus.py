@@ -3,6 +3,12 @@
 A custom ``prometheus_client`` collector on the agent's own :class:`CollectorRegistry` (never the
 global one): ``collect()`` builds metric families from the latest state, with names and labels from
 the catalog, so they match what the OpenTelemetry Collector produces from our OTLP export.
+
+``/metrics`` is answered by :func:`render`, which writes the same text format straight from the state:
+byte for byte what ``generate_latest`` makes of the registry (tests/test_exposition.py holds it to that),
+without building a family object per metric and re-validating every name and label on every scrape. A
+scrape is the agent's one regular wake-up, and on a VM its cost grows with the code and memory it touches
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -19,6 +25,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector as _PromCollector
+from prometheus_client.utils import floatToGoString
 
 from agent import catalog
 from agent.catalog.spec import Kind, MetricSpec
@@ -72,11 +79,80 @@ class StateCollector(_PromCollector):
         return family
 
 
+class _Format:
+    """One metric's fixed text: HELP and TYPE lines, sample names, label names in output (sorted) order."""
+
+    __slots__ = ("attributes", "buckets", "header", "kind", "labels", "name")
+
+    def __init__(self, spec: MetricSpec) -> None:
+        name = spec.prometheus
+        kind = "histogram" if spec.kind is Kind.HISTOGRAM else "counter" if spec.kind is Kind.COUNTER else "gauge"
+        doc = spec.description.replace("\\", r"\\").replace("\n", r"\n")
+        self.header = f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"
+        self.name = name
+        self.kind = spec.kind
+        self.attributes = spec.attributes
+        # prometheus_client writes labels sorted by label name; a histogram's "le" takes its sorted place too.
+        pairs = sorted(zip(spec.prometheus_labels, spec.attributes, strict=True))
+        self.labels = tuple((f'{label}="', attr) for label, attr in pairs)
+        self.buckets = sorted([*pairs, ("le", "")]).index(("le", "")) if spec.kind is Kind.HISTOGRAM else -1
+
+
+_FORMATS: dict[str, _Format] = {}
+
+
+def _escape(value: str) -> str:
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+    return value
+
+
+def render(state: AgentState) -> bytes:
+    """The state in the Prometheus text format, as ``generate_latest(make_registry(state))`` writes it."""
+    grouped: dict[str, list[AnySample]] = {}
+    for s in state.samples():
+        group = grouped.get(s.name)
+        if group is None:
+            grouped[s.name] = [s]
+        else:
+            group.append(s)
+    out: list[str] = []
+    for name in sorted(grouped):
+        fmt = _FORMATS.get(name)
+        if fmt is None:
+            spec = catalog.CATALOG.get(name)
+            if spec is None:  # the runner validates; an attached source might not
+                continue
+            fmt = _FORMATS[name] = _Format(spec)
+        out.append(fmt.header)
+        seen: set[tuple[str, ...]] = set()
+        prom = fmt.name
+        for s in grouped[name]:
+            a = dict(s.attributes)
+            values = tuple(a.get(k, "") for k in fmt.attributes)
+            if values in seen:  # the same series from two sources: keep the first
+                continue
+            seen.add(values)
+            parts = [f'{head}{_escape(a.get(attr, ""))}"' for head, attr in fmt.labels]
+            if isinstance(s, HistogramSample):
+                if fmt.kind is not Kind.HISTOGRAM:
+                    continue
+                at = fmt.buckets
+                for le, count in s.buckets:
+                    parts.insert(at, f'le="{_fmt_le(le)}"')
+                    out.append(f"{prom}_bucket{{{','.join(parts)}}} {floatToGoString(count)}\n")
+                    del parts[at]
+                if s.buckets and s.buckets[0][0] >= 0:  # prometheus_client drops count and sum below zero
+                    labels = f"{{{','.join(parts)}}}" if parts else ""
+                    out.append(f"{prom}_count{labels} {floatToGoString(s.buckets[-1][1])}\n")
+                    out.append(f"{prom}_sum{labels} {floatToGoString(s.sum)}\n")
+            elif fmt.kind is not Kind.HISTOGRAM:
+                labels = f"{{{','.join(parts)}}}" if parts else ""
+                out.append(f"{prom}{labels} {floatToGoString(s.value)}\n")
+    return "".join(out).encode()
+
+
 def make_registry(state: AgentState) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StateCollector(state))
     return registry
-
-
-def exposition(registry: CollectorRegistry) -> bytes:
-    return generate_latest(registry)

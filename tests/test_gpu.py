@@ -189,9 +189,13 @@ def test_absent_driver_is_retried_once_a_minute_not_every_cycle(monkeypatch) -> 
     client = PynvmlClient()
     client._nvml = module
     for _ in range(5):
-        with pytest.raises(NoDataError, match="NVML library not found"):
+        with pytest.raises(NoDataError, match="NVML library not found") as absent:
             client.init()
+        # the runner is told when the retry is due, so it does not call the collector before then
+        assert absent.value.retry_s is not None and 0 < absent.value.retry_s <= nvml_mod.NVML_ABSENT_RETRY_S
+        clock["now"] += 1.0
     assert len(calls) == 1
+    assert absent.value.retry_s == pytest.approx(nvml_mod.NVML_ABSENT_RETRY_S - 4.0)
     clock["now"] += nvml_mod.NVML_ABSENT_RETRY_S + 1
     state["installed"] = True
     client.init()

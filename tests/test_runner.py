@@ -14,7 +14,7 @@ from agent.errors import NoDataError
 from agent.runner import Runner
 from agent.samples import Sample, attrs
 from agent.state import AgentState
-from exporters.prometheus import exposition, make_registry
+from exporters.prometheus import render
 
 
 class Good(BaseCollector):
@@ -96,7 +96,7 @@ def test_failures_are_isolated_and_reported(caplog) -> None:
         assert health["notacollection"].error_reason == "bad_sample"
         assert health["absent"].state == "absent" and health["absent"].hint == "install the NVIDIA driver"
 
-        text = exposition(make_registry(state)).decode()
+        text = render(state).decode()
         families = {f.name: f for f in text_string_to_metric_families(text)}
         assert families["process_uptime_seconds"].samples[0].value == 42.0
         success = {s.labels["collector"]: s.value for s in families["inferwatch_collector_success"].samples}
@@ -266,3 +266,104 @@ def test_a_scheduler_bug_is_logged_and_collection_goes_on(caplog) -> None:
         assert failures and any("collector scheduler failed" in r.getMessage() for r in caplog.records)
     finally:
         runner.stop()
+
+
+def test_an_async_scrape_pulls_and_waits_on_the_loop_not_a_thread() -> None:
+    import asyncio
+
+    settings = load_settings(overrides={"interval_s": 2.0, "timeout_s": 1.0})
+    collector = Counting(CollectContext(settings))
+    state = AgentState()
+    runner = Runner(settings, state, [collector])
+    while time.monotonic() % 2.0 > 0.05:  # just after a point of the 2 s grid: the next timed run ~1.95 s on
+        time.sleep(0.01)
+    runner.start()
+    try:
+        assert _wait(lambda: len(collector.calls) == 1)
+        time.sleep(1.1)  # past half the interval: the next scrape pulls the run due before the one after
+
+        async def scrape() -> tuple[float, list[str]]:
+            t = time.monotonic()
+            await runner.pull_async(1.5)
+            return time.monotonic() - t, [th.name for th in threading.enumerate()]
+
+        took, threads = asyncio.run(scrape())
+        assert len(collector.calls) == 2 and state.health()["counting"].runs == 2  # collected for the scrape
+        assert took < 0.5  # resolved by the worker's call_soon_threadsafe, not by the 1.5 s timer
+        assert not any(n.startswith(("AnyIO", "asyncio")) for n in threads)  # no thread parked for it
+    finally:
+        runner.stop()
+
+
+def test_an_async_scrape_stops_waiting_on_a_hung_collector_after_wait_s() -> None:
+    import asyncio
+
+    settings = load_settings(overrides={"interval_s": 5.0, "timeout_s": 5.0})
+    state = AgentState()
+    ctx = CollectContext(settings)
+
+    class HangsOnItsLane(Hangs):
+        lane: ClassVar[str | None] = None
+
+    runner = Runner(settings, state, [HangsOnItsLane(ctx), Good(ctx)])
+    Hangs.release.clear()
+    runner.start()
+    try:
+        assert _wait(lambda: state.health()["good"].runs == 1)
+        t = time.monotonic()
+        asyncio.run(runner.pull_async(0.3))  # "hangs" is still in its first call: waited for, up to 0.3 s
+        assert 0.25 < time.monotonic() - t < 2.0
+        assert state.health()["good"].state == "ok"
+    finally:
+        Hangs.release.set()
+        runner.stop()
+
+
+def test_a_quick_call_of_a_network_collector_takes_the_host_lane() -> None:
+    class Kept(BaseCollector):
+        name: ClassVar[str] = "kept"
+        lane: ClassVar[str | None] = None
+        threads: ClassVar[list[str]] = []
+
+        def quick(self) -> bool:
+            return len(self.threads) >= 1  # the first call "checks" (own lane); later ones re-export
+
+        def collect(self) -> Collection:
+            self.threads.append(threading.current_thread().name)
+            return Collection([Sample("process.uptime", 1.0, attrs(runtime="r"))])
+
+    settings = load_settings(overrides={"interval_s": 0.1, "timeout_s": 0.1})
+    ctx = CollectContext(settings)
+    state = AgentState()
+    runner = Runner(settings, state, [Kept(ctx), Good(ctx)])
+    runner.start()
+    try:
+        assert _wait(lambda: len(Kept.threads) >= 3)
+    finally:
+        runner.stop()
+    assert Kept.threads[0] == "collect-kept"
+    assert set(Kept.threads[1:]) == {"collect-host"}
+
+
+def test_a_lasting_absence_is_retried_after_retry_s_not_every_interval() -> None:
+    class NoDriver(BaseCollector):
+        name: ClassVar[str] = "nodriver"
+        calls: ClassVar[list[float]] = []
+
+        def collect(self) -> Collection:
+            self.calls.append(time.monotonic())
+            raise NoDataError("NVML library not found", hint="install the driver", retry_s=0.6)
+
+    settings = load_settings(overrides={"interval_s": 0.1, "timeout_s": 0.1})
+    ctx = CollectContext(settings)
+    state = AgentState()
+    runner = Runner(settings, state, [NoDriver(ctx), Good(ctx)])
+    runner.start()
+    try:
+        assert _wait(lambda: len(NoDriver.calls) >= 3, 5)
+        runner.pull(0.5)  # a scrape does not bring the retry forward either
+    finally:
+        runner.stop()
+    gaps = [b - a for a, b in zip(NoDriver.calls, NoDriver.calls[1:], strict=False)]
+    assert all(g >= 0.55 for g in gaps), gaps
+    assert state.health()["good"].runs >= 10 and state.health()["nodriver"].state == "absent"

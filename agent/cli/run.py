@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 from pathlib import Path
@@ -70,9 +71,14 @@ def serve(settings: object) -> None:
         agent.stop()
         typer.echo(f"inferwatch: {exc}", err=True)
         raise typer.Exit(2) from None
+    app = create_app(agent)
+    # What exists now (modules, settings, the app) lives as long as the process: a full collection need not
+    # walk it. On a VM each page a collection touches after an idle gap costs far more than the work.
+    gc.collect()
+    gc.freeze()
     try:
         quietserver.serve(
-            create_app(agent),
+            app,
             host=settings.listen_address,
             port=settings.listen_port,
             log_level="warning",

@@ -73,5 +73,13 @@ class BaseCollector:
     def collect(self) -> Collection:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def quick(self) -> bool:
+        """Whether the next call is a quick local read, so it can take its turn on the host lane.
+
+        A collector with a lane of its own (``lane = None``) returns True for a call that will not wait on
+        the network or a subprocess (re-exporting a kept result): it then costs no wake-up of its own thread.
+        """
+        return self.lane == "host"
+
     def close(self) -> None:
         """Release resources (clients, handles). Safe to call twice."""

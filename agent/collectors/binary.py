@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from agent.collectors.base import BaseCollector, Collection
+from agent.collectors.base import BaseCollector, CollectContext, Collection
 from agent.diag.services import BinaryService
 from agent.errors import NoDataError
 from agent.samples import Sample, attrs
@@ -23,6 +23,13 @@ class BinaryCollector(BaseCollector):
     default_enabled: ClassVar[bool] = False  # switched on when a runtime process or binary.path is configured
     default_interval_s: ClassVar[float | None] = None
     description: ClassVar[str] = "Runtime binary compatibility, checked at start and on demand."
+
+    def __init__(self, ctx: CollectContext) -> None:
+        super().__init__(ctx)
+        self._kept: tuple[object, Collection] | None = None  # (report, its collection): re-exported as is
+
+    def quick(self) -> bool:
+        return not self.service.due()  # re-exporting the kept result: no ldd, no procfs scan
 
     @property
     def service(self) -> BinaryService:
@@ -43,6 +50,8 @@ class BinaryCollector(BaseCollector):
             if svc.error is None:
                 raise NoDataError("binary check has not run", hint="it runs at start")
             return Collection((), svc.findings(), {"error": svc.error})
+        if self._kept is not None and self._kept[0] is report:
+            return self._kept[1]
         runtime = self.ctx.settings.runtime.name
         samples = [
             Sample(
@@ -50,4 +59,6 @@ class BinaryCollector(BaseCollector):
             ),
             Sample("inferwatch.runtime.binary.compatible", 1 if report.compatible else 0, attrs(runtime=runtime)),
         ]
-        return Collection(samples, svc.findings(), report.as_dict())
+        collection = Collection(samples, svc.findings(), report.as_dict())
+        self._kept = (report, collection)
+        return collection

@@ -3,10 +3,11 @@ GPU memory of the runtime's processes, through NVML.
 
 The NVML client is ``ctx.services["nvml"]`` when injected (tests, embeddings), else
 :class:`agent.host.nvml.PynvmlClient`. No driver / no GPU is expected absence (NoDataError with a hint),
-retried every run so a driver loaded later is picked up. Units: utilisation 0..1 (NVML percent / 100),
-SM clock Hz (MHz × 1e6), power W (mW / 1000), temperature °C. Process memory covers the runtime's
-process tree when a runtime is configured (``runtime.*``), every compute process otherwise; NVML pids
-are host pids, so the agent must share the host PID namespace for the match.
+retried once a minute (the runner is told not to call sooner), so a driver loaded later is picked up.
+Units: utilisation 0..1 (NVML percent / 100), SM clock Hz (MHz × 1e6), power W (mW / 1000), temperature °C.
+Process memory covers the runtime's process tree when a runtime is configured (``runtime.*``), every
+compute process otherwise; NVML pids are host pids, so the agent must share the host PID namespace for
+the match.
 """
 
 from __future__ import annotations

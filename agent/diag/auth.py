@@ -80,13 +80,16 @@ class Authenticator:
                 match = cred
         return match
 
-    def decide(self, authorization: str | None, scope: str) -> int:
-        """200 allowed, 401 no valid token, 403 valid token without the scope."""
+    def check(self, authorization: str | None, scope: str) -> int:
+        """200 allowed, 401 no valid token, 403 valid token without the scope (not counted: see decide)."""
         cred = self.identify(authorization)
         if cred is None:
-            code = 200 if scope in self.anonymous and not authorization else 401
-        else:
-            code = 200 if scope in cred.scopes else 403
+            return 200 if scope in self.anonymous and not authorization else 401
+        return 200 if scope in cred.scopes else 403
+
+    def decide(self, authorization: str | None, scope: str) -> int:
+        """:meth:`check`, counting each refusal in ``refused``."""
+        code = self.check(authorization, scope)
         if code != 200:
             self.refused[code] += 1
         return code

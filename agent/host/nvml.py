@@ -101,18 +101,28 @@ class PynvmlClient:
                 return
             # A host without a driver stays without one: retry the (dlopen-heavy) init once a minute, not
             # on every cycle; in between, report the same absence.
-            if self._absent is not None and time.monotonic() - self._absent[0] < NVML_ABSENT_RETRY_S:
-                raise self._absent[1]
+            # The runner is told (retry_s) not to call before the retry is due.
+            if self._absent is not None:
+                remaining = NVML_ABSENT_RETRY_S - (time.monotonic() - self._absent[0])
+                if remaining > 0:
+                    self._absent[1].retry_s = remaining
+                    raise self._absent[1]
             try:
                 nv.nvmlInit()
             except nv.NVMLError_LibraryNotFound:
                 raise self._remember_absent(
-                    NoDataError("NVML library not found: no NVIDIA driver on this host", hint=NO_NVML_HINT)
+                    NoDataError(
+                        "NVML library not found: no NVIDIA driver on this host",
+                        hint=NO_NVML_HINT,
+                        retry_s=NVML_ABSENT_RETRY_S,
+                    )
                 ) from None
             except nv.NVMLError_DriverNotLoaded:
                 raise self._remember_absent(
                     NoDataError(
-                        "NVIDIA kernel driver not loaded", hint="load the nvidia kernel module (modprobe nvidia)"
+                        "NVIDIA kernel driver not loaded",
+                        hint="load the nvidia kernel module (modprobe nvidia)",
+                        retry_s=NVML_ABSENT_RETRY_S,
                     )
                 ) from None
             except nv.NVMLError as exc:

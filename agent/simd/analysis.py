@@ -126,6 +126,12 @@ class SimdAnalyzer:
         # Read once per runtime process: the kernel's CPU flags change only with a reboot, and on x86 every
         # read of /proc/cpuinfo asks each CPU for its frequency (an interrupt on every core the runtime uses).
         self._flags: set[str] | None = None
+        # Per mapping as /proc/PID/maps names it (path, device, inode): the file this process maps does not
+        # change under it, so a cycle re-reads maps but stats and scans nothing it has seen. The shared cache
+        # (keyed by stat, size and mtime) serves a new process mapping the same files.
+        self._scanned: dict[tuple[str, tuple[int, int]], codescan.CodeCount] = {}
+        # glibc reads GLIBC_TUNABLES once, at the process's start: read it once per process too.
+        self._tunables: str | None = None
 
     def close(self) -> None:
         if self._pmu is not None:
@@ -137,14 +143,24 @@ class SimdAnalyzer:
         mappings, anon = codescan.executable_mappings(self.procfs, self.pid)
         out, errors = [], []
         root = self.procfs / str(self.pid) / "root"
+        if len(self._scanned) > 4 * codescan.MAX_FILES:  # libraries loaded and unloaded over a long life
+            self._scanned.clear()
         for m in mappings:
+            key = (m.path, m.identity)
+            hit = self._scanned.get(key)
+            if hit is not None:
+                out.append(hit)
+                continue
             try:
-                out.append(self.cache.get(Path(m.path), root))
+                hit = self.cache.get(Path(m.path), root)
             except OSError:
                 try:
-                    out.append(self.cache.get(Path(m.path)))
+                    hit = self.cache.get(Path(m.path))
                 except OSError as exc:
                     errors.append(f"{m.path}: {exc.strerror or exc}")
+                    continue
+            self._scanned[key] = hit
+            out.append(hit)
         return out, anon, errors
 
     def observe(self) -> list[FeatureReport]:
@@ -207,7 +223,9 @@ class SimdAnalyzer:
             active_threads = [
                 t for t in threads if t.avx512_elapsed_ms is not None and 0 <= t.avx512_elapsed_ms < window_ms
             ]
-        tunables = glibc_tunables(self.procfs, self.pid)
+        tunables = self._tunables
+        if tunables is None:
+            tunables = self._tunables = glibc_tunables(self.procfs, self.pid)  # None (unreadable): next cycle
         attributable = glibc_avx512_disabled(tunables) or libc == 0
         evidence.update(
             glibc_tunables=tunables,

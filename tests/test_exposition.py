@@ -1,0 +1,93 @@
+"""``/metrics`` is written by exporters.prometheus.render: byte for byte what prometheus_client's
+``generate_latest`` makes of the agent's registry, for every metric the catalog declares.
+
+prometheus_client is the oracle here: the state holds samples of every catalog metric (every kind, label
+values that need escaping, missing attributes, duplicate series, NaN/±Inf and values Go writes with an
+exponent), and both paths must agree exactly; the text must also parse back to the same values.
+"""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from agent import catalog
+from agent.catalog.spec import Kind
+from agent.collectors.base import Collection
+from agent.samples import HistogramSample, Sample
+from agent.state import AgentState, CollectorHealth
+from exporters.prometheus import make_registry, render
+
+AWKWARD = ["plain", "back\\slash", 'quote"d', "new\nline", "ünïcode ✓", "", "a,b=c{d}"]
+VALUES = [0.0, 1.0, -2.5, 1e22, 123456789.0, 0.1 + 0.2, 5e-324, math.inf, -math.inf, math.nan, 7]
+
+
+def _state() -> AgentState:
+    state = AgentState(environment="test")
+    samples: list[Sample | HistogramSample] = []
+    for i, spec in enumerate(catalog.CATALOG.values()):
+        for j in range(3):
+            values = {a: AWKWARD[(i + j + k) % len(AWKWARD)] for k, a in enumerate(spec.attributes)}
+            if j == 2 and spec.attributes:  # one attribute missing: exported as an empty label
+                values.pop(spec.attributes[-1])
+            attributes = tuple(sorted(values.items()))
+            if spec.kind is Kind.HISTOGRAM:
+                bounds = [*spec.buckets[:3], math.inf] if spec.buckets else [0.1, 1.0, math.inf]
+                buckets = tuple((b, float(n * (j + 1))) for n, b in enumerate(bounds, 1))
+                samples.append(
+                    HistogramSample(spec.name, buckets, VALUES[(i + j) % len(VALUES)], buckets[-1][1], attributes)
+                )
+            else:
+                samples.append(Sample(spec.name, VALUES[(i + j) % len(VALUES)], attributes))
+        if spec.attributes:  # the same series again (a second source): the first one is kept
+            first = samples[-3]
+            if isinstance(first, Sample):
+                samples.append(Sample(first.name, 99.0, first.attributes))
+    negative = next(s for s in catalog.CATALOG.values() if s.kind is Kind.HISTOGRAM)
+    samples.append(HistogramSample(negative.name, ((-1.0, 1.0), (math.inf, 2.0)), 0.5, 2.0, (("zz", "x"),)))
+    state.register(CollectorHealth("synthetic", 5.0, 5.0))
+    state.record(
+        "synthetic",
+        CollectorHealth(
+            "synthetic",
+            5.0,
+            5.0,
+            runs=3,
+            errors=1,
+            duration_s=0.012,
+            state="ok",
+            last_success_at=1_700_000_000.25,
+            error_counts={"timeout": 1},
+        ),
+        Collection(samples),
+    )
+    state.add_source("not-in-catalog", lambda: [Sample("no.such.metric", 1.0)])
+    return state
+
+
+def test_render_is_byte_identical_to_generate_latest() -> None:
+    state = _state()
+    expected = generate_latest(make_registry(state))
+    got = render(state)
+    assert got.splitlines() == expected.splitlines()  # a readable diff on failure
+    assert got == expected
+    assert b"no_such_metric" not in got
+
+
+def test_every_declared_metric_is_rendered_and_parses_back() -> None:
+    state = _state()
+    families = {f.name: f for f in text_string_to_metric_families(render(state).decode())}
+    for spec in catalog.CATALOG.values():
+        base = spec.prometheus.removesuffix("_total") if spec.kind is Kind.COUNTER else spec.prometheus
+        assert base in families, spec.name
+    quoted = [s for f in families.values() for s in f.samples if 'quote"d' in s.labels.values()]
+    assert quoted and all(s.labels for s in quoted)
+    assert any(math.isnan(s.value) for f in families.values() for s in f.samples)
+
+
+def test_empty_state_renders_the_agent_info_only() -> None:
+    state = AgentState(environment="prod")
+    assert render(state) == generate_latest(make_registry(state))
+    assert b'inferwatch_agent_info{environment="prod"' in render(state)

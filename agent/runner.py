@@ -92,6 +92,10 @@ def run_collection(collector: BaseCollector) -> Collection:
 
 
 HOST_LANE = "host"
+# Scrapes drive the collections when they come at most this many times the shortest interval apart.
+STANDBY_GAP_RATIO = 1.5
+STANDBY_FALLBACK_GAPS = 2.5  # no scrape for this many gaps: the scheduler takes the timed runs back
+STANDBY_SAFETY_S = 60.0  # a standing-by scheduler still looks once a minute (should the loop have died)
 
 
 @dataclass(eq=False)
@@ -132,6 +136,11 @@ class Runner:
     work (docs/benchmarks.md). A call that passes its timeout is recorded as failed (``timeout``) and its
     lane gets a new worker for the calls queued behind it; the stuck call's thread is abandoned, and the
     collector is not called again ("failed (hung)" each cycle) until that call returns.
+
+    While an event loop's scrapes come at the collection interval (:meth:`pull_async`), they drive the runs
+    and expire overdue calls themselves, and the scheduler stands by: it sleeps (looking once a minute) until
+    the loop's fallback timer, pushed back by every scrape, finds no scrape for 2.5 gaps and hands the timed
+    runs back to it. A standing-by scheduler costs no wake-up per cycle.
     """
 
     def __init__(self, settings: Settings, state: AgentState, collectors: Iterable[BaseCollector]) -> None:
@@ -146,7 +155,12 @@ class Runner:
         self._slots: list[_Slot] = []
         self._scheduler: threading.Thread | None = None
         self._last_pull: float | None = None
+        self._pull_gap: float | None = None  # time between the last two pulls
         self._planned = -math.inf  # when the sleeping scheduler wakes next (-inf: awake)
+        # While an event loop's scrapes drive the collections (pull_async at the collection interval), the
+        # scheduler stands by: it sleeps until the loop's fallback timer says the scrapes stopped.
+        self._standby = False
+        self._fallback: asyncio.TimerHandle | None = None  # that timer; touched on the loop's thread only
         self._waiters: list[tuple[list[tuple[_Slot, int]], Callable[[], None]]] = []  # pull_async's scrapes
         for c in self.collectors:
             interval, timeout = self._timing(c)
@@ -204,10 +218,20 @@ class Runner:
 
         with self._lock:
             waiting = self._begin_pull()
-            if not waiting:
-                return
-            waiter = (waiting, notify)
-            self._waiters.append(waiter)
+            gap = self._pull_gap
+            driving = gap is not None and gap <= STANDBY_GAP_RATIO * self._shortest_interval()
+            self._standby = driving  # the scheduler sees it at its next wake; no need to wake it for this
+            if waiting:
+                waiter = (waiting, notify)
+                self._waiters.append(waiter)
+        if self._fallback is not None:  # rescheduling a loop timer wakes no thread
+            self._fallback.cancel()
+            self._fallback = None
+        if driving:
+            assert gap is not None
+            self._fallback = loop.call_later(STANDBY_FALLBACK_GAPS * gap, self._scrapes_stopped)
+        if not waiting:
+            return
         timer = loop.call_later(wait_s, resolve)
         try:
             await done
@@ -216,6 +240,16 @@ class Runner:
             with self._lock:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
+
+    def _scrapes_stopped(self) -> None:
+        """The loop's fallback timer: no scrape for several gaps; the scheduler takes the timed runs back."""
+        self._fallback = None
+        with self._lock:
+            self._standby = False
+            self._wake.notify()
+
+    def _shortest_interval(self) -> float:
+        return min((s.interval for s in self._slots if not math.isinf(s.due)), default=math.inf)
 
     def _begin_pull(self) -> list[tuple[_Slot, int]]:
         """Under the lock: queue the runs a scrape pulls (see :meth:`pull`); return (slot, cycles seen) to await.
@@ -226,7 +260,7 @@ class Runner:
         """
         now = time.monotonic()
         gap = None if self._last_pull is None else now - self._last_pull
-        self._last_pull = now
+        self._last_pull, self._pull_gap = now, gap
         self._expire(now)
         waiting: list[tuple[_Slot, int]] = []
         for slot in self._slots:
@@ -237,10 +271,9 @@ class Runner:
                 if slot.due - now <= window and now - slot.started >= slot.interval / 2:
                     slot.due = now
                     waiting.append((slot, slot.cycles))
-        if waiting:
-            self._queue_due(now)
-            if self._deadline() < self._planned:  # the scheduler must watch a deadline before its planned wake
-                self._wake.notify()
+        self._queue_due(now)  # the pulled runs, and a hung collector's due cycle
+        if not self._standby and self._deadline() < self._planned:  # a deadline before its planned wake
+            self._wake.notify()
         return waiting
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -271,6 +304,8 @@ class Runner:
                 except Exception:  # a bug here must not end every collection: log it, retry in a second
                     log.exception("collector scheduler failed; retrying in 1s")
                     wake = time.monotonic() + 1.0
+                if self._standby:  # scrapes drive (and expire) the runs; the loop's timer ends the standby
+                    wake = time.monotonic() + STANDBY_SAFETY_S  # in case that loop died
                 self._planned = wake
                 self._wake.wait(None if math.isinf(wake) else max(0.0, wake - time.monotonic()))
                 self._planned = -math.inf  # awake: nobody needs to notify

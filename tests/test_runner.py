@@ -367,3 +367,42 @@ def test_a_lasting_absence_is_retried_after_retry_s_not_every_interval() -> None
     gaps = [b - a for a, b in zip(NoDriver.calls, NoDriver.calls[1:], strict=False)]
     assert all(g >= 0.55 for g in gaps), gaps
     assert state.health()["good"].runs >= 10 and state.health()["nodriver"].state == "absent"
+
+
+def test_scrapes_at_the_interval_drive_the_runs_and_the_scheduler_stands_by() -> None:
+    import asyncio
+
+    settings = load_settings(overrides={"interval_s": 0.2, "timeout_s": 0.2})
+    collector = Counting(CollectContext(settings))
+    state = AgentState()
+    runner = Runner(settings, state, [collector])
+    dispatches: list[float] = []
+    real_dispatch = runner._dispatch
+
+    def counting_dispatch() -> float:
+        dispatches.append(time.monotonic())
+        return real_dispatch()
+
+    runner._dispatch = counting_dispatch  # type: ignore[method-assign]
+    runner.start()
+
+    async def scrapes_then_silence() -> tuple[int, int, int, int]:
+        for _ in range(5):  # scrapes begin: the scheduler is told to stand by
+            await runner.pull_async(0.5)
+            await asyncio.sleep(0.2)
+        calls, wakes = len(collector.calls), len(dispatches)
+        for _ in range(10):  # 2 s of scrapes at the interval
+            await runner.pull_async(0.5)
+            await asyncio.sleep(0.2)
+        driven_calls, driven_wakes = len(collector.calls) - calls, len(dispatches) - wakes
+        calls = len(collector.calls)
+        await asyncio.sleep(1.5)  # the scrapes stop; the loop's fallback timer (2.5 gaps) hands back the runs
+        return driven_calls, driven_wakes, len(collector.calls) - calls, len(dispatches)
+
+    try:
+        driven_calls, driven_wakes, after_calls, _ = asyncio.run(scrapes_then_silence())
+    finally:
+        runner.stop()
+    assert driven_calls >= 8  # every scrape collected (pulled), ...
+    assert driven_wakes == 0  # ... and the scheduler slept through them
+    assert after_calls >= 3  # then timed runs again, without scrapes

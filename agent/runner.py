@@ -76,11 +76,8 @@ def _all_cycled(waiting: list[tuple[_Slot, int]]) -> bool:
 
 
 def _quick(collector: BaseCollector) -> bool:
-    quick = getattr(collector, "quick", None)  # optional in the Collector protocol
-    if quick is None:
-        return False
     try:
-        return bool(quick())
+        return bool(collector.quick())
     except Exception:  # a collector's bug must not reach the scheduler: take its own lane
         log.debug("quick() of collector %s failed", collector.name, exc_info=True)
         return False

@@ -39,22 +39,40 @@ def _fmt_le(bound: float) -> str:
     return "+Inf" if math.isinf(bound) else repr(float(bound))
 
 
+def _series(state: AgentState) -> Iterator[tuple[MetricSpec, list[tuple[tuple[str, ...], AnySample]]]]:
+    """Every catalog metric in the state, by name: its spec and (label values in catalog order, sample).
+
+    The same series from two sources keeps the first; a sample whose name the catalog lacks is dropped (the
+    runner validates; an attached source might not). Both :class:`StateCollector` and :func:`render` read this.
+    """
+    grouped: dict[str, list[AnySample]] = defaultdict(list)
+    for s in state.samples():
+        grouped[s.name].append(s)
+    for name in sorted(grouped):
+        spec = catalog.CATALOG.get(name)
+        if spec is None:
+            continue
+        seen: set[tuple[str, ...]] = set()
+        series = []
+        for s in grouped[name]:
+            a = dict(s.attributes)
+            values = tuple(a.get(k, "") for k in spec.attributes)
+            if values not in seen:
+                seen.add(values)
+                series.append((values, s))
+        yield spec, series
+
+
 class StateCollector(_PromCollector):
     def __init__(self, state: AgentState) -> None:
         self.state = state
 
     def collect(self) -> Iterator[Metric]:
-        grouped: dict[str, list[AnySample]] = defaultdict(list)
-        for s in self.state.samples():
-            grouped[s.name].append(s)
-        for name in sorted(grouped):
-            spec = catalog.CATALOG.get(name)
-            if spec is None:  # the runner validates; an attached source might not
-                continue
-            yield self._family(spec, grouped[name])
+        for spec, series in _series(self.state):
+            yield self._family(spec, series)
 
     @staticmethod
-    def _family(spec: MetricSpec, samples: list[AnySample]) -> Metric:
+    def _family(spec: MetricSpec, series: list[tuple[tuple[str, ...], AnySample]]) -> Metric:
         labels = list(spec.prometheus_labels)
         prom = spec.prometheus
         family: Metric
@@ -64,13 +82,7 @@ class StateCollector(_PromCollector):
             family = CounterMetricFamily(prom, spec.description, labels=labels)
         else:
             family = GaugeMetricFamily(prom, spec.description, labels=labels)
-        seen: set[tuple[str, ...]] = set()
-        for s in samples:
-            a = dict(s.attributes)
-            values = tuple(a.get(k, "") for k in spec.attributes)
-            if values in seen:  # the same series from two sources: keep the first
-                continue
-            seen.add(values)
+        for values, s in series:
             if isinstance(s, HistogramSample):
                 assert isinstance(family, HistogramMetricFamily)
                 family.add_metric(list(values), [(_fmt_le(le), c) for le, c in s.buckets], s.sum)
@@ -82,7 +94,7 @@ class StateCollector(_PromCollector):
 class _Format:
     """One metric's fixed text: HELP and TYPE lines, sample names, label names in output (sorted) order."""
 
-    __slots__ = ("attributes", "buckets", "header", "kind", "labels", "name")
+    __slots__ = ("buckets", "header", "kind", "labels", "name")
 
     def __init__(self, spec: MetricSpec) -> None:
         name = spec.prometheus
@@ -91,11 +103,11 @@ class _Format:
         self.header = f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"
         self.name = name
         self.kind = spec.kind
-        self.attributes = spec.attributes
         # prometheus_client writes labels sorted by label name; a histogram's "le" takes its sorted place too.
-        pairs = sorted(zip(spec.prometheus_labels, spec.attributes, strict=True))
-        self.labels = tuple((f'{label}="', attr) for label, attr in pairs)
-        self.buckets = sorted([*pairs, ("le", "")]).index(("le", "")) if spec.kind is Kind.HISTOGRAM else -1
+        # Each label is (its text up to the value, the index of its value in catalog attribute order).
+        names = sorted((label, i) for i, label in enumerate(spec.prometheus_labels))
+        self.labels = tuple((f'{label}="', i) for label, i in names)
+        self.buckets = sorted([label for label, _ in names] + ["le"]).index("le") if spec.kind is Kind.HISTOGRAM else -1
 
 
 _FORMATS: dict[str, _Format] = {}
@@ -109,31 +121,15 @@ def _escape(value: str) -> str:
 
 def render(state: AgentState) -> bytes:
     """The state in the Prometheus text format, as ``generate_latest(make_registry(state))`` writes it."""
-    grouped: dict[str, list[AnySample]] = {}
-    for s in state.samples():
-        group = grouped.get(s.name)
-        if group is None:
-            grouped[s.name] = [s]
-        else:
-            group.append(s)
     out: list[str] = []
-    for name in sorted(grouped):
-        fmt = _FORMATS.get(name)
+    for spec, series in _series(state):
+        fmt = _FORMATS.get(spec.name)
         if fmt is None:
-            spec = catalog.CATALOG.get(name)
-            if spec is None:  # the runner validates; an attached source might not
-                continue
-            fmt = _FORMATS[name] = _Format(spec)
+            fmt = _FORMATS[spec.name] = _Format(spec)
         out.append(fmt.header)
-        seen: set[tuple[str, ...]] = set()
         prom = fmt.name
-        for s in grouped[name]:
-            a = dict(s.attributes)
-            values = tuple(a.get(k, "") for k in fmt.attributes)
-            if values in seen:  # the same series from two sources: keep the first
-                continue
-            seen.add(values)
-            parts = [f'{head}{_escape(a.get(attr, ""))}"' for head, attr in fmt.labels]
+        for values, s in series:
+            parts = [f'{head}{_escape(values[i])}"' for head, i in fmt.labels]
             if isinstance(s, HistogramSample):
                 if fmt.kind is not Kind.HISTOGRAM:
                     continue

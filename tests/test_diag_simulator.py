@@ -7,7 +7,6 @@ production → its finding; a healthy simulator → none.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -23,7 +22,6 @@ from agent.runner import validate
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("simulator") is None, reason="simulator/ not merged yet")
 CONTROL_TOKEN = "diag-sim-control-token-0123456789"
 FAKE_HF_TOKEN = "hf_SIMULATEDsecretNOTREAL"
 

@@ -14,7 +14,6 @@ quantity and q in 0.5/0.9/0.95/0.99:
 from __future__ import annotations
 
 import math
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -32,10 +31,7 @@ from tests.conftest import free_port
 from tests.engine_expo import VllmLike
 from tests.procs import running, wait_http
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus (scripts/test.sh)"),
-]
+pytestmark = pytest.mark.integration
 QS = (0.5, 0.9, 0.95, 0.99)
 STEPS = 7
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import shutil
 import subprocess
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -31,6 +30,7 @@ from agent.matrix import (
     validate_window,
 )
 from tests.conftest import PYTHON, ROOT, free_port
+from tests.tools import require
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 _NODE = (
@@ -66,8 +66,7 @@ def _series(instance: str, cpu: str, machine: str, buckets: dict[str, int], toke
 
 def test_matrix_queries_on_prometheus_engine(tmp_path: Path) -> None:
     """Two H100 nodes and one CPU node: hardware join, fleet quantile, per-node token average, node count."""
-    if shutil.which("promtool") is None:
-        pytest.skip("promtool not installed (scripts/test.sh installs prometheus)")
+    require("promtool")
     series = [
         # H100 nodes: every request within 50 ms; 600 and 1200 generated tokens per minute.
         *_series(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 import struct
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from agent.simd.proc import (
     read_threads,
 )
 from tests.conftest import free_port
+from tests.tools import require
 
 X86 = platform.machine() == "x86_64"
 AVX512 = X86 and "avx512f" in Path("/proc/cpuinfo").read_text()
@@ -79,8 +79,7 @@ def test_scan_file_reads_only_executable_segments(tmp_path: Path) -> None:
 @pytest.mark.skipif(not LIBC.exists(), reason="Debian x86-64 glibc path")
 def test_scan_matches_objdump_on_real_libraries() -> None:
     """The heuristic agrees with the disassembler on glibc (has EVEX code) and libz (has none)."""
-    if shutil.which("objdump") is None:
-        pytest.skip("objdump not installed")
+    require("objdump")
     from agent.simd.objdump import count_avx512_objdump
 
     libc = codescan.scan_file(LIBC).avx512

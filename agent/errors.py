@@ -6,7 +6,8 @@ InferwatchError
 │   └── SourceFormatError    input parsed but not in the expected shape (garbage /metrics, bad JSON)
 ├── NoDataError              expected absence: no GPU, no PSI, runtime not running; carries a hint
 ├── CatalogError             a sample that does not match the metric catalog
-└── ToolError                an external program (py-spy, ldd) could not run or failed
+├── ToolError                an external program (py-spy, ldd) could not run or failed
+└── AssetError               a shipped asset (rules, runbooks, dashboards) is missing, or export would overwrite
 """
 
 from __future__ import annotations
@@ -67,3 +68,7 @@ class CatalogError(InferwatchError):
 
 class ToolError(InferwatchError):
     """An external program could not be run or returned an error."""
+
+
+class AssetError(InferwatchError):
+    """A file the package ships is missing (a broken install), unknown by name, or in the way of an export."""

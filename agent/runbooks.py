@@ -1,6 +1,7 @@
 """Runbooks: ``runbooks/<AlertName>.md`` in the repository, served by the agent at ``/runbooks/<AlertName>``.
 
-A name is looked up in the directory listing taken when the agent starts, never joined into a path, so no
+They are read from the package (``agent.assets.runbooks_dir()``), so an installed wheel serves the same files
+as a checkout. A name is looked up in the directory listing taken when the agent starts, never joined into a path, so no
 request can read outside the directory. Markdown is returned as ``text/markdown`` or, for browsers, as a
 minimal HTML page (the Markdown escaped inside ``<pre>``: no renderer, no script).
 """
@@ -10,9 +11,9 @@ from __future__ import annotations
 import html
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
-RUNBOOKS_DIR = Path(__file__).resolve().parents[1] / "runbooks"
+from agent.assets import Traversable, runbooks_dir
+
 NAME_RE = re.compile(r"^[A-Z][A-Za-z0-9]{0,127}$")  # CamelCase alert names, as in the rule files
 MAX_RUNBOOK_BYTES = 256 * 1024
 
@@ -21,16 +22,19 @@ MAX_RUNBOOK_BYTES = 256 * 1024
 class Runbooks:
     """The runbook files found in ``directory`` (name → path), read on request."""
 
-    directory: Path
-    files: dict[str, Path]
+    directory: Traversable
+    files: dict[str, Traversable]
 
     @classmethod
-    def load(cls, directory: Path = RUNBOOKS_DIR) -> Runbooks:
-        files: dict[str, Path] = {}
+    def load(cls, directory: Traversable | None = None) -> Runbooks:
+        """The runbooks in ``directory``, by default those the package ships."""
+        directory = runbooks_dir() if directory is None else directory
+        files: dict[str, Traversable] = {}
         if directory.is_dir():
-            for path in sorted(directory.glob("*.md")):
-                if NAME_RE.match(path.stem) and path.is_file():
-                    files[path.stem] = path
+            for path in sorted(directory.iterdir(), key=lambda p: p.name):
+                stem, dot, ext = path.name.rpartition(".")
+                if dot and ext == "md" and NAME_RE.match(stem) and path.is_file():
+                    files[stem] = path
         return cls(directory, files)
 
     def names(self) -> list[str]:

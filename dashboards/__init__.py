@@ -1,7 +1,8 @@
 """inferwatch's Grafana dashboards, generated from code (grafana-foundation-sdk pinned to Grafana 11.6).
 
 ``python -m dashboards.generate`` writes ``dashboards/json/<uid>.json``; those committed files are what
-Grafana provisioning (docker-compose) and ``inferwatch grafana push`` load. tests/test_dashboards.py
+Grafana provisioning (docker-compose), ``inferwatch grafana push`` and ``inferwatch assets export`` load (the
+wheel ships them as package data, found through ``agent.assets.dashboards_dir()``). tests/test_dashboards.py
 regenerates them and fails on any difference.
 """
 
@@ -9,16 +10,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-JSON_DIR = Path(__file__).resolve().parent / "json"
+if TYPE_CHECKING:
+    from agent.assets import Traversable
+
+JSON_DIR = Path(__file__).resolve().parent / "json"  # where the generator writes (the repository's copy)
 TARGET_GRAFANA = "11.6"  # grafana-foundation-sdk==1769699379!11.6.0 emits schemaVersion 41
 
 
-def load_all(directory: Path = JSON_DIR) -> dict[str, dict[str, Any]]:
-    """The committed dashboards by uid, read from ``directory``."""
+def load_all(directory: Traversable | None = None) -> dict[str, dict[str, Any]]:
+    """The dashboards by uid, read from ``directory`` (a Path or package resource; default: those shipped)."""
+    if directory is None:
+        from agent.assets import dashboards_dir
+
+        directory = dashboards_dir()
     out: dict[str, dict[str, Any]] = {}
-    for path in sorted(directory.glob("*.json")):
+    for path in sorted((p for p in directory.iterdir() if p.name.endswith(".json")), key=lambda p: p.name):
         data = json.loads(path.read_text(encoding="utf-8"))
         out[str(data["uid"])] = data
     return out

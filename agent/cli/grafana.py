@@ -35,7 +35,8 @@ def register(app: typer.Typer) -> None:
 
         Payloads target Grafana 11.6 (schemaVersion 41); Grafana older than 11.0 is refused.
         """
-        from dashboards import JSON_DIR, load_all
+        from agent.assets import dashboards_dir
+        from dashboards import load_all
         from exporters.grafana import GrafanaError, GrafanaPusher
         from exporters.grafana import push as do_push
 
@@ -52,13 +53,14 @@ def register(app: typer.Typer) -> None:
         if not url.startswith(("http://", "https://")):
             typer.echo(f"inferwatch: --url must start with http:// or https:// (got {url!r})", err=True)
             raise typer.Exit(EXIT_USAGE)
+        source = directory or dashboards_dir()
         try:
-            dashboards = load_all(directory or JSON_DIR)
+            dashboards = load_all(source)
         except (OSError, ValueError, KeyError) as exc:
-            typer.echo(f"inferwatch: cannot read dashboards from {directory or JSON_DIR}: {exc}", err=True)
+            typer.echo(f"inferwatch: cannot read dashboards from {source}: {exc}", err=True)
             raise typer.Exit(EXIT_USAGE) from None
         if not dashboards:
-            typer.echo(f"inferwatch: no dashboard JSON in {directory or JSON_DIR}", err=True)
+            typer.echo(f"inferwatch: no dashboard JSON in {source}", err=True)
             raise typer.Exit(EXIT_USAGE)
         try:
             pusher = GrafanaPusher(url, token=token, basic_auth=basic, timeout_s=timeout)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from agent import __version__
-from agent.cli import demo, doctor, loadgen, run, simulate
+from agent.cli import assets, demo, doctor, loadgen, run, simulate
 from agent.cli import engine as engine_cli
 from agent.cli import probe as probe_cmd
 from agent.cli import profile as profile_cmd
@@ -29,6 +29,7 @@ for module in (
     probe_cmd,
     profile_cmd,
     simd_cli,
+    assets,
 ):
     module.register(app)
 

@@ -32,8 +32,10 @@ def test_package_links_are_the_top_level_directories_not_copies() -> None:
         link = ROOT / "agent" / "_assets" / name
         assert link.is_symlink(), f"agent/_assets/{name} must be a symlink to {name}/ (no committed copy)"
         assert link.resolve() == (ROOT / name).resolve()
-    shipped = {p.name for p in (ROOT / "alerts").iterdir() if p.is_file()}
-    assert shipped == {p.name for p in (ROOT / "alerts").glob("*.yml")}, "alerts/ holds a file the wheel omits"
+    for directory, pattern in (("alerts", "*.yml"), ("runbooks", "*.md"), ("dashboards/json", "*.json")):
+        present = {p.name for p in (ROOT / directory).iterdir()}
+        shipped = {p.name for p in (ROOT / directory).glob(pattern)}  # pyproject.toml's package-data patterns
+        assert present == shipped, f"{directory}/ holds {sorted(present - shipped)}, which the package omits"
 
 
 def test_catalog_is_every_repository_asset_byte_for_byte() -> None:

@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
 
     @assets.command("list")
     def list_() -> None:
-        """Print the path of every shipped asset, as ``assets export`` lays them out."""
+        """Print the path of every shipped asset, as 'assets export' lays them out."""
         from agent.assets import catalog
         from agent.errors import AssetError
 

@@ -5,12 +5,18 @@ with ``__``: ``INFERWATCH_PAGECACHE__INACTIVE_FILE_THRESHOLD_BYTES``), a YAML fi
 ``INFERWATCH_CONFIG``), then the defaults below. OTLP export is configured by the standard ``OTEL_*``
 variables (read by the OpenTelemetry SDK itself), never by parallel inferwatch variables.
 
-A bad value raises :class:`~agent.errors.ConfigError` naming the field.
+A bad value raises :class:`~agent.errors.ConfigError` naming the field, and so does an unknown name: a key
+no section declares (YAML or a nested ``INFERWATCH_<SECTION>__<KEY>`` variable), a collector the registry does not
+list (``collectors: {pagecach: ...}``), or a flat ``INFERWATCH_`` variable that is a near miss of a setting
+(``INFERWATCH_LISTEN_PROT``). Flat variables that resemble no setting are left alone: the simulator and the
+build scripts share the prefix (``INFERWATCH_SCENARIO``, ``INFERWATCH_LLAMA_AVX2_DIR``).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +32,8 @@ DEFAULT_LISTEN_PORT = 9435
 DEFAULT_INTERVAL_S = 5.0
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_INACTIVE_FILE_THRESHOLD_BYTES = 1 << 30  # 1 GiB; relative to the model size, see runbooks
+ENV_PREFIX = "INFERWATCH_"
+ENV_NESTED_DELIMITER = "__"
 CONFIG_ENV = "INFERWATCH_CONFIG"
 # Below the runner's default collector timeout (DEFAULT_TIMEOUT_S), so a slow engine is reported as a
 # slow engine (reason "timeout" on the engine collector), not as a hung collector.
@@ -272,8 +280,8 @@ class RunbooksSettings(_Section):
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="INFERWATCH_",
-        env_nested_delimiter="__",
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
         extra="forbid",
         frozen=True,
     )
@@ -386,14 +394,51 @@ def _format_error(exc: ValidationError) -> str:
     return "invalid configuration: " + "; ".join(parts)
 
 
-def load_settings(config_file: Path | None = None, overrides: dict[str, Any] | None = None) -> Settings:
-    """Build the settings from flags (``overrides``), environment and the YAML file; raise ConfigError."""
+def check_env_names(environ: Mapping[str, str]) -> None:
+    """Reject ``INFERWATCH_`` variables that name no setting (see the module docstring for which)."""
+    fields = set(Settings.model_fields)
+    for var in sorted(environ):
+        if not var.upper().startswith(ENV_PREFIX) or var.upper() == CONFIG_ENV:
+            continue
+        name = var[len(ENV_PREFIX) :].lower()
+        head, nested, _ = name.partition(ENV_NESTED_DELIMITER)
+        if head in fields:
+            continue  # keys below a known section are checked by the section's model (extra="forbid")
+        near = difflib.get_close_matches(head, fields, n=1, cutoff=0.8)
+        if nested or near:
+            hint = f" (did you mean {ENV_PREFIX}{near[0].upper()}?)" if near else ""
+            raise ConfigError(f"invalid configuration: {var}: {head} is not a setting{hint}")
+
+
+def check_collector_names(settings: Settings, known: Iterable[str]) -> None:
+    """Reject ``collectors.NAME`` entries for a collector the registry does not list."""
+    names = sorted(known)
+    unknown = sorted(set(settings.collectors) - set(names))
+    if unknown:
+        parts = [f"collectors.{n}: unknown collector {n!r} (known: {', '.join(names)})" for n in unknown]
+        raise ConfigError("invalid configuration: " + "; ".join(parts))
+
+
+def load_settings(
+    config_file: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    collectors: Iterable[str] | None = None,
+) -> Settings:
+    """Build the settings from flags (``overrides``), environment and the YAML file; raise ConfigError.
+
+    ``collectors``: the registry's collector names; when given, a ``collectors`` entry for any other name is
+    an error (the CLI passes them; this module cannot import the registry, which imports it).
+    """
+    check_env_names(os.environ)
     if config_file is None and os.environ.get(CONFIG_ENV):
         config_file = Path(os.environ[CONFIG_ENV])
     _YamlSource.data = read_yaml(config_file) if config_file else {}
     try:
-        return Settings(**(overrides or {}))
+        settings = Settings(**(overrides or {}))
     except ValidationError as exc:
         raise ConfigError(_format_error(exc)) from None
     finally:
         _YamlSource.data = {}
+    if collectors is not None:
+        check_collector_names(settings, collectors)
+    return settings

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 
 import pytest
 
-from agent.config import load_settings
+from agent.collectors import REGISTRY
+from agent.config import check_env_names, load_settings
 from agent.errors import ConfigError
 from tests.conftest import PYTHON, ROOT
 
@@ -54,3 +57,66 @@ def test_cli_exits_2_with_one_clear_line(tmp_path) -> None:
         [PYTHON, "-m", "agent", "run", "--no-collector.nonesuch"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 2 and "unknown collector 'nonesuch'" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "env", "needle"),
+    [
+        ("collectors: {pagecach: {enabled: false}}\n", {}, "collectors.pagecach: unknown collector 'pagecach'"),
+        ("collectors: {cpu: {enable: false}}\n", {}, "collectors.cpu.enable"),
+        ("pagecache: {inactive_file_treshold_bytes: 5}\n", {}, "pagecache.inactive_file_treshold_bytes"),
+        ("engine: {kind: auto, metric_url: x}\n", {}, "engine.metric_url"),
+        ("{}\n", {"INFERWATCH_COLLECTORS__PAGECACH__ENABLED": "false"}, "collectors.pagecach"),
+        ("{}\n", {"INFERWATCH_PAGECACHE__BOGUS": "1"}, "pagecache.bogus"),
+        ("{}\n", {"INFERWATCH_PAGECACH__INACTIVE_FILE_THRESHOLD_BYTES": "5"}, "INFERWATCH_PAGECACH__"),
+        ("{}\n", {"INFERWATCH_LISTEN_PROT": "1"}, "did you mean INFERWATCH_LISTEN_PORT?"),
+    ],
+)
+def test_unknown_names_are_rejected(tmp_path, monkeypatch, yaml_text: str, env: dict, needle: str) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml_text)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ConfigError) as exc:
+        load_settings(cfg, collectors=REGISTRY)
+    assert needle in str(exc.value)
+
+
+def test_every_registered_collector_name_is_accepted(tmp_path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("collectors:\n" + "".join(f"  {n}: {{enabled: true}}\n" for n in REGISTRY))
+    assert set(load_settings(cfg, collectors=REGISTRY).collectors) == set(REGISTRY)
+
+
+def test_inferwatch_variables_of_other_tools_do_not_stop_the_agent() -> None:
+    """Every INFERWATCH_ name the repository uses is a setting or one the agent leaves alone (simulator, scripts)."""
+    names: set[str] = set()
+    for path in ROOT.rglob("*"):
+        if path.is_file() and ".venv" not in path.parts and ".git" not in path.parts and path.suffix != ".pyc":
+            try:
+                names |= set(re.findall(r"\bINFERWATCH_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(encoding="utf-8")))
+            except (UnicodeDecodeError, OSError):
+                continue
+    assert {"INFERWATCH_SCENARIO", "INFERWATCH_ENGINE__METRICS_URL"} <= names
+    for name in sorted(names - {"INFERWATCH_LISTEN_PROT", "INFERWATCH_PAGECACH__INACTIVE_FILE_THRESHOLD_BYTES"}):
+        check_env_names({name: "1"})
+
+
+def test_cli_exits_2_on_an_unknown_collector_in_yaml_or_env(tmp_path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("collectors: {pagecach: {enabled: false}}\n")
+    for args, env in (
+        (["--config", str(cfg)], {}),
+        ([], {"INFERWATCH_COLLECTORS__PAGECACH__INTERVAL_S": "3"}),
+    ):
+        proc = subprocess.run(
+            [PYTHON, "-m", "agent", "run", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, **env},
+        )
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "collectors.pagecach: unknown collector 'pagecach'" in lines[0], lines

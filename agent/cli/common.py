@@ -53,8 +53,10 @@ def build_settings(
     switches = collector_switches(extra)
     if switches:
         merged["collectors"] = switches
+    from agent.collectors import REGISTRY  # lazily, as in collector_switches: commands that never build settings
+
     try:
-        return load_settings(config, merged)
+        return load_settings(config, merged, collectors=REGISTRY)
     except ConfigError as exc:
         typer.echo(f"inferwatch: {exc}", err=True)
         raise typer.Exit(2) from None

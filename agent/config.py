@@ -23,8 +23,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from agent.engine.adapters import ADAPTERS
 from agent.errors import ConfigError
 
 DEFAULT_LISTEN_ADDRESS = "127.0.0.1"
@@ -109,14 +111,25 @@ class OTLPSettings(_Section):
     enabled: bool | None = None  # None: on when OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT is set
 
 
+ENGINE_KIND_CHOICES = ("auto", *ADAPTERS)  # the kinds come from the adapters (agent/engine/adapters.py)
+
+
 class EngineSettings(_Section):
     """The inference engine's own /metrics (vLLM, SGLang, TGI, llama.cpp, TensorRT-LLM)."""
 
     metrics_url: str | None = None  # None: the engine collector reports absence
-    kind: Literal["auto", "vllm", "sglang", "tgi", "llamacpp", "trtllm"] = "auto"
+    kind: str = "auto"  # one of ENGINE_KIND_CHOICES: "auto" (detect) or an adapter's kind
     timeout_s: float = Field(default=DEFAULT_ENGINE_TIMEOUT_S, gt=0, le=600)
     max_bytes: int = Field(default=DEFAULT_ENGINE_MAX_BYTES, gt=0)
     model_name: str | None = None  # model label for engines whose series have none (TGI, llama.cpp)
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        if v not in ENGINE_KIND_CHOICES:
+            expected = ", ".join(repr(k) for k in ENGINE_KIND_CHOICES)
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+        return v
 
 
 DEFAULT_RECEIVER_GRPC_ENDPOINT = "127.0.0.1:4317"

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
+from agent.alerts import rulefiles
 from tests.conftest import ROOT
 
 ALERTS_DIR = ROOT / "alerts"
@@ -21,7 +21,7 @@ TOOL_TIMEOUT_S = 120
 
 
 def rule_files() -> list[Path]:
-    return sorted(ALERTS_DIR.glob("*.rules.yml"))
+    return rulefiles.rule_files(ALERTS_DIR)
 
 
 def rule_test_files() -> list[Path]:
@@ -30,17 +30,11 @@ def rule_test_files() -> list[Path]:
 
 def load_rules() -> list[dict[str, Any]]:
     """Every rule of every rule file, with ``_file`` and ``_group`` added."""
-    out = []
-    for path in rule_files():
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        for group in data["groups"]:
-            for rule in group["rules"]:
-                out.append({**rule, "_file": path.name, "_group": group["name"]})
-    return out
+    return rulefiles.rules(ALERTS_DIR)
 
 
 def alert_names() -> set[str]:
-    return {r["alert"] for r in load_rules() if "alert" in r}
+    return set(rulefiles.alert_names(ALERTS_DIR))
 
 
 def tool(name: str) -> str:

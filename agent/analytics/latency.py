@@ -34,11 +34,10 @@ from dataclasses import dataclass, field
 from agent import catalog
 from agent.analytics import bimodality
 from agent.analytics.windows import WINDOWS_S, WindowedSketch, WindowedSum, log_bins, slot_of
-from agent.catalog.engine import MODEL
+from agent.catalog.engine import MODEL, QUANTITIES
 from agent.engine.board import LatencyBoard, LatencyStats, latency_samples
 from agent.samples import AnySample, HistogramSample, Sample, attrs
 
-QUANTITIES = ("ttft", "itl", "e2e", "queue", "prefill", "decode", "inference")
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 SOURCE = "spans"
 UNKNOWN_MODEL = "unknown"  # what agent.receiver.spans names a span without a model

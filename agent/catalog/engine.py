@@ -11,6 +11,8 @@ A quantity an engine does not expose is absent, never zero.
 from agent.catalog.spec import Kind, MetricSpec
 
 MODEL = "gen_ai.request.model"
+# Values of the ``quantity`` attribute: the request phases whose latency the agent reports.
+QUANTITIES = ("ttft", "itl", "e2e", "queue", "prefill", "decode", "inference")
 _M = (MODEL,)
 _Q = (MODEL, "quantity", "window", "source")
 
@@ -103,8 +105,8 @@ METRICS = (
         "inferwatch.engine.latency",
         Kind.GAUGE,
         "s",
-        "Latency quantile of a request phase over a sliding window (quantity: ttft, itl, e2e, queue, prefill, "
-        "decode, inference; quantile: 0.5, 0.9, 0.95, 0.99).",
+        f"Latency quantile of a request phase over a sliding window (quantity: {', '.join(QUANTITIES)}; "
+        "quantile: 0.5, 0.9, 0.95, 0.99).",
         (*_Q, "quantile"),
     ),
     MetricSpec(

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import typer
 
-from agent.config import DEFAULT_ENGINE_MAX_BYTES
+from agent.config import DEFAULT_ENGINE_MAX_BYTES, ENGINE_KIND_CHOICES
 from agent.engine.adapters import DEFAULT_MODEL, EngineReading
 from agent.engine.fetch import fetch, read_file
 from agent.engine.inspect import INSPECT_QUANTITIES, inspect
@@ -20,7 +20,7 @@ from agent.engine.scrape import EngineParser
 from agent.errors import CollectorError
 
 DEFAULT_INSPECT_TIMEOUT_S = 5.0
-KINDS = ("auto", "vllm", "sglang", "tgi", "llamacpp", "trtllm")
+KINDS = ENGINE_KIND_CHOICES  # "auto" and every adapter's kind
 
 
 def register(app: typer.Typer) -> None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from agent.catalog.engine import QUANTITIES
 from agent.engine.adapters import ADAPTERS, EngineReading
 from agent.engine.histogram import Histogram
 from agent.engine.scrape import stats_from_histogram
 from agent.engine.windows import HistogramWindow
 
-INSPECT_QUANTITIES = ("ttft", "itl", "e2e", "queue", "prefill", "decode")
+INSPECT_QUANTITIES = tuple(q for q in QUANTITIES if q != "inference")  # inference = prefill + decode
 _KEYS = {0.5: "p50", 0.9: "p90", 0.95: "p95", 0.99: "p99"}
 
 

@@ -21,6 +21,8 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import heatmap as hm
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
+from agent.alerts import rulefiles
+
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 RUNBOOK_BASE = "runbooks/"  # relative to the repository; the agent serves them at /runbooks/<AlertName>
 TAGS = ["inferwatch"]
@@ -97,9 +99,12 @@ class Board:
 
 
 def describe(how_to_read: str, runbook: str | None) -> str:
-    """A panel description: how to read it, then the runbook that applies (or why none does)."""
+    """A panel description: how to read it, then the runbook that applies (or why none does).
+
+    ``runbook`` is an alert name (runbooks/<AlertName>.md); one that no rule file defines stops the generation.
+    """
     if runbook:
-        return f"{how_to_read}\n\nRunbook: {RUNBOOK_BASE}{runbook}.md"
+        return f"{how_to_read}\n\nRunbook: {RUNBOOK_BASE}{rulefiles.check_alert(runbook)}.md"
     return f"{how_to_read}\n\nRunbook: none (context panel; no alert is derived from it)."
 
 
@@ -345,20 +350,3 @@ def quantiles(metric: str, sel: str, by: str = "instance, gen_ai_request_model")
         )
         for q in ("0.5", "0.95", "0.99")
     ]
-
-
-# Runbooks (runbooks/<AlertName>.md, one per alert in alerts/*.rules.yml); None where no alert derives from a
-# panel. tests/test_dashboards.py checks that every referenced runbook exists once runbooks/ is present.
-RB_TTFT_BURN = "TTFTErrorBudgetBurn"
-RB_TAIL_RATIO = "TailLatencyRatioHigh"
-RB_BIMODAL = "LatencyBimodal"
-RB_ENGINE_DOWN = "EngineDown"
-RB_ENGINE_HUNG = "EngineHungButHealthy"
-RB_SIMD = "CPUFeatureMissing"
-RB_PAGE_CACHE = "PageCachePressureTailLatency"
-RB_NODE_CHANGE = "LatencyRegressionAfterNodeChange"
-RB_HARDWARE_MISMATCH = "RuntimeHardwareMismatch"
-RB_PROFILE_UNAVAILABLE = "RuntimeProfileUnavailable"
-RB_STREAM_SCHEMA = "StreamSchemaViolation"
-RB_GPU_THROTTLE = "GPUThrottling"
-RB_NONE = None

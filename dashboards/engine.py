@@ -5,12 +5,6 @@ from __future__ import annotations
 from grafana_foundation_sdk.models import dashboard as dm
 
 from dashboards.common import (
-    RB_ENGINE_DOWN,
-    RB_ENGINE_HUNG,
-    RB_NONE,
-    RB_STREAM_SCHEMA,
-    RB_TAIL_RATIO,
-    RB_TTFT_BURN,
     SEL_MODEL,
     SEL_NODE,
     Board,
@@ -45,7 +39,7 @@ def build() -> dm.Dashboard:
                 "P95 of the time requests spend queued, in prefill and in decode, per model and node. Prefill "
                 "grows with prompt length and batch contention; decode with output length and ITL. Queue time "
                 "growing first means the node is saturated.",
-                RB_TAIL_RATIO,
+                "TailLatencyRatioHigh",
             ),
             "s",
             [
@@ -67,7 +61,7 @@ def build() -> dm.Dashboard:
                 "(queue + prefill)): time spent in the API server, tokenisation, chat templating and IPC before "
                 "the engine sees the request. A gap that grows while prefill stays flat is a front-end problem "
                 "(CPU-starved API server, slow tokenizer), not a GPU one.",
-                RB_NONE,
+                None,
             ),
             "s",
             [
@@ -99,7 +93,7 @@ def build() -> dm.Dashboard:
                 "that does not drain while running is flat means the batch is capped (KV cache or max_num_seqs). "
                 "Requests running with no tokens produced is a "
                 "hung engine.",
-                RB_ENGINE_HUNG,
+                "EngineHungButHealthy",
             ),
             "short",
             [
@@ -123,7 +117,7 @@ def build() -> dm.Dashboard:
                 "Fraction of KV-cache blocks in use. Sustained above "
                 f"{KV_CACHE_HIGH_RATIO:.0%} (dashed line) the scheduler preempts requests, which shows up as "
                 "ITL spikes and preemptions.",
-                RB_NONE,
+                None,
             ),
             "percentunit",
             [
@@ -143,7 +137,7 @@ def build() -> dm.Dashboard:
             describe(
                 "Requests preempted (evicted from the batch and recomputed or swapped) per second. Any "
                 "sustained rate wastes prefill work and inflates ITL; lower max_num_seqs or add KV memory.",
-                RB_NONE,
+                None,
             ),
             "short",
             [
@@ -165,7 +159,7 @@ def build() -> dm.Dashboard:
                 "Requests per TTFT bucket over time (engine histogram increases, all selected models and "
                 "nodes). Two bright bands instead of one is bimodal latency; a band creeping upwards is "
                 "queueing.",
-                RB_TTFT_BURN,
+                "TTFTErrorBudgetBurn",
             ),
             "s",
             [
@@ -186,7 +180,7 @@ def build() -> dm.Dashboard:
             describe(
                 "Whether the agent could read and parse the engine's /metrics on its last scrape, per node "
                 "and engine. 'down' blanks every other panel for that node.",
-                RB_ENGINE_DOWN,
+                "EngineDown",
             ),
             "none",
             [
@@ -210,7 +204,7 @@ def build() -> dm.Dashboard:
                 "Time to first token and mean inter-token latency measured by the agent's synthetic streaming "
                 "request, per protocol (OpenAI chat, Anthropic messages). The client's view: when it diverges "
                 "from the engine's TTFT, the time is lost in front of the engine (proxy, API server).",
-                RB_TAIL_RATIO,
+                "TailLatencyRatioHigh",
             ),
             "s",
             [
@@ -228,7 +222,7 @@ def build() -> dm.Dashboard:
                 "Probe stream chunks off-schema (empty delta carrying usage, malformed JSON, missing [DONE], "
                 "wrong event order ...) and probe requests answered with an HTTP error, per minute, by kind. "
                 "Any violation breaks strict client SDKs even though the server reports success.",
-                RB_STREAM_SCHEMA,
+                "StreamSchemaViolation",
             ),
             "short",
             [

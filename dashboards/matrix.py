@@ -9,8 +9,6 @@ from grafana_foundation_sdk.models import dashboard as dm
 
 from agent.matrix import nodes_query, tokens_query, ttft_p95_query
 from dashboards.common import (
-    RB_NODE_CHANGE,
-    RB_TTFT_BURN,
     SEL_JOB,
     Board,
     Target,
@@ -60,7 +58,7 @@ def build() -> dm.Dashboard:
                 "type (machine type / CPU model / GPU model; 'none' = CPU only), from the summed engine "
                 "histograms over the dashboard's time range. Read across a row: the same model should order "
                 "hardware the same way everywhere; a cell out of line is a node problem, not a model one.",
-                RB_NODE_CHANGE,
+                "LatencyRegressionAfterNodeChange",
             ),
             "s",
             [Target(_hardware_label(ttft_p95_query(_WINDOW, SEL_JOB, _MODEL)), instant=True, fmt="table")],
@@ -93,7 +91,7 @@ def build() -> dm.Dashboard:
                 "The same numbers in long form with the hardware identity split into its parts and the number "
                 "of nodes behind each cell (a cell from one node is an anecdote). The same table is printed by "
                 "`inferwatch matrix --prometheus URL`.",
-                RB_TTFT_BURN,
+                "TTFTErrorBudgetBurn",
             ),
             "short",
             [

@@ -5,13 +5,6 @@ from __future__ import annotations
 from grafana_foundation_sdk.models import dashboard as dm
 
 from dashboards.common import (
-    RB_ENGINE_DOWN,
-    RB_GPU_THROTTLE,
-    RB_HARDWARE_MISMATCH,
-    RB_NODE_CHANGE,
-    RB_PAGE_CACHE,
-    RB_PROFILE_UNAVAILABLE,
-    RB_SIMD,
     SEL_NODE,
     Board,
     Target,
@@ -64,7 +57,7 @@ def build() -> dm.Dashboard:
                 "One row per node: CPU model, machine type (DMI product name, the instance type on AWS), "
                 "kernel release and architecture. Nodes serving the same model should agree; an odd one out "
                 "explains an outlier in the hardware × model matrix.",
-                RB_NODE_CHANGE,
+                "LatencyRegressionAfterNodeChange",
             ),
             "string",
             [
@@ -98,7 +91,7 @@ def build() -> dm.Dashboard:
                 "Count of SIMD features this CPU model should have but the node does not report (e.g. AVX-512 "
                 "hidden by a hypervisor or a container's CPU model). Anything above 0 means the runtime "
                 "silently fell back to a slower kernel: ~20 % more latency, no errors.",
-                RB_SIMD,
+                "CPUFeatureMissing",
             ),
             "none",
             [Target(f"sum by (instance) (inferwatch_cpu_feature_missing{{{SEL_NODE}}})", "{{instance}}", instant=True)],
@@ -114,7 +107,7 @@ def build() -> dm.Dashboard:
                 "One row per node and SIMD feature: Expected (the CPU model should have it), Present (every CPU "
                 "of the node reports it), Missing. A red 'MISSING' cell is the silent fallback; sort by "
                 "Missing to bring them to the top.",
-                RB_SIMD,
+                "CPUFeatureMissing",
             ),
             "none",
             [
@@ -164,7 +157,7 @@ def build() -> dm.Dashboard:
                 "Inactive(file) page cache (the model weights' reclaimable pages live here) against the configured "
                 "floor (pagecache.inactive_file_threshold_bytes). Below the floor, the kernel evicts weight "
                 "pages and the runtime re-reads them from disk: P99 jitter with no engine-side cause.",
-                RB_PAGE_CACHE,
+                "PageCachePressureTailLatency",
             ),
             "bytes",
             [
@@ -184,7 +177,7 @@ def build() -> dm.Dashboard:
                 "Share of wall time in which some (or all) tasks stalled waiting for memory, 10-second average "
                 "(/proc/pressure/memory). 'some' above 10 % (dashed line) is latency the runtime feels; "
                 "'full' above 0 means the whole node stalled.",
-                RB_PAGE_CACHE,
+                "PageCachePressureTailLatency",
             ),
             "percentunit",
             [
@@ -205,7 +198,7 @@ def build() -> dm.Dashboard:
                 "File pages read back in shortly after eviction (workingset refaults) and major page faults "
                 "per second (/proc/vmstat). Refaults rising with falling Inactive(file) confirm the model's "
                 "pages are thrashing.",
-                RB_PAGE_CACHE,
+                "PageCachePressureTailLatency",
             ),
             "short",
             [
@@ -262,7 +255,7 @@ def build() -> dm.Dashboard:
             describe(
                 "Streaming-multiprocessor clock (left) per GPU. A clock dropping under load while temperature "
                 "or power is at its limit is thermal or power throttling: see the throttle panel.",
-                RB_GPU_THROTTLE,
+                "GPUThrottling",
             ),
             "hertz",
             [Target(f"inferwatch_gpu_clock_sm_hertz{{{SEL_NODE}}}", "{{hw_id}} {{hw_model}} @ {{instance}}")],
@@ -276,7 +269,7 @@ def build() -> dm.Dashboard:
             describe(
                 f"GPU core temperature (NVML). Above {GPU_HOT_CELSIUS} °C (dashed line) most data-centre GPUs "
                 "start to reduce clocks.",
-                RB_GPU_THROTTLE,
+                "GPUThrottling",
             ),
             "celsius",
             [Target(f"inferwatch_gpu_temperature_celsius{{{SEL_NODE}}}", "{{hw_id}} {{hw_model}} @ {{instance}}")],
@@ -292,7 +285,7 @@ def build() -> dm.Dashboard:
                 "1 while NVML reports the throttle reason active, per GPU and reason (power cap, thermal, "
                 "hardware slowdown). Thermal, hardware-slowdown and power-brake reasons held for minutes are faults "
                 "(GPUThrottling); sw_power_cap under full load and gpu_idle are normal.",
-                RB_GPU_THROTTLE,
+                "GPUThrottling",
             ),
             "none",
             [Target(f"inferwatch_gpu_throttle{{{SEL_NODE}}}", "{{reason}} {{hw_id}} @ {{instance}}")],
@@ -307,7 +300,7 @@ def build() -> dm.Dashboard:
             describe(
                 "Board power draw per GPU (NVML), watts. At the power limit under full load is normal (the "
                 "sw_power_cap reason); a drop with the power brake reason is a fault.",
-                RB_GPU_THROTTLE,
+                "GPUThrottling",
             ),
             "watt",
             [Target(f"inferwatch_gpu_power_watts{{{SEL_NODE}}}", "{{hw_id}} {{hw_model}} @ {{instance}}")],
@@ -323,7 +316,7 @@ def build() -> dm.Dashboard:
             describe(
                 "Whether the agent found the inference runtime process (runtime.pid / pidfile / cmdline_pattern), "
                 "per node. 'down' with the engine's /metrics also down is an engine outage.",
-                RB_ENGINE_DOWN,
+                "EngineDown",
             ),
             "none",
             [Target(f"inferwatch_runtime_up{{{SEL_NODE}}}", "{{runtime}} @ {{instance}}", instant=True)],
@@ -369,7 +362,7 @@ def build() -> dm.Dashboard:
             describe(
                 "Major page faults per second of the runtime (each one a read from disk, e.g. evicted weight "
                 "pages) and its thread count.",
-                RB_PAGE_CACHE,
+                "PageCachePressureTailLatency",
             ),
             "short",
             [
@@ -390,7 +383,7 @@ def build() -> dm.Dashboard:
             describe(
                 "Shared libraries the runtime binary needs that this host cannot resolve (ldd), per runtime. "
                 "Above 0 the binary was built for other hardware or another image: it fails or runs a fallback.",
-                RB_HARDWARE_MISMATCH,
+                "RuntimeHardwareMismatch",
             ),
             "none",
             [
@@ -412,7 +405,7 @@ def build() -> dm.Dashboard:
                 "Whether the runtime answers the debug runtime_profile request (1 = debug mode on). Off outside "
                 "production loses the per-request profile (RuntimeProfileUnavailable); on in production costs "
                 "latency and pages as DebugProfileEnabledInProduction.",
-                RB_PROFILE_UNAVAILABLE,
+                "RuntimeProfileUnavailable",
             ),
             "none",
             [Target(f"inferwatch_runtime_profile_available{{{SEL_NODE}}}", "{{instance}}", instant=True)],

@@ -5,11 +5,6 @@ from __future__ import annotations
 from grafana_foundation_sdk.models import dashboard as dm
 
 from dashboards.common import (
-    RB_BIMODAL,
-    RB_ENGINE_HUNG,
-    RB_NONE,
-    RB_TAIL_RATIO,
-    RB_TTFT_BURN,
     SEL_MODEL,
     Board,
     Target,
@@ -59,7 +54,7 @@ def build() -> dm.Dashboard:
                 "TTFT quantiles per model and node, computed with histogram_quantile over the engine's TTFT "
                 "buckets at the panel's rate interval. P99 far above P95 points at queueing or a slow node; "
                 f"the dashed line is the SLO threshold ({TTFT_SLO_THRESHOLD_S} s, alerts/slo.yml).",
-                RB_TTFT_BURN,
+                "TTFTErrorBudgetBurn",
             ),
             "s",
             quantiles(_TTFT, SEL_MODEL),
@@ -74,7 +69,7 @@ def build() -> dm.Dashboard:
             describe(
                 "Time between output tokens during decode, per model and node. Rising ITL with flat TTFT means "
                 "the batch is too large or decode is starved (KV cache, preemptions): see Engine internals.",
-                RB_TAIL_RATIO,
+                "TailLatencyRatioHigh",
             ),
             "s",
             quantiles("gen_ai_server_time_per_output_token_seconds", SEL_MODEL),
@@ -88,7 +83,7 @@ def build() -> dm.Dashboard:
             describe(
                 "Request duration to the last output token, per model and node. Dominated by output length; "
                 "compare with ITL × tokens before blaming the engine.",
-                RB_TAIL_RATIO,
+                "TailLatencyRatioHigh",
             ),
             "s",
             quantiles("gen_ai_server_request_duration_seconds", SEL_MODEL),
@@ -105,7 +100,7 @@ def build() -> dm.Dashboard:
                 "Tail ratio of each request phase over the agent's 5-minute window (source: engine histograms "
                 f"or OTLP spans). Above {TAIL_RATIO_THRESHOLD} (dashed line) the tail is jitter — page cache, "
                 "CPU contention, a slow node — that more replicas will not fix.",
-                RB_TAIL_RATIO,
+                "TailLatencyRatioHigh",
             ),
             "suffix:×",
             [
@@ -126,7 +121,7 @@ def build() -> dm.Dashboard:
                 "The agent's bimodality statistic for each phase over the 5-minute window (definition and "
                 "threshold in docs/engine.md). A rise means requests split into a fast and a slow population: "
                 "one slow node, a cold cache, or a fallback code path.",
-                RB_BIMODAL,
+                "LatencyBimodal",
             ),
             "none",
             [
@@ -145,7 +140,7 @@ def build() -> dm.Dashboard:
             describe(
                 "The agent's current verdict per model, node and phase: 'bimodal' (red) when the 5-minute "
                 "distribution has two modes. Drill into the node with the Node pitfalls dashboard.",
-                RB_BIMODAL,
+                "LatencyBimodal",
             ),
             "none",
             [
@@ -172,7 +167,7 @@ def build() -> dm.Dashboard:
                 "6 h (SLI error ratio / error budget, from the recording rules in alerts/slo.rules.yml; fleet-wide "
                 f"per model, so the node filter does not apply). 1 = exactly on budget. Above {FAST_BURN} on 1 h "
                 f"and 5 m, or above {SLOW_BURN} on 6 h and 30 m, TTFTErrorBudgetBurn pages (dashed lines).",
-                RB_TTFT_BURN,
+                "TTFTErrorBudgetBurn",
             ),
             "suffix:×",
             [Target(_burn(w), f"{{{{slo}}}} {w} {{{{gen_ai_request_model}}}}") for w in _BURN_WINDOWS],
@@ -187,7 +182,7 @@ def build() -> dm.Dashboard:
             describe(
                 "The 1-hour burn rate per SLO and model at the end of the time range: green below "
                 f"{SLOW_BURN}, orange from {SLOW_BURN}, red from {FAST_BURN} (the fast-burn paging level).",
-                RB_TTFT_BURN,
+                "TTFTErrorBudgetBurn",
             ),
             "suffix:×",
             [Target(_burn("1h"), "{{slo}} {{gen_ai_request_model}}", instant=True)],
@@ -204,7 +199,7 @@ def build() -> dm.Dashboard:
             describe(
                 "Finished requests per second by model and node, all finish reasons (stop, length, abort, "
                 "error). A drop to zero while requests are running is a hung engine.",
-                RB_ENGINE_HUNG,
+                "EngineHungButHealthy",
             ),
             "reqps",
             [
@@ -243,7 +238,7 @@ def build() -> dm.Dashboard:
                 "Requests per second that did not finish normally (reason other than stop or length), by "
                 "reason. 'error' spends the availability budget; 'abort' is usually a client timeout caused by "
                 "high TTFT. No alert pages on errors alone; the TTFT SLO covers slow service.",
-                RB_NONE,
+                None,
             ),
             "reqps",
             [

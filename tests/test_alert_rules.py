@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import promql_parser
 import pytest
 import yaml
 
-from agent.alerts import profile, slo
+from agent.alerts import links, profile, slo
 from agent.catalog import prometheus_series_names
 from agent.config import DEFAULT_RUNBOOKS_BASE_URL
 from agent.errors import ConfigError
@@ -22,6 +23,7 @@ from tests.alerting import (
     run_tool,
     tool,
 )
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
 SEVERITIES = {"critical", "warning", "info"}
@@ -120,6 +122,47 @@ def test_every_metric_named_in_a_rule_is_in_the_catalog() -> None:
 def test_slo_rules_are_regenerated_exactly() -> None:
     assert (ALERTS_DIR / "slo.rules.yml").read_text() == slo.generate(), "run: python -m agent.alerts.slo"
     assert slo.main(["--check"]) == 0
+
+
+def test_links_are_generated_for_every_alert() -> None:
+    """runbook_url / dashboard_url come from agent.alerts.links' two templates, in every rule file."""
+    for rule in load_rules():
+        if "alert" in rule:
+            want = links.links(rule["alert"], rule["_group"])
+            got = {k: rule["annotations"][k] for k in links.LINK_KEYS}
+            assert got == want, f"{rule['alert']}: run python -m agent.alerts.links"
+    assert links.main(["--check"]) == 0
+
+
+def test_link_rewrite_adds_missing_links_and_undoes_hand_edits(tmp_path: Path) -> None:
+    shipped = (ALERTS_DIR / "inferwatch.rules.yml").read_text()
+    lines = shipped.split("\n")
+    at = lines.index("      - alert: EngineDown")
+    runbook = next(i for i in range(at, len(lines)) if "runbook_url:" in lines[i])
+    edited = lines[:runbook] + lines[runbook + 2 :]  # a new rule: no links at all
+    text = "\n".join(edited).replace("/d/inferwatch-node{{ with", "/d/inferwatch-nodes{{ with", 1)  # a hand edit
+    assert "/d/inferwatch-nodes" in text
+    path = tmp_path / "inferwatch.rules.yml"
+    path.write_text(text)
+    assert links.main(["--check", str(path)]) == 1
+    assert links.main([str(path)]) == 0 and path.read_text() == shipped
+    assert links.main(["--check", str(path)]) == 0
+
+
+def test_every_rule_group_links_a_dashboard_with_its_variables() -> None:
+    for rule in load_rules():
+        if "alert" in rule:
+            links.dashboard_for_group(rule["_group"])
+    with pytest.raises(ConfigError, match="GROUP_DASHBOARDS"):
+        links.dashboard_for_group("inferwatch-new")
+    for uid in {*links.GROUP_DASHBOARDS.values(), links.SLO_DASHBOARD}:
+        board = json.loads((ROOT / "dashboards" / "json" / f"{uid}.json").read_text())
+        queries = {v["name"]: v.get("query") for v in board["templating"]["list"]}
+        for var, label in links.LINK_VARIABLES:
+            if var in queries:  # the variable's values are the label the link fills it from
+                query = queries[var]["query"] if isinstance(queries[var], dict) else queries[var]
+                assert query.rstrip().endswith(f", {label})"), (uid, var, query)
+        assert "instance" in queries, uid
 
 
 def _spec(**over: object) -> dict:

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from agent.alerts import links
 from agent.catalog import CATALOG
 from agent.catalog.spec import Kind
 from agent.errors import ConfigError
@@ -28,8 +29,6 @@ from agent.errors import ConfigError
 ROOT = Path(__file__).resolve().parents[2]
 SPEC_PATH = ROOT / "alerts" / "slo.yml"
 OUT_PATH = ROOT / "alerts" / "slo.rules.yml"
-DEFAULT_RUNBOOK_BASE = "http://127.0.0.1:9435/runbooks"  # = agent.config.DEFAULT_RUNBOOKS_BASE_URL (tested)
-DEFAULT_DASHBOARD_BASE = "http://127.0.0.1:3000"
 PERIOD_DAYS = 30
 SLO_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ALERT_NAME_RE = re.compile(r"^[A-Z][A-Za-z0-9]{0,127}$")
@@ -180,7 +179,7 @@ def render(slos: list[SLO], spec_name: str = "alerts/slo.yml") -> str:
     for slo in slos:
         by = ", ".join(slo.group_by)
         sel = f'{{slo="{slo.name}"}}'
-        lines += [f"  - name: inferwatch-slo-{slo.name}-sli", "    rules:"]
+        lines += [f"  - name: {links.SLO_GROUP_PREFIX}{slo.name}-sli", "    rules:"]
         for rw in RECORD_WINDOWS:
             lines += [
                 f"      - record: slo:sli_error:ratio_rate{rw}",
@@ -202,7 +201,8 @@ def render(slos: list[SLO], spec_name: str = "alerts/slo.yml") -> str:
             f"        labels: {{slo: {slo.name}}}",
             f"        expr: vector({_fmt(slo.budget)})",
         ]
-        lines += [f"  - name: inferwatch-slo-{slo.name}-alerts", "    rules:"]
+        alerts_group = f"{links.SLO_GROUP_PREFIX}{slo.name}-alerts"
+        lines += [f"  - name: {alerts_group}", "    rules:"]
         budget = _fmt(slo.budget)
         pct = _fmt(slo.objective * 100)
         thr = _threshold_text(slo)
@@ -229,19 +229,7 @@ def render(slos: list[SLO], spec_name: str = "alerts/slo.yml") -> str:
                     f"first token over the last {w.long} (and over {w.short}); SLO {slo.name}: {pct}% within {thr}. "
                     f"At {w.factor}x the 30-day error budget is gone in {w.exhaustion}."
                 ),
-                "          runbook_url: "
-                + _q(
-                    "{{ with $externalLabels.runbook_base }}{{ . }}{{ else }}"
-                    + DEFAULT_RUNBOOK_BASE
-                    + "{{ end }}/"
-                    + slo.alert
-                ),
-                "          dashboard_url: "
-                + _q(
-                    "{{ with $externalLabels.dashboard_base }}{{ . }}{{ else }}"
-                    + DEFAULT_DASHBOARD_BASE
-                    + "{{ end }}/d/inferwatch-slo?var-model={{ $labels.gen_ai_request_model }}"
-                ),
+                *links.annotation_lines(slo.alert, alerts_group, "          "),
             ]
     return "\n".join(lines) + "\n"
 

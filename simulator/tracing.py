@@ -2,7 +2,7 @@
 
 Start = frontend arrival, end = finish; attributes are the ones vLLM v1's ``do_tracing`` sets (old GenAI
 keys: ``gen_ai.usage.prompt_tokens``, ``gen_ai.latency.time_to_first_token``, ...; see
-../shared/reference/engines.md §2). Like vLLM v1, a span names **no model**: one vLLM process serves
+vLLM's ``vllm/v1/engine/output_processor.py``). Like vLLM v1, a span names **no model**: one vLLM process serves
 one model, and a deployer tells processes apart by the resource (``OTEL_SERVICE_NAME``,
 ``OTEL_RESOURCE_ATTRIBUTES``). A simulator serving several models stands for several such processes, so
 it exports each model's spans from its own tracer provider whose resource carries

@@ -1,7 +1,7 @@
 """A vLLM-v1-style exposition built with prometheus_client itself (as vLLM builds its own).
 
 Same families, label names (``model_name``, ``engine``), bucket edges, ``_total``/``_created``
-suffixes and formatting as vLLM's ``/metrics`` (reference: shared/reference/engines.md §1). Used by
+suffixes and formatting as vLLM's ``/metrics`` (vLLM's ``vllm/v1/metrics/loggers.py``). Used by
 the engine tests, the real-Prometheus comparison and ``benchmarks/exposition_ingest.py``.
 """
 

@@ -109,7 +109,7 @@ def _check_spans(spans: list, n: int = 3) -> None:
     for s in spans:
         assert s.name == "llm_request" and s.kind == s.SPAN_KIND_SERVER
         a = _attrs(s)
-        # vLLM v1 names no model on its spans (engines.md §2), nor num_sequences
+        # vLLM v1 names no model on its spans (vllm/v1/engine/output_processor.py), nor num_sequences
         assert "gen_ai.response.model" not in a and "gen_ai.usage.num_sequences" not in a
         assert a["gen_ai.usage.prompt_tokens"] == 5 and a["gen_ai.request.n"] == 1
         assert 1 <= a["gen_ai.usage.completion_tokens"] <= 4 and a["gen_ai.request.max_tokens"] == 4

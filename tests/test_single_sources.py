@@ -112,6 +112,14 @@ def test_no_near_miss_of_an_alert_name_anywhere_in_the_code() -> None:
                     )
 
 
+def test_docs_list_every_alert_once() -> None:
+    """docs/alerts.md's table of alerts (with each rule's for:) has one row per alert, no more."""
+    text = (ROOT / "docs" / "alerts.md").read_text()
+    table = text.split("## The alerts\n", 1)[1].split("\n### ", 1)[0]
+    rows = re.findall(r"^\| ([A-Z][A-Za-z0-9]+) \|", table, re.M)
+    assert len(rows) == len(set(rows)) and set(rows) == alert_names(), sorted(set(rows) ^ alert_names())
+
+
 def test_the_rule_file_reader_is_the_tests_reader() -> None:
     assert alert_names() == set(rulefiles.alert_names())
     assert len(alert_names()) >= 15

@@ -1,4 +1,4 @@
-"""Which model a span's timings are reported under (vLLM v1 spans name none: engines.md §2)."""
+"""Which model a span's timings are reported under (vLLM v1 spans name none: vllm/v1/engine/output_processor.py)."""
 
 from __future__ import annotations
 

@@ -1,1 +1,2 @@
-"""Alert-rule tooling: the SLO burn-rate rule generator and the time-compressed test profile."""
+"""Alert-rule tooling: the rule-file reader (the source of alert names), the runbook/dashboard link generator,
+the SLO burn-rate rule generator and the time-compressed test profile."""

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.config import DEFAULT_SNAPSHOT_DIR
 from tests.procs import stop as stop_process
 
 UNREACHABLE = "192.0.2.1"  # TEST-NET-1: no route in the namespace, so connections fail immediately
@@ -460,7 +461,9 @@ def probe(services: Mapping[str, Service], work: Path) -> dict[str, Any]:
     out["status"] = json.loads(body) if code == 200 else body
     out["snapshot_with_scrape_token"] = http(f"{base}/api/v1/snapshots", scrape, "POST")[0]
     out["snapshot_with_operator_token"] = http(f"{base}/api/v1/snapshots", operator, "POST")
-    state = Path(agent.env["INFERWATCH_SNAPSHOTS__DIR"])
+    default = str(DEFAULT_SNAPSHOT_DIR).replace("~", agent.env.get("HOME", "/"), 1)
+    state = Path(agent.env.get("INFERWATCH_SNAPSHOTS__DIR") or default)
+    out["state_dir"] = str(state)
     files = sorted(p for p in state.parent.rglob("*") if p.is_file()) if state.parent.is_dir() else []
     out["state_files"] = [{"path": str(p), "uid": p.stat().st_uid} for p in files]
     code, body = http(f"{base}/runbooks")

@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -209,4 +208,3 @@ def test_the_run_is_bounded(report: dict[str, Any]) -> None:
 def test_upstream_image_facts_cover_every_image(rendered: dict[str, Any]) -> None:
     images = {s["image"].rsplit(":", 1)[0] for s in rendered["services"].values() if "build" not in s}
     assert images == set(UPSTREAM)
-    assert Path(ROOT / "Dockerfile").exists()

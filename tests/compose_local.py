@@ -8,9 +8,9 @@ the containers would see and starts each service from ``docker-compose config``'
   service's bind mounts and named volumes at their container paths, the inferwatch image's files
   (``COPY``, ``useradd --home-dir``, ``install -d -o``, read from the Dockerfile's final stage) and the
   upstream images' entrypoint binaries (Debian's builds, :data:`UPSTREAM`); the services run chrooted in it;
-- one network: ``lo`` only, every started service's name → 127.0.0.1 in ``/etc/hosts`` (their ports must
-  not collide, which is checked), services that cannot start here → 192.0.2.1 (TEST-NET-1, unroutable:
-  connections fail at once, as to a stopped container);
+- one network: ``lo`` only, every started service's name → 127.0.0.1 in ``/etc/hosts`` (so the started
+  services must not share a port: one would fail to bind and never become healthy), services that cannot
+  start here → 192.0.2.1 (TEST-NET-1, unroutable: connections fail at once, as to a stopped container);
 - each process: the image's ENTRYPOINT/CMD unless compose overrides them, the image's ENV then compose's
   ``environment``, the image's USER (or compose's ``user``) and WORKDIR; ``$$`` unescaped as the container
   sees it. Python is the test virtualenv's (the checkout, installed editable), not the image's wheel.

@@ -1,21 +1,47 @@
 # One image for the agent and the simulator (and the demo's load generator and alert sink).
 #   docker build -t inferwatch:0.1.0 .        (docker-compose.yml builds it for you)
-# Python 3.11 on Debian 12, pinned to a patch release; dependencies as declared in pyproject.toml.
-FROM python:3.11.11-slim-bookworm
+# Python 3.11 on Debian 12, pinned to a patch release. Two stages:
+#   build  builds the inferwatch wheel from this checkout (setuptools and wheel from requirements-build.lock)
+#   final  installs the dependencies from requirements.lock (exact versions, sha256-pinned: pip --require-hashes),
+#          then that wheel (not editable: runbooks, rules and dashboards come from the installed package), and
+#          runs as the unprivileged user inferwatch (10001) with its own HOME and state directory.
+# Regenerate the lock files after a dependency change: scripts/lock.sh (scripts/lock.sh --check in CI).
+# Checked without a Docker engine by tests/test_compose.py (the recipe) and tests/test_compose_processes.py.
 
+FROM python:3.11.11-slim-bookworm AS build
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY requirements-build.lock ./
+RUN pip install --require-hashes --no-deps -r requirements-build.lock
+COPY . .
+RUN pip wheel --no-deps --no-build-isolation --wheel-dir /wheels .
+
+FROM python:3.11.11-slim-bookworm
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
-
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HOME=/home/inferwatch \
+    INFERWATCH_SNAPSHOTS__DIR=/var/lib/inferwatch/snapshots
+COPY requirements.lock /tmp/requirements.lock
+RUN pip install --require-hashes --no-deps -r /tmp/requirements.lock && rm /tmp/requirements.lock
+COPY --from=build /wheels /tmp/wheels
+# --no-deps --no-index: nothing but the locked set above; pip check fails the build if the lock misses a dependency.
+RUN pip install --no-deps --no-index /tmp/wheels/inferwatch-*.whl && rm -r /tmp/wheels && pip check
+# The user's HOME is its own (py-spy and the default state directory write there); /var/lib/inferwatch holds the
+# agent's snapshots and profiles (a named volume in docker-compose.yml copies this ownership), /run/inferwatch
+# its API tokens (deploy/agent_entrypoint.py).
+RUN useradd --system --uid 10001 --user-group --home-dir /home/inferwatch --create-home --shell /usr/sbin/nologin \
+        inferwatch \
+    && install -d -o 10001 -g 10001 -m 0755 /var/lib/inferwatch /run/inferwatch
+# The demo's helpers (compose entrypoint, healthcheck, alert sink): scripts, not part of the package.
 WORKDIR /app
-COPY . /app
-# Editable install: runbooks/ and dashboards/json stay next to the code, where the agent looks for them.
-RUN pip install -e . \
-    && useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin inferwatch
+COPY deploy/agent_entrypoint.py deploy/healthcheck.py deploy/alert_sink.py /app/deploy/
 # The agent and the runtime run as the same user, so with CAP_SYS_PTRACE (docker-compose.yml) the agent can
 # read /proc/<pid> of the runtime and profile it with py-spy.
-USER 10001
+USER 10001:10001
+VOLUME ["/var/lib/inferwatch"]
 EXPOSE 8000 9435 4317 4318 9099
 ENTRYPOINT ["python", "-m", "agent"]
 CMD ["run", "--listen-address", "0.0.0.0"]

@@ -3,8 +3,9 @@
 docker-compose.yml mounts ``deploy/prometheus.yml``, ``alerts/*.rules.yml``, ``alerts/alertmanager.yml`` and
 ``deploy/otelcol.yaml``. The end-to-end tests use exactly these files: :func:`native_prometheus_config`
 loads ``deploy/prometheus.yml`` and replaces only what cannot be the same outside Docker (scrape targets,
-intervals, the rule-file directory, the Alertmanager address). tests/test_compose.py checks that the
-compose file mounts these same paths.
+intervals, the rule-file directory, the Alertmanager address, and the agent's token file: the native agents
+listen on loopback without tokens, so the job's ``authorization`` is dropped unless a token file is given).
+tests/test_compose.py checks that the compose file mounts these same paths.
 """
 
 from __future__ import annotations
@@ -38,8 +39,13 @@ def native_prometheus_config(
     *,
     interval: str = "1s",
     alertmanager: str | None = None,
+    token_file: Path | None = None,
 ) -> dict[str, Any]:
-    """deploy/prometheus.yml with ``targets`` per job (jobs not given get none) and local paths."""
+    """deploy/prometheus.yml with ``targets`` per job (jobs not given get none) and local paths.
+
+    ``token_file`` replaces the container path of every job's ``authorization.credentials_file``; without it
+    those jobs scrape without a token.
+    """
     cfg = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
     jobs = {j["job_name"] for j in cfg["scrape_configs"]}
     unknown = set(targets) - jobs
@@ -57,6 +63,11 @@ def native_prometheus_config(
         job["static_configs"] = [{"targets": list(targets.get(job["job_name"], []))}]
         job["scrape_interval"] = interval
         job["scrape_timeout"] = interval
+        if "credentials_file" in job.get("authorization", {}):
+            if token_file is None:
+                del job["authorization"]
+            else:
+                job["authorization"]["credentials_file"] = str(token_file)
     return cfg
 
 

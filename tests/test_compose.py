@@ -5,16 +5,24 @@
 - the Prometheus, Alertmanager and Collector files it mounts are the ones the end-to-end tests run natively
   (tests/stack.py), promtool accepts the Prometheus configuration, amtool the rendered Alertmanager one;
 - every ``host:port`` in the compose file and the mounted configs names a compose service and a port it
-  listens on.
+  listens on;
+- every service has a healthcheck and waits for its dependencies to be healthy; the agent's token reaches
+  Prometheus through a named volume; the agent's state lives on a named volume its image user owns;
+- the Dockerfile builds the wheel in one stage and installs it (not editable) in the next, from a lock file
+  with pinned hashes, as a non-root user; the wheel carries the runbooks the agent serves.
+
+tests/test_compose_processes.py starts the services themselves.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +31,11 @@ import pytest
 import yaml
 
 from tests import stack
+from tests.compose_local import dockerfile_image, volumes
 from tests.conftest import PYTHON, ROOT, free_port
+from tests.tools import require
 
 SERVICES = {"simulator", "loadgen", "agent", "otelcol", "prometheus", "alertmanager", "grafana", "pagerduty-sink"}
-DOCKER_COMPOSE = shutil.which("docker-compose")
-needs_compose = pytest.mark.skipif(DOCKER_COMPOSE is None, reason="docker-compose not installed (scripts/test.sh)")
 # Ports the upstream images listen on by default (their Dockerfiles' EXPOSE).
 IMAGE_PORTS = {"prometheus": {9090}, "alertmanager": {9093}, "grafana": {3000}}
 _HOSTPORT = re.compile(r"(?<![\w.-])([a-z][a-z0-9-]*):(\d{2,5})(?![\d:.])")  # host:port, not image:1.2 or a:1:2
@@ -35,10 +43,9 @@ _LOCAL = {"localhost", "127", "0", "service"}
 
 
 def _config(env: dict[str, str] | None = None, path: Path = stack.COMPOSE_FILE) -> dict[str, Any]:
-    assert DOCKER_COMPOSE is not None
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("INFERWATCH_", "PAGERDUTY_", "GRAFANA_"))}
     r = subprocess.run(
-        [DOCKER_COMPOSE, "-f", str(path), "config"],
+        [require("docker-compose"), "-f", str(path), "config"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -51,8 +58,6 @@ def _config(env: dict[str, str] | None = None, path: Path = stack.COMPOSE_FILE) 
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, Any]:
-    if DOCKER_COMPOSE is None:
-        pytest.skip("docker-compose not installed (scripts/test.sh installs it)")
     return _config()
 
 
@@ -69,14 +74,14 @@ def _binds(service: dict[str, Any]) -> list[tuple[Path, str]]:
     return out
 
 
-@needs_compose
 def test_docker_compose_config_validates_and_rejects_a_broken_file(tmp_path: Path) -> None:
-    r = subprocess.run([DOCKER_COMPOSE or "", "-f", str(stack.COMPOSE_FILE), "config", "-q"], cwd=ROOT, timeout=60)
+    compose = require("docker-compose")
+    r = subprocess.run([compose, "-f", str(stack.COMPOSE_FILE), "config", "-q"], cwd=ROOT, timeout=60)
     assert r.returncode == 0
     broken = tmp_path / "docker-compose.yml"
     broken.write_text(stack.COMPOSE_FILE.read_text().replace("  prometheus:\n", "  prometheus:\n    bogus_key: 1\n", 1))
     r2 = subprocess.run(
-        [DOCKER_COMPOSE or "", "-f", str(broken), "config", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [compose, "-f", str(broken), "config", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert r2.returncode != 0 and "bogus_key" in r2.stderr
 
@@ -120,9 +125,16 @@ def test_mounted_configs_are_the_files_the_e2e_tests_run(rendered: dict[str, Any
 
 
 def test_promtool_accepts_the_prometheus_config_and_its_rules(tmp_path: Path) -> None:
-    if shutil.which("promtool") is None:
-        pytest.skip("promtool not installed (scripts/test.sh installs prometheus)")
-    r = subprocess.run(["promtool", "check", "config", str(stack.PROMETHEUS_CONFIG)], capture_output=True, text=True)
+    require("promtool")
+    # The compose file as is, but for the token file (promtool checks it exists; in the stack the agent writes it).
+    # tests/test_compose_processes.py runs Prometheus on the unchanged file at its container path.
+    token = tmp_path / "scrape-token"
+    token.write_text("0123456789abcdef0123\n")
+    text = stack.PROMETHEUS_CONFIG.read_text()
+    assert text.count("/etc/prometheus/inferwatch/scrape-token") == 1
+    compose_copy = tmp_path / "compose-prometheus.yml"
+    compose_copy.write_text(text.replace("/etc/prometheus/inferwatch/scrape-token", str(token)))
+    r = subprocess.run(["promtool", "check", "config", str(compose_copy)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     native = tmp_path / "prometheus.yml"
     native.write_text(yaml.safe_dump(stack.native_prometheus_config({})))
@@ -133,8 +145,7 @@ def test_promtool_accepts_the_prometheus_config_and_its_rules(tmp_path: Path) ->
 
 @pytest.mark.parametrize("mode", ["no key (demo sink)", "env key", "secret file"])
 def test_alertmanager_entrypoint_renders_a_valid_config(tmp_path: Path, mode: str) -> None:
-    if shutil.which("amtool") is None:
-        pytest.skip("amtool not installed (scripts/test.sh installs prometheus-alertmanager)")
+    require("amtool")
     env = {"PATH": os.environ["PATH"], "ALERTMANAGER_STATE_DIR": str(tmp_path / "state")}
     key = "0123456789abcdef0123456789abcdef"
     if mode == "env key":
@@ -253,7 +264,6 @@ def test_agent_shares_the_runtime_pid_namespace_with_ptrace(rendered: dict[str, 
     assert agent["environment"]["INFERWATCH_ENGINE__METRICS_URL"] == "http://simulator:8000/metrics"
 
 
-@needs_compose
 @pytest.mark.parametrize("scenario", ["", "page_cache_pressure"])
 def test_scenario_is_selected_by_environment(scenario: str) -> None:
     cfg = _config({"INFERWATCH_SCENARIO": scenario} if scenario else {})
@@ -271,24 +281,15 @@ def test_scenario_is_selected_by_environment(scenario: str) -> None:
         assert argv[argv.index("--scenario") + 1] == scenario
     else:
         assert "--scenario" not in argv
-    names = _scenario_names()
-    if names is not None and scenario:
-        assert scenario in names
+    from simulator.scenarios import DEFAULTS
 
-
-def _scenario_names() -> set[str] | None:
-    try:
-        from simulator.scenarios import DEFAULTS  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        return None
-    return set(DEFAULTS)
+    if scenario:
+        assert scenario in DEFAULTS
 
 
 def test_demo_pages_reach_the_local_sink(tmp_path: Path) -> None:
     """The compose Alertmanager path without a key, run natively: entrypoint → Alertmanager → sink."""
-    binary = shutil.which("prometheus-alertmanager")
-    if binary is None:
-        pytest.skip("prometheus-alertmanager not installed (scripts/test.sh installs it)")
+    binary = require("prometheus-alertmanager")
     from tests.procs import running, wait_http
 
     sink_port, am_port = free_port(), free_port()
@@ -332,3 +333,275 @@ def test_demo_pages_reach_the_local_sink(tmp_path: Path) -> None:
     assert body["event_action"] == "trigger" and body["routing_key"] == "0" * 32
     assert "EngineDown" in body["payload"]["summary"]
     assert any(link["href"] == "http://localhost:9435/runbooks/EngineDown" for link in body.get("links", []))
+
+
+# --- health, token and state ------------------------------------------------------------------------------------
+
+
+def test_every_service_has_a_healthcheck_and_waits_for_healthy_dependencies(rendered: dict[str, Any]) -> None:
+    for name, svc in rendered["services"].items():
+        test = svc.get("healthcheck", {}).get("test")
+        assert test and test[0] in ("CMD", "CMD-SHELL") and len(test) > 1, f"{name}: no healthcheck"
+        deps = svc.get("depends_on", {})
+        assert isinstance(deps, dict), f"{name}: depends_on without conditions"
+        bad = {d: c for d, c in deps.items() if c.get("condition") != "service_healthy"}
+        assert not bad, f"{name} starts before these are healthy: {bad}"
+    order = {n: set(s.get("depends_on", {})) for n, s in rendered["services"].items()}
+    assert order["agent"] >= {"simulator"} and order["prometheus"] >= {"agent", "alertmanager"}
+    assert order["alertmanager"] == {"pagerduty-sink"} and order["grafana"] == {"prometheus"}
+
+
+def test_healthchecks_of_upstream_images_use_what_the_image_has(rendered: dict[str, Any]) -> None:
+    # prom/* and grafana ship busybox wget, not curl; the Collector image is its binary alone (FROM scratch).
+    for name in ("prometheus", "alertmanager", "grafana"):
+        assert rendered["services"][name]["healthcheck"]["test"][1] == "wget"
+    assert rendered["services"]["otelcol"]["healthcheck"]["test"][1:3] == ["/otelcol-contrib", "validate"]
+    built = [n for n, s in rendered["services"].items() if "build" in s]
+    for name in built:
+        test = rendered["services"][name]["healthcheck"]["test"]
+        assert test[1:3] == ["python", "/app/deploy/healthcheck.py"], name
+
+
+def _named(svc: dict[str, Any]) -> dict[str, tuple[str, bool]]:
+    """target → (volume name, read-only) of a service's named volumes."""
+    return {target: (src, ro) for src, target, ro, named in volumes(svc) if named}
+
+
+def test_agent_token_is_generated_on_a_volume_that_prometheus_reads(rendered: dict[str, Any]) -> None:
+    agent, prom = rendered["services"]["agent"], rendered["services"]["prometheus"]
+    assert agent["entrypoint"][:3] == ["python", "/app/deploy/agent_entrypoint.py", "/run/inferwatch"]
+    assert agent["entrypoint"][3:] == ["python", "-m", "agent"]
+    assert agent["command"][:3] == ["run", "--listen-address", "0.0.0.0"]
+    assert agent["environment"]["INFERWATCH_API__TOKENS_FILE"] == "/run/inferwatch/tokens"
+    assert agent["environment"]["INFERWATCH_API_TOKEN"] == ""  # from the user's environment or .env, else generated
+    volume, ro = _named(agent)["/run/inferwatch"]
+    assert not ro and volume in rendered["volumes"]
+    prom_mounts = {v: (t, r) for t, (v, r) in _named(prom).items()}
+    target, ro = prom_mounts[volume]
+    assert ro, "Prometheus must not be able to change the agent's tokens"
+    job = next(
+        j
+        for j in yaml.safe_load(stack.PROMETHEUS_CONFIG.read_text())["scrape_configs"]
+        if j["job_name"] == "inferwatch-agent"
+    )
+    assert job["authorization"]["credentials_file"] == f"{target}/scrape-token"
+    configured = _config({"INFERWATCH_API_TOKEN": "a-token-of-my-own-choosing"})["services"]["agent"]
+    assert configured["environment"]["INFERWATCH_API_TOKEN"] == "a-token-of-my-own-choosing"
+
+
+def test_agent_state_lives_on_a_named_volume_its_user_owns(rendered: dict[str, Any]) -> None:
+    image = dockerfile_image((ROOT / "Dockerfile").read_text())
+    snapshots = Path(image.env["INFERWATCH_SNAPSHOTS__DIR"])
+    agent = _named(rendered["services"]["agent"])
+    assert str(snapshots.parent) in agent and not agent[str(snapshots.parent)][1]
+    user = image.user
+    # Docker copies the image directory's ownership into a fresh named volume: the image must own both.
+    for target in agent:
+        assert image.owned_dirs.get(target) == user, f"{target} is not created for {user} in the Dockerfile"
+    assert image.owned_dirs.get(image.env["HOME"]) == user, "HOME must be the image user's own"
+    for name in ("prometheus", "alertmanager", "grafana"):
+        assert _named(rendered["services"][name]), f"{name} keeps its data in the container"
+
+
+def test_receiver_forwards_with_the_collectors_protocol_on_that_port(rendered: dict[str, Any]) -> None:
+    # An http(s):// endpoint is OTLP/HTTP (agent/config.py ReceiverSettings), served on the Collector's http port.
+    forward = rendered["services"]["agent"]["environment"]["INFERWATCH_RECEIVER__FORWARD_ENDPOINT"]
+    protocols = yaml.safe_load(stack.OTELCOL_CONFIG.read_text())["receivers"]["otlp"]["protocols"]
+    port = forward.rsplit(":", 1)[1].split("/")[0]
+    kind = "http" if forward.startswith(("http://", "https://")) else "grpc"
+    assert protocols[kind]["endpoint"].endswith(f":{port}"), f"{forward} is {kind}, the Collector's {kind} is elsewhere"
+
+
+# --- the image recipe -------------------------------------------------------------------------------------------
+
+
+def _stages() -> list[str]:
+    text = (ROOT / "Dockerfile").read_text()
+    stages = re.split(r"^(?=FROM )", text, flags=re.M)
+    return [s for s in stages if s.startswith("FROM ")]
+
+
+def test_dockerfile_builds_the_wheel_and_installs_it_not_editable() -> None:
+    build, final = _stages()
+    assert re.match(r"FROM python:\d+\.\d+\.\d+-slim-bookworm AS build\n", build)
+    assert re.search(r"^RUN pip install --require-hashes --no-deps -r requirements-build.lock$", build, re.M)
+    assert re.search(r"^RUN pip wheel --no-deps --no-build-isolation --wheel-dir /wheels \.$", build, re.M)
+    text = (ROOT / "Dockerfile").read_text()
+    assert not re.search(r"pip install[^\n]*(\s-e\s|--editable)", text), "the image must not install editable"
+    assert "COPY --from=build /wheels /tmp/wheels" in final
+    assert re.search(r"pip install --require-hashes --no-deps -r /tmp/requirements.lock", final)
+    assert re.search(r"pip install --no-deps --no-index /tmp/wheels/inferwatch-\*\.whl .*&& pip check", final)
+    # The final stage has no source tree: only the wheel and the demo's helper scripts reach it.
+    copies = re.findall(r"^COPY (?!--from)(.+)$", final, re.M)
+    assert copies == [
+        "requirements.lock /tmp/requirements.lock",
+        "deploy/agent_entrypoint.py deploy/healthcheck.py deploy/alert_sink.py /app/deploy/",
+    ]
+
+
+def test_image_runs_as_a_non_root_user_with_its_own_home() -> None:
+    image = dockerfile_image((ROOT / "Dockerfile").read_text())
+    uid, _, gid = image.user.partition(":")
+    assert int(uid) >= 1000 and int(gid) >= 1000
+    assert image.env["HOME"] == "/home/inferwatch" and image.owned_dirs["/home/inferwatch"] == image.user
+    assert image.entrypoint == ["python", "-m", "agent"]
+
+
+def _lock(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """name → (version, hashes) of a pip requirements file with hashes."""
+    joined = re.sub(r"\\\n\s*", " ", path.read_text())
+    out = {}
+    for line in joined.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.match(r"^([A-Za-z0-9._-]+)==(\S+)((?:\s+--hash=sha256:[0-9a-f]{64})+)\s*$", line)
+        assert m, f"{path.name}: not an exact pin with hashes: {line[:120]}"
+        out[m.group(1).lower().replace("_", "-").replace(".", "-")] = (
+            m.group(2),
+            re.findall(r"[0-9a-f]{64}", m.group(3)),
+        )
+    return out
+
+
+@pytest.mark.parametrize(
+    ("lock", "key"),
+    [("requirements.lock", ("project", "dependencies")), ("requirements-build.lock", ("build-system", "requires"))],
+)
+def test_lock_pins_every_requirement_with_hashes(lock: str, key: tuple[str, str]) -> None:
+    import tomllib  # Python 3.11, as the image and the test command
+    from packaging.requirements import Requirement
+
+    pins = _lock(ROOT / lock)
+    assert "scripts/lock.sh" in (ROOT / lock).read_text().splitlines()[1], "the header names the generating command"
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())[key[0]][key[1]]
+    for spec in map(Requirement, declared):
+        name = spec.name.lower().replace("_", "-").replace(".", "-")
+        assert name in pins, f"{lock} has no pin for {spec}: run scripts/lock.sh"
+        assert spec.specifier.contains(pins[name][0], prereleases=True), (
+            f"{lock}: {name}=={pins[name][0]} is not {spec}"
+        )
+    assert all(hashes for _, hashes in pins.values())
+    assert "inferwatch" not in pins  # the wheel is built, not locked
+
+
+def test_the_wheel_carries_the_runbooks_and_the_installed_agent_reads_them(tmp_path: Path) -> None:
+    """Depends on the package carrying its assets (issue 12, branch assets): fails until then, by design."""
+    src = tmp_path / "src"
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "tmp"),
+    )
+    wheels = tmp_path / "wheels"
+    r = subprocess.run(
+        [PYTHON, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(wheels), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    (wheel,) = wheels.glob("inferwatch-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    expected = sorted(p.name for p in (ROOT / "runbooks").glob("*.md"))
+    carried = sorted(Path(n).name for n in names if Path(n).parent.name == "runbooks" and n.endswith(".md"))
+    assert carried == expected, f"runbooks in {wheel.name}: {carried[:5]}... (expected {len(expected)})"
+    # Installed as the image installs it (not editable), outside the checkout: the agent's runbooks come from it.
+    site = tmp_path / "site"
+    r = subprocess.run(
+        [PYTHON, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    probe = (
+        "import json, agent; from agent.runbooks import Runbooks; r = Runbooks.load(); "
+        "print(json.dumps([agent.__file__, r.names(), r.read(r.names()[0]) if r.names() else None]))"
+    )
+    r = subprocess.run(
+        [PYTHON, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r}); {probe}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    agent_file, served, first = json.loads(r.stdout)
+    assert Path(agent_file).is_relative_to(site), f"agent imported from {agent_file}, not the installed wheel"
+    assert [f"{n}.md" for n in served] == expected, "the installed agent does not find the wheel's runbooks"
+    assert first == (ROOT / "runbooks" / expected[0]).read_text()
+
+
+# --- the demo's helper scripts (deploy/) ------------------------------------------------------------------------
+
+
+def _entrypoint(directory: Path, token: str | None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "INFERWATCH_API_TOKEN"}
+    if token is not None:
+        env["INFERWATCH_API_TOKEN"] = token
+    script = ROOT / "deploy" / "agent_entrypoint.py"
+    # The command it execs prints its argv: the agent would be started with exactly these arguments.
+    cmd = [PYTHON, str(script), str(directory), PYTHON, "-c", "import sys; print(sys.argv[1:])", "run", "--x"]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_agent_entrypoint_generates_keeps_and_accepts_a_configured_token(tmp_path: Path) -> None:
+    from agent.diag.auth import read_tokens_file
+
+    first = _entrypoint(tmp_path / "tokens", None)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == "['run', '--x']"
+    token = (tmp_path / "tokens" / "token").read_text().strip()
+    scrape = (tmp_path / "tokens" / "scrape-token").read_text().strip()
+    assert len(token) >= 40 and len(scrape) >= 40 and token != scrape
+    assert token not in first.stderr  # the log says where the token is, never the token
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "tokens").iterdir()}
+    assert modes == {"token": 0o600, "scrape-token": 0o644, "tokens": 0o600}
+    creds = {c.name: c for c in read_tokens_file(tmp_path / "tokens" / "tokens")}  # the agent's own parser
+    assert creds["operator"].token.decode() == token and creds["operator"].scopes == {"read", "snapshots", "profile"}
+    assert creds["prometheus"].token.decode() == scrape and creds["prometheus"].scopes == {"read"}
+    assert _entrypoint(tmp_path / "tokens", None).returncode == 0  # a restart keeps both
+    assert (tmp_path / "tokens" / "token").read_text().strip() == token
+    assert (tmp_path / "tokens" / "scrape-token").read_text().strip() == scrape
+    assert _entrypoint(tmp_path / "tokens", "my-own-token-0123456789").returncode == 0
+    assert (tmp_path / "tokens" / "token").read_text().strip() == "my-own-token-0123456789"
+    assert (tmp_path / "tokens" / "scrape-token").read_text().strip() == scrape
+    short = _entrypoint(tmp_path / "tokens", "short")
+    assert short.returncode == 2 and "at least 16" in short.stderr and short.stdout == ""
+
+
+def test_healthcheck_script_needs_2xx_from_every_url_with_the_token(tmp_path: Path) -> None:
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            ok = self.path == "/ok" or (self.path == "/auth" and self.headers.get("Authorization") == "Bearer t0k3n")
+            self.send_response(200 if ok else 401 if self.path == "/auth" else 503)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    (tmp_path / "token").write_text("t0k3n\n")
+    script = str(ROOT / "deploy" / "healthcheck.py")
+
+    def check(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PYTHON, script, *args], capture_output=True, text=True, timeout=30)
+
+    try:
+        assert check(f"{base}/ok").returncode == 0
+        assert check("--bearer-file", str(tmp_path / "token"), f"{base}/ok", f"{base}/auth").returncode == 0
+        refused = check(f"{base}/ok", f"{base}/auth")
+        assert refused.returncode == 1 and "HTTP 401" in refused.stderr
+        assert "HTTP 503" in check(f"{base}/down").stderr
+        port = free_port()
+        assert check(f"http://127.0.0.1:{port}/").returncode == 1  # nothing listening
+        assert check("--bearer-file", str(tmp_path / "missing"), f"{base}/ok").returncode == 1
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -20,6 +20,7 @@ PACKAGES = {
     "amtool": "prometheus-alertmanager",
     "docker-compose": "docker-compose",
     "objdump": "binutils",
+    "unshare": "util-linux",
 }
 
 

@@ -1,7 +1,7 @@
 """The node's hardware identity, read once at start for OTLP resource attributes and the status API.
 
 Reads ``<procfs>/cpuinfo`` (through :mod:`agent.host.cpucap`, so arm64 nodes, which print no
-"model name", are named from implementer/part: "Neoverse V1 (AWS Graviton3)"),
+"model name", are named from implementer/part: "Arm Neoverse-V1", with the product only on DMI evidence),
 ``<procfs>/sys/kernel/osrelease`` and ``<sysfs>/class/dmi/id/product_name`` (the instance type on AWS).
 Attribute names follow the OpenTelemetry host.* / os.* conventions. Missing files leave fields out.
 """

@@ -1,4 +1,4 @@
-"""The CPU analysis over 76 real cpuinfo dumps (tests/fixtures/cpuinfo/corpus/) against a golden table.
+"""The CPU analysis over 84 real cpuinfo dumps (tests/fixtures/cpuinfo/corpus/) against a golden table.
 
 Update switch, after a deliberate change: ``python -m tests.cpu_corpus --update`` (or
 ``INFERWATCH_UPDATE_GOLDEN=1 pytest tests/test_cpu_corpus.py``) rewrites verdicts.tsv and the table in

@@ -15,6 +15,9 @@ from pathlib import Path
 from agent.errors import InferwatchError
 from agent.host.cpucap import read_cpu_capability
 
+# The kernel's architecture (agent.host.cpuinfo.normalise_arch) -> OpenTelemetry host.arch values.
+_OTEL_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "arm": "arm32", "ppc64le": "ppc64", "ppc": "ppc32", "i686": "x86"}
+
 
 def _read(path: Path) -> str:
     try:
@@ -38,7 +41,7 @@ def node_identity(procfs: Path, sysfs: Path) -> dict[str, str]:
         pass
     else:
         info = cap.info
-        ident["host.arch"] = {"x86_64": "amd64", "aarch64": "arm64"}.get(info.arch, ident["host.arch"])
+        ident["host.arch"] = _OTEL_ARCH.get(info.arch, info.arch if info.arch != "unknown" else ident["host.arch"])
         ident["host.cpu.model.name"] = cap.cpu_model
         ident["host.cpu.vendor.id"] = info.vendor
         if info.family is not None:

@@ -97,7 +97,7 @@ def test_loongarch_has_features_and_is_not_aarch64() -> None:
     text = _dump("util-linux_loongarch-loongson_3a5000_hv").cpuinfo.read_text()
     info = parse_cpuinfo(text, "loongarch64")
     assert info.arch == "loongarch64" and "lasx" in info.flags and info.logical_cpus == 4
-    assert identify(info).name == "unknown CPU (loongarch64: Loongson-3A5000-HV)"
+    assert identify(info).name == "Loongson-3A5000-HV" and not identify(info).known
 
 
 def test_product_names_need_dmi_evidence() -> None:
@@ -201,3 +201,14 @@ def test_sources_tsv_is_well_formed() -> None:
         rows = list(csv.reader(fh, delimiter="\t"))
     assert rows[0] == ["name", "machine", "repo", "path", "commit", "licence", "note"]
     assert all(len(r) == 7 for r in rows)
+
+
+def test_node_identity_takes_the_kernels_architecture(tmp_path: Path) -> None:
+    from agent.identity import node_identity
+
+    d = _dump("util-linux_s390-lpar")
+    ident = node_identity(_procfs(tmp_path, d.cpuinfo.read_text(), d.machine), tmp_path / "nosys")
+    assert ident["host.arch"] == "s390x" and ident["host.cpu.vendor.id"] == "IBM/S390"
+    d = _dump("pytorch-cpuinfo_raspberrypi")
+    ident = node_identity(_procfs(tmp_path / "pi", d.cpuinfo.read_text(), d.machine), tmp_path / "nosys")
+    assert ident["host.arch"] == "arm32" and ident["host.cpu.model.name"] == "Arm ARM1176"

@@ -338,7 +338,7 @@ def cpu_feature_verdict(cap: CpuCapability) -> Finding:
         return Finding(
             "cpu.features",
             "skip",
-            f"unknown CPU: {cap.cpu_model} on a {cap.info.machine or cap.info.arch} kernel; no built-in SIMD "
+            f"unknown CPU: {cap.cpu_model} ({cap.info.machine or cap.info.arch} kernel); no built-in SIMD "
             "expectations for this architecture (list them in cpu.expect_features to gate on them)",
             ev,
             RUNBOOK,

@@ -268,5 +268,4 @@ def identify(info: CpuInfo, dmi: Dmi | None = None) -> CpuIdentity:
         return _arm_identity(info, dmi or Dmi())
     if info.arch == "x86_64":
         return _x86_identity(info)
-    label = info.model_name or info.vendor
-    return CpuIdentity(f"unknown CPU ({info.arch}{': ' + label if label else ''})", frozenset(), False)
+    return CpuIdentity(info.model_name or info.vendor or f"unknown {info.arch} CPU", frozenset(), False)

@@ -285,6 +285,15 @@ def test_answers_of_another_kernel_are_not_attributed(tmp_path: Path, probe: Fak
     assert "amx" not in findings[0].evidence
 
 
+def test_a_32_bit_arm_kernel_is_the_same_kernel_as_its_uname(tmp_path: Path) -> None:
+    """uname says armv7l, the architecture is "arm": that is the running kernel, not another one."""
+    text = "processor\t: 0\nFeatures\t: half thumb neon\nCPU implementer\t: 0x41\nCPU part\t: 0xd08\n"
+    procfs = _tree(tmp_path, text, **{"sys/kernel/arch": "armv7l\n"})
+    cap = read_cpu_capability(procfs, tmp_path / "nosys", probe=FakeProbe(arch="armv7l"))
+    assert cap.info.arch == "arm" and cap.live is not None and cap.live_note == ""
+    assert cap.cpu_model == "Arm Cortex-A72"  # never "AWS Graviton" without DMI
+
+
 # --- SVE vector length through prctl -------------------------------------------------------------------
 
 

@@ -1,7 +1,7 @@
 """The node's hardware identity, read once at start for OTLP resource attributes and the status API.
 
 Reads ``<procfs>/cpuinfo`` (through :mod:`agent.host.cpucap`, so arm64 nodes, which print no
-"model name", are named from implementer/part: "Neoverse V1 (AWS Graviton3)"),
+"model name", are named from implementer/part: "Arm Neoverse-V1", with the product only on DMI evidence),
 ``<procfs>/sys/kernel/osrelease`` and ``<sysfs>/class/dmi/id/product_name`` (the instance type on AWS).
 Attribute names follow the OpenTelemetry host.* / os.* conventions. Missing files leave fields out.
 """
@@ -14,6 +14,9 @@ from pathlib import Path
 
 from agent.errors import InferwatchError
 from agent.host.cpucap import read_cpu_capability
+
+# The kernel's architecture (agent.host.cpuinfo.normalise_arch) -> OpenTelemetry host.arch values.
+_OTEL_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "arm": "arm32", "ppc64le": "ppc64", "ppc": "ppc32", "i686": "x86"}
 
 
 def _read(path: Path) -> str:
@@ -38,7 +41,7 @@ def node_identity(procfs: Path, sysfs: Path) -> dict[str, str]:
         pass
     else:
         info = cap.info
-        ident["host.arch"] = {"x86_64": "amd64", "aarch64": "arm64"}.get(info.arch, ident["host.arch"])
+        ident["host.arch"] = _OTEL_ARCH.get(info.arch, info.arch if info.arch != "unknown" else ident["host.arch"])
         ident["host.cpu.model.name"] = cap.cpu_model
         ident["host.cpu.vendor.id"] = info.vendor
         if info.family is not None:

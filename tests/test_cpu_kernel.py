@@ -44,9 +44,10 @@ from agent.host.hwcap import (
 from agent.runner import validate
 from agent.samples import Finding
 from tests.conftest import FIXTURES, PYTHON, ROOT
+from tests.test_cpu import machine_of
 
 CPU = FIXTURES / "cpuinfo"
-ARM_FIXTURES = sorted(p.stem for p in CPU.glob("*.txt") if parse_cpuinfo(p.read_text()).arch == "aarch64")
+ARM_FIXTURES = sorted(p.stem for p in CPU.glob("*.txt") if machine_of(p.read_text()) == "aarch64")
 BOOT_ID = "5b1d3c1e-0000-4000-8000-000000000001"
 SPR = "x86_sapphirerapids_xeon_platinum_8480plus"
 # XSAVE masks: x87|SSE|AVX|opmask|ZMM_Hi256|Hi16_ZMM = 0xe7 (an AVX-512 host); + XTILECFG (17), XTILEDATA (18)
@@ -75,6 +76,7 @@ def _tree(tmp_path: Path, cpuinfo: str, auxv: bytes | None = None, boot_id: str 
     root = tmp_path / "proc"
     root.mkdir(parents=True, exist_ok=True)
     (root / "cpuinfo").write_text(cpuinfo)
+    extra.setdefault("sys/kernel/arch", machine_of(cpuinfo) + "\n")  # the kernel's architecture, as recorded
     if auxv is not None:
         (root / "self").mkdir(exist_ok=True)
         (root / "self" / "auxv").write_bytes(auxv)
@@ -168,7 +170,7 @@ def test_real_auxv_on_this_machine() -> None:
     machine = platform.machine()
     hw = read_hwcaps(Path("/proc"), machine)
     assert hw is not None
-    flags = parse_cpuinfo(Path("/proc/cpuinfo").read_text()).flags
+    flags = parse_cpuinfo(Path("/proc/cpuinfo").read_text(), platform.machine()).flags
     if machine == "x86_64":
         # AT_HWCAP is CPUID leaf 1 EDX here: bit 25 SSE, bit 26 SSE2, as /proc/cpuinfo says
         assert hw.features is None
@@ -189,7 +191,7 @@ def _cli(procfs: Path) -> dict[str, dict[str, object]]:
 
 def test_hwcap_agrees_with_a_healthy_graviton3(tmp_path: Path) -> None:
     text = (CPU / "graviton3_neoverse_v1.txt").read_text()
-    w1, w2 = _words(parse_cpuinfo(text).flags)
+    w1, w2 = _words(parse_cpuinfo(text, machine_of(text)).flags)
     checks = _cli(_tree(tmp_path, text, pack_auxv({AT_HWCAP: w1, AT_HWCAP2: w2})))
     cpu = checks["cpu.features"]
     assert cpu["status"] == "ok"
@@ -203,7 +205,7 @@ def test_hwcap_agrees_with_a_healthy_graviton3(tmp_path: Path) -> None:
 
 def test_hwcap_has_sve_that_cpuinfo_lacks(tmp_path: Path) -> None:
     text = (CPU / "graviton3_neoverse_v1.txt").read_text()
-    w1, w2 = _words(parse_cpuinfo(text).flags)
+    w1, w2 = _words(parse_cpuinfo(text, machine_of(text)).flags)
     checks = _cli(_tree(tmp_path, _drop(text, "sve"), pack_auxv({AT_HWCAP: w1, AT_HWCAP2: w2})))
     cpu = checks["cpu.features"]
     assert cpu["status"] == "fail" and cpu["evidence"]["missing"] == ["sve"]
@@ -213,7 +215,7 @@ def test_hwcap_has_sve_that_cpuinfo_lacks(tmp_path: Path) -> None:
 
 def test_cpuinfo_has_sve2_that_hwcap_lacks(tmp_path: Path) -> None:
     text = (CPU / "neoverse_v2_likely_graviton4.txt").read_text()
-    w1, w2 = _words(parse_cpuinfo(text).flags - {"sve2"})
+    w1, w2 = _words(parse_cpuinfo(text, machine_of(text)).flags - {"sve2"})
     cpu = _cli(_tree(tmp_path, text, pack_auxv({AT_HWCAP: w1, AT_HWCAP2: w2})))["cpu.features"]
     assert cpu["status"] == "ok"
     assert cpu["evidence"]["hwcap"]["not_in_hwcap"] == ["sve2"]
@@ -283,6 +285,15 @@ def test_answers_of_another_kernel_are_not_attributed(tmp_path: Path, probe: Fak
     assert "amx" not in findings[0].evidence
 
 
+def test_a_32_bit_arm_kernel_is_the_same_kernel_as_its_uname(tmp_path: Path) -> None:
+    """uname says armv7l, the architecture is "arm": that is the running kernel, not another one."""
+    text = "processor\t: 0\nFeatures\t: half thumb neon\nCPU implementer\t: 0x41\nCPU part\t: 0xd08\n"
+    procfs = _tree(tmp_path, text, **{"sys/kernel/arch": "armv7l\n"})
+    cap = read_cpu_capability(procfs, tmp_path / "nosys", probe=FakeProbe(arch="armv7l"))
+    assert cap.info.arch == "arm" and cap.live is not None and cap.live_note == ""
+    assert cap.cpu_model == "Arm Cortex-A72"  # never "AWS Graviton" without DMI
+
+
 # --- SVE vector length through prctl -------------------------------------------------------------------
 
 
@@ -339,6 +350,6 @@ def test_real_amx_state_predicts_whether_a_process_may_use_amx() -> None:
     assert bool(perm >> 18 & 1) == amx.os_enabled
     # and the CLI on this host's /proc reports it (cpuinfo and boot_id are this kernel's)
     checks = _cli(Path("/proc"))
-    has_flags = "amx_tile" in parse_cpuinfo(Path("/proc/cpuinfo").read_text()).flags
+    has_flags = "amx_tile" in parse_cpuinfo(Path("/proc/cpuinfo").read_text(), platform.machine()).flags
     assert checks["cpu.amx"]["evidence"]["os_enabled"] is amx.os_enabled
     assert checks["cpu.amx"]["status"] == ("ok" if has_flags == amx.os_enabled else ("fail" if has_flags else "warn"))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -31,6 +30,7 @@ from dashboards.prove import Outcome, Prover
 from tests import stack
 from tests.conftest import FIXTURES, PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
+from tests.test_cpu import machine_of
 from tests.tools import require
 
 pytestmark = pytest.mark.integration
@@ -90,10 +90,19 @@ def _fake_procfs(root: Path, cpuinfo: str) -> Path:
     recorded cpuinfo: the CPU collector then sees that node's CPU model and SIMD flags."""
     root.mkdir(parents=True, exist_ok=True)
     for entry in os.listdir("/proc"):
-        if entry != "cpuinfo":
+        if entry not in ("cpuinfo", "sys"):
             with contextlib.suppress(OSError):
                 (root / entry).symlink_to(Path("/proc") / entry)
-    shutil.copyfile(FIXTURES / "cpuinfo" / f"{cpuinfo}.txt", root / "cpuinfo")
+    # /proc/sys likewise, except sys/kernel/arch: the recorded node's kernel architecture, not this host's.
+    for sub in ("", "kernel"):
+        (root / "sys" / sub).mkdir(parents=True, exist_ok=True)
+        for entry in os.listdir(Path("/proc/sys") / sub):
+            if entry not in ("kernel", "arch"):
+                with contextlib.suppress(OSError):
+                    (root / "sys" / sub / entry).symlink_to(Path("/proc/sys") / sub / entry)
+    text = (FIXTURES / "cpuinfo" / f"{cpuinfo}.txt").read_text()
+    (root / "cpuinfo").write_text(text)
+    (root / "sys" / "kernel" / "arch").write_text(machine_of(text) + "\n")
     return root
 
 

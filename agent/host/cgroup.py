@@ -12,6 +12,7 @@ from pathlib import Path
 
 from agent.errors import NoDataError
 from agent.host.pressure import PressureLine, read_pressure
+from agent.host.procfs import read_text
 
 SIZE_FIELDS = ("anon", "file", "inactive_file", "active_file", "shmem", "file_mapped", "file_dirty")
 EVENT_FIELDS = ("workingset_refault_file", "pgmajfault", "pgscan", "pgsteal")
@@ -29,7 +30,7 @@ class CgroupMemory:
 def cgroup_v2_path(procfs: Path, pid: int) -> str:
     path = procfs / str(pid) / "cgroup"
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = read_text(path)
     except OSError as exc:
         raise NoDataError(
             f"{path} cannot be read ({exc.strerror})", hint="run the agent in the host PID namespace"
@@ -42,11 +43,14 @@ def cgroup_v2_path(procfs: Path, pid: int) -> str:
     )
 
 
+_MAX_DIGITS = 40  # a u64 counter has 20; longer is not a counter (and int() refuses over 4300 digits)
+
+
 def parse_memory_stat(text: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit():
+        if len(parts) == 2 and parts[1].isascii() and parts[1].isdigit() and len(parts[1]) <= _MAX_DIGITS:
             out[parts[0]] = int(parts[1])
     return out
 

@@ -1,25 +1,32 @@
 """The node's CPU capability: identity, features present / expected / missing, and why one may be missing.
 
-Reads ``<procfs>/cpuinfo``, ``<procfs>/sys/kernel/osrelease``, ``<procfs>/cmdline``,
+Reads ``<procfs>/cpuinfo`` for the kernel's architecture (``machine`` when given, else
+``<procfs>/sys/kernel/arch``, else the running kernel's ``uname -m`` through the probe or
+:func:`platform.machine`), ``<procfs>/sys/kernel/osrelease``, ``<procfs>/cmdline``,
 ``<procfs>/sys/abi/sve_default_vector_length`` (bytes), ``<procfs>/self/auxv`` (AT_HWCAP/AT_HWCAP2,
-:mod:`agent.host.hwcap`), ``<procfs>/sys/kernel/random/boot_id`` and ``<sysfs>/class/dmi/id/{product_name,sys_vendor}``;
-when procfs is the running kernel's, also asks that kernel (:mod:`agent.host.cpuprobe`) whether AMX is
-enabled (x86_64) and the SVE vector length (arm64). Shared by the ``cpu`` collector and ``inferwatch
-doctor``, so the agent and the CI gate agree.
+:mod:`agent.host.hwcap`), ``<procfs>/sys/kernel/random/boot_id`` and
+``<sysfs>/class/dmi/id/{product_name,sys_vendor,board_vendor}``; when procfs is the running kernel's, also
+asks that kernel (:mod:`agent.host.cpuprobe`) whether AMX is enabled (x86_64) and the SVE vector length
+(arm64). Shared by the ``cpu`` collector and ``inferwatch doctor``, so the agent and the CI gate agree.
 
 Missing = expected − present, where expected = the built-in table for this CPU model ∪ the user's
-``cpu.expect_features``. Features are exact tokens (``sve`` is not ``sve2``).
+``cpu.expect_features``. Features are exact tokens (``sve`` is not ``sve2``). A missing feature is either
+kernel-gated (every ARM hwcap; x86 XSAVE state and AMX: the runtime cannot use it) or, on x86, one that
+runtimes read from CPUID themselves (the file may merely not name it): :func:`agent.host.cpumodels.kernel_gated`.
+An architecture without a table (s390x, ppc64le, riscv64, loongarch64, 32-bit ARM ...) is an "unknown CPU"
+note (``skip``), never a failure.
 """
 
 from __future__ import annotations
 
+import platform
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.errors import SourceFormatError
-from agent.host.cpuinfo import CpuInfo, read_cpuinfo
-from agent.host.cpumodels import CpuIdentity, identify
+from agent.host.cpuinfo import LAYOUT_BLOCKS, CpuInfo, read_cpuinfo
+from agent.host.cpumodels import CpuIdentity, Dmi, identify, kernel_gated
 from agent.host.cpuprobe import CpuProbe, LiveKernel, read_live
 from agent.host.hwcap import Hwcaps, compare, read_hwcaps
 from agent.samples import Finding
@@ -31,6 +38,7 @@ ARM_SVE_MIN_KERNEL = (4, 15)  # arm64 SVE support merged in 4.15
 X86_AMX_MIN_KERNEL = (5, 16)  # AMX (XFD dynamic xstate) support merged in 5.16
 _NOSVE = ("arm64.nosve", "id_aa64pfr0.sve=0")
 _HYPERVISOR_DMI = ("kvm", "qemu", "vmware", "virtualbox", "xen", "hvm domu", "firecracker", "microsoft")
+TABLE_ARCHES = ("x86_64", "aarch64")  # architectures with a table of expected features
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +56,8 @@ class CpuCapability:
     hwcap_error: str = ""  # auxv present but unreadable as pairs
     live: LiveKernel | None = None  # the running kernel's answers; None when procfs is not its tree
     live_note: str = ""  # why ``live`` is None ("" when no probe was given)
+    arch_source: str = ""  # where the architecture came from: "given", "<procfs>/sys/kernel/arch", "uname"
+    dmi: Dmi = field(default_factory=Dmi)
 
     @property
     def present(self) -> frozenset[str]:
@@ -75,17 +85,37 @@ def kernel_version(release: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+def kernel_machine(procfs: Path, probe: CpuProbe | None = None, machine: str | None = None) -> tuple[str, str]:
+    """(the kernel's ``uname -m``, where it came from): given, the tree's ``sys/kernel/arch``, or uname."""
+    if machine:
+        return machine, "given"
+    recorded = _read(procfs / "sys" / "kernel" / "arch", 64)
+    if recorded:
+        return recorded, "<procfs>/sys/kernel/arch"
+    return (probe.machine() if probe is not None else platform.machine()), "uname"
+
+
+def read_dmi(sysfs: Path) -> Dmi:
+    dmi = sysfs / "class" / "dmi" / "id"
+    return Dmi(_read(dmi / "sys_vendor", 256), _read(dmi / "product_name", 256), _read(dmi / "board_vendor", 256))
+
+
 def read_cpu_capability(
     procfs: Path,
     sysfs: Path,
     expect_features: list[str] | tuple[str, ...] = (),
     probe: CpuProbe | None = None,
+    machine: str | None = None,
 ) -> CpuCapability:
-    """Read everything above; ``probe`` (the live-kernel boundary) is consulted only when given."""
-    info = read_cpuinfo(procfs)
-    dmi = sysfs / "class" / "dmi" / "id"
-    product, vendor = _read(dmi / "product_name"), _read(dmi / "sys_vendor")
-    identity = identify(info, f"{vendor} {product}")
+    """Read everything above; ``probe`` (the live-kernel boundary) is consulted only when given.
+
+    ``machine``: the kernel's ``uname -m`` for a recorded tree; by default :func:`kernel_machine`.
+    """
+    arch_machine, arch_source = kernel_machine(procfs, probe, machine)
+    info = read_cpuinfo(procfs, arch_machine)
+    dmi = read_dmi(sysfs)
+    product, vendor = dmi.product_name, dmi.sys_vendor
+    identity = identify(info, dmi)
     vl_text = _read(procfs / "sys" / "abi" / "sve_default_vector_length")
     user = frozenset(f.strip().lower() for f in expect_features if f.strip())
     hwcaps, hwcap_error = None, ""
@@ -110,6 +140,8 @@ def read_cpu_capability(
         hwcap_error=hwcap_error,
         live=live,
         live_note=live_note,
+        arch_source=arch_source,
+        dmi=dmi,
     )
 
 
@@ -118,7 +150,14 @@ def cause_hints(cap: CpuCapability, missing: frozenset[str]) -> list[str]:
     hints: list[str] = []
     words = cap.cmdline.split()
     sve_like = {f for f in missing if f.startswith("sve")}
-    if sve_like:
+    sve_listed = "sve" in cap.info.flags  # the kernel runs SVE: never say otherwise
+    if sve_like and sve_listed:
+        hints.append(
+            f"the kernel lists sve, so SVE is enabled; it does not list {', '.join(sorted(sve_like))}: the kernel "
+            "is too old to report these hwcaps (bf16/i8mm ones need 5.10 on Graviton) or a hypervisor/firmware "
+            "CPU template masks them"
+        )
+    elif sve_like:
         hit = [w for w in words if w in _NOSVE]
         if hit:
             hints.append(f"kernel command line has {' '.join(hit)}: SVE is disabled at boot; remove it and reboot")
@@ -141,7 +180,7 @@ def cause_hints(cap: CpuCapability, missing: frozenset[str]) -> list[str]:
         hints.append(f"kernel command line has {' '.join(clear)}: those CPUID features are masked at boot")
     version = kernel_version(cap.kernel_release)
     if version is not None:
-        if cap.info.arch == "aarch64" and sve_like and version < ARM_SVE_MIN_KERNEL:
+        if cap.info.arch == "aarch64" and sve_like and not sve_listed and version < ARM_SVE_MIN_KERNEL:
             hints.append(f"kernel {cap.kernel_release} is older than 4.15, which first supports SVE")
         arm_mm = missing & {"bf16", "i8mm", "svebf16", "svei8mm"}
         if cap.info.arch == "aarch64" and arm_mm and version < ARM_BF16_I8MM_MIN_KERNEL:
@@ -217,6 +256,15 @@ def _evidence(cap: CpuCapability) -> dict[str, object]:
         "expected": sorted(cap.expected),
         "kernel_release": cap.kernel_release,
     }
+    if cap.arch_source:
+        ev["arch_source"] = cap.arch_source
+    if info.layout != LAYOUT_BLOCKS:
+        ev["cpuinfo_layout"] = info.layout
+    dmi = {k: cap.dmi.field(k) for k in ("sys_vendor", "product_name", "board_vendor") if cap.dmi.field(k)}
+    if dmi:
+        ev["dmi"] = dmi
+    if cap.identity.product_evidence:
+        ev["product_evidence"] = cap.identity.product_evidence
     if info.family is not None:
         ev["x86_family_model_stepping"] = f"{info.family}/{info.model}/{info.stepping}"
     if info.core_types:
@@ -243,18 +291,55 @@ def _evidence(cap: CpuCapability) -> dict[str, object]:
     return ev
 
 
+def split_missing(cap: CpuCapability, missing: frozenset[str]) -> tuple[list[str], list[str]]:
+    """(kernel-gated: the runtime cannot use them, CPUID-read: only the file may lack them), sorted."""
+    gated = sorted(f for f in missing if kernel_gated(cap.info.arch, f))
+    return gated, sorted(missing - set(gated))
+
+
+_CPUID_NOTE = (
+    "runtimes read these from CPUID themselves, so their absence from /proc/cpuinfo alone does not mean a "
+    "slower path: a kernel too old to name a flag hides it from the file only, while a hypervisor CPU model "
+    "or clearcpuid= hides it from the runtime too"
+)
+
+
 def cpu_feature_verdict(cap: CpuCapability) -> Finding:
-    """ok: every expected feature present; fail: some missing; warn: no expectation known for this model."""
+    """ok: every expected feature present; fail: a kernel-gated one missing; warn: only CPUID-read ones
+    missing (x86), or no expectation known for this model; skip: an architecture without a table (unknown CPU).
+    """
     ev = _evidence(cap)
     missing = cap.missing
     if missing:
         ev["missing"] = sorted(missing)
         ev["hints"] = cause_hints(cap, missing)
+        gated, cpuid_read = split_missing(cap, missing)
+        if cap.info.arch == "x86_64":
+            ev["missing_kernel_gated"] = gated
+            ev["missing_cpuid_read"] = cpuid_read
+        if gated:
+            also = f"; not listed, read from CPUID by runtimes: {', '.join(cpuid_read)}" if cpuid_read else ""
+            return Finding(
+                "cpu.features",
+                "fail",
+                f"{cap.cpu_model}: expected SIMD features missing: {', '.join(gated)} "
+                f"(runtimes fall back to slower kernels without an error){also}",
+                ev,
+                RUNBOOK,
+            )
         return Finding(
             "cpu.features",
-            "fail",
-            f"{cap.cpu_model}: expected SIMD features missing: {', '.join(sorted(missing))} "
-            "(runtimes fall back to slower kernels without an error)",
+            "warn",
+            f"{cap.cpu_model}: /proc/cpuinfo does not list {', '.join(cpuid_read)}; {_CPUID_NOTE}",
+            ev,
+            RUNBOOK,
+        )
+    if not cap.expected and cap.info.arch not in TABLE_ARCHES:
+        return Finding(
+            "cpu.features",
+            "skip",
+            f"unknown CPU: {cap.cpu_model} ({cap.info.machine or cap.info.arch} kernel); no built-in SIMD "
+            "expectations for this architecture (list them in cpu.expect_features to gate on them)",
             ev,
             RUNBOOK,
         )

@@ -24,6 +24,8 @@ import platform
 from dataclasses import dataclass
 from typing import Protocol
 
+from agent.host.cpuinfo import normalise_arch
+
 ARCH_GET_XCOMP_SUPP = 0x1021
 ARCH_GET_XCOMP_PERM = 0x1022
 XFEATURE_XTILECFG = 17
@@ -176,7 +178,7 @@ def read_live(probe: CpuProbe, procfs_boot_id: str, arch: str) -> tuple[LiveKern
     if not running or running != procfs_boot_id:
         return None, "--path.procfs is not the running kernel's (boot_id differs or is absent)"
     machine = probe.machine()
-    if machine != arch:
+    if normalise_arch(machine) != arch:
         return None, f"cpuinfo says {arch}, the running kernel is {machine}"
     if arch == "x86_64":
         return LiveKernel(read_amx(probe), None), ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.errors import NoDataError, SourceFormatError
+from agent.host.procfs import read_text
 
 KIB = 1024
 _LEGACY_ROWS = frozenset({"total", "Mem", "Swap"})
@@ -37,7 +38,7 @@ def parse_meminfo(text: str) -> dict[str, int]:
 def read_meminfo(procfs: Path) -> dict[str, int]:
     path = procfs / "meminfo"
     try:
-        return parse_meminfo(path.read_text(encoding="ascii", errors="replace"))
+        return parse_meminfo(read_text(path))
     except FileNotFoundError:
         raise NoDataError(f"{path} does not exist", hint="point --path.procfs at the host's /proc") from None
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import NoDataError, SourceFormatError
+from agent.host.procfs import read_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +48,7 @@ def parse_pressure(text: str) -> dict[str, PressureLine]:
 
 def read_pressure(path: Path) -> dict[str, PressureLine]:
     try:
-        text = path.read_text(encoding="ascii", errors="replace")
+        text = read_text(path)
     except FileNotFoundError:
         raise NoDataError(
             f"{path} does not exist: this kernel has no PSI",

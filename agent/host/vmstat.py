@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.errors import NoDataError
+from agent.host.procfs import read_text
 
 # Modern name -> prefixes whose zoned/old variants are summed into it.
 EVENTS: dict[str, tuple[str, ...]] = {
@@ -23,7 +24,10 @@ def parse_vmstat(text: str) -> dict[str, int]:
     for line in text.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[1].lstrip("-").isdigit():
-            raw[parts[0]] = int(parts[1])
+            try:
+                raw[parts[0]] = int(parts[1])
+            except ValueError:  # digits int() does not take ("²"), or more than Python's 4300-digit limit
+                continue
     out: dict[str, int] = {}
     for event, prefixes in EVENTS.items():
         if event in raw:
@@ -46,6 +50,6 @@ def parse_vmstat(text: str) -> dict[str, int]:
 def read_vmstat(procfs: Path) -> dict[str, int]:
     path = procfs / "vmstat"
     try:
-        return parse_vmstat(path.read_text(encoding="ascii", errors="replace"))
+        return parse_vmstat(read_text(path))
     except FileNotFoundError:
         raise NoDataError(f"{path} does not exist", hint="point --path.procfs at the host's /proc") from None

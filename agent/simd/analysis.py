@@ -2,7 +2,9 @@
 
 Inputs per observation window (between two calls of :meth:`SimdAnalyzer.observe`):
 
-- capable: the CPU flag (``avx512f`` on x86, ``sve`` on AArch64) in ``<procfs>/cpuinfo``;
+- capable: the CPU flag (``avx512f`` on x86, ``sve`` on AArch64) reported by every CPU in ``<procfs>/cpuinfo``,
+  read for the kernel's architecture (``machine``, by default :func:`platform.machine`), never guessed from
+  which lines the file has;
 - code present: AVX-512 / SVE instructions in the executable code the runtime has mapped, outside the C
   library, the dynamic loader and other system libraries with their own AVX-512 code (OpenSSL, zlib: see
   ``_SYSTEM``) (:mod:`agent.simd.codescan`, cached per file);
@@ -26,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.errors import NoDataError
+from agent.errors import InferwatchError, NoDataError
+from agent.host.cpuinfo import read_cpuinfo
 from agent.simd import codescan, pmu
 from agent.simd.proc import (
     RECOMMENDED_TUNABLES,
-    cpu_flags,
     glibc_avx512_disabled,
     glibc_tunables,
     read_threads,
@@ -133,6 +135,13 @@ class SimdAnalyzer:
         # glibc reads GLIBC_TUNABLES once, at the process's start: read it once per process too.
         self._tunables: str | None = None
 
+    def _cpu_flags(self) -> set[str]:
+        """Flags every CPU reports, read as the kernel of ``machine`` writes cpuinfo (bounded read)."""
+        try:
+            return set(read_cpuinfo(self.procfs, self.machine).flags)
+        except (InferwatchError, OSError):
+            return set()
+
     def close(self) -> None:
         if self._pmu is not None:
             self._pmu.close()
@@ -174,7 +183,7 @@ class SimdAnalyzer:
         busy = (cpu_s - prev[1]) / window_s if prev and window_s > 0 else 0.0
         serving = prev is not None and busy >= self.busy_cpu
         if self._flags is None:
-            self._flags = cpu_flags(self.procfs)
+            self._flags = self._cpu_flags()
         flags = self._flags
         counts, anon, errors = self.code()
         code_by_file = {c.path: c.count for c in counts if _present(c)}

@@ -92,19 +92,6 @@ def glibc_avx512_disabled(tunables: str | None) -> bool:
     return all(flag in masked for flag in GLIBC_AVX512_OFF)
 
 
-def cpu_flags(procfs: Path) -> set[str]:
-    """CPU feature flags (x86 ``flags``, AArch64 ``Features``) of the first processor in cpuinfo."""
-    try:
-        text = (procfs / "cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return set(value.split())
-    return set()
-
-
 def _listening_inodes(procfs: Path, port: int) -> set[str]:
     inodes = set()
     for name in ("tcp", "tcp6"):

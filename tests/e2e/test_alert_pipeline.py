@@ -28,6 +28,7 @@ import pytest
 from tests.conftest import FIXTURES, PYTHON, ROOT, free_port
 from tests.e2e.harness import ROUTING_KEY, Delivery, EngineReplay, Pipeline, Sink, pipeline
 from tests.procs import running, wait_http
+from tests.test_cpu import machine_of
 
 pytestmark = pytest.mark.integration
 
@@ -130,6 +131,8 @@ def _procfs(root: Path, cpuinfo: str | None = None, cmdline: str = "BOOT_IMAGE=/
     (root / "cmdline").write_text(cmdline)
     if cpuinfo is not None:
         (root / "cpuinfo").write_text(cpuinfo)
+        (root / "sys" / "kernel").mkdir(parents=True)  # the recorded node's kernel architecture
+        (root / "sys" / "kernel" / "arch").write_text(machine_of(cpuinfo) + "\n")
     return root
 
 

@@ -1,0 +1,214 @@
+"""The CPU analysis over 84 real cpuinfo dumps (tests/fixtures/cpuinfo/corpus/) against a golden table.
+
+Update switch, after a deliberate change: ``python -m tests.cpu_corpus --update`` (or
+``INFERWATCH_UPDATE_GOLDEN=1 pytest tests/test_cpu_corpus.py``) rewrites verdicts.tsv and the table in
+docs/doctor.md from the same code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from agent.errors import InferwatchError, SourceFormatError
+from agent.host.cpucap import cpu_feature_verdict, read_cpu_capability
+from agent.host.cpuinfo import parse_cpuinfo
+from agent.host.cpumodels import Dmi, identify
+from tests import cpu_corpus
+from tests.conftest import PYTHON, ROOT
+from tests.test_cpu import _drop, _procfs
+
+UNKNOWN_ARCHES = {"s390x", "sparc64", "ppc", "ppc64", "ppc64le", "riscv64", "loongarch64", "armv6l", "armv7l"}
+
+
+def test_the_corpus_is_real_and_sourced() -> None:
+    dumps = cpu_corpus.dumps()
+    assert len(dumps) >= 60
+    assert {d.cpuinfo.name for d in dumps} == {p.name for p in cpu_corpus.CORPUS.glob("*.cpuinfo")}
+    for d in dumps:
+        assert d.repo and d.path and len(d.commit) == 40 and d.machine, d.name
+    machines = Counter(d.machine for d in dumps)
+    assert {"x86_64", "aarch64", "s390x", "ppc64le", "riscv64", "loongarch64", "sparc64", "armv6l"} <= set(machines)
+
+
+def test_verdicts_match_the_golden_table() -> None:
+    rows = cpu_corpus.verdicts()
+    if os.environ.get("INFERWATCH_UPDATE_GOLDEN") == "1":
+        cpu_corpus.write_golden(rows)
+    assert rows == cpu_corpus.read_golden(), "verdicts changed: review, then `python -m tests.cpu_corpus --update`"
+
+
+def test_docs_table_is_generated_from_the_same_rows() -> None:
+    rows = cpu_corpus.read_golden()
+    text = cpu_corpus.DOC.read_text(encoding="utf-8")
+    if os.environ.get("INFERWATCH_UPDATE_GOLDEN") == "1":
+        cpu_corpus.DOC.write_text(cpu_corpus.render_doc(text, rows), encoding="utf-8")
+        text = cpu_corpus.DOC.read_text(encoding="utf-8")
+    assert cpu_corpus.render_doc(text, rows) == text, "docs/doctor.md is stale: `python -m tests.cpu_corpus --update`"
+
+
+def test_unknown_architectures_are_a_note_never_a_failure() -> None:
+    for name, machine, status, _model, _missing in cpu_corpus.read_golden():
+        if machine in UNKNOWN_ARCHES:
+            assert status == "skip", (name, status)
+        assert status != "fail" or machine in ("aarch64", "x86_64"), name
+
+
+def _dump(name: str) -> cpu_corpus.Dump:
+    return next(d for d in cpu_corpus.dumps() if d.name == name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["util-linux_s390-lpar", "util-linux_sparc64", "pytorch-cpuinfo_raspberrypi", "util-linux_armv7"],
+)
+def test_doctor_gate_passes_unknown_layouts(tmp_path: Path, name: str) -> None:
+    """The real CLI: s390x, sparc64 and old ARM layouts are an 'unknown CPU' skip, exit 0, no SourceFormatError."""
+    d = _dump(name)
+    procfs = tmp_path / "proc"
+    (procfs / "sys" / "kernel").mkdir(parents=True)
+    (procfs / "cpuinfo").write_bytes(d.cpuinfo.read_bytes())
+    (procfs / "sys" / "kernel" / "arch").write_text(d.machine + "\n")
+    cmd = [PYTHON, "-m", "agent", "doctor", "--json", "--path.procfs", str(procfs), "--path.sysfs", str(tmp_path)]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    checks = {c["id"]: c for c in json.loads(r.stdout)["checks"]}
+    cpu = checks["cpu.features"]
+    assert cpu["status"] == "skip" and cpu["summary"].startswith("unknown CPU"), cpu
+    assert "SourceFormatError" not in r.stdout + r.stderr
+
+
+def test_old_arm_layout_without_processor_lines() -> None:
+    info = parse_cpuinfo(_dump("pytorch-cpuinfo_raspberrypi").cpuinfo.read_text(), "armv6l")
+    assert info.arch == "arm" and info.layout == "no 'processor' lines" and info.logical_cpus == 1
+    assert "vfp" in info.flags and info.core_types[0].part == 0xB76
+    # util-linux armv7: Features and CPU part printed once, after the processor blocks
+    info = parse_cpuinfo(_dump("util-linux_armv7").cpuinfo.read_text(), "armv7l")
+    assert info.logical_cpus == 2 and "neon" in info.flags and info.core_types[0].part == 0xC0F
+
+
+def test_loongarch_has_features_and_is_not_aarch64() -> None:
+    text = _dump("util-linux_loongarch-loongson_3a5000_hv").cpuinfo.read_text()
+    info = parse_cpuinfo(text, "loongarch64")
+    assert info.arch == "loongarch64" and "lasx" in info.flags and info.logical_cpus == 4
+    assert identify(info).name == "Loongson-3A5000-HV" and not identify(info).known
+
+
+def test_product_names_need_dmi_evidence() -> None:
+    a72 = parse_cpuinfo(_dump("archspec_linux-amazon-cortex_a72").cpuinfo.read_text(), "aarch64")
+    # A Raspberry Pi 4 is a Cortex-A72 too: without DMI it is never "AWS Graviton".
+    assert identify(a72).name == "Arm Cortex-A72"
+    assert identify(a72, Dmi("Raspberry Pi Foundation", "Raspberry Pi 4 Model B")).name == "Arm Cortex-A72"
+    graviton = identify(a72, Dmi("Amazon EC2", "a1.large"))
+    assert graviton.name == "AWS Graviton (Arm Cortex-A72)" and graviton.product_evidence == "sys_vendor=Amazon EC2"
+    n2 = parse_cpuinfo(_dump("archspec_linux-rhel9-neoverse_n2").cpuinfo.read_text(), "aarch64")
+    assert identify(n2).name == "Arm Neoverse-N2"
+    assert identify(n2, Dmi("Alibaba Cloud", "Alibaba Cloud ECS")).name == "Alibaba Yitian 710 (Arm Neoverse-N2)"
+    assert identify(n2, Dmi("Microsoft Corporation", "Virtual Machine")).name == "Azure Cobalt 100 (Arm Neoverse-N2)"
+    v1 = parse_cpuinfo(_dump("archspec_linux-amazon-neoverse_v1").cpuinfo.read_text(), "aarch64")
+    assert identify(v1, Dmi("Amazon EC2", "c7g.8xlarge")).name == "AWS Graviton3 (Arm Neoverse-V1)"
+    assert identify(v1, Dmi("Amazon EC2", "hpc7g.16xlarge")).name == "AWS Graviton3E (Arm Neoverse-V1)"
+
+
+def test_dmi_from_sysfs_reaches_the_verdict(tmp_path: Path) -> None:
+    d = _dump("archspec_linux-amazon-neoverse_v1")
+    procfs, sysfs = tmp_path / "proc", tmp_path / "sys"
+    (procfs / "sys" / "kernel").mkdir(parents=True)
+    (procfs / "cpuinfo").write_bytes(d.cpuinfo.read_bytes())
+    dmi = sysfs / "class" / "dmi" / "id"
+    dmi.mkdir(parents=True)
+    (dmi / "sys_vendor").write_text("Amazon EC2\n")
+    (dmi / "product_name").write_text("c7g.8xlarge\n")
+    finding = cpu_feature_verdict(read_cpu_capability(procfs, sysfs, machine="aarch64"))
+    assert finding.status == "ok" and finding.summary.startswith("AWS Graviton3 (Arm Neoverse-V1)")
+    assert finding.evidence["product_evidence"] == "sys_vendor=Amazon EC2"
+    assert finding.evidence["dmi"] == {"sys_vendor": "Amazon EC2", "product_name": "c7g.8xlarge"}
+    assert finding.evidence["arch_source"] == "given"
+
+
+def test_graviton3_listing_sve_is_never_told_it_has_no_sve(tmp_path: Path) -> None:
+    text = _drop(_dump("archspec_linux-amazon-neoverse_v1").cpuinfo.read_text(), "svebf16", "svei8mm")
+    cap = read_cpu_capability(_procfs(tmp_path, text, "aarch64"), tmp_path / "nosys")
+    finding = cpu_feature_verdict(cap)
+    assert finding.status == "fail" and finding.evidence["missing"] == ["svebf16", "svei8mm"]
+    hints = finding.evidence["hints"]
+    assert isinstance(hints, list) and hints
+    assert not any("without SVE support" in h or "CONFIG_ARM64_SVE" in h for h in hints), hints
+    assert any("lists sve" in h for h in hints)
+
+
+def test_x86_cpuid_read_flags_are_told_apart_from_kernel_gated(tmp_path: Path) -> None:
+    text = _dump("archspec_linux-unknown-sapphirerapids").cpuinfo.read_text()
+    only_cpuid = cpu_feature_verdict(
+        read_cpu_capability(_procfs(tmp_path / "a", _drop(text, "avx512_fp16", "avx_vnni"), "x86_64"), tmp_path)
+    )
+    assert only_cpuid.status == "warn" and "read these from CPUID" in only_cpuid.summary
+    assert only_cpuid.evidence["missing_cpuid_read"] == ["avx512_fp16", "avx_vnni"]
+    assert only_cpuid.evidence["missing_kernel_gated"] == []
+    gated = cpu_feature_verdict(
+        read_cpu_capability(_procfs(tmp_path / "b", _drop(text, "amx_tile", "avx512_vnni"), "x86_64"), tmp_path)
+    )
+    assert gated.status == "fail" and gated.evidence["missing_kernel_gated"] == ["amx_tile"]
+    assert gated.evidence["missing_cpuid_read"] == ["avx512_vnni"]
+
+
+def test_the_architecture_comes_from_the_kernel(tmp_path: Path) -> None:
+    """The same file read for two kernels: the kernel decides, not the lines (arch file, then uname)."""
+    text = _dump("util-linux_loongarch-loongson_3a5000_hv").cpuinfo.read_text()
+    procfs = _procfs(tmp_path, text, "loongarch64")
+    assert read_cpu_capability(procfs, tmp_path).info.arch == "loongarch64"
+    (procfs / "sys" / "kernel" / "arch").unlink()
+
+    class Probe:
+        def machine(self) -> str:
+            return "loongarch64"
+
+        def boot_id(self) -> str:
+            return ""
+
+        def arch_prctl_get(self, code: int) -> int:
+            raise OSError(22, "no")
+
+        def sve_get_vl(self) -> int:
+            raise OSError(22, "no")
+
+    cap = read_cpu_capability(procfs, tmp_path, probe=Probe())
+    assert cap.info.arch == "loongarch64" and cap.arch_source == "uname"
+    # the caller's machine wins: read for an x86 kernel it is an unknown x86 model, never "aarch64"
+    other = read_cpu_capability(procfs, tmp_path, machine="x86_64")
+    assert other.info.arch == "x86_64" and not other.identity.known and other.arch_source == "given"
+    with pytest.raises(SourceFormatError):  # and for an arm64 kernel a file without ARM lines is an error
+        parse_cpuinfo("no colon here\nbogus line\n", "aarch64")
+
+
+def test_every_dump_parses_for_every_kernel() -> None:
+    """No dump raises anything but the project's error, whichever kernel it is attributed to."""
+    for d in cpu_corpus.dumps():
+        text = d.cpuinfo.read_text(encoding="ascii", errors="replace")
+        for machine in ("x86_64", "aarch64", "armv7l", "s390x", "riscv64", ""):
+            with contextlib.suppress(InferwatchError):
+                parse_cpuinfo(text, machine)
+
+
+def test_sources_tsv_is_well_formed() -> None:
+    with cpu_corpus.SOURCES.open(newline="") as fh:
+        rows = list(csv.reader(fh, delimiter="\t"))
+    assert rows[0] == ["name", "machine", "repo", "path", "commit", "licence", "note"]
+    assert all(len(r) == 7 for r in rows)
+
+
+def test_node_identity_takes_the_kernels_architecture(tmp_path: Path) -> None:
+    from agent.identity import node_identity
+
+    d = _dump("util-linux_s390-lpar")
+    ident = node_identity(_procfs(tmp_path, d.cpuinfo.read_text(), d.machine), tmp_path / "nosys")
+    assert ident["host.arch"] == "s390x" and ident["host.cpu.vendor.id"] == "IBM/S390"
+    d = _dump("pytorch-cpuinfo_raspberrypi")
+    ident = node_identity(_procfs(tmp_path / "pi", d.cpuinfo.read_text(), d.machine), tmp_path / "nosys")
+    assert ident["host.arch"] == "arm32" and ident["host.cpu.model.name"] == "Arm ARM1176"

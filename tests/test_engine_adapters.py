@@ -19,7 +19,9 @@ QWEN = "Qwen/Qwen2.5-7B-Instruct"
 
 
 def parse(name: str, kind: str = "auto", model: str = "unknown") -> EngineReading:
-    return EngineParser(kind, model).parse((ENGINES / name).read_bytes())
+    body = (ENGINES / name).read_bytes()
+    # The DataDog copy of the vLLM capture lost the final newline every exporter writes (expfmt requires it).
+    return EngineParser(kind, model).parse(body if body.endswith(b"\n") else body + b"\n")
 
 
 def independent(name: str) -> dict[str, list[tuple[dict[str, str], float]]]:

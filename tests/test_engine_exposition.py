@@ -162,4 +162,4 @@ def test_detection_from_the_exposition() -> None:
     for name, kind in expected.items():
         assert detect((ENGINES / name).read_text()) == kind, name
     assert detect("<html><body>hello</body></html>") is None
-    assert detect("ray_vllm:num_requests_running 1\n") is None
+    assert detect("ray_vllm:num_requests_running 1\n") == "vllm"  # Ray Serve's re-export

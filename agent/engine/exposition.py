@@ -358,8 +358,12 @@ class ExpositionReader:
         # "name{labels}" → (name, labels, series id, keep, bad bound); series id: one int per distinct series;
         # bad bound: "le" or "quantile" when that label is not a number (an error in a histogram/summary)
         self._heads: dict[str, tuple[str, Labels, int, bool, str | None]] = {}
-        self._series: dict[tuple[str, frozenset[tuple[str, str]]], int] = {}
-        self._labels: dict[Labels, Labels] = {}  # interned label tuples (the adapters memoise by identity)
+        self._series: dict[tuple[str, int], int] = {}  # (name, canonical label id) → series id
+        # interned label tuples (the adapters memoise by identity) → (labels, bad bound, canonical id)
+        self._labels: dict[Labels, tuple[Labels, str | None, int]] = {}
+        self._canon: dict[frozenset[tuple[str, str]], int] = {}  # label set in any order → one id
+        self._raw: dict[str, tuple[Labels, str | None, int]] = {}  # label text of plain heads → _intern()
+        self._names: dict[str, str] = {}  # metric names checked valid, one object each (cheap `is` tests)
 
     def read(self, text: str, openmetrics: bool | None = None) -> Exposition:
         om = is_openmetrics(text) if openmetrics is None else openmetrics
@@ -378,10 +382,13 @@ class ExpositionReader:
 
     def _read(self, lines: list[str], om: bool) -> Exposition:
         heads = self._heads
-        if len(heads) >= MAX_LABEL_CACHE_ENTRIES:
+        if len(heads) >= MAX_LABEL_CACHE_ENTRIES or len(self._series) >= MAX_LABEL_CACHE_ENTRIES:
             heads.clear()
             self._series.clear()
             self._labels.clear()
+            self._raw.clear()
+            self._canon.clear()
+            self._names.clear()
         out: dict[str, Series] = {}
         types: dict[str, str] = {}
         helps: set[str] = set()
@@ -412,19 +419,30 @@ class ExpositionReader:
                     raise self._error(lines, line, f"value {val[:40]!r} is not a number") from None
                 ts = None
             else:
+                fast = None if om else self._plain_head(head)
                 try:
-                    parsed = parse_line(line, om)
-                except _LineError as exc:
-                    raise self._error(lines, line, str(exc), exc.reason) from None
-                name, labels, value, ts = parsed.name, parsed.labels, parsed.value, parsed.timestamp
-                labels = self._labels.setdefault(labels, labels)
-                key = (name, frozenset(labels))
+                    value = parse_float(val) if fast is not None else math.nan
+                except ValueError:
+                    fast = None
+                if fast is not None:
+                    name, labels, bad, canon = fast
+                    ts = None
+                    plain = True
+                else:
+                    try:
+                        parsed = parse_line(line, om)
+                    except _LineError as exc:
+                        raise self._error(lines, line, str(exc), exc.reason) from None
+                    name, labels, value, ts = parsed.name, parsed.labels, parsed.value, parsed.timestamp
+                    name = self._names.setdefault(name, name)
+                    labels, bad, canon = self._intern(labels)
+                    plain = parsed.plain and not om
+                key = (name, canon)
                 sid = self._series.get(key, -1)
                 if sid < 0:
                     sid = self._series[key] = len(self._series)
                 keep = name in self.wanted
-                bad = _bad_bound(labels)
-                if parsed.plain and not om:
+                if plain:
                     heads[head] = (name, labels, sid, keep, bad)
             if name is not last_name:
                 sampled.add(name)
@@ -454,6 +472,46 @@ class ExpositionReader:
                     series.append((labels, value))
                 matched += 1
         return Exposition(out, len(lines), matched, types)
+
+    def _intern(self, labels: Labels) -> tuple[Labels, str | None, int]:
+        """One object per label tuple, its bad bound, and an id shared by every order of the same labels."""
+        hit = self._labels.get(labels)
+        if hit is None:
+            canon = self._canon.setdefault(frozenset(labels), len(self._canon))
+            hit = self._labels[labels] = (labels, _bad_bound(labels), canon)
+        return hit
+
+    def _plain_head(self, head: str) -> tuple[str, Labels, str | None, int] | None:
+        """``name`` or ``name{a="x",b="y"}`` exactly (no blanks, escapes or quoted names), else None.
+
+        The common shape, parsed by splitting on quotes; anything else goes to :func:`parse_line`,
+        which is the authority (this only accepts what it accepts, and reads it the same way).
+        """
+        brace = head.find("{")
+        names = self._names
+        if brace == -1:
+            name = names.get(head)
+            if name is None:
+                if _METRIC_NAME.fullmatch(head) is None:
+                    return None
+                name = names[head] = head
+            return (name, *self._intern(()))
+        if not head.endswith("}"):
+            return None
+        text = head[:brace]
+        name = names.get(text)
+        if name is None:
+            if _METRIC_NAME.fullmatch(text) is None:
+                return None
+            name = names[text] = text
+        raw = head[brace + 1 : -1]
+        hit = self._raw.get(raw)
+        if hit is None:
+            labels = _plain_labels(raw)
+            if labels is None:
+                return None
+            hit = self._raw[raw] = self._intern(labels)
+        return (name, *hit)
 
     def _comment(
         self,
@@ -507,6 +565,39 @@ class ExpositionReader:
         # Line numbers are only computed on the error path (never in the loop).
         lineno = next((i + 1 for i, candidate in enumerate(lines) if candidate is line), 0)
         return ExpositionError(f"line {lineno}: {why}: {line[:120]!r}", lineno, lineno == len(lines), reason)
+
+
+_VALID_LABEL_NAMES: set[str] = set()  # names that passed the check (a few dozen in practice)
+
+
+def _plain_labels(raw: str) -> Labels | None:
+    """``a="x",b="y"`` (optionally one trailing comma) without blanks or escapes, else None."""
+    if "\\" in raw:
+        return None
+    pieces = raw.split('"')
+    if len(pieces) % 2 == 0:
+        return None
+    out = []
+    for k in range(0, len(pieces) - 1, 2):
+        head = pieces[k]
+        if k:
+            if not head.startswith(","):
+                return None
+            head = head[1:]
+        if not head.endswith("="):
+            return None
+        lname = head[:-1]
+        if lname not in _VALID_LABEL_NAMES:
+            if _LABEL_NAME.fullmatch(lname) is None or lname == "__name__" or len(_VALID_LABEL_NAMES) > 10_000:
+                return None
+            _VALID_LABEL_NAMES.add(lname)
+        out.append((lname, pieces[k + 1]))
+    tail = pieces[-1]
+    if tail != "" and (tail != "," or not out):
+        return None
+    if len(out) > 1 and len({k for k, _ in out}) != len(out):
+        return None  # duplicate label names: parse_line says so
+    return tuple(out)
 
 
 def _bad_bound(labels: Labels) -> str | None:

@@ -511,7 +511,7 @@ class ExpositionReader:
             if labels is None:
                 return None
             hit = self._raw[raw] = self._intern(labels)
-        return (name, *hit)
+        return name, hit[0], hit[1], hit[2]
 
     def _comment(
         self,
@@ -595,7 +595,7 @@ def _plain_labels(raw: str) -> Labels | None:
     tail = pieces[-1]
     if tail != "" and (tail != "," or not out):
         return None
-    if len(out) > 1 and len({k for k, _ in out}) != len(out):
+    if len(out) > 1 and len(dict(out)) != len(out):
         return None  # duplicate label names: parse_line says so
     return tuple(out)
 

@@ -34,7 +34,6 @@ REASONS = ("parse", "duplicate_series", "type_conflict", "negative_value", "open
 MAX_LABEL_CACHE_ENTRIES = 200_000  # a bound on memory when series churn (each entry ~ one series)
 MAX_EXEMPLAR_LABEL_CHARS = 128  # OpenMetrics 1.0: exemplar label names and values together
 TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped", "gauge_histogram", "gaugehistogram"})
-OM_TYPES = frozenset({"counter", "gauge", "histogram", "gaugehistogram", "summary", "info", "stateset", "unknown"})
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -261,10 +260,10 @@ def parse_line(line: str, om: bool = False) -> Line:
     if i < n and (line[i] == '"' or _METRIC_NAME.match(line, i)):
         name, i = metric_name_at(line, i, om)
     labels: Labels = ()
-    braces = (i < n and line[i] == "{") or (not om and line[_skip(line, i, om) : _skip(line, i, om) + 1] == "{")
+    j = _skip(line, i, om)  # expfmt allows blanks before "{"; OpenMetrics does not (_skip is a no-op)
+    braces = j < n and line[j] == "{"
     if braces:
-        i = _skip(line, i, om)
-        inner, labels, i = _labels(line, i + 1, om)
+        inner, labels, i = _labels(line, j + 1, om)
         if inner is not None:
             if name is not None:
                 raise _LineError("metric name given twice")

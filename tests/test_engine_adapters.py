@@ -19,7 +19,9 @@ QWEN = "Qwen/Qwen2.5-7B-Instruct"
 
 
 def parse(name: str, kind: str = "auto", model: str = "unknown") -> EngineReading:
-    return EngineParser(kind, model).parse((ENGINES / name).read_bytes())
+    body = (ENGINES / name).read_bytes()
+    # The DataDog copy of the vLLM capture lost the final newline every exporter writes (expfmt requires it).
+    return EngineParser(kind, model).parse(body if body.endswith(b"\n") else body + b"\n")
 
 
 def independent(name: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -159,3 +161,110 @@ def test_multiple_models_stay_apart() -> None:
     gen.observe(5, model="b")
     r = EngineParser().parse(gen.text().encode())
     assert cumulative(r, "a", "e2e")[math.inf] == 6 and cumulative(r, "b", "e2e")[math.inf] == 15
+
+
+def test_ray_serve_vllm_re_export_is_read_as_vllm() -> None:
+    r = parse("ray-vllm-datadog.prom")
+    assert r.kind == "vllm"
+    m = r.models["neuralmagic/Meta-Llama-3.1-70B-Instruct-FP8"]
+    assert m.counters["prompt_tokens"] == {"": 58.0} and m.counters["generation_tokens"] == {"": 300.0}
+    assert m.gauges["running"] == 0.0 and m.gauges["waiting"] == 0.0
+    assert m.gauges["kv_usage"] == pytest.approx(5.882698982295764e-05)
+    assert m.sources["itl"] == "ray_vllm:time_per_output_token_seconds"
+    assert cumulative(r, "neuralmagic/Meta-Llama-3.1-70B-Instruct-FP8", "itl")[math.inf] == 299.0
+
+
+def test_triton_core_without_the_tensorrt_llm_backend() -> None:
+    r = parse("triton-core-datadog.prom")
+    assert r.kind == "trtllm"
+    assert set(r.models) == {
+        "simple_string",
+        "simple_sequence",
+        "simple_int8",
+        "simple_identity",
+        "densenet_onnx",
+        "simple_dyna_sequence",
+        "inception_graphdef",
+        "simple",
+    }
+    m = r.models["densenet_onnx"]
+    assert m.counters["finished"] == {"success": 3.0, "error": 0.0}
+    assert m.gauges["waiting"] == 0.0
+
+
+def test_early_sglang_names_the_model_in_a_name_label() -> None:
+    # Synthetic: early SGLang releases labelled scheduler gauges with `name` (engines.md, issue 14).
+    text = (
+        "# TYPE sglang:num_running_reqs gauge\n"
+        'sglang:num_running_reqs{name="Qwen/Qwen2-7B"} 3.0\n'
+        "# TYPE sglang:num_queue_reqs gauge\n"
+        'sglang:num_queue_reqs{name="Qwen/Qwen2-7B"} 1.0\n'
+    )
+    r = EngineParser().parse(text.encode())
+    assert r.kind == "sglang" and r.models["Qwen/Qwen2-7B"].gauges == {"running": 3.0, "waiting": 1.0}
+
+
+def test_unknown_engine_with_valid_text_names_the_prefixes_seen() -> None:
+    text = "# TYPE foo_requests counter\nfoo_requests 1\nbar:queue 2\nprocess_open_fds 5\n"
+    with pytest.raises(EngineScrapeError) as err:
+        EngineParser().parse(text.encode())
+    assert err.value.reason == "unknown_engine"
+    assert "no known engine families; prefixes seen: foo_, bar:, process_" in str(err.value)
+    with pytest.raises(EngineScrapeError) as err:
+        EngineParser().parse(b"<html>hello</html>\n")
+    assert err.value.reason == "not_prometheus"
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        # two samples of one series (the issue's 5 and -7, once summed to -2): Prometheus rejects the scrape
+        (
+            'vllm:num_requests_running{model_name="m"} 5\nvllm:num_requests_running{model_name="m"} -7\n',
+            "duplicate_series",
+        ),
+        # the same series with its labels in another order is still the same series
+        (
+            'vllm:num_requests_running{a="1",model_name="m"} 5\nvllm:num_requests_running{model_name="m",a="1"} 5\n',
+            "duplicate_series",
+        ),
+        (
+            "# TYPE vllm:num_requests_running gauge\n# TYPE vllm:num_requests_running counter\n"
+            'vllm:num_requests_running{model_name="m"} 1\n',
+            "type_conflict",
+        ),
+        ('vllm:num_requests_running{model_name="m"} 1\n# TYPE vllm:num_requests_running gauge\n', "type_conflict"),
+        ('# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{model_name="m"} -5\n', "negative_value"),
+        (
+            "# TYPE vllm:e2e_request_latency_seconds histogram\n"
+            'vllm:e2e_request_latency_seconds_bucket{le="1",model_name="m"} -1\n',
+            "negative_value",
+        ),
+        (
+            "# TYPE vllm:e2e_request_latency_seconds histogram\n"
+            'vllm:e2e_request_latency_seconds_bucket{le="abc",model_name="m"} 1\n',
+            "parse",
+        ),
+        # no TYPE line: the format allows le="abc", the histogram cannot be read
+        ('vllm:e2e_request_latency_seconds_bucket{le="abc",model_name="m"} 1\n', "parse"),
+        ("vllm:num_requests_running 1_2\n", "parse"),
+        ('{"vllm:num_requests_running",model_name="m"} 1\nvllm:num_requests_running 1 NaN\n', "parse"),
+    ],
+)
+def test_scrape_rules_reject_with_a_named_reason(text: str, reason: str) -> None:
+    with pytest.raises(EngineScrapeError) as err:
+        EngineParser().parse(text.encode())
+    assert err.value.reason == reason, str(err.value)
+    assert "line " in str(err.value) or reason == "parse"
+
+
+def test_valid_corners_the_old_reader_refused_or_dropped() -> None:
+    text = (
+        'vllm:num_requests_running {model_name="a"} 1\n'  # blank before {
+        'vllm:num_requests_waiting{model_name="a"}\t2\n'  # tab before the value
+        '   vllm:num_requests_running{model_name="b"} 3\n'  # leading blanks
+        '{"vllm:num_requests_waiting",model_name="b"} 4\n'  # Prometheus 3 quoted name
+    )
+    r = EngineParser().parse(text.encode())
+    assert r.models["a"].gauges == {"running": 1.0, "waiting": 2.0}
+    assert r.models["b"].gauges == {"running": 3.0, "waiting": 4.0}

@@ -122,6 +122,25 @@ BAD = {
     "slow-body": (es.trickle(b"vllm:num_requests_running 1\n", 0.05, 3.0), "timeout"),
     "http-500": (es.status(500), "http_status"),
     "bad-line": (es.body('vllm:num_requests_running{model_name="m"} one\n'), "parse"),
+    "bad-le": (
+        es.body(
+            '# TYPE vllm:e2e_request_latency_seconds histogram\nvllm:e2e_request_latency_seconds_bucket{le="abc"} 1\n'
+        ),
+        "parse",
+    ),
+    "duplicate": (
+        es.body('vllm:num_requests_running{model_name="m"} 5\nvllm:num_requests_running{model_name="m"} -7\n'),
+        "duplicate_series",
+    ),
+    "type-conflict": (
+        es.body("# TYPE vllm:num_requests_running gauge\n# TYPE vllm:num_requests_running counter\n"),
+        "type_conflict",
+    ),
+    "negative-counter": (
+        es.body("# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total -1\n"),
+        "negative_value",
+    ),
+    "unknown-engine": (es.body("# TYPE my_server_requests counter\nmy_server_requests 3\n"), "unknown_engine"),
 }
 
 

@@ -193,7 +193,8 @@ METRICS = (
         Kind.COUNTER,
         "{error}",
         "Failed reads of the engine's /metrics by reason (connect, timeout, http_status, too_large, truncated, "
-        "not_utf8, not_prometheus, parse).",
+        "not_utf8, not_prometheus, unknown_engine, parse, duplicate_series, type_conflict, negative_value, "
+        "openmetrics).",
         ("reason",),
     ),
     MetricSpec(

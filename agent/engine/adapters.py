@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from agent.engine.exposition import Exposition, ExpositionReader, Labels
+from agent.engine.exposition import Exposition, ExpositionReader, Labels, parse_float
 from agent.engine.histogram import Histogram
+from agent.errors import SourceFormatError
 
 QUANTITIES = ("ttft", "itl", "e2e", "queue", "prefill", "decode", "inference")
 ENGINE_KINDS = ("vllm", "sglang", "tgi", "llamacpp", "trtllm")
@@ -66,40 +67,45 @@ class Adapter:
         return ExpositionReader(self.prefixes, self.wanted())
 
 
+def _v(*names: str, **kw: object) -> tuple[Source, ...]:
+    """vLLM's family names, then the same under Ray Serve's ``ray_`` prefix (with Ray's worker labels)."""
+    return _s(*names, *("ray_" + n for n in names), **kw)
+
+
 GAUGE_MEAN = frozenset({"kv_usage"})  # averaged over ranks; every other gauge is summed
 # Counters whose candidates are all used (summed by dimension) instead of first-present-wins.
 COUNTER_ALL = frozenset({"finished"})
 
 VLLM = Adapter(
     "vllm",
-    ("vllm:",),
+    ("vllm:", "ray_vllm:"),  # Ray Serve re-exports vLLM's families as ray_vllm:* (engines.md §1.6)
     ("model_name",),
     histograms={
-        "ttft": _s("vllm:time_to_first_token_seconds"),
-        "itl": _s("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
-        "e2e": _s("vllm:e2e_request_latency_seconds"),
-        "queue": _s("vllm:request_queue_time_seconds"),
-        "prefill": _s("vllm:request_prefill_time_seconds"),
-        "decode": _s("vllm:request_decode_time_seconds"),
-        "inference": _s("vllm:request_inference_time_seconds"),
+        "ttft": _v("vllm:time_to_first_token_seconds"),
+        "itl": _v("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+        "e2e": _v("vllm:e2e_request_latency_seconds"),
+        "queue": _v("vllm:request_queue_time_seconds"),
+        "prefill": _v("vllm:request_prefill_time_seconds"),
+        "decode": _v("vllm:request_decode_time_seconds"),
+        "inference": _v("vllm:request_inference_time_seconds"),
     },
     gauges={
-        "running": _s("vllm:num_requests_running"),
-        "waiting": _s("vllm:num_requests_waiting"),
-        "kv_usage": _s("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        "running": _v("vllm:num_requests_running"),
+        "waiting": _v("vllm:num_requests_waiting"),
+        "kv_usage": _v("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     },
     counters={
-        "prompt_tokens": _s("vllm:prompt_tokens_total"),
-        "generation_tokens": _s("vllm:generation_tokens_total"),
-        "preemptions": _s("vllm:num_preemptions_total"),
-        "finished": _s("vllm:request_success_total", dimension="finished_reason"),
+        "prompt_tokens": _v("vllm:prompt_tokens_total"),
+        "generation_tokens": _v("vllm:generation_tokens_total"),
+        "preemptions": _v("vllm:num_preemptions_total"),
+        "finished": _v("vllm:request_success_total", dimension="finished_reason"),
     },
 )
 
 SGLANG = Adapter(
     "sglang",
     ("sglang:",),
-    ("model_name",),
+    ("model_name", "name"),  # early SGLang named the model in a `name` label
     histograms={
         "ttft": _s("sglang:time_to_first_token_seconds"),
         "itl": _s("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
@@ -154,7 +160,7 @@ LLAMACPP = Adapter(
 
 TRTLLM = Adapter(
     "trtllm",
-    ("trtllm_", "trtllm:", "nv_trt_llm_", "nv_llm_"),
+    ("trtllm_", "trtllm:", "nv_trt_llm_", "nv_llm_", "nv_inference_"),  # nv_inference_*: Triton core
     ("model_name", "model"),
     histograms={
         "ttft": _s("trtllm_time_to_first_token_seconds", "trtllm:time_to_first_token_seconds"),
@@ -173,6 +179,7 @@ TRTLLM = Adapter(
         "waiting": (
             *_s("trtllm_num_requests_waiting", "trtllm:num_requests_waiting"),
             Source("nv_trt_llm_request_metrics", match=(("request_type", "waiting"),)),
+            Source("nv_inference_pending_request_count"),  # Triton core: requests queued in the server
         ),
         "kv_usage": (
             *_s("trtllm_kv_cache_utilization", "trtllm:kv_cache_utilization"),
@@ -187,11 +194,27 @@ TRTLLM = Adapter(
         "finished": (
             *_s("trtllm_request_success_total", "trtllm:request_success_total", dimension="finished_reason"),
             *_s("trtllm_request_error_total", "trtllm:request_error_total", fixed="error"),
+            Source("nv_inference_request_success", fixed="success"),  # Triton core, any backend
+            Source("nv_inference_request_failure", fixed="error"),
         ),
     },
 )
 
 ADAPTERS: dict[str, Adapter] = {a.kind: a for a in (VLLM, SGLANG, TGI, LLAMACPP, TRTLLM)}
+
+
+def prefixes_seen(text: str, limit: int = 8) -> list[str]:
+    """Distinct family prefixes (up to the first ``:`` or ``_``) of the sample lines, for "unknown engine"."""
+    seen: dict[str, None] = {}
+    for line in text.split("\n"):
+        line = line.lstrip(" \t")
+        if not line or line[0] in "#{":
+            continue
+        cut = min((i for i in (line.find(":"), line.find("_")) if i > 0), default=-1)
+        seen.setdefault(line[: cut + 1] if cut > 0 else line.split("{")[0].split(" ")[0])
+        if len(seen) >= limit:
+            break
+    return list(seen)
 
 
 def detect(text: str) -> str | None:
@@ -288,7 +311,10 @@ class KeyCache:
         if le_text is not None:
             le = self._le.get(le_text)
             if le is None:
-                le = self._le[le_text] = float(le_text)  # "+Inf" → inf
+                try:
+                    le = self._le[le_text] = parse_float(le_text)  # "+Inf" → inf
+                except ValueError:
+                    raise SourceFormatError(f"bucket bound le={le_text[:40]!r} is not a number") from None
         return (model if model is not None else self.default_model), tuple(rest), le
 
 

@@ -1,44 +1,66 @@
-"""A fast, selective reader of the Prometheus text exposition format (engine ``/metrics``).
+"""A fast, selective, conforming reader of the Prometheus text exposition format (engine ``/metrics``).
+
+Conformance: the text format as prometheus/common's ``expfmt`` text parser reads it (Prometheus 3,
+UTF-8 names: ``{"a.b",label="x"} 1``, ``# TYPE "a.b" counter``), and OpenMetrics 1.0 as
+client_python's OpenMetrics parser reads it when the body ends with ``# EOF``. The cases, their
+sources and expected outcomes are in ``tests/fixtures/expfmt/`` (see its SOURCE.md). Every line is
+checked, not only the wanted ones: a malformed line anywhere rejects the exposition, as Prometheus
+rejects the scrape. Rejections are :class:`ExpositionError` with a 1-based line number and a
+``reason`` (:data:`REASONS`): ``parse`` (syntax), ``duplicate_series`` (one series twice),
+``type_conflict`` (a second TYPE or HELP line, or TYPE after the family's samples),
+``negative_value`` (a counter, a histogram bucket or count, a summary count going below zero),
+``openmetrics`` (an OpenMetrics rule on families: grouping, ``_total``, buckets, units, ``# EOF``).
 
 Hot path of the engine collector: a node serving many models or LoRA adapters exposes tens of
-thousands of series per scrape, and the adapter needs a few families. So the reader
-
-1. drops every line that does not start with the engine's prefix (one C-level ``startswith``),
-2. takes the sample name and drops it unless the adapter asked for it (one set lookup),
-3. only then parses the label block, through a cache keyed by the raw label text (series repeat
-   from scrape to scrape, so a warm cache turns label parsing into one dict lookup).
-
-Handled: ``# HELP``/``# TYPE``/other comments (skipped), ``_created`` samples (skipped unless asked
-for), escaped label values (``\\\\``, ``\\"``, ``\\n``), label values holding ``}``, ``,`` or ``=``,
-a trailing comma in a label set, optional timestamps, OpenMetrics exemplars (``# {..} v``) and
-``# EOF``. Input must be UTF-8 text; bytes that are not raise :class:`SourceFormatError`, as does a
-wanted line that does not parse (its line number and a prefix of it are in the message).
+thousands of series per scrape, and the adapter needs a few families. So the reader keeps a cache
+keyed by the text before the value (``name{labels}``): a line seen in an earlier scrape costs one
+split, one dict lookup and one ``float``; only wanted names are stored. New heads go through the full
+parser once. ``_created`` samples are stored only when asked for.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Container
 from dataclasses import dataclass, field
 
 from agent.errors import SourceFormatError
 
 Labels = tuple[tuple[str, str], ...]
+Series = list[tuple[Labels, float]]
+
+REASONS = ("parse", "duplicate_series", "type_conflict", "negative_value", "openmetrics")
+MAX_LABEL_CACHE_ENTRIES = 200_000  # a bound on memory when series churn (each entry ~ one series)
+MAX_EXEMPLAR_LABEL_CHARS = 128  # OpenMetrics 1.0: exemplar label names and values together
+TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped", "gauge_histogram", "gaugehistogram"})
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_INT = re.compile(r"[-+]?[0-9]+")
+_UNESCAPE = {"\\": "\\", '"': '"', "n": "\n"}
+_BLANK = " \t"
 
 
 class ExpositionError(SourceFormatError):
-    """A wanted line that does not parse; ``lineno`` is 1-based, ``last`` says it is the final line."""
+    """A line that breaks the format; ``lineno`` is 1-based, ``last``: it is the final line.
 
-    def __init__(self, message: str, lineno: int, last: bool) -> None:
+    ``reason`` is one of :data:`REASONS`, so the collector can count rejections by cause.
+    """
+
+    def __init__(self, message: str, lineno: int, last: bool = False, reason: str = "parse") -> None:
         super().__init__(message)
         self.lineno = lineno
         self.last = last
+        self.reason = reason
 
 
-Series = list[tuple[Labels, float]]
+class _LineError(ValueError):
+    """Raised inside the line parser; the reader turns it into an ExpositionError with the line number."""
 
-MAX_LABEL_CACHE_ENTRIES = 200_000  # a bound on memory when series churn (each entry ~ one series)
-_UNESCAPE = {"\\": "\\", '"': '"', "n": "\n"}
-_SKIP = object()  # a cached head whose name the adapter does not want
+    def __init__(self, why: str, reason: str = "parse") -> None:
+        super().__init__(why)
+        self.reason = reason
 
 
 @dataclass
@@ -48,256 +70,578 @@ class Exposition:
     samples: dict[str, Series] = field(default_factory=dict)
     lines: int = 0  # lines scanned, all of them
     matched: int = 0  # samples kept
+    types: dict[str, str] = field(default_factory=dict)  # family → TYPE as declared (lower case)
 
     def get(self, name: str) -> Series:
         return self.samples.get(name, [])
 
 
+class Everything:
+    """A ``wanted`` that keeps every sample (conformance tests, ``inferwatch engine inspect``)."""
+
+    def __contains__(self, name: object) -> bool:
+        return True
+
+
 def decode(body: bytes) -> str:
-    """Decode an exposition body; raise SourceFormatError naming the offset of the first bad byte."""
+    """Decode an exposition body; raise ExpositionError naming the line and offset of the first bad byte."""
     try:
         return body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise SourceFormatError(f"not UTF-8 text: invalid byte at offset {exc.start}") from None
+        lineno = body.count(b"\n", 0, exc.start) + 1
+        raise ExpositionError(f"line {lineno}: not UTF-8 text (invalid byte at offset {exc.start})", lineno) from None
+
+
+def is_openmetrics(text: str) -> bool:
+    """An OpenMetrics body ends with ``# EOF`` (the agent asks for the text format; some engines send OM)."""
+    return text.endswith(("# EOF\n", "# EOF"))
+
+
+# --- numbers -------------------------------------------------------------------------------------
+
+
+def parse_float(text: str) -> float:
+    """A float as Go's ``strconv.ParseFloat`` without hex, ``p`` or ``_`` (what expfmt accepts)."""
+    value = float(text)  # ValueError for most garbage
+    if not text.isascii() or "_" in text or text.strip() != text:
+        raise ValueError(f"not a float: {text!r}")
+    if value != value and text[0] in "+-":
+        raise ValueError(f"not a float: {text!r}")
+    return value
+
+
+def _value(text: str) -> float:
+    try:
+        return parse_float(text)
+    except ValueError:
+        raise _LineError(f"value {text[:40]!r} is not a number") from None
+
+
+def _timestamp(text: str, om: bool) -> float:
+    if om:
+        try:
+            ts = parse_float(text)
+        except ValueError:
+            raise _LineError(f"timestamp {text[:40]!r} is not a number") from None
+        if not math.isfinite(ts):
+            raise _LineError(f"timestamp {text[:40]!r} is not finite")
+        return ts
+    if _INT.fullmatch(text) is None:
+        raise _LineError(f"timestamp {text[:40]!r} is not an integer (milliseconds)")
+    return float(text)
+
+
+# --- the line parser (every new head goes through it once) ---------------------------------------
+
+
+def _quoted(line: str, i: int, om: bool = False) -> tuple[str, int]:
+    """The string quoted at ``line[i] == '"'`` unescaped (``\\\\``, ``\\"``, ``\\n``), and the index after it.
+
+    Another escape is an error in the text format (expfmt) and kept as written in OpenMetrics
+    (client_python).
+    """
+    j = i + 1
+    end = line.find('"', j)
+    if end != -1 and line.find("\\", j, end) == -1:
+        return line[j:end], end + 1
+    buf: list[str] = []
+    n = len(line)
+    while j < n:
+        c = line[j]
+        if c == "\\":
+            nxt = line[j + 1 : j + 2]
+            if nxt not in _UNESCAPE:
+                if not om or not nxt:
+                    raise _LineError(f"invalid escape sequence '\\{nxt}'")
+                buf.append("\\" + nxt)
+            else:
+                buf.append(_UNESCAPE[nxt])
+            j += 2
+        elif c == '"':
+            return "".join(buf), j + 1
+        else:
+            buf.append(c)
+            j += 1
+    raise _LineError("unterminated quoted string")
+
+
+def metric_name_at(line: str, i: int, om: bool = False) -> tuple[str, int]:
+    """The metric name at ``line[i]`` (plain or quoted, UTF-8) and the index after it."""
+    if line.startswith('"', i):
+        return _quoted(line, i, om)
+    m = _METRIC_NAME.match(line, i)
+    if m is None:
+        raise _LineError(f"invalid metric name at {line[i : i + 20]!r}")
+    return m.group(), m.end()
+
+
+def _skip(line: str, i: int, om: bool) -> int:
+    if om:
+        return i
+    n = len(line)
+    while i < n and line[i] in _BLANK:
+        i += 1
+    return i
+
+
+def _labels(line: str, i: int, om: bool) -> tuple[str | None, Labels, int]:
+    """Parse the label block after ``{`` at ``i``: (quoted metric name or None, labels, index after ``}``)."""
+    n = len(line)
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    metric: str | None = None
+    i = _skip(line, i, om)
+    while True:
+        if i >= n:
+            raise _LineError("unterminated label set")
+        if line[i] == "}":
+            return metric, tuple(out), i + 1
+        if line[i] == '"':
+            lname, i = _quoted(line, i, om)
+            quoted = True
+        else:
+            m = _LABEL_NAME.match(line, i)
+            if m is None:
+                raise _LineError(f"invalid label name at {line[i : i + 20]!r}")
+            lname, i, quoted = m.group(), m.end(), False
+        i = _skip(line, i, om)
+        if i < n and line[i] == "=":
+            i = _skip(line, i + 1, om)
+            if i >= n or line[i] != '"':
+                raise _LineError(f"label {lname!r}: value must be quoted")
+            value, i = _quoted(line, i, om)
+            if not lname:
+                raise _LineError("empty label name")
+            if lname == "__name__" and not om:
+                raise _LineError('label name "__name__" is reserved')
+            if lname in seen:
+                raise _LineError(f"duplicate label name {lname!r}")
+            seen.add(lname)
+            out.append((lname, value))
+        elif quoted:
+            if metric is not None:
+                raise _LineError("multiple metric names in the label set")
+            if not lname:
+                raise _LineError("empty metric name")
+            metric = lname
+        else:
+            raise _LineError(f"expected '=' after label name {lname!r}")
+        i = _skip(line, i, om)
+        if i < n and line[i] == ",":
+            i += 1
+            if om and line.startswith("}", i):
+                raise _LineError("trailing comma in label set")
+            i = _skip(line, i, om)
+            if i < n and line[i] == ",":
+                raise _LineError("two commas in label set")
+        elif i < n and line[i] == "}":
+            return metric, tuple(out), i + 1
+        else:
+            raise _LineError("expected ',' or '}' after a label")
+
+
+@dataclass(slots=True)
+class Line:
+    """One sample line fully parsed; ``plain``: ``name{labels} value`` with one space, cacheable."""
+
+    name: str
+    labels: Labels
+    value: float
+    timestamp: float | None
+    exemplar: tuple[Labels, float] | None
+    plain: bool
+
+
+def parse_line(line: str, om: bool = False) -> Line:
+    """Parse one sample line (no comment, not blank); ValueError (``_LineError``) says why not."""
+    n = len(line)
+    i = _skip(line, 0, om)
+    name: str | None = None
+    if i < n and (line[i] == '"' or _METRIC_NAME.match(line, i)):
+        name, i = metric_name_at(line, i, om)
+    labels: Labels = ()
+    j = _skip(line, i, om)  # expfmt allows blanks before "{"; OpenMetrics does not (_skip is a no-op)
+    braces = j < n and line[j] == "{"
+    if braces:
+        inner, labels, i = _labels(line, j + 1, om)
+        if inner is not None:
+            if name is not None:
+                raise _LineError("metric name given twice")
+            name = inner
+        if om and "__name__" in dict(labels):
+            if name is not None:
+                raise _LineError("metric name given twice")
+            name = dict(labels)["__name__"]
+            labels = tuple(kv for kv in labels if kv[0] != "__name__")
+    if not name:
+        raise _LineError("invalid metric name")
+    value_at = i  # where the text after the name or label set starts
+    if om:
+        if i >= n or line[i] != " ":
+            raise _LineError("expected one space before the value" if i < n else "missing value")
+        parts = line[i + 1 :].split(" ")
+        if not parts[0]:
+            raise _LineError("missing value or more than one space")
+    else:
+        j = _skip(line, i, om)
+        if j == i and not braces:
+            raise _LineError("expected a blank after the metric name" if i < n else "missing value")
+        if j >= n:
+            raise _LineError("missing value")
+        rest = line[j:]
+        if rest.rstrip(_BLANK) != rest:
+            raise _LineError("blank after the last field")
+        parts = rest.replace("\t", " ").split()
+    value = _value(parts[0])
+    timestamp: float | None = None
+    exemplar: tuple[Labels, float] | None = None
+    k = 1
+    if k < len(parts) and parts[k] != "#":
+        timestamp = _timestamp(parts[k], om)
+        k += 1
+    if k < len(parts):
+        if not om or parts[k] != "#":
+            raise _LineError(f"unexpected text after the {'timestamp' if timestamp is not None else 'value'}")
+        exemplar = _exemplar(" ".join(parts[k + 1 :]))
+    plain = not om and len(parts) == 1 and line[value_at:] == " " + parts[0]
+    return Line(name, labels, value, timestamp, exemplar, plain)
+
+
+def _exemplar(text: str) -> tuple[Labels, float]:
+    """``{labels} value [timestamp]`` after ``# `` (OpenMetrics)."""
+    if not text.startswith("{"):
+        raise _LineError("exemplar must start with a label set")
+    metric, labels, i = _labels(text, 1, True)
+    if metric is not None:
+        raise _LineError("exemplar label set holds a metric name")
+    if sum(len(k) + len(v) for k, v in labels) > MAX_EXEMPLAR_LABEL_CHARS:
+        raise _LineError(f"exemplar labels longer than {MAX_EXEMPLAR_LABEL_CHARS} characters")
+    rest = text[i:]
+    if not rest.startswith(" "):
+        raise _LineError("expected one space before the exemplar value")
+    parts = rest[1:].split(" ")
+    if len(parts) > 2 or not all(parts):
+        raise _LineError("bad exemplar value or timestamp")
+    value = _value(parts[0])
+    if len(parts) == 2:
+        _timestamp(parts[1], True)
+    return labels, value
+
+
+# --- families: what a TYPE line implies for each sample name --------------------------------------
+
+# Sample-name suffixes whose values must not be negative, by type. The format itself (expfmt)
+# forbids negative histogram buckets and counts; the scrape rules add counters and summary counts.
+_NONNEG = {
+    "histogram": ("_bucket", "_count"),
+    "gauge_histogram": ("_bucket", "_count"),
+    "gaugehistogram": ("_bucket", "_count", "_gcount"),
+}
+_SCRAPE_NONNEG = {"counter": ("", "_total"), "summary": ("_count",)}
 
 
 class ExpositionReader:
-    """Reads samples whose names are in ``wanted`` (all lines start with one of ``prefixes``).
+    """Reads samples whose names are in ``wanted``; checks every line.
 
-    Keep one reader per target: its label cache is what makes repeated scrapes cheap.
+    ``prefixes`` is kept for the adapters' detection; all lines are read. ``scrape_rules``: on top of
+    the format, reject what Prometheus' scrape rejects or what makes a reading wrong — one series
+    twice (``duplicate_series``), a negative counter or summary count (``negative_value``); off, the
+    reader accepts exactly what the reference parsers accept (the conformance tests). Keep one
+    reader per target: its head cache is what makes repeated scrapes cheap.
     """
 
-    def __init__(self, prefixes: tuple[str, ...], wanted: Container[str]) -> None:
+    def __init__(self, prefixes: tuple[str, ...], wanted: Container[str], scrape_rules: bool = True) -> None:
         self.prefixes = prefixes
         self.wanted = wanted
-        self._cache: dict[str, Labels] = {}  # raw label text → parsed labels
-        self._heads: dict[str, tuple[str, Labels] | object] = {}  # "name{labels}" → (name, labels) or _SKIP
+        self.scrape_rules = scrape_rules
+        # "name{labels}" → (name, labels, series id, keep, bad bound); series id: one int per distinct series;
+        # bad bound: "le" or "quantile" when that label is not a number (an error in a histogram/summary)
+        self._heads: dict[str, tuple[str, Labels, int, bool, str | None]] = {}
+        self._series: dict[tuple[str, int], int] = {}  # (name, canonical label id) → series id
+        # interned label tuples (the adapters memoise by identity) → (labels, bad bound, canonical id)
+        self._labels: dict[Labels, tuple[Labels, str | None, int]] = {}
+        self._canon: dict[frozenset[tuple[str, str]], int] = {}  # label set in any order → one id
+        self._raw: dict[str, tuple[Labels, str | None, int]] = {}  # label text of plain heads → _intern()
+        self._names: dict[str, str] = {}  # metric names checked valid, one object each (cheap `is` tests)
 
-    def read(self, text: str) -> Exposition:
-        out: dict[str, Series] = {}
-        heads = self._heads
-        wanted = self.wanted
-        labels_cache = self._cache
-        if len(labels_cache) >= MAX_LABEL_CACHE_ENTRIES:
-            labels_cache.clear()
-        prefixes = self.prefixes
+    def read(self, text: str, openmetrics: bool | None = None) -> Exposition:
+        om = is_openmetrics(text) if openmetrics is None else openmetrics
+        if om:
+            from agent.engine.openmetrics import check_openmetrics  # builds on this module: imported late
+
+            lines = text.split("\n")
+            expo = self._read(lines, om=True)
+            check_openmetrics(lines, expo_line_parser=parse_line)
+            return expo
         lines = text.split("\n")
+        if lines[-1].strip(_BLANK):
+            n = len(lines)
+            raise ExpositionError(f"line {n}: no newline at the end of the input: {lines[-1][:120]!r}", n, True)
+        return self._read(lines, om=False)
+
+    def _read(self, lines: list[str], om: bool) -> Exposition:
+        heads = self._heads
+        if len(heads) >= MAX_LABEL_CACHE_ENTRIES or len(self._series) >= MAX_LABEL_CACHE_ENTRIES:
+            heads.clear()
+            self._series.clear()
+            self._labels.clear()
+            self._raw.clear()
+            self._canon.clear()
+            self._names.clear()
+        out: dict[str, Series] = {}
+        types: dict[str, str] = {}
+        helps: set[str] = set()
+        nonneg: set[str] = set()
+        typed_hist: set[str] = set()  # histogram/summary families whose le/quantile must be numbers
+        sampled: set[str] = set()
+        seen: set[int] = set()
+        seen_ts: set[tuple[int, float]] = set()
+        last_name = ""
         matched = 0
+        rules = self.scrape_rules
         for line in lines:
-            if not line.startswith(prefixes):
+            if not line:
                 continue
-            # Fast path: "name{labels} value" seen before → one dict lookup on the text before the value.
+            c = line[0]
+            if c == "#" or (c in _BLANK and line.lstrip(_BLANK)[:1] in ("#", "")):
+                if om:
+                    continue  # metadata is checked by check_openmetrics
+                self._comment(lines, line, types, helps, nonneg, typed_hist, sampled)
+                continue
             head, _, val = line.rpartition(" ")
             hit = heads.get(head)
-            if hit is not None:
-                if hit is _SKIP:
-                    continue
+            if hit is not None and not om:
+                name, labels, sid, keep, bad = hit
                 try:
-                    value = float(val)
+                    value = parse_float(val)
                 except ValueError:
-                    value = self._slow(lines, line)[2]
+                    raise self._error(lines, line, f"value {val[:40]!r} is not a number") from None
+                ts = None
             else:
-                if len(heads) >= MAX_LABEL_CACHE_ENTRIES:
-                    heads.clear()
-                brace = line.find("{")
-                space = line.find(" ")
-                if brace != -1 and (space == -1 or brace < space):
-                    name = line[:brace]
-                    if name not in wanted:
-                        heads[head] = _SKIP  # whatever the value: unwanted
-                        continue
-                    end = _labels_end(line, brace)
-                    if end < 0:
-                        raise self._error(lines, line, "unterminated label set")
-                    raw = line[brace + 1 : end]
-                    cached = labels_cache.get(raw)
-                    if cached is None:
-                        cached = labels_cache[raw] = self._parse_labels(raw, lines, line)
-                    labels = cached
-                    plain = end + 1 == len(head)
+                fast = None if om else self._plain_head(head)
+                try:
+                    value = parse_float(val) if fast is not None else math.nan
+                except ValueError:
+                    fast = None
+                if fast is not None:
+                    name, labels, bad, canon = fast
+                    ts = None
+                    plain = True
                 else:
-                    name = head if space == len(head) else _name_of(line)
-                    if name not in wanted:
-                        heads[head] = _SKIP
-                        continue
-                    labels = ()
-                    plain = space == len(head)
-                if plain:  # "name{labels} value": no timestamp, no exemplar, same head every scrape
                     try:
-                        value = float(val)
-                    except ValueError:
-                        value = self._slow(lines, line)[2]
-                    hit = heads[head] = (name, labels)
+                        parsed = parse_line(line, om)
+                    except _LineError as exc:
+                        raise self._error(lines, line, str(exc), exc.reason) from None
+                    name, labels, value, ts = parsed.name, parsed.labels, parsed.value, parsed.timestamp
+                    name = self._names.setdefault(name, name)
+                    labels, bad, canon = self._intern(labels)
+                    plain = parsed.plain and not om
+                key = (name, canon)
+                sid = self._series.get(key, -1)
+                if sid < 0:
+                    sid = self._series[key] = len(self._series)
+                keep = name in self.wanted
+                if plain:
+                    heads[head] = (name, labels, sid, keep, bad)
+            if name is not last_name:
+                sampled.add(name)
+                last_name = name
+            if bad is not None and name in typed_hist and (bad == "le") == (types.get(name) != "summary"):
+                raise self._error(lines, line, f"{bad} label is not a number")
+            if value < 0 and name in nonneg:
+                raise self._error(
+                    lines, line, f"negative value {value:g} for a {types_of(name, types)}", "negative_value"
+                )
+            if ts is None:
+                if sid in seen and rules:
+                    raise self._error(lines, line, "duplicate series", "duplicate_series")
+                seen.add(sid)
+            else:
+                ts_key = (sid, math.floor(ts * 1e9 + 1e-6) if om else ts)  # OM: nanoseconds, as client_python
+                if ts_key in seen_ts:
+                    if rules:
+                        raise self._error(lines, line, "duplicate series (same timestamp)", "duplicate_series")
+                    continue  # the reference keeps the first sample
+                seen_ts.add(ts_key)
+            if keep:
+                series = out.get(name)
+                if series is None:
+                    out[name] = [(labels, value)]
                 else:
-                    value = self._slow(lines, line)[2]
-                    hit = (name, labels)
-            name, labels = hit  # type: ignore[misc]
-            series = out.get(name)
-            if series is None:
-                out[name] = [(labels, value)]
-            else:
-                series.append((labels, value))
-            matched += 1
-        return Exposition(out, len(lines), matched)
+                    series.append((labels, value))
+                matched += 1
+        return Exposition(out, len(lines), matched, types)
 
-    def _slow(self, lines: list[str], line: str) -> tuple[str, Labels, float, bool]:
-        """Parse one line fully: (name, labels, value, plain) — plain: no timestamp and no exemplar."""
-        cache = self._cache
-        brace = line.find("{")
-        space = line.find(" ")
-        if brace != -1 and (space == -1 or brace < space):
-            name = line[:brace]
-            end = _labels_end(line, brace)
-            if end < 0:
-                raise self._error(lines, line, "unterminated label set")
-            raw = line[brace + 1 : end]
-            labels = cache.get(raw)
+    def _intern(self, labels: Labels) -> tuple[Labels, str | None, int]:
+        """One object per label tuple, its bad bound, and an id shared by every order of the same labels."""
+        hit = self._labels.get(labels)
+        if hit is None:
+            canon = self._canon.setdefault(frozenset(labels), len(self._canon))
+            hit = self._labels[labels] = (labels, _bad_bound(labels), canon)
+        return hit
+
+    def _plain_head(self, head: str) -> tuple[str, Labels, str | None, int] | None:
+        """``name`` or ``name{a="x",b="y"}`` exactly (no blanks, escapes or quoted names), else None.
+
+        The common shape, parsed by splitting on quotes; anything else goes to :func:`parse_line`,
+        which is the authority (this only accepts what it accepts, and reads it the same way).
+        """
+        brace = head.find("{")
+        names = self._names
+        if brace == -1:
+            name = names.get(head)
+            if name is None:
+                if _METRIC_NAME.fullmatch(head) is None:
+                    return None
+                name = names[head] = head
+            return (name, *self._intern(()))
+        if not head.endswith("}"):
+            return None
+        text = head[:brace]
+        name = names.get(text)
+        if name is None:
+            if _METRIC_NAME.fullmatch(text) is None:
+                return None
+            name = names[text] = text
+        raw = head[brace + 1 : -1]
+        hit = self._raw.get(raw)
+        if hit is None:
+            labels = _plain_labels(raw)
             if labels is None:
-                labels = self._parse_labels(raw, lines, line) if name in self.wanted else ()
-                if len(cache) >= MAX_LABEL_CACHE_ENTRIES:
-                    cache.clear()
-                cache[raw] = labels
-            rest = line[end + 1 :]
-        else:
-            if space == -1:
-                name, rest = line.rstrip("\r"), ""
-            else:
-                name, rest = line[:space], line[space:]
-            labels = ()
-        parts = rest.split(None, 2)
-        if not parts:
-            raise self._error(lines, line, "missing value")
-        try:
-            value = float(parts[0])
-        except ValueError:
-            raise self._error(lines, line, f"value {parts[0][:40]!r} is not a number") from None
-        if len(parts) > 1 and parts[1] != "#":
-            try:
-                float(parts[1])  # timestamp (milliseconds); validated, not used
-            except ValueError:
-                raise self._error(lines, line, f"timestamp {parts[1][:40]!r} is not a number") from None
-        plain = len(parts) == 1 and rest.startswith(" ") and rest.count(" ") == 1
-        return name, labels, value, plain
+                return None
+            hit = self._raw[raw] = self._intern(labels)
+        return name, hit[0], hit[1], hit[2]
 
-    def _parse_labels(self, raw: str, lines: list[str], line: str) -> Labels:
+    def _comment(
+        self,
+        lines: list[str],
+        line: str,
+        types: dict[str, str],
+        helps: set[str],
+        nonneg: set[str],
+        typed_hist: set[str],
+        sampled: set[str],
+    ) -> None:
+        """``# HELP name doc`` / ``# TYPE name type``; any other comment is ignored (expfmt's rules)."""
+        body = line.lstrip(_BLANK)[1:].lstrip(_BLANK)
+        keyword = re.split(r"[ \t]", body, maxsplit=1)[0]
+        if keyword not in ("HELP", "TYPE"):
+            return
+        rest = body[len(keyword) :].lstrip(_BLANK)
+        if not rest:
+            return
         try:
-            return parse_labels(raw)
-        except ValueError as exc:
-            raise self._error(lines, line, str(exc)) from None
+            name, i = metric_name_at(rest, 0)
+            if i < len(rest) and rest[i] not in _BLANK:
+                raise _LineError("invalid metric name in comment")
+            text = rest[i:].lstrip(_BLANK)
+            if not text:
+                return  # "# HELP name" alone sets nothing (expfmt)
+            if keyword == "HELP":
+                if name in helps:
+                    raise _LineError(f"second HELP line for {name!r}", "type_conflict")
+                _help(text)
+                helps.add(name)
+                return
+            typ = text.lower()
+            if typ not in TYPES:
+                raise _LineError(f"unknown metric type {text[:40]!r}")
+            if name in types or name in sampled:
+                raise _LineError(f"second TYPE line for {name!r}, or TYPE after its samples", "type_conflict")
+        except _LineError as exc:
+            raise self._error(lines, line, str(exc), exc.reason) from None
+        types[name] = typ
+        nonneg.update(name + s for s in _NONNEG.get(typ, ()))
+        if self.scrape_rules:
+            nonneg.update(name + s for s in _SCRAPE_NONNEG.get(typ, ()))
+        if typ == "summary":
+            typed_hist.add(name)
+        elif typ in ("histogram", "gauge_histogram", "gaugehistogram"):
+            typed_hist.add(name + "_bucket")
 
     @staticmethod
-    def _error(lines: list[str], line: str, why: str) -> ExpositionError:
+    def _error(lines: list[str], line: str, why: str, reason: str = "parse") -> ExpositionError:
         # Line numbers are only computed on the error path (never in the loop).
         lineno = next((i + 1 for i, candidate in enumerate(lines) if candidate is line), 0)
-        return ExpositionError(f"line {lineno}: {why}: {line[:120]!r}", lineno, lineno == len(lines))
+        return ExpositionError(f"line {lineno}: {why}: {line[:120]!r}", lineno, lineno == len(lines), reason)
 
 
-def _name_of(line: str) -> str:
-    brace = line.find("{")
-    space = line.find(" ")
-    if brace != -1 and (space == -1 or brace < space):
-        return line[:brace]
-    return line[:space] if space != -1 else line.rstrip("\r")
+_VALID_LABEL_NAMES: set[str] = set()  # names that passed the check (a few dozen in practice)
 
 
-def _labels_end(line: str, brace: int) -> int:
-    """Index of the ``}`` closing the label block opened at ``brace``; -1 when it is not closed."""
-    if "\\" not in line:
-        # No escapes: every quote delimits a value, so a closing quote is one preceded by an odd
-        # number of quotes inside the block.
-        pos = line.find('"}', brace)
-        while pos != -1:
-            if line.count('"', brace, pos) % 2 == 1:
-                return pos + 1
-            pos = line.find('"}', pos + 1)
-        if line.startswith("}", brace + 1):  # empty label set: name{}
-            return brace + 1
-    # Escapes, a trailing comma, or unusual spacing: scan character by character.
-    in_quotes = False
-    i = brace + 1
-    n = len(line)
-    while i < n:
-        c = line[i]
-        if in_quotes:
-            if c == "\\":
-                i += 1
-            elif c == '"':
-                in_quotes = False
-        elif c == '"':
-            in_quotes = True
-        elif c == "}":
-            return i
-        i += 1
-    return -1
+def _plain_labels(raw: str) -> Labels | None:
+    """``a="x",b="y"`` (optionally one trailing comma) without blanks or escapes, else None."""
+    if "\\" in raw:
+        return None
+    pieces = raw.split('"')
+    if len(pieces) % 2 == 0:
+        return None
+    out = []
+    for k in range(0, len(pieces) - 1, 2):
+        head = pieces[k]
+        if k:
+            if not head.startswith(","):
+                return None
+            head = head[1:]
+        if not head.endswith("="):
+            return None
+        lname = head[:-1]
+        if lname not in _VALID_LABEL_NAMES:
+            if _LABEL_NAME.fullmatch(lname) is None or lname == "__name__" or len(_VALID_LABEL_NAMES) > 10_000:
+                return None
+            _VALID_LABEL_NAMES.add(lname)
+        out.append((lname, pieces[k + 1]))
+    tail = pieces[-1]
+    if tail != "" and (tail != "," or not out):
+        return None
+    if len(out) > 1 and len(dict(out)) != len(out):
+        return None  # duplicate label names: parse_line says so
+    return tuple(out)
+
+
+def _bad_bound(labels: Labels) -> str | None:
+    for k, v in labels:
+        if k == "le" or k == "quantile":
+            try:
+                parse_float(v)
+            except ValueError:
+                return k
+    return None
+
+
+def types_of(name: str, types: dict[str, str]) -> str:
+    for suffix in ("", "_total", "_bucket", "_count", "_gcount", "_sum"):
+        if suffix and name.endswith(suffix) and name[: -len(suffix)] in types:
+            return f"{types[name[: -len(suffix)]]} {suffix[1:]}"
+    return types.get(name, "sample")
+
+
+def _help(text: str) -> str:
+    """A HELP docstring unescaped (``\\\\``, ``\\n``, ``\\"``); any other escape is an error (expfmt)."""
+    if "\\" not in text:
+        return text
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            nxt = text[i + 1 : i + 2]
+            if nxt not in _UNESCAPE:
+                raise _LineError(f"invalid escape sequence '\\{nxt}' in HELP")
+            out.append(_UNESCAPE[nxt])
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
 
 
 def parse_labels(raw: str) -> Labels:
     """Parse the inside of a label block (``a="x",b="y"``) into ((name, value), ...), in order."""
-    if "\\" not in raw:
-        pieces = raw.split('"')
-        if len(pieces) % 2 == 0:
-            raise ValueError("unbalanced quotes in label set")
-        out = []
-        for k in range(0, len(pieces) - 1, 2):
-            head = pieces[k].strip()
-            if k:
-                if not head.startswith(","):
-                    raise ValueError("expected ',' between labels")
-                head = head[1:].lstrip()
-            if not head.endswith("="):
-                raise ValueError("expected '=' after label name")
-            name = head[:-1].rstrip()
-            if not name or not (name[0].isalpha() or name[0] == "_"):
-                raise ValueError(f"bad label name {name!r}")
-            out.append((name, pieces[k + 1]))
-        tail = pieces[-1].strip()
-        if tail not in ("", ","):
-            raise ValueError(f"unexpected text after labels: {tail[:40]!r}")
-        return tuple(out)
-    return _parse_labels_escaped(raw)
-
-
-def _parse_labels_escaped(raw: str) -> Labels:
-    out = []
-    i, n = 0, len(raw)
-    while i < n:
-        while i < n and raw[i] in " ,":
-            i += 1
-        if i >= n:
-            break
-        eq = raw.find("=", i)
-        if eq < 0:
-            raise ValueError("expected '=' after label name")
-        name = raw[i:eq].strip()
-        if not name or not (name[0].isalpha() or name[0] == "_"):
-            raise ValueError(f"bad label name {name!r}")
-        j = eq + 1
-        while j < n and raw[j] == " ":
-            j += 1
-        if j >= n or raw[j] != '"':
-            raise ValueError(f"label {name!r}: value must be quoted")
-        j += 1
-        buf: list[str] = []
-        while True:
-            if j >= n:
-                raise ValueError(f"label {name!r}: unterminated value")
-            c = raw[j]
-            if c == "\\":
-                if j + 1 >= n:
-                    raise ValueError(f"label {name!r}: dangling escape")
-                nxt = raw[j + 1]
-                buf.append(_UNESCAPE.get(nxt, "\\" + nxt))
-                j += 2
-            elif c == '"':
-                j += 1
-                break
-            else:
-                buf.append(c)
-                j += 1
-        out.append((name, "".join(buf)))
-        while j < n and raw[j] == " ":
-            j += 1
-        if j < n and raw[j] != ",":
-            raise ValueError(f"expected ',' after label {name!r}")
-        i = j + 1
-    return tuple(out)
+    try:
+        metric, labels, end = _labels(raw + "}", 0, False)
+    except _LineError as exc:
+        raise ValueError(str(exc)) from None
+    if metric is not None or end != len(raw) + 1:
+        raise ValueError("not a label set")
+    return labels

@@ -15,7 +15,21 @@ import httpx
 
 from agent.errors import CollectorError
 
-REASONS = ("connect", "timeout", "http_status", "too_large", "truncated", "not_utf8", "not_prometheus", "parse")
+REASONS = (
+    "connect",
+    "timeout",
+    "http_status",
+    "too_large",
+    "truncated",
+    "not_utf8",
+    "not_prometheus",
+    "unknown_engine",  # valid exposition, no family of a known engine
+    "parse",
+    "duplicate_series",  # one series twice in an exposition (Prometheus rejects the scrape)
+    "type_conflict",  # a second TYPE/HELP line for a family, or TYPE after its samples
+    "negative_value",  # a counter, histogram bucket/count or summary count below zero
+    "openmetrics",  # an OpenMetrics family rule broken (body ending in # EOF)
+)
 ACCEPT = "text/plain;version=0.0.4;q=1,application/openmetrics-text;q=0.5,*/*;q=0.1"
 _REFUSED_TYPES = ("text/html", "application/json", "application/xml", "text/xml", "application/x-protobuf")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from agent.engine.adapters import ADAPTERS, DEFAULT_MODEL, EngineReading, KeyCache, detect, read
+from agent.engine.adapters import ADAPTERS, DEFAULT_MODEL, EngineReading, KeyCache, detect, prefixes_seen, read
 from agent.engine.board import QUANTILES, LatencyStats
 from agent.engine.exposition import ExpositionError, ExpositionReader
 from agent.engine.fetch import EngineScrapeError
@@ -33,11 +33,7 @@ class EngineParser:
             raise EngineScrapeError("not_utf8", f"body is not UTF-8 (invalid byte at offset {exc.start})") from None
         kind = self.kind if self.kind != "auto" else detect(text)
         if kind is None:
-            head = text[:60].replace("\n", "\\n")
-            raise EngineScrapeError(
-                "not_prometheus",
-                f"no vLLM, SGLang, TGI, llama.cpp or TensorRT-LLM families in the response (starts {head!r})",
-            )
+            raise self._unknown(text)
         adapter = ADAPTERS[kind]
         reader = self._readers.get(kind)
         if reader is None:
@@ -45,8 +41,8 @@ class EngineParser:
         try:
             expo = reader.read(text)
         except ExpositionError as exc:
-            truncated = exc.last and not text.endswith("\n")
-            raise EngineScrapeError("truncated" if truncated else "parse", str(exc)) from None
+            truncated = exc.last and not text.endswith("\n") and exc.reason == "parse"
+            raise EngineScrapeError("truncated" if truncated else exc.reason, str(exc)) from None
         except SourceFormatError as exc:
             raise EngineScrapeError("parse", str(exc)) from None
         if expo.matched == 0:
@@ -54,7 +50,25 @@ class EngineParser:
         keys = self._keys.get(kind)
         if keys is None:
             keys = self._keys[kind] = KeyCache(adapter.model_labels, self.default_model)
-        return read(adapter, expo, self.default_model, keys)
+        try:
+            return read(adapter, expo, self.default_model, keys)
+        except SourceFormatError as exc:  # a bucket bound that is not a number, in a family without TYPE
+            raise EngineScrapeError("parse", str(exc)) from None
+
+    @staticmethod
+    def _unknown(text: str) -> EngineScrapeError:
+        """``unknown_engine`` for a valid exposition of another program, else ``not_prometheus``."""
+        try:
+            ExpositionReader(("",), frozenset(), scrape_rules=False).read(text)
+        except ExpositionError as exc:
+            if exc.reason != "parse":  # an exposition, broken by a scrape rule (a second TYPE line)
+                return EngineScrapeError(exc.reason, str(exc))
+            head = text[:60].replace("\n", "\\n")
+            return EngineScrapeError("not_prometheus", f"not a Prometheus exposition ({exc}; starts {head!r})")
+        seen = prefixes_seen(text)
+        if not seen:
+            return EngineScrapeError("not_prometheus", "the response holds no samples")
+        return EngineScrapeError("unknown_engine", f"no known engine families; prefixes seen: {', '.join(seen)}")
 
 
 def stats_from_histogram(h: Histogram | None) -> LatencyStats | None:

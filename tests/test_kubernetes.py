@@ -436,3 +436,11 @@ def test_checkov_fails_nothing_and_every_skip_is_expected_and_explained(checkov_
             assert len(c["check_result"].get("suppress_comment", "")) > 40, (overlay, c["check_id"])
     passed = _by_overlay(results["passed_checks"])
     assert all(len(passed.get(o, [])) > 50 for o in OVERLAYS), {o: len(passed.get(o, [])) for o in OVERLAYS}
+
+
+def test_docs_name_every_overlay_and_skip() -> None:
+    text = (ROOT / "docs" / "kubernetes.md").read_text(encoding="utf-8")
+    for overlay in OVERLAYS:
+        assert f"`{'base/' if overlay == 'base' else f'overlays/{overlay}/'}`" in text, overlay
+    for check in set().union(*EXPECTED_SKIPS.values()):
+        assert check in text, check

@@ -20,6 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -27,6 +28,8 @@ import yaml
 
 from agent.config import load_settings
 from deploy.kubernetes import generate
+from tests.conftest import free_port
+from tests.procs import running, wait_http
 from tests.tools import require
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,6 +215,51 @@ def test_the_agent_accepts_the_pods_settings(tmp_path: Path, monkeypatch: pytest
     assert str(settings.path.procfs) == "/host/proc" and str(settings.path.sysfs) == "/host/sys"
     assert settings.profiling.enabled is True
     assert settings.engine.metrics_url == "http://10.0.0.1:8000/metrics"
+
+
+@pytest.mark.integration
+def test_the_pods_command_and_environment_serve_the_probes(tmp_path: Path) -> None:
+    """The container's args and env (the base's), run here: probes answer without a token, the scrape token reads.
+
+    Only what a node provides differs: the host's /proc and /sys are this machine's, HOST_IP is 127.0.0.1 (no
+    engine there: the engine collector reports it), the emptyDir is a temporary directory, and the agent binds
+    127.0.0.1 on a free port instead of the pod IP.
+    """
+    pod = _agent(render("base"))
+    (container,) = pod["containers"]
+    port = free_port()
+    operator, scrape = "o" * 32, "s" * 32
+    (tmp_path / "tokens").write_text(f"{operator} read,snapshots,profile operator\n{scrape} read prometheus\n")
+    (tmp_path / "config.yaml").write_text(_one(render("base"), "ConfigMap")["data"]["config.yaml"])
+    node = {"NODE_NAME": "gpu-node-1", "POD_NAME": "inferwatch-agent-x", "POD_NAMESPACE": "inferwatch"}
+    where = {"HOST_IP": "127.0.0.1", **node}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("INFERWATCH_", "OTEL_"))}
+    for name, value in _env(pod).items():
+        env[name] = re.sub(r"\$\((\w+)\)", lambda m: where[m.group(1)], value) if name not in where else where[name]
+    env |= {
+        "INFERWATCH_PATH__PROCFS": "/proc",
+        "INFERWATCH_PATH__SYSFS": "/sys",
+        "INFERWATCH_CONFIG": str(tmp_path / "config.yaml"),
+        "INFERWATCH_API__TOKENS_FILE": str(tmp_path / "tokens"),
+        "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "state" / "snapshots"),
+        "HOME": str(tmp_path / "state"),
+        "TMPDIR": str(tmp_path),
+    }
+    args = [a if a != "0.0.0.0" else "127.0.0.1" for a in container["args"]]
+    args[args.index("--port") + 1] = str(port)
+    base = f"http://127.0.0.1:{port}"
+    with running([str(ROOT / ".venv" / "bin" / "python"), "-m", "agent", *args], tmp_path / "agent.log", env=env) as p:
+        assert wait_http(base + container["livenessProbe"]["httpGet"]["path"], proc=p).status_code == 200
+        ready = wait_http(base + container["readinessProbe"]["httpGet"]["path"], ok=lambda r: r.status_code == 200)
+        assert ready.json()["ready"] is True
+        read = {"Authorization": f"Bearer {scrape}"}
+        assert httpx.get(base + "/metrics", headers=read).status_code == 200
+        assert httpx.get(base + "/api/v1/status").status_code == 401
+        assert httpx.get(base + "/api/v1/status", headers=read).status_code == 200
+        assert httpx.post(base + "/api/v1/snapshots", headers=read).status_code == 403
+        # The operator's token holds the scope (no 401/403); the base configures no debug endpoint to snapshot.
+        answer = httpx.post(base + "/api/v1/snapshots", headers={"Authorization": f"Bearer {operator}"})
+        assert answer.status_code == 409 and answer.json()["error"] == "not_configured", answer.text
 
 
 def test_probes_and_resources() -> None:

@@ -137,6 +137,18 @@ def test_every_object_validates(overlay: str) -> None:
             pytest.fail(f"{overlay}: {doc['kind']}/{doc['metadata']['name']}: {exc}")
 
 
+LAST_APPLIED_MAX_BYTES = 262_144  # the API server's limit on all annotations of an object (256 KiB)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_fits_client_side_apply(overlay: str) -> None:
+    """``kubectl apply`` copies each object into its last-applied-configuration annotation: a dashboard past 256 KiB
+    would need ``--server-side``. Half the limit: the warning comes while a dashboard can still grow."""
+    for doc in render(overlay):
+        size = len(json.dumps(doc, separators=(",", ":")))
+        assert size < LAST_APPLIED_MAX_BYTES // 2, f"{doc['kind']}/{doc['metadata']['name']}: {size} bytes"
+
+
 def test_validation_rejects_a_misspelt_field() -> None:
     """Both validators are strict: a typo in a core object or a CRD is an error, not a pruned field."""
     docs = render("kube-prometheus-stack")

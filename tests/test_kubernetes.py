@@ -28,6 +28,7 @@ import yaml
 
 from agent.config import load_settings
 from deploy.kubernetes import generate
+from exporters.otlp import build_resource
 from tests.conftest import free_port
 from tests.procs import running, wait_http
 from tests.tools import require
@@ -308,6 +309,19 @@ def test_node_and_pod_identity_reach_the_resource_attributes() -> None:
     # $(VAR) expands only for variables defined earlier in the list.
     assert names.index("NODE_NAME") < names.index("OTEL_RESOURCE_ATTRIBUTES")
     assert _env(pod)["OTEL_EXPORTER_OTLP_ENDPOINT"].startswith("http://")
+
+
+def test_the_otlp_resource_names_the_node_not_the_pod(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent's own resource builder, given the pod's OTEL_RESOURCE_ATTRIBUTES as the kubelet expands them."""
+    where = {"NODE_NAME": "gpu-node-1", "POD_NAME": "inferwatch-agent-x7k2p", "POD_NAMESPACE": "inferwatch"}
+    attrs = _env(_agent(render("otlp-gateway")))["OTEL_RESOURCE_ATTRIBUTES"]
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", re.sub(r"\$\((\w+)\)", lambda m: where[m.group(1)], attrs))
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    resource = build_resource({"host.name": "inferwatch-agent-x7k2p", "host.type": "p5.48xlarge"}, "production")
+    got = dict(resource.attributes)
+    assert got["host.name"] == got["k8s.node.name"] == got["service.instance.id"] == "gpu-node-1"
+    assert got["k8s.pod.name"] == "inferwatch-agent-x7k2p" and got["k8s.namespace.name"] == "inferwatch"
+    assert got["host.type"] == "p5.48xlarge"  # what the agent reads itself stays
 
 
 # -- overlays -----------------------------------------------------------------------------------------------------

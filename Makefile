@@ -14,8 +14,9 @@ TESTS ?=
 PROMTOOL ?= promtool
 
 # Order matters: the dashboards name alerts (checked against the rule files), the link generator reads the
-# dashboards' variables, and the SLO generator calls the link generator.
-GENERATORS := agent.catalog.docs dashboards.generate agent.alerts.links agent.alerts.slo
+# dashboards' variables, the SLO generator calls the link generator, and the Kubernetes manifests copy the rules
+# and dashboards they produce.
+GENERATORS := agent.catalog.docs dashboards.generate agent.alerts.links agent.alerts.slo deploy.kubernetes.generate
 
 .PHONY: all test lint fmt types generate check-generated rules
 

@@ -62,6 +62,7 @@ command -v gcc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)  # diag: binary-comp
 command -v ldd >/dev/null 2>&1 || need_apt+=(libc-bin)
 command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)  # compose test: services in a private netns
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+command -v kubectl >/dev/null 2>&1 || need_apt+=(kubernetes-client)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "   installing Debian packages: ${need_apt[*]}"
   $SUDO apt-get update -qq
@@ -74,6 +75,13 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 2> >(grep -v 'is ignored: it is neither' >&2)
+end
+
+# checkov pins packaging 23.x, which pytest and build refuse, so it has a venv of its own (tests/test_kubernetes.py
+# finds it at .venv-tools/bin/checkov).
+begin "checkov (.venv-tools)"
+[ -x .venv-tools/bin/python ] || python3 -m venv .venv-tools
+.venv-tools/bin/python -m pip install -q --disable-pip-version-check 'checkov>=3.2,<4' 2> >(grep -v 'is ignored: it is neither' >&2)
 end
 
 if [ -x scripts/build-llama-server.sh ]; then

@@ -71,7 +71,7 @@ def test_make_generate_runs_every_generator() -> None:
     makefile = (ROOT / "Makefile").read_text()
     listed = set(re.search(r"^GENERATORS := (.+)$", makefile, re.M).group(1).split())  # type: ignore[union-attr]
     found = set()
-    for top in ("agent", "dashboards"):
+    for top in ("agent", "dashboards", "deploy"):
         for path in (ROOT / top).rglob("*.py"):
             if '"--check"' in path.read_text(encoding="utf-8"):
                 found.add(".".join(path.relative_to(ROOT).with_suffix("").parts))

@@ -9,8 +9,11 @@ reason says which, and ``conftest.py`` counts them in the summary.
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # binary → the Debian package scripts/test.sh installs it from
 PACKAGES = {
@@ -21,11 +24,21 @@ PACKAGES = {
     "docker-compose": "docker-compose",
     "objdump": "binutils",
     "unshare": "util-linux",
+    "kubectl": "kubernetes-client",
+}
+# binary → the virtualenv scripts/test.sh installs it into, for a Python tool whose pins clash with .venv's
+VENVS = {
+    "checkov": ".venv-tools",
 }
 
 
 def require(binary: str) -> str:
     """The path of ``binary``; fails the test (never skips) when the test command should have installed it."""
+    if binary in VENVS:
+        candidate = ROOT / VENVS[binary] / "bin" / binary
+        if not candidate.is_file():
+            pytest.fail(f"{candidate} not found: scripts/test.sh installs {binary} there (pip)", pytrace=False)
+        return str(candidate)
     path = shutil.which(binary)
     if path is None:
         package = PACKAGES.get(binary, binary)

@@ -2,9 +2,9 @@
 quantities absent, and the runtime's SIMD utilisation verdict.
 
 ``URL`` is the engine's base URL (``http://127.0.0.1:8080``) or its metrics URL (``.../metrics``). The
-SIMD check finds the engine's process by the port it listens on (or ``runtime.*`` settings), observes it
-for :data:`SIMD_WINDOW_S` while sending it a few short completions (llama.cpp only: the one engine whose
-completion API needs no model name), and reports the verdict of :mod:`agent.simd.analysis`.
+SIMD check observes the engine's process (found by the agent's runtime locator: ``runtime.*``, else the
+port it listens on) for :data:`SIMD_WINDOW_S` while sending it a few short completions (llama.cpp only:
+the one engine whose completion API needs no model name), and reports the verdict of :mod:`agent.simd.analysis`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -127,17 +126,12 @@ def _load(base_url: str, stop: threading.Event) -> None:
                 return
 
 
-def simd_findings(
-    url: str, procfs: Any, runtime: Any, busy_cpu: float, window_s: float = SIMD_WINDOW_S
-) -> list[Finding]:
-    """The SIMD verdict for the process serving ``url`` (found by its listening port or runtime settings)."""
+def simd_findings(url: str, procfs: Any, pid: int, busy_cpu: float, window_s: float = SIMD_WINDOW_S) -> list[Finding]:
+    """The SIMD verdict for the process ``pid`` serving ``url`` (the doctor finds it with the agent's locator)."""
     from agent.collectors.simd import report_finding
     from agent.simd.analysis import SimdAnalyzer
-    from agent.simd.proc import locate_runtime
 
     base, _ = split_url(url)
-    port = urlsplit(base).port
-    pid = locate_runtime(procfs, runtime, port)
     analyzer = SimdAnalyzer(procfs, pid, busy_cpu)
     kind = None
     with contextlib.suppress(httpx.HTTPError):

@@ -16,16 +16,17 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from agent import catalog
 from agent.catalog.spec import Kind
-from agent.collectors.base import BaseCollector, Collection
+from agent.collectors import Schedule, schedule
+from agent.collectors.base import BaseCollector
 from agent.config import Settings
 from agent.errors import CatalogError, NoDataError
-from agent.samples import HistogramSample, Sample
-from agent.state import AgentState, CollectorHealth
+from agent.samples import Collection, HistogramSample, Sample
+from agent.state import AgentState, CollectorHealth, next_health
 
 log = logging.getLogger(__name__)
 
@@ -75,20 +76,11 @@ def _all_cycled(waiting: list[tuple[_Slot, int]]) -> bool:
     return all(slot.cycles > seen for slot, seen in waiting)
 
 
-def _quick(collector: BaseCollector) -> bool:
-    try:
-        return bool(collector.quick())
-    except Exception:  # a collector's bug must not reach the scheduler: take its own lane
-        log.debug("quick() of collector %s failed", collector.name, exc_info=True)
-        return False
-
-
 def run_collection(collector: BaseCollector) -> Collection:
-    """Run one collector in the calling thread and validate what it returns (used by doctor)."""
+    """Run one collector in the calling thread and validate what it returns."""
     return validate(collector.collect())
 
 
-HOST_LANE = "host"
 # Scrapes drive the collections when they come at most this many times the shortest interval apart.
 STANDBY_GAP_RATIO = 1.5
 STANDBY_FALLBACK_GAPS = 2.5  # no scrape for this many gaps: the scheduler takes the timed runs back
@@ -128,11 +120,11 @@ class Runner:
 
     One scheduler thread, and one worker thread per lane: the host collectors (quick /proc, /sys and NVML
     reads) share the ``host`` lane and run one after another; a collector that waits on the network or a
-    subprocess (engine, probe, runtime_profile, binary) has a lane of its own. A cycle is thus a handful of
-    thread wake-ups, not two per collector: on a VM an idle-to-busy wake-up costs far more CPU than the
-    work (docs/benchmarks.md). A call that passes its timeout is recorded as failed (``timeout``) and its
-    lane gets a new worker for the calls queued behind it; the stuck call's thread is abandoned, and the
-    collector is not called again ("failed (hung)" each cycle) until that call returns.
+    subprocess (engine, probe, runtime_profile) has a lane of its own (the registry says which). A cycle is
+    thus a handful of thread wake-ups, not two per collector (why that matters: docs/benchmarks.md). A call
+    that passes its timeout is recorded as failed (``timeout``) and its lane gets a new worker for the calls
+    queued behind it; the stuck call's thread is abandoned, and the collector is not called again ("failed
+    (hung)" each cycle) until that call returns.
 
     While an event loop's scrapes come at the collection interval (:meth:`pull_async`), they drive the runs
     and expire overdue calls themselves, and the scheduler stands by: it sleeps (looking once a minute) until
@@ -140,7 +132,14 @@ class Runner:
     runs back to it. A standing-by scheduler costs no wake-up per cycle.
     """
 
-    def __init__(self, settings: Settings, state: AgentState, collectors: Iterable[BaseCollector]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        state: AgentState,
+        collectors: Iterable[BaseCollector],
+        schedules: Mapping[str, Schedule] | None = None,
+    ) -> None:
+        """``schedules`` by collector name; one not given is the registry's (:func:`agent.collectors.schedule`)."""
         self.settings = settings
         self.state = state
         self.collectors = list(collectors)
@@ -160,18 +159,12 @@ class Runner:
         self._fallback: asyncio.TimerHandle | None = None  # that timer; touched on the loop's thread only
         self._waiters: list[tuple[list[tuple[_Slot, int]], Callable[[], None]]] = []  # pull_async's scrapes
         for c in self.collectors:
-            interval, timeout = self._timing(c)
-            lane = getattr(c, "lane", HOST_LANE) or c.name
+            plan = (schedules or {}).get(c.name) or schedule(c.name, settings)
+            interval, timeout, lane = plan.interval_s, plan.timeout_s, plan.lane
             if lane not in self._lanes:
                 self._lanes[lane] = _Lane(lane, threading.Condition(self._lock))
             self._slots.append(_Slot(c, interval, timeout, lane))
             state.register(CollectorHealth(c.name, interval, timeout))
-
-    def _timing(self, c: BaseCollector) -> tuple[float, float]:
-        cfg = self.settings.collector(c.name)
-        interval = cfg.interval_s or c.default_interval_s or self.settings.interval_s
-        timeout = cfg.timeout_s or min(self.settings.timeout_s, interval)
-        return interval, timeout
 
     def start(self) -> None:
         with self._lock:
@@ -333,8 +326,6 @@ class Runner:
                 continue
             slot.running = True
             lane = self._lanes[slot.lane]
-            if lane.name != HOST_LANE and HOST_LANE in self._lanes and _quick(slot.collector):
-                lane = self._lanes[HOST_LANE]  # a quick call of a network collector: no wake-up of its thread
             lane.queue.append(slot)
             if lane.current is None and len(lane.queue) == 1:
                 lane.deadline = now + slot.timeout  # the worker sets the exact one when it starts
@@ -429,29 +420,8 @@ class Runner:
         message: str | None = None,
         hint: str | None = None,
     ) -> None:
-        now = time.time()
         prev = self.state.health_of(collector.name)
-        failed = outcome not in ("ok", "absent")
-        new_state = "failed" if failed else outcome
-        counts = dict(prev.error_counts)
-        if failed:
-            reason = "timeout" if outcome == "hung" else outcome
-            counts[reason] = counts.get(reason, 0) + 1
-        health = CollectorHealth(  # not dataclasses.replace: this runs for every collection
-            prev.name,
-            prev.interval_s,
-            prev.timeout_s,
-            runs=prev.runs + 1,
-            errors=prev.errors + (1 if failed else 0),
-            last_run_at=now,
-            last_success_at=prev.last_success_at if failed else now,
-            duration_s=time.monotonic() - started,
-            state=new_state,
-            last_error=message if failed else prev.last_error,
-            error_reason=outcome if failed else prev.error_reason,
-            hint=hint if outcome == "absent" else None,
-            error_counts=counts,
-        )
+        health = next_health(prev, outcome, time.monotonic() - started, time.time(), message, hint)
         self._log_transition(prev, health, message, hint)
         self.state.record(collector.name, health, collection)
 

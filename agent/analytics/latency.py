@@ -29,19 +29,18 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from agent import catalog
 from agent.analytics import bimodality
 from agent.analytics.windows import WINDOWS_S, WindowedSketch, WindowedSum, log_bins, slot_of
 from agent.catalog.engine import MODEL
 from agent.engine.board import LatencyBoard, LatencyStats, latency_samples
-from agent.samples import AnySample, HistogramSample, Sample, attrs
+from agent.samples import UNKNOWN_MODEL, AnySample, HistogramSample, RequestTiming, Sample, attrs
 
 QUANTITIES = ("ttft", "itl", "e2e", "queue", "prefill", "decode", "inference")
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 SOURCE = "spans"
-UNKNOWN_MODEL = "unknown"  # what agent.receiver.spans names a span without a model
 DEFAULT_MAX_MODELS = 64
 SAMPLES_TTL_S = 1.0  # one computation serves every sink reading within a second (OTLP reads once per metric)
 HISTOGRAMS = {
@@ -49,16 +48,6 @@ HISTOGRAMS = {
     "itl": "gen_ai.server.time_per_output_token",
     "e2e": "gen_ai.server.request.duration",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class RequestTiming:
-    """One finished request. ``seconds`` maps a quantity (:data:`QUANTITIES`) to its value in seconds."""
-
-    model: str
-    seconds: dict[str, float] = field(default_factory=dict)
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """The NVML boundary: a small client protocol, and its implementation over nvidia-ml-py (``pynvml``).
 
 The ``gpu`` collector and ``doctor`` only talk to :class:`NVMLClient` (taken from
-``ctx.services["nvml"]`` when a test or an embedding injects one), so they are tested without a GPU.
+``ctx.nvml``, which a test replaces with a fake), so they are tested without a GPU.
 Units are NVML's own here (percent, MHz, mW, °C, bytes); the collector converts to base units.
 
 Errors: a host without the NVML library, driver or any GPU raises NoDataError with a hint (expected

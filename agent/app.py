@@ -10,7 +10,7 @@ import logging
 import threading
 from typing import Any
 
-from agent.collectors import enabled_collectors, schedule
+from agent.collectors import HOST_LANE, Collector, Schedule, enabled_collectors, schedule
 from agent.config import Settings
 from agent.identity import node_identity
 from agent.runner import Runner
@@ -30,7 +30,28 @@ class Agent:
         self.state = deps.state
         self.state.identity = node_identity(settings.path.procfs, settings.path.sysfs)
         self.ctx = deps.collect_context()
-        self.runner = Runner(settings, self.state, enabled_collectors(self.ctx))
+        self.analytics: Any = None  # LatencyAnalytics when the OTLP trace receiver is on
+        self.receiver: Any = None
+        processors: list[Collector] = []
+        if settings.receiver.enabled:
+            from agent.analytics.latency import LatencyAnalytics
+            from agent.analytics.processor import SpanAnalytics
+            from agent.receiver import Receiver
+
+            self.analytics = LatencyAnalytics(
+                max_models=settings.receiver.max_models, histograms=settings.receiver.emit_histograms
+            )
+            self.receiver = Receiver(settings.receiver, self.analytics)
+            processors.append(SpanAnalytics(self.analytics, self.state))  # on the runner's schedule
+            self.state.add_source("receiver", self.receiver.samples)
+        # A processor runs on the host lane at the agent's interval and on every scrape (its input is in memory).
+        processing = Schedule(settings.interval_s, min(settings.timeout_s, settings.interval_s), HOST_LANE, True)
+        self.runner = Runner(
+            settings,
+            self.state,
+            [*enabled_collectors(self.ctx), *processors],
+            {p.name: processing for p in processors},
+        )
         for collector in self.runner.collectors:  # status a collector exports even while failing (engine up)
             status = getattr(collector, "status_samples", None)
             if callable(status):
@@ -42,20 +63,6 @@ class Agent:
         self.registry = make_registry(self.state)
         self.otlp: Any = None
         self.otlp_logs: Any = None
-        self.analytics: Any = None  # LatencyAnalytics when the OTLP trace receiver is on
-        self.receiver: Any = None
-        if settings.receiver.enabled:
-            from agent.analytics.latency import LatencyAnalytics
-            from agent.receiver import Receiver
-
-            self.analytics = LatencyAnalytics(
-                max_models=settings.receiver.max_models,
-                histograms=settings.receiver.emit_histograms,
-                board=deps.sources.board,  # shared with the engine collector
-            )
-            self.receiver = Receiver(settings.receiver, self.analytics)
-            self.state.add_source("spans", self.analytics.samples)
-            self.state.add_source("receiver", self.receiver.samples)
         self._started = False
         self._stopped = False
         self._lock = threading.Lock()

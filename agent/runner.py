@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from agent import catalog
 from agent.catalog.spec import Kind
 from agent.collectors import Schedule, schedule
-from agent.collectors.base import BaseCollector
+from agent.collectors.base import Collector
 from agent.config import Settings
 from agent.errors import CatalogError, NoDataError
 from agent.samples import Collection, HistogramSample, Sample
@@ -76,7 +76,7 @@ def _all_cycled(waiting: list[tuple[_Slot, int]]) -> bool:
     return all(slot.cycles > seen for slot, seen in waiting)
 
 
-def run_collection(collector: BaseCollector) -> Collection:
+def run_collection(collector: Collector) -> Collection:
     """Run one collector in the calling thread and validate what it returns."""
     return validate(collector.collect())
 
@@ -91,10 +91,11 @@ STANDBY_SAFETY_S = 60.0  # a standing-by scheduler still looks once a minute (sh
 class _Slot:
     """One collector's schedule; every field is guarded by the runner's lock."""
 
-    collector: BaseCollector
+    collector: Collector
     interval: float
     timeout: float
     lane: str
+    on_scrape: bool = False  # run on every scrape (a processor of in-memory input: cheap, and the scrape sees it)
     due: float = 0.0  # monotonic time of its next run
     started: float = -math.inf  # monotonic time its last call started
     running: bool = False  # queued in or running on its lane
@@ -136,7 +137,7 @@ class Runner:
         self,
         settings: Settings,
         state: AgentState,
-        collectors: Iterable[BaseCollector],
+        collectors: Iterable[Collector],
         schedules: Mapping[str, Schedule] | None = None,
     ) -> None:
         """``schedules`` by collector name; one not given is the registry's (:func:`agent.collectors.schedule`)."""
@@ -163,7 +164,7 @@ class Runner:
             interval, timeout, lane = plan.interval_s, plan.timeout_s, plan.lane
             if lane not in self._lanes:
                 self._lanes[lane] = _Lane(lane, threading.Condition(self._lock))
-            self._slots.append(_Slot(c, interval, timeout, lane))
+            self._slots.append(_Slot(c, interval, timeout, lane, plan.on_scrape))
             state.register(CollectorHealth(c.name, interval, timeout))
 
     def start(self) -> None:
@@ -258,7 +259,7 @@ class Runner:
                 waiting.append((slot, slot.cycles))
             elif not slot.stuck:
                 window = slot.interval / 2 if gap is None else gap  # the next scrape: one gap from now
-                if slot.due - now <= window and now - slot.started >= slot.interval / 2:
+                if slot.on_scrape or (slot.due - now <= window and now - slot.started >= slot.interval / 2):
                     slot.due = now
                     waiting.append((slot, slot.cycles))
         self._queue_due(now)  # the pulled runs, and a hung collector's due cycle
@@ -391,7 +392,7 @@ class Runner:
                 # The scheduler is not woken: at worst it wakes at this call's deadline and finds nothing to do.
 
     @staticmethod
-    def _call(collector: BaseCollector) -> tuple[tuple[Collection | None, str, str | None, str | None], float | None]:
+    def _call(collector: Collector) -> tuple[tuple[Collection | None, str, str | None, str | None], float | None]:
         """Run one collection: ((collection, outcome, message, hint), seconds before the next call if absent).
 
         The delay is inf for an absence only configuration can end (nothing configured to watch: the status
@@ -413,7 +414,7 @@ class Runner:
 
     def _finish(
         self,
-        collector: BaseCollector,
+        collector: Collector,
         started: float,
         collection: Collection | None,
         outcome: str,

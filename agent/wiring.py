@@ -2,7 +2,7 @@
 
 :func:`build_deps` creates every boundary with the OS or hardware and every shared service exactly once —
 procfs/sysfs roots, the NVML client, the CPU probe, the engine's HTTP client (optional), the one runtime
-locator, the latency board, the profile reader, the API authenticator and the actions (binary check,
+locator, the profile reader, the API authenticator and the actions (binary check,
 snapshot store, py-spy profile manager) — into one frozen :class:`Deps`. Nothing else creates them: a
 collector gets a :class:`~agent.collectors.base.CollectContext` (:meth:`Deps.collect_context`), the API
 an :class:`~agent.api.server.ApiServices`; tests replace a piece by passing it to :func:`build_deps`.
@@ -24,7 +24,6 @@ from agent.api.server import ApiServices
 from agent.collectors.base import CollectContext
 from agent.config import Settings
 from agent.debugprofile.reader import ProfileReader
-from agent.engine.board import LatencyBoard
 from agent.host.cpuprobe import CpuProbe, SyscallCpuProbe
 from agent.host.nvml import NVMLClient, PynvmlClient
 from agent.host.runtime import RuntimeLocator
@@ -36,7 +35,7 @@ class Deps:
     """Everything the agent shares, built once (:func:`build_deps`).
 
     ``sources`` is what every collector gets (procfs/sysfs roots, NVML client, CPU probe, runtime
-    locator, latency board, profile reader, engine HTTP client); the rest is for sinks and actions.
+    locator, profile reader, engine HTTP client); the rest is for sinks and actions.
     """
 
     settings: Settings
@@ -78,7 +77,6 @@ def build_deps(
         nvml=nvml or PynvmlClient(),
         cpu_probe=cpu_probe or SyscallCpuProbe(),
         locator=locator,
-        board=LatencyBoard(),
         profile_reader=reader,
         engine_http=engine_http,
     )

@@ -15,7 +15,7 @@ from agent.engine.fetch import EngineScrapeError
 from agent.errors import NoDataError
 from agent.runner import validate
 from agent.samples import HistogramSample, Sample
-from agent.wiring import build_deps, collect_context
+from agent.wiring import collect_context
 from tests import engine_server as es
 from tests.conftest import FIXTURES, PYTHON, ROOT
 from tests.engine_expo import VllmLike
@@ -77,13 +77,6 @@ def test_good_exposition_windows_and_catalog() -> None:
     board = c.board
     stats = board.get("m1", "ttft", "1m")
     assert stats is not None and stats.source == "histogram" and stats.count == 20
-
-
-def test_board_is_the_one_the_wiring_built() -> None:
-    deps = build_deps(Settings())
-    c = EngineCollector(deps.collect_context())
-    assert c.board is deps.sources.board
-    c.close()
 
 
 def test_llamacpp_token_time_from_counters() -> None:

@@ -59,11 +59,12 @@ class Entry:
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
-    """What the runner applies to one collector (seconds)."""
+    """What the runner applies to one collector or processor (seconds); ``on_scrape``: run on every scrape."""
 
     interval_s: float
     timeout_s: float
     lane: str
+    on_scrape: bool = False
 
 
 REGISTRY: dict[str, Entry] = {

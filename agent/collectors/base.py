@@ -20,7 +20,6 @@ import httpx
 
 from agent.config import Settings
 from agent.debugprofile.reader import ProfileReader
-from agent.engine.board import LatencyBoard
 from agent.host.cpuprobe import CpuProbe
 from agent.host.nvml import NVMLClient
 from agent.host.runtime import RuntimeLocator
@@ -31,7 +30,7 @@ from agent.samples import Collection
 class CollectContext:
     """Everything a collector may touch outside the process, built once by :mod:`agent.wiring`.
 
-    Shared instances (one runtime locator, one NVML client, one latency board) are passed explicitly;
+    Shared instances (one runtime locator, one NVML client, one profile reader) are passed explicitly;
     tests build one with :func:`agent.wiring.collect_context` and replace what they fake.
     """
 
@@ -41,7 +40,6 @@ class CollectContext:
     nvml: NVMLClient
     cpu_probe: CpuProbe
     locator: RuntimeLocator
-    board: LatencyBoard
     profile_reader: ProfileReader
     engine_http: httpx.Client | None = None  # None: the engine collector opens (and closes) its own
 

@@ -17,9 +17,10 @@ emits, per model (``gen_ai.request.model``):
 while the collector is failing. Every failure raises :class:`~agent.engine.fetch.EngineScrapeError`
 with its reason; the runner counts it and the agent keeps serving.
 
-The histogram-derived stats are also published to the shared
-:class:`~agent.engine.board.LatencyBoard` (``ctx.board``, the one the wiring built), where a
-span-based producer can publish ``source="spans"`` stats next to them.
+The histogram-derived stats are kept in the collector's own :class:`~agent.engine.board.LatencyBoard`
+(``EngineCollector.board``, for inspection). The span analytics learn what they need from this
+collector's collection in the state (``details["models"]`` and its ``frontend_gap`` series), not
+from a shared object.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import httpx
 from agent.catalog.engine import MODEL
 from agent.collectors.base import BaseCollector, CollectContext, Collection
 from agent.engine.adapters import DEFAULT_MODEL, QUANTITIES, EngineReading, ModelReading
-from agent.engine.board import Key, LatencyStats, latency_samples
+from agent.engine.board import Key, LatencyBoard, LatencyStats, latency_samples
 from agent.engine.fetch import REASONS, EngineScrapeError, fetch
 from agent.engine.histogram import sum_histograms
 from agent.engine.scrape import EngineParser, stats_from_histogram
@@ -161,7 +162,7 @@ class EngineCollector(BaseCollector):
         self.cfg = cfg
         self.parser = EngineParser(cfg.kind, cfg.model_name or DEFAULT_MODEL)
         self.timeline = EngineTimeline()
-        self.board = ctx.board
+        self.board = LatencyBoard()  # its own latest stats per (model, quantity, window); shared with no one
         injected = ctx.engine_http
         self._own_client = injected is None
         self._client: httpx.Client = injected or httpx.Client(follow_redirects=False, trust_env=False)

@@ -1,10 +1,8 @@
-"""Per-model latency statistics shared between producers: engine histograms and OTLP spans.
+"""Per-model latency statistics (:class:`LatencyStats`) and the samples every producer exports from them.
 
-The engine collector publishes what it derives from the engine's cumulative buckets
-(``source="histogram"``); a span-based producer publishes exact per-request quantiles
-(``source="spans"``) into the same board. Readers (``engine inspect``, analytics that need both,
-e.g. the front-end gap or a comparison of the two) ask the board; neither producer imports the
-other. The wiring (:mod:`agent.wiring`) builds the one board and passes it to both.
+:class:`LatencyBoard` holds the latest stats per (source, model, quantity, window); the engine collector
+keeps its own (``source="histogram"``). It is not shared between producers: the span analytics read
+what they need from the engine collector's collection in the state.
 
 :func:`latency_samples` turns one :class:`LatencyStats` into the catalog samples
 ``inferwatch.engine.latency`` (per quantile), ``.samples`` and ``.tail_ratio``, so every producer

@@ -1,10 +1,12 @@
 """Runs each enabled collector on its interval, with a timeout, isolating failures.
 
-One scheduler thread; collectors run on lane worker threads (see :class:`Runner`), so a hang is detected
-by the timeout without blocking anyone else. A hung call is never started twice: the collector stays
-"failed (hung)" until that call returns. A scrape can pull due runs forward (:meth:`Runner.pull`).
-Samples are checked against the catalog before they reach the state; a collector that returns garbage
-fails, it does not break a sink. State changes are logged once (failed → ok → absent), never per cycle.
+When to run what is decided by the pure functions of :mod:`agent.schedule` on the runner's clock (a
+parameter); this module adds the threads. One scheduler thread; collectors run on lane worker threads (see
+:class:`Runner`), so a hang is detected by the timeout without blocking anyone else. A hung call is never
+started twice: the collector stays "failed (hung)" until that call returns. A scrape can pull due runs
+forward (:meth:`Runner.pull`). Samples are checked against the catalog before they reach the state; a
+collector that returns garbage fails, it does not break a sink. State changes are logged once (failed → ok →
+absent), never per cycle.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from agent.collectors.base import Collector
 from agent.config import Settings
 from agent.errors import CatalogError, NoDataError
 from agent.samples import Collection, HistogramSample, Sample
+from agent.schedule import SlotTimes, after_run, next_wake, pulled_runs, timed_runs
 from agent.state import AgentState, CollectorHealth, next_health
 
 log = logging.getLogger(__name__)
@@ -58,20 +61,6 @@ def validate(collection: object) -> Collection:
     return collection
 
 
-def next_due(started: float, interval: float, now: float) -> float:
-    """The next run of a collector that started at ``started``: the next point on a grid of ``interval``.
-
-    Every collector with the same interval (and every longer interval that is a multiple of it) wakes at
-    the same instant, so a cycle is one burst of work instead of one wake-up per collector: on a VM an
-    idle-to-busy wake-up costs far more CPU than the work itself (docs/benchmarks.md). The first run is at
-    start; a run that overran its interval skips the grid points it missed instead of running twice.
-    """
-    due = (math.floor(started / interval + 0.5) + 1) * interval
-    if due <= now:
-        due += (math.floor((now - due) / interval) + 1) * interval
-    return due
-
-
 def _all_cycled(waiting: list[tuple[_Slot, int]]) -> bool:
     return all(slot.cycles > seen for slot, seen in waiting)
 
@@ -101,6 +90,9 @@ class _Slot:
     running: bool = False  # queued in or running on its lane
     stuck: bool = False  # its last call timed out and has not returned yet
     cycles: int = 0  # completed cycles (any outcome)
+
+    def times(self) -> SlotTimes:
+        return SlotTimes(self.interval, self.due, self.started, self.running, self.stuck, self.on_scrape)
 
 
 @dataclass(eq=False)
@@ -139,11 +131,13 @@ class Runner:
         state: AgentState,
         collectors: Iterable[Collector],
         schedules: Mapping[str, Schedule] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``schedules`` by collector name; one not given is the registry's (:func:`agent.collectors.schedule`)."""
         self.settings = settings
         self.state = state
         self.collectors = list(collectors)
+        self._clock = clock  # monotonic seconds; the schedule itself is pure (agent.schedule)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # the scheduler waits on it
@@ -249,19 +243,15 @@ class Runner:
         them (it wakes for its own timed runs and deadlines; on a VM each wake-up costs far more than the work).
         A call past its deadline is expired here too, so a scrape never waits on a lane a hung call holds.
         """
-        now = time.monotonic()
+        now = self._clock()
         gap = None if self._last_pull is None else now - self._last_pull
         self._last_pull, self._pull_gap = now, gap
         self._expire(now)
-        waiting: list[tuple[_Slot, int]] = []
-        for slot in self._slots:
-            if slot.running:
-                waiting.append((slot, slot.cycles))
-            elif not slot.stuck:
-                window = slot.interval / 2 if gap is None else gap  # the next scrape: one gap from now
-                if slot.on_scrape or (slot.due - now <= window and now - slot.started >= slot.interval / 2):
-                    slot.due = now
-                    waiting.append((slot, slot.cycles))
+        waiting: list[tuple[_Slot, int]] = [(slot, slot.cycles) for slot in self._slots if slot.running]
+        for i in pulled_runs(now, [slot.times() for slot in self._slots], gap):
+            slot = self._slots[i]
+            slot.due = now
+            waiting.append((slot, slot.cycles))
         self._queue_due(now)  # the pulled runs, and a hung collector's due cycle
         if not self._standby and self._deadline() < self._planned:  # a deadline before its planned wake
             self._wake.notify()
@@ -275,7 +265,7 @@ class Runner:
             for lane in self._lanes.values():
                 lane.cond.notify_all()
             threads = [t for lane in self._lanes.values() for t in lane.threads]
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s  # a real wait, whatever clock schedules
         for t in ([self._scheduler] if self._scheduler else []) + threads:
             t.join(max(0.0, deadline - time.monotonic()))
         for c in self.collectors:
@@ -294,20 +284,19 @@ class Runner:
                     wake = self._dispatch()
                 except Exception:  # a bug here must not end every collection: log it, retry in a second
                     log.exception("collector scheduler failed; retrying in 1s")
-                    wake = time.monotonic() + 1.0
+                    wake = self._clock() + 1.0
                 if self._standby:  # scrapes drive (and expire) the runs; the loop's timer ends the standby
-                    wake = time.monotonic() + STANDBY_SAFETY_S  # in case that loop died
+                    wake = self._clock() + STANDBY_SAFETY_S  # in case that loop died
                 self._planned = wake
-                self._wake.wait(None if math.isinf(wake) else max(0.0, wake - time.monotonic()))
+                self._wake.wait(None if math.isinf(wake) else max(0.0, wake - self._clock()))
                 self._planned = -math.inf  # awake: nobody needs to notify
 
     def _dispatch(self) -> float:
         """Under the lock: expire overdue calls, queue the due runs; return when to wake next."""
-        now = time.monotonic()
+        now = self._clock()
         self._expire(now)
         self._queue_due(now)
-        wake = min((s.due for s in self._slots if not s.running), default=math.inf)
-        return min(wake, self._deadline())
+        return next_wake([s.times() for s in self._slots], self._deadline())
 
     def _deadline(self) -> float:
         """Under the lock: the earliest deadline of a running or queued call (inf when every lane is idle)."""
@@ -318,9 +307,8 @@ class Runner:
 
     def _queue_due(self, now: float) -> None:
         """Under the lock: queue every due run on its lane (a hung collector's run is recorded as hung)."""
-        for slot in self._slots:
-            if slot.running or slot.due > now:
-                continue
+        for i in timed_runs(now, [s.times() for s in self._slots]):
+            slot = self._slots[i]
             if slot.stuck:
                 self._finish(slot.collector, now, None, "hung", f"previous run still running after {slot.timeout:g}s")
                 self._cycle_done(slot, now, now)
@@ -354,7 +342,7 @@ class Runner:
         # next scrape normally comes first); otherwise the next point of the shared grid.
         last_pull = self._last_pull
         scraped = last_pull is not None and now - last_pull < 2 * slot.interval
-        slot.due = started + slot.interval if scraped else next_due(started, slot.interval, now)
+        slot.due = after_run(slot.times(), started, now, scraped)
         self._cycled.notify_all()
         if self._waiters:
             for waiter in [w for w in self._waiters if _all_cycled(w[0])]:
@@ -377,7 +365,7 @@ class Runner:
                 if lane.worker is not token or self._stop.is_set():
                     return
                 slot = lane.queue.popleft()
-                started = slot.started = time.monotonic()
+                started = slot.started = self._clock()
                 lane.current, lane.deadline = slot, started + slot.timeout
             outcome, retry_s = self._call(slot.collector)
             with self._lock:
@@ -386,7 +374,7 @@ class Runner:
                     return
                 self._finish(slot.collector, started, *outcome)
                 lane.current, lane.deadline = None, math.inf
-                self._cycle_done(slot, started, time.monotonic())
+                self._cycle_done(slot, started, self._clock())
                 if retry_s is not None:  # an absence that lasts: not called again before then (inf: never)
                     slot.due = max(slot.due, started + retry_s)
                 # The scheduler is not woken: at worst it wakes at this call's deadline and finds nothing to do.
@@ -422,7 +410,7 @@ class Runner:
         hint: str | None = None,
     ) -> None:
         prev = self.state.health_of(collector.name)
-        health = next_health(prev, outcome, time.monotonic() - started, time.time(), message, hint)
+        health = next_health(prev, outcome, self._clock() - started, time.time(), message, hint)
         self._log_transition(prev, health, message, hint)
         self.state.record(collector.name, health, collection)
 

@@ -114,7 +114,7 @@ class Runner:
     One scheduler thread, and one worker thread per lane: the host collectors (quick /proc, /sys and NVML
     reads) share the ``host`` lane and run one after another; a collector that waits on the network or a
     subprocess (engine, probe, runtime_profile) has a lane of its own (the registry says which). A cycle is
-    thus a handful of thread wake-ups, not two per collector (why that matters: docs/benchmarks.md). A call
+    thus a handful of thread wake-ups, not two per collector (why: docs/benchmarks.md, "The agent's CPU target"). A call
     that passes its timeout is recorded as failed (``timeout``) and its lane gets a new worker for the calls
     queued behind it; the stuck call's thread is abandoned, and the collector is not called again ("failed
     (hung)" each cycle) until that call returns.
@@ -240,7 +240,7 @@ class Runner:
         """Under the lock: queue the runs a scrape pulls (see :meth:`pull`); return (slot, cycles seen) to await.
 
         The pulled runs are queued on their lanes here, by the scraping thread: the scheduler is not woken for
-        them (it wakes for its own timed runs and deadlines; on a VM each wake-up costs far more than the work).
+        them (it wakes for its own timed runs and deadlines only; why: docs/benchmarks.md, "The agent's CPU target").
         A call past its deadline is expired here too, so a scrape never waits on a lane a hung call holds.
         """
         now = self._clock()

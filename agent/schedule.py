@@ -5,7 +5,7 @@ per collector, asks :func:`timed_runs` / :func:`pulled_runs` which to start and 
 look again, and moves a slot on with :func:`after_run`. Tests drive these with any numbers they like.
 
 Times are monotonic seconds. Every collector with the same interval wakes on the same grid point
-(:func:`next_due`), so a cycle is one burst of work (why: docs/benchmarks.md).
+(:func:`next_due`), so a cycle is one burst of work (why: docs/benchmarks.md, "The agent's CPU target").
 """
 
 from __future__ import annotations

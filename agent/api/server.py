@@ -23,11 +23,10 @@ Pull = Callable[[float], Awaitable[None]]  # Runner.pull_async: bring the due co
 class MetricsEndpoint:
     """``GET /metrics`` as plain ASGI, in front of the whole API (FastAPI and its middleware).
 
-    A scrape is the agent's one regular wake-up, and on a VM its cost grows with the code and memory it
-    touches (docs/benchmarks.md), so a scrape runs no routing, no middleware stack and no thread hand-off:
-    it checks the token when ``/metrics`` is not an open path, pulls the collections due for it on the
-    event loop (:meth:`Runner.pull_async`: the loop waits, the lane workers collect), and writes the state
-    with :func:`exporters.prometheus.render`. A request the token check refuses goes on to the API, whose
+    A scrape runs no routing, no middleware stack and no thread hand-off (why: docs/benchmarks.md, "The agent's CPU
+    target"): it checks the token when ``/metrics`` is not an open path, pulls the collections due for it on the
+    event loop (:meth:`Runner.pull_async`: the loop waits, the lane workers collect), and writes the state with
+    :func:`exporters.prometheus.render`. A request the token check refuses goes on to the API, whose
     authentication middleware answers (and counts) the 401/403 as for any other path.
     """
 

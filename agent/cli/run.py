@@ -72,7 +72,7 @@ def serve(settings: object) -> None:
         raise typer.Exit(2) from None
     app = agent.asgi()
     # What exists now (modules, settings, the app) lives as long as the process: a full collection need not
-    # walk it. On a VM each page a collection touches after an idle gap costs far more than the work.
+    # walk it (why pages touched per cycle matter: docs/benchmarks.md, "The agent's CPU target").
     gc.collect()
     gc.freeze()
     try:

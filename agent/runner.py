@@ -85,6 +85,8 @@ class _Slot:
     timeout: float
     lane: str
     on_scrape: bool = False  # run on every scrape (a processor of in-memory input: cheap, and the scrape sees it)
+    absence_final: bool = False  # an absence is not retried (nothing configured to watch)
+    absent_retry_s: float | None = None  # an absence is retried after this long
     due: float = 0.0  # monotonic time of its next run
     started: float = -math.inf  # monotonic time its last call started
     running: bool = False  # queued in or running on its lane
@@ -158,7 +160,9 @@ class Runner:
             interval, timeout, lane = plan.interval_s, plan.timeout_s, plan.lane
             if lane not in self._lanes:
                 self._lanes[lane] = _Lane(lane, threading.Condition(self._lock))
-            self._slots.append(_Slot(c, interval, timeout, lane, plan.on_scrape))
+            self._slots.append(
+                _Slot(c, interval, timeout, lane, plan.on_scrape, plan.absence_final, plan.absent_retry_s)
+            )
             state.register(CollectorHealth(c.name, interval, timeout))
 
     def start(self) -> None:
@@ -367,7 +371,7 @@ class Runner:
                 slot = lane.queue.popleft()
                 started = slot.started = self._clock()
                 lane.current, lane.deadline = slot, started + slot.timeout
-            outcome, retry_s = self._call(slot.collector)
+            outcome, retry_s = self._call(slot)
             with self._lock:
                 if lane.worker is not token:  # timed out meanwhile: recorded by the scheduler; we are abandoned
                     slot.stuck = False
@@ -380,12 +384,14 @@ class Runner:
                 # The scheduler is not woken: at worst it wakes at this call's deadline and finds nothing to do.
 
     @staticmethod
-    def _call(collector: Collector) -> tuple[tuple[Collection | None, str, str | None, str | None], float | None]:
+    def _call(slot: _Slot) -> tuple[tuple[Collection | None, str, str | None, str | None], float | None]:
         """Run one collection: ((collection, outcome, message, hint), seconds before the next call if absent).
 
-        The delay is inf for an absence only configuration can end (nothing configured to watch: the status
-        keeps the hint), ``NoDataError.retry_s`` for one that lasts, None otherwise.
+        The delay is the schedule's, as the registry declares it: inf for an absence only configuration can
+        end (nothing configured to watch: the status keeps the hint), ``absent_retry_s`` for one that
+        lasts, None otherwise.
         """
+        collector = slot.collector
         try:
             return (run_collection(collector), "ok", None, None), None
         except NoDataError as exc:
@@ -394,7 +400,7 @@ class Runner:
                 absent = validate(Collection(samples=list(exc.samples))) if exc.samples else Collection()
             except CatalogError as bad:
                 return (None, "bad_sample", str(bad), None), None
-            return (absent, "absent", message, exc.hint), math.inf if exc.permanent else exc.retry_s
+            return (absent, "absent", message, exc.hint), math.inf if slot.absence_final else slot.absent_retry_s
         except CatalogError as exc:
             return (None, "bad_sample", str(exc), None), None
         except Exception as exc:

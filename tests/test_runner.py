@@ -232,12 +232,13 @@ def test_absence_only_configuration_can_end_is_not_retried() -> None:
 
         def collect(self) -> Collection:
             type(self).calls += 1
-            raise NoDataError("no engine URL configured", hint="set engine.metrics_url", permanent=True)
+            raise NoDataError("no engine URL configured", hint="set engine.metrics_url")
 
     settings = load_settings(overrides={"interval_s": 0.1, "timeout_s": 0.1})
     ctx = collect_context(settings)
     state = AgentState()
-    runner = Runner(settings, state, [Unconfigured(ctx), Absent(ctx), Good(ctx)])
+    final = {"unconfigured": Schedule(0.1, 0.1, "host", absence_final=True)}  # as Entry(configured=...) says
+    runner = Runner(settings, state, [Unconfigured(ctx), Absent(ctx), Good(ctx)], final)
     runner.start()
     try:
         assert _wait(lambda: state.health()["good"].runs >= 5 and state.health()["absent"].runs >= 5)
@@ -319,19 +320,20 @@ def test_an_async_scrape_stops_waiting_on_a_hung_collector_after_wait_s() -> Non
         runner.stop()
 
 
-def test_a_lasting_absence_is_retried_after_retry_s_not_every_interval() -> None:
+def test_a_lasting_absence_is_retried_after_absent_retry_s_not_every_interval() -> None:
     class NoDriver(BaseCollector):
         name: ClassVar[str] = "nodriver"
         calls: ClassVar[list[float]] = []
 
         def collect(self) -> Collection:
             self.calls.append(time.monotonic())
-            raise NoDataError("NVML library not found", hint="install the driver", retry_s=0.6)
+            raise NoDataError("NVML library not found", hint="install the driver")
 
     settings = load_settings(overrides={"interval_s": 0.1, "timeout_s": 0.1})
     ctx = collect_context(settings)
     state = AgentState()
-    runner = Runner(settings, state, [NoDriver(ctx), Good(ctx)])
+    lasting = {"nodriver": Schedule(0.1, 0.1, "host", absent_retry_s=0.6)}  # as Entry(absent_retry_s=...) says
+    runner = Runner(settings, state, [NoDriver(ctx), Good(ctx)], lasting)
     runner.start()
     try:
         assert _wait(lambda: len(NoDriver.calls) >= 3, 5)

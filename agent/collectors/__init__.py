@@ -24,8 +24,9 @@ from agent.collectors.pagecache import PageCacheCollector
 from agent.collectors.probe import ProbeCollector
 from agent.collectors.process import ProcessCollector
 from agent.collectors.runtime_profile import RuntimeProfileCollector
-from agent.collectors.simd import SimdCollector
+from agent.collectors.simd import SimdCollector, engine_port
 from agent.config import Settings
+from agent.host.nvml import NVML_ABSENT_RETRY_S
 
 HOST_LANE = "host"
 TIMING_MARGIN_S = 5.0  # a run's timeout beyond the requests it makes
@@ -41,6 +42,10 @@ def _none(_: Settings) -> float | None:
     return None
 
 
+def _runtime_configured(s: Settings) -> bool:
+    return bool(s.runtime.pid or s.runtime.pidfile or s.runtime.cmdline_pattern)
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One collector's declaration. ``interval_s``/``timeout_s`` None: the agent's ``interval_s`` and
@@ -51,6 +56,10 @@ class Entry:
     interval_s: SettingsFn = _none
     timeout_s: SettingsFn = _none
     lane: str | None = HOST_LANE
+    # False: nothing is configured for it to watch, so an absence is final (only a restart with new
+    # configuration ends it); the runner does not call it again, the absence and its hint stay in the status.
+    configured: Callable[[Settings], bool] = _always
+    absent_retry_s: float | None = None  # an absence that lasts (no driver): looked at again only this often
 
     @property
     def name(self) -> str:
@@ -65,6 +74,8 @@ class Schedule:
     timeout_s: float
     lane: str
     on_scrape: bool = False
+    absence_final: bool = False  # an absence is not retried (nothing configured to watch)
+    absent_retry_s: float | None = None  # an absence is retried after this long, not every interval
 
 
 REGISTRY: dict[str, Entry] = {
@@ -72,9 +83,9 @@ REGISTRY: dict[str, Entry] = {
     for e in (
         Entry(PageCacheCollector),
         Entry(CPUCollector, interval_s=lambda s: DEFAULT_CPU_INTERVAL_S),
-        Entry(ProcessCollector),
-        Entry(GPUCollector),
-        Entry(EngineCollector, lane=None),
+        Entry(ProcessCollector, configured=_runtime_configured),
+        Entry(GPUCollector, absent_retry_s=NVML_ABSENT_RETRY_S),
+        Entry(EngineCollector, lane=None, configured=lambda s: bool(s.engine.metrics_url)),
         Entry(
             RuntimeProfileCollector,
             enabled=lambda s: bool(s.runtime_profile.url),
@@ -89,7 +100,7 @@ REGISTRY: dict[str, Entry] = {
             timeout_s=lambda s: s.probe.timeout_s * len(s.probe.protocols) + TIMING_MARGIN_S,
             lane=None,
         ),
-        Entry(SimdCollector),
+        Entry(SimdCollector, configured=lambda s: _runtime_configured(s) or engine_port(s) is not None),
     )
 }
 
@@ -107,7 +118,9 @@ def schedule(name: str, settings: Settings) -> Schedule:
     default_timeout = entry.timeout_s(settings) if entry else None
     timeout = cfg.timeout_s or (min(default_timeout, MAX_TIMEOUT_S) if default_timeout else None)
     lane = HOST_LANE if entry is None else entry.lane or name
-    return Schedule(interval, timeout or min(settings.timeout_s, interval), lane)
+    final = entry is not None and not entry.configured(settings)
+    retry = entry.absent_retry_s if entry else None
+    return Schedule(interval, timeout or min(settings.timeout_s, interval), lane, False, final, retry)
 
 
 def enabled_collectors(ctx: CollectContext) -> list[BaseCollector]:

@@ -177,7 +177,6 @@ class EngineCollector(BaseCollector):
             raise NoDataError(
                 "no engine /metrics URL configured",
                 hint="set engine.metrics_url (INFERWATCH_ENGINE__METRICS_URL=http://127.0.0.1:8000/metrics)",
-                permanent=True,
             )
         try:
             body = fetch(self._client, url, self.cfg.timeout_s, self.cfg.max_bytes)

@@ -56,7 +56,7 @@ class ProcessCollector(BaseCollector):
             absent = [Sample("inferwatch.runtime.up", 0, r)] if loc.configured else []
             if loc.configured:
                 absent.append(Sample("inferwatch.runtime.restarts", loc.restarts, r))
-            raise NoDataError(str(exc.args[0]), exc.hint, samples=absent, permanent=not loc.configured) from None
+            raise NoDataError(str(exc.args[0]), exc.hint, samples=absent) from None
         try:
             with proc.oneshot():
                 cpu = proc.cpu_times()

@@ -85,7 +85,6 @@ class SimdCollector(BaseCollector):
             raise NoDataError(
                 "no runtime process configured",
                 hint=HINT_CONFIGURE,
-                permanent=True,
             )
         return int(locator.find_serving(port).pid)
 

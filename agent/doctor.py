@@ -14,9 +14,9 @@ is a ``fail`` naming the error, so a broken host never passes the gate silently.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from agent.collectors import REGISTRY
 from agent.errors import NoDataError
@@ -49,7 +49,9 @@ def doctor_overrides(engine_url: str | None, profile_url: str | None) -> dict[st
     """Settings overrides for the flags: the probe (every protocol) and runtime_profile point at the runtime."""
     out: dict[str, object] = {}
     if engine_url:
-        out["probe"] = {"url": engine_url.rstrip("/").removesuffix("/metrics"), "protocols": list(PROTOCOLS)}
+        base = engine_url.rstrip("/").removesuffix("/metrics")
+        out["probe"] = {"url": base, "protocols": list(PROTOCOLS)}
+        out["engine"] = {"metrics_url": base + "/metrics"}  # the simd collector finds the engine by its port
     if profile_url:
         out["runtime_profile"] = {"url": profile_url}
     return out
@@ -107,13 +109,24 @@ def check_engine(deps: Deps, url: str | None) -> list[Finding]:
 
 
 def check_engine_simd(deps: Deps, url: str | None) -> list[Finding]:
-    """Is the engine's process executing AVX-512 / SVE while it serves? (--engine-url)"""
-    from agent.doctor_engine import simd_findings, split_url
+    """Is the engine's process executing AVX-512 / SVE while it serves? (--engine-url)
+
+    The ``simd`` collector, run as the agent runs it (the runtime from the one locator: ``runtime.*``,
+    else the engine port's listener), twice :data:`~agent.doctor_engine.SIMD_WINDOW_S` apart under load.
+    """
+    from agent.doctor_engine import SIMD_WINDOW_S, load
 
     if not url:
         raise NoDataError("no engine URL", hint="pass --engine-url http://HOST:PORT")
-    pid = int(deps.sources.locator.find_serving(urlsplit(split_url(url)[0]).port).pid)
-    return simd_findings(url, deps.sources.procfs, pid, deps.settings.simd.busy_cpu_cores)
+    collector = REGISTRY["simd"].cls(deps.collect_context())
+    try:
+        with load(url):
+            run_collection(collector)
+            time.sleep(SIMD_WINDOW_S)
+            collection = run_collection(collector)
+    finally:
+        collector.close()
+    return list(collection.findings)
 
 
 def run_checks(deps: Deps, request: DoctorRequest | None = None) -> list[Finding]:

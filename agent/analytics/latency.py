@@ -7,7 +7,8 @@ Input: :class:`RequestTiming` values (one per finished request, seconds). Output
 - ``inferwatch.engine.latency.samples`` requests in the window;
 - ``inferwatch.engine.latency.tail_ratio`` P99 / P50;
 - ``inferwatch.engine.latency.bimodal`` / ``.bimodality`` (see :mod:`agent.analytics.bimodality`), from
-  :data:`~agent.analytics.bimodality.MIN_SAMPLES` requests on, recomputed once per sub-window;
+  :data:`~agent.analytics.bimodality.MIN_SAMPLES` requests on, recomputed once per sub-window (sooner when
+  the window has grown by a tenth since, :data:`REFIT_GROWTH`);
 - ``inferwatch.engine.frontend_gap``: mean of TTFT − (queue + prefill) over requests that carry all three,
   only for a (model, window) where the engine collector does not emit it from its histograms (the
   metric has no ``source`` attribute, so one producer per series);
@@ -44,6 +45,9 @@ QUANTITIES = ("ttft", "itl", "e2e", "queue", "prefill", "decode", "inference")
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 SOURCE = "spans"
 DEFAULT_MAX_MODELS = 64
+# A bimodality verdict is kept for its sub-window unless the window has since grown by a tenth: the runner
+# computes every cycle, so a verdict from the first requests of a burst must not stand for the whole burst.
+REFIT_GROWTH = 1.1
 HISTOGRAMS = {
     "ttft": "gen_ai.server.time_to_first_token",
     "itl": "gen_ai.server.time_per_output_token",
@@ -183,7 +187,11 @@ class LatencyAnalytics:
         ratio = p99 / p50 if p50 > 0 else None
         key, slot = (model, quantity, window), slot_of(now)
         cached = self._bimodal_cache.get(key)
-        if cached is not None and cached[0] == slot and (cached[2] is not None or cached[1] == sketch.count):
+        if (
+            cached is not None
+            and cached[0] == slot
+            and (cached[1] == sketch.count or (cached[2] is not None and sketch.count < cached[1] * REFIT_GROWTH))
+        ):
             verdict = cached[2]
         else:
             verdict = bimodality.detect_log(log_bins(sketch))

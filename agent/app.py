@@ -1,4 +1,8 @@
-"""Wiring: settings → collectors → runner → state → sinks (Prometheus registry, OTLP, API server)."""
+"""The running agent: dependencies (:mod:`agent.wiring`) → collectors → runner → state → sinks.
+
+Sinks: the Prometheus registry, the OTLP metric exporter, the snapshot store and OTLP log sink (state
+listeners), and the HTTP API (:meth:`Agent.asgi`). The binary check is an action started here.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,12 @@ import logging
 import threading
 from typing import Any
 
-from agent.collectors import CollectContext, enabled_collectors
+from agent.collectors import HOST_LANE, Collector, Schedule, enabled_collectors, schedule
 from agent.config import Settings
 from agent.identity import node_identity
 from agent.runner import Runner
-from agent.state import AgentState
+from agent.state import CollectorHealth
+from agent.wiring import Deps, build_deps
 from exporters.prometheus import make_registry
 
 log = logging.getLogger(__name__)
@@ -19,41 +24,54 @@ log = logging.getLogger(__name__)
 class Agent:
     """The running agent. ``start``/``stop`` are idempotent; ``stop`` is bounded in time."""
 
-    def __init__(self, settings: Settings, services: dict[str, Any] | None = None) -> None:
-        from agent.diag.services import build_services, collector_timing
-
-        settings = collector_timing(settings)
-        services = {**build_services(settings), **(services or {})}
+    def __init__(self, settings: Settings, deps: Deps | None = None) -> None:
         self.settings = settings
-        self.state = AgentState(environment=settings.node.environment)
+        self.deps = deps = deps or build_deps(settings)
+        self.state = deps.state
         self.state.identity = node_identity(settings.path.procfs, settings.path.sysfs)
-        self.ctx = CollectContext(settings=settings, services=dict(services or {}))
-        self.runner = Runner(settings, self.state, enabled_collectors(self.ctx))
+        self.ctx = deps.collect_context()
+        self.analytics: Any = None  # LatencyAnalytics when the OTLP trace receiver is on
+        self.receiver: Any = None
+        processors: list[Collector] = []
+        if settings.receiver.enabled:
+            from agent.analytics.latency import LatencyAnalytics
+            from agent.analytics.processor import SpanAnalytics
+            from agent.receiver import Receiver
+
+            self.analytics = LatencyAnalytics(
+                max_models=settings.receiver.max_models, histograms=settings.receiver.emit_histograms
+            )
+            self.receiver = Receiver(settings.receiver, self.analytics)
+            processors.append(SpanAnalytics(self.analytics, self.state))  # on the runner's schedule
+            self.state.add_source("receiver", self.receiver.samples)
+        # A processor runs on the host lane at the agent's interval and on every scrape (its input is in memory).
+        processing = Schedule(settings.interval_s, min(settings.timeout_s, settings.interval_s), HOST_LANE, True)
+        self.runner = Runner(
+            settings,
+            self.state,
+            [*enabled_collectors(self.ctx), *processors],
+            {p.name: processing for p in processors},
+        )
         for collector in self.runner.collectors:  # status a collector exports even while failing (engine up)
             status = getattr(collector, "status_samples", None)
             if callable(status):
                 self.state.add_source(f"{collector.name}.status", status)
+        if deps.binary.state is not None:  # the check at start: /readyz waits for it as for a collector
+            plan = schedule("binary", settings)
+            self.state.register(CollectorHealth("binary", plan.interval_s, settings.binary.timeout_s))
+        self.state.add_listener(deps.snapshots.on_record)
         self.registry = make_registry(self.state)
         self.otlp: Any = None
         self.otlp_logs: Any = None
-        self.analytics: Any = None  # LatencyAnalytics when the OTLP trace receiver is on
-        self.receiver: Any = None
-        if settings.receiver.enabled:
-            from agent.analytics.latency import LatencyAnalytics
-            from agent.engine.board import latency_board
-            from agent.receiver import Receiver
-
-            self.analytics = LatencyAnalytics(
-                max_models=settings.receiver.max_models,
-                histograms=settings.receiver.emit_histograms,
-                board=latency_board(self.ctx.services),  # shared with the engine collector
-            )
-            self.receiver = Receiver(settings.receiver, self.analytics)
-            self.state.add_source("spans", self.analytics.samples)
-            self.state.add_source("receiver", self.receiver.samples)
         self._started = False
         self._stopped = False
         self._lock = threading.Lock()
+
+    def asgi(self) -> Any:
+        """The agent's HTTP application (``/metrics`` in front of the API)."""
+        from agent.api.server import create_app
+
+        return create_app(self.settings, self.state, self.runner.pull_async, self.deps.api_services())
 
     def start(self) -> None:
         with self._lock:
@@ -63,17 +81,17 @@ class Agent:
         if self.settings.otlp_enabled():
             from exporters.otlp import OTLPExporter, build_resource, make_exporter
 
-            self.otlp = OTLPExporter(
-                self.state, build_resource(self.state.identity, self.settings.node.environment), make_exporter()
-            )
-            from agent.diag.services import start_sinks
+            resource = build_resource(self.state.identity, self.settings.node.environment)
+            self.otlp = OTLPExporter(self.state, resource, make_exporter())
+            if self.settings.runtime_profile.url:
+                from exporters.otlp_logs import SnapshotLogSink, make_log_exporter
 
-            self.otlp_logs = start_sinks(
-                self.ctx.services, self.settings, build_resource(self.state.identity, self.settings.node.environment)
-            )
+                self.otlp_logs = self.deps.snapshots.log_sink = SnapshotLogSink(resource, make_log_exporter())
         if self.receiver is not None:
             self.receiver.start()  # raises ConfigError when an endpoint cannot be bound
         self.runner.start()
+        if self.deps.binary.state is not None:
+            self.deps.binary.start()
         log.info("agent started: collectors %s", ", ".join(c.name for c in self.runner.collectors) or "(none)")
 
     def stop(self) -> None:
@@ -82,6 +100,7 @@ class Agent:
                 return
             self._stopped = True
         self.runner.stop()
+        self.deps.binary.stop()
         if self.receiver is not None:
             self.receiver.stop()
         if self.otlp is not None:

@@ -26,7 +26,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from agent.engine.adapters import ADAPTERS
+from agent.catalog.engine import ENGINE_KINDS
 from agent.errors import ConfigError
 
 DEFAULT_LISTEN_ADDRESS = "127.0.0.1"
@@ -111,7 +111,7 @@ class OTLPSettings(_Section):
     enabled: bool | None = None  # None: on when OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT is set
 
 
-ENGINE_KIND_CHOICES = ("auto", *ADAPTERS)  # the kinds come from the adapters (agent/engine/adapters.py)
+ENGINE_KIND_CHOICES = ("auto", *ENGINE_KINDS)  # the catalogued engines, one adapter each (agent/engine/adapters.py)
 
 
 class EngineSettings(_Section):

@@ -1,137 +1,153 @@
-"""Host checks run once by ``inferwatch doctor`` (the CI/CD hardware gate).
+"""``inferwatch doctor`` (the CI/CD hardware gate): the registered collectors run once, as in the agent.
 
-Each check returns :class:`~agent.samples.Finding` values with status ok | warn | fail | skip. A check
-that finds its data absent (NoDataError) is a ``skip`` carrying the hint; a check that crashes is a
-``fail`` naming the error, so a broken host never passes the gate silently.
+The doctor builds the agent's dependencies (:func:`agent.wiring.build_deps`: the same runtime locator,
+NVML client and CPU probe; an ephemeral redaction key, nothing written), runs each collector of
+:data:`COLLECTORS` once through the runner's own validation (:func:`agent.runner.run_collection`) and
+prints the findings the collectors reach. The binary check runs once as the action it is. What only a
+gate asks is checked here and nowhere else: ``--require`` CPU features, and ``--engine-url``'s engine
+checks (reachable, engine kind, metric families, quantities it cannot give; the SIMD verdict under load,
+:mod:`agent.doctor_engine`).
+
+A collector that finds its data absent (NoDataError) is a ``skip`` carrying the hint; one that crashes
+is a ``fail`` naming the error, so a broken host never passes the gate silently.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from agent.config import Settings
+from agent.collectors import REGISTRY
 from agent.errors import NoDataError
-from agent.host.cpucap import amx_verdict, cpu_feature_verdict, read_cpu_capability, require_verdict
-from agent.host.cpuprobe import cpu_probe
-from agent.host.meminfo import read_meminfo
-from agent.host.pagecache import pagecache_verdict
-from agent.host.pressure import read_pressure
-from agent.samples import Finding
+from agent.host.cpucap import read_cpu_capability, require_verdict
+from agent.probe.client import PROTOCOLS
+from agent.runner import run_collection
+from agent.samples import Collection, Finding
+from agent.wiring import Deps
+
+# Collector → the check id its absence or failure is reported under, in the order doctor prints them.
+COLLECTORS: tuple[tuple[str, str], ...] = (
+    ("pagecache", "pagecache"),
+    ("cpu", "cpu"),
+    ("gpu", "gpu"),
+    ("probe", "runtime.probe"),
+    ("runtime_profile", "runtime.profile"),
+)
+NOT_SERVED = (404, 405)  # a protocol the runtime does not serve: a skip in the doctor, not a failure
 
 
-@dataclass
-class DoctorContext:
-    settings: Settings
-    require: list[str] = field(default_factory=list)  # CPU features that must be present
-    engine_url: str | None = None  # runtime base URL: the streaming probe runs once against it
-    profile_url: str | None = None  # debug runtime_profile URL
-    services: dict[str, Any] = field(default_factory=dict)  # injected clients (nvml), as CollectContext
+@dataclass(frozen=True)
+class DoctorRequest:
+    """What the command line asks besides the settings."""
+
+    require: Sequence[str] = field(default_factory=tuple)  # CPU features that must be present (lower case)
+    engine_url: str | None = None  # runtime base URL: engine checks, and the streaming probe once
 
 
-CheckFn = Callable[[DoctorContext], list[Finding]]
+def doctor_overrides(engine_url: str | None, profile_url: str | None) -> dict[str, object]:
+    """Settings overrides for the flags: the probe (every protocol) and runtime_profile point at the runtime."""
+    out: dict[str, object] = {}
+    if engine_url:
+        base = engine_url.rstrip("/").removesuffix("/metrics")
+        out["probe"] = {"url": base, "protocols": list(PROTOCOLS)}
+        out["engine"] = {"metrics_url": base + "/metrics"}  # the simd collector finds the engine by its port
+    if profile_url:
+        out["runtime_profile"] = {"url": profile_url}
+    return out
 
 
-def check_pagecache(ctx: DoctorContext) -> list[Finding]:
-    procfs = ctx.settings.path.procfs
-    info = read_meminfo(procfs)
+def check_collector(deps: Deps, name: str) -> list[Finding]:
+    """Run one registered collector once, as the agent would; return its findings (raises as it does)."""
+    collector = REGISTRY[name].cls(deps.collect_context())
     try:
-        pressure = read_pressure(procfs / "pressure" / "memory")
-    except NoDataError:
-        pressure = None
-    return [pagecache_verdict(info, ctx.settings.pagecache.inactive_file_threshold_bytes, pressure)]
-
-
-def check_cpu(ctx: DoctorContext) -> list[Finding]:
-    """SIMD features expected for this CPU model, and ``--require`` features, against /proc/cpuinfo; AMX OS state."""
-    try:
-        cap = read_cpu_capability(
-            ctx.settings.path.procfs, ctx.settings.path.sysfs, ctx.settings.cpu.expect_features, cpu_probe(ctx.services)
-        )
-    except NoDataError as exc:
-        if not ctx.require:
-            raise
-        # A gate that cannot read the CPU must not pass: the required features are unverified.
-        return [Finding("cpu.require", "fail", f"cannot check required CPU features: {exc}", {"hint": exc.hint})]
-    findings = [cpu_feature_verdict(cap)]
-    amx = amx_verdict(cap)  # only on x86_64 when --path.procfs is the running kernel's
-    if amx is not None:
-        findings.append(amx)
-    if ctx.require:
-        findings.append(require_verdict(cap, ctx.require))
-    return findings
-
-
-def check_gpu(ctx: DoctorContext) -> list[Finding]:
-    """Every GPU NVML sees, flagged when its clocks are held down (power cap, thermal, hardware slowdown)."""
-    from agent.collectors.gpu import nvml_client, throttle_finding
-    from agent.host.nvml import CLOCK_EVENT_REASONS, NVMLUnsupported
-
-    nv = nvml_client(ctx.services)
-    nv.init()
-    try:
-        count = nv.device_count()
-        if count == 0:
-            raise NoDataError("NVML found no GPU", hint="check nvidia-smi; in a container pass --gpus all")
-        findings = []
-        for i in range(count):
-            try:
-                reasons = nv.clock_event_reasons(i)
-            except NVMLUnsupported:
-                findings.append(Finding(f"gpu{i}.throttle", "skip", f"GPU {i} does not report clock-event reasons"))
-                continue
-            active = [r for r, bit in CLOCK_EVENT_REASONS.items() if reasons & bit]
-            findings.append(throttle_finding(i, nv.uuid(i), nv.name(i), active))
-        return findings
+        collection = run_collection(collector)
     finally:
-        nv.shutdown()
+        collector.close()
+    return _as_doctor(name, collection)
 
 
-def check_runtime(ctx: DoctorContext) -> list[Finding]:
-    from agent.diag.doctor_checks import runtime_checks
+def _as_doctor(name: str, collection: Collection) -> list[Finding]:
+    if name != "probe":
+        return list(collection.findings)
+    out: list[Finding] = []
+    for finding in collection.findings:
+        protocol = finding.id.split(".")[1] if finding.id.startswith("probe.") else None
+        result = collection.details.get(protocol or "", {})
+        if isinstance(result, dict) and result.get("status_code") in NOT_SERVED:
+            out.append(Finding(f"probe.{protocol}", "skip", f"the runtime does not serve {result.get('url')}"))
+        else:
+            out.append(finding)
+    return out
 
-    return runtime_checks(ctx)
+
+def check_require(deps: Deps, require: Sequence[str]) -> list[Finding]:
+    """``--require``: the features must be present; a gate that cannot read the CPU fails."""
+    s = deps.settings
+    try:
+        src = deps.sources
+        cap = read_cpu_capability(src.procfs, src.sysfs, s.cpu.expect_features, src.cpu_probe)
+    except NoDataError as exc:
+        return [Finding("cpu.require", "fail", f"cannot check required CPU features: {exc}", {"hint": exc.hint})]
+    return [require_verdict(cap, list(require))]
 
 
-def check_engine(ctx: DoctorContext) -> list[Finding]:
+def check_binary(deps: Deps) -> list[Finding]:
+    deps.binary.check()
+    if deps.binary.absent is not None:
+        raise deps.binary.absent
+    return deps.binary.findings()
+
+
+def check_engine(deps: Deps, url: str | None) -> list[Finding]:
     """Engine reachable, which engine, its metrics present, which quantities it cannot give (--engine-url)."""
     from agent.doctor_engine import engine_findings
 
-    url = ctx.engine_url
     if not url:
         raise NoDataError("no engine URL", hint="pass --engine-url http://HOST:PORT")
     return engine_findings(url)
 
 
-def check_engine_simd(ctx: DoctorContext) -> list[Finding]:
-    """Is the engine's process executing AVX-512 / SVE while it serves? (--engine-url)"""
-    from agent.doctor_engine import simd_findings
+def check_engine_simd(deps: Deps, url: str | None) -> list[Finding]:
+    """Is the engine's process executing AVX-512 / SVE while it serves? (--engine-url)
 
-    url = ctx.engine_url
+    The ``simd`` collector, run as the agent runs it (the runtime from the one locator: ``runtime.*``,
+    else the engine port's listener), twice :data:`~agent.doctor_engine.SIMD_WINDOW_S` apart under load.
+    """
+    from agent.doctor_engine import SIMD_WINDOW_S, load
+
     if not url:
         raise NoDataError("no engine URL", hint="pass --engine-url http://HOST:PORT")
-    s = ctx.settings
-    return simd_findings(url, s.path.procfs, s.runtime, s.simd.busy_cpu_cores)
+    collector = REGISTRY["simd"].cls(deps.collect_context())
+    try:
+        with load(url):
+            run_collection(collector)
+            time.sleep(SIMD_WINDOW_S)
+            collection = run_collection(collector)
+    finally:
+        collector.close()
+    return list(collection.findings)
 
 
-# The explicit list of checks, in the order doctor prints them.
-CHECKS: list[tuple[str, CheckFn]] = [
-    ("pagecache", check_pagecache),
-    ("cpu", check_cpu),
-    ("gpu", check_gpu),
-    ("runtime", check_runtime),
-    ("engine", check_engine),
-    ("engine.simd", check_engine_simd),
-]
-
-
-def run_checks(ctx: DoctorContext, checks: list[tuple[str, CheckFn]] | None = None) -> list[Finding]:
+def run_checks(deps: Deps, request: DoctorRequest | None = None) -> list[Finding]:
+    request = request or DoctorRequest()
+    checks: list[tuple[str, Callable[[], list[Finding]]]] = []
+    for name, check_id in COLLECTORS:
+        checks.append((check_id, lambda name=name: check_collector(deps, name)))  # type: ignore[misc]
+        if name == "cpu" and request.require:
+            checks.append(("cpu.require", lambda: check_require(deps, request.require)))
+    checks += [
+        ("runtime.binary", lambda: check_binary(deps)),
+        ("engine", lambda: check_engine(deps, request.engine_url)),
+        ("engine.simd", lambda: check_engine_simd(deps, request.engine_url)),
+    ]
     findings: list[Finding] = []
-    for check_id, fn in checks or CHECKS:
+    for check_id, fn in checks:
         try:
-            findings.extend(fn(ctx))
+            findings.extend(fn())
         except NoDataError as exc:
+            if check_id == "cpu" and request.require:
+                continue  # the require check says it, as a failure
             findings.append(Finding(check_id, "skip", str(exc.args[0]), {"hint": exc.hint}))
         except Exception as exc:
             findings.append(Finding(check_id, "fail", f"check failed: {type(exc).__name__}: {exc}"))
@@ -143,9 +159,6 @@ def exit_code(findings: list[Finding]) -> int:
 
 
 def as_json(findings: list[Finding]) -> dict[str, object]:
-    return {
-        "checks": [
-            {"id": f.id, "status": f.status, "summary": f.summary, "evidence": dict(f.evidence), "runbook": f.runbook}
-            for f in findings
-        ]
-    }
+    from agent.api.routes import finding_dict
+
+    return {"checks": [finding_dict(f) for f in findings]}

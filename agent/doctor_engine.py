@@ -2,9 +2,8 @@
 quantities absent, and the runtime's SIMD utilisation verdict.
 
 ``URL`` is the engine's base URL (``http://127.0.0.1:8080``) or its metrics URL (``.../metrics``). The
-SIMD check finds the engine's process by the port it listens on (or ``runtime.*`` settings), observes it
-for :data:`SIMD_WINDOW_S` while sending it a few short completions (llama.cpp only: the one engine whose
-completion API needs no model name), and reports the verdict of :mod:`agent.simd.analysis`.
+SIMD verdict is the ``simd`` collector's, run twice :data:`SIMD_WINDOW_S` apart by the doctor while
+:func:`load` sends the engine a few short completions.
 """
 
 from __future__ import annotations
@@ -12,14 +11,13 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
 from agent.engine.adapters import detect
-from agent.errors import NoDataError
 from agent.samples import Finding
 
 SIMD_WINDOW_S = 2.0
@@ -127,34 +125,21 @@ def _load(base_url: str, stop: threading.Event) -> None:
                 return
 
 
-def simd_findings(
-    url: str, procfs: Any, runtime: Any, busy_cpu: float, window_s: float = SIMD_WINDOW_S
-) -> list[Finding]:
-    """The SIMD verdict for the process serving ``url`` (found by its listening port or runtime settings)."""
-    from agent.collectors.simd import report_finding
-    from agent.simd.analysis import SimdAnalyzer
-    from agent.simd.proc import locate_runtime
-
+@contextlib.contextmanager
+def load(url: str) -> Iterator[None]:
+    """Send the engine short completions while the block runs (llama.cpp only: the one engine whose
+    completion API needs no model name); any other engine is observed as it is."""
     base, _ = split_url(url)
-    port = urlsplit(base).port
-    pid = locate_runtime(procfs, runtime, port)
-    analyzer = SimdAnalyzer(procfs, pid, busy_cpu)
     kind = None
     with contextlib.suppress(httpx.HTTPError):
         kind = probe(url).kind
     stop = threading.Event()
     loader = threading.Thread(target=_load, args=(base, stop), daemon=True) if kind == "llamacpp" else None
+    if loader is not None:
+        loader.start()
     try:
-        analyzer.observe()
-        if loader is not None:
-            loader.start()
-        time.sleep(window_s)
-        reports = analyzer.observe()
+        yield
     finally:
         stop.set()
         if loader is not None:
             loader.join(15)
-        analyzer.close()
-    if not reports:
-        raise NoDataError("no wide-SIMD feature is tracked on this architecture")
-    return [report_finding(r) for r in reports]

@@ -37,25 +37,14 @@ class NoDataError(InferwatchError):
 
     ``hint`` says how to get the data (as node_exporter's ErrNoData messages do). ``samples`` are what
     can still be said about the absence (``inferwatch.runtime.up 0``); the runner validates and keeps them.
-    ``permanent``: only a configuration change (which means a restart) can end it, so the runner does not
-    call the collector again (nothing configured to watch); the absence and its hint stay in the status.
-    ``retry_s``: what ends the absence changes slowly (a driver installed), so the runner calls the collector
-    again only after this many seconds, not every interval; the absence is reported meanwhile.
+    How soon to look again is not the exception's business: the collector registry declares it
+    (``agent.collectors.Entry``: ``configured``, ``absent_retry_s``) and the runner applies it.
     """
 
-    def __init__(
-        self,
-        message: str,
-        hint: str = "",
-        samples: Sequence[Any] = (),
-        permanent: bool = False,
-        retry_s: float | None = None,
-    ) -> None:
+    def __init__(self, message: str, hint: str = "", samples: Sequence[Any] = ()) -> None:
         super().__init__(message)
         self.hint = hint
         self.samples = samples
-        self.permanent = permanent
-        self.retry_s = retry_s
 
     def __str__(self) -> str:
         base = super().__str__()

@@ -1,10 +1,10 @@
 """uvicorn without its 10 Hz housekeeping tick, for an agent that must cost next to nothing while idle.
 
-uvicorn's ``Server.main_loop`` wakes every 100 ms to refresh the ``Date`` header and poll ``should_exit``.
-On a VM each idle-to-busy wake-up costs far more CPU than the work it does (docs/benchmarks.md), so ten a
-second is most of an idle agent's CPU. :class:`QuietServer` instead sleeps until it is told to exit (a
-signal, or :meth:`QuietServer.request_exit` from another thread); :class:`DateHeader` stamps ``Date`` on
-each response, which is what the tick kept fresh.
+uvicorn's ``Server.main_loop`` wakes every 100 ms to refresh the ``Date`` header and poll ``should_exit``:
+ten wake-ups a second are most of an idle agent's CPU (why a wake-up costs: docs/benchmarks.md, "The agent's
+CPU target"). :class:`QuietServer` instead sleeps until it is told to exit (a signal, or
+:meth:`QuietServer.request_exit` from another thread); :class:`DateHeader` stamps ``Date`` on each response,
+which is what the tick kept fresh.
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """Runs each enabled collector on its interval, with a timeout, isolating failures.
 
-One scheduler thread; collectors run on lane worker threads (see :class:`Runner`), so a hang is detected
-by the timeout without blocking anyone else. A hung call is never started twice: the collector stays
-"failed (hung)" until that call returns. A scrape can pull due runs forward (:meth:`Runner.pull`).
-Samples are checked against the catalog before they reach the state; a collector that returns garbage
-fails, it does not break a sink. State changes are logged once (failed → ok → absent), never per cycle.
+When to run what is decided by the pure functions of :mod:`agent.schedule` on the runner's clock (a
+parameter); this module adds the threads. One scheduler thread; collectors run on lane worker threads (see
+:class:`Runner`), so a hang is detected by the timeout without blocking anyone else. A hung call is never
+started twice: the collector stays "failed (hung)" until that call returns. A scrape can pull due runs
+forward (:meth:`Runner.pull`). Samples are checked against the catalog before they reach the state; a
+collector that returns garbage fails, it does not break a sink. State changes are logged once (failed → ok →
+absent), never per cycle.
 """
 
 from __future__ import annotations
@@ -16,16 +18,18 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from agent import catalog
 from agent.catalog.spec import Kind
-from agent.collectors.base import BaseCollector, Collection
+from agent.collectors import Schedule, schedule
+from agent.collectors.base import Collector
 from agent.config import Settings
 from agent.errors import CatalogError, NoDataError
-from agent.samples import HistogramSample, Sample
-from agent.state import AgentState, CollectorHealth
+from agent.samples import Collection, HistogramSample, Sample
+from agent.schedule import SlotTimes, after_run, next_wake, pulled_runs, timed_runs
+from agent.state import AgentState, CollectorHealth, next_health
 
 log = logging.getLogger(__name__)
 
@@ -57,38 +61,15 @@ def validate(collection: object) -> Collection:
     return collection
 
 
-def next_due(started: float, interval: float, now: float) -> float:
-    """The next run of a collector that started at ``started``: the next point on a grid of ``interval``.
-
-    Every collector with the same interval (and every longer interval that is a multiple of it) wakes at
-    the same instant, so a cycle is one burst of work instead of one wake-up per collector: on a VM an
-    idle-to-busy wake-up costs far more CPU than the work itself (docs/benchmarks.md). The first run is at
-    start; a run that overran its interval skips the grid points it missed instead of running twice.
-    """
-    due = (math.floor(started / interval + 0.5) + 1) * interval
-    if due <= now:
-        due += (math.floor((now - due) / interval) + 1) * interval
-    return due
-
-
 def _all_cycled(waiting: list[tuple[_Slot, int]]) -> bool:
     return all(slot.cycles > seen for slot, seen in waiting)
 
 
-def _quick(collector: BaseCollector) -> bool:
-    try:
-        return bool(collector.quick())
-    except Exception:  # a collector's bug must not reach the scheduler: take its own lane
-        log.debug("quick() of collector %s failed", collector.name, exc_info=True)
-        return False
-
-
-def run_collection(collector: BaseCollector) -> Collection:
-    """Run one collector in the calling thread and validate what it returns (used by doctor)."""
+def run_collection(collector: Collector) -> Collection:
+    """Run one collector in the calling thread and validate what it returns."""
     return validate(collector.collect())
 
 
-HOST_LANE = "host"
 # Scrapes drive the collections when they come at most this many times the shortest interval apart.
 STANDBY_GAP_RATIO = 1.5
 STANDBY_FALLBACK_GAPS = 2.5  # no scrape for this many gaps: the scheduler takes the timed runs back
@@ -99,15 +80,21 @@ STANDBY_SAFETY_S = 60.0  # a standing-by scheduler still looks once a minute (sh
 class _Slot:
     """One collector's schedule; every field is guarded by the runner's lock."""
 
-    collector: BaseCollector
+    collector: Collector
     interval: float
     timeout: float
     lane: str
+    on_scrape: bool = False  # run on every scrape (a processor of in-memory input: cheap, and the scrape sees it)
+    absence_final: bool = False  # an absence is not retried (nothing configured to watch)
+    absent_retry_s: float | None = None  # an absence is retried after this long
     due: float = 0.0  # monotonic time of its next run
     started: float = -math.inf  # monotonic time its last call started
     running: bool = False  # queued in or running on its lane
     stuck: bool = False  # its last call timed out and has not returned yet
     cycles: int = 0  # completed cycles (any outcome)
+
+    def times(self) -> SlotTimes:
+        return SlotTimes(self.interval, self.due, self.started, self.running, self.stuck, self.on_scrape)
 
 
 @dataclass(eq=False)
@@ -128,11 +115,11 @@ class Runner:
 
     One scheduler thread, and one worker thread per lane: the host collectors (quick /proc, /sys and NVML
     reads) share the ``host`` lane and run one after another; a collector that waits on the network or a
-    subprocess (engine, probe, runtime_profile, binary) has a lane of its own. A cycle is thus a handful of
-    thread wake-ups, not two per collector: on a VM an idle-to-busy wake-up costs far more CPU than the
-    work (docs/benchmarks.md). A call that passes its timeout is recorded as failed (``timeout``) and its
-    lane gets a new worker for the calls queued behind it; the stuck call's thread is abandoned, and the
-    collector is not called again ("failed (hung)" each cycle) until that call returns.
+    subprocess (engine, probe, runtime_profile) has a lane of its own (the registry says which). A cycle is
+    thus a handful of thread wake-ups, not two per collector (why: docs/benchmarks.md, "The agent's CPU target"). A call
+    that passes its timeout is recorded as failed (``timeout``) and its lane gets a new worker for the calls
+    queued behind it; the stuck call's thread is abandoned, and the collector is not called again ("failed
+    (hung)" each cycle) until that call returns.
 
     While an event loop's scrapes come at the collection interval (:meth:`pull_async`), they drive the runs
     and expire overdue calls themselves, and the scheduler stands by: it sleeps (looking once a minute) until
@@ -140,10 +127,19 @@ class Runner:
     runs back to it. A standing-by scheduler costs no wake-up per cycle.
     """
 
-    def __init__(self, settings: Settings, state: AgentState, collectors: Iterable[BaseCollector]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        state: AgentState,
+        collectors: Iterable[Collector],
+        schedules: Mapping[str, Schedule] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``schedules`` by collector name; one not given is the registry's (:func:`agent.collectors.schedule`)."""
         self.settings = settings
         self.state = state
         self.collectors = list(collectors)
+        self._clock = clock  # monotonic seconds; the schedule itself is pure (agent.schedule)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)  # the scheduler waits on it
@@ -160,18 +156,14 @@ class Runner:
         self._fallback: asyncio.TimerHandle | None = None  # that timer; touched on the loop's thread only
         self._waiters: list[tuple[list[tuple[_Slot, int]], Callable[[], None]]] = []  # pull_async's scrapes
         for c in self.collectors:
-            interval, timeout = self._timing(c)
-            lane = getattr(c, "lane", HOST_LANE) or c.name
+            plan = (schedules or {}).get(c.name) or schedule(c.name, settings)
+            interval, timeout, lane = plan.interval_s, plan.timeout_s, plan.lane
             if lane not in self._lanes:
                 self._lanes[lane] = _Lane(lane, threading.Condition(self._lock))
-            self._slots.append(_Slot(c, interval, timeout, lane))
+            self._slots.append(
+                _Slot(c, interval, timeout, lane, plan.on_scrape, plan.absence_final, plan.absent_retry_s)
+            )
             state.register(CollectorHealth(c.name, interval, timeout))
-
-    def _timing(self, c: BaseCollector) -> tuple[float, float]:
-        cfg = self.settings.collector(c.name)
-        interval = cfg.interval_s or c.default_interval_s or self.settings.interval_s
-        timeout = cfg.timeout_s or min(self.settings.timeout_s, interval)
-        return interval, timeout
 
     def start(self) -> None:
         with self._lock:
@@ -252,22 +244,18 @@ class Runner:
         """Under the lock: queue the runs a scrape pulls (see :meth:`pull`); return (slot, cycles seen) to await.
 
         The pulled runs are queued on their lanes here, by the scraping thread: the scheduler is not woken for
-        them (it wakes for its own timed runs and deadlines; on a VM each wake-up costs far more than the work).
+        them (it wakes for its own timed runs and deadlines only; why: docs/benchmarks.md, "The agent's CPU target").
         A call past its deadline is expired here too, so a scrape never waits on a lane a hung call holds.
         """
-        now = time.monotonic()
+        now = self._clock()
         gap = None if self._last_pull is None else now - self._last_pull
         self._last_pull, self._pull_gap = now, gap
         self._expire(now)
-        waiting: list[tuple[_Slot, int]] = []
-        for slot in self._slots:
-            if slot.running:
-                waiting.append((slot, slot.cycles))
-            elif not slot.stuck:
-                window = slot.interval / 2 if gap is None else gap  # the next scrape: one gap from now
-                if slot.due - now <= window and now - slot.started >= slot.interval / 2:
-                    slot.due = now
-                    waiting.append((slot, slot.cycles))
+        waiting: list[tuple[_Slot, int]] = [(slot, slot.cycles) for slot in self._slots if slot.running]
+        for i in pulled_runs(now, [slot.times() for slot in self._slots], gap):
+            slot = self._slots[i]
+            slot.due = now
+            waiting.append((slot, slot.cycles))
         self._queue_due(now)  # the pulled runs, and a hung collector's due cycle
         if not self._standby and self._deadline() < self._planned:  # a deadline before its planned wake
             self._wake.notify()
@@ -281,7 +269,7 @@ class Runner:
             for lane in self._lanes.values():
                 lane.cond.notify_all()
             threads = [t for lane in self._lanes.values() for t in lane.threads]
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s  # a real wait, whatever clock schedules
         for t in ([self._scheduler] if self._scheduler else []) + threads:
             t.join(max(0.0, deadline - time.monotonic()))
         for c in self.collectors:
@@ -300,20 +288,19 @@ class Runner:
                     wake = self._dispatch()
                 except Exception:  # a bug here must not end every collection: log it, retry in a second
                     log.exception("collector scheduler failed; retrying in 1s")
-                    wake = time.monotonic() + 1.0
+                    wake = self._clock() + 1.0
                 if self._standby:  # scrapes drive (and expire) the runs; the loop's timer ends the standby
-                    wake = time.monotonic() + STANDBY_SAFETY_S  # in case that loop died
+                    wake = self._clock() + STANDBY_SAFETY_S  # in case that loop died
                 self._planned = wake
-                self._wake.wait(None if math.isinf(wake) else max(0.0, wake - time.monotonic()))
+                self._wake.wait(None if math.isinf(wake) else max(0.0, wake - self._clock()))
                 self._planned = -math.inf  # awake: nobody needs to notify
 
     def _dispatch(self) -> float:
         """Under the lock: expire overdue calls, queue the due runs; return when to wake next."""
-        now = time.monotonic()
+        now = self._clock()
         self._expire(now)
         self._queue_due(now)
-        wake = min((s.due for s in self._slots if not s.running), default=math.inf)
-        return min(wake, self._deadline())
+        return next_wake([s.times() for s in self._slots], self._deadline())
 
     def _deadline(self) -> float:
         """Under the lock: the earliest deadline of a running or queued call (inf when every lane is idle)."""
@@ -324,17 +311,14 @@ class Runner:
 
     def _queue_due(self, now: float) -> None:
         """Under the lock: queue every due run on its lane (a hung collector's run is recorded as hung)."""
-        for slot in self._slots:
-            if slot.running or slot.due > now:
-                continue
+        for i in timed_runs(now, [s.times() for s in self._slots]):
+            slot = self._slots[i]
             if slot.stuck:
                 self._finish(slot.collector, now, None, "hung", f"previous run still running after {slot.timeout:g}s")
                 self._cycle_done(slot, now, now)
                 continue
             slot.running = True
             lane = self._lanes[slot.lane]
-            if lane.name != HOST_LANE and HOST_LANE in self._lanes and _quick(slot.collector):
-                lane = self._lanes[HOST_LANE]  # a quick call of a network collector: no wake-up of its thread
             lane.queue.append(slot)
             if lane.current is None and len(lane.queue) == 1:
                 lane.deadline = now + slot.timeout  # the worker sets the exact one when it starts
@@ -362,7 +346,7 @@ class Runner:
         # next scrape normally comes first); otherwise the next point of the shared grid.
         last_pull = self._last_pull
         scraped = last_pull is not None and now - last_pull < 2 * slot.interval
-        slot.due = started + slot.interval if scraped else next_due(started, slot.interval, now)
+        slot.due = after_run(slot.times(), started, now, scraped)
         self._cycled.notify_all()
         if self._waiters:
             for waiter in [w for w in self._waiters if _all_cycled(w[0])]:
@@ -385,27 +369,29 @@ class Runner:
                 if lane.worker is not token or self._stop.is_set():
                     return
                 slot = lane.queue.popleft()
-                started = slot.started = time.monotonic()
+                started = slot.started = self._clock()
                 lane.current, lane.deadline = slot, started + slot.timeout
-            outcome, retry_s = self._call(slot.collector)
+            outcome, retry_s = self._call(slot)
             with self._lock:
                 if lane.worker is not token:  # timed out meanwhile: recorded by the scheduler; we are abandoned
                     slot.stuck = False
                     return
                 self._finish(slot.collector, started, *outcome)
                 lane.current, lane.deadline = None, math.inf
-                self._cycle_done(slot, started, time.monotonic())
+                self._cycle_done(slot, started, self._clock())
                 if retry_s is not None:  # an absence that lasts: not called again before then (inf: never)
                     slot.due = max(slot.due, started + retry_s)
                 # The scheduler is not woken: at worst it wakes at this call's deadline and finds nothing to do.
 
     @staticmethod
-    def _call(collector: BaseCollector) -> tuple[tuple[Collection | None, str, str | None, str | None], float | None]:
+    def _call(slot: _Slot) -> tuple[tuple[Collection | None, str, str | None, str | None], float | None]:
         """Run one collection: ((collection, outcome, message, hint), seconds before the next call if absent).
 
-        The delay is inf for an absence only configuration can end (nothing configured to watch: the status
-        keeps the hint), ``NoDataError.retry_s`` for one that lasts, None otherwise.
+        The delay is the schedule's, as the registry declares it: inf for an absence only configuration can
+        end (nothing configured to watch: the status keeps the hint), ``absent_retry_s`` for one that
+        lasts, None otherwise.
         """
+        collector = slot.collector
         try:
             return (run_collection(collector), "ok", None, None), None
         except NoDataError as exc:
@@ -414,7 +400,7 @@ class Runner:
                 absent = validate(Collection(samples=list(exc.samples))) if exc.samples else Collection()
             except CatalogError as bad:
                 return (None, "bad_sample", str(bad), None), None
-            return (absent, "absent", message, exc.hint), math.inf if exc.permanent else exc.retry_s
+            return (absent, "absent", message, exc.hint), math.inf if slot.absence_final else slot.absent_retry_s
         except CatalogError as exc:
             return (None, "bad_sample", str(exc), None), None
         except Exception as exc:
@@ -422,36 +408,15 @@ class Runner:
 
     def _finish(
         self,
-        collector: BaseCollector,
+        collector: Collector,
         started: float,
         collection: Collection | None,
         outcome: str,
         message: str | None = None,
         hint: str | None = None,
     ) -> None:
-        now = time.time()
         prev = self.state.health_of(collector.name)
-        failed = outcome not in ("ok", "absent")
-        new_state = "failed" if failed else outcome
-        counts = dict(prev.error_counts)
-        if failed:
-            reason = "timeout" if outcome == "hung" else outcome
-            counts[reason] = counts.get(reason, 0) + 1
-        health = CollectorHealth(  # not dataclasses.replace: this runs for every collection
-            prev.name,
-            prev.interval_s,
-            prev.timeout_s,
-            runs=prev.runs + 1,
-            errors=prev.errors + (1 if failed else 0),
-            last_run_at=now,
-            last_success_at=prev.last_success_at if failed else now,
-            duration_s=time.monotonic() - started,
-            state=new_state,
-            last_error=message if failed else prev.last_error,
-            error_reason=outcome if failed else prev.error_reason,
-            hint=hint if outcome == "absent" else None,
-            error_counts=counts,
-        )
+        health = next_health(prev, outcome, self._clock() - started, time.time(), message, hint)
         self._log_transition(prev, health, message, hint)
         self.state.record(collector.name, health, collection)
 

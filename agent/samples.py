@@ -1,14 +1,15 @@
 """Plain values that collectors return and sinks translate.
 
-A collector returns a list of :class:`Sample` (gauge/counter values) and :class:`HistogramSample`
-(cumulative bucket counts). Names are the catalog's OpenTelemetry names (``process.memory.usage``);
-values are in the catalog's base unit (seconds, bytes, ratio 0..1).
+A collector returns one :class:`Collection`: a list of :class:`Sample` (gauge/counter values) and
+:class:`HistogramSample` (cumulative bucket counts). Names are the catalog's OpenTelemetry names
+(``process.memory.usage``); values are in the catalog's base unit (seconds, bytes, ratio 0..1).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 Attributes = tuple[tuple[str, str], ...]
 
@@ -52,3 +53,33 @@ class Finding:
 
 
 AnySample = Sample | HistogramSample
+UNKNOWN_MODEL = "unknown"  # the model of a span that names none (agent.receiver.spans)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTiming:
+    """One finished request, from a span (the receiver) to the span analytics.
+
+    ``seconds`` maps a quantity (``ttft``, ``itl``, ``e2e``, ``queue``, ``prefill``, ``decode``,
+    ``inference``) to its value in seconds.
+    """
+
+    model: str
+    seconds: dict[str, float] = field(default_factory=dict)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Collection:
+    """What one collector run (or one action) produced.
+
+    ``events`` are documents for the log sinks (a redacted runtime_profile snapshot): a sink that listens
+    on the state (:meth:`agent.state.AgentState.add_listener`) stores or exports them; the source never
+    knows which sink does.
+    """
+
+    samples: Sequence[AnySample] = ()
+    findings: Sequence[Finding] = ()
+    details: Mapping[str, Any] = field(default_factory=dict)  # shown in the status API
+    events: Sequence[Mapping[str, Any]] = ()

@@ -1,10 +1,14 @@
 """The agent state: the latest collection of every collector and the runner's health record.
 
-Collectors write through the runner; sinks (Prometheus, OTLP, the API, the CLI) only read snapshots.
+Collectors write through the runner, actions (the binary check) through :meth:`AgentState.post`; sinks
+(Prometheus, OTLP, the API, the CLI) only read snapshots, or listen for new collections
+(:meth:`AgentState.add_listener`: the snapshot store and the OTLP log sink). Imports nothing but the
+value types (:mod:`agent.samples`).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -12,8 +16,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent import __version__
-from agent.collectors.base import Collection
-from agent.samples import AnySample, Finding, Sample, attrs
+from agent.samples import AnySample, Collection, Finding, Sample, attrs
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +57,38 @@ class CollectorHealth:
 
 
 SampleSource = Callable[[], list[AnySample]]
+Listener = Callable[[str, Collection], None]
+
+
+def next_health(
+    prev: CollectorHealth,
+    outcome: str,
+    duration_s: float,
+    now: float,
+    message: str | None = None,
+    hint: str | None = None,
+) -> CollectorHealth:
+    """The record after one run: ``outcome`` is ok | absent | exception | timeout | bad_sample | hung."""
+    failed = outcome not in ("ok", "absent")
+    counts = dict(prev.error_counts)
+    if failed:
+        reason = "timeout" if outcome == "hung" else outcome
+        counts[reason] = counts.get(reason, 0) + 1
+    return CollectorHealth(  # not dataclasses.replace: this runs for every collection
+        prev.name,
+        prev.interval_s,
+        prev.timeout_s,
+        runs=prev.runs + 1,
+        errors=prev.errors + (1 if failed else 0),
+        last_run_at=now,
+        last_success_at=prev.last_success_at if failed else now,
+        duration_s=duration_s,
+        state="failed" if failed else outcome,
+        last_error=message if failed else prev.last_error,
+        error_reason=outcome if failed else prev.error_reason,
+        hint=hint if outcome == "absent" else None,
+        error_counts=counts,
+    )
 
 
 class AgentState:
@@ -62,6 +99,7 @@ class AgentState:
         self._collections: dict[str, Collection] = {}
         self._health: dict[str, CollectorHealth] = {}
         self._sources: dict[str, SampleSource] = {}
+        self._listeners: list[Listener] = []
         self.environment = environment
         self.started_at = time.time()
         self.identity: dict[str, str] = {}
@@ -72,12 +110,40 @@ class AgentState:
             self._health[health.name] = health
 
     def record(self, name: str, health: CollectorHealth, collection: Collection | None) -> None:
+        """Keep a run's health and collection; then tell the listeners (outside the lock)."""
         with self._lock:
             self._health[name] = health
             if collection is None:
                 self._collections.pop(name, None)
             else:
                 self._collections[name] = collection
+            listeners = list(self._listeners) if collection is not None else []
+        for listener in listeners:
+            try:
+                listener(name, collection)  # type: ignore[arg-type]
+            except Exception:  # a sink's bug must not fail the collector that fed it
+                log.debug("state listener %r failed", listener, exc_info=True)
+
+    def post(
+        self,
+        name: str,
+        collection: Collection | None,
+        outcome: str,
+        duration_s: float,
+        message: str | None = None,
+        hint: str | None = None,
+    ) -> CollectorHealth:
+        """An action's result (the binary check): recorded as one run of ``name``, as the runner records one."""
+        with self._lock:
+            prev = self._health.get(name) or CollectorHealth(name, 0.0, 0.0)
+        health = next_health(prev, outcome, duration_s, time.time(), message, hint)
+        self.record(name, health, collection)
+        return health
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call ``listener(name, collection)`` after every recorded collection (a sink of events)."""
+        with self._lock:
+            self._listeners.append(listener)
 
     def add_source(self, name: str, source: SampleSource) -> None:
         """Attach a callable that returns samples on demand (e.g. windowed analytics)."""

@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent.diag.pyspy import resolve_executable  # noqa: E402
-from agent.diag.redaction import RedactionPolicy  # noqa: E402
+from agent.actions.pyspy import resolve_executable  # noqa: E402
+from agent.debugprofile.redaction import RedactionPolicy  # noqa: E402
 
 TARGET = r"""
 import sys, time

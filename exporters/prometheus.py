@@ -6,9 +6,8 @@ the catalog, so they match what the OpenTelemetry Collector produces from our OT
 
 ``/metrics`` is answered by :func:`render`, which writes the same text format straight from the state:
 byte for byte what ``generate_latest`` makes of the registry (tests/test_exposition.py holds it to that),
-without building a family object per metric and re-validating every name and label on every scrape. A
-scrape is the agent's one regular wake-up, and on a VM its cost grows with the code and memory it touches
-(docs/benchmarks.md).
+without building a family object per metric and re-validating every name and label on every scrape (a
+scrape's cost grows with the code and memory it touches: docs/benchmarks.md, "The agent's CPU target").
 """
 
 from __future__ import annotations

@@ -15,22 +15,22 @@ import os
 from agent import quietserver
 from agent.app import Agent
 from agent.config import load_settings
-from agent.server import create_app
+from agent.wiring import build_deps
 
 
 def main() -> None:
     settings = load_settings()
-    services: dict[str, object] = {}
+    nvml = None
     gpu = os.environ.get("DASH_FAKE_GPU")
     if gpu:
         from tests.fake_nvml import FakeGPU, FakeNVML
 
-        services["nvml"] = FakeNVML([FakeGPU(name=gpu)])
-    agent = Agent(settings, services=services)
+        nvml = FakeNVML([FakeGPU(name=gpu)])
+    agent = Agent(settings, build_deps(settings, nvml=nvml))
     agent.start()
     try:
         quietserver.serve(  # the server `inferwatch run` uses
-            create_app(agent),
+            agent.asgi(),
             host=settings.listen_address,
             port=settings.listen_port,
             log_level="warning",

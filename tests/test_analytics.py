@@ -65,7 +65,7 @@ def test_windows_slide_and_expire() -> None:
     assert five is not None and five.count == 110 and five.quantiles[0.5] == pytest.approx(0.1, rel=0.01)
     clock.t += 301
     assert a.window_stats("m", "ttft", "5m") is None
-    assert a.samples() == [] and a.models() == []  # an idle model is evicted, its series disappear
+    assert a.compute() == [] and a.models() == []  # an idle model is evicted, its series disappear
 
 
 def test_samples_match_the_catalog_and_absent_quantities_stay_absent() -> None:
@@ -77,7 +77,7 @@ def test_samples_match_the_catalog_and_absent_quantities_stay_absent() -> None:
         q, p = rng.uniform(0, 0.02), rng.uniform(0.05, 0.1)
         timings.append(RequestTiming("llama", {"ttft": q + p + 0.03, "queue": q, "prefill": p, "e2e": 1.0}))
     a.record(timings)
-    samples = a.samples()
+    samples = a.compute()
     validate(Collection(samples=samples))  # names, kinds and attribute keys as declared
     quantities = {dict(s.attributes).get("quantity") for s in samples}
     assert quantities == {"ttft", "queue", "prefill", "e2e", None}  # no decode/itl/inference: absent, not 0
@@ -104,7 +104,7 @@ def test_samples_match_the_catalog_and_absent_quantities_stay_absent() -> None:
 def test_no_histograms_unless_asked() -> None:
     a = LatencyAnalytics()
     a.record([RequestTiming("m", {"ttft": 0.2, "e2e": 1.0})])
-    assert not any(s.name.startswith("gen_ai.server.") for s in a.samples())
+    assert not any(s.name.startswith("gen_ai.server.") for s in a.compute())
 
 
 def test_model_cap_counts_and_drops() -> None:
@@ -159,26 +159,20 @@ def test_bimodality_false_positives_on_unimodal_lognormals() -> None:
     assert _flag_rate(lognormal, trials=200, seed=12) <= 0.02
 
 
-def test_publishes_to_the_engine_board_and_leaves_frontend_gap_to_the_engine_when_it_has_one() -> None:
-    from agent.engine.board import LatencyBoard, LatencyStats
+def test_publishes_its_stats_and_leaves_frontend_gap_to_the_engine_when_it_has_one() -> None:
+    from agent.analytics.latency import EngineSeries
 
-    board = LatencyBoard()
-    a = LatencyAnalytics(board=board)
+    a = LatencyAnalytics()
     a.record([RequestTiming("m", {"ttft": 0.5, "queue": 0.1, "prefill": 0.3})] * 60)
-    samples = a.samples()
-    assert board.get("m", "ttft", "1m", "spans") is not None
-    assert board.get("m", "ttft", "1m", "spans").mean_s == pytest.approx(0.5, rel=1e-9)
+    samples = a.compute()
+    assert a.published.get(("m", "ttft", "1m")) is not None
+    assert a.published[("m", "ttft", "1m")].mean_s == pytest.approx(0.5, rel=1e-9)
     assert {dict(s.attributes)["window"] for s in samples if s.name == "inferwatch.engine.frontend_gap"} == {
         "1m",
         "5m",
     }
-    # the engine collector now has all three from its histograms for 1m: it emits that series, we do not
-    for q in ("ttft", "queue", "prefill"):
-        board.replace("histogram", {**board.snapshot().get("histogram", {}), ("m", q, "1m"): _hist_stats(LatencyStats)})
-    a._cached = None
-    gaps = {dict(s.attributes)["window"] for s in a.samples() if s.name == "inferwatch.engine.frontend_gap"}
+    # the engine collector now emits frontend_gap for 1m from its histograms (its collection in the state says
+    # so): that series is its, not ours
+    engine = EngineSeries(models=("m",), gaps=frozenset({("m", "1m")}))
+    gaps = {dict(s.attributes)["window"] for s in a.compute(engine) if s.name == "inferwatch.engine.frontend_gap"}
     assert gaps == {"5m"}
-
-
-def _hist_stats(cls):
-    return cls({0.5: 0.3, 0.9: 0.4, 0.95: 0.45, 0.99: 0.5}, count=10, source="histogram", mean_s=0.3)

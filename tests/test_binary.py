@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.diag.binary import check_binary, elf_interpreter, glibc_available
+from agent.actions.binary import check_binary, elf_interpreter, glibc_available
 from agent.errors import ToolError
 from tests.conftest import PYTHON, ROOT
 

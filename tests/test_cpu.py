@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.base import CollectContext
 from agent.collectors.cpu import CPUCollector
 from agent.config import load_settings
 from agent.errors import SourceFormatError
@@ -16,6 +15,7 @@ from agent.host.cpucap import read_cpu_capability
 from agent.host.cpuinfo import parse_cpuinfo
 from agent.host.cpumodels import Dmi, identify
 from agent.runner import validate
+from agent.wiring import collect_context
 from tests.conftest import FIXTURES, PYTHON, ROOT
 
 CPU = FIXTURES / "cpuinfo"
@@ -224,7 +224,7 @@ def test_collector_samples_match_the_catalog(tmp_path: Path) -> None:
     settings = load_settings(
         overrides={"path": {"procfs": str(procfs), "sysfs": str(tmp_path)}, "cpu": {"expect_features": ["SHA3"]}}
     )
-    result = validate(CPUCollector(CollectContext(settings)).collect())
+    result = validate(CPUCollector(collect_context(settings)).collect())
     by = {(s.name, s.attributes): s.value for s in result.samples}
     model = "Arm Neoverse-V1"
     assert by[("inferwatch.cpu.feature.missing", (("cpu_model", model), ("feature", "sve")))] == 1

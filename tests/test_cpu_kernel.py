@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.base import CollectContext
 from agent.collectors.cpu import CPUCollector
 from agent.config import load_settings
-from agent.doctor import DoctorContext, check_cpu
+from agent.doctor import check_collector, check_require
 from agent.errors import SourceFormatError
 from agent.host.cpucap import read_cpu_capability
 from agent.host.cpuinfo import parse_cpuinfo
@@ -43,6 +42,7 @@ from agent.host.hwcap import (
 )
 from agent.runner import validate
 from agent.samples import Finding
+from agent.wiring import build_deps, collect_context
 from tests.conftest import FIXTURES, PYTHON, ROOT
 from tests.test_cpu import machine_of
 
@@ -122,13 +122,14 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 def _collect(procfs: Path, probe: FakeProbe) -> tuple[Samples, list[Finding]]:
     settings = load_settings(overrides={"path": {"procfs": str(procfs), "sysfs": str(procfs.parent / "nosys")}})
-    result = validate(CPUCollector(CollectContext(settings, services={"cpu_probe": probe})).collect())
+    result = validate(CPUCollector(collect_context(settings, cpu_probe=probe)).collect())
     return {(s.name, s.attributes): s.value for s in result.samples}, list(result.findings)
 
 
 def _doctor(procfs: Path, probe: FakeProbe) -> dict[str, Finding]:
     settings = load_settings(overrides={"path": {"procfs": str(procfs), "sysfs": str(procfs.parent / "nosys")}})
-    return {f.id: f for f in check_cpu(DoctorContext(settings, services={"cpu_probe": probe}))}
+    deps = build_deps(settings, cpu_probe=probe)
+    return {f.id: f for f in check_collector(deps, "cpu") + check_require(deps, [])}
 
 
 # --- auxv and the arm64 bit table ---------------------------------------------------------------------

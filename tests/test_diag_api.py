@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from agent.diag.pyspy import classify
+from agent.actions.pyspy import classify
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, stop, wait_http
 

@@ -14,11 +14,12 @@ import subprocess
 import httpx
 import pytest
 
-from agent.collectors.base import CollectContext
+from agent.actions.snapshots import SnapshotStore
 from agent.collectors.probe import ProbeCollector
 from agent.collectors.runtime_profile import RuntimeProfileCollector
 from agent.config import load_settings
 from agent.runner import validate
+from agent.wiring import collect_context
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
 
@@ -65,7 +66,7 @@ def samples(collection) -> dict:
 
 def test_stream_usage_only_is_counted_in_both_protocols(sim, tmp_path) -> None:
     scenarios(sim, "stream_usage_only")
-    col = validate(ProbeCollector(CollectContext(settings=settings(sim, tmp_path))).collect())
+    col = validate(ProbeCollector(collect_context(settings(sim, tmp_path))).collect())
     v = samples(col)
     for p in ("openai", "anthropic"):
         counts = {
@@ -79,7 +80,7 @@ def test_stream_usage_only_is_counted_in_both_protocols(sim, tmp_path) -> None:
 
 def test_hardware_mismatch_is_counted_as_such(sim, tmp_path) -> None:
     scenarios(sim, "hardware_mismatch")
-    col = validate(ProbeCollector(CollectContext(settings=settings(sim, tmp_path))).collect())
+    col = validate(ProbeCollector(collect_context(settings(sim, tmp_path))).collect())
     v = samples(col)
     for p in ("openai", "anthropic"):
         assert v[("inferwatch.probe.http_errors", (("error_type", "hardware_mismatch"), ("protocol", p)))] == 1
@@ -88,7 +89,7 @@ def test_hardware_mismatch_is_counted_as_such(sim, tmp_path) -> None:
 
 def test_debug_disabled_gives_the_empty_profile_finding(sim, tmp_path) -> None:
     scenarios(sim, "debug_disabled")
-    col = validate(RuntimeProfileCollector(CollectContext(settings=settings(sim, tmp_path))).collect())
+    col = validate(RuntimeProfileCollector(collect_context(settings(sim, tmp_path))).collect())
     assert samples(col)[("inferwatch.runtime.profile.available", ())] == 0
     assert [(f.id, f.status) for f in col.findings] == [("runtime_profile.empty", "warn")]
 
@@ -96,7 +97,9 @@ def test_debug_disabled_gives_the_empty_profile_finding(sim, tmp_path) -> None:
 def test_debug_in_production_gives_its_finding_and_redacts(sim, tmp_path) -> None:
     scenarios(sim)
     s = settings(sim, tmp_path, node={"environment": "production"})
-    col = validate(RuntimeProfileCollector(CollectContext(settings=s)).collect())
+    ctx = collect_context(s)
+    col = validate(RuntimeProfileCollector(ctx).collect())
+    SnapshotStore(s, ctx.profile_reader).on_record("runtime_profile", col)  # the agent's state listener
     assert ("runtime_profile.debug_in_production", "fail") in [(f.id, f.status) for f in col.findings]
     (snap,) = (tmp_path / "snap").glob("*.json")
     text = snap.read_text()

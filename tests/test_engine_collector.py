@@ -8,14 +8,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.collectors.base import CollectContext
 from agent.collectors.engine import EngineCollector
 from agent.config import Settings
-from agent.engine.board import SERVICE, LatencyBoard
+from agent.engine.board import LatencyBoard
 from agent.engine.fetch import EngineScrapeError
 from agent.errors import NoDataError
 from agent.runner import validate
 from agent.samples import HistogramSample, Sample
+from agent.wiring import collect_context
 from tests import engine_server as es
 from tests.conftest import FIXTURES, PYTHON, ROOT
 from tests.engine_expo import VllmLike
@@ -26,7 +26,7 @@ VALID = (FIXTURES / "engines" / "vllm-v1-dp2-synthetic.prom").read_text()
 
 def collector(url: str | None, **engine: object) -> EngineCollector:
     settings = Settings(engine={"metrics_url": url, **engine})
-    return EngineCollector(CollectContext(settings=settings, services={}))
+    return EngineCollector(collect_context(settings))
 
 
 def samples_by_name(samples) -> dict[str, list]:
@@ -77,13 +77,6 @@ def test_good_exposition_windows_and_catalog() -> None:
     board = c.board
     stats = board.get("m1", "ttft", "1m")
     assert stats is not None and stats.source == "histogram" and stats.count == 20
-
-
-def test_board_is_shared_through_services() -> None:
-    services: dict[str, object] = {SERVICE: LatencyBoard()}
-    c = EngineCollector(CollectContext(settings=Settings(), services=services))
-    assert c.board is services[SERVICE]
-    c.close()
 
 
 def test_llamacpp_token_time_from_counters() -> None:
@@ -261,12 +254,10 @@ def test_engine_restart_and_new_rank_between_scrapes() -> None:
 
 
 def test_board_prefers_spans_and_samples_fit_the_catalog() -> None:
-    from agent.collectors.base import Collection
-    from agent.engine.board import LatencyStats, latency_board, latency_samples
+    from agent.engine.board import LatencyStats, latency_samples
+    from agent.samples import Collection
 
-    services: dict[str, object] = {}
-    board = latency_board(services)
-    assert latency_board(services) is board
+    board = LatencyBoard()
     hist = LatencyStats({0.5: 0.3, 0.9: 0.5, 0.95: 0.6, 0.99: 0.9}, 100, "histogram", 0.35)
     spans = LatencyStats({0.5: 0.29, 0.9: 0.45, 0.95: 0.55, 0.99: 0.87}, 98, "spans", 0.33)
     board.replace("histogram", {("m", "ttft", "1m"): hist})

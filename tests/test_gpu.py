@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.base import CollectContext
 from agent.collectors.gpu import GPUCollector
 from agent.config import load_settings
-from agent.doctor import DoctorContext, check_gpu
+from agent.doctor import check_collector
 from agent.errors import CollectorError, NoDataError
 from agent.host.nvml import GpuProcess, PynvmlClient
 from agent.runner import validate
+from agent.wiring import build_deps, collect_context
 from tests.conftest import PYTHON, ROOT
 from tests.fake_nvml import FakeGPU, FakeNVML
 from tests.procs import running
@@ -23,7 +23,7 @@ from tests.procs import running
 
 def _collector(nvml: object, **runtime: object) -> GPUCollector:
     settings = load_settings(overrides={"runtime": runtime} if runtime else None)
-    return GPUCollector(CollectContext(settings, services={"nvml": nvml}))
+    return GPUCollector(collect_context(settings, nvml=nvml))
 
 
 def test_values_are_converted_to_base_units_per_device() -> None:
@@ -101,7 +101,7 @@ def test_close_shuts_nvml_down() -> None:
 def test_doctor_gpu_check_with_fake_and_real_nvml() -> None:
     settings = load_settings()
     fake = FakeNVML([FakeGPU(reasons=0x40), FakeGPU(uuid="GPU-ok")])
-    findings = check_gpu(DoctorContext(settings=settings, services={"nvml": fake}))
+    findings = check_collector(build_deps(settings, nvml=fake), "gpu")
     assert [(f.id, f.status) for f in findings] == [("gpu0.throttle", "fail"), ("gpu1.throttle", "ok")]
     assert "hw_thermal_slowdown" in findings[0].summary and fake.shutdowns == 1
     r = subprocess.run(
@@ -189,13 +189,16 @@ def test_absent_driver_is_retried_once_a_minute_not_every_cycle(monkeypatch) -> 
     client = PynvmlClient()
     client._nvml = module
     for _ in range(5):
-        with pytest.raises(NoDataError, match="NVML library not found") as absent:
+        with pytest.raises(NoDataError, match="NVML library not found"):
             client.init()
-        # the runner is told when the retry is due, so it does not call the collector before then
-        assert absent.value.retry_s is not None and 0 < absent.value.retry_s <= nvml_mod.NVML_ABSENT_RETRY_S
+        # the client says when its retry is due (the gpu entry's absent_retry_s keeps the runner away till then)
+        retry = client.retry_in()
+        assert retry is not None and 0 < retry <= nvml_mod.NVML_ABSENT_RETRY_S
         clock["now"] += 1.0
     assert len(calls) == 1
-    assert absent.value.retry_s == pytest.approx(nvml_mod.NVML_ABSENT_RETRY_S - 4.0)
+    clock["now"] -= 1.0  # where the last absence above was raised
+    assert client.retry_in() == pytest.approx(nvml_mod.NVML_ABSENT_RETRY_S - 4.0)
+    clock["now"] += 1.0
     clock["now"] += nvml_mod.NVML_ABSENT_RETRY_S + 1
     state["installed"] = True
     client.init()

@@ -34,10 +34,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.collectors.base import CollectContext
 from agent.collectors.engine import EngineCollector
 from agent.config import Settings
 from agent.runner import run_collection
+from agent.wiring import collect_context
 from tests.llamacpp_server import LlamaServer, llama_server
 
 pytestmark = pytest.mark.integration
@@ -102,7 +102,7 @@ def _token_time(samples: list, phase: str) -> float:
 
 def _measure(server: LlamaServer, requests: int, clients: int) -> tuple[list[dict[str, float]], list]:
     settings = Settings(engine={"metrics_url": f"{server.url}/metrics", "kind": "llamacpp"})
-    collector = EngineCollector(CollectContext(settings=settings))
+    collector = EngineCollector(collect_context(settings))
     try:
         _idle(server)
         run_collection(collector)

@@ -12,11 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.collectors.base import CollectContext
 from agent.collectors.simd import SimdCollector
 from agent.config import Settings
 from agent.runner import run_collection
 from agent.simd.analysis import FeatureReport, SimdAnalyzer
+from agent.wiring import collect_context
 from tests.llamacpp_server import GLIBC_NO_AVX512, LlamaServer, find_avx2_binary, llama_server
 
 pytestmark = [
@@ -84,7 +84,7 @@ def test_collector_reports_used_on_the_native_build(
 ) -> None:
     with llama_server(llama_bin, llama_models["small"], tmp_path / "s.log", env=_env(True)) as server:
         settings = Settings(runtime={"pid": server.pid}, simd={"busy_cpu_cores": 0.02})
-        collector = SimdCollector(CollectContext(settings=settings))
+        collector = SimdCollector(collect_context(settings))
         try:
             with load(server):
                 time.sleep(0.5)

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import pytest
 
-from agent.collectors.base import CollectContext
 from agent.collectors.pagecache import PageCacheCollector
 from agent.config import load_settings
 from agent.errors import NoDataError, SourceFormatError
@@ -11,6 +10,7 @@ from agent.host.pagecache import pagecache_verdict
 from agent.host.pressure import parse_pressure
 from agent.host.vmstat import parse_vmstat
 from agent.runner import validate
+from agent.wiring import collect_context
 from tests.conftest import FIXTURES
 
 MEM = FIXTURES / "meminfo"
@@ -95,7 +95,7 @@ def test_collector_on_recorded_procfs(fake_procfs) -> None:
         vmstat=MEM / "vmstat_node_exporter_pre_4_8_zoned.txt",
     )
     settings = load_settings(overrides={"path": {"procfs": str(root)}})
-    result = validate(PageCacheCollector(CollectContext(settings)).collect())
+    result = validate(PageCacheCollector(collect_context(settings)).collect())
     by = {(s.name, s.attributes): s.value for s in result.samples}
     assert by[("inferwatch.memory.file_lru", (("list", "inactive"),))] == 145676 * 1024
     assert by[("inferwatch.pressure.memory.avg", (("kind", "some"), ("window", "10s")))] == pytest.approx(0.0232)
@@ -105,7 +105,7 @@ def test_collector_on_recorded_procfs(fake_procfs) -> None:
 def test_collector_without_psi_still_reports(fake_procfs) -> None:
     root = fake_procfs(meminfo=MEM / "kernel_doc_proc_rst_example.txt")
     settings = load_settings(overrides={"path": {"procfs": str(root)}})
-    result = PageCacheCollector(CollectContext(settings)).collect()
+    result = PageCacheCollector(collect_context(settings)).collect()
     assert "no PSI" in result.details["psi"]
     assert not [s for s in result.samples if s.name.startswith("inferwatch.pressure")]
 
@@ -113,5 +113,5 @@ def test_collector_without_psi_still_reports(fake_procfs) -> None:
 def test_missing_meminfo_is_expected_absence(tmp_path) -> None:
     settings = load_settings(overrides={"path": {"procfs": str(tmp_path)}})
     with pytest.raises(NoDataError) as exc:
-        PageCacheCollector(CollectContext(settings)).collect()
+        PageCacheCollector(collect_context(settings)).collect()
     assert "--path.procfs" in exc.value.hint

@@ -7,12 +7,12 @@ import subprocess
 
 import pytest
 
-from agent.collectors.base import CollectContext
 from agent.collectors.probe import ProbeCollector
 from agent.config import load_settings
 from agent.probe import run_probe
 from agent.probe.schema import validate_payload
 from agent.runner import validate
+from agent.wiring import collect_context
 from tests.conftest import PYTHON, ROOT
 from tests.fake_runtime import fake_runtime, openai_chunk
 
@@ -94,7 +94,7 @@ def test_schema_paths_name_the_rule() -> None:
 
 def test_collector_counts_cumulatively_by_protocol_and_kind(rt) -> None:
     settings = load_settings(overrides={"probe": {"url": rt.url, "protocols": ["openai", "anthropic"], "timeout_s": 5}})
-    collector = ProbeCollector(CollectContext(settings=settings))
+    collector = ProbeCollector(collect_context(settings))
     rt.stream_mode = "usage_only"
     validate(collector.collect())
     rt.stream_mode = "hardware_mismatch"

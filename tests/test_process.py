@@ -12,7 +12,6 @@ from typing import Any
 import psutil
 import pytest
 
-from agent.collectors.base import CollectContext
 from agent.collectors.process import ProcessCollector, _faults
 from agent.config import load_settings
 from agent.errors import NoDataError
@@ -20,6 +19,7 @@ from agent.host.cgroup import cgroup_v2_path, parse_memory_stat
 from agent.host.runtime import RuntimeLocator
 from agent.runner import Runner, validate
 from agent.state import AgentState
+from agent.wiring import collect_context
 from tests.conftest import PYTHON
 from tests.procs import running
 
@@ -37,7 +37,7 @@ def fake_runtime(tmp_path: Path, marker: str) -> Iterator[Any]:
 
 def _collector(**runtime: object) -> ProcessCollector:
     settings = load_settings(overrides={"runtime": {"name": "vllm", **runtime}})
-    return ProcessCollector(CollectContext(settings))
+    return ProcessCollector(collect_context(settings))
 
 
 def _values(collector: ProcessCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -100,7 +100,7 @@ def test_unconfigured_runtime_is_absent_with_a_hint() -> None:
 def test_runner_keeps_runtime_up_zero_when_absent() -> None:
     settings = load_settings(overrides={"runtime": {"pid": 2**22 - 1}})  # above pid_max's default: never a process
     state = AgentState()
-    runner = Runner(settings, state, [ProcessCollector(CollectContext(settings))])
+    runner = Runner(settings, state, [ProcessCollector(collect_context(settings))])
     runner.start()
     try:
         deadline = time.monotonic() + 10
@@ -121,9 +121,9 @@ def test_procfs_root_is_respected(tmp_path: Path) -> None:
         loc = RuntimeLocator(
             load_settings(overrides={"runtime": {"cmdline_pattern": "python"}}).runtime, tmp_path / "proc"
         )
-        assert str(tmp_path / "proc") == psutil.PROCFS_PATH
         with pytest.raises(NoDataError):  # an empty procfs has no processes, although python runs here
             loc.find()
+        assert str(tmp_path / "proc") == psutil.PROCFS_PATH  # set on first use, not when the wiring builds it
     finally:
         psutil.PROCFS_PATH = saved
 
@@ -164,7 +164,7 @@ def test_cgroup_v2_memory_on_synthetic_sysfs(tmp_path: Path) -> None:
         settings = load_settings(
             overrides={"runtime": {"cmdline_pattern": f"fake-runtime-{marker}"}, "path": {"sysfs": str(sysfs)}}
         )
-        c = ProcessCollector(CollectContext(settings))
+        c = ProcessCollector(collect_context(settings))
         result = validate(c.collect())
         v = {(s.name, s.attributes): s.value for s in result.samples}
         assert v[("inferwatch.runtime.cgroup.memory.stat", (("field", "inactive_file"),))] == 536870912

@@ -8,12 +8,14 @@ from typing import ClassVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.collectors.base import BaseCollector, CollectContext, Collection
+from agent.collectors import Schedule
+from agent.collectors.base import BaseCollector, CollectContext
 from agent.config import load_settings
 from agent.errors import NoDataError
 from agent.runner import Runner
-from agent.samples import Sample, attrs
+from agent.samples import Collection, Sample, attrs
 from agent.state import AgentState
+from agent.wiring import collect_context
 from exporters.prometheus import render
 
 
@@ -79,7 +81,7 @@ def _wait(pred, timeout=10.0):
 
 def test_failures_are_isolated_and_reported(caplog) -> None:
     settings = load_settings(overrides={"interval_s": 0.2, "timeout_s": 0.3})
-    ctx = CollectContext(settings)
+    ctx = collect_context(settings)
     state = AgentState()
     kinds = [Good, Raises, Hangs, Garbage, WrongAttrs, NotACollection, Absent]
     runner = Runner(settings, state, [k(ctx) for k in kinds])
@@ -134,7 +136,7 @@ def test_hung_collector_is_not_started_twice() -> None:
 
     settings = load_settings(overrides={"interval_s": 0.1, "timeout_s": 0.1})
     state = AgentState()
-    runner = Runner(settings, state, [Slow(CollectContext(settings))])
+    runner = Runner(settings, state, [Slow(collect_context(settings))])
     runner.start()
     try:
         assert _wait(lambda: state.health()["slow"].runs >= 5)
@@ -160,14 +162,14 @@ class Counting(BaseCollector):
 
 class Network(Counting):
     name: ClassVar[str] = "network"
-    lane: ClassVar[str | None] = None
 
 
 def test_host_collectors_share_one_worker_thread() -> None:
     settings = load_settings(overrides={"interval_s": 0.2, "timeout_s": 0.3})
-    ctx = CollectContext(settings)
+    ctx = collect_context(settings)
     state = AgentState()
-    runner = Runner(settings, state, [Good(ctx), Absent(ctx), Counting(ctx), Network(ctx)])
+    own_lane = {"network": Schedule(0.2, 0.2, "network")}  # as the registry declares lane=None
+    runner = Runner(settings, state, [Good(ctx), Absent(ctx), Counting(ctx), Network(ctx)], own_lane)
     runner.start()
     try:
         assert _wait(lambda: all(h.runs >= 3 for h in state.health().values()))
@@ -182,7 +184,7 @@ def test_host_collectors_share_one_worker_thread() -> None:
 
 def test_a_scrape_pulls_due_runs_forward_and_waits_for_them() -> None:
     settings = load_settings(overrides={"interval_s": 2.0, "timeout_s": 1.0})
-    collector = Counting(CollectContext(settings))
+    collector = Counting(collect_context(settings))
     state = AgentState()
     runner = Runner(settings, state, [collector])
     # Start just after a point of the runner's 2 s grid, so the first timed run after the start is ~1.95 s on.
@@ -207,7 +209,7 @@ def test_a_scrape_pulls_due_runs_forward_and_waits_for_them() -> None:
 
 def test_pull_never_waits_on_a_hung_collector() -> None:
     settings = load_settings(overrides={"interval_s": 0.2, "timeout_s": 0.2})
-    ctx = CollectContext(settings)
+    ctx = collect_context(settings)
     state = AgentState()
     runner = Runner(settings, state, [Hangs(ctx), Good(ctx)])
     Hangs.release.clear()
@@ -230,12 +232,13 @@ def test_absence_only_configuration_can_end_is_not_retried() -> None:
 
         def collect(self) -> Collection:
             type(self).calls += 1
-            raise NoDataError("no engine URL configured", hint="set engine.metrics_url", permanent=True)
+            raise NoDataError("no engine URL configured", hint="set engine.metrics_url")
 
     settings = load_settings(overrides={"interval_s": 0.1, "timeout_s": 0.1})
-    ctx = CollectContext(settings)
+    ctx = collect_context(settings)
     state = AgentState()
-    runner = Runner(settings, state, [Unconfigured(ctx), Absent(ctx), Good(ctx)])
+    final = {"unconfigured": Schedule(0.1, 0.1, "host", absence_final=True)}  # as Entry(configured=...) says
+    runner = Runner(settings, state, [Unconfigured(ctx), Absent(ctx), Good(ctx)], final)
     runner.start()
     try:
         assert _wait(lambda: state.health()["good"].runs >= 5 and state.health()["absent"].runs >= 5)
@@ -250,7 +253,7 @@ def test_absence_only_configuration_can_end_is_not_retried() -> None:
 def test_a_scheduler_bug_is_logged_and_collection_goes_on(caplog) -> None:
     settings = load_settings(overrides={"interval_s": 0.1, "timeout_s": 0.1})
     state = AgentState()
-    runner = Runner(settings, state, [Good(CollectContext(settings))])
+    runner = Runner(settings, state, [Good(collect_context(settings))])
     real_expire, failures = runner._expire, []
 
     def expire_failing_once(now: float) -> None:
@@ -272,7 +275,7 @@ def test_an_async_scrape_pulls_and_waits_on_the_loop_not_a_thread() -> None:
     import asyncio
 
     settings = load_settings(overrides={"interval_s": 2.0, "timeout_s": 1.0})
-    collector = Counting(CollectContext(settings))
+    collector = Counting(collect_context(settings))
     state = AgentState()
     runner = Runner(settings, state, [collector])
     while time.monotonic() % 2.0 > 0.05:  # just after a point of the 2 s grid: the next timed run ~1.95 s on
@@ -300,12 +303,10 @@ def test_an_async_scrape_stops_waiting_on_a_hung_collector_after_wait_s() -> Non
 
     settings = load_settings(overrides={"interval_s": 5.0, "timeout_s": 5.0})
     state = AgentState()
-    ctx = CollectContext(settings)
+    ctx = collect_context(settings)
 
-    class HangsOnItsLane(Hangs):
-        lane: ClassVar[str | None] = None
-
-    runner = Runner(settings, state, [HangsOnItsLane(ctx), Good(ctx)])
+    own_lane = {"hangs": Schedule(5.0, 5.0, "hangs")}  # a lane of its own, as the registry declares lane=None
+    runner = Runner(settings, state, [Hangs(ctx), Good(ctx)], own_lane)
     Hangs.release.clear()
     runner.start()
     try:
@@ -319,45 +320,20 @@ def test_an_async_scrape_stops_waiting_on_a_hung_collector_after_wait_s() -> Non
         runner.stop()
 
 
-def test_a_quick_call_of_a_network_collector_takes_the_host_lane() -> None:
-    class Kept(BaseCollector):
-        name: ClassVar[str] = "kept"
-        lane: ClassVar[str | None] = None
-        threads: ClassVar[list[str]] = []
-
-        def quick(self) -> bool:
-            return len(self.threads) >= 1  # the first call "checks" (own lane); later ones re-export
-
-        def collect(self) -> Collection:
-            self.threads.append(threading.current_thread().name)
-            return Collection([Sample("process.uptime", 1.0, attrs(runtime="r"))])
-
-    settings = load_settings(overrides={"interval_s": 0.1, "timeout_s": 0.1})
-    ctx = CollectContext(settings)
-    state = AgentState()
-    runner = Runner(settings, state, [Kept(ctx), Good(ctx)])
-    runner.start()
-    try:
-        assert _wait(lambda: len(Kept.threads) >= 3)
-    finally:
-        runner.stop()
-    assert Kept.threads[0] == "collect-kept"
-    assert set(Kept.threads[1:]) == {"collect-host"}
-
-
-def test_a_lasting_absence_is_retried_after_retry_s_not_every_interval() -> None:
+def test_a_lasting_absence_is_retried_after_absent_retry_s_not_every_interval() -> None:
     class NoDriver(BaseCollector):
         name: ClassVar[str] = "nodriver"
         calls: ClassVar[list[float]] = []
 
         def collect(self) -> Collection:
             self.calls.append(time.monotonic())
-            raise NoDataError("NVML library not found", hint="install the driver", retry_s=0.6)
+            raise NoDataError("NVML library not found", hint="install the driver")
 
     settings = load_settings(overrides={"interval_s": 0.1, "timeout_s": 0.1})
-    ctx = CollectContext(settings)
+    ctx = collect_context(settings)
     state = AgentState()
-    runner = Runner(settings, state, [NoDriver(ctx), Good(ctx)])
+    lasting = {"nodriver": Schedule(0.1, 0.1, "host", absent_retry_s=0.6)}  # as Entry(absent_retry_s=...) says
+    runner = Runner(settings, state, [NoDriver(ctx), Good(ctx)], lasting)
     runner.start()
     try:
         assert _wait(lambda: len(NoDriver.calls) >= 3, 5)
@@ -373,7 +349,7 @@ def test_scrapes_at_the_interval_drive_the_runs_and_the_scheduler_stands_by() ->
     import asyncio
 
     settings = load_settings(overrides={"interval_s": 0.2, "timeout_s": 0.2})
-    collector = Counting(CollectContext(settings))
+    collector = Counting(collect_context(settings))
     state = AgentState()
     runner = Runner(settings, state, [collector])
     dispatches: list[float] = []

@@ -8,11 +8,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.collectors.base import CollectContext
+from agent.actions.ring import FileRing
+from agent.actions.snapshots import SnapshotStore
 from agent.collectors.runtime_profile import RuntimeProfileCollector
 from agent.config import load_settings
-from agent.diag.ring import FileRing
 from agent.runner import validate
+from agent.wiring import collect_context
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.fake_runtime import fake_runtime
 from tests.procs import running, wait_http
@@ -30,7 +31,7 @@ def collector(rt, tmp_path, **extra):
         "snapshots": {"dir": str(tmp_path / "snap"), "max_count": 3},
         **extra,
     }
-    return RuntimeProfileCollector(CollectContext(settings=load_settings(overrides=overrides)))
+    return RuntimeProfileCollector(collect_context(load_settings(overrides=overrides)))
 
 
 def values(collection):
@@ -41,6 +42,7 @@ def test_available_profile_is_redacted_stored_and_gauged(rt, tmp_path) -> None:
     rt.profile_mode = "debug"
     c = collector(rt, tmp_path)
     col = validate(c.collect())
+    SnapshotStore(c.ctx.settings, c.ctx.profile_reader).on_record(c.name, col)  # the agent's state listener
     v = values(col)
     assert v[("inferwatch.runtime.profile.available", ())] == 1
     assert v[("inferwatch.runtime.profile.value", (("field", "gpu_memory_used_bytes"),))] == 123456789

@@ -12,20 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.base import CollectContext
 from agent.collectors.simd import SimdCollector
 from agent.config import RuntimeSettings, Settings
 from agent.errors import NoDataError
+from agent.host.runtime import RuntimeLocator, pid_listening_on
 from agent.runner import run_collection
 from agent.simd import codescan, pmu
 from agent.simd.analysis import SimdAnalyzer
-from agent.simd.proc import (
-    glibc_avx512_disabled,
-    locate_runtime,
-    pid_listening_on,
-    read_arch_status,
-    read_threads,
-)
+from agent.simd.proc import glibc_avx512_disabled, read_arch_status, read_threads
+from agent.wiring import collect_context
 from tests.conftest import free_port
 from tests.tools import require
 
@@ -207,6 +202,11 @@ def test_pmu_raw_sve_event_absent_on_x86() -> None:
         counters.close()
 
 
+def locate_runtime(procfs: Path, runtime: RuntimeSettings, port: int | None = None) -> int:
+    """What ``inferwatch simd`` and the simd collector do: the agent's one locator, the port as fallback."""
+    return int(RuntimeLocator(runtime, procfs).find_serving(port).pid)
+
+
 def test_locate_runtime(tmp_path: Path) -> None:
     proc = _spawn(5.0, None)
     try:
@@ -237,12 +237,12 @@ def test_pid_listening_on_finds_a_real_server() -> None:
 
 
 def test_collector_absent_without_runtime_and_valid_with_one() -> None:
-    ctx = CollectContext(settings=Settings())
+    ctx = collect_context(Settings())
     with pytest.raises(NoDataError):
         SimdCollector(ctx).collect()
     proc = _spawn(4.0, "glibc.cpu.hwcaps=-AVX512F,-AVX512VL")
     settings = Settings(runtime={"pid": proc.pid}, simd={"busy_cpu_cores": 0.01})
-    collector = SimdCollector(CollectContext(settings=settings))
+    collector = SimdCollector(collect_context(settings))
     try:
         run_collection(collector)
         time.sleep(1.0)
@@ -266,10 +266,10 @@ def test_collector_finds_the_runtime_once_and_again_after_a_restart(tmp_path) ->
     cmd = [sys.executable, "-c", "import time; time.sleep(60)", marker]
     first = subprocess.Popen(cmd)
     try:
-        ctx = CollectContext(Settings(runtime=RuntimeSettings(cmdline_pattern=marker)))
+        ctx = collect_context(Settings(runtime=RuntimeSettings(cmdline_pattern=marker)))
         collector = SimdCollector(ctx)
         assert [collector.collect().details["pid"] for _ in range(3)] == [first.pid] * 3
-        locator = ctx.services["runtime"]  # the agent's one locator, shared with process and gpu
+        locator = ctx.locator  # the agent's one locator, shared with process and gpu
         assert locator.restarts == 0  # the same process all along
         first.kill()
         first.wait()

@@ -7,8 +7,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from agent.analytics.latency import UNKNOWN_MODEL, LatencyAnalytics, RequestTiming
-from agent.engine.board import LatencyBoard
+from agent.analytics.latency import UNKNOWN_MODEL, EngineSeries, LatencyAnalytics, RequestTiming
 from agent.receiver.spans import extract
 
 
@@ -39,33 +38,32 @@ def test_model_from_span_then_resource_then_unknown() -> None:
     assert [t.model for t in extract(bare).timings] == [UNKNOWN_MODEL]
 
 
-def _labels(analytics: LatencyAnalytics) -> set[str]:
+def _labels(analytics: LatencyAnalytics, engine: EngineSeries | None = None) -> set[str]:
     return {
-        dict(s.attributes)["gen_ai.request.model"] for s in analytics.samples() if s.name == "inferwatch.engine.latency"
+        dict(s.attributes)["gen_ai.request.model"]
+        for s in analytics.compute(engine)
+        if s.name == "inferwatch.engine.latency"
     }
 
 
 def test_model_less_spans_go_to_the_engines_only_model() -> None:
-    board = LatencyBoard()
-    analytics = LatencyAnalytics(clock=lambda: 100.0, board=board)
+    analytics = LatencyAnalytics(clock=lambda: 100.0)
     analytics.record([RequestTiming(UNKNOWN_MODEL, {"ttft": 0.02 + i * 1e-4}) for i in range(60)])
     assert _labels(analytics) == {UNKNOWN_MODEL}  # the engine collector has not said yet
-    board.set_models("histogram", ["meta-llama/Llama-3.1-8B-Instruct"])
-    analytics = LatencyAnalytics(clock=lambda: 200.0, board=board)  # fresh: samples are cached for 1 s
+    engine = EngineSeries(models=("meta-llama/Llama-3.1-8B-Instruct",))  # its collection in the state
+    analytics = LatencyAnalytics(clock=lambda: 200.0)
     analytics.record([RequestTiming(UNKNOWN_MODEL, {"ttft": 0.02 + i * 1e-4}) for i in range(60)])
-    assert _labels(analytics) == {"meta-llama/Llama-3.1-8B-Instruct"}
-    stats = board.get("meta-llama/Llama-3.1-8B-Instruct", "ttft", "1m", "spans")
+    assert _labels(analytics, engine) == {"meta-llama/Llama-3.1-8B-Instruct"}
+    stats = analytics.published.get(("meta-llama/Llama-3.1-8B-Instruct", "ttft", "1m"))
     assert stats is not None and stats.count == 60
 
 
 def test_model_less_spans_stay_unknown_when_ambiguous() -> None:
-    board = LatencyBoard()
-    board.set_models("histogram", ["a", "b"])  # two models: nothing says which one a bare span is from
-    analytics = LatencyAnalytics(clock=lambda: 100.0, board=board)
+    two = EngineSeries(models=("a", "b"))  # two models: nothing says which one a bare span is from
+    analytics = LatencyAnalytics(clock=lambda: 100.0)
     analytics.record([RequestTiming(UNKNOWN_MODEL, {"ttft": 0.02})])
-    assert _labels(analytics) == {UNKNOWN_MODEL}
-    board.set_models("histogram", ["a"])
-    analytics = LatencyAnalytics(clock=lambda: 200.0, board=board)
+    assert _labels(analytics, two) == {UNKNOWN_MODEL}
+    analytics = LatencyAnalytics(clock=lambda: 200.0)
     # spans that do name "a" keep their own series; bare ones are not merged into it
     analytics.record([RequestTiming("a", {"ttft": 0.02}), RequestTiming(UNKNOWN_MODEL, {"ttft": 0.5})])
-    assert _labels(analytics) == {"a", UNKNOWN_MODEL}
+    assert _labels(analytics, EngineSeries(models=("a",))) == {"a", UNKNOWN_MODEL}

@@ -7,19 +7,22 @@ Input: :class:`RequestTiming` values (one per finished request, seconds). Output
 - ``inferwatch.engine.latency.samples`` requests in the window;
 - ``inferwatch.engine.latency.tail_ratio`` P99 / P50;
 - ``inferwatch.engine.latency.bimodal`` / ``.bimodality`` (see :mod:`agent.analytics.bimodality`), from
-  :data:`~agent.analytics.bimodality.MIN_SAMPLES` requests on, recomputed once per sub-window;
+  :data:`~agent.analytics.bimodality.MIN_SAMPLES` requests on, recomputed once per sub-window (sooner when
+  the window has grown by a tenth since, :data:`REFIT_GROWTH`);
 - ``inferwatch.engine.frontend_gap``: mean of TTFT − (queue + prefill) over requests that carry all three,
   only for a (model, window) where the engine collector does not emit it from its histograms (the
   metric has no ``source`` attribute, so one producer per series);
 - optionally (``receiver.emit_histograms``) cumulative ``gen_ai.server.*`` histograms on the catalog's
   bucket edges, for engines that have none of their own.
 
-Every computation also publishes its stats as ``source="spans"`` on the shared
-:class:`~agent.engine.board.LatencyBoard` (``engine inspect`` and other readers compare the sources
-there), and the quantile samples are built by :func:`~agent.engine.board.latency_samples`, so both
-producers export the same shape.
+What the analytics need from the engine collector (the models it sees, the frontend_gap series it emits)
+comes in as :class:`EngineSeries`, read from the engine's last collection in the state; the two producers
+share no object. The quantile samples are built by :func:`~agent.engine.board.latency_samples`, so both
+export the same shape; the last computation's stats are kept in :attr:`LatencyAnalytics.published`.
 
-Thread-safe: intake threads call :meth:`LatencyAnalytics.record`, sinks call :meth:`samples`.
+Thread-safe: intake threads call :meth:`LatencyAnalytics.record`; the runner calls
+:meth:`LatencyAnalytics.compute` on its schedule (:class:`agent.analytics.processor.SpanAnalytics`), never a
+sink.
 """
 
 from __future__ import annotations
@@ -29,20 +32,21 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from agent import catalog
 from agent.analytics import bimodality
 from agent.analytics.windows import WINDOWS_S, WindowedSketch, WindowedSum, log_bins, slot_of
 from agent.catalog.engine import MODEL, QUANTITIES
-from agent.engine.board import LatencyBoard, LatencyStats, latency_samples
-from agent.samples import AnySample, HistogramSample, Sample, attrs
+from agent.engine.board import Key, LatencyStats, latency_samples
+from agent.samples import UNKNOWN_MODEL, AnySample, Collection, HistogramSample, RequestTiming, Sample, attrs
 
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 SOURCE = "spans"
-UNKNOWN_MODEL = "unknown"  # what agent.receiver.spans names a span without a model
 DEFAULT_MAX_MODELS = 64
-SAMPLES_TTL_S = 1.0  # one computation serves every sink reading within a second (OTLP reads once per metric)
+# A bimodality verdict is kept for its sub-window unless the window has since grown by a tenth: the runner
+# computes every cycle, so a verdict from the first requests of a burst must not stand for the whole burst.
+REFIT_GROWTH = 1.1
 HISTOGRAMS = {
     "ttft": "gen_ai.server.time_to_first_token",
     "itl": "gen_ai.server.time_per_output_token",
@@ -51,13 +55,23 @@ HISTOGRAMS = {
 
 
 @dataclass(frozen=True, slots=True)
-class RequestTiming:
-    """One finished request. ``seconds`` maps a quantity (:data:`QUANTITIES`) to its value in seconds."""
+class EngineSeries:
+    """What the engine collector's last collection says that the span analytics use."""
 
-    model: str
-    seconds: dict[str, float] = field(default_factory=dict)
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
+    models: tuple[str, ...] = ()  # every model of the engine's last scrape
+    gaps: frozenset[tuple[str, str]] = frozenset()  # (model, window) the engine emits frontend_gap for
+
+    @classmethod
+    def of(cls, collection: Collection | None) -> EngineSeries:
+        if collection is None:
+            return cls()
+        models = collection.details.get("models", ())
+        gaps = frozenset(
+            (dict(s.attributes).get(MODEL, ""), dict(s.attributes).get("window", ""))
+            for s in collection.samples
+            if s.name == "inferwatch.engine.frontend_gap"
+        )
+        return cls(tuple(sorted(str(m) for m in models)), gaps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,17 +126,15 @@ class LatencyAnalytics:
         clock: Callable[[], float] = time.monotonic,
         max_models: int = DEFAULT_MAX_MODELS,
         histograms: bool = False,
-        board: LatencyBoard | None = None,
     ) -> None:
         self._clock = clock
-        self.board = board if board is not None else LatencyBoard()
         self._max_models = max_models
         self._histograms = histograms
         self._lock = threading.Lock()
         self._models: dict[str, _Model] = {}
         self._bimodal_cache: dict[tuple[str, str, str], tuple[int, float, bimodality.Bimodality | None]] = {}
         self.rejected_models = 0  # requests dropped because max_models distinct models were already tracked
-        self._cached: tuple[float, list[AnySample]] | None = None
+        self.published: dict[Key, LatencyStats] = {}  # the last computation's stats (source="spans")
 
     def record(self, timings: Iterable[RequestTiming]) -> int:
         """Add finished requests; return how many were dropped (too many distinct models)."""
@@ -174,21 +186,17 @@ class LatencyAnalytics:
         ratio = p99 / p50 if p50 > 0 else None
         key, slot = (model, quantity, window), slot_of(now)
         cached = self._bimodal_cache.get(key)
-        if cached is not None and cached[0] == slot and (cached[2] is not None or cached[1] == sketch.count):
+        if (
+            cached is not None
+            and cached[0] == slot
+            and (cached[1] == sketch.count or (cached[2] is not None and sketch.count < cached[1] * REFIT_GROWTH))
+        ):
             verdict = cached[2]
         else:
             verdict = bimodality.detect_log(log_bins(sketch))
             self._bimodal_cache[key] = (slot, sketch.count, verdict)
         mean = sketch.sum / sketch.count if sketch.count else None
         return WindowStats(float(sketch.count), qs, ratio, verdict, mean)
-
-    def _engine_has_gap(self, model: str, window: str) -> bool:
-        """Whether the engine collector emits frontend_gap for this series (its histograms have all three)."""
-        for q in ("ttft", "queue", "prefill"):
-            st = self.board.get(model, q, window, "histogram")
-            if st is None or st.mean_s is None:
-                return False
-        return True
 
     def frontend_gap(self, model: str, window: str) -> float | None:
         """Mean TTFT − (queue + prefill) over the window, seconds; None without such requests."""
@@ -199,36 +207,20 @@ class LatencyAnalytics:
             total, count = m.gap.window(WINDOWS_S[window], self._clock())
         return total / count if count else None
 
-    def samples(self) -> list[AnySample]:
-        """Every catalog sample the analytics currently derive (absent quantities stay absent).
+    def compute(self, engine: EngineSeries | None = None) -> list[AnySample]:
+        """Every catalog sample the analytics derive now (absent quantities stay absent); the runner's call.
 
-        Cached for :data:`SAMPLES_TTL_S`: the OTLP sink calls this once per catalog metric per export.
+        ``engine`` is the engine collector's last word: spans that name no model are reported under its one
+        model, and a (model, window) whose frontend_gap it emits from its histograms is left to it (the
+        metric has no ``source`` attribute: one producer per series).
         """
+        engine = engine or EngineSeries()
         now = self._clock()
-        cached = self._cached
-        if cached is not None and 0 <= now - cached[0] < SAMPLES_TTL_S:
-            return cached[1]
-        out = self._compute(now)
-        self._cached = (now, out)
-        return out
-
-    def display_name(self, model: str, tracked: Iterable[str] = ()) -> str:
-        """The model to report ``model``'s spans under: spans that named none (vLLM v1's never do,
-        :data:`~agent.receiver.spans.UNKNOWN_MODEL`) belong to the engine's model when the engine
-        collector sees exactly one and no span named it; otherwise the name is kept."""
-        if model != UNKNOWN_MODEL:
-            return model
-        engine_models = self.board.models("histogram")
-        if len(engine_models) == 1 and engine_models[0] not in tracked:
-            return engine_models[0]
-        return model
-
-    def _compute(self, now: float) -> list[AnySample]:
         out: list[AnySample] = []
         with self._lock:
             self._evict_idle(now)
             names = sorted(self._models)
-            shown = {name: self.display_name(name, names) for name in names}
+            shown = {name: display_name(name, names, engine.models) for name in names}
             hists = [
                 h.sample(HISTOGRAMS[q], attrs({MODEL: shown[name]}))
                 for name in names
@@ -254,9 +246,20 @@ class LatencyAnalytics:
                         b = st.bimodality
                         out.append(Sample("inferwatch.engine.latency.bimodal", 1.0 if b.bimodal else 0.0, a))
                         out.append(Sample("inferwatch.engine.latency.bimodality", b.statistic, a))
-                gap = self.frontend_gap(name, window) if not self._engine_has_gap(label, window) else None
+                gap = self.frontend_gap(name, window) if (label, window) not in engine.gaps else None
                 if gap is not None:
                     out.append(Sample("inferwatch.engine.frontend_gap", gap, attrs({MODEL: label, "window": window})))
-        self.board.replace(SOURCE, published)
+        self.published = published
         out.extend(hists)
         return out
+
+
+def display_name(model: str, tracked: Iterable[str] = (), engine_models: tuple[str, ...] = ()) -> str:
+    """The model to report ``model``'s spans under: spans that named none (vLLM v1's never do,
+    :data:`~agent.samples.UNKNOWN_MODEL`) belong to the engine's model when the engine collector sees
+    exactly one and no span named it; otherwise the name is kept."""
+    if model != UNKNOWN_MODEL:
+        return model
+    if len(engine_models) == 1 and engine_models[0] not in tracked:
+        return engine_models[0]
+    return model

@@ -22,18 +22,18 @@ SysfsOpt = typer.Option(None, "--path.sysfs", help="sysfs root to read (default 
 
 def collector_switches(extra: list[str]) -> dict[str, dict[str, bool]]:
     """Turn ``--collector.NAME`` / ``--no-collector.NAME`` into config overrides; reject anything else."""
+    from agent.actions.binary import NAME as BINARY
     from agent.collectors import REGISTRY
 
+    known = {*REGISTRY, BINARY}  # the binary check is an action, switched like a collector
     out: dict[str, dict[str, bool]] = {}
     for arg in extra:
         m = _SWITCH.match(arg)
         if not m:
             raise typer.BadParameter(f"unknown option {arg!r}", param_hint="options")
         name = m.group(2)
-        if name not in REGISTRY:
-            raise typer.BadParameter(
-                f"unknown collector {name!r} (known: {', '.join(sorted(REGISTRY))})", param_hint=arg
-            )
+        if name not in known:
+            raise typer.BadParameter(f"unknown collector {name!r} (known: {', '.join(sorted(known))})", param_hint=arg)
         out[name] = {"enabled": m.group(1) is None}
     return out
 

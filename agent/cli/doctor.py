@@ -1,4 +1,4 @@
-"""``inferwatch doctor``: run the host checks once; exit 0 ok, 1 a check failed, 2 usage or tool error."""
+"""``inferwatch doctor``: run the collectors and checks once; exit 0 ok, 1 a check failed, 2 usage or tool error."""
 
 from __future__ import annotations
 
@@ -28,19 +28,19 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check this host once: CPU features against its model, page cache, GPU; a CI/CD hardware gate."""
         from agent import doctor as doc
+        from agent.errors import ConfigError
+        from agent.wiring import build_deps
 
-        settings = build_settings(config, procfs, sysfs, [])
+        settings = build_settings(config, procfs, sysfs, [], doc.doctor_overrides(engine_url, profile_url))
         if not settings.path.procfs.is_dir():
             typer.echo(f"inferwatch: procfs root {settings.path.procfs} is not a directory", err=True)
             raise typer.Exit(2)
-        findings = doc.run_checks(
-            doc.DoctorContext(
-                settings=settings,
-                require=[r.lower() for r in require],
-                engine_url=engine_url,
-                profile_url=profile_url,
-            )
-        )
+        try:
+            deps = build_deps(settings, persist_key=False)
+        except ConfigError as exc:
+            typer.echo(f"inferwatch: {exc}", err=True)
+            raise typer.Exit(2) from None
+        findings = doc.run_checks(deps, doc.DoctorRequest([r.lower() for r in require], engine_url))
         if as_json:
             typer.echo(json.dumps(doc.as_json(findings), indent=2, sort_keys=False, default=str))
         else:

@@ -27,8 +27,9 @@ def register(app: typer.Typer) -> None:
         procfs: Path | None = ProcfsOpt,
     ) -> None:
         """Record a py-spy profile of the runtime (--runtime) or of --pid."""
-        from agent.diag import pyspy, runtime_proc
+        from agent.actions import pyspy
         from agent.errors import NoDataError
+        from agent.host.runtime import RuntimeLocator
 
         if runtime == (pid is not None):
             typer.echo("inferwatch: give exactly one of --runtime or --pid", err=True)
@@ -42,7 +43,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2) from None
         if pid is None:
             try:
-                pid = runtime_proc.find_runtime_pid(settings.path.procfs, settings.runtime)
+                pid = RuntimeLocator(settings.runtime, settings.path.procfs).find().pid
             except NoDataError as exc:
                 typer.echo(f"inferwatch: {exc}", err=True)
                 raise typer.Exit(2) from None

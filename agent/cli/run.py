@@ -53,7 +53,6 @@ def serve(settings: object) -> None:
     from agent.app import Agent
     from agent.config import Settings
     from agent.errors import ConfigError
-    from agent.server import create_app
 
     assert isinstance(settings, Settings)
     # uvicorn re-raises SIGTERM/SIGINT once its server has stopped; with the default handlers that kills
@@ -71,9 +70,9 @@ def serve(settings: object) -> None:
         agent.stop()
         typer.echo(f"inferwatch: {exc}", err=True)
         raise typer.Exit(2) from None
-    app = create_app(agent)
+    app = agent.asgi()
     # What exists now (modules, settings, the app) lives as long as the process: a full collection need not
-    # walk it. On a VM each page a collection touches after an idle gap costs far more than the work.
+    # walk it (why pages touched per cycle matter: docs/benchmarks.md, "The agent's CPU target").
     gc.collect()
     gc.freeze()
     try:

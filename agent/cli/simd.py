@@ -31,8 +31,8 @@ def register(app: typer.Typer) -> None:
 
         from agent.config import RuntimeSettings
         from agent.errors import ConfigError, InferwatchError, NoDataError
+        from agent.host.runtime import RuntimeLocator
         from agent.simd.analysis import SimdAnalyzer
-        from agent.simd.proc import locate_runtime
 
         root = procfs or Path("/proc")
         try:
@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
             typer.echo("inferwatch: give --pid, --port or --pattern", err=True)
             raise typer.Exit(2)
         try:
-            target = locate_runtime(root, runtime, port)
+            target = RuntimeLocator(runtime, root).find_serving(port).pid
             analyzer = SimdAnalyzer(root, target)
             analyzer.observe()
             time.sleep(window)

@@ -1,4 +1,5 @@
-"""The collector protocol.
+"""The collector protocol. How often, how long and on which lane a collector runs is not its business:
+the registry (:mod:`agent.collectors`) declares it and the runner applies it.
 
 A collector reads one part of the world and returns plain values (:class:`Collection`). It never
 knows which sink shows its data, never measures its own duration or success (the runner does), and
@@ -11,45 +12,40 @@ failure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
+
+import httpx
 
 from agent.config import Settings
-from agent.samples import AnySample, Finding
+from agent.debugprofile.reader import ProfileReader
+from agent.host.cpuprobe import CpuProbe
+from agent.host.nvml import NVMLClient
+from agent.host.runtime import RuntimeLocator
+from agent.samples import Collection
 
 
 @dataclass(frozen=True, slots=True)
-class Collection:
-    """What one collector run produced."""
-
-    samples: Sequence[AnySample] = ()
-    findings: Sequence[Finding] = ()
-    details: Mapping[str, Any] = field(default_factory=dict)  # shown in the status API
-
-
-@dataclass
 class CollectContext:
-    """Everything a collector may touch outside the process, injectable for tests."""
+    """Everything a collector may touch outside the process, built once by :mod:`agent.wiring`.
+
+    Shared instances (one runtime locator, one NVML client, one profile reader) are passed explicitly;
+    tests build one with :func:`agent.wiring.collect_context` and replace what they fake.
+    """
 
     settings: Settings
-    services: dict[str, Any] = field(default_factory=dict)  # shared helpers (runtime locator, nvml client)
-
-    @property
-    def procfs(self) -> Path:
-        return self.settings.path.procfs
-
-    @property
-    def sysfs(self) -> Path:
-        return self.settings.path.sysfs
+    procfs: Path
+    sysfs: Path
+    nvml: NVMLClient
+    cpu_probe: CpuProbe
+    locator: RuntimeLocator
+    profile_reader: ProfileReader
+    engine_http: httpx.Client | None = None  # None: the engine collector opens (and closes) its own
 
 
 class Collector(Protocol):
     name: ClassVar[str]
-    default_enabled: ClassVar[bool]
-    default_interval_s: ClassVar[float | None]  # None: the agent's global interval
-    lane: ClassVar[str | None]  # "host": runs in turn with the other host reads; None: a thread of its own
 
     def collect(self) -> Collection: ...
 
@@ -60,11 +56,6 @@ class BaseCollector:
     """Convenience base: stores the context; subclasses set the class variables and ``collect``."""
 
     name: ClassVar[str] = ""
-    default_enabled: ClassVar[bool] = True
-    default_interval_s: ClassVar[float | None] = None
-    # Quick local reads share the "host" lane (one worker thread, calls in turn); a collector that waits on
-    # the network or a subprocess sets None and gets a lane of its own, so it never delays the others.
-    lane: ClassVar[str | None] = "host"
     description: ClassVar[str] = ""
 
     def __init__(self, ctx: CollectContext) -> None:
@@ -72,14 +63,6 @@ class BaseCollector:
 
     def collect(self) -> Collection:  # pragma: no cover - abstract
         raise NotImplementedError
-
-    def quick(self) -> bool:
-        """Whether the next call is a quick local read, so it can take its turn on the host lane.
-
-        A collector with a lane of its own (``lane = None``) returns True for a call that will not wait on
-        the network or a subprocess (re-exporting a kept result): it then costs no wake-up of its own thread.
-        """
-        return self.lane == "host"
 
     def close(self) -> None:
         """Release resources (clients, handles). Safe to call twice."""

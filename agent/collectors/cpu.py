@@ -2,7 +2,7 @@
 
 Reads what :mod:`agent.host.cpucap` reads (``<procfs>/cpuinfo``, ``osrelease``, ``cmdline``,
 ``sys/abi/sve_default_vector_length``, ``self/auxv``, DMI under ``<sysfs>``) and, when procfs is the
-running kernel's, asks that kernel through ``ctx.services["cpu_probe"]`` (:mod:`agent.host.cpuprobe`)
+running kernel's, asks that kernel through ``ctx.cpu_probe`` (:mod:`agent.host.cpuprobe`)
 whether AMX is enabled and the SVE vector length. CPU features only change across a reboot
 (or a CPU hotplug), and reading /proc/cpuinfo on x86 costs an IPI per CPU, so the default interval is
 long (:data:`DEFAULT_CPU_INTERVAL_S`).
@@ -15,7 +15,6 @@ from typing import ClassVar
 from agent.collectors.base import BaseCollector, Collection
 from agent.host.cpucap import amx_verdict, cpu_feature_verdict, read_cpu_capability
 from agent.host.cpumodels import ARM_CORES, X86_MODELS
-from agent.host.cpuprobe import cpu_probe
 from agent.samples import AnySample, Sample, attrs
 
 DEFAULT_CPU_INTERVAL_S = 60.0
@@ -31,11 +30,10 @@ TRACKED: dict[str, frozenset[str]] = {
 class CPUCollector(BaseCollector):
     name: ClassVar[str] = "cpu"
     description: ClassVar[str] = "CPU identity and SIMD features expected for this CPU model (/proc/cpuinfo)"
-    default_interval_s: ClassVar[float | None] = DEFAULT_CPU_INTERVAL_S
 
     def collect(self) -> Collection:
         cap = read_cpu_capability(
-            self.ctx.procfs, self.ctx.sysfs, self.ctx.settings.cpu.expect_features, cpu_probe(self.ctx.services)
+            self.ctx.procfs, self.ctx.sysfs, self.ctx.settings.cpu.expect_features, self.ctx.cpu_probe
         )
         info = cap.info
         model = cap.cpu_model

@@ -17,9 +17,10 @@ emits, per model (``gen_ai.request.model``):
 while the collector is failing. Every failure raises :class:`~agent.engine.fetch.EngineScrapeError`
 with its reason; the runner counts it and the agent keeps serving.
 
-The histogram-derived stats are also published to the shared
-:class:`~agent.engine.board.LatencyBoard` (``ctx.services["engine.latency_board"]``), where a
-span-based producer can publish ``source="spans"`` stats next to them.
+The histogram-derived stats are kept in the collector's own :class:`~agent.engine.board.LatencyBoard`
+(``EngineCollector.board``, for inspection). The span analytics learn what they need from this
+collector's collection in the state (``details["models"]`` and its ``frontend_gap`` series), not
+from a shared object.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import httpx
 from agent.catalog.engine import MODEL
 from agent.collectors.base import BaseCollector, CollectContext, Collection
 from agent.engine.adapters import DEFAULT_MODEL, QUANTITIES, EngineReading, ModelReading
-from agent.engine.board import Key, LatencyStats, latency_board, latency_samples
+from agent.engine.board import Key, LatencyBoard, LatencyStats, latency_samples
 from agent.engine.fetch import REASONS, EngineScrapeError, fetch
 from agent.engine.histogram import sum_histograms
 from agent.engine.scrape import EngineParser, stats_from_histogram
@@ -41,7 +42,6 @@ from agent.engine.windows import WINDOWS_S, CounterWindow, HistogramWindow
 from agent.errors import NoDataError
 from agent.samples import AnySample, HistogramSample, Sample, attrs
 
-HTTP_CLIENT_SERVICE = "engine.http_client"  # an httpx.Client to use instead of the collector's own
 REEXPORTED = {
     "ttft": "gen_ai.server.time_to_first_token",
     "itl": "gen_ai.server.time_per_output_token",
@@ -154,7 +154,6 @@ def _model_samples(kind: str, model: str, m: ModelReading) -> list[AnySample]:
 
 class EngineCollector(BaseCollector):
     name: ClassVar[str] = "engine"
-    lane: ClassVar[str | None] = None  # network / subprocess: a thread of its own
     description: ClassVar[str] = "Inference engine /metrics (vLLM, SGLang, TGI, llama.cpp, TensorRT-LLM)"
 
     def __init__(self, ctx: CollectContext) -> None:
@@ -163,8 +162,8 @@ class EngineCollector(BaseCollector):
         self.cfg = cfg
         self.parser = EngineParser(cfg.kind, cfg.model_name or DEFAULT_MODEL)
         self.timeline = EngineTimeline()
-        self.board = latency_board(ctx.services)
-        injected = ctx.services.get(HTTP_CLIENT_SERVICE)
+        self.board = LatencyBoard()  # its own latest stats per (model, quantity, window); shared with no one
+        injected = ctx.engine_http
         self._own_client = injected is None
         self._client: httpx.Client = injected or httpx.Client(follow_redirects=False, trust_env=False)
         self._lock = threading.Lock()
@@ -178,7 +177,6 @@ class EngineCollector(BaseCollector):
             raise NoDataError(
                 "no engine /metrics URL configured",
                 hint="set engine.metrics_url (INFERWATCH_ENGINE__METRICS_URL=http://127.0.0.1:8000/metrics)",
-                permanent=True,
             )
         try:
             body = fetch(self._client, url, self.cfg.timeout_s, self.cfg.max_bytes)

@@ -1,8 +1,8 @@
 """GPU collector: per-device utilisation, memory, SM clock, power, temperature, throttle reasons, and the
 GPU memory of the runtime's processes, through NVML.
 
-The NVML client is ``ctx.services["nvml"]`` when injected (tests, embeddings), else
-:class:`agent.host.nvml.PynvmlClient`. No driver / no GPU is expected absence (NoDataError with a hint),
+The NVML client is ``ctx.nvml`` (:class:`agent.host.nvml.PynvmlClient`, or a fake in tests).
+No driver / no GPU is expected absence (NoDataError with a hint),
 retried once a minute (the runner is told not to call sooner), so a driver loaded later is picked up.
 Units: utilisation 0..1 (NVML percent / 100), SM clock Hz (MHz × 1e6), power W (mW / 1000), temperature °C.
 Process memory covers the runtime's process tree when a runtime is configured (``runtime.*``), every
@@ -17,8 +17,8 @@ from typing import ClassVar, TypeVar
 
 from agent.collectors.base import BaseCollector, CollectContext, Collection
 from agent.errors import NoDataError
-from agent.host.nvml import CLOCK_EVENT_REASONS, SLOWDOWN_REASONS, NVMLClient, NVMLUnsupported, PynvmlClient
-from agent.host.runtime import RuntimeLocator, runtime_locator
+from agent.host.nvml import CLOCK_EVENT_REASONS, SLOWDOWN_REASONS, NVMLUnsupported
+from agent.host.runtime import RuntimeLocator
 from agent.samples import AnySample, Finding, Sample, attrs
 
 T = TypeVar("T")
@@ -33,21 +33,14 @@ def _opt(fn: Callable[[int], T], index: int, unsupported: list[str], what: str) 
         return None
 
 
-def nvml_client(services: dict[str, object]) -> NVMLClient:
-    client = services.get("nvml")
-    if client is None:
-        client = services.setdefault("nvml", PynvmlClient())
-    return client  # type: ignore[return-value]
-
-
 class GPUCollector(BaseCollector):
     name: ClassVar[str] = "gpu"
     description: ClassVar[str] = "NVIDIA GPUs through NVML (nvidia-ml-py)"
 
     def __init__(self, ctx: CollectContext) -> None:
         super().__init__(ctx)
-        self.nvml = nvml_client(ctx.services)
-        self.locator: RuntimeLocator = runtime_locator(ctx.services, ctx.settings.runtime, ctx.procfs)
+        self.nvml = ctx.nvml
+        self.locator: RuntimeLocator = ctx.locator
         self._devices: dict[int, tuple[str, str]] = {}  # index -> (uuid, name): static while NVML is up
 
     def _device(self, index: int) -> tuple[str, str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 from agent.collectors.base import BaseCollector, CollectContext, Collection
-from agent.config import DEFAULT_PROBE_INTERVAL_S
 from agent.errors import NoDataError
 from agent.probe.client import ProbeResult, run_probe
 from agent.probe.schema import VIOLATION_KINDS
@@ -64,9 +63,6 @@ def probe_findings(result: ProbeResult) -> list[Finding]:
 
 class ProbeCollector(BaseCollector):
     name: ClassVar[str] = "probe"
-    lane: ClassVar[str | None] = None  # network / subprocess: a thread of its own
-    default_enabled: ClassVar[bool] = False  # switched on when probe.url is set
-    default_interval_s: ClassVar[float | None] = DEFAULT_PROBE_INTERVAL_S
     description: ClassVar[str] = "Synthetic streamed requests: client TTFT/ITL, stream schema, HTTP error types."
 
     def __init__(self, ctx: CollectContext) -> None:

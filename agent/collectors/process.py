@@ -21,7 +21,7 @@ from agent.collectors.base import BaseCollector, CollectContext, Collection
 from agent.errors import NoDataError
 from agent.host.cgroup import EVENT_FIELDS, SIZE_FIELDS, CgroupMemory, read_cgroup_memory
 from agent.host.pagecache import pagecache_verdict
-from agent.host.runtime import RuntimeLocator, runtime_locator
+from agent.host.runtime import RuntimeLocator
 from agent.samples import AnySample, Finding, Sample, attrs
 
 
@@ -44,7 +44,7 @@ class ProcessCollector(BaseCollector):
 
     def __init__(self, ctx: CollectContext) -> None:
         super().__init__(ctx)
-        self.locator: RuntimeLocator = runtime_locator(ctx.services, ctx.settings.runtime, ctx.procfs)
+        self.locator: RuntimeLocator = ctx.locator
         self._last_refaults: tuple[str, float, int] | None = None  # (cgroup, monotonic time, count)
 
     def collect(self) -> Collection:
@@ -56,7 +56,7 @@ class ProcessCollector(BaseCollector):
             absent = [Sample("inferwatch.runtime.up", 0, r)] if loc.configured else []
             if loc.configured:
                 absent.append(Sample("inferwatch.runtime.restarts", loc.restarts, r))
-            raise NoDataError(str(exc.args[0]), exc.hint, samples=absent, permanent=not loc.configured) from None
+            raise NoDataError(str(exc.args[0]), exc.hint, samples=absent) from None
         try:
             with proc.oneshot():
                 cpu = proc.cpu_times()

@@ -1,9 +1,10 @@
-"""The runtime's debug ``runtime_profile``, fetched on a slow interval, redacted and kept as snapshots.
+"""The runtime's debug ``runtime_profile``, read on a slow interval and redacted.
 
 Reads ``GET runtime_profile.url`` with ``runtime_profile.header`` (default ``X-Runtime-Debug:
-runtime_profile=1``) through :class:`~agent.diag.profile_service.RuntimeProfileService`, which the API
-shares for on-demand captures. Emits ``inferwatch.runtime.profile.available`` (1 non-empty, 0 ``{}``),
-``...fetch.errors{reason}`` and ``...value{field}`` for numeric allowlisted fields.
+runtime_profile=1``) through :class:`~agent.debugprofile.reader.ProfileReader` (``ctx.profile_reader``).
+Emits ``inferwatch.runtime.profile.available`` (1 non-empty, 0 ``{}``), ``...fetch.errors{reason}`` and
+``...value{field}`` for numeric allowlisted fields; the redacted snapshot goes out as the collection's
+event, which the snapshot store and the OTLP log sink take from the state (this collector knows neither).
 A failed fetch is a counted error and a ``fail`` finding, not a collector crash.
 """
 
@@ -12,28 +13,13 @@ from __future__ import annotations
 from typing import ClassVar
 
 from agent.collectors.base import BaseCollector, Collection
-from agent.config import DEFAULT_PROFILE_INTERVAL_S
-from agent.diag.profile_service import RuntimeProfileService
 from agent.errors import NoDataError
 from agent.samples import Sample, attrs
-
-SERVICE = "runtime_profile"
 
 
 class RuntimeProfileCollector(BaseCollector):
     name: ClassVar[str] = "runtime_profile"
-    lane: ClassVar[str | None] = None  # network / subprocess: a thread of its own
-    default_enabled: ClassVar[bool] = False  # switched on when runtime_profile.url is set
-    default_interval_s: ClassVar[float | None] = DEFAULT_PROFILE_INTERVAL_S
     description: ClassVar[str] = "Redacted snapshots of the runtime's debug runtime_profile (slow interval)."
-
-    @property
-    def service(self) -> RuntimeProfileService:
-        svc = self.ctx.services.get(SERVICE)
-        if svc is None:
-            svc = self.ctx.services[SERVICE] = RuntimeProfileService(self.ctx.settings)
-        assert isinstance(svc, RuntimeProfileService)
-        return svc
 
     def collect(self) -> Collection:
         if not self.ctx.settings.runtime_profile.url:
@@ -41,10 +27,12 @@ class RuntimeProfileCollector(BaseCollector):
                 "runtime_profile.url is not set",
                 hint="set runtime_profile.url (e.g. http://127.0.0.1:8000/debug/runtime_profile)",
             )
-        svc = self.service
-        result = svc.capture("interval")
+        reader = self.ctx.profile_reader
+        snapshot = reader.read("interval")
+        result = snapshot.result
         samples = [
-            Sample("inferwatch.runtime.profile.fetch.errors", n, attrs(reason=r)) for r, n in sorted(svc.errors.items())
+            Sample("inferwatch.runtime.profile.fetch.errors", n, attrs(reason=r))
+            for r, n in sorted(reader.errors.items())
         ]
         if result.outcome != "error":
             samples.append(Sample("inferwatch.runtime.profile.available", 1 if result.outcome == "available" else 0))
@@ -52,4 +40,4 @@ class RuntimeProfileCollector(BaseCollector):
             Sample("inferwatch.runtime.profile.value", v, attrs(field=k)) for k, v in sorted(result.gauges.items())
         ]
         details = {"snapshot": result.id, "outcome": result.outcome, "redacted_fields": result.redacted}
-        return Collection(samples, svc.findings(), details)
+        return Collection(samples, reader.findings(), details, events=(snapshot.document,))

@@ -15,11 +15,10 @@ from urllib.parse import urlsplit
 
 from agent.collectors.base import BaseCollector, CollectContext, Collection
 from agent.errors import NoDataError
-from agent.host.runtime import runtime_locator
+from agent.host.runtime import HINT_CONFIGURE
 from agent.samples import AnySample, Finding, Sample, attrs
 from agent.simd.analysis import FeatureReport, SimdAnalyzer
 from agent.simd.codescan import CodeScanCache
-from agent.simd.proc import locate_runtime, start_time
 
 RUNBOOK = "SIMDUnusedWhileServing"
 
@@ -77,25 +76,17 @@ class SimdCollector(BaseCollector):
         super().__init__(ctx)
         self._analyzer: SimdAnalyzer | None = None
         self._cache = CodeScanCache()
-        self._by_port: tuple[int, int] | None = None  # (pid, start time) of the engine port's listener
 
     def _runtime_pid(self) -> int:
-        """The runtime: the agent's shared locator when ``runtime.*`` is set, else the engine port's listener.
-
-        The port lookup reads every process's sockets, so its answer is kept while that process keeps its
-        pid and start time; the shared locator caches the same way (and counts restarts).
-        """
-        settings = self.ctx.settings
-        locator = runtime_locator(self.ctx.services, settings.runtime, self.ctx.procfs)
-        if locator.configured:
-            return locator.find().pid
-        procfs = settings.path.procfs
-        if self._by_port is not None and start_time(procfs, self._by_port[0]) == self._by_port[1]:
-            return self._by_port[0]
-        pid = locate_runtime(procfs, settings.runtime, engine_port(settings))  # absent (permanent) if no port
-        born = start_time(procfs, pid)
-        self._by_port = None if born is None else (pid, born)
-        return pid
+        """The runtime from the agent's one locator: ``runtime.*`` when set, else the engine port's listener."""
+        locator = self.ctx.locator
+        port = engine_port(self.ctx.settings)
+        if not locator.configured and port is None:
+            raise NoDataError(
+                "no runtime process configured",
+                hint=HINT_CONFIGURE,
+            )
+        return int(locator.find_serving(port).pid)
 
     def collect(self) -> Collection:
         settings = self.ctx.settings

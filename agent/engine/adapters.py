@@ -16,12 +16,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from agent.catalog.engine import ENGINE_KINDS, QUANTITIES  # noqa: F401  (QUANTITIES re-exported)
 from agent.engine.exposition import Exposition, ExpositionReader, Labels, parse_float
 from agent.engine.histogram import Histogram
 from agent.errors import SourceFormatError
 
-QUANTITIES = ("ttft", "itl", "e2e", "queue", "prefill", "decode", "inference")
-ENGINE_KINDS = ("vllm", "sglang", "tgi", "llamacpp", "trtllm")
 DEFAULT_MODEL = "unknown"  # engines without a model label (TGI, llama.cpp) unless engine.model_name is set
 
 
@@ -201,6 +200,8 @@ TRTLLM = Adapter(
 )
 
 ADAPTERS: dict[str, Adapter] = {a.kind: a for a in (VLLM, SGLANG, TGI, LLAMACPP, TRTLLM)}
+if tuple(ADAPTERS) != ENGINE_KINDS:  # one adapter per catalogued engine kind, in detection order
+    raise ImportError(f"adapters {tuple(ADAPTERS)} do not match agent.catalog.engine.ENGINE_KINDS {ENGINE_KINDS}")
 
 
 def prefixes_seen(text: str, limit: int = 8) -> list[str]:

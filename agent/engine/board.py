@@ -1,11 +1,8 @@
-"""Per-model latency statistics shared between producers: engine histograms and OTLP spans.
+"""Per-model latency statistics (:class:`LatencyStats`) and the samples every producer exports from them.
 
-The engine collector publishes what it derives from the engine's cumulative buckets
-(``source="histogram"``); a span-based producer publishes exact per-request quantiles
-(``source="spans"``) into the same board. Readers (``engine inspect``, analytics that need both,
-e.g. the front-end gap or a comparison of the two) ask the board; neither producer imports the
-other. The board lives in ``CollectContext.services`` under :data:`SERVICE` — get it with
-:func:`latency_board`, which creates it on first use.
+:class:`LatencyBoard` holds the latest stats per (source, model, quantity, window); the engine collector
+keeps its own (``source="histogram"``). It is not shared between producers: the span analytics read
+what they need from the engine collector's collection in the state.
 
 :func:`latency_samples` turns one :class:`LatencyStats` into the catalog samples
 ``inferwatch.engine.latency`` (per quantile), ``.samples`` and ``.tail_ratio``, so every producer
@@ -16,14 +13,12 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from agent.catalog.engine import MODEL
 from agent.samples import Sample, attrs
 
-SERVICE = "engine.latency_board"
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 SOURCES = ("spans", "histogram")  # preference order when a reader wants one value
 
@@ -86,14 +81,6 @@ class LatencyBoard:
     def snapshot(self) -> dict[str, dict[Key, LatencyStats]]:
         with self._lock:
             return {src: dict(entries) for src, entries in self._by_source.items()}
-
-
-def latency_board(services: MutableMapping[str, Any]) -> LatencyBoard:
-    """The board shared through ``CollectContext.services`` (created on first use)."""
-    board = services.get(SERVICE)
-    if not isinstance(board, LatencyBoard):
-        board = services[SERVICE] = LatencyBoard()
-    return board
 
 
 def latency_samples(model: str, quantity: str, window: str, stats: LatencyStats) -> list[Sample]:

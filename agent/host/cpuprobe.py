@@ -12,7 +12,7 @@ Neither question executes an AMX or SVE instruction:
 
 The answers describe the kernel this agent runs on, so they are only attributed to the ``--path.procfs``
 tree when it is that kernel's (same ``sys/kernel/random/boot_id``), never to a recorded tree. The system
-calls sit behind :class:`CpuProbe` (``ctx.services["cpu_probe"]``), so tests cover every branch.
+calls sit behind :class:`CpuProbe` (``ctx.cpu_probe``), so tests cover every branch.
 """
 
 from __future__ import annotations
@@ -93,13 +93,6 @@ class SyscallCpuProbe:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
         return int(rc)
-
-
-def cpu_probe(services: dict[str, object]) -> CpuProbe:
-    probe = services.get("cpu_probe")
-    if probe is None:
-        probe = services.setdefault("cpu_probe", SyscallCpuProbe())
-    return probe  # type: ignore[return-value]
 
 
 def _errname(exc: OSError) -> str:

@@ -1,7 +1,7 @@
 """The NVML boundary: a small client protocol, and its implementation over nvidia-ml-py (``pynvml``).
 
 The ``gpu`` collector and ``doctor`` only talk to :class:`NVMLClient` (taken from
-``ctx.services["nvml"]`` when a test or an embedding injects one), so they are tested without a GPU.
+``ctx.nvml``, which a test replaces with a fake), so they are tested without a GPU.
 Units are NVML's own here (percent, MHz, mW, °C, bytes); the collector converts to base units.
 
 Errors: a host without the NVML library, driver or any GPU raises NoDataError with a hint (expected
@@ -100,13 +100,10 @@ class PynvmlClient:
             if self._initialised:
                 return
             # A host without a driver stays without one: retry the (dlopen-heavy) init once a minute, not
-            # on every cycle; in between, report the same absence.
-            # The runner is told (retry_s) not to call before the retry is due.
-            if self._absent is not None:
-                remaining = NVML_ABSENT_RETRY_S - (time.monotonic() - self._absent[0])
-                if remaining > 0:
-                    self._absent[1].retry_s = remaining
-                    raise self._absent[1]
+            # on every cycle; in between, report the same absence. (The gpu collector's registry entry
+            # also tells the runner not to call sooner: absent_retry_s.)
+            if self._absent is not None and (self.retry_in() or 0.0) > 0:
+                raise self._absent[1]
             try:
                 nv.nvmlInit()
             except nv.NVMLError_LibraryNotFound:
@@ -114,7 +111,6 @@ class PynvmlClient:
                     NoDataError(
                         "NVML library not found: no NVIDIA driver on this host",
                         hint=NO_NVML_HINT,
-                        retry_s=NVML_ABSENT_RETRY_S,
                     )
                 ) from None
             except nv.NVMLError_DriverNotLoaded:
@@ -122,7 +118,6 @@ class PynvmlClient:
                     NoDataError(
                         "NVIDIA kernel driver not loaded",
                         hint="load the nvidia kernel module (modprobe nvidia)",
-                        retry_s=NVML_ABSENT_RETRY_S,
                     )
                 ) from None
             except nv.NVMLError as exc:
@@ -130,6 +125,12 @@ class PynvmlClient:
             self._initialised = True
             self._absent = None
             self._handles = {}
+
+    def retry_in(self) -> float | None:
+        """Seconds until init tries the library again after an absence (None: no absence remembered)."""
+        if self._absent is None:
+            return None
+        return max(0.0, NVML_ABSENT_RETRY_S - (time.monotonic() - self._absent[0]))
 
     def _remember_absent(self, exc: NoDataError) -> NoDataError:
         self._absent = (time.monotonic(), exc)

@@ -1,10 +1,14 @@
-"""Finding the inference runtime process: by pid, pidfile or command-line pattern (first configured wins).
+"""The one runtime locator: by pid, pidfile or command-line pattern (first configured wins), else (for a
+caller that knows the engine's port, :meth:`RuntimeLocator.find_serving`) the process listening on it.
 
-Shared by the ``process`` and ``gpu`` collectors through ``ctx.services["runtime"]``. The process found
+The agent builds one (:mod:`agent.wiring`) and shares it: the ``process``, ``gpu`` and ``simd``
+collectors, the binary check, the snapshot enrichment, the doctor and the CLI commands. The process found
 is cached and re-checked every call (``psutil.Process.is_running`` compares the start time, so a
 reused pid is not mistaken for the runtime); when it is gone the locator discovers again, and a
-different (pid, start time) counts as a restart. psutil reads ``psutil.PROCFS_PATH``, which is set to
-``--path.procfs`` (one procfs root per agent process).
+different (pid, start time) counts as a restart. Of several processes matching the pattern the oldest
+wins (the parent: runtimes fork workers whose command lines match too). The port lookup reads
+``<procfs>/net/tcp{,6}`` and every ``<procfs>/PID/fd``, so its answer is kept the same way. psutil
+reads ``psutil.PROCFS_PATH``, which is set to ``--path.procfs`` (one procfs root per agent process).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ HINT_CONFIGURE = (
     "(e.g. INFERWATCH_RUNTIME__CMDLINE_PATTERN='vllm serve')"
 )
 MAX_PIDFILE_BYTES = 64
+MAX_SCAN_PIDS = 100_000
 
 
 class RuntimeLocator:
@@ -32,12 +37,11 @@ class RuntimeLocator:
     def __init__(self, settings: RuntimeSettings, procfs: Path = Path("/proc")) -> None:
         self.settings = settings
         self.procfs = procfs
-        if str(procfs) != psutil.PROCFS_PATH and procfs != Path("/proc"):
-            psutil.PROCFS_PATH = str(procfs)
         self._pattern = re.compile(settings.cmdline_pattern) if settings.cmdline_pattern else None
         self._lock = threading.Lock()
         self._proc: psutil.Process | None = None
         self._last_identity: tuple[int, float] | None = None
+        self._by_port: dict[int, psutil.Process] = {}
         self.restarts = 0
 
     @property
@@ -48,7 +52,14 @@ class RuntimeLocator:
     def name(self) -> str:
         return self.settings.name
 
+    def _use_procfs(self) -> None:
+        """Point psutil at ``--path.procfs`` on first use (not at construction: building the agent's
+        dependencies, e.g. for a test on a recorded tree, must not change psutil for everyone)."""
+        if str(self.procfs) != psutil.PROCFS_PATH and self.procfs != Path("/proc"):
+            psutil.PROCFS_PATH = str(self.procfs)
+
     def find(self) -> psutil.Process:
+        self._use_procfs()
         with self._lock:
             proc = self._proc
             if proc is not None and self._still_valid(proc):
@@ -59,6 +70,21 @@ class RuntimeLocator:
                 self.restarts += 1
             self._last_identity = identity
             self._proc = proc
+            return proc
+
+    def find_serving(self, port: int | None) -> psutil.Process:
+        """The runtime as :meth:`find` has it; when ``runtime.*`` is not set, the process listening on ``port``."""
+        if self.configured or port is None:
+            return self.find()
+        self._use_procfs()
+        with self._lock:
+            proc = self._by_port.get(port)
+            if proc is not None and self._still_valid(proc):
+                return proc
+            pid = pid_listening_on(self.procfs, port)
+            if pid is None:
+                raise NoDataError(f"no process found listening on port {port}", hint="set runtime.pid or run as root")
+            proc = self._by_port[port] = self._process(pid, f"the listener on port {port}")
             return proc
 
     def pids(self) -> set[int]:
@@ -135,11 +161,37 @@ class RuntimeLocator:
         return min(matches, key=lambda m: (m[0], m[1]))[2]
 
 
-def runtime_locator(services: dict[str, object], settings: RuntimeSettings, procfs: Path) -> RuntimeLocator:
-    """The one locator shared by every collector of this agent (created on first use)."""
-    loc = services.get("runtime")
-    if isinstance(loc, RuntimeLocator):
-        return loc
-    created = RuntimeLocator(settings, procfs)
-    got = services.setdefault("runtime", created)
-    return got if isinstance(got, RuntimeLocator) else created
+def _listening_inodes(procfs: Path, port: int) -> set[str]:
+    inodes = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = (procfs / "net" / name).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if len(parts) > 9 and parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(parts[9])
+    return inodes
+
+
+def pid_listening_on(procfs: Path, port: int) -> int | None:
+    """The process holding a listening TCP socket on ``port`` (None when not found or not permitted)."""
+    inodes = _listening_inodes(procfs, port)
+    if not inodes:
+        return None
+    targets = {f"socket:[{i}]" for i in inodes}
+    for entry in sorted(os.listdir(procfs))[:MAX_SCAN_PIDS]:
+        if not entry.isdigit():
+            continue
+        try:
+            fds = os.listdir(procfs / entry / "fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(procfs / entry / "fd" / fd) in targets:
+                    return int(entry)
+            except OSError:
+                continue
+    return None

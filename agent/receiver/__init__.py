@@ -15,11 +15,10 @@ import logging
 import threading
 from typing import Any
 
-from agent.analytics.latency import LatencyAnalytics
 from agent.config import ReceiverSettings
 from agent.errors import ConfigError
 from agent.receiver.forward import Forwarder
-from agent.receiver.intake import SpanIntake
+from agent.receiver.intake import SpanIntake, TimingSink
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +26,7 @@ log = logging.getLogger(__name__)
 class Receiver:
     """The gRPC and HTTP transports around one :class:`SpanIntake`."""
 
-    def __init__(self, settings: ReceiverSettings, analytics: LatencyAnalytics) -> None:
+    def __init__(self, settings: ReceiverSettings, analytics: TimingSink) -> None:
         self.settings = settings
         self.analytics = analytics
         forwarder = None

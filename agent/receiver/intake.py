@@ -9,11 +9,21 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Iterable
+from typing import Protocol
 
-from agent.analytics.latency import LatencyAnalytics
 from agent.receiver.forward import Forwarder
 from agent.receiver.spans import decode, extract
-from agent.samples import Sample, attrs
+from agent.samples import RequestTiming, Sample, attrs
+
+
+class TimingSink(Protocol):
+    """Where the timings go (the span analytics, a processor the receiver does not import)."""
+
+    def record(self, timings: Iterable[RequestTiming]) -> int:
+        """Take the timings; return how many were dropped."""
+        ...
+
 
 TRANSPORTS = ("grpc", "http")
 REJECT_REASONS = (
@@ -32,7 +42,7 @@ VALUE_REASONS = ("not_a_number", "out_of_range", "too_many_models")
 class SpanIntake:
     """Counts everything it sees; thread-safe (gRPC worker threads and the HTTP loop call it)."""
 
-    def __init__(self, analytics: LatencyAnalytics, forwarder: Forwarder | None = None) -> None:
+    def __init__(self, analytics: TimingSink, forwarder: Forwarder | None = None) -> None:
         self.analytics = analytics
         self.forwarder = forwarder
         self._lock = threading.Lock()

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from agent.analytics.latency import UNKNOWN_MODEL, RequestTiming
+from agent.samples import UNKNOWN_MODEL, RequestTiming
 
 MAX_LATENCY_S = 86_400.0  # a day: anything longer is not a request latency
 MAX_MODEL_NAME_CHARS = 256

@@ -1,6 +1,6 @@
 """API routes for diagnostics and the authentication middleware for the whole API.
 
-Scopes by route (see :mod:`agent.diag.auth`): ``read`` for ``/api/v1/status``, ``/api/v1/findings``,
+Scopes by route (see :mod:`agent.api.auth`): ``read`` for ``/api/v1/status``, ``/api/v1/findings``,
 ``GET /api/v1/binary`` and anything not listed; ``snapshots`` for ``/api/v1/snapshots*``; ``profile``
 for ``/api/v1/profiles*`` and ``POST /api/v1/binary``. Paths in ``api.open_paths`` (default
 ``/metrics``, ``/healthz``, ``/readyz``) need no token. 401 = no valid token, 403 = token lacks scope.
@@ -15,14 +15,16 @@ from fastapi import Body, FastAPI, Response
 from fastapi.responses import FileResponse, JSONResponse
 from starlette.datastructures import Headers
 
-from agent.diag import pyspy, runtime_proc
-from agent.diag.auth import Authenticator
-from agent.diag.profile_service import RuntimeProfileService
-from agent.diag.profiles import ProfileBusyError, ProfileManager
-from agent.diag.ring import valid_id
-from agent.diag.services import BinaryService
+from agent.actions import pyspy
+from agent.actions.binary import BinaryCheck
+from agent.actions.profiles import ProfileBusyError
+from agent.actions.ring import valid_id
+from agent.api.auth import Authenticator
+from agent.api.services import ApiServices
+from agent.config import Settings
 from agent.errors import NoDataError
-from agent.samples import Sample, attrs
+from agent.samples import Finding, Sample, attrs
+from agent.state import AgentState
 
 MEDIA_TYPES = {"speedscope": "application/json", "flamegraph": "image/svg+xml", "raw": "text/plain"}
 
@@ -35,7 +37,7 @@ def scope_for(method: str, path: str) -> str:
     return "read"
 
 
-def _finding_dict(f: Any) -> dict[str, Any]:
+def finding_dict(f: Finding) -> dict[str, Any]:
     return {"id": f.id, "status": f.status, "summary": f.summary, "evidence": dict(f.evidence), "runbook": f.runbook}
 
 
@@ -72,10 +74,10 @@ class Authenticate:
         await refusal(scope, receive, send)
 
 
-def install(app: FastAPI, agent: Any) -> None:
-    auth: Authenticator = agent.ctx.services.get("auth") or Authenticator(agent.settings.api)
-    services = agent.ctx.services
-    agent.state.add_source(
+def install(app: FastAPI, settings: Settings, state: AgentState, services: ApiServices) -> None:
+    auth = services.auth
+    snapshots = services.snapshots
+    state.add_source(
         "api_auth",
         lambda: [Sample("inferwatch.api.refused", n, attrs(status=code)) for code, n in sorted(auth.refused.items())],
     )
@@ -84,22 +86,15 @@ def install(app: FastAPI, agent: Any) -> None:
 
     @app.get("/api/v1/findings")
     def findings() -> list[dict[str, Any]]:
-        return [_finding_dict(f) for f in agent.state.findings()]
+        return [finding_dict(f) for f in state.findings()]
 
     # --- runtime_profile snapshots ---
-    def profile_service() -> RuntimeProfileService:
-        svc = services.get("runtime_profile")
-        if svc is None:
-            svc = services["runtime_profile"] = RuntimeProfileService(agent.settings)
-        return svc
-
     @app.get("/api/v1/snapshots")
     def list_snapshots() -> dict[str, Any]:
-        svc = profile_service()
-        if not svc.directory.is_dir():
+        if not snapshots.directory.is_dir():
             return {"snapshots": []}
         out = []
-        for e in reversed(svc.ring().entries()):
+        for e in reversed(snapshots.ring().entries()):
             try:
                 meta = json.loads(e.path.read_bytes()).get("meta", {})
             except (OSError, ValueError):
@@ -109,8 +104,7 @@ def install(app: FastAPI, agent: Any) -> None:
 
     @app.get("/api/v1/snapshots/{snap_id}")
     def get_snapshot(snap_id: str) -> Response:
-        svc = profile_service()
-        entry = svc.ring().get(snap_id) if valid_id(snap_id) and svc.directory.is_dir() else None
+        entry = snapshots.ring().get(snap_id) if valid_id(snap_id) and snapshots.directory.is_dir() else None
         if entry is None:
             return JSONResponse({"error": "not_found", "message": f"no snapshot {snap_id!r}"}, status_code=404)
         return Response(entry.path.read_bytes(), media_type="application/json")
@@ -118,7 +112,7 @@ def install(app: FastAPI, agent: Any) -> None:
     @app.post("/api/v1/snapshots")
     def capture_snapshot() -> JSONResponse:
         try:
-            result = profile_service().capture("api")
+            result = snapshots.capture("api")
         except NoDataError as exc:
             return JSONResponse({"error": "not_configured", "message": str(exc)}, status_code=409)
         return JSONResponse(
@@ -127,41 +121,27 @@ def install(app: FastAPI, agent: Any) -> None:
         )
 
     # --- binary compatibility ---
-    def binary_service() -> BinaryService:
-        svc = services.get("binary")
-        if svc is None:
-            svc = services["binary"] = BinaryService(agent.settings)
-        return svc
-
-    def binary_answer(svc: BinaryService) -> JSONResponse:
+    def binary_answer(svc: BinaryCheck) -> JSONResponse:
         if svc.report is not None:
-            return JSONResponse(
-                {"report": svc.report.as_dict(), "findings": [_finding_dict(f) for f in svc.findings()]}
-            )
+            return JSONResponse({"report": svc.report.as_dict(), "findings": [finding_dict(f) for f in svc.findings()]})
         if svc.absent is not None:
             return JSONResponse({"error": "no_runtime", "message": str(svc.absent)}, status_code=404)
         return JSONResponse({"error": "check_failed", "message": svc.error or "not run yet"}, status_code=503)
 
     @app.get("/api/v1/binary")
     def get_binary() -> JSONResponse:
-        return binary_answer(binary_service())
+        return binary_answer(services.binary)
 
     @app.post("/api/v1/binary")
     def run_binary() -> JSONResponse:
-        svc = binary_service()
-        svc.check()
-        return binary_answer(svc)
+        services.binary.check()
+        return binary_answer(services.binary)
 
     # --- py-spy profiles ---
-    def manager() -> ProfileManager:
-        mgr = services.get("profiles")
-        if mgr is None:
-            mgr = services["profiles"] = ProfileManager(agent.settings)
-        return mgr
+    manager = services.profiles
 
     @app.post("/api/v1/profiles")
     def start_profile(body: dict[str, Any] = Body(default_factory=dict)) -> JSONResponse:
-        settings = agent.settings
         if not settings.profiling.enabled:
             return JSONResponse(
                 {"error": "profiling_disabled", "message": "py-spy profiles are off: set profiling.enabled=true"},
@@ -171,7 +151,7 @@ def install(app: FastAPI, agent: Any) -> None:
             if body.get("pid") is not None:
                 pid = int(body["pid"])
             elif body.get("runtime", True):
-                pid = runtime_proc.find_runtime_pid(settings.path.procfs, settings.runtime)
+                pid = services.locator.find().pid
             else:
                 raise ValueError("give pid or runtime: true")
             opts = pyspy.RecordOptions(
@@ -181,7 +161,7 @@ def install(app: FastAPI, agent: Any) -> None:
                 native=bool(body.get("native", False)),
                 nonblocking=bool(body.get("nonblocking", False)),
             )
-            job = manager().start(pid, opts)
+            job = manager.start(pid, opts)
         except (ValueError, TypeError) as exc:
             return JSONResponse({"error": "bad_request", "message": str(exc)}, status_code=400)
         except NoDataError as exc:
@@ -198,18 +178,18 @@ def install(app: FastAPI, agent: Any) -> None:
 
     @app.get("/api/v1/profiles")
     def list_profiles() -> dict[str, Any]:
-        return {"profiles": [j.as_dict() for j in manager().jobs()]}
+        return {"profiles": [j.as_dict() for j in manager.jobs()]}
 
     @app.get("/api/v1/profiles/{job_id}/status")
     def profile_status(job_id: str) -> JSONResponse:
-        job = manager().get(job_id)
+        job = manager.get(job_id)
         if job is None:
             return JSONResponse({"error": "not_found", "message": f"no profile {job_id!r}"}, status_code=404)
         return JSONResponse(job.as_dict())
 
     @app.get("/api/v1/profiles/{job_id}")
     def download_profile(job_id: str) -> Response:
-        mgr = manager()
+        mgr = manager
         job = mgr.get(job_id)
         if job is None:
             return JSONResponse({"error": "not_found", "message": f"no profile {job_id!r}"}, status_code=404)

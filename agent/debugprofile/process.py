@@ -1,8 +1,7 @@
-"""Find the inference runtime process in procfs and describe it (without its environment).
+"""Describe the runtime process from procfs (without its environment), for a snapshot's enrichment.
 
-The runtime is configured by ``runtime.pid``, ``runtime.pidfile`` or ``runtime.cmdline_pattern`` (first
-match wins). The description never includes ``/proc/PID/environ``; the command line is passed through
-the redaction policy by the caller.
+The process is found by the agent's one :class:`~agent.host.runtime.RuntimeLocator`. The description
+never includes ``/proc/PID/environ``; the command line is passed through the redaction policy by the caller.
 """
 
 from __future__ import annotations
@@ -10,8 +9,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-
-from agent.config import RuntimeSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,14 +19,6 @@ class RuntimeProcess:
     cmdline: list[str]
     threads: int | None
     rss_bytes: int | None
-
-
-def find_runtime_pid(procfs: Path, cfg: RuntimeSettings) -> int:
-    """The runtime's pid (:class:`agent.host.runtime.RuntimeLocator`: pid, pidfile, oldest pattern match);
-    raise NoDataError (with a hint) when none is configured or it is not running."""
-    from agent.host.runtime import RuntimeLocator
-
-    return int(RuntimeLocator(cfg, procfs).find().pid)
 
 
 def read_cmdline(procfs: Path, pid: int) -> list[str]:

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from agent.actions import pyspy
+from agent.actions.ring import FileRing, new_id, valid_id
 from agent.config import Settings
-from agent.diag import pyspy
-from agent.diag.ring import FileRing, new_id, valid_id
 
 MAX_JOBS_KEPT = 100
 

@@ -6,6 +6,11 @@ Run at start and on demand only (never per cycle). The executable is ``binary.pa
 to a regular ELF file), a timeout, no shell, and only when the binary's ELF interpreter is the
 system's (``ldd`` asks the interpreter to resolve libraries; a foreign interpreter is not run).
 The glibc a binary requires is the highest ``GLIBC_x.y`` version it references.
+
+:class:`BinaryCheck` is the action: started by the agent at start (again every ``interval_s`` while the
+runtime is not found, a procfs lookup with no program run) and by ``POST /api/v1/binary``; it posts
+its result into the state as the ``binary`` record (``inferwatch.runtime.binary.*`` and the
+``runtime.hardware_mismatch`` finding), which the sinks translate.
 """
 
 from __future__ import annotations
@@ -14,11 +19,17 @@ import os
 import re
 import struct
 import subprocess
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.errors import ToolError
+from agent.config import Settings
+from agent.errors import NoDataError, ToolError
+from agent.host.runtime import RuntimeLocator
+from agent.samples import Collection, Finding, Sample, attrs
+from agent.state import AgentState
 
 LDD_CANDIDATES = (Path("/usr/bin/ldd"), Path("/bin/ldd"))
 TRUSTED_INTERPRETERS = re.compile(
@@ -220,3 +231,109 @@ def binary_findings(report: BinaryReport) -> list[Any]:
     if report.note:
         summary += f" ({report.note})"
     return [Finding("runtime.binary", "ok", summary, ev)]
+
+
+NAME = "binary"  # its record in the state
+
+
+def binary_configured(settings: Settings) -> bool:
+    """Whether the check runs in this agent: ``collectors.binary.enabled``, else a binary or runtime configured."""
+    enabled = settings.collector(NAME).enabled
+    if enabled is not None:
+        return enabled
+    rt = settings.runtime
+    return bool(settings.binary.path or rt.pid or rt.pidfile or rt.cmdline_pattern)
+
+
+class BinaryCheck:
+    """Runs the check when asked (:meth:`check`) and keeps the last result; posts it to ``state`` when given."""
+
+    def __init__(self, settings: Settings, locator: RuntimeLocator, state: AgentState | None = None) -> None:
+        self.settings = settings
+        self.locator = locator
+        self.state = state
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.report: BinaryReport | None = None
+        self.error: str | None = None
+        self.absent: NoDataError | None = None
+        self.checks = 0
+
+    def start(self) -> None:
+        """The check at start, on a thread of its own; repeated every ``interval_s`` while the runtime is absent."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._until_found, name="binary-check", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Safe to call twice; a check in progress is bounded by ``binary.timeout_s``."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _until_found(self) -> None:
+        while not self._stop.is_set():
+            self.check()
+            if self.absent is None:
+                return
+            self._stop.wait(self.settings.interval_s)
+
+    def check(self) -> BinaryReport | None:
+        """Run the check now (bounded by binary.timeout_s); keep, post and return the report."""
+        with self._lock:
+            started = time.monotonic()
+            self.checks += 1
+            pid = None
+            procfs = self.settings.path.procfs
+            try:
+                path = self.settings.binary.path
+                if path is None:
+                    pid = self.locator.find().pid
+                    try:
+                        exe = os.readlink(procfs / str(pid) / "exe")
+                    except OSError:
+                        raise NoDataError(
+                            f"cannot read {procfs}/{pid}/exe",
+                            hint="the agent needs the same pid namespace and permission to read it, or set binary.path",
+                        ) from None
+                    path = Path(exe.removesuffix(" (deleted)"))
+                self.report = check_binary(path, pid, procfs, self.settings.binary.timeout_s)
+                self.error = None
+                self.absent = None
+            except NoDataError as exc:
+                self.absent, self.report = exc, None
+            except ToolError as exc:
+                self.error, self.report = str(exc), None
+            self._post(time.monotonic() - started)
+            return self.report
+
+    def findings(self) -> list[Finding]:
+        if self.report is not None:
+            return list(binary_findings(self.report))
+        if self.error is not None:
+            return [Finding("runtime.binary", "fail", f"binary check failed: {self.error}")]
+        return []
+
+    def collection(self) -> Collection | None:
+        """The last result as the state keeps it (None before the first check or while the runtime is absent)."""
+        report = self.report
+        if report is None:
+            return None if self.error is None else Collection((), self.findings(), {"error": self.error})
+        runtime = attrs(runtime=self.settings.runtime.name)
+        samples = [
+            Sample("inferwatch.runtime.binary.missing_libraries", len(report.missing_libraries), runtime),
+            Sample("inferwatch.runtime.binary.compatible", 1 if report.compatible else 0, runtime),
+        ]
+        return Collection(samples, self.findings(), report.as_dict())
+
+    def _post(self, duration_s: float) -> None:
+        if self.state is None:
+            return
+        if self.absent is not None:
+            absent = self.absent
+            self.state.post(NAME, Collection(), "absent", duration_s, str(absent.args[0]), absent.hint)
+        elif self.error is not None:
+            self.state.post(NAME, self.collection(), "exception", duration_s, self.error)
+        else:
+            self.state.post(NAME, self.collection(), "ok", duration_s)

@@ -1,27 +1,30 @@
-"""Capture of runtime_profile snapshots: fetch → enrich → redact → store (ring) → export (OTLP logs).
+"""Reading a runtime_profile snapshot: fetch → enrich → redact, into one :class:`Snapshot` value.
 
-Used by the ``runtime_profile`` collector on its slow interval and by ``POST /api/v1/snapshots`` on
-demand (one capture at a time). Nothing leaves this module unredacted: the profile goes through the
-configured policy, the enrichment (runtime process, CPU capability, py-spy dump) through the denylist.
+Used by the ``runtime_profile`` collector on its slow interval and by the snapshot action
+(:mod:`agent.actions.snapshots`, ``POST /api/v1/snapshots``) on demand, one read at a time. It stores
+nothing and exports nothing: the snapshot store and the OTLP log sink take the document from the state.
+Nothing leaves this module unredacted: the profile goes through the configured policy, the enrichment
+(runtime process, CPU capability, and what the caller adds, e.g. the action's py-spy dump) through the
+denylist. It never runs a program.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from agent.config import Settings
-from agent.diag import pyspy, runtime_proc
-from agent.diag.fetch import FETCH_REASONS, ProfileFetchError, fetch_json, parse_header
-from agent.diag.redaction import RedactionPolicy, load_or_create_key
-from agent.diag.ring import FileRing, new_id
+from agent.debugprofile import process
+from agent.debugprofile.fetch import FETCH_REASONS, ProfileFetchError, fetch_json, parse_header
+from agent.debugprofile.redaction import RedactionPolicy, load_or_create_key
 from agent.errors import NoDataError
+from agent.host.runtime import RuntimeLocator
 from agent.samples import Finding
 
 log = logging.getLogger(__name__)
@@ -37,8 +40,7 @@ ENABLE_HINT = (
 )
 
 
-class LogSink(Protocol):
-    def emit(self, snapshot: dict[str, Any]) -> None: ...
+Enricher = Callable[[int], dict[str, Any]]  # runtime pid -> extra enrichment (redacted with the denylist)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,35 +55,37 @@ class CaptureResult:
     gauges: dict[str, float] = field(default_factory=dict)
 
 
-class RuntimeProfileService:
-    def __init__(self, settings: Settings, log_sink: LogSink | None = None, store: bool = True) -> None:
-        self.store = store  # False (doctor): nothing written, an ephemeral hash key
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One read: its result and the redacted document (``meta``, ``profile``, ``enrichment``)."""
+
+    result: CaptureResult
+    document: dict[str, Any]
+
+
+class ProfileReader:
+    """Reads the runtime's debug profile; ``persist_key`` False (doctor): an ephemeral hash key, nothing written."""
+
+    def __init__(self, settings: Settings, locator: RuntimeLocator, persist_key: bool = True) -> None:
+        self.persist_key = persist_key
         self.settings = settings
         self.cfg = settings.runtime_profile
-        self.log_sink = log_sink
+        self.locator = locator
         self.errors: dict[str, int] = dict.fromkeys(FETCH_REASONS, 0)
-        self.store_errors = 0
         self.last: CaptureResult | None = None
         self._capture_lock = threading.Lock()
         self._state_lock = threading.Lock()
-        self._ring: FileRing | None = None
         self._policy: RedactionPolicy | None = None
         self._enrich_policy: RedactionPolicy | None = None
-        self._last_dump_at = 0.0
 
     @property
     def directory(self) -> Path:
+        """Where the hash key lives (beside the snapshots, so hashes stay comparable across restarts)."""
         return self.settings.snapshots.dir.expanduser()
-
-    def ring(self) -> FileRing:
-        if self._ring is None:
-            snap = self.settings.snapshots
-            self._ring = FileRing(self.directory, snap.max_count, snap.max_bytes)
-        return self._ring
 
     def policy(self) -> RedactionPolicy:
         if self._policy is None:
-            key = load_or_create_key(self.directory) if self.store else secrets.token_bytes(32)
+            key = load_or_create_key(self.directory) if self.persist_key else secrets.token_bytes(32)
             allow = [*self.cfg.allow_keys, *self.cfg.gauge_fields]
             self._policy = RedactionPolicy.build(key, self.cfg.redaction, self.cfg.deny_keys, allow)
             self._enrich_policy = RedactionPolicy.build(key, "denylist", self.cfg.deny_keys)
@@ -92,16 +96,17 @@ class RuntimeProfileService:
         assert self._enrich_policy is not None
         return self._enrich_policy
 
-    # --- capture ---
-    def capture(self, trigger: str = "interval") -> CaptureResult:
+    # --- read ---
+    def read(self, trigger: str = "interval", enrich: Enricher | None = None) -> Snapshot:
+        """Fetch, enrich and redact one snapshot (one at a time); ``enrich`` adds to the enrichment."""
         if not self.cfg.url:
             raise NoDataError("runtime_profile.url is not set", hint="set runtime_profile.url to the debug endpoint")
         with self._capture_lock:
-            return self._capture(self.cfg.url, trigger)
+            return self._read(self.cfg.url, trigger, enrich)
 
-    def _capture(self, url: str, trigger: str) -> CaptureResult:
+    def _read(self, url: str, trigger: str, enrich: Enricher | None) -> Snapshot:
         policy = self.policy()
-        snap_id = new_id()
+        snap_id = secrets.token_hex(8)  # the ring's id format (agent.actions.ring.valid_id)
         now = time.time()
         profile: Any = None
         reason = message = None
@@ -119,7 +124,7 @@ class RuntimeProfileService:
         red_profile = None
         if profile is not None:
             red_profile, redacted_paths = policy.redact(profile)
-        enrichment, enrich_paths = self.enrich_policy().redact(self._enrichment())
+        enrichment, enrich_paths = self.enrich_policy().redact(self._enrichment(enrich))
         snapshot = {
             "meta": {
                 "id": snap_id,
@@ -145,43 +150,24 @@ class RuntimeProfileService:
             redacted=len(redacted_paths),
             gauges=self._gauges(red_profile) if isinstance(red_profile, dict) else {},
         )
-        data = json.dumps(snapshot, sort_keys=True, default=str).encode()
-        try:
-            if self.store:
-                self.ring().put(data, ".json", snap_id)
-        except (OSError, ValueError) as exc:
-            with self._state_lock:
-                self.store_errors += 1
-            log.warning("cannot store runtime_profile snapshot in %s: %s", self.directory, exc)
-        if self.log_sink is not None:
-            try:
-                self.log_sink.emit(snapshot)
-            except Exception:
-                log.debug("OTLP log emit failed", exc_info=True)
         with self._state_lock:
             self.last = result
-        return result
+        return Snapshot(result, snapshot)
 
-    def _enrichment(self) -> dict[str, Any]:
+    def _enrichment(self, enrich: Enricher | None) -> dict[str, Any]:
         procfs = self.settings.path.procfs
-        out: dict[str, Any] = {"cpu": runtime_proc.cpu_capability(procfs)}
+        out: dict[str, Any] = {"cpu": process.cpu_capability(procfs)}
         try:
-            pid = runtime_proc.find_runtime_pid(procfs, self.settings.runtime)
+            pid = self.locator.find().pid
         except NoDataError as exc:
             out["runtime_process"] = {"absent": str(exc)}
             return out
-        proc = runtime_proc.describe(procfs, pid)
+        proc = process.describe(procfs, pid)
         desc = asdict(proc)
         desc["cmdline"] = self.enrich_policy().redact_cmdline(proc.cmdline)
         out["runtime_process"] = desc
-        prof = self.settings.profiling
-        if prof.enabled and time.monotonic() - self._last_dump_at >= self.cfg.interval_s:
-            self._last_dump_at = time.monotonic()
-            try:
-                threads = pyspy.dump(pyspy.resolve_executable(prof.py_spy), pid)
-                out["py_spy_dump"] = [_strip_thread(t) for t in threads]
-            except pyspy.PySpyError as exc:
-                out["py_spy_dump"] = {"error": exc.kind, "message": str(exc)}
+        if enrich is not None:
+            out.update(enrich(pid))
         return out
 
     def _gauges(self, profile: dict[str, Any]) -> dict[str, float]:
@@ -247,16 +233,6 @@ class RuntimeProfileService:
                 )
             )
         return out
-
-
-def _strip_thread(t: Any) -> dict[str, Any]:
-    """Keep a py-spy thread's identity and frame names/locations; never locals."""
-    if not isinstance(t, dict):
-        return {}
-    frames = [{k: f.get(k) for k in ("name", "filename", "line")} for f in t.get("frames", []) if isinstance(f, dict)][
-        :64
-    ]
-    return {k: t.get(k) for k in ("thread_id", "thread_name", "active", "owns_gil")} | {"frames": frames}
 
 
 def _count_leaves(obj: Any) -> int:

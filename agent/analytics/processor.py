@@ -1,0 +1,34 @@
+"""The span analytics as a processor: run by the runner on its schedule, written through ``record()``.
+
+:class:`SpanAnalytics` is scheduled like a collector (the ``host`` lane, the agent's interval, pulled
+forward by a scrape like the collectors), so its samples reach the state validated against the catalog
+and are never computed when a sink reads. Its input is the engine collector's last collection, read
+from the state (:class:`~agent.analytics.latency.EngineSeries`), and the timings the receiver recorded.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from agent.analytics.latency import EngineSeries, LatencyAnalytics
+from agent.samples import Collection
+from agent.state import AgentState
+
+ENGINE = "engine"  # the collector whose collection says which models and frontend_gap series it has
+
+
+class SpanAnalytics:
+    """Runs :meth:`LatencyAnalytics.compute` for the runner (the collector protocol: name, collect, close)."""
+
+    name: ClassVar[str] = "spans"
+
+    def __init__(self, analytics: LatencyAnalytics, state: AgentState) -> None:
+        self.analytics = analytics
+        self.state = state
+
+    def collect(self) -> Collection:
+        engine = EngineSeries.of(self.state.collections().get(ENGINE))
+        return Collection(samples=self.analytics.compute(engine))
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -81,7 +81,7 @@ end
 # finds it at .venv-tools/bin/checkov).
 begin "checkov (.venv-tools)"
 [ -x .venv-tools/bin/python ] || python3 -m venv .venv-tools
-.venv-tools/bin/python -m pip install -q --disable-pip-version-check 'checkov>=3.2,<4' 2> >(grep -v 'is ignored: it is neither' >&2)
+.venv-tools/bin/python -m pip install -q --disable-pip-version-check 'checkov==3.3.30' 2> >(grep -v 'is ignored: it is neither' >&2)
 end
 
 if [ -x scripts/build-llama-server.sh ]; then
@@ -99,6 +99,9 @@ begin "ruff"
 end
 begin "mypy"
 .venv/bin/mypy
+end
+begin "import contract"
+.venv/bin/lint-imports
 end
 begin "pytest"
 .venv/bin/python -m pytest "$@"

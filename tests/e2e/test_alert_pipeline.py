@@ -60,7 +60,9 @@ def _vllm_exposition(running: int, generation_tokens: int, ttft: tuple[int, int]
 
     ``ttft`` = (fast, slow) replaces the TTFT histogram: ``fast`` requests at 0.09 s, ``slow`` ones at 2 s.
     """
-    text = VLLM_EXPOSITION.read_text()
+    # The capture lost its final newline; vLLM (prometheus_client) always ends the body with one, and the
+    # agent's reader, like Prometheus's, rejects a body without it as truncated.
+    text = VLLM_EXPOSITION.read_text().rstrip("\n") + "\n"
     text = re.sub(r"^(vllm:num_requests_running\{[^}]*\}) \S+$", rf"\g<1> {running}.0", text, flags=re.M)
     text = re.sub(r"^(vllm:generation_tokens_total\{[^}]*\}) \S+$", rf"\g<1> {generation_tokens}.0", text, flags=re.M)
     if ttft is not None:

@@ -21,6 +21,9 @@ PACKAGES = {
     "docker-compose": "docker-compose",
     "objdump": "binutils",
     "unshare": "util-linux",
+    "victoria-metrics": "victoria-metrics",
+    "vmagent": "victoria-metrics",
+    "vmalert": "victoria-metrics",
 }
 
 

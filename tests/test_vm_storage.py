@@ -44,6 +44,7 @@ from tests.vmstack import instant, prometheus_agent, self_metric, victoria_metri
 pytestmark = pytest.mark.integration
 
 MODEL = "sim-vm"
+FAKE_GPU = "NVIDIA H100 80GB HBM3"
 EXTERNAL_LABELS = {"runbook_base": "http://127.0.0.1:9435/vm-test-runbooks"}
 RULE_FILES = sorted((ROOT / "alerts").glob("*.rules.yml"))
 MIN_RUN_S = 75.0  # ≥ the longest full window of the test profile that the comparison relies on (1h / 60)
@@ -173,10 +174,22 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         sim = es.enter_context(running([*sim_cmd, "--log-level", "warning"], tmp / "sim.log", cwd=ROOT))
         sim_url = f"http://127.0.0.1:{sim_port}"
         agents: dict[str, int] = {}
-        for path in ("prometheus-agent", "vmagent"):
+        for path, gpu in (("prometheus-agent", ""), ("vmagent", FAKE_GPU)):
+            # The agent as shipped (tests/node_agent.py), probing the simulator and asking for its runtime
+            # profile, so those alerts' inputs exist too; node B has a GPU behind the fake NVML.
             port = free_port()
-            cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5"]
-            env = {"INFERWATCH_ENGINE__METRICS_URL": f"{sim_url}/metrics"}
+            env = {
+                "INFERWATCH_LISTEN_PORT": str(port),
+                "INFERWATCH_INTERVAL_S": "0.5",
+                "INFERWATCH_ENGINE__METRICS_URL": f"{sim_url}/metrics",
+                "INFERWATCH_RUNTIME__PID": str(sim.pid),
+                "INFERWATCH_PROBE__URL": sim_url,
+                "INFERWATCH_PROBE__INTERVAL_S": "2",
+                "INFERWATCH_RUNTIME_PROFILE__URL": f"{sim_url}/debug/runtime_profile",
+                "INFERWATCH_RUNTIME_PROFILE__INTERVAL_S": "2",
+                "DASH_FAKE_GPU": gpu,
+            }
+            cmd = [PYTHON, "-m", "tests.node_agent"]
             proc = es.enter_context(running(cmd, tmp / f"agent-{path}.log", cwd=ROOT, env=env))
             wait_http(f"http://127.0.0.1:{port}/metrics", timeout_s=60, proc=proc)
             agents[path] = port
@@ -209,6 +222,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         prom_cfg = {
             "global": {"evaluation_interval": "1s", "external_labels": {"runbook_base": runbook_base}},
             "rule_files": [str(rules_dir / "*.rules.yml"), str(forced_file)],
+            # Seen on the loaded 2-core VM: after scrape timeouts, vmagent's blocks reached the Prometheus
+            # receiver out of order and were refused (HTTP 400 "out of order sample", the block dropped);
+            # VictoriaMetrics takes late samples. Accepting them keeps both stores' samples the same.
+            "storage": {"tsdb": {"out_of_order_time_window": "5m"}},
         }
         prom_yml = tmp / "prometheus.yml"
         prom_yml.write_text(yaml.safe_dump(prom_cfg, sort_keys=False))
@@ -317,12 +334,15 @@ def _compare(stack: Stack, expr: str, at: float) -> tuple[int, list[str]]:
 
     A window that reaches back before the first sample is compared by series only: Prometheus divides a
     rate by the whole window, MetricsQL by the span its samples cover (docs/scaling.md), so the two differ
-    by design until the window is full. Which series exist must still agree.
+    by design until the window is full. A quantile of recorded bucket rates is compared by series only too:
+    over the profile's 5 s windows each engine's recording holds a handful of requests, recorded at its own
+    instants, and the interpolated quantile jumps between bucket edges (measured: 0.084 s against 0.040 s).
+    Which series exist must still agree.
     """
     prom = {_key(s["metric"]): float(s["value"][1]) for s in instant(stack.prom, expr, at)}
     vm = {_key(s["metric"]): float(s["value"][1]) for s in instant(stack.vm, expr, at)}
     rel = REL_TOL_RECORDED if RECORDED_RE.search(expr) else REL_TOL_RATE if RATE_RE.search(expr) else REL_TOL_EXACT
-    if _reach_s(expr) > at - stack.started:
+    if _reach_s(expr) > at - stack.started or (RECORDED_RE.search(expr) and "histogram_quantile" in expr):
         rel = math.inf
     problems = [f"only in Prometheus: {dict(k)} = {prom[k]}" for k in prom.keys() - vm.keys()]
     problems += [f"only in VictoriaMetrics: {dict(k)} = {vm[k]}" for k in vm.keys() - prom.keys()]
@@ -382,7 +402,9 @@ def test_every_rule_expression_agrees_between_prometheus_and_victoriametrics(sta
     nonempty = {k.split(" ")[0] for k, v in report.items() if v["series"]}
     assert {"slo:sli_error:ratio_rate5m", "slo:sli_requests:rate1h", "Watchdog"} <= nonempty, sorted(nonempty)
     with_data = {k.split(" ")[0] for k, v in report.items() if any(v["operands"].values())}
-    assert {"EngineHungButHealthy", "TailLatencyRatioHigh", "LatencyBimodal", "AgentDown"} <= with_data, with_data
+    want = {"EngineHungButHealthy", "TailLatencyRatioHigh", "LatencyBimodal", "AgentDown", "GPUThrottling"}
+    want |= {"RuntimeProfileUnavailable", "DebugProfileEnabledInProduction", "CPUFeatureMissing"}
+    assert want <= with_data, sorted(want - with_data)
 
 
 def _alerts(url: str) -> dict[str, dict[str, Any]]:

@@ -56,7 +56,10 @@ def victoria_metrics(tmp: Path, binary: str) -> Iterator[str]:
     """Single-node VictoriaMetrics on a free port; yields its base URL.
 
     ``-search.latencyOffset=1s``: by default the newest 30 s are hidden from queries (for late samples), which
-    would hide a test's whole run. ``-search.disableCache``: every query reads the storage.
+    would hide a test's whole run. ``-search.maxLookback=5m``: an instant selector finds the newest sample
+    within 5 m, as with Prometheus' ``--query.lookback-delta`` (by default VictoriaMetrics derives the
+    look-back from the series' sample interval, so one late sample empties a gauge for vmalert's evidence
+    queries; seen on the loaded test machine). ``-search.disableCache``: every query reads the storage.
     """
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -66,6 +69,7 @@ def victoria_metrics(tmp: Path, binary: str) -> Iterator[str]:
         f"-httpListenAddr=127.0.0.1:{port}",
         "-retentionPeriod=1d",
         "-search.latencyOffset=1s",
+        "-search.maxLookback=5m",
         "-search.disableCache",
         "-loggerLevel=WARN",
     ]

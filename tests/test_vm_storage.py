@@ -286,20 +286,17 @@ def test_samples_arrive_through_both_remote_write_paths(stack: Stack) -> None:
 
 
 @pytest.mark.parametrize("path", RULE_FILES, ids=lambda p: p.name)
-def test_vmalert_dry_run_loads_every_shipped_rule_file(path: Path) -> None:
+def test_vmalert_dry_run_loads_every_shipped_rule_file(path: Path, tmp_path: Path) -> None:
     binary = require("vmalert")
     r = subprocess.run([binary, "-dryRun", f"-rule={path}"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     # And it does check: a broken template in the same file is rejected.
     broken = path.read_text().replace("{{ $labels.instance }}", "{{ $labels.instance | nosuchfunc }}", 1)
     if broken != path.read_text():
-        bad = Path(subprocess.check_output(["mktemp", "--suffix=.yml"], text=True).strip())
-        try:
-            bad.write_text(broken)
-            r = subprocess.run([binary, "-dryRun", f"-rule={bad}"], capture_output=True, text=True, timeout=60)
-            assert r.returncode != 0 and "nosuchfunc" in r.stdout + r.stderr
-        finally:
-            bad.unlink()
+        bad = tmp_path / path.name
+        bad.write_text(broken)
+        r = subprocess.run([binary, "-dryRun", f"-rule={bad}"], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and "nosuchfunc" in r.stdout + r.stderr
 
 
 def _key(metric: dict[str, str]) -> tuple[tuple[str, str], ...]:

@@ -53,6 +53,7 @@ need_apt=()
 command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || need_apt+=(prometheus-alertmanager)
 command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
+command -v victoria-metrics >/dev/null 2>&1 || need_apt+=(victoria-metrics)
 python3 -m venv --help >/dev/null 2>&1 || need_apt+=(python3-venv)
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)    # scripts/build-llama-server.sh compiles llama.cpp
 command -v make >/dev/null 2>&1 || need_apt+=(make)

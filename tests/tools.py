@@ -25,6 +25,9 @@ PACKAGES = {
     "objdump": "binutils",
     "unshare": "util-linux",
     "kubectl": "kubernetes-client",
+    "victoria-metrics": "victoria-metrics",
+    "vmagent": "victoria-metrics",
+    "vmalert": "victoria-metrics",
 }
 # binary → the virtualenv scripts/test.sh installs it into, for a Python tool whose pins clash with .venv's
 VENVS = {

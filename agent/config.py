@@ -27,6 +27,13 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from agent.engine.adapters import ADAPTERS
+from agent.engine.limits import (
+    DEFAULT_ENGINE_MAX_LABEL_BYTES,
+    DEFAULT_ENGINE_MAX_LABEL_VALUE_BYTES,
+    DEFAULT_ENGINE_MAX_MODELS,
+    DEFAULT_ENGINE_MAX_SERIES,
+    EngineLimits,
+)
 from agent.errors import ConfigError
 
 DEFAULT_LISTEN_ADDRESS = "127.0.0.1"
@@ -122,6 +129,22 @@ class EngineSettings(_Section):
     timeout_s: float = Field(default=DEFAULT_ENGINE_TIMEOUT_S, gt=0, le=600)
     max_bytes: int = Field(default=DEFAULT_ENGINE_MAX_BYTES, gt=0)
     model_name: str | None = None  # model label for engines whose series have none (TGI, llama.cpp)
+    # Limits (agent/engine/limits.py, docs/engine.md): over the first three the scrape is rejected with that
+    # reason; past max_models the first models are kept and the rest dropped and counted.
+    max_series: int = Field(default=DEFAULT_ENGINE_MAX_SERIES, ge=1, le=100_000_000)  # sample_limit
+    max_label_value_bytes: int = Field(default=DEFAULT_ENGINE_MAX_LABEL_VALUE_BYTES, ge=1, le=1 << 20)
+    max_label_bytes: int = Field(default=DEFAULT_ENGINE_MAX_LABEL_BYTES, ge=1, le=1 << 24)
+    max_models: int = Field(default=DEFAULT_ENGINE_MAX_MODELS, ge=1, le=100_000)
+
+    @field_validator("metrics_url")
+    @classmethod
+    def _http_metrics_url(cls, v: str | None) -> str | None:
+        if v and not v.lower().startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return v
+
+    def limits(self) -> EngineLimits:
+        return EngineLimits(self.max_series, self.max_label_value_bytes, self.max_label_bytes, self.max_models)
 
     @field_validator("kind")
     @classmethod

@@ -25,12 +25,21 @@ import re
 from collections.abc import Container
 from dataclasses import dataclass, field
 
+from agent.engine.limits import EngineLimits, label_limit_error
 from agent.errors import SourceFormatError
 
 Labels = tuple[tuple[str, str], ...]
 Series = list[tuple[Labels, float]]
 
-REASONS = ("parse", "duplicate_series", "type_conflict", "negative_value", "openmetrics")
+REASONS = (
+    "parse",
+    "duplicate_series",
+    "type_conflict",
+    "negative_value",
+    "openmetrics",
+    "label_value_length_limit",  # with limits: a label value over EngineLimits.max_label_value_bytes
+    "label_bytes_limit",  # with limits: one series' labels over EngineLimits.max_label_bytes
+)
 MAX_LABEL_CACHE_ENTRIES = 200_000  # a bound on memory when series churn (each entry ~ one series)
 MAX_EXEMPLAR_LABEL_CHARS = 128  # OpenMetrics 1.0: exemplar label names and values together
 TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped", "gauge_histogram", "gaugehistogram"})
@@ -350,10 +359,17 @@ class ExpositionReader:
     reader per target: its head cache is what makes repeated scrapes cheap.
     """
 
-    def __init__(self, prefixes: tuple[str, ...], wanted: Container[str], scrape_rules: bool = True) -> None:
+    def __init__(
+        self,
+        prefixes: tuple[str, ...],
+        wanted: Container[str],
+        scrape_rules: bool = True,
+        limits: EngineLimits | None = None,
+    ) -> None:
         self.prefixes = prefixes
         self.wanted = wanted
         self.scrape_rules = scrape_rules
+        self.limits = limits  # label limits, checked once per distinct label set (never on a cached head)
         # "name{labels}" → (name, labels, series id, keep, bad bound); series id: one int per distinct series;
         # bad bound: "le" or "quantile" when that label is not a number (an error in a histogram/summary)
         self._heads: dict[str, tuple[str, Labels, int, bool, str | None]] = {}
@@ -432,11 +448,14 @@ class ExpositionReader:
                         known = names[text] = text
                     if known is not None:
                         name = known
-                        if brace == -1:
-                            fast = raw_cache.get(None) or self._plain_raw(None)
-                        elif head[-1] == "}":
-                            raw = head[brace + 1 : -1]
-                            fast = raw_cache.get(raw) or self._plain_raw(raw)
+                        try:
+                            if brace == -1:
+                                fast = raw_cache.get(None) or self._plain_raw(None)
+                            elif head[-1] == "}":
+                                raw = head[brace + 1 : -1]
+                                fast = raw_cache.get(raw) or self._plain_raw(raw)
+                        except _LineError as exc:  # a label limit
+                            raise self._error(lines, line, str(exc), exc.reason) from None
                     if fast is not None:
                         try:  # parse_float, inline
                             value = float(val)
@@ -460,7 +479,10 @@ class ExpositionReader:
                         raise self._error(lines, line, str(exc), exc.reason) from None
                     name, labels, value, ts = parsed.name, parsed.labels, parsed.value, parsed.timestamp
                     name = names.setdefault(name, name)
-                    labels, bad, canon = self._intern(labels)
+                    try:
+                        labels, bad, canon = self._intern(labels)
+                    except _LineError as exc:  # a label limit
+                        raise self._error(lines, line, str(exc), exc.reason) from None
                     plain = parsed.plain and not om
                 key = (name, canon)
                 sid = series_ids.get(key, -1)
@@ -502,6 +524,10 @@ class ExpositionReader:
         """One object per label tuple, its bad bound, and an id shared by every order of the same labels."""
         hit = self._labels.get(labels)
         if hit is None:
+            if self.limits is not None:
+                broken = label_limit_error(labels, self.limits)
+                if broken is not None:
+                    raise _LineError(broken[1], broken[0])
             canon = self._canon.setdefault(frozenset(labels), len(self._canon))
             hit = self._labels[labels] = (labels, _bad_bound(labels), canon)
         return hit

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import reprlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -24,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from agent.engine.adapters import ADAPTERS
 from agent.engine.limits import (
@@ -404,15 +405,45 @@ class _YamlSource(PydanticBaseSettingsSource):
         return dict(_YamlSource.data)
 
 
+MAX_CONFIG_FILE_BYTES = 1 << 20  # 1 MiB: a config file is a few KiB
+MAX_YAML_ALIASES = 0  # YAML aliases (*name) refused: 70 of them nest into a 9**9 "billion laughs" bomb
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases (past MAX_YAML_ALIASES) while composing, before anything expands."""
+
+    aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_YAML_ALIASES:
+                mark = self.peek_event().start_mark
+                raise yaml.YAMLError(
+                    f"YAML aliases (*name) are not accepted in a config file (line {mark.line + 1}); write values out"
+                )
+        return super().compose_node(parent, index)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            raw = f.read(MAX_CONFIG_FILE_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    if len(raw) > MAX_CONFIG_FILE_BYTES:
+        raise ConfigError(f"config file {path} is over {MAX_CONFIG_FILE_BYTES} bytes; refused")
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 (invalid byte at offset {exc.start})") from None
+    try:
+        data = yaml.load(text, Loader=_BoundedLoader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise ConfigError(f"config file {path} is not valid YAML: {problem[:200]}{where}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -425,7 +456,7 @@ def _format_error(exc: ValidationError) -> str:
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(root)"
         value = err.get("input")
-        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        shown = "" if isinstance(value, dict) else f" (got {reprlib.repr(value)})"  # bounded: never the whole input
         parts.append(f"{loc}: {err['msg']}{shown}")
     return "invalid configuration: " + "; ".join(parts)
 
@@ -473,6 +504,8 @@ def load_settings(
         settings = Settings(**(overrides or {}))
     except ValidationError as exc:
         raise ConfigError(_format_error(exc)) from None
+    except SettingsError as exc:  # a complex value (JSON) in the environment that does not parse
+        raise ConfigError(f"invalid configuration: {exc} (the {ENV_PREFIX}... value must be valid JSON)") from None
     finally:
         _YamlSource.data = {}
     if collectors is not None:

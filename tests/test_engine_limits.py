@@ -115,3 +115,14 @@ def test_collector_counts_limit_hits_and_logs_once(caplog: pytest.LogCaptureFixt
             validate(type(got)(samples=c.status_samples()))
         finally:
             c.close()
+
+
+def test_caches_of_a_burst_of_series_are_given_back() -> None:
+    parser = EngineParser("auto", "unknown", EngineLimits(max_models=4))
+    parser.parse(gauges(30_000).encode())
+    reader, keys = parser._readers["vllm"], parser._keys["vllm"]
+    assert len(reader._heads) == 30_000
+    parser.parse(gauges(3).encode())  # the engine is back to three models
+    assert len(reader._heads) == 0 and keys.size <= 3
+    parser.parse(gauges(3).encode())
+    assert len(reader._heads) == 3  # a steady target keeps its warm cache

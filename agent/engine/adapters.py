@@ -265,6 +265,15 @@ class KeyCache:
         self._size = 0
         self._le: dict[str, float] = {}
 
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def clear(self) -> None:
+        self._memo.clear()
+        self._le.clear()
+        self._size = 0
+
     def memo(self, match: tuple[tuple[str, str], ...]) -> dict[int, tuple[Labels, _Key | None]]:
         """The memo for one label filter: ``id(labels) → (labels, key)`` (check ``entry[0] is labels``)."""
         memo = self._memo.get(match)

@@ -41,6 +41,9 @@ REASONS = (
     "label_bytes_limit",  # with limits: one series' labels over EngineLimits.max_label_bytes
 )
 MAX_LABEL_CACHE_ENTRIES = 200_000  # a bound on memory when series churn (each entry ~ one series)
+# After a read, caches holding more than this many times the series read (plus the slack) are dropped.
+STALE_CACHE_FACTOR = 2
+STALE_CACHE_SLACK = 10_000
 MAX_EXEMPLAR_LABEL_CHARS = 128  # OpenMetrics 1.0: exemplar label names and values together
 TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped", "gauge_histogram", "gaugehistogram"})
 
@@ -398,12 +401,7 @@ class ExpositionReader:
     def _read(self, lines: list[str], om: bool) -> Exposition:
         heads = self._heads
         if len(heads) >= MAX_LABEL_CACHE_ENTRIES or len(self._series) >= MAX_LABEL_CACHE_ENTRIES:
-            heads.clear()
-            self._series.clear()
-            self._labels.clear()
-            self._raw.clear()
-            self._canon.clear()
-            self._names.clear()
+            self.clear()
         out: dict[str, Series] = {}
         types: dict[str, str] = {}
         helps: set[str] = set()
@@ -518,7 +516,18 @@ class ExpositionReader:
                 else:
                     series.append((labels, value))
                 matched += 1
+        if len(heads) > STALE_CACHE_FACTOR * (len(seen) + len(seen_ts)) + STALE_CACHE_SLACK:
+            self.clear()  # most cached heads are gone (a burst of series ended): give the memory back
         return Exposition(out, len(lines), matched, types)
+
+    def clear(self) -> None:
+        """Forget every cached head, label set and name (the next read is a cold one)."""
+        self._heads.clear()
+        self._series.clear()
+        self._labels.clear()
+        self._raw.clear()
+        self._canon.clear()
+        self._names.clear()
 
     def _intern(self, labels: Labels) -> tuple[Labels, str | None, int]:
         """One object per label tuple, its bad bound, and an id shared by every order of the same labels."""

@@ -11,7 +11,7 @@ import math
 
 from agent.engine.adapters import ADAPTERS, DEFAULT_MODEL, EngineReading, KeyCache, detect, prefixes_seen, read
 from agent.engine.board import QUANTILES, LatencyStats
-from agent.engine.exposition import ExpositionError, ExpositionReader
+from agent.engine.exposition import STALE_CACHE_FACTOR, STALE_CACHE_SLACK, ExpositionError, ExpositionReader
 from agent.engine.fetch import EngineScrapeError
 from agent.engine.histogram import Histogram
 from agent.engine.limits import EngineLimits, count_sample_lines
@@ -59,6 +59,8 @@ class EngineParser:
         keys = self._keys.get(kind)
         if keys is None:
             keys = self._keys[kind] = KeyCache(adapter.model_labels, self.default_model)
+        if keys.size > STALE_CACHE_FACTOR * expo.matched + STALE_CACHE_SLACK:
+            keys.clear()  # label splits of series that are gone (as the reader's own caches)
         try:
             return read(adapter, expo, self.default_model, keys, self.limits.max_models)
         except SourceFormatError as exc:  # a bucket bound that is not a number, in a family without TYPE

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import reprlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -24,12 +25,17 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from agent.catalog.engine import ENGINE_KINDS
 from agent.errors import ConfigError
 
 DEFAULT_LISTEN_ADDRESS = "127.0.0.1"
+# Engine exposition limits (agent/engine/limits.py applies them; docs/engine.md)
+DEFAULT_ENGINE_MAX_SERIES = 100_000  # a 20,000-series vLLM exposition is ~2 MB; 10 MiB holds ~100k lines
+DEFAULT_ENGINE_MAX_LABEL_VALUE_BYTES = 1024  # model names and paths are far shorter
+DEFAULT_ENGINE_MAX_LABEL_BYTES = 4096  # all names and values of one series together
+DEFAULT_ENGINE_MAX_MODELS = 64  # as receiver.max_models (the span path)
 DEFAULT_LISTEN_PORT = 9435
 DEFAULT_INTERVAL_S = 5.0
 DEFAULT_TIMEOUT_S = 2.0
@@ -122,6 +128,19 @@ class EngineSettings(_Section):
     timeout_s: float = Field(default=DEFAULT_ENGINE_TIMEOUT_S, gt=0, le=600)
     max_bytes: int = Field(default=DEFAULT_ENGINE_MAX_BYTES, gt=0)
     model_name: str | None = None  # model label for engines whose series have none (TGI, llama.cpp)
+    # Limits (agent/engine/limits.py, docs/engine.md): over the first three the scrape is rejected with that
+    # reason; past max_models the first models are kept and the rest dropped and counted.
+    max_series: int = Field(default=DEFAULT_ENGINE_MAX_SERIES, ge=1, le=100_000_000)  # sample_limit
+    max_label_value_bytes: int = Field(default=DEFAULT_ENGINE_MAX_LABEL_VALUE_BYTES, ge=1, le=1 << 20)
+    max_label_bytes: int = Field(default=DEFAULT_ENGINE_MAX_LABEL_BYTES, ge=1, le=1 << 24)
+    max_models: int = Field(default=DEFAULT_ENGINE_MAX_MODELS, ge=1, le=100_000)
+
+    @field_validator("metrics_url")
+    @classmethod
+    def _http_metrics_url(cls, v: str | None) -> str | None:
+        if v and not v.lower().startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return v
 
     @field_validator("kind")
     @classmethod
@@ -381,15 +400,45 @@ class _YamlSource(PydanticBaseSettingsSource):
         return dict(_YamlSource.data)
 
 
+MAX_CONFIG_FILE_BYTES = 1 << 20  # 1 MiB: a config file is a few KiB
+MAX_YAML_ALIASES = 0  # YAML aliases (*name) refused: 70 of them nest into a 9**9 "billion laughs" bomb
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases (past MAX_YAML_ALIASES) while composing, before anything expands."""
+
+    aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_YAML_ALIASES:
+                mark = self.peek_event().start_mark
+                raise yaml.YAMLError(
+                    f"YAML aliases (*name) are not accepted in a config file (line {mark.line + 1}); write values out"
+                )
+        return super().compose_node(parent, index)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            raw = f.read(MAX_CONFIG_FILE_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    if len(raw) > MAX_CONFIG_FILE_BYTES:
+        raise ConfigError(f"config file {path} is over {MAX_CONFIG_FILE_BYTES} bytes; refused")
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 (invalid byte at offset {exc.start})") from None
+    try:
+        data = yaml.load(text, Loader=_BoundedLoader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise ConfigError(f"config file {path} is not valid YAML: {problem[:200]}{where}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -402,7 +451,7 @@ def _format_error(exc: ValidationError) -> str:
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(root)"
         value = err.get("input")
-        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        shown = "" if isinstance(value, dict) else f" (got {reprlib.repr(value)})"  # bounded: never the whole input
         parts.append(f"{loc}: {err['msg']}{shown}")
     return "invalid configuration: " + "; ".join(parts)
 
@@ -450,6 +499,8 @@ def load_settings(
         settings = Settings(**(overrides or {}))
     except ValidationError as exc:
         raise ConfigError(_format_error(exc)) from None
+    except SettingsError as exc:  # a complex value (JSON) in the environment that does not parse
+        raise ConfigError(f"invalid configuration: {exc} (the {ENV_PREFIX}... value must be valid JSON)") from None
     finally:
         _YamlSource.data = {}
     if collectors is not None:

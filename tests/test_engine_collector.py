@@ -110,7 +110,11 @@ BAD = {
     "cut-midline": (es.body('vllm:num_requests_running{model_name="m"} 1\nvllm:num_requests_running{mod'), "truncated"),
     "short-body": (es.truncated(VALID[:500], claimed=len(VALID)), "truncated"),
     "huge-announced": (es.body("x" * (11 * 1024 * 1024)), "too_large"),
-    "huge-streamed": (es.body("vllm:x 1\n" * (11 * 1024 * 1024 // 9 + 1), length=False), "too_large"),
+    # lines long enough that the byte cap comes before engine.max_series (a sample_limit)
+    "huge-streamed": (
+        es.body(("vllm:x " + "1" * 120 + "\n") * (11 * 1024 * 1024 // 128 + 1), length=False),
+        "too_large",
+    ),
     "slow-answer": (es.slow(1.5, es.body(VALID)), "timeout"),
     "slow-body": (es.trickle(b"vllm:num_requests_running 1\n", 0.05, 3.0), "timeout"),
     "http-500": (es.status(500), "http_status"),

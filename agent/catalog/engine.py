@@ -197,8 +197,23 @@ METRICS = (
         "{error}",
         "Failed reads of the engine's /metrics by reason (connect, timeout, http_status, too_large, truncated, "
         "not_utf8, not_prometheus, unknown_engine, parse, duplicate_series, type_conflict, negative_value, "
-        "openmetrics).",
+        "openmetrics, sample_limit, label_value_length_limit, label_bytes_limit).",
         ("reason",),
+    ),
+    MetricSpec(
+        "inferwatch.engine.limit_hits",
+        Kind.COUNTER,
+        "{scrape}",
+        "Scrapes of the engine that hit a limit (limit: sample_limit, label_value_length_limit, label_bytes_limit "
+        "reject the scrape; max_models drops the models past engine.max_models). See docs/engine.md.",
+        ("limit",),
+    ),
+    MetricSpec(
+        "inferwatch.engine.models.dropped",
+        Kind.GAUGE,
+        "{model}",
+        "Distinct models the last good scrape left out, past engine.max_models (0 when within it).",
+        (),
     ),
     MetricSpec(
         "inferwatch.engine.token_time",

@@ -25,6 +25,7 @@ from a shared object.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import ClassVar
@@ -37,10 +38,13 @@ from agent.engine.adapters import DEFAULT_MODEL, QUANTITIES, EngineReading, Mode
 from agent.engine.board import Key, LatencyBoard, LatencyStats, latency_samples
 from agent.engine.fetch import REASONS, EngineScrapeError, fetch
 from agent.engine.histogram import sum_histograms
+from agent.engine.limits import LIMITS, EngineLimits
 from agent.engine.scrape import EngineParser, stats_from_histogram
 from agent.engine.windows import WINDOWS_S, CounterWindow, HistogramWindow
 from agent.errors import NoDataError
 from agent.samples import AnySample, HistogramSample, Sample, attrs
+
+log = logging.getLogger(__name__)
 
 REEXPORTED = {
     "ttft": "gen_ai.server.time_to_first_token",
@@ -160,7 +164,8 @@ class EngineCollector(BaseCollector):
         super().__init__(ctx)
         cfg = ctx.settings.engine
         self.cfg = cfg
-        self.parser = EngineParser(cfg.kind, cfg.model_name or DEFAULT_MODEL)
+        self.limits = EngineLimits.of(cfg)
+        self.parser = EngineParser(cfg.kind, cfg.model_name or DEFAULT_MODEL, self.limits)
         self.timeline = EngineTimeline()
         self.board = LatencyBoard()  # its own latest stats per (model, quantity, window); shared with no one
         injected = ctx.engine_http
@@ -170,6 +175,9 @@ class EngineCollector(BaseCollector):
         self._up: float | None = None
         self._kind: str = cfg.kind if cfg.kind != "auto" else "unknown"
         self._errors = dict.fromkeys(REASONS, 0)
+        self._limit_hits = dict.fromkeys(LIMITS, 0)
+        self._models_dropped: int | None = None
+        self._dropping = False
 
     def collect(self) -> Collection:
         url = self.cfg.metrics_url
@@ -179,17 +187,33 @@ class EngineCollector(BaseCollector):
                 hint="set engine.metrics_url (INFERWATCH_ENGINE__METRICS_URL=http://127.0.0.1:8000/metrics)",
             )
         try:
-            body = fetch(self._client, url, self.cfg.timeout_s, self.cfg.max_bytes)
+            body = fetch(self._client, url, self.cfg.timeout_s, self.cfg.max_bytes, self.limits.max_series)
             reading = self.parser.parse(body)
         except EngineScrapeError as exc:
             with self._lock:
                 self._up = 0
                 self._errors[exc.reason] = self._errors.get(exc.reason, 0) + 1
-            raise
+                if exc.reason in self._limit_hits:
+                    self._limit_hits[exc.reason] += 1
+            raise  # the runner logs the failure once when it starts and once when it ends
+        size = len(body)
+        del body  # the reading holds what is needed; the body may be megabytes
         now = time.time()
+        dropped = reading.models_dropped
         with self._lock:
             self._up = 1
             self._kind = reading.kind
+            self._models_dropped = dropped
+            if dropped:
+                self._limit_hits["max_models"] += 1
+        if bool(dropped) != self._dropping:  # logged once when it starts, once when it ends
+            self._dropping = bool(dropped)
+            if dropped:
+                log.warning(
+                    "engine exposes more than engine.max_models=%d models: %d dropped", self.limits.max_models, dropped
+                )
+            else:
+                log.info("engine models back within engine.max_models=%d", self.limits.max_models)
         self.timeline.update(now, reading)
         stats = self.timeline.stats()
         self.board.replace("histogram", stats)
@@ -200,7 +224,8 @@ class EngineCollector(BaseCollector):
             "engine": reading.kind,
             "models": sorted(reading.models),
             "series_read": reading.series,
-            "bytes": len(body),
+            "bytes": size,
+            "models_dropped": dropped,
             "quantities": {
                 model: sorted(set(m.histograms) | set(m.gauges) | set(m.counters))
                 for model, m in sorted(reading.models.items())
@@ -220,6 +245,9 @@ class EngineCollector(BaseCollector):
             out.extend(
                 Sample("inferwatch.engine.scrape.errors", n, attrs(reason=reason)) for reason, n in self._errors.items()
             )
+            out.extend(Sample("inferwatch.engine.limit_hits", n, attrs(limit=k)) for k, n in self._limit_hits.items())
+            if self._models_dropped is not None:
+                out.append(Sample("inferwatch.engine.models.dropped", self._models_dropped, attrs()))
             return out
 
     def close(self) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from agent.catalog.engine import ENGINE_KINDS, QUANTITIES  # noqa: F401  (QUANTITIES re-exported)
 from agent.engine.exposition import Exposition, ExpositionReader, Labels, parse_float
 from agent.engine.histogram import Histogram
+from agent.engine.limits import EngineLimits
 from agent.errors import SourceFormatError
 
 DEFAULT_MODEL = "unknown"  # engines without a model label (TGI, llama.cpp) unless engine.model_name is set
@@ -62,8 +63,8 @@ class Adapter:
                 names.update(src.name for src in cands)
         return frozenset(names)
 
-    def reader(self) -> ExpositionReader:
-        return ExpositionReader(self.prefixes, self.wanted())
+    def reader(self, limits: EngineLimits | None = None) -> ExpositionReader:
+        return ExpositionReader(self.prefixes, self.wanted(), limits=limits)
 
 
 def _v(*names: str, **kw: object) -> tuple[Source, ...]:
@@ -242,6 +243,7 @@ class EngineReading:
     kind: str
     models: dict[str, ModelReading]
     series: int  # samples read
+    models_dropped: int = 0  # distinct models past max_models, left out of ``models``
 
 
 _Key = tuple[str, Labels, float | None]  # (model, other labels sorted, le bound or None)
@@ -263,6 +265,15 @@ class KeyCache:
         self._memo: dict[tuple[tuple[str, str], ...], dict[int, tuple[Labels, _Key | None]]] = {}
         self._size = 0
         self._le: dict[str, float] = {}
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def clear(self) -> None:
+        self._memo.clear()
+        self._le.clear()
+        self._size = 0
 
     def memo(self, match: tuple[tuple[str, str], ...]) -> dict[int, tuple[Labels, _Key | None]]:
         """The memo for one label filter: ``id(labels) → (labels, key)`` (check ``entry[0] is labels``)."""
@@ -320,15 +331,32 @@ class KeyCache:
 
 
 def read(
-    adapter: Adapter, expo: Exposition, default_model: str = DEFAULT_MODEL, keys: KeyCache | None = None
+    adapter: Adapter,
+    expo: Exposition,
+    default_model: str = DEFAULT_MODEL,
+    keys: KeyCache | None = None,
+    max_models: int | None = None,
 ) -> EngineReading:
-    """Map an exposition's samples to per-model canonical quantities (see the module docstring)."""
+    """Map an exposition's samples to per-model canonical quantities (see the module docstring).
+
+    ``max_models``: keep the first that many distinct models (in the order the adapter meets them:
+    its families in order, each in exposition order); the others are counted in ``models_dropped``.
+    """
     split = keys if keys is not None else KeyCache(adapter.model_labels, default_model)
     models: dict[str, ModelReading] = {}
+    dropped: set[str] = set()
+    cap = max_models if max_models is not None else math.inf
+    spare = ModelReading()  # what a dropped model's samples are written into, then thrown away
 
     def model(name: str) -> ModelReading:
         m = models.get(name)
         if m is None:
+            if len(models) >= cap:
+                dropped.add(name)
+                spare.histograms.clear()
+                spare.gauges.clear()
+                spare.counters.clear()
+                return spare
             m = models[name] = ModelReading()
         return m
 
@@ -363,7 +391,7 @@ def read(
                 for dim, v in total.items():
                     acc[dim] = acc.get(dim, 0.0) + v * src.scale
                 reading.sources.setdefault(cname, src.name)
-    return EngineReading(adapter.kind, models, expo.matched)
+    return EngineReading(adapter.kind, models, expo.matched, len(dropped))
 
 
 def _histograms(src: Source, expo: Exposition, keys: KeyCache) -> dict[str, dict[Labels, Histogram]]:

@@ -25,13 +25,25 @@ import re
 from collections.abc import Container
 from dataclasses import dataclass, field
 
+from agent.engine.limits import EngineLimits, label_limit_error
 from agent.errors import SourceFormatError
 
 Labels = tuple[tuple[str, str], ...]
 Series = list[tuple[Labels, float]]
 
-REASONS = ("parse", "duplicate_series", "type_conflict", "negative_value", "openmetrics")
+REASONS = (
+    "parse",
+    "duplicate_series",
+    "type_conflict",
+    "negative_value",
+    "openmetrics",
+    "label_value_length_limit",  # with limits: a label value over EngineLimits.max_label_value_bytes
+    "label_bytes_limit",  # with limits: one series' labels over EngineLimits.max_label_bytes
+)
 MAX_LABEL_CACHE_ENTRIES = 200_000  # a bound on memory when series churn (each entry ~ one series)
+# After a read, caches holding more than this many times the series read (plus the slack) are dropped.
+STALE_CACHE_FACTOR = 2
+STALE_CACHE_SLACK = 10_000
 MAX_EXEMPLAR_LABEL_CHARS = 128  # OpenMetrics 1.0: exemplar label names and values together
 TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped", "gauge_histogram", "gaugehistogram"})
 
@@ -350,10 +362,17 @@ class ExpositionReader:
     reader per target: its head cache is what makes repeated scrapes cheap.
     """
 
-    def __init__(self, prefixes: tuple[str, ...], wanted: Container[str], scrape_rules: bool = True) -> None:
+    def __init__(
+        self,
+        prefixes: tuple[str, ...],
+        wanted: Container[str],
+        scrape_rules: bool = True,
+        limits: EngineLimits | None = None,
+    ) -> None:
         self.prefixes = prefixes
         self.wanted = wanted
         self.scrape_rules = scrape_rules
+        self.limits = limits  # label limits, checked once per distinct label set (never on a cached head)
         # "name{labels}" → (name, labels, series id, keep, bad bound); series id: one int per distinct series;
         # bad bound: "le" or "quantile" when that label is not a number (an error in a histogram/summary)
         self._heads: dict[str, tuple[str, Labels, int, bool, str | None]] = {}
@@ -361,7 +380,7 @@ class ExpositionReader:
         # interned label tuples (the adapters memoise by identity) → (labels, bad bound, canonical id)
         self._labels: dict[Labels, tuple[Labels, str | None, int]] = {}
         self._canon: dict[frozenset[tuple[str, str]], int] = {}  # label set in any order → one id
-        self._raw: dict[str, tuple[Labels, str | None, int]] = {}  # label text of plain heads → _intern()
+        self._raw: dict[str | None, tuple[Labels, str | None, int]] = {}  # label text of plain heads → _intern()
         self._names: dict[str, str] = {}  # metric names checked valid, one object each (cheap `is` tests)
 
     def read(self, text: str, openmetrics: bool | None = None) -> Exposition:
@@ -382,12 +401,7 @@ class ExpositionReader:
     def _read(self, lines: list[str], om: bool) -> Exposition:
         heads = self._heads
         if len(heads) >= MAX_LABEL_CACHE_ENTRIES or len(self._series) >= MAX_LABEL_CACHE_ENTRIES:
-            heads.clear()
-            self._series.clear()
-            self._labels.clear()
-            self._raw.clear()
-            self._canon.clear()
-            self._names.clear()
+            self.clear()
         out: dict[str, Series] = {}
         types: dict[str, str] = {}
         helps: set[str] = set()
@@ -399,6 +413,7 @@ class ExpositionReader:
         last_name = ""
         matched = 0
         rules = self.scrape_rules
+        names, raw_cache, series_ids, wanted = self._names, self._raw, self._series, self.wanted
         for line in lines:
             if not line:
                 continue
@@ -412,19 +427,47 @@ class ExpositionReader:
             hit = heads.get(head)
             if hit is not None and not om:
                 name, labels, sid, keep, bad = hit
-                try:
-                    value = parse_float(val)
+                try:  # parse_float, inline: this runs for every line of every scrape
+                    value = float(val)
+                    if "_" in val or not val.isascii() or val.strip() != val or (value != value and val[0] in "+-"):
+                        raise ValueError(val)
                 except ValueError:
                     raise self._error(lines, line, f"value {val[:40]!r} is not a number") from None
                 ts = None
             else:
-                fast = None if om else self._plain_head(head)
-                try:
-                    value = parse_float(val) if fast is not None else math.nan
-                except ValueError:
-                    fast = None
+                # The common new head (name, name{a="x",...}): its name and label text are each checked
+                # once and cached by their text; any other shape goes to parse_line (the authority).
+                fast = None
+                if not om:
+                    brace = head.find("{")
+                    text = head if brace == -1 else head[:brace]
+                    known = names.get(text)
+                    if known is None and _METRIC_NAME.fullmatch(text) is not None:
+                        known = names[text] = text
+                    if known is not None:
+                        name = known
+                        try:
+                            if brace == -1:
+                                fast = raw_cache.get(None) or self._plain_raw(None)
+                            elif head[-1] == "}":
+                                raw = head[brace + 1 : -1]
+                                fast = raw_cache.get(raw) or self._plain_raw(raw)
+                        except _LineError as exc:  # a label limit
+                            raise self._error(lines, line, str(exc), exc.reason) from None
+                    if fast is not None:
+                        try:  # parse_float, inline
+                            value = float(val)
+                            if (
+                                "_" in val
+                                or not val.isascii()
+                                or val.strip() != val
+                                or (value != value and val[0] in "+-")
+                            ):
+                                fast = None
+                        except ValueError:
+                            fast = None
                 if fast is not None:
-                    name, labels, bad, canon = fast
+                    labels, bad, canon = fast
                     ts = None
                     plain = True
                 else:
@@ -433,14 +476,17 @@ class ExpositionReader:
                     except _LineError as exc:
                         raise self._error(lines, line, str(exc), exc.reason) from None
                     name, labels, value, ts = parsed.name, parsed.labels, parsed.value, parsed.timestamp
-                    name = self._names.setdefault(name, name)
-                    labels, bad, canon = self._intern(labels)
+                    name = names.setdefault(name, name)
+                    try:
+                        labels, bad, canon = self._intern(labels)
+                    except _LineError as exc:  # a label limit
+                        raise self._error(lines, line, str(exc), exc.reason) from None
                     plain = parsed.plain and not om
                 key = (name, canon)
-                sid = self._series.get(key, -1)
+                sid = series_ids.get(key, -1)
                 if sid < 0:
-                    sid = self._series[key] = len(self._series)
-                keep = name in self.wanted
+                    sid = series_ids[key] = len(series_ids)
+                keep = name in wanted
                 if plain:
                     heads[head] = (name, labels, sid, keep, bad)
             if name is not last_name:
@@ -470,47 +516,42 @@ class ExpositionReader:
                 else:
                     series.append((labels, value))
                 matched += 1
+        if len(heads) > STALE_CACHE_FACTOR * (len(seen) + len(seen_ts)) + STALE_CACHE_SLACK:
+            self.clear()  # most cached heads are gone (a burst of series ended): give the memory back
         return Exposition(out, len(lines), matched, types)
+
+    def clear(self) -> None:
+        """Forget every cached head, label set and name (the next read is a cold one)."""
+        self._heads.clear()
+        self._series.clear()
+        self._labels.clear()
+        self._raw.clear()
+        self._canon.clear()
+        self._names.clear()
 
     def _intern(self, labels: Labels) -> tuple[Labels, str | None, int]:
         """One object per label tuple, its bad bound, and an id shared by every order of the same labels."""
         hit = self._labels.get(labels)
         if hit is None:
+            if self.limits is not None:
+                broken = label_limit_error(labels, self.limits)
+                if broken is not None:
+                    raise _LineError(broken[1], broken[0])
             canon = self._canon.setdefault(frozenset(labels), len(self._canon))
             hit = self._labels[labels] = (labels, _bad_bound(labels), canon)
         return hit
 
-    def _plain_head(self, head: str) -> tuple[str, Labels, str | None, int] | None:
-        """``name`` or ``name{a="x",b="y"}`` exactly (no blanks, escapes or quoted names), else None.
+    def _plain_raw(self, raw: str | None) -> tuple[Labels, str | None, int] | None:
+        """The interned labels of a plain label text (``a="x",b="y"``; None: no label block), cached; else None.
 
-        The common shape, parsed by splitting on quotes; anything else goes to :func:`parse_line`,
-        which is the authority (this only accepts what it accepts, and reads it the same way).
+        Plain: names and values without blanks or escapes (:data:`_PLAIN_BLOCK`), no duplicate name, no
+        ``__name__``. Anything else is for :func:`parse_line`, which reads plain blocks the same way.
         """
-        brace = head.find("{")
-        names = self._names
-        if brace == -1:
-            name = names.get(head)
-            if name is None:
-                if _METRIC_NAME.fullmatch(head) is None:
-                    return None
-                name = names[head] = head
-            return (name, *self._intern(()))
-        if not head.endswith("}"):
+        labels = _plain_labels(raw) if raw else ()
+        if labels is None:
             return None
-        text = head[:brace]
-        name = names.get(text)
-        if name is None:
-            if _METRIC_NAME.fullmatch(text) is None:
-                return None
-            name = names[text] = text
-        raw = head[brace + 1 : -1]
-        hit = self._raw.get(raw)
-        if hit is None:
-            labels = _plain_labels(raw)
-            if labels is None:
-                return None
-            hit = self._raw[raw] = self._intern(labels)
-        return name, hit[0], hit[1], hit[2]
+        hit = self._raw[raw] = self._intern(labels)
+        return hit
 
     def _comment(
         self,
@@ -566,36 +607,25 @@ class ExpositionReader:
         return ExpositionError(f"line {lineno}: {why}: {line[:120]!r}", lineno, lineno == len(lines), reason)
 
 
-_VALID_LABEL_NAMES: set[str] = set()  # names that passed the check (a few dozen in practice)
+_PLAIN_PAIR = r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*"'
+# A plain label block: names and values without blanks or escapes, optionally one trailing comma.
+# parse_line reads these the same way and judges every other shape.
+_PLAIN_BLOCK = re.compile(rf"(?:{_PLAIN_PAIR},)*(?:{_PLAIN_PAIR},?)?")
+_PAIRS = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\\n]*)"')  # the pairs of a block _PLAIN_BLOCK matched
 
 
 def _plain_labels(raw: str) -> Labels | None:
-    """``a="x",b="y"`` (optionally one trailing comma) without blanks or escapes, else None."""
-    if "\\" in raw:
+    """The pairs of a plain label block (:data:`_PLAIN_BLOCK`); None for what parse_line must judge.
+
+    A duplicate label name or ``__name__`` is an error that parse_line reports with its message.
+    """
+    if _PLAIN_BLOCK.fullmatch(raw) is None:
         return None
-    pieces = raw.split('"')
-    if len(pieces) % 2 == 0:
+    out = _PAIRS.findall(raw)
+    if len(out) > 1 and len({k for k, _ in out}) != len(out):
         return None
-    out = []
-    for k in range(0, len(pieces) - 1, 2):
-        head = pieces[k]
-        if k:
-            if not head.startswith(","):
-                return None
-            head = head[1:]
-        if not head.endswith("="):
-            return None
-        lname = head[:-1]
-        if lname not in _VALID_LABEL_NAMES:
-            if _LABEL_NAME.fullmatch(lname) is None or lname == "__name__" or len(_VALID_LABEL_NAMES) > 10_000:
-                return None
-            _VALID_LABEL_NAMES.add(lname)
-        out.append((lname, pieces[k + 1]))
-    tail = pieces[-1]
-    if tail != "" and (tail != "," or not out):
+    if any(k == "__name__" for k, _ in out):
         return None
-    if len(out) > 1 and len(dict(out)) != len(out):
-        return None  # duplicate label names: parse_line says so
     return tuple(out)
 
 

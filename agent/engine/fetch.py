@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from agent.engine.limits import LIMIT_REASONS, SampleLineCounter
 from agent.errors import CollectorError
 
 REASONS = (
@@ -29,6 +30,7 @@ REASONS = (
     "type_conflict",  # a second TYPE/HELP line for a family, or TYPE after its samples
     "negative_value",  # a counter, histogram bucket/count or summary count below zero
     "openmetrics",  # an OpenMetrics family rule broken (body ending in # EOF)
+    *LIMIT_REASONS,  # a limit of agent/engine/limits.py: sample_limit, label_value_length_limit, label_bytes_limit
 )
 ACCEPT = "text/plain;version=0.0.4;q=1,application/openmetrics-text;q=0.5,*/*;q=0.1"
 _REFUSED_TYPES = ("text/html", "application/json", "application/xml", "text/xml", "application/x-protobuf")
@@ -42,8 +44,11 @@ class EngineScrapeError(CollectorError):
         self.reason = reason
 
 
-def fetch(client: httpx.Client, url: str, timeout_s: float, max_bytes: int) -> bytes:
-    """GET ``url``; return the body (at most ``max_bytes``) or raise EngineScrapeError."""
+def fetch(client: httpx.Client, url: str, timeout_s: float, max_bytes: int, max_series: int | None = None) -> bytes:
+    """GET ``url``; return the body (at most ``max_bytes``) or raise EngineScrapeError.
+
+    ``max_series``: stop reading once the body holds more sample lines (reason ``sample_limit``).
+    """
     deadline = time.monotonic() + timeout_s
     try:
         with client.stream("GET", url, timeout=httpx.Timeout(timeout_s), headers={"Accept": ACCEPT}) as resp:
@@ -56,10 +61,15 @@ def fetch(client: httpx.Client, url: str, timeout_s: float, max_bytes: int) -> b
             if length is not None and length.isdigit() and int(length) > max_bytes:
                 raise EngineScrapeError("too_large", f"{url} announced {length} bytes, over the {max_bytes}-byte cap")
             body = bytearray()
+            counter = SampleLineCounter() if max_series is not None else None
             for chunk in resp.iter_bytes():
                 body += chunk
                 if len(body) > max_bytes:
                     raise EngineScrapeError("too_large", f"{url} sent more than the {max_bytes}-byte cap")
+                if counter is not None and max_series is not None and counter.feed(chunk) > max_series:
+                    raise EngineScrapeError(
+                        "sample_limit", f"{url} sent more than {max_series} sample lines (engine.max_series)"
+                    )
                 if time.monotonic() > deadline:
                     raise EngineScrapeError("timeout", f"{url} still sending after {timeout_s:g}s")
             return bytes(body)

@@ -11,18 +11,24 @@ import math
 
 from agent.engine.adapters import ADAPTERS, DEFAULT_MODEL, EngineReading, KeyCache, detect, prefixes_seen, read
 from agent.engine.board import QUANTILES, LatencyStats
-from agent.engine.exposition import ExpositionError, ExpositionReader
+from agent.engine.exposition import STALE_CACHE_FACTOR, STALE_CACHE_SLACK, ExpositionError, ExpositionReader
 from agent.engine.fetch import EngineScrapeError
 from agent.engine.histogram import Histogram
+from agent.engine.limits import EngineLimits, count_sample_lines
 from agent.errors import SourceFormatError
 
 
 class EngineParser:
-    def __init__(self, kind: str = "auto", default_model: str = DEFAULT_MODEL) -> None:
+    """``limits`` (:class:`~agent.engine.limits.EngineLimits`): what one exposition may make us hold."""
+
+    def __init__(
+        self, kind: str = "auto", default_model: str = DEFAULT_MODEL, limits: EngineLimits | None = None
+    ) -> None:
         if kind != "auto" and kind not in ADAPTERS:
             raise ValueError(f"unknown engine kind {kind!r}")
         self.kind = kind
         self.default_model = default_model
+        self.limits = limits if limits is not None else EngineLimits()
         self._readers: dict[str, ExpositionReader] = {}
         self._keys: dict[str, KeyCache] = {}
 
@@ -31,13 +37,16 @@ class EngineParser:
             text = body.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise EngineScrapeError("not_utf8", f"body is not UTF-8 (invalid byte at offset {exc.start})") from None
+        limit = self.limits.max_series
+        if text.count("\n") > limit and (n := count_sample_lines(text)) > limit:  # before any line is parsed
+            raise EngineScrapeError("sample_limit", f"{n} sample lines, over the engine.max_series limit of {limit}")
         kind = self.kind if self.kind != "auto" else detect(text)
         if kind is None:
             raise self._unknown(text)
         adapter = ADAPTERS[kind]
         reader = self._readers.get(kind)
         if reader is None:
-            reader = self._readers[kind] = adapter.reader()
+            reader = self._readers[kind] = adapter.reader(self.limits)
         try:
             expo = reader.read(text)
         except ExpositionError as exc:
@@ -50,8 +59,10 @@ class EngineParser:
         keys = self._keys.get(kind)
         if keys is None:
             keys = self._keys[kind] = KeyCache(adapter.model_labels, self.default_model)
+        if keys.size > STALE_CACHE_FACTOR * expo.matched + STALE_CACHE_SLACK:
+            keys.clear()  # label splits of series that are gone (as the reader's own caches)
         try:
-            return read(adapter, expo, self.default_model, keys)
+            return read(adapter, expo, self.default_model, keys, self.limits.max_models)
         except SourceFormatError as exc:  # a bucket bound that is not a number, in a family without TYPE
             raise EngineScrapeError("parse", str(exc)) from None
 

@@ -1,0 +1,65 @@
+"""Hostile configuration: a YAML alias bomb, a huge file, non-http engine URLs, bad JSON in the environment.
+
+Each must fail at start, fast, with exit code 2 and a message naming the file or field, never a
+traceback and never the expanded input. Run through the CLI in a subprocess (``python -m agent run``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.config import MAX_CONFIG_FILE_BYTES, load_settings
+from agent.errors import ConfigError
+from tests.conftest import PYTHON, ROOT
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{n}: &{n} [{', '.join(['*' + p] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+def run_agent(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("INFERWATCH_")}
+    return subprocess.run(
+        [str(PYTHON), "-m", "agent", "run", *args],
+        cwd=ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_yaml_alias_bomb_fails_fast_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BOMB)
+    started = time.monotonic()
+    got = run_agent({}, "--config", str(path))
+    assert got.returncode == 2, got.stderr
+    assert time.monotonic() - started < 30
+    assert str(path) in got.stderr and "alias" in got.stderr
+    assert "Traceback" not in got.stderr and len(got.stderr) < 2000
+
+
+def test_an_oversized_config_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text("# padding\n" * (MAX_CONFIG_FILE_BYTES // 10 + 1))
+    with pytest.raises(ConfigError, match=r"big\.yaml is over"):
+        load_settings(path)
+
+
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "gopher://127.0.0.1:70/", "ftp://x/metrics"])
+def test_non_http_engine_urls_fail_at_start(url: str) -> None:
+    got = run_agent({"INFERWATCH_ENGINE__METRICS_URL": url})
+    assert got.returncode == 2, got.stderr
+    assert "engine.metrics_url" in got.stderr and "Traceback" not in got.stderr
+
+
+def test_malformed_tokens_json_names_the_field() -> None:
+    got = run_agent({"INFERWATCH_API__TOKENS": '[{"token": '})
+    assert got.returncode == 2, got.stderr
+    assert '"api"' in got.stderr and "JSON" in got.stderr and "Traceback" not in got.stderr

@@ -1,0 +1,128 @@
+"""Engine input limits (agent/engine/limits.py): each rejects with its reason or caps, and is counted."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from agent.collectors.base import CollectContext
+from agent.collectors.engine import EngineCollector
+from agent.config import Settings
+from agent.engine.fetch import EngineScrapeError
+from agent.engine.limits import EngineLimits, SampleLineCounter, count_sample_lines
+from agent.engine.scrape import EngineParser
+from agent.runner import validate
+from tests import engine_server as es
+
+
+def collector(url: str, **engine: object) -> EngineCollector:
+    return EngineCollector(CollectContext(settings=Settings(engine={"metrics_url": url, **engine}), services={}))
+
+
+def gauges(models: int, value_len: int = 4) -> str:
+    lines = ["# TYPE vllm:num_requests_running gauge"]
+    lines += [f'vllm:num_requests_running{{model_name="m{i:0{value_len}d}"}} 1' for i in range(models)]
+    return "\n".join(lines) + "\n"
+
+
+def status(c: EngineCollector) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for s in c.status_samples():
+        key = dict(s.attributes).get("reason") or dict(s.attributes).get("limit") or ""
+        out.setdefault(s.name, {})[key] = s.value
+    return out
+
+
+def test_counting_sample_lines_in_one_piece_and_in_chunks() -> None:
+    text = '# HELP a x\n# TYPE a gauge\na 1\n\nb 2\nc{x="1"} 3\n#x\nd 4'
+    assert count_sample_lines(text) == 4
+    data = text.encode()
+    for size in (1, 2, 3, 7, 100):
+        counter = SampleLineCounter()
+        for i in range(0, len(data), size):
+            counter.feed(data[i : i + size])
+        assert counter.samples == 4, size
+
+
+@pytest.mark.parametrize(
+    ("text", "limits", "reason"),
+    [
+        (gauges(11), EngineLimits(max_series=10), "sample_limit"),
+        (gauges(1, value_len=2000), EngineLimits(), "label_value_length_limit"),
+        (
+            'vllm:num_requests_running{model_name="m",a="' + "x" * 900 + '",b="' + "y" * 900 + '"} 1\n',
+            EngineLimits(max_label_bytes=1024),
+            "label_bytes_limit",
+        ),
+        ('vllm:num_requests_running{model_name="' + "é" * 600 + '"} 1\n', EngineLimits(), "label_value_length_limit"),
+        (
+            'vllm:num_requests_running{model_name="m", a="' + "x" * 2000 + '"} 1\n',
+            EngineLimits(),
+            "label_value_length_limit",
+        ),
+    ],
+)
+def test_parser_rejects_with_the_limit_as_reason(text: str, limits: EngineLimits, reason: str) -> None:
+    with pytest.raises(EngineScrapeError) as err:
+        EngineParser("auto", "unknown", limits).parse(text.encode())
+    assert err.value.reason == reason, str(err.value)
+
+
+def test_within_the_limits_reads() -> None:
+    reading = EngineParser("auto", "unknown", EngineLimits(max_series=10)).parse(gauges(10).encode())
+    assert len(reading.models) == 10 and reading.models_dropped == 0
+
+
+def test_models_past_the_cap_are_dropped_not_failed() -> None:
+    reading = EngineParser("auto", "unknown", EngineLimits(max_models=64)).parse(gauges(1000).encode())
+    assert sorted(reading.models) == [f"m{i:04d}" for i in range(64)]  # the first 64, in exposition order
+    assert reading.models_dropped == 936
+
+
+def test_collector_counts_limit_hits_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
+    with es.EngineServer() as srv:
+        srv.routes["/metrics"] = es.body(gauges(100))
+        c = collector(srv.url("/metrics"), max_models=8)
+        try:
+            with caplog.at_level(logging.INFO, logger="agent.collectors.engine"):
+                for _ in range(3):
+                    got = validate(c.collect())
+                assert got.details["models_dropped"] == 92
+                assert len({dict(s.attributes).get("gen_ai.request.model") for s in got.samples}) == 8
+                srv.routes["/metrics"] = es.body(gauges(5))
+                c.collect()
+                c.collect()
+            st = status(c)
+            assert st["inferwatch.engine.limit_hits"]["max_models"] == 3
+            assert st["inferwatch.engine.models.dropped"][""] == 0
+            assert st["inferwatch.engine.up"] == {"": 1}
+            messages = [r.getMessage() for r in caplog.records]
+            assert sum("dropped" in m for m in messages) == 1 and sum("back within" in m for m in messages) == 1
+            srv.routes["/metrics"] = es.body(gauges(1, value_len=5000))
+            with pytest.raises(EngineScrapeError):
+                c.collect()
+            srv.routes["/metrics"] = es.body(gauges(200_001))
+            with pytest.raises(EngineScrapeError) as err:
+                c.collect()
+            assert err.value.reason == "sample_limit"
+            st = status(c)
+            assert st["inferwatch.engine.up"] == {"": 0}
+            assert st["inferwatch.engine.scrape.errors"]["label_value_length_limit"] == 1
+            assert st["inferwatch.engine.scrape.errors"]["sample_limit"] == 1
+            assert st["inferwatch.engine.limit_hits"]["sample_limit"] == 1
+            assert st["inferwatch.engine.limit_hits"]["label_value_length_limit"] == 1
+            validate(type(got)(samples=c.status_samples()))
+        finally:
+            c.close()
+
+
+def test_caches_of_a_burst_of_series_are_given_back() -> None:
+    parser = EngineParser("auto", "unknown", EngineLimits(max_models=4))
+    parser.parse(gauges(30_000).encode())
+    reader, keys = parser._readers["vllm"], parser._keys["vllm"]
+    assert len(reader._heads) == 30_000
+    parser.parse(gauges(3).encode())  # the engine is back to three models
+    assert len(reader._heads) == 0 and keys.size <= 3
+    parser.parse(gauges(3).encode())
+    assert len(reader._heads) == 3  # a steady target keeps its warm cache

@@ -6,18 +6,18 @@ import logging
 
 import pytest
 
-from agent.collectors.base import CollectContext
 from agent.collectors.engine import EngineCollector
 from agent.config import Settings
 from agent.engine.fetch import EngineScrapeError
 from agent.engine.limits import EngineLimits, SampleLineCounter, count_sample_lines
 from agent.engine.scrape import EngineParser
 from agent.runner import validate
+from agent.wiring import collect_context
 from tests import engine_server as es
 
 
 def collector(url: str, **engine: object) -> EngineCollector:
-    return EngineCollector(CollectContext(settings=Settings(engine={"metrics_url": url, **engine}), services={}))
+    return EngineCollector(collect_context(Settings(engine={"metrics_url": url, **engine})))
 
 
 def gauges(models: int, value_len: int = 4) -> str:

@@ -183,9 +183,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         agent_port, broken_port = free_port(), free_port()
         agent_cmd = [PYTHON, "-m", "agent", "run", "--port", str(agent_port), "--interval", "0.5"]
         agent = es.enter_context(
-            running(
-                [*agent_cmd, "--environment", "demo"], tmp / "agent.log", cwd=ROOT, env=_agent_env(tokens, sim_url)
-            )
+            running([*agent_cmd, "--environment", "demo"], tmp / "agent.log", cwd=ROOT, env=_agent_env(tokens, sim_url))
         )
         broken_cmd = [PYTHON, "-m", "agent", "run", "--port", str(broken_port), "--interval", "0.5"]
         broken = es.enter_context(
@@ -247,7 +245,7 @@ def _status(url: str) -> dict:  # type: ignore[type-arg]
     return httpx.get(f"{url}/api/v1/status", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=5).json()
 
 
-ORDERED = sorted((n for n in EVIDENCE if n not in ORDER_LAST)) + list(ORDER_LAST)
+ORDERED = sorted(n for n in EVIDENCE if n not in ORDER_LAST) + list(ORDER_LAST)
 
 
 @pytest.mark.parametrize("name", ORDERED)

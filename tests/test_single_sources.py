@@ -20,7 +20,7 @@ from agent.catalog import engine as engine_catalog
 from agent.cli import engine as engine_cli
 from agent.config import ENGINE_KIND_CHOICES
 from agent.engine import adapters, inspect
-from tests.alerting import ALERTMANAGER_YML, RULE_TESTS_DIR, alert_names
+from tests.alerting import ALERTMANAGER_YML, RULE_TESTS_DIR, alert_names, load_rules
 from tests.conftest import ROOT
 
 CAMEL_RE = re.compile(r"^[A-Z][a-z0-9]+(?:[A-Z][A-Za-z0-9]*)+$")
@@ -118,6 +118,20 @@ def test_docs_list_every_alert_once() -> None:
     table = text.split("## The alerts\n", 1)[1].split("\n### ", 1)[0]
     rows = re.findall(r"^\| ([A-Z][A-Za-z0-9]+) \|", table, re.M)
     assert len(rows) == len(set(rows)) and set(rows) == alert_names(), sorted(set(rows) ^ alert_names())
+
+
+def test_docs_give_every_alert_its_for_and_detection_time() -> None:
+    """Each row: the rule's for: and, beside it, its detection time at production timings (issue 15)."""
+    text = (ROOT / "docs" / "alerts.md").read_text()
+    table = text.split("## The alerts\n", 1)[1].split("\n### ", 1)[0]
+    fors = {r["alert"]: r.get("for", "—") for r in load_rules() if "alert" in r}
+    for line in re.findall(r"^\| [A-Z][A-Za-z0-9]+ \|.*$", table, re.M):
+        cells = [c.strip() for c in line.strip("|").split(" | ")]
+        assert len(cells) == 5, line
+        name, _, _, for_, detection = cells
+        if name != "TTFTErrorBudgetBurn":
+            assert for_ == fors[name], (name, for_, fors[name])
+        assert re.search(r"\d+m|\d+ s|60 s", detection) and ("computed" in detection or "measured" in detection), line
 
 
 def test_the_rule_file_reader_is_the_tests_reader() -> None:

@@ -39,6 +39,7 @@ GRAVITON3_CPUINFO = FIXTURES / "cpuinfo" / "graviton3_neoverse_v1.txt"
 # arm64.nosve hides every SVE hwcap: the recorded Graviton3 Features line without its sve* tokens.
 SVE_TOKENS = re.compile(r" (sve|svei8mm|svebf16)(?= |$)", re.M)
 VLLM_EXPOSITION = FIXTURES / "engines" / "vllm-0.5.x-with-v1-families.prom"
+PREFILL_BUCKETS = ("0.3", "0.5", "0.8", "1.0", "1.5", "2.0", "2.5", "5.0", "+Inf")  # vLLM's request phase buckets
 LOW_PAGECACHE_MEMINFO = FIXTURES / "meminfo" / "node_exporter_low_inactive_file_no_memavailable.txt"
 VLLM_MODEL = "facebook/opt-125m"
 SCENARIOS = (
@@ -79,6 +80,28 @@ def _vllm_exposition(running: int, generation_tokens: int, ttft: tuple[int, int]
         text = re.sub(
             r"^(vllm:time_to_first_token_seconds_sum\{[^}]*\}) \S+$",
             rf"\g<1> {0.09 * fast + 2.0 * slow}",
+            text,
+            flags=re.M,
+        )
+        # The prefill phase (what TailLatencyRatioHigh reads): fast requests at 0.05 s, slow ones at 1.9 s. The
+        # recording has only the 0.3 and +Inf buckets; vLLM's full phase buckets replace them.
+        labels = re.search(r"^vllm:request_prefill_time_seconds_count\{([^}]*)\}", text, flags=re.M)
+        assert labels is not None, "the recorded exposition has no prefill histogram"
+        buckets = "".join(
+            f'vllm:request_prefill_time_seconds_bucket{{le="{le}",{labels.group(1)}}} '
+            f"{fast + slow * (le == '+Inf' or float(le) >= 2.0)}.0\n"
+            for le in PREFILL_BUCKETS
+        )
+        text = re.sub(r"^vllm:request_prefill_time_seconds_bucket\{.*\n", "", text, flags=re.M)
+        text = re.sub(
+            r"^(vllm:request_prefill_time_seconds_count\{[^}]*\}) \S+$",
+            rf"{buckets}\g<1> {fast + slow}.0",
+            text,
+            flags=re.M,
+        )
+        text = re.sub(
+            r"^(vllm:request_prefill_time_seconds_sum\{[^}]*\}) \S+$",
+            rf"\g<1> {0.05 * fast + 1.9 * slow}",
             text,
             flags=re.M,
         )
@@ -381,7 +404,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                 "TailLatencyRatioHigh",
                 agents["tail_ratio"].instance,
                 "ticket",
-                f"TTFT P99/P50 of {VLLM_MODEL} is ",
+                f"prefill P99/P50 of {VLLM_MODEL} is ",
             ),
         )
         # Page-cache pressure: the recorded low-Inactive(file) meminfo (142 MiB, under the 1 GiB floor), memory PSI
@@ -507,8 +530,15 @@ def test_engine_down_inhibits_its_collector_failure(run: Run) -> None:
 @pytest.mark.parametrize("name", ["pagecache_pressure", "bimodal"])
 def test_specific_cause_inhibits_the_generic_tail_alert(run: Run, name: str) -> None:
     instance = run.expected[name].instance
-    tail = run.pipeline.query(f'ALERTS{{alertname="TailLatencyRatioHigh",instance="{instance}",alertstate="firing"}}')
-    assert len(tail) == 1  # firing in Prometheus, never delivered: the more specific cause wins
+    # The generic alert's condition holds on that node (the prefill tail is jitter) ...
+    ratio = run.pipeline.query(
+        f'inferwatch_engine_latency_tail_ratio{{quantity="prefill",window="5m",instance="{instance}"}} > 3'
+    )
+    assert ratio, "the prefill tail ratio never exceeded 3: the scenario did not exercise the suppression"
+    # ... yet the rule holds it back while the specific cause is pending or firing (issue 15: it used to be firing
+    # in Prometheus, held only by Alertmanager's inhibition, and was delivered when the cause resolved first).
+    tail = run.pipeline.query(f'ALERTS{{alertname="TailLatencyRatioHigh",instance="{instance}"}}')
+    assert tail == []
 
 
 def test_healthy_node_pages_nothing(run: Run) -> None:

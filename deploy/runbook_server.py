@@ -1,0 +1,95 @@
+"""A static runbook server that stays up when the agent does not: the target of Prometheus's ``runbook_base``.
+
+Every alert's ``runbook_url`` is ``<runbook_base>/<AlertName>`` (agent/alerts/links.py). By default that base is
+the agent's own ``/runbooks``, which is exactly what is unreachable when AgentDown (or any alert about the agent)
+fires. This process serves the same files, the same way (``GET /runbooks/<AlertName>`` as ``text/markdown``, or
+HTML with ``?format=html`` / ``Accept: text/html``; ``GET /runbooks`` as a JSON index; ``/healthz``), from a
+separate process that reads nothing but the runbook directory: point ``runbook_base`` at it and every link
+resolves whatever state the agent, the engine or the node's collectors are in.
+
+    python deploy/runbook_server.py [--listen-address 127.0.0.1] [--port 9436] [--dir runbooks]
+
+Names are looked up in the directory listing taken at start (agent.runbooks.Runbooks), never joined into a path.
+For a web server you already run, the equivalent is a copy of ``runbooks/`` with a rewrite from
+``/runbooks/<Name>`` to ``<Name>.md`` (docs/alerts.md, "Runbook links that stay up").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agent.runbooks import Runbooks, to_html
+
+DEFAULT_PORT = 9436  # next to the agent's 9435
+
+
+def make_server(address: str, port: int, runbooks: Runbooks, base_url: str | None = None) -> ThreadingHTTPServer:
+    """A server (not yet serving) for ``runbooks`` on ``address:port``; port 0 picks a free one."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            url = urlsplit(self.path)
+            path = url.path.rstrip("/")
+            if path == "/healthz":
+                self._send(200, "text/plain; charset=utf-8", b"ok\n")
+            elif path == "/runbooks":
+                base = base_url or f"http://{self.headers.get('Host', 'localhost')}/runbooks"
+                index = {"runbooks": [{"alert": n, "url": f"{base}/{n}"} for n in runbooks.names()]}
+                self._send(200, "application/json", json.dumps(index).encode())
+            elif path.startswith("/runbooks/"):
+                name = path.removeprefix("/runbooks/")
+                text = runbooks.read(name)
+                if text is None:
+                    self._send(404, "text/plain; charset=utf-8", f"no runbook {name!r}\n".encode())
+                elif parse_qs(url.query).get("format") == ["html"] or "text/html" in self.headers.get("Accept", ""):
+                    self._send(200, "text/html; charset=utf-8", to_html(name, text).encode())
+                else:
+                    self._send(200, "text/markdown; charset=utf-8", text.encode())
+            else:
+                self._send(404, "text/plain; charset=utf-8", b"not found\n")
+
+        def _send(self, code: int, ctype: str, body: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return ThreadingHTTPServer((address, port), Handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Serve runbooks/<AlertName>.md at /runbooks/<AlertName>.")
+    ap.add_argument("--listen-address", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=DEFAULT_PORT)
+    ap.add_argument("--dir", type=Path, default=None, help="runbook directory (default: the package's runbooks)")
+    ap.add_argument("--base-url", default=None, help="the public URL of /runbooks, for the index")
+    args = ap.parse_args(argv)
+    runbooks = Runbooks.load(args.dir) if args.dir else Runbooks.load()
+    if not runbooks.names():
+        print(f"no runbooks in {args.dir or 'the package'}", file=sys.stderr)
+        return 2
+    server = make_server(args.listen_address, args.port, runbooks, args.base_url)
+    print(f"serving {len(runbooks.names())} runbooks on http://{args.listen_address}:{server.server_port}/runbooks")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

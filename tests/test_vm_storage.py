@@ -305,8 +305,12 @@ def _key(metric: dict[str, str]) -> tuple[tuple[str, str], ...]:
     vmalert adds its ``-external.label`` labels to the recording-rule results it writes back, so in
     VictoriaMetrics they are on every recorded series; Prometheus adds its external labels only on the way
     out (remote write, federation, alerts), never in its own storage. Either way the labels leave with them.
+    vmalert also writes ``alertgroup`` (its rule group) on the ``ALERTS`` series it stores; Prometheus's have none.
+    Rules that read ``ALERTS`` match on named labels (``on(instance, gen_ai_request_model)``), so it is left out too.
     """
-    return tuple(sorted((k, v) for k, v in metric.items() if k != "__name__" and k not in EXTERNAL_LABELS))
+    alerts = metric.get("__name__") in ("ALERTS", "ALERTS_FOR_STATE")
+    skip = set(EXTERNAL_LABELS) | ({"alertgroup"} if alerts else set())
+    return tuple(sorted((k, v) for k, v in metric.items() if k != "__name__" and k not in skip))
 
 
 def _close(a: float, b: float, rel: float) -> bool:

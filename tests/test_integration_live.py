@@ -210,12 +210,25 @@ def _phase_quantiles(tmp_path: Path, name: str, *scenario: str) -> Metrics:
         return wait_until(s, settled({LLAMA: n}, ("prefill", "decode")))
 
 
-def test_simd_fallback_raises_prefill_and_decode_by_the_factor(tmp_path: Path) -> None:
-    base = _phase_quantiles(tmp_path, "base")
-    slow = _phase_quantiles(tmp_path, "simd", "--scenario", "simd_fallback")
+def _simd_ratios(tmp_path: Path, attempt: int) -> list[tuple[str, str, float, float]]:
+    base = _phase_quantiles(tmp_path, f"base{attempt}")
+    slow = _phase_quantiles(tmp_path, f"simd{attempt}", "--scenario", "simd_fallback")
+    out = []
     for quantity in ("prefill", "decode"):
         for q in ("0.5", "0.9"):
             b, v = latency(base, LLAMA, quantity, "spans", q), latency(slow, LLAMA, quantity, "spans", q)
             assert b is not None and v is not None and b > 0
             print(f"simd_fallback {quantity} q{q}: {b * 1e3:.2f} -> {v * 1e3:.2f} ms, x{v / b:.3f}")
-            assert v / b == pytest.approx(SIMD_FACTOR, abs=SIMD_TOLERANCE), (quantity, q, b, v)
+            out.append((quantity, q, b, v))
+    return out
+
+
+def test_simd_fallback_raises_prefill_and_decode_by_the_factor(tmp_path: Path) -> None:
+    # The latencies are wall-clock: a phase that a burst of other work on this 2-core VM slows by a few per cent
+    # moves a ratio out of the band (seen once in ~10 runs: base prefill P50 14.3 ms instead of 13.4). Such a
+    # pair is measured once more; the second pair must hold.
+    ratios = _simd_ratios(tmp_path, 1)
+    if any(v / b != pytest.approx(SIMD_FACTOR, abs=SIMD_TOLERANCE) for _, _, b, v in ratios):
+        ratios = _simd_ratios(tmp_path, 2)
+    for quantity, q, b, v in ratios:
+        assert v / b == pytest.approx(SIMD_FACTOR, abs=SIMD_TOLERANCE), (quantity, q, b, v)

@@ -48,6 +48,8 @@ FAULTS: dict[str, str | None] = {
     "EngineHungButHealthy": "hang",
     "RuntimeProfileUnavailable": "debug_disabled",
     "RuntimeHardwareMismatch": "hardware_mismatch",
+    "EngineErrorRateHigh": "error_burst:rate=1",  # every request fails: the hand-made one too
+    "EngineErrorBudgetBurn": "error_burst:rate=1",
 }
 EVIDENCE: dict[str, list[str]] = {
     "AgentDown": [r"down", r"Connection refused|Failed to connect"],  # run with that agent stopped
@@ -55,6 +57,8 @@ EVIDENCE: dict[str, list[str]] = {
     "CPUFeatureMissing": [r'"kernel_release"'],
     "DebugProfileEnabledInProduction": [r'^\{"', r"agent simulate .*--debug-profile"],  # a real profile, the flag
     "EngineDown": [r"^000 0 bytes"],  # run with the engine stopped
+    "EngineErrorBudgetBurn": [r'^http_requests_total\{.*status="5xx"'],
+    "EngineErrorRateHigh": [r'^http_requests_total\{.*status="5xx"', r"^HTTP 5\d\d$", r"scenario error_burst"],
     "EngineHungButHealthy": [r"agent simulate"],  # ps found the runtime by the agent's pid
     "LatencyBimodal": [r'"collectors"'],
     "LatencyRegressionAfterNodeChange": [r'"kernel_release"'],
@@ -142,7 +146,7 @@ class Stack:
     tmp: Path
 
     def scenario(self, name: str | None) -> None:
-        body = {"scenarios": [{"name": name}]} if name else {"scenarios": []}
+        body = {"scenarios": [name] if name else []}  # NAME or NAME:key=value,... as the simulator reads it
         auth = {"Authorization": f"Bearer {CONTROL_TOKEN}"}
         httpx.post(f"{self.sim_url}/control/scenario", json=body, headers=auth, timeout=10).raise_for_status()
 

@@ -50,6 +50,7 @@ FAULTS: dict[str, str | None] = {
     "RuntimeHardwareMismatch": "hardware_mismatch",
     "EngineErrorRateHigh": "error_burst:rate=1",  # every request fails: the hand-made one too
     "EngineErrorBudgetBurn": "error_burst:rate=1",
+    "RuntimeSIMDFallback": "simd_fallback",
 }
 EVIDENCE: dict[str, list[str]] = {
     "AgentDown": [r"down", r"Connection refused|Failed to connect"],  # run with that agent stopped
@@ -64,7 +65,12 @@ EVIDENCE: dict[str, list[str]] = {
     "LatencyRegressionAfterNodeChange": [r'"kernel_release"'],
     "PageCachePressureTailLatency": [r"Inactive\(file\)", r"some avg10="],
     "RuntimeHardwareMismatch": [r"every library of /\S+ resolves", r"compatible: True", r'"pid": \d+'],
-    "RuntimeProfileUnavailable": [r"^\{\}$"],  # the empty profile, asked for with the debug header
+    "RuntimeProfileUnavailable": [r"^\{\}$"],
+    "RuntimeSIMDFallback": [
+        r'^simd_features_active \["avx2", "fma"\]',
+        r'^inferwatch_runtime_profile_simd_inactive\{.*feature="avx512f".*\} 1\.0',
+        r"no ISA override",
+    ],  # the empty profile, asked for with the debug header
     "SIMDUnusedWhileServing": [r"^inferwatch_runtime_simd_capable"],
     "StreamSchemaViolation": [r"^VIOLATION choices and usage in one chunk", r"off-schema chunks; terminator present"],
     "TailLatencyRatioHigh": [r'"collectors"'],
@@ -182,6 +188,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         sim_port = free_port()
         sim_url = f"http://127.0.0.1:{sim_port}"
         sim_cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(sim_port), "--seed", "6", "--debug-profile"]
+        sim_cmd += [
+            "--hardware",
+            "sapphirerapids-cpu",
+        ]  # a CPU node: its profile lists SIMD features (RuntimeSIMDFallback)
         sim_cmd += ["--control-token", CONTROL_TOKEN, "--log-level", "warning"]
         sim = es.enter_context(running(sim_cmd, tmp / "sim.log", cwd=ROOT))
         agent_port, broken_port = free_port(), free_port()

@@ -54,6 +54,7 @@ SCENARIOS = (
     "pagecache_pressure",
     "slo_burn",
     "error_rate",
+    "simd_fallback",
 )
 
 
@@ -257,6 +258,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         sim_hang = _start_simulator(stack, tmp, "sim-hang")
         sim_hw = _start_simulator(stack, tmp, "sim-hw")
         sim_debug = _start_simulator(stack, tmp, "sim-debug", "--debug-profile", "--scenario", "debug_disabled")
+        sim_simd = _start_simulator(stack, tmp, "sim-simd", "--debug-profile", "--hardware", "sapphirerapids-cpu")
         sim_errors = _start_simulator(stack, tmp, "sim-errors")  # Prometheus scrapes it (availability SLO)
         sim_bimodal_spans = free_port()
         # Like vLLM, the simulator puts no model on its spans; the agent here has no engine URL to name the
@@ -321,6 +323,16 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                     "INFERWATCH_RUNTIME_PROFILE__INTERVAL_S": "1",
                 },
             ),
+            "simd_fallback": _start_agent(
+                stack,
+                tmp,
+                "simd_fallback",
+                _procfs(tmp / "simd_fallback"),
+                env={
+                    "INFERWATCH_RUNTIME_PROFILE__URL": f"{sim_simd.url}/debug/runtime_profile",
+                    "INFERWATCH_RUNTIME_PROFILE__INTERVAL_S": "1",
+                },
+            ),
             "bimodal": _start_agent(
                 stack,
                 tmp,
@@ -348,7 +360,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             ),
         }
         _wait_agents(list(agents.values()))
-        for sim in (sim_hw, sim_debug):
+        for sim in (sim_hw, sim_debug, sim_simd):
             wait_http(f"{sim.url}/health", proc=sim.proc, timeout_s=60)
         for sim, rate in ((sim_hang, 4), (sim_bimodal, 10), (sim_errors, 4)):
             wait_http(f"{sim.url}/health", proc=sim.proc, timeout_s=60)
@@ -437,6 +449,11 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         inject(
             "error_rate",
             Expect("EngineErrorRateHigh", engine_instance, "pagerduty", "of requests failed over the last"),
+        )
+        sim_simd.control({"enable": "simd_fallback"})  # the profile: compiled avx512f/amx, active avx2 + fma
+        inject(
+            "simd_fallback",
+            Expect("RuntimeSIMDFallback", agents["simd_fallback"].instance, "ticket", "which they were compiled for"),
         )
         sim_hw.control({"enable": "hardware_mismatch"})  # every request: HTTP 400, error type hardware_mismatch
         inject(

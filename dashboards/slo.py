@@ -60,8 +60,8 @@ def build() -> dm.Dashboard:
         ts(
             "Time to first token P50 / P95 / P99",
             describe(
-                "TTFT quantiles per model and node, computed with histogram_quantile over the engine's TTFT "
-                "buckets at the panel's rate interval. P99 far above P95 points at queueing or a slow node; "
+                "TTFT quantiles per model and node: histogram_quantile over the engine's TTFT buckets as 5 m "
+                "rates (recorded by alerts/recording.rules.yml). P99 far above P95 points at queueing or a slow node; "
                 f"the dashed line is the SLO threshold ({TTFT_SLO_THRESHOLD_S} s, alerts/slo.yml).",
                 "TTFTErrorBudgetBurn",
             ),

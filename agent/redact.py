@@ -98,6 +98,8 @@ def _secret_query_name(name: str) -> bool:
 # --- URLs ---------------------------------------------------------------------------------------------
 
 _URL_PARTS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*:)?//(?P<netloc>[^/?#\s]*)(?P<rest>.*)", re.S)
+# user:password@host where the password holds "/", "?" or "#" unencoded (so the authority seems to end early)
+_LOOSE_PASSWORD = re.compile(r"(?P<user>[^:/?#\s@\[\]]*):(?P<pw>[^@\s]+)@(?P<host>[^/?#\s@]*)(?P<rest>.*)", re.S)
 
 
 def _redact_params(params: str, mask: Mask, name_check: Callable[[str], bool] = _secret_query_name) -> str:
@@ -123,6 +125,10 @@ def redact_url(url: str, mask: Mask = _plain) -> str:
     if m is None:
         return url
     scheme, netloc, rest = m.group("scheme") or "", m.group("netloc"), m.group("rest")
+    port_or_password = netloc.partition(":")[2]
+    loose = None if "@" in netloc or port_or_password.isdigit() else _LOOSE_PASSWORD.match(netloc + rest)
+    if loose is not None:  # u:pa/ss@h: a password with "/", "?" or "#" in it
+        netloc, rest = f"{loose.group('user')}:{loose.group('pw')}@{loose.group('host')}", loose.group("rest")
     userinfo, at, host = netloc.rpartition("@")
     if at and userinfo:
         user, colon, password = userinfo.partition(":")
@@ -166,7 +172,7 @@ _AUTH_HEADER = (
 _BEARER = r"\b(?i:bearer)\s+(?P<bearer>[A-Za-z0-9._~+/-]{6,}=*)"
 _BASIC = r"\b(?i:basic)\s+(?P<basic>[A-Za-z0-9+/]{8,}={0,2})(?![A-Za-z0-9+/=])"
 _QUOTED_PAIR = r"(?P<q>[\"'])(?P<qname>[A-Za-z_][\w.-]*)(?P=q)\s*:\s*(?P<q2>[\"'])(?P<qvalue>[^\"']*)(?P=q2)"
-_ASSIGN = r"(?<![\w.-])(?P<aname>[A-Za-z_][\w.-]*)=(?P<avalue>\"[^\"]*\"|'[^']*'|[^\s&,;\"']+)"
+_ASSIGN = r"(?<![\w.-])(?P<aname>[A-Za-z_][\w.-]*)=(?P<avalue>\"[^\"]*\"|'[^']*'|[^\s&,;\"'=]+=*)"
 _FLAG = r"(?<![\w-])(?P<fname>--?[A-Za-z][\w.-]*)(?:=|[ \t]+)(?P<fvalue>\"[^\"]*\"|'[^']*'|[^\s\"'-][^\s\"']*)"
 
 _SCAN = re.compile(
@@ -217,16 +223,17 @@ def _unquoted(value: str, mask: Mask) -> str:
     return mask(value)
 
 
-def _replace(m: re.Match[str], mask: Mask, name_check: Callable[[str], bool], short_flags: frozenset[str]) -> str:
+_PAIR_GROUPS = {"pair": ("qname", "qvalue"), "assign": ("aname", "avalue"), "flag": ("fname", "fvalue")}
+
+
+def _replace(m: re.Match[str], mask: Mask) -> str:
+    """The replacement of one match that is not a NAME/VALUE pair."""
     whole = m.group(0)
     kind = m.lastgroup
-    start = m.start()
 
     def part(group: str, new: str) -> str:
-        return whole[: m.start(group) - start] + new + whole[m.end(group) - start :]
+        return whole[: m.start(group) - m.start()] + new + whole[m.end(group) - m.start() :]
 
-    if kind == "pem":
-        return mask(whole)
     if kind == "url":
         return redact_url(whole, mask)
     if kind == "header":
@@ -236,20 +243,7 @@ def _replace(m: re.Match[str], mask: Mask, name_check: Callable[[str], bool], sh
         return part("bearer", mask(cred)) if len(cred) >= 16 or not cred.isalpha() else whole
     if kind == "basicv":
         return part("basic", mask(m.group("basic"))) if _is_basic_credential(m.group("basic")) else whole
-    if kind == "token":
-        return mask(whole)
-    # NAME/VALUE pairs: the value is the secret when the name is; otherwise the value is scanned in turn
-    # (``url=postgres://u:p@h``, ``--db-url postgres://u:p@h``, ``"note": "Bearer …"``).
-    if kind == "pair":
-        group, secret = "qvalue", name_check(m.group("qname"))
-    elif kind == "assign":
-        group, secret = "avalue", name_check(m.group("aname"))
-    else:
-        group, secret = "fvalue", flag_secret(m.group("fname"), name_check, short_flags)
-    value = m.group(group)
-    if secret and value:
-        return part(group, _unquoted(value, mask))
-    return part(group, redact_text(value, mask, name_check, short_flags))
+    return mask(whole)  # pem, token
 
 
 def redact_text(
@@ -258,10 +252,34 @@ def redact_text(
     name_check: Callable[[str], bool] = secret_name,
     short_flags: frozenset[str] = SECRET_SHORT_FLAGS,
 ) -> str:
-    """``text`` with every secret value found in it replaced by ``mask(secret)`` (see the module doc)."""
+    """``text`` with every secret value found in it replaced by ``mask(secret)`` (see the module doc).
+
+    NAME/VALUE pairs: the value is replaced when the name is secret; otherwise scanning goes on *inside*
+    the value (``url=postgres://u:p@h``, ``--db-url postgres://u:p@h``, ``"note": "Bearer …"``), so each
+    character is scanned about once: linear time, no recursion, whatever the input.
+    """
     if not text:
         return text
-    return _SCAN.sub(lambda m: _replace(m, mask, name_check, short_flags), text)
+    out: list[str] = []
+    pos = 0
+    while (m := _SCAN.search(text, pos)) is not None:
+        kind = m.lastgroup
+        out.append(text[pos : m.start()])
+        if kind in _PAIR_GROUPS:
+            name_group, value_group = _PAIR_GROUPS[kind]
+            name, value = m.group(name_group), m.group(value_group)
+            secret = flag_secret(name, name_check, short_flags) if kind == "flag" else name_check(name)
+            out.append(text[m.start() : m.start(value_group)])
+            if secret and value:
+                out.append(_unquoted(value, mask))
+                pos = m.end(value_group)
+            else:
+                pos = m.start(value_group)  # scan the value itself next
+            continue
+        out.append(_replace(m, mask))
+        pos = m.end()
+    out.append(text[pos:])
+    return "".join(out)
 
 
 # --- logs ---------------------------------------------------------------------------------------------

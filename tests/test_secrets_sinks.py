@@ -19,7 +19,7 @@ from tests.conftest import PYTHON, ROOT, free_port
 from tests.engine_server import EngineServer, body, status
 from tests.fake_runtime import fake_runtime
 from tests.procs import running, wait_http
-from tests.test_diag_leak import otlp_http_receiver
+from tests.test_diag_leak import assert_absent, otlp_http_env, otlp_http_receiver
 
 SECRET = "s3cretpw"
 TOKEN = "sinks-test-token-0123456789abcdef"
@@ -85,9 +85,7 @@ def test_no_credential_reaches_any_sink(tmp_path: Path) -> None:
             "INFERWATCH_SNAPSHOTS__DIR": str(snap_dir),
             "INFERWATCH_LOG_LEVEL": "debug",  # every library's lines, httpx's "HTTP Request: GET <url>" too
             "INFERWATCH_API__TOKENS": f'[{{"token": "{TOKEN}", "scopes": ["read", "snapshots"]}}]',
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://otlp:{SECRET}@127.0.0.1:{otlp_port}",
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-            "OTEL_METRIC_EXPORT_INTERVAL": "500",
+            **otlp_http_env(f"http://otlp:{SECRET}@127.0.0.1:{otlp_port}"),
         }
         cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5"]
         auth = {"Authorization": f"Bearer {TOKEN}"}
@@ -124,16 +122,4 @@ def test_no_credential_reaches_any_sink(tmp_path: Path) -> None:
     assert 'inferwatch_runtime_profile_value{field="gpu_memory_used_bytes"} 777.0' in metrics
     assert "/v1/metrics" in rec.paths
     # ... and the secret in none:
-    sinks = {
-        "log": [log],
-        "api": list(api.values()),
-        "ring": ring,
-        "otlp_decoded": rec.decoded,
-        "otlp_raw": [b.decode("latin-1") for b in rec.raw],
-        "metrics": [metrics],
-    }
-    leaks = {
-        name: [t[max(0, t.find(SECRET) - 80) : t.find(SECRET) + 20] for t in texts if SECRET in t]
-        for name, texts in sinks.items()
-    }
-    assert not any(leaks.values()), leaks
+    assert_absent(SECRET, rec, log=[log], api=list(api.values()), ring=ring, metrics=[metrics])

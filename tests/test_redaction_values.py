@@ -137,6 +137,8 @@ MUST_KEEP_VALUES = [
     "meta-llama/Llama-3.1-8B-Instruct",
     "vllm serve m --max-num-batched-tokens 8192 --tokenizer-mode auto --kv-cache-dtype fp8",
     "the basic configuration: bearer tokens are checked by the proxy",
+    "token limit",
+    "Bearer tokens",
     "sha256",
     "0-31",
     "max_tokens=16",

@@ -50,7 +50,8 @@ KEY_CACHE_MAX = 10_000
 # (runtime_profile.deny_keys) against the key as written, case-insensitive.
 DEFAULT_DENY_PATTERNS: tuple[str, ...] = SECRET_NAME_PATTERNS
 # A value that is an Authorization header's value as a whole is replaced whole, scheme included.
-_AUTH_VALUE = re.compile(r"^\s*(?i:bearer|basic|digest|token|apikey|negotiate)\s+\S+\s*$")
+# (Its credential looks like one: not a plain word shorter than 16 letters, so "token limit" stays.)
+_AUTH_VALUE = re.compile(r"^\s*(?i:bearer|basic|digest|token|apikey|negotiate)\s+(?P<cred>\S{6,})\s*$")
 # Fields that name an environment variable or setting next to its value ({"name": "HF_TOKEN", "value": …}).
 PAIR_NAME_FIELDS = ("name", "key")
 PAIR_VALUE_FIELD = "value"
@@ -117,7 +118,8 @@ class RedactionPolicy:
 
     def redact_string(self, value: str) -> str:
         """``value`` with its secret parts replaced by markers (unchanged when it holds none)."""
-        if _AUTH_VALUE.match(value):
+        auth = _AUTH_VALUE.match(value)
+        if auth is not None and (len(auth["cred"]) >= 16 or not auth["cred"].isalpha()):
             return self.marker(value)
         return redact_text(value, self.marker, self.key_denied, self.short_flags)
 

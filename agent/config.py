@@ -29,6 +29,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from agent.catalog.engine import ENGINE_KINDS
 from agent.errors import ConfigError
+from agent.redact import redact_text, secret_name
 
 DEFAULT_LISTEN_ADDRESS = "127.0.0.1"
 # Engine exposition limits (agent/engine/limits.py applies them; docs/engine.md)
@@ -451,7 +452,10 @@ def _format_error(exc: ValidationError) -> str:
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(root)"
         value = err.get("input")
-        shown = "" if isinstance(value, dict) else f" (got {reprlib.repr(value)})"  # bounded: never the whole input
+        # bounded (never the whole input), and never a secret: no value of a secret field (api.tokens), no
+        # credentials of a URL
+        hidden = isinstance(value, dict) or any(secret_name(str(p)) for p in err["loc"])
+        shown = "" if hidden else f" (got {reprlib.repr(redact_text(value) if isinstance(value, str) else value)})"
         parts.append(f"{loc}: {err['msg']}{shown}")
     return "invalid configuration: " + "; ".join(parts)
 

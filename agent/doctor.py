@@ -22,6 +22,7 @@ from agent.collectors import REGISTRY
 from agent.errors import NoDataError
 from agent.host.cpucap import read_cpu_capability, require_verdict
 from agent.probe.client import PROTOCOLS
+from agent.redact import redact_text
 from agent.runner import run_collection
 from agent.samples import Collection, Finding
 from agent.wiring import Deps
@@ -148,9 +149,9 @@ def run_checks(deps: Deps, request: DoctorRequest | None = None) -> list[Finding
         except NoDataError as exc:
             if check_id == "cpu" and request.require:
                 continue  # the require check says it, as a failure
-            findings.append(Finding(check_id, "skip", str(exc.args[0]), {"hint": exc.hint}))
+            findings.append(Finding(check_id, "skip", redact_text(str(exc.args[0])), {"hint": redact_text(exc.hint)}))
         except Exception as exc:
-            findings.append(Finding(check_id, "fail", f"check failed: {type(exc).__name__}: {exc}"))
+            findings.append(Finding(check_id, "fail", redact_text(f"check failed: {type(exc).__name__}: {exc}")))
     return findings
 
 

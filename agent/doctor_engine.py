@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from agent.engine.adapters import detect
+from agent.redact import redact_text, redact_url
 from agent.samples import Finding
 
 SIMD_WINDOW_S = 2.0
@@ -84,15 +85,17 @@ def engine_findings(url: str) -> list[Finding]:
     try:
         p = probe(url)
     except httpx.HTTPError as exc:
-        return [Finding("engine.reachable", "fail", f"{split_url(url)[1]}: {type(exc).__name__}: {exc}")]
-    ev: dict[str, Any] = {"url": p.metrics_url, "status": p.status, "elapsed_ms": round(p.elapsed_s * 1e3, 1)}
+        shown = redact_url(split_url(url)[1])
+        return [Finding("engine.reachable", "fail", redact_text(f"{shown}: {type(exc).__name__}: {exc}"))]
+    shown, base = redact_url(p.metrics_url), redact_url(p.base_url)  # findings never carry credentials
+    ev: dict[str, Any] = {"url": shown, "status": p.status, "elapsed_ms": round(p.elapsed_s * 1e3, 1)}
     if p.status != 200:
         hint = "llama-server exposes /metrics only when started with --metrics" if p.status == 501 else ""
         return [
-            Finding("engine.reachable", "ok", f"{p.base_url} answers", ev),
-            Finding("engine.metrics", "fail", f"{p.metrics_url} answered HTTP {p.status}", {**ev, "hint": hint}),
+            Finding("engine.reachable", "ok", f"{base} answers", ev),
+            Finding("engine.metrics", "fail", f"{shown} answered HTTP {p.status}", {**ev, "hint": hint}),
         ]
-    out = [Finding("engine.reachable", "ok", f"{p.metrics_url} answered in {p.elapsed_s * 1e3:.0f} ms", ev)]
+    out = [Finding("engine.reachable", "ok", f"{shown} answered in {p.elapsed_s * 1e3:.0f} ms", ev)]
     if p.kind is None:
         out.append(Finding("engine.kind", "warn", "no known engine families in the exposition", ev))
         return out

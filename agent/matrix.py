@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 import httpx
 
 from agent.errors import InferwatchError
+from agent.redact import redact_url
 
 DEFAULT_WINDOW = "1h"
 DEFAULT_TIMEOUT_S = 10.0
@@ -136,27 +137,28 @@ class PrometheusClient:
 
     def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, client: httpx.Client | None = None) -> None:
         self.url = url.rstrip("/")
+        self.shown = redact_url(self.url)  # what messages say: never the URL's credentials
         self._client = client or httpx.Client(timeout=timeout_s)
 
     def query(self, expr: str) -> list[dict[str, object]]:
         try:
-            r = self._client.get(f"{self.url}/api/v1/query", params={"query": expr})
+            r = self._client.get(f"{self.shown}/api/v1/query", params={"query": expr})
         except httpx.HTTPError as exc:
-            raise MatrixError(f"cannot reach Prometheus at {self.url}: {exc}") from exc
+            raise MatrixError(f"cannot reach Prometheus at {self.shown}: {exc}") from exc
         if len(r.content) > MAX_RESPONSE_BYTES:
             raise MatrixError(f"Prometheus answer is larger than {MAX_RESPONSE_BYTES} bytes")
         try:
             body = r.json()
         except ValueError:
             raise MatrixError(
-                f"{self.url} answered HTTP {r.status_code} with a body that is not JSON: is it a Prometheus?"
+                f"{self.shown} answered HTTP {r.status_code} with a body that is not JSON: is it a Prometheus?"
             ) from None
         if not isinstance(body, dict) or body.get("status") != "success":
             err = body.get("error") if isinstance(body, dict) else None
             raise MatrixError(f"Prometheus rejected the query (HTTP {r.status_code}): {err or body!r}")
         data = body.get("data")
         if not isinstance(data, dict) or data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
-            raise MatrixError(f"unexpected answer from {self.url}: not an instant vector")
+            raise MatrixError(f"unexpected answer from {self.shown}: not an instant vector")
         return [x for x in data["result"] if isinstance(x, dict)]
 
     def close(self) -> None:

@@ -27,6 +27,7 @@ from agent.collectors import Schedule, schedule
 from agent.collectors.base import Collector
 from agent.config import Settings
 from agent.errors import CatalogError, NoDataError
+from agent.redact import redact_text
 from agent.samples import Collection, HistogramSample, Sample
 from agent.schedule import SlotTimes, after_run, next_wake, pulled_runs, timed_runs
 from agent.state import AgentState, CollectorHealth, next_health
@@ -390,21 +391,25 @@ class Runner:
         The delay is the schedule's, as the registry declares it: inf for an absence only configuration can
         end (nothing configured to watch: the status keeps the hint), ``absent_retry_s`` for one that
         lasts, None otherwise.
+
+        Messages and hints reach the status API and the log: credentials in them (a URL's password, a
+        token parameter) are taken out here, for every collector.
         """
         collector = slot.collector
         try:
             return (run_collection(collector), "ok", None, None), None
         except NoDataError as exc:
-            message = str(exc.args[0] if exc.args else exc)
+            message = redact_text(str(exc.args[0] if exc.args else exc))
             try:
                 absent = validate(Collection(samples=list(exc.samples))) if exc.samples else Collection()
             except CatalogError as bad:
-                return (None, "bad_sample", str(bad), None), None
-            return (absent, "absent", message, exc.hint), math.inf if slot.absence_final else slot.absent_retry_s
+                return (None, "bad_sample", redact_text(str(bad)), None), None
+            hint = redact_text(exc.hint)
+            return (absent, "absent", message, hint), math.inf if slot.absence_final else slot.absent_retry_s
         except CatalogError as exc:
-            return (None, "bad_sample", str(exc), None), None
+            return (None, "bad_sample", redact_text(str(exc)), None), None
         except Exception as exc:
-            return (None, "exception", f"{type(exc).__name__}: {exc}", None), None
+            return (None, "exception", redact_text(f"{type(exc).__name__}: {exc}"), None), None
 
     def _finish(
         self,

@@ -18,6 +18,7 @@ import httpx
 
 from agent.actions.binary import BinaryCheck, binary_configured
 from agent.actions.profiles import ProfileManager
+from agent.actions.pyspy import PidScope
 from agent.actions.snapshots import SnapshotStore
 from agent.api.auth import Authenticator
 from agent.api.server import ApiServices
@@ -87,7 +88,7 @@ def build_deps(
         auth=Authenticator(settings.api),
         binary=BinaryCheck(settings, locator, state if binary_configured(settings) else None),
         snapshots=SnapshotStore(settings, reader),
-        profiles=ProfileManager(settings),
+        profiles=ProfileManager(settings, PidScope(locator)),
     )
 
 

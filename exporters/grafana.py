@@ -33,6 +33,7 @@ from grafana_client.client import (
 
 from agent import __version__
 from agent.errors import InferwatchError
+from agent.redact import redact_url
 
 MIN_GRAFANA_VERSION = (11, 0)
 TARGET_GRAFANA_VERSION = "11.6"
@@ -108,6 +109,7 @@ class GrafanaPusher:
         if (token is None) == (basic_auth is None):
             raise ValueError("pass exactly one of token or basic_auth")
         self.url = url.rstrip("/")
+        self.shown = redact_url(self.url)  # what messages say: never the URL's credentials (http://admin:pw@...)
         credential: str | tuple[str, str] = token if token is not None else basic_auth  # type: ignore[assignment]
         self.api = GrafanaApi.from_url(self.url, credential=credential, timeout=timeout_s)
 
@@ -116,31 +118,31 @@ class GrafanaPusher:
             return fn(*args, **kwargs)
         except GrafanaUnauthorizedError as exc:
             raise GrafanaAuthError(
-                f"Grafana at {self.url} refused the credentials while trying to {what} (HTTP 401): check the "
+                f"Grafana at {self.shown} refused the credentials while trying to {what} (HTTP 401): check the "
                 "token (a service-account token with the Editor role) or user:password"
             ) from exc
         except GrafanaClientError as exc:
             if exc.status_code == 403:
                 raise GrafanaAuthError(
-                    f"Grafana at {self.url} denied permission to {what} (HTTP 403): the token's role needs "
+                    f"Grafana at {self.shown} denied permission to {what} (HTTP 403): the token's role needs "
                     "Editor (dashboards, folders) or Admin (datasources)"
                 ) from exc
             raise
         except GrafanaTimeoutError as exc:
             raise GrafanaConnectionError(
-                f"Grafana at {self.url} did not answer in time while trying to {what}"
+                f"Grafana at {self.shown} did not answer in time while trying to {what}"
             ) from exc
         except GrafanaServerError as exc:
-            raise GrafanaError(f"Grafana at {self.url} failed to {what}: {exc}") from exc
+            raise GrafanaError(f"Grafana at {self.shown} failed to {what}: {exc}") from exc
         except niquests.exceptions.RequestException as exc:
-            raise GrafanaConnectionError(f"cannot connect to Grafana at {self.url}: {exc}") from exc
+            raise GrafanaConnectionError(f"cannot connect to Grafana at {self.shown}: {exc}") from exc
         except GrafanaException as exc:
             if exc.status_code == 0:
-                raise GrafanaConnectionError(f"cannot connect to Grafana at {self.url}: {exc}") from exc
-            raise GrafanaError(f"Grafana at {self.url} failed to {what}: {exc}") from exc
+                raise GrafanaConnectionError(f"cannot connect to Grafana at {self.shown}: {exc}") from exc
+            raise GrafanaError(f"Grafana at {self.shown} failed to {what}: {exc}") from exc
         except ValueError as exc:  # a non-JSON answer: not a Grafana API
             raise GrafanaVersionError(
-                f"{self.url} answered {what} with something that is not Grafana's JSON API: is the URL right?"
+                f"{self.shown} answered {what} with something that is not Grafana's JSON API: is the URL right?"
             ) from exc
 
     def check_version(self) -> str:
@@ -148,7 +150,7 @@ class GrafanaPusher:
         settings = self._call("read its build information", self.api.client.GET, "/frontend/settings")
         info = settings.get("buildInfo") if isinstance(settings, dict) else None
         if not isinstance(info, dict) or "version" not in info:
-            raise GrafanaVersionError(f"{self.url} did not report a Grafana build version: is it a Grafana?")
+            raise GrafanaVersionError(f"{self.shown} did not report a Grafana build version: is it a Grafana?")
         version = str(info["version"])
         if parse_version(version) < MIN_GRAFANA_VERSION:
             raise GrafanaVersionError(

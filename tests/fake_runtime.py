@@ -148,7 +148,7 @@ def _handler(rt: FakeRuntime) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             rt.requests.append(("GET", self.path))
-            if self.path != "/debug/runtime_profile":
+            if self.path.partition("?")[0] != "/debug/runtime_profile":  # a query (?token=...) is allowed
                 self._json(404, {"error": {"type": "not_found", "message": self.path}})
                 return
             mode = rt.profile_mode

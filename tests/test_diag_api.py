@@ -8,6 +8,7 @@ import subprocess
 import time
 
 import httpx
+import psutil
 import pytest
 
 from agent.actions.pyspy import classify
@@ -17,7 +18,8 @@ from tests.procs import running, stop, wait_http
 READ = "read-token-0123456789abcdef"
 SNAP = "snap-token-0123456789abcdef"
 PROF = "prof-token-0123456789abcdef"
-BUSY_LOOP = "import time\nwhile True:\n    sum(i * i for i in range(2000))\n"
+# The runtime: busy Python, with a non-Python child process (a runtime's helper, in its process tree).
+BUSY_LOOP = "import subprocess\nsubprocess.Popen(['sleep', '120'])\nwhile True:\n    sum(i * i for i in range(2000))\n"
 
 
 def hdr(token: str | None) -> dict[str, str]:
@@ -112,20 +114,17 @@ def test_api_validates_requests(agent) -> None:
     assert httpx.get(agent + "/api/v1/profiles/..%2Fetc", headers=hdr(PROF)).status_code == 404
 
 
-def test_api_reports_a_non_python_target(agent, tmp_path) -> None:
-    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
-    try:
-        r = httpx.post(agent + "/api/v1/profiles", json={"pid": sleeper.pid, "duration_s": 1}, headers=hdr(PROF))
-        assert r.status_code == 202
-        url = r.json()["status_url"]
-        deadline = time.monotonic() + 30
-        while (job := httpx.get(agent + url, headers=hdr(PROF)).json())["state"] == "running":
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
-        assert job["state"] == "failed" and job["error_kind"] == "not_python"
-        assert "Python" in job["error"]
-    finally:
-        stop(sleeper)
+def test_api_reports_a_non_python_target(agent, target) -> None:
+    (sleeper,) = psutil.Process(target.pid).children()  # the runtime's non-Python child: in scope
+    r = httpx.post(agent + "/api/v1/profiles", json={"pid": sleeper.pid, "duration_s": 1}, headers=hdr(PROF))
+    assert r.status_code == 202, r.text
+    url = r.json()["status_url"]
+    deadline = time.monotonic() + 30
+    while (job := httpx.get(agent + url, headers=hdr(PROF)).json())["state"] == "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert job["state"] == "failed" and job["error_kind"] == "not_python"
+    assert "Python" in job["error"]
 
 
 def test_cli_records_a_speedscope_file(target, tmp_path) -> None:

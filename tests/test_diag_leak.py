@@ -54,6 +54,25 @@ def canary_profile() -> dict[str, Any]:
     }
 
 
+def otlp_http_env(endpoint: str) -> dict[str, str]:
+    """An agent's environment for OTLP/HTTP export to ``endpoint``, metrics every 0.5 s."""
+    return {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_METRIC_EXPORT_INTERVAL": "500",
+    }
+
+
+def assert_absent(needle: str, rec: _Receiver, **sinks: list[str]) -> None:
+    """``needle`` is in none of the sinks' texts nor in what the OTLP receiver got (decoded and raw)."""
+    sinks |= {"otlp_decoded": rec.decoded, "otlp_raw": [b.decode("latin-1") for b in rec.raw]}
+    leaks = {
+        name: [t[max(0, t.find(needle) - 80) : t.find(needle) + 30] for t in texts if needle in t]
+        for name, texts in sinks.items()
+    }
+    assert not any(leaks.values()), leaks
+
+
 class _Receiver:
     def __init__(self) -> None:
         self.raw: list[bytes] = []
@@ -127,9 +146,7 @@ def test_no_canary_in_any_sink(tmp_path: Path) -> None:
                 "INFERWATCH_SNAPSHOTS__DIR": str(snap_dir),
                 "INFERWATCH_LOG_LEVEL": "debug",
                 "INFERWATCH_API__TOKENS": f'[{{"token": "{TOKEN}", "scopes": ["read", "snapshots", "profile"]}}]',
-                "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp_port}",
-                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-                "OTEL_METRIC_EXPORT_INTERVAL": "500",
+                **otlp_http_env(f"http://127.0.0.1:{otlp_port}"),
             }
             cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5"]
             auth = {"Authorization": f"Bearer {TOKEN}"}
@@ -165,16 +182,4 @@ def test_no_canary_in_any_sink(tmp_path: Path) -> None:
     assert any("leakcheck-engine" in b and "[REDACTED hmac:" in b for b in rec.log_bodies)
     assert 'inferwatch_runtime_profile_value{field="gpu_memory_used_bytes"} 4242.0' in metrics
     # ... and no canary anywhere:
-    sinks = {
-        "metrics": [metrics],
-        "api": api_texts,
-        "ring": ring_texts,
-        "otlp_decoded": rec.decoded,
-        "otlp_raw": [b.decode("latin-1") for b in rec.raw],
-        "log": [log_text],
-    }
-    leaks = {
-        name: [t[max(0, t.find(CANARY) - 60) : t.find(CANARY) + 30] for t in texts if CANARY in t]
-        for name, texts in sinks.items()
-    }
-    assert not any(leaks.values()), leaks
+    assert_absent(CANARY, rec, metrics=[metrics], api=api_texts, ring=ring_texts, log=[log_text])

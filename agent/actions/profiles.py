@@ -1,6 +1,7 @@
 """py-spy recordings on demand (CLI and ``POST /api/v1/profiles``): asynchronous, one per target.
 
-A request is validated (pid, duration ≤ ``profiling.max_duration_s``, rate, format), refused while a
+A request is validated (pid, duration ≤ ``profiling.max_duration_s``, rate, format), refused unless the
+pid is the runtime's or one of its descendants' (:class:`~agent.actions.pyspy.PidScope`), refused while a
 recording of the same pid runs, recorded on a worker thread, then moved into a bounded ring (count and
 bytes). Never started from the collection path.
 """
@@ -56,9 +57,10 @@ class ProfileJob:
 
 
 class ProfileManager:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, scope: pyspy.PidScope) -> None:
         self.settings = settings
         self.cfg = settings.profiling
+        self.scope = scope
         self._lock = threading.Lock()
         self._jobs: dict[str, ProfileJob] = {}
         self._busy: set[int] = set()
@@ -74,11 +76,11 @@ class ProfileManager:
             self._ring = FileRing(self.directory(), self.cfg.ring_count, self.cfg.ring_bytes)
         return self._ring
 
-    def start(self, pid: int, options: pyspy.RecordOptions) -> ProfileJob:
-        """Validate and start a recording; raise ValueError (bad request), ProfileBusyError, PySpyError."""
+    def start(self, pid: object, options: pyspy.RecordOptions) -> ProfileJob:
+        """Validate and start a recording; raise ValueError (bad request), ProfileBusyError, PySpyError
+        (``invalid_pid``, ``not_runtime``, ``no_runtime`` before anything runs)."""
         options.validate(self.cfg.max_duration_s)
-        if pid <= 0:
-            raise ValueError(f"invalid pid {pid}")
+        pid = self.scope.check(pid)
         exe = pyspy.resolve_executable(self.cfg.py_spy)
         with self._lock:
             if pid in self._busy:

@@ -2,11 +2,18 @@
 
 py-spy exits 1 for every error; :func:`classify` reads its stderr (facts in
 shared/reference/hardware.md §5) and turns it into a :class:`PySpyError` whose message says the fix.
+
+What the agent profiles on a request (the API, the snapshot enrichment) is bounded by :class:`PidScope`:
+the configured runtime (found by the one :class:`~agent.host.runtime.RuntimeLocator`) and its
+descendants run by the runtime's user — never the agent itself, pid 1 or anyone else's process, whatever
+ptrace rights the agent holds. A pid is a positive integer (:func:`validate_pid`), never a string, a
+float or a boolean.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -14,7 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.errors import ToolError
+import psutil
+
+from agent.errors import NoDataError, ToolError
+from agent.host.runtime import RuntimeLocator
 
 FORMATS = {"speedscope": ".speedscope.json", "flamegraph": ".svg", "raw": ".txt"}
 MAX_RATE_HZ = 1000
@@ -26,10 +36,64 @@ PERMISSION_FIX = (
 )
 
 
+PID_MAX = 1 << 22  # Linux's PID_MAX_LIMIT: no pid is larger
+
+
 class PySpyError(ToolError):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
-        self.kind = kind  # permission | no_process | not_python | timeout | missing | failed
+        # permission | no_process | not_python | timeout | missing | failed, and before py-spy runs:
+        # invalid_pid (not a positive integer) | not_runtime (outside the runtime's processes) | no_runtime
+        self.kind = kind
+
+
+def validate_pid(value: object) -> int:
+    """``value`` as a pid: an int in 1..PID_MAX (``True``, ``"1; rm"``, ``12.0`` are refused: invalid_pid)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= PID_MAX:
+        raise PySpyError("invalid_pid", f"a pid is a positive integer up to {PID_MAX}, not {value!r:.40}")
+    return value
+
+
+class PidScope:
+    """The processes py-spy may attach to on a request: the runtime and its descendants of the same user.
+
+    Checked against the live process tree on every request (psutil, under ``--path.procfs``): a pid that
+    left the tree, or another user's process, is refused even if it was the runtime's child earlier.
+    """
+
+    def __init__(self, locator: RuntimeLocator, agent_pid: int | None = None) -> None:
+        self.locator = locator
+        self.agent_pid = agent_pid if agent_pid is not None else os.getpid()
+
+    def check(self, value: object) -> int:
+        """The validated pid; PySpyError invalid_pid, not_runtime or no_runtime otherwise."""
+        pid = validate_pid(value)
+        name = self.locator.name
+        if pid == self.agent_pid:
+            raise PySpyError("not_runtime", f"pid {pid} is the agent itself: py-spy profiles only the runtime {name}")
+        try:
+            runtime = self.locator.find()
+            if pid == runtime.pid:
+                return pid
+            children = {c.pid: c for c in runtime.children(recursive=True)}
+            child = children.get(pid)
+            if child is None:
+                raise PySpyError(
+                    "not_runtime",
+                    f"pid {pid} is not the runtime {name} (pid {runtime.pid}) or one of its child processes: "
+                    "py-spy profiles only those",
+                )
+            if child.uids().real != runtime.uids().real:
+                raise PySpyError(
+                    "not_runtime",
+                    f"pid {pid} is a child of the runtime {name} but runs as another user (uid {child.uids().real}, "
+                    f"the runtime's {runtime.uids().real}): py-spy profiles only the runtime user's processes",
+                )
+        except NoDataError as exc:
+            raise PySpyError("no_runtime", f"no runtime to profile: {exc}") from None
+        except psutil.Error as exc:
+            raise PySpyError("not_runtime", f"pid {pid} cannot be checked against the runtime: {exc}") from None
+        return pid
 
 
 def resolve_executable(configured: Path | None) -> Path:
@@ -69,11 +133,6 @@ def classify(stderr: str, pid: int) -> PySpyError:
     return PySpyError("failed", f"py-spy failed on pid {pid}: {head}")
 
 
-def _check_pid(pid: int) -> None:
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        raise PySpyError("failed", f"invalid pid {pid!r}")
-
-
 @dataclass(frozen=True, slots=True)
 class RecordOptions:
     duration_s: float = 5.0
@@ -105,7 +164,7 @@ def _run(argv: list[str], timeout_s: float, pid: int) -> subprocess.CompletedPro
 
 def dump(exe: Path, pid: int, timeout_s: float = DUMP_TIMEOUT_S, nonblocking: bool = True) -> list[dict[str, Any]]:
     """``py-spy dump --json`` of ``pid``: one entry per thread (no locals)."""
-    _check_pid(pid)
+    validate_pid(pid)
     argv = [str(exe), "dump", "--pid", str(pid), "--json"] + (["--nonblocking"] if nonblocking else [])
     proc = _run(argv, timeout_s, pid)
     try:
@@ -117,7 +176,7 @@ def dump(exe: Path, pid: int, timeout_s: float = DUMP_TIMEOUT_S, nonblocking: bo
 
 def record(exe: Path, pid: int, opts: RecordOptions, output: Path, cap_s: float) -> Path:
     """``py-spy record`` to ``output``; bounded by the duration cap plus a grace period."""
-    _check_pid(pid)
+    validate_pid(pid)
     opts.validate(cap_s)
     argv = [
         str(exe), "record", "--pid", str(pid), "--output", str(output), "--format", opts.fmt,

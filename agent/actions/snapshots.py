@@ -91,6 +91,7 @@ class SnapshotStore:
                 return {}
             self._last_dump_at = now
         try:
+            pid = pyspy.PidScope(self.reader.locator).check(pid)  # the runtime's pid: checked all the same
             threads = pyspy.dump(pyspy.resolve_executable(self.settings.profiling.py_spy), pid)
         except pyspy.PySpyError as exc:
             return {"py_spy_dump": {"error": exc.kind, "message": str(exc)}}

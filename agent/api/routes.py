@@ -27,6 +27,8 @@ from agent.samples import Finding, Sample, attrs
 from agent.state import AgentState
 
 MEDIA_TYPES = {"speedscope": "application/json", "flamegraph": "image/svg+xml", "raw": "text/plain"}
+# py-spy refusals before anything runs: a malformed pid, a process outside the runtime's, no runtime.
+PYSPY_STATUS = {"invalid_pid": 400, "not_runtime": 403, "no_runtime": 404}
 
 
 def scope_for(method: str, path: str) -> str:
@@ -148,8 +150,9 @@ def install(app: FastAPI, settings: Settings, state: AgentState, services: ApiSe
                 status_code=409,
             )
         try:
+            pid: object
             if body.get("pid") is not None:
-                pid = int(body["pid"])
+                pid = body["pid"]  # validated by the profile manager's scope: a positive int, the runtime's
             elif body.get("runtime", True):
                 pid = services.locator.find().pid
             else:
@@ -169,7 +172,8 @@ def install(app: FastAPI, settings: Settings, state: AgentState, services: ApiSe
         except ProfileBusyError as exc:
             return JSONResponse({"error": "busy", "message": str(exc)}, status_code=409)
         except pyspy.PySpyError as exc:
-            return JSONResponse({"error": exc.kind, "message": str(exc)}, status_code=503)
+            code = PYSPY_STATUS.get(exc.kind, 503)
+            return JSONResponse({"error": exc.kind, "message": str(exc)}, status_code=code)
         return JSONResponse(
             job.as_dict()
             | {"status_url": f"/api/v1/profiles/{job.id}/status", "result_url": f"/api/v1/profiles/{job.id}"},

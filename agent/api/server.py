@@ -13,6 +13,7 @@ from agent.api.auth import Authenticator
 from agent.api.routes import finding_dict, install
 from agent.api.services import ApiServices
 from agent.config import Settings
+from agent.redact import redact_url
 from agent.runbooks import Runbooks, to_html
 from agent.state import AgentState
 from exporters.prometheus import CONTENT_TYPE, render
@@ -95,7 +96,7 @@ def create_api(settings: Settings, state: AgentState, services: ApiServices) -> 
 
     @app.get("/runbooks")
     def runbook_index() -> dict[str, Any]:
-        base = settings.runbooks.base_url
+        base = redact_url(settings.runbooks.base_url)  # an open path: never a credential in a link
         return {"runbooks": [{"alert": n, "url": f"{base}/{n}"} for n in runbooks.names()]}
 
     @app.get("/runbooks/{name}")

@@ -63,7 +63,12 @@ def build_settings(
 
 
 def setup_logging(level: str) -> None:
+    """The root handler, whose every line loses credentials (a URL's password, token parameters): libraries
+    log URLs as given (agent.redact.RedactingFormatter)."""
+    from agent.redact import install_log_redaction
+
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    install_log_redaction()

@@ -18,6 +18,7 @@ from agent.engine.fetch import fetch, read_file
 from agent.engine.inspect import INSPECT_QUANTITIES, inspect
 from agent.engine.scrape import EngineParser
 from agent.errors import CollectorError
+from agent.redact import redact_text
 
 DEFAULT_INSPECT_TIMEOUT_S = 5.0
 KINDS = ENGINE_KIND_CHOICES  # "auto" and every adapter's kind
@@ -58,7 +59,7 @@ def register(app: typer.Typer) -> None:
             )
             result = inspect(current, base)
         except (CollectorError, ValueError) as exc:
-            typer.echo(f"inferwatch: {exc}", err=True)
+            typer.echo(redact_text(f"inferwatch: {exc}"), err=True)
             raise typer.Exit(1) from None
         if as_json:
             typer.echo(json.dumps(result, indent=2))

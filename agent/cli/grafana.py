@@ -36,6 +36,7 @@ def register(app: typer.Typer) -> None:
         Payloads target Grafana 11.6 (schemaVersion 41); Grafana older than 11.0 is refused.
         """
         from agent.assets import dashboards_dir
+        from agent.redact import redact_url
         from dashboards import load_all
         from exporters.grafana import GrafanaError, GrafanaPusher
         from exporters.grafana import push as do_push
@@ -51,7 +52,7 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(EXIT_USAGE)
             basic = (user, password)
         if not url.startswith(("http://", "https://")):
-            typer.echo(f"inferwatch: --url must start with http:// or https:// (got {url!r})", err=True)
+            typer.echo(f"inferwatch: --url must start with http:// or https:// (got {redact_url(url)!r})", err=True)
             raise typer.Exit(EXIT_USAGE)
         source = directory or dashboards_dir()
         try:
@@ -70,6 +71,7 @@ def register(app: typer.Typer) -> None:
         except GrafanaError as exc:
             typer.echo(f"inferwatch: {exc}", err=True)
             raise typer.Exit(EXIT_FAILED) from None
-        typer.echo(f"Grafana {version} at {url}, folder {folder!r}:")
+        shown = redact_url(url)  # printed: never the URL's credentials (http://admin:pw@grafana:3000)
+        typer.echo(f"Grafana {version} at {shown}, folder {folder!r}:")
         for r in results:
-            typer.echo(f"  {r.action:9} {r.uid:20} {r.title}  {url.rstrip('/')}{r.url}")
+            typer.echo(f"  {r.action:9} {r.uid:20} {r.title}  {shown.rstrip('/')}{r.url}")

@@ -82,6 +82,7 @@ def serve(settings: object) -> None:
             port=settings.listen_port,
             log_level="warning",
             access_log=False,
+            log_config=None,  # uvicorn's lines go through the root handler too: one format, credentials redacted
         )
     finally:
         agent.stop()

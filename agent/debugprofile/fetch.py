@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from agent.errors import CollectorError
+from agent.redact import redact_text, redact_url
 
 FETCH_REASONS = ("timeout", "connect", "http_status", "oversized", "not_json")
 
@@ -33,12 +34,13 @@ def fetch_json(
 ) -> Any:
     """GET ``url``; return the decoded JSON. Bounded by ``max_bytes`` and ``timeout_s`` overall."""
     deadline = time.monotonic() + timeout_s
+    shown = redact_url(url)  # what messages say: never the URL's credentials
     own = client is None
     http = client or httpx.Client(timeout=httpx.Timeout(timeout_s), follow_redirects=False)
     try:
         with http.stream("GET", url, headers=headers, timeout=timeout_s) as r:
             if r.status_code != 200:
-                raise ProfileFetchError("http_status", f"{url} answered HTTP {r.status_code}")
+                raise ProfileFetchError("http_status", f"{shown} answered HTTP {r.status_code}")
             declared = r.headers.get("content-length")
             if declared and declared.isdigit() and int(declared) > max_bytes:
                 raise ProfileFetchError("oversized", f"profile of {declared} bytes exceeds the cap of {max_bytes}")
@@ -50,13 +52,13 @@ def fetch_json(
                 if time.monotonic() > deadline:
                     raise ProfileFetchError("timeout", f"profile not received within {timeout_s:g}s")
     except httpx.TimeoutException as exc:
-        raise ProfileFetchError("timeout", f"{url} did not answer within {timeout_s:g}s") from exc
+        raise ProfileFetchError("timeout", f"{shown} did not answer within {timeout_s:g}s") from exc
     except httpx.TransportError as exc:
-        raise ProfileFetchError("connect", f"cannot reach {url}: {type(exc).__name__}: {exc}") from exc
+        raise ProfileFetchError("connect", redact_text(f"cannot reach {shown}: {type(exc).__name__}: {exc}")) from exc
     finally:
         if own:
             http.close()
     try:
         return json.loads(bytes(body).decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
-        raise ProfileFetchError("not_json", f"profile from {url} is not JSON ({len(body)} bytes): {exc}") from exc
+        raise ProfileFetchError("not_json", f"profile from {shown} is not JSON ({len(body)} bytes): {exc}") from exc

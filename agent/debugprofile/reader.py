@@ -25,6 +25,7 @@ from agent.debugprofile.fetch import FETCH_REASONS, ProfileFetchError, fetch_jso
 from agent.debugprofile.redaction import RedactionPolicy, load_or_create_key
 from agent.errors import NoDataError
 from agent.host.runtime import RuntimeLocator
+from agent.redact import redact_url
 from agent.samples import Finding
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ class ProfileReader:
                 "id": snap_id,
                 "captured_at": now,
                 "trigger": trigger,
-                "url": url,
+                "url": redact_url(url),
                 "outcome": outcome,
                 "error": {"reason": reason, "message": message} if reason else None,
                 "redaction": {"mode": policy.mode, "marker": "[REDACTED hmac:<hmac-sha256 of value, 16 hex>]"},
@@ -196,7 +197,7 @@ class ProfileReader:
         last = self.last
         if last is None:
             return []
-        ev: dict[str, object] = {"url": self.cfg.url, "snapshot": last.id}
+        ev: dict[str, object] = {"url": redact_url(self.cfg.url or ""), "snapshot": last.id}
         env = self.settings.node.environment
         if last.outcome == "error":
             ev["reason"] = last.reason

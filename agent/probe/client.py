@@ -18,6 +18,7 @@ import httpx
 
 from agent.probe.schema import OrderChecker, Violation, validate_payload
 from agent.probe.sse import SSEParser
+from agent.redact import redact_text, redact_url
 
 PROTOCOLS = ("openai", "anthropic")
 PATHS = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
@@ -220,7 +221,7 @@ def run_probe(
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
     target = endpoint(url, protocol)
-    result = ProbeResult(protocol, target)
+    result = ProbeResult(protocol, redact_url(target))  # what it reports: never the URL's credentials
     headers = {"accept": "text/event-stream", "content-type": "application/json"}
     if protocol == "anthropic":
         headers["anthropic-version"] = ANTHROPIC_VERSION
@@ -265,7 +266,7 @@ def run_probe(
         result.error_message = f"stream ended mid-way: {exc}"
     except httpx.TransportError as exc:
         result.error_type = "connect"
-        result.error_message = f"cannot reach {target}: {type(exc).__name__}: {exc}"
+        result.error_message = f"cannot reach {result.url}: {type(exc).__name__}: {exc}"
     finally:
         if own:
             http.close()
@@ -288,4 +289,6 @@ def run_probe(
         if result.error_message is None and result.error_type is None and result.text_events == 0:
             result.error_message = "stream carried no generated text"
     result.ok = result.status_code == 200 and result.error_type is None and not result.violations
+    if result.error_message:  # may quote the runtime's error body or an exception naming the URL
+        result.error_message = redact_text(result.error_message)
     return result

@@ -17,6 +17,7 @@ from typing import Any
 from agent.actions import pyspy
 from agent.actions.ring import FileRing, new_id, valid_id
 from agent.config import Settings
+from agent.errors import StorageError
 
 MAX_JOBS_KEPT = 100
 
@@ -101,6 +102,8 @@ class ProfileManager:
             done = replace(job, state="done", finished_at=time.time(), size_bytes=entry.size_bytes)
         except pyspy.PySpyError as exc:
             done = replace(job, state="failed", finished_at=time.time(), error=str(exc), error_kind=exc.kind)
+        except StorageError as exc:
+            done = replace(job, state="failed", finished_at=time.time(), error=str(exc), error_kind=exc.reason)
         except (OSError, ValueError) as exc:
             done = replace(job, state="failed", finished_at=time.time(), error=str(exc), error_kind="failed")
         with self._lock:

@@ -62,8 +62,18 @@ def build_settings(
         raise typer.Exit(2) from None
 
 
+# Libraries that log a line per request at INFO: httpx ("HTTP Request: GET ... 200", one per engine fetch,
+# probe and profile read) and httpcore under it, uvicorn's access log (one per API request). The agent says
+# what matters itself, once when a source starts failing and once when it recovers (agent.runner), so these
+# are held at WARNING whatever log_level is: their warnings and errors still show.
+QUIET_LIBRARY_LOGGERS = ("httpx", "httpcore", "uvicorn.access", "hpack", "urllib3")
+QUIET_LIBRARY_LEVEL = logging.WARNING
+
+
 def setup_logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for name in QUIET_LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(QUIET_LIBRARY_LEVEL)

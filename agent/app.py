@@ -61,6 +61,8 @@ class Agent:
             self.state.register(CollectorHealth("binary", plan.interval_s, settings.binary.timeout_s))
         self.state.add_listener(deps.snapshots.on_record)
         self.state.add_source("snapshots", deps.snapshots.samples)
+        if self.ctx.read_limits.hits is not None:
+            self.state.add_source("read_limits", self.ctx.read_limits.hits.samples)
         self.registry = make_registry(self.state)
         self.otlp: Any = None
         self.otlp_logs: Any = None

@@ -37,6 +37,13 @@ DEFAULT_ENGINE_MAX_LABEL_VALUE_BYTES = 1024  # model names and paths are far sho
 DEFAULT_ENGINE_MAX_LABEL_BYTES = 4096  # all names and values of one series together
 DEFAULT_ENGINE_MAX_MODELS = 64  # as receiver.max_models (the span path)
 DEFAULT_LISTEN_PORT = 9435
+# One read of a procfs/sysfs file (agent/host/procfs.py). meminfo is ~1.5 KiB, vmstat ~5 KiB, PSI ~150 B,
+# cgroup memory.stat ~2 KiB: 1 MiB is hundreds of times any real one. cpuinfo grows with the CPUs: the
+# largest block in tests/fixtures/cpuinfo is 2,187 bytes (Sapphire Rapids, every AVX-512/AMX flag), so a
+# 256-thread host is ~0.55 MiB and 1 MiB would refuse hosts past ~480 threads; 16 MiB fits ~7,600 such
+# CPUs, past the 4,096 of distribution kernels' NR_CPUS (8,192 with MAXSMP is ~17 MiB: raise it there).
+DEFAULT_MAX_PROCFS_READ_BYTES = 1 << 20
+DEFAULT_MAX_CPUINFO_READ_BYTES = 16 << 20
 DEFAULT_INTERVAL_S = 5.0
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_INACTIVE_FILE_THRESHOLD_BYTES = 1 << 30  # 1 GiB; relative to the model size, see runbooks
@@ -67,6 +74,13 @@ class CollectorSettings(_Section):
 class PathSettings(_Section):
     procfs: Path = Path("/proc")
     sysfs: Path = Path("/sys")
+
+
+class ReadLimitSettings(_Section):
+    """Bytes one read of a procfs/sysfs file may take (see the defaults' comment); more is refused, counted."""
+
+    max_file_bytes: int = Field(default=DEFAULT_MAX_PROCFS_READ_BYTES, ge=4096, le=1 << 30)
+    max_cpuinfo_bytes: int = Field(default=DEFAULT_MAX_CPUINFO_READ_BYTES, ge=4096, le=1 << 30)
 
 
 class RuntimeSettings(_Section):
@@ -328,6 +342,7 @@ class Settings(BaseSettings):
     scrape_wait_s: float = Field(default=2.0, gt=0, le=60)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     path: PathSettings = PathSettings()
+    read_limits: ReadLimitSettings = ReadLimitSettings()
     collectors: dict[str, CollectorSettings] = Field(default_factory=dict)
     runtime: RuntimeSettings = RuntimeSettings()
     node: NodeSettings = NodeSettings()

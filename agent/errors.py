@@ -4,6 +4,7 @@ InferwatchError
 ├── ConfigError              invalid configuration (CLI exit code 2)
 ├── CollectorError           a collector failed: unreadable input, bad data, remote error
 │   └── SourceFormatError    input parsed but not in the expected shape (garbage /metrics, bad JSON)
+│       └── ReadLimitError   a file is larger than the read limit that bounds it (names the setting)
 ├── NoDataError              expected absence: no GPU, no PSI, runtime not running; carries a hint
 ├── CatalogError             a sample that does not match the metric catalog
 ├── ToolError                an external program (py-spy, ldd) could not run or failed
@@ -33,6 +34,14 @@ class CollectorError(InferwatchError):
 
 class SourceFormatError(CollectorError):
     """A source answered, but not in the format we read (garbage exposition, non-JSON body, ...)."""
+
+
+class ReadLimitError(SourceFormatError):
+    """A file (procfs, sysfs) holds more than the limit on one read; ``limit`` names the setting."""
+
+    def __init__(self, message: str, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit
 
 
 class NoDataError(InferwatchError):

@@ -33,7 +33,11 @@ class CPUCollector(BaseCollector):
 
     def collect(self) -> Collection:
         cap = read_cpu_capability(
-            self.ctx.procfs, self.ctx.sysfs, self.ctx.settings.cpu.expect_features, self.ctx.cpu_probe
+            self.ctx.procfs,
+            self.ctx.sysfs,
+            self.ctx.settings.cpu.expect_features,
+            self.ctx.cpu_probe,
+            limits=self.ctx.read_limits,
         )
         info = cap.info
         model = cap.cpu_model

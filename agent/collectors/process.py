@@ -102,7 +102,7 @@ class ProcessCollector(BaseCollector):
                     )
                 )
         try:
-            cg = read_cgroup_memory(self.ctx.procfs, self.ctx.sysfs, proc.pid)
+            cg = read_cgroup_memory(self.ctx.procfs, self.ctx.sysfs, proc.pid, self.ctx.read_limits)
         except NoDataError as exc:
             details["cgroup"] = str(exc)
         else:

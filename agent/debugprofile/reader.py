@@ -24,6 +24,7 @@ from agent.debugprofile import process
 from agent.debugprofile.fetch import FETCH_REASONS, ProfileFetchError, fetch_json, parse_header
 from agent.debugprofile.redaction import RedactionPolicy, load_or_create_key
 from agent.errors import NoDataError, StorageError
+from agent.host.procfs import ReadLimits
 from agent.host.runtime import RuntimeLocator
 from agent.samples import Finding
 
@@ -159,7 +160,7 @@ class ProfileReader:
 
     def _enrichment(self, enrich: Enricher | None) -> dict[str, Any]:
         procfs = self.settings.path.procfs
-        out: dict[str, Any] = {"cpu": process.cpu_capability(procfs)}
+        out: dict[str, Any] = {"cpu": process.cpu_capability(procfs, ReadLimits.of(self.settings.read_limits))}
         try:
             pid = self.locator.find().pid
         except NoDataError as exc:

@@ -15,6 +15,7 @@ build scripts share the prefix (``INFERWATCH_SCENARIO``, ``INFERWATCH_LLAMA_AVX2
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import reprlib
 from collections.abc import Iterable, Mapping
@@ -57,6 +58,13 @@ DEFAULT_ENGINE_MAX_BYTES = 10 * 1024 * 1024  # 10 MiB; a 20,000-series vLLM expo
 # Where alert runbook links point: the agent serves runbooks/<AlertName>.md at /runbooks/<AlertName>. Rule files
 # fall back to the same default; set the Prometheus external label runbook_base to this value (docs/alerts.md).
 DEFAULT_RUNBOOKS_BASE_URL = "http://127.0.0.1:9435/runbooks"
+
+
+def http_url(v: str | None) -> str | None:
+    """``v`` when it is an http(s) URL (or unset); ValueError otherwise (file://, gopher://, a bare host)."""
+    if v and not v.lower().startswith(("http://", "https://")):
+        raise ValueError("must be an http:// or https:// URL")
+    return v
 
 
 class _Section(BaseModel):
@@ -152,9 +160,7 @@ class EngineSettings(_Section):
     @field_validator("metrics_url")
     @classmethod
     def _http_metrics_url(cls, v: str | None) -> str | None:
-        if v and not v.lower().startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return v
+        return http_url(v)
 
     @field_validator("kind")
     @classmethod
@@ -246,6 +252,8 @@ class RuntimeProfileSettings(_Section):
     allow_keys: list[str] = Field(default_factory=list)  # allowlist mode: keys (or dotted paths) kept verbatim
     gauge_fields: list[str] = Field(default_factory=lambda: list(DEFAULT_GAUGE_FIELDS))
 
+    _http_url = field_validator("url")(http_url)
+
     @field_validator("header")
     @classmethod
     def _header_shape(cls, v: str) -> str:
@@ -266,6 +274,8 @@ class ProbeSettings(_Section):
     prompt: str = "Say OK."
     max_tokens: int = Field(default=DEFAULT_PROBE_MAX_TOKENS, gt=0, le=256)
     max_bytes: int = Field(default=DEFAULT_PROBE_MAX_BYTES, gt=0, le=64 << 20)
+
+    _http_url = field_validator("url")(http_url)
 
 
 class ApiToken(_Section):
@@ -471,6 +481,21 @@ def _format_error(exc: ValidationError) -> str:
     return "invalid configuration: " + "; ".join(parts)
 
 
+def _bad_json_env(environ: Mapping[str, str]) -> str | None:
+    """ "VAR (field.path): not valid JSON (where)" for the first INFERWATCH_ variable holding broken JSON."""
+    for var in sorted(environ):
+        value = environ[var].strip()
+        if not var.upper().startswith(ENV_PREFIX) or not value.startswith(("[", "{")):
+            continue
+        try:
+            json.loads(value)
+        except ValueError as exc:
+            where = f"line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
+            field = var[len(ENV_PREFIX) :].lower().replace(ENV_NESTED_DELIMITER, ".")
+            return f"{var} ({field}): not valid JSON ({where}); a list or object setting takes JSON"
+    return None
+
+
 def check_env_names(environ: Mapping[str, str]) -> None:
     """Reject ``INFERWATCH_`` variables that name no setting (see the module docstring for which)."""
     fields = set(Settings.model_fields)
@@ -515,7 +540,7 @@ def load_settings(
     except ValidationError as exc:
         raise ConfigError(_format_error(exc)) from None
     except SettingsError as exc:  # a complex value (JSON) in the environment that does not parse
-        raise ConfigError(f"invalid configuration: {exc} (the {ENV_PREFIX}... value must be valid JSON)") from None
+        raise ConfigError(f"invalid configuration: {_bad_json_env(os.environ) or exc}") from None
     finally:
         _YamlSource.data = {}
     if collectors is not None:

@@ -117,7 +117,10 @@ class ProfileManager:
             return self._jobs.get(job_id)
 
     def result_path(self, job_id: str) -> Path | None:
-        entry = self.ring().get(job_id)
+        try:
+            entry = self.ring().get(job_id)
+        except (StorageError, OSError):  # the directory went away or became unreadable: the result is gone
+            return None
         return entry.path if entry else None
 
     def jobs(self) -> list[ProfileJob]:

@@ -101,6 +101,8 @@ class SnapshotStore:
             self.ring().put(data, ".json", str(meta.get("id")))
         except StorageError as exc:
             failure = exc
+        except ValueError as exc:  # an id the ring refuses: never from the reader, but never a listener crash
+            failure = StorageError("io_error", str(exc))
         self._note(failure)
         if self.log_sink is not None:
             try:

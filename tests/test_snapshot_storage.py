@@ -84,6 +84,9 @@ def agent_env(rt: FakeRuntime, tmp_path: Path, snap_dir: Path) -> dict[str, str]
 
 def test_a_file_size_limit_answers_507_leaves_nothing_and_recovers(rt: FakeRuntime, tmp_path: Path) -> None:
     snap_dir = tmp_path / "snap"
+    snap_dir.mkdir()
+    stale = snap_dir / ".000000000009-00112233445566778899aabbccddeeff.json.tmp"  # a write a crash cut
+    stale.write_bytes(b'{"meta": ')
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     cmd = with_fsize_limit(FSIZE_LIMIT_BYTES, *agent_cmd(port))
@@ -91,6 +94,7 @@ def test_a_file_size_limit_answers_507_leaves_nothing_and_recovers(rt: FakeRunti
     with running(cmd, log, cwd=ROOT, env=agent_env(rt, tmp_path, snap_dir)) as proc:
         rt.profile = SMALL_PROFILE
         wait_http(f"{base}/readyz", ok=lambda r: r.status_code == 200, proc=proc)  # the collector's first read
+        assert temp_files(snap_dir) == []  # swept at start
         first = httpx.post(f"{base}/api/v1/snapshots", headers=AUTH)
         assert first.status_code == 201, first.text
         stored = assert_listing_is_true(base)

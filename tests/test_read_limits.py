@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import time
+import tracemalloc
 from pathlib import Path
 
 import httpx
@@ -18,6 +19,7 @@ import pytest
 from agent.collectors.pagecache import PageCacheCollector
 from agent.config import load_settings
 from agent.errors import ConfigError, ReadLimitError
+from agent.host import runtime
 from agent.host.procfs import CPUINFO_LIMIT, FILE_LIMIT, LimitHits, ReadLimits
 from agent.wiring import collect_context
 from tests.conftest import PYTHON, ROOT, free_port
@@ -142,3 +144,24 @@ def test_a_large_regular_file_is_refused_unread(tmp_path: Path) -> None:
     with pytest.raises(ReadLimitError):
         limits.text(path, "cpuinfo", cpuinfo=True)
     assert time.monotonic() - started < 0.1
+
+
+def test_net_tcp_is_scanned_line_by_line_and_an_endless_one_is_bounded(tmp_path: Path) -> None:
+    """/proc/net/tcp is never read whole: an endless one (a link to /dev/zero) costs one line of memory."""
+    (tmp_path / "net").mkdir()
+    os.symlink("/dev/zero", tmp_path / "net" / "tcp")
+    (tmp_path / "net" / "tcp6").write_text(
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+        "   0: 0100007F:ZZZZ 00000000:0000 0A 00000000:00000000 00:00000000 00000000  0 0 111 1\n"
+        "   1: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  0 0 4242 1\n"
+    )
+    tracemalloc.start()
+    try:
+        started = time.monotonic()
+        assert runtime._listening_inodes(tmp_path, 8080) == {"4242"}
+        elapsed = time.monotonic() - started
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    print(f"endless /proc/net/tcp: {elapsed:.1f} s, peak {peak / 2**10:.0f} KiB")
+    assert peak < 1 << 20 and elapsed < 60

@@ -8,8 +8,10 @@ OpenTelemetry Collector). A *hardware type* is the tuple (machine type, CPU mode
 - the GPU model from the ``hw_model`` label of ``hw_gpu_memory_limit_bytes`` (NVML), ``none`` on CPU-only
   nodes;
 
-joined on ``instance`` (the agent's scrape target, one per node). The same PromQL feeds the Grafana
-"Hardware × model matrix" dashboard (dashboards/matrix.py), so the CLI and the panel cannot disagree.
+joined on ``instance`` (the agent's scrape target, one per node). The Grafana "Hardware × model matrix"
+dashboard (dashboards/matrix.py) reads the same three numbers from alerts/recording.rules.yml's
+``model_hardware`` records (``*_recorded``); ``fetch_matrix(recorded=True)`` (``inferwatch matrix --recorded``)
+reads those too, and tests/test_matrix.py checks the two forms agree on the same data.
 
 - TTFT P95: ``histogram_quantile(0.95, …)`` over the engine's TTFT buckets of every node of that hardware
   type, summed (a fleet-wide quantile, not an average of per-node quantiles);
@@ -180,23 +182,65 @@ def _key(item: dict[str, object]) -> tuple[str, Hardware] | None:
     return str(m["gen_ai_request_model"]), hw
 
 
+# The same three numbers from alerts/recording.rules.yml's model_hardware records (5 m rates pre-aggregated per
+# model and hardware type by Prometheus or vmalert): what the matrix dashboard reads, so a refresh at 1,000 nodes
+# reads one series per cell and bucket instead of every node's (docs/scaling.md). Over a window the recorded 5 m
+# rates are averaged (quantile of the averaged bucket rates, as over raw buckets); no job filter (the records
+# are fleet-wide: they keep no job label).
+RECORDED_TTFT_BUCKETS = "model_hardware_le:gen_ai_server_time_to_first_token_seconds_bucket:rate5m"
+RECORDED_TOKENS = "model_hardware:inferwatch_engine_generation_tokens_per_node:rate5m"
+RECORDED_NODES = "model_hardware:inferwatch_nodes_serving:count5m"
+
+
+def ttft_p95_recorded(window: str, model_selector: str = "") -> str:
+    return (
+        f"histogram_quantile(0.95, sum by (le, gen_ai_request_model, {_HW}) "
+        f"(avg_over_time({RECORDED_TTFT_BUCKETS}{_sel(model_selector)}[{window}])))"
+    )
+
+
+def tokens_recorded(window: str, model_selector: str = "") -> str:
+    return f"avg_over_time({RECORDED_TOKENS}{_sel(model_selector)}[{window}])"
+
+
+def nodes_recorded(window: str, model_selector: str = "") -> str:
+    return f"max_over_time({RECORDED_NODES}{_sel(model_selector)}[{window}])"
+
+
 def fetch_matrix(
-    prom: PrometheusClient, window: str = DEFAULT_WINDOW, selector: str = "", model_selector: str = ""
+    prom: PrometheusClient,
+    window: str = DEFAULT_WINDOW,
+    selector: str = "",
+    model_selector: str = "",
+    recorded: bool = False,
 ) -> Matrix:
-    """Run the three matrix queries and assemble the cells."""
+    """Run the three matrix queries and assemble the cells (``recorded``: from the recording rules' series,
+    which ignore ``selector``)."""
     window = validate_window(window)
+    if recorded:
+        queries = (
+            ttft_p95_recorded(window, model_selector),
+            tokens_recorded(window, model_selector),
+            nodes_recorded(window, model_selector),
+        )
+    else:
+        queries = (
+            ttft_p95_query(window, selector, model_selector),
+            tokens_query(window, selector, model_selector),
+            nodes_query(window, selector, model_selector),
+        )
     ttft: dict[tuple[str, Hardware], float | None] = {}
     tps: dict[tuple[str, Hardware], float | None] = {}
     nodes: dict[tuple[str, Hardware], int] = {}
-    for item in prom.query(ttft_p95_query(window, selector, model_selector)):
+    for item in prom.query(queries[0]):
         k = _key(item)
         if k:
             ttft[k] = _value(item)
-    for item in prom.query(tokens_query(window, selector, model_selector)):
+    for item in prom.query(queries[1]):
         k = _key(item)
         if k:
             tps[k] = _value(item)
-    for item in prom.query(nodes_query(window, selector, model_selector)):
+    for item in prom.query(queries[2]):
         k = _key(item)
         v = _value(item)
         if k and v is not None:

@@ -342,10 +342,13 @@ def engine_variables(include_node: bool = True) -> list[cogbuilder.Builder[dm.Va
 
 
 def quantiles(metric: str, sel: str, by: str = "instance, gen_ai_request_model") -> list[Target]:
-    """P50/P95/P99 of an engine histogram per model and node, as histogram_quantile computes them."""
+    """P50/P95/P99 of an engine histogram per model and node, from the 5 m bucket rates the recording rules keep
+    (``instance_model_le:<metric>_bucket:rate5m``, alerts/recording.rules.yml): one series per node, model and
+    bucket at query time instead of every raw bucket series over the panel's range."""
+    record = f"instance_model_le:{metric}_bucket:rate5m"
     return [
         Target(
-            f"histogram_quantile({q}, sum by (le, {by}) (rate({metric}_bucket{{{sel}}}[$__rate_interval])))",
+            f"histogram_quantile({q}, sum by (le, {by}) ({record}{{{sel}}}))",
             f"P{int(float(q) * 100)} {{{{gen_ai_request_model}}}} @ {{{{instance}}}}",
         )
         for q in ("0.5", "0.95", "0.99")

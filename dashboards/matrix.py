@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as dm
 
-from agent.matrix import nodes_query, tokens_query, ttft_p95_query
+from agent.matrix import nodes_recorded, tokens_recorded, ttft_p95_recorded
 from dashboards.common import (
-    SEL_JOB,
     Board,
     Target,
     describe,
@@ -55,13 +54,15 @@ def build() -> dm.Dashboard:
             "TTFT P95 by model × hardware",
             describe(
                 "Each cell: P95 time to first token of the row's model on every node of the column's hardware "
-                "type (machine type / CPU model / GPU model; 'none' = CPU only), from the summed engine "
-                "histograms over the dashboard's time range. Read across a row: the same model should order "
+                "type (machine type / CPU model / GPU model; 'none' = CPU only), from the engine histograms "
+                "summed over those nodes by the recording rules (alerts/recording.rules.yml, 5 m rates averaged "
+                "over the dashboard's time range; fleet-wide, the job filter does not apply). "
+                "Read across a row: the same model should order "
                 "hardware the same way everywhere; a cell out of line is a node problem, not a model one.",
                 "LatencyRegressionAfterNodeChange",
             ),
             "s",
-            [Target(_hardware_label(ttft_p95_query(_WINDOW, SEL_JOB, _MODEL)), instant=True, fmt="table")],
+            [Target(_hardware_label(ttft_p95_recorded(_WINDOW, _MODEL)), instant=True, fmt="table")],
             transformations=[_grid()],
         ),
         24,
@@ -77,7 +78,7 @@ def build() -> dm.Dashboard:
                 None,
             ),
             "suffix: tok/s",
-            [Target(_hardware_label(tokens_query(_WINDOW, SEL_JOB, _MODEL)), instant=True, fmt="table")],
+            [Target(_hardware_label(tokens_recorded(_WINDOW, _MODEL)), instant=True, fmt="table")],
             transformations=[_grid()],
         ),
         24,
@@ -95,9 +96,9 @@ def build() -> dm.Dashboard:
             ),
             "short",
             [
-                Target(ttft_p95_query(_WINDOW, SEL_JOB, _MODEL), instant=True, fmt="table"),
-                Target(tokens_query(_WINDOW, SEL_JOB, _MODEL), instant=True, fmt="table"),
-                Target(nodes_query(_WINDOW, SEL_JOB, _MODEL), instant=True, fmt="table"),
+                Target(ttft_p95_recorded(_WINDOW, _MODEL), instant=True, fmt="table"),
+                Target(tokens_recorded(_WINDOW, _MODEL), instant=True, fmt="table"),
+                Target(nodes_recorded(_WINDOW, _MODEL), instant=True, fmt="table"),
             ],
             transformations=[
                 merge(),

@@ -25,6 +25,9 @@ TAIL_RATIO_THRESHOLD = 3  # P99/P50 above 3: jitter that more replicas will not 
 FAST_BURN = 14.4  # spends 2 % of a 30-day budget in 1 h: pages (SRE workbook multiwindow, alerts/slo.rules.yml)
 SLOW_BURN = 6  # spends 5 % of the budget in 6 h: pages
 _BURN_WINDOWS = ("5m", "1h", "6h")
+TTFT_SLO = "ttft-500ms"
+AVAILABILITY_SLO = "availability-999"  # alerts/slo.yml: 99.9 % of inference requests answered without a 5xx
+FAST_ERROR_RATIO = 0.05  # its fast page, EngineErrorRateHigh: above 5 % over 5 m
 
 _TTFT = "gen_ai_server_time_to_first_token_seconds"
 _FINISHED = "inferwatch_engine_requests_finished_total"
@@ -33,8 +36,14 @@ _BY = "instance, gen_ai_request_model"
 
 def _burn(window: str) -> str:
     return (
-        f'slo:sli_error:ratio_rate{window}{{gen_ai_request_model=~"$model"}} '
+        f'slo:sli_error:ratio_rate{window}{{slo="{TTFT_SLO}", gen_ai_request_model=~"$model"}} '
         "/ on (slo) group_left () slo:error_budget:ratio"
+    )
+
+
+def _availability_burn(window: str) -> str:
+    return (
+        f'slo:sli_error:ratio_rate{window}{{slo="{AVAILABILITY_SLO}"}} / on (slo) group_left () slo:error_budget:ratio'
     )
 
 
@@ -51,8 +60,8 @@ def build() -> dm.Dashboard:
         ts(
             "Time to first token P50 / P95 / P99",
             describe(
-                "TTFT quantiles per model and node, computed with histogram_quantile over the engine's TTFT "
-                "buckets at the panel's rate interval. P99 far above P95 points at queueing or a slow node; "
+                "TTFT quantiles per model and node: histogram_quantile over the engine's TTFT buckets as 5 m "
+                "rates (recorded by alerts/recording.rules.yml). P99 far above P95 points at queueing or a slow node; "
                 f"the dashed line is the SLO threshold ({TTFT_SLO_THRESHOLD_S} s, alerts/slo.yml).",
                 "TTFTErrorBudgetBurn",
             ),
@@ -192,6 +201,42 @@ def build() -> dm.Dashboard:
         8,
     )
 
+    b.add(
+        ts(
+            "Engine error ratio (HTTP 5xx, availability SLO)",
+            describe(
+                f"Share of inference requests (handlers /v1/...) each engine answered with a 5xx, over 5 m and 1 h, "
+                f"from the engine's own http_requests_total (vLLM; the SLI of {AVAILABILITY_SLO} in alerts/slo.yml, "
+                f"legend: the engine's scrape address). Above {FAST_ERROR_RATIO:.0%} over 5 m for 1 m, "
+                "EngineErrorRateHigh pages (dashed line). Engines without HTTP metrics (TGI, llama.cpp) have none.",
+                "EngineErrorRateHigh",
+            ),
+            "percentunit",
+            [
+                Target(f'slo:sli_error:ratio_rate{w}{{slo="{AVAILABILITY_SLO}"}}', f"{w} {{{{instance}}}}")
+                for w in ("5m", "1h")
+            ],
+            steps=((None, "green"), (FAST_ERROR_RATIO, "red")),
+        ),
+        16,
+        8,
+    )
+    b.add(
+        stat_panel(
+            "Availability burn rate now (1 h)",
+            describe(
+                f"The 1-hour burn rate of {AVAILABILITY_SLO} per engine: green below {SLOW_BURN}, orange from "
+                f"{SLOW_BURN}, red from {FAST_BURN} (EngineErrorBudgetBurn pages there with the 5 m window).",
+                "EngineErrorBudgetBurn",
+            ),
+            "suffix:×",
+            [Target(_availability_burn("1h"), "{{instance}}", instant=True)],
+            steps=((None, "green"), (SLOW_BURN, "orange"), (FAST_BURN, "red")),
+        ),
+        8,
+        8,
+    )
+
     b.row("Traffic and errors")
     b.add(
         ts(
@@ -236,8 +281,8 @@ def build() -> dm.Dashboard:
             "Errors by reason",
             describe(
                 "Requests per second that did not finish normally (reason other than stop or length), by "
-                "reason. 'error' spends the availability budget; 'abort' is usually a client timeout caused by "
-                "high TTFT. No alert pages on errors alone; the TTFT SLO covers slow service.",
+                "reason, as the engine counts them. 'abort' is usually a client timeout caused by high TTFT. "
+                "Failures before the engine (HTTP 5xx) are in the availability panels above.",
                 None,
             ),
             "reqps",

@@ -22,11 +22,14 @@ from agent.matrix import (
     Hardware,
     Matrix,
     nodes_query,
+    nodes_recorded,
     to_csv,
     to_json,
     to_markdown,
     tokens_query,
+    tokens_recorded,
     ttft_p95_query,
+    ttft_p95_recorded,
     validate_window,
 )
 from tests.conftest import PYTHON, ROOT, free_port
@@ -64,8 +67,10 @@ def _series(instance: str, cpu: str, machine: str, buckets: dict[str, int], toke
     return out
 
 
-def test_matrix_queries_on_prometheus_engine(tmp_path: Path) -> None:
-    """Two H100 nodes and one CPU node: hardware join, fleet quantile, per-node token average, node count."""
+@pytest.mark.parametrize("recorded", [False, True], ids=["raw", "recorded"])
+def test_matrix_queries_on_prometheus_engine(tmp_path: Path, recorded: bool) -> None:
+    """Two H100 nodes and one CPU node: hardware join, fleet quantile, per-node token average, node count; the
+    raw queries (``inferwatch matrix``) and the recording rules' form (the dashboard, ``--recorded``) alike."""
     require("promtool")
     series = [
         # H100 nodes: every request within 50 ms; 600 and 1200 generated tokens per minute.
@@ -100,8 +105,12 @@ def test_matrix_queries_on_prometheus_engine(tmp_path: Path) -> None:
         return "{" + ", ".join(f'{k}="{v}"' for k, v in sorted({"gen_ai_request_model": MODEL, **d}.items())) + "}"
 
     sel = 'job="inferwatch-agent"'
+    if recorded:
+        ttft, tokens, nodes = ttft_p95_recorded("5m"), tokens_recorded("5m"), nodes_recorded("5m")
+    else:
+        ttft, tokens, nodes = ttft_p95_query("5m", sel), tokens_query("5m", sel), nodes_query("5m", sel)
     tests = {
-        "rule_files": [],
+        "rule_files": [str(ROOT / "alerts" / "recording.rules.yml")] if recorded else [],
         "evaluation_interval": "1m",
         "tests": [
             {
@@ -109,7 +118,7 @@ def test_matrix_queries_on_prometheus_engine(tmp_path: Path) -> None:
                 "input_series": series,
                 "promql_expr_test": [
                     {
-                        "expr": f"round({ttft_p95_query('5m', sel)}, 0.0001)",
+                        "expr": f"round({ttft}, 0.0001)",
                         "eval_time": "10m",
                         # P95 interpolated inside the first bucket (0..50 ms) and inside (100..500 ms].
                         "exp_samples": [
@@ -118,7 +127,7 @@ def test_matrix_queries_on_prometheus_engine(tmp_path: Path) -> None:
                         ],
                     },
                     {
-                        "expr": f"round({tokens_query('5m', sel)}, 0.0001)",
+                        "expr": f"round({tokens}, 0.0001)",
                         "eval_time": "10m",
                         # (10 + 20 tokens/s) / 2 nodes; 1 token/s.
                         "exp_samples": [
@@ -127,7 +136,7 @@ def test_matrix_queries_on_prometheus_engine(tmp_path: Path) -> None:
                         ],
                     },
                     {
-                        "expr": nodes_query("5m", sel),
+                        "expr": nodes,
                         "eval_time": "10m",
                         "exp_samples": [
                             {"labels": labels(hw_h100), "value": 2},

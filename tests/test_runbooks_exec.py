@@ -48,6 +48,9 @@ FAULTS: dict[str, str | None] = {
     "EngineHungButHealthy": "hang",
     "RuntimeProfileUnavailable": "debug_disabled",
     "RuntimeHardwareMismatch": "hardware_mismatch",
+    "EngineErrorRateHigh": "error_burst:rate=1",  # every request fails: the hand-made one too
+    "EngineErrorBudgetBurn": "error_burst:rate=1",
+    "RuntimeSIMDFallback": "simd_fallback",
 }
 EVIDENCE: dict[str, list[str]] = {
     "AgentDown": [r"down", r"Connection refused|Failed to connect"],  # run with that agent stopped
@@ -55,12 +58,19 @@ EVIDENCE: dict[str, list[str]] = {
     "CPUFeatureMissing": [r'"kernel_release"'],
     "DebugProfileEnabledInProduction": [r'^\{"', r"agent simulate .*--debug-profile"],  # a real profile, the flag
     "EngineDown": [r"^000 0 bytes"],  # run with the engine stopped
+    "EngineErrorBudgetBurn": [r'^http_requests_total\{.*status="5xx"'],
+    "EngineErrorRateHigh": [r'^http_requests_total\{.*status="5xx"', r"^HTTP 5\d\d$", r"scenario error_burst"],
     "EngineHungButHealthy": [r"agent simulate"],  # ps found the runtime by the agent's pid
     "LatencyBimodal": [r'"collectors"'],
     "LatencyRegressionAfterNodeChange": [r'"kernel_release"'],
     "PageCachePressureTailLatency": [r"Inactive\(file\)", r"some avg10="],
     "RuntimeHardwareMismatch": [r"every library of /\S+ resolves", r"compatible: True", r'"pid": \d+'],
-    "RuntimeProfileUnavailable": [r"^\{\}$"],  # the empty profile, asked for with the debug header
+    "RuntimeProfileUnavailable": [r"^\{\}$"],
+    "RuntimeSIMDFallback": [
+        r'^simd_features_active \["avx2", "fma"\]',
+        r'^inferwatch_runtime_profile_simd_inactive\{.*feature="avx512f".*\} 1\.0',
+        r"no ISA override",
+    ],  # the empty profile, asked for with the debug header
     "SIMDUnusedWhileServing": [r"^inferwatch_runtime_simd_capable"],
     "StreamSchemaViolation": [r"^VIOLATION choices and usage in one chunk", r"off-schema chunks; terminator present"],
     "TailLatencyRatioHigh": [r'"collectors"'],
@@ -142,7 +152,7 @@ class Stack:
     tmp: Path
 
     def scenario(self, name: str | None) -> None:
-        body = {"scenarios": [{"name": name}]} if name else {"scenarios": []}
+        body = {"scenarios": [name] if name else []}  # NAME or NAME:key=value,... as the simulator reads it
         auth = {"Authorization": f"Bearer {CONTROL_TOKEN}"}
         httpx.post(f"{self.sim_url}/control/scenario", json=body, headers=auth, timeout=10).raise_for_status()
 
@@ -178,6 +188,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         sim_port = free_port()
         sim_url = f"http://127.0.0.1:{sim_port}"
         sim_cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(sim_port), "--seed", "6", "--debug-profile"]
+        sim_cmd += [
+            "--hardware",
+            "sapphirerapids-cpu",
+        ]  # a CPU node: its profile lists SIMD features (RuntimeSIMDFallback)
         sim_cmd += ["--control-token", CONTROL_TOKEN, "--log-level", "warning"]
         sim = es.enter_context(running(sim_cmd, tmp / "sim.log", cwd=ROOT))
         agent_port, broken_port = free_port(), free_port()

@@ -154,3 +154,25 @@ def test_agent_keeps_serving_with_bad_profile_and_cut_stream(rt, tmp_path) -> No
         # no token configured (loopback): anonymous read only; snapshots and profiles need a token
         assert httpx.get(f"{base}/api/v1/snapshots").status_code == 401
         assert httpx.post(f"{base}/api/v1/profiles", json={"duration_s": 1}).status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("profile", "expected"),
+    [
+        (
+            {"simd_features_compiled": ["avx2", "avx512f"], "simd_features_active": ["avx2"]},
+            {"avx2": 0.0, "avx512f": 1.0},
+        ),
+        ({"simd_features_compiled": ["sve"], "simd_features_active": ["sve", "asimd"]}, {"sve": 0.0}),
+        ({"simd_features_compiled": ["avx2"]}, {}),  # no active list: no verdict
+        ({"simd_features_compiled": "avx2", "simd_features_active": []}, {}),  # not a list
+        ({"simd_features_compiled": ["avx2", 3], "simd_features_active": []}, {}),  # not strings
+        ({"simd_features_compiled": ["[REDACTED hmac:0123456789abcdef]"], "simd_features_active": []}, {}),  # too long
+        ([], {}),
+        (None, {}),
+    ],
+)
+def test_simd_inactive_reads_only_the_documented_shape(profile: object, expected: dict) -> None:
+    from agent.collectors.runtime_profile import simd_inactive
+
+    assert simd_inactive(profile) == expected

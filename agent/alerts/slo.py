@@ -1,9 +1,17 @@
 """Generate multiwindow, multi-burn-rate SLO alerts from ``alerts/slo.yml`` into ``alerts/slo.rules.yml``.
 
-Latency SLI from a classic histogram: error ratio = 1 − rate(bucket{le=T}) / rate(count), so T must be an
-exact bucket edge of the histogram (checked against the metric catalog), written as the agent's exporter
-writes ``le`` (``repr(float)``: ``0.5``, ``1.0``). Numbers are printed as written in the spec (decimal
-arithmetic: an objective of 0.999 gives an error budget of ``0.001``, never ``0.000999…``).
+Two kinds of SLI, both an error ratio recorded as ``slo:sli_error:ratio_rate<window>{slo=…}``:
+
+- ``latency`` (the default): from a classic histogram, error ratio = 1 − rate(bucket{le=T}) / rate(count), so T
+  must be an exact bucket edge of the histogram (checked against the metric catalog), written as the agent's
+  exporter writes ``le`` (``repr(float)``: ``0.5``, ``1.0``).
+- ``availability``: from two counter selectors, error ratio = rate(errors) / rate(total), e.g. the engine's
+  ``http_requests_total{status="5xx"}`` over ``http_requests_total`` (vLLM and SGLang expose it through
+  prometheus_fastapi_instrumentator). An availability SLO may add a ``fast_page``: a plain error-ratio alert over
+  a short window that pages a burst of failures within minutes, before the 1 h burn window has filled.
+
+Numbers are printed as written in the spec (decimal arithmetic: an objective of 0.999 gives an error budget of
+``0.001``, never ``0.000999…``).
 
     python -m agent.alerts.slo            # write alerts/slo.rules.yml
     python -m agent.alerts.slo --check    # exit 1 when the file differs from a fresh generation
@@ -31,6 +39,12 @@ SPEC_PATH = ROOT / "alerts" / "slo.yml"
 OUT_PATH = ROOT / "alerts" / "slo.rules.yml"
 PERIOD_DAYS = 30
 SLO_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+# A metric name with an optional label matcher list (what rate() takes): name{label op "value", ...}
+SELECTOR_RE = re.compile(
+    r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"]*"'
+    r'(\s*,\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"]*")*\s*,?\s*\})?$'
+)
+DURATION_RE = re.compile(r"^[1-9][0-9]*[smh]$")
 ALERT_NAME_RE = re.compile(r"^[A-Z][A-Za-z0-9]{0,127}$")
 LABEL_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
@@ -55,6 +69,18 @@ WINDOWS = (
     BurnWindow("1", "3d", "6h", "warning", "3h", "30 days"),
 )
 RECORD_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
+COMMON_KEYS = {"name", "alert", "kind", "description", "objective", "group_by", "min_requests_per_s"}
+KIND_KEYS = {"latency": {"histogram", "threshold_s"}, "availability": {"total", "errors", "fast_page"}}
+
+
+@dataclass(frozen=True, slots=True)
+class FastPage:
+    """An availability SLO's burst page: error ratio above ``error_ratio`` over ``window`` for ``for_``."""
+
+    alert: str
+    error_ratio: Decimal
+    window: str
+    for_: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +88,15 @@ class SLO:
     name: str
     alert: str
     description: str
-    histogram: str
-    threshold: Decimal  # seconds, as written
+    histogram: str  # latency: the histogram; availability: ""
+    threshold: Decimal  # latency: seconds, as written; availability: 0
     objective: Decimal
     group_by: tuple[str, ...]
     min_requests_per_s: Decimal
+    kind: str = "latency"  # latency | availability
+    total: str = ""  # availability: the counter selector of all requests
+    errors: str = ""  # availability: the counter selector of failed requests
+    fast_page: FastPage | None = None
 
     @property
     def budget(self) -> Decimal:
@@ -115,33 +145,32 @@ def parse_spec(data: Any) -> list[SLO]:
         where = f"slos[{i}]"
         if not isinstance(raw, dict):
             raise ConfigError(f"{where}: expected a mapping")
-        unknown = set(raw) - {
-            "name",
-            "alert",
-            "description",
-            "histogram",
-            "threshold_s",
-            "objective",
-            "group_by",
-            "min_requests_per_s",
-        }
+        kind = raw.get("kind", "latency")
+        if kind not in KIND_KEYS:
+            raise ConfigError(f"{where}.kind: {kind!r} must be one of {', '.join(sorted(KIND_KEYS))}")
+        unknown = set(raw) - COMMON_KEYS - KIND_KEYS[kind]
         if unknown:
-            raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+            raise ConfigError(f"{where}: unknown keys {sorted(unknown)} for a {kind} SLO")
         name = str(raw.get("name", ""))
         if not SLO_NAME_RE.match(name):
             raise ConfigError(f"{where}.name: {name!r} must be lower-case letters, digits and dashes")
-        alert = str(raw.get("alert", ""))
-        if not ALERT_NAME_RE.match(alert):
-            raise ConfigError(f"{where}.alert: {alert!r} must be a CamelCase alert name")
-        histogram = str(raw.get("histogram", ""))
-        threshold = _decimal(raw.get("threshold_s"), f"{where}.threshold_s")
-        buckets = histogram_buckets(histogram)
-        if float(threshold) not in buckets:
-            edges = ", ".join(repr(b) for b in buckets)
-            raise ConfigError(
-                f"{where}.threshold_s: {_fmt(threshold)} is not a bucket edge of {histogram} ({edges}); "
-                "a latency SLI needs an exact edge"
-            )
+        alert = _alert_name(raw.get("alert", ""), f"{where}.alert")
+        histogram, threshold, total, errors, fast = "", Decimal(0), "", "", None
+        if kind == "latency":
+            histogram = str(raw.get("histogram", ""))
+            threshold = _decimal(raw.get("threshold_s"), f"{where}.threshold_s")
+            buckets = histogram_buckets(histogram)
+            if float(threshold) not in buckets:
+                edges = ", ".join(repr(b) for b in buckets)
+                raise ConfigError(
+                    f"{where}.threshold_s: {_fmt(threshold)} is not a bucket edge of {histogram} ({edges}); "
+                    "a latency SLI needs an exact edge"
+                )
+        else:
+            total = _selector(raw.get("total"), f"{where}.total")
+            errors = _selector(raw.get("errors"), f"{where}.errors")
+            if "fast_page" in raw:
+                fast = _fast_page(raw["fast_page"], f"{where}.fast_page")
         objective = _decimal(raw.get("objective"), f"{where}.objective")
         if not Decimal(0) < objective < Decimal(1):
             raise ConfigError(f"{where}.objective: {objective} must be between 0 and 1 (e.g. 0.99)")
@@ -151,13 +180,62 @@ def parse_spec(data: Any) -> list[SLO]:
         floor = _decimal(raw.get("min_requests_per_s", 0), f"{where}.min_requests_per_s")
         if floor < 0:
             raise ConfigError(f"{where}.min_requests_per_s: must be >= 0")
+        description = str(raw.get("description", ""))
         out.append(
-            SLO(name, alert, str(raw.get("description", "")), histogram, threshold, objective, tuple(group_by), floor)
+            SLO(
+                name,
+                alert,
+                description,
+                histogram,
+                threshold,
+                objective,
+                tuple(group_by),
+                floor,
+                kind,
+                total,
+                errors,
+                fast,
+            )
         )
     names = [s.name for s in out]
     if len(set(names)) != len(names):
         raise ConfigError("SLO spec: duplicate slo names")
+    alerts = [s.alert for s in out] + [s.fast_page.alert for s in out if s.fast_page]
+    if len(set(alerts)) != len(alerts):
+        raise ConfigError("SLO spec: two SLOs (or an SLO and a fast_page) share an alert name")
     return out
+
+
+def _alert_name(value: Any, field: str) -> str:
+    alert = str(value)
+    if not ALERT_NAME_RE.match(alert):
+        raise ConfigError(f"{field}: {alert!r} must be a CamelCase alert name")
+    return alert
+
+
+def _selector(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not SELECTOR_RE.match(value.strip()):
+        raise ConfigError(f'{field}: expected a counter selector such as http_requests_total{{status="5xx"}}, '
+                          f"got {value!r}")  # fmt: skip
+    return value.strip()
+
+
+def _fast_page(raw: Any, where: str) -> FastPage:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping with alert, error_ratio, window, for")
+    unknown = set(raw) - {"alert", "error_ratio", "window", "for"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+    ratio = _decimal(raw.get("error_ratio"), f"{where}.error_ratio")
+    if not Decimal(0) < ratio < Decimal(1):
+        raise ConfigError(f"{where}.error_ratio: {ratio} must be between 0 and 1 (e.g. 0.05)")
+    window, for_ = str(raw.get("window", "")), str(raw.get("for", ""))
+    for field, value in (("window", window), ("for", for_)):
+        if not DURATION_RE.match(value):
+            raise ConfigError(f"{where}.{field}: {value!r} must be a duration such as 5m")
+    if window not in RECORD_WINDOWS:
+        raise ConfigError(f"{where}.window: {window} must be one of the recorded windows {', '.join(RECORD_WINDOWS)}")
+    return FastPage(_alert_name(raw.get("alert", ""), f"{where}.alert"), ratio, window, for_)
 
 
 def _q(s: str) -> str:
@@ -168,6 +246,56 @@ def _q(s: str) -> str:
 def _threshold_text(slo: SLO) -> str:
     t = slo.threshold
     return f"{_fmt(t * 1000)}ms" if t < 1 else f"{_fmt(t)}s"
+
+
+def _total(slo: SLO) -> str:
+    return slo.total if slo.kind == "availability" else f"{slo.histogram}_count"
+
+
+def _sli_lines(slo: SLO, by: str, rw: str) -> list[str]:
+    if slo.kind == "availability":
+        # no series for failures until the first one (prometheus_fastapi_instrumentator): 0, not absent
+        return [
+            "        expr: |",
+            f"          (sum by ({by}) (rate({slo.errors}[{rw}])) or 0 * sum by ({by}) (rate({slo.total}[{rw}])))",
+            f"          / sum by ({by}) (rate({slo.total}[{rw}]))",
+        ]
+    return [
+        "        expr: |",
+        "          1 - (",
+        f'            sum by ({by}) (rate({slo.histogram}_bucket{{le="{slo.le}"}}[{rw}]))',
+        f"            / sum by ({by}) (rate({slo.histogram}_count[{rw}]))",
+        "          )",
+    ]
+
+
+def _subject(slo: SLO) -> str:
+    if "gen_ai_request_model" in slo.group_by:
+        return "{{ $labels.gen_ai_request_model }}"
+    if "instance" in slo.group_by:
+        return "{{ $labels.instance }}"
+    return "all models" if slo.kind == "latency" else "all engines"
+
+
+def _burn_summary(slo: SLO) -> str:
+    if slo.kind == "availability":
+        return "The availability SLO error budget is burning too fast."
+    return "The TTFT SLO error budget is burning too fast."
+
+
+def _burn_description(slo: SLO, w: BurnWindow) -> str:
+    pct = _fmt(slo.objective * 100)
+    tail = f"At {w.factor}x the 30-day error budget is gone in {w.exhaustion}."
+    if slo.kind == "availability":
+        return (
+            f"{_subject(slo)}: {{{{ $value | humanizePercentage }}}} of requests failed over the last {w.long} "
+            f"(and over {w.short}); SLO {slo.name}: {pct}% succeed. {tail}"
+        )
+    thr = _threshold_text(slo)
+    return (
+        f"{_subject(slo)}: {{{{ $value | humanizePercentage }}}} of requests took longer than {thr} to the "
+        f"first token over the last {w.long} (and over {w.short}); SLO {slo.name}: {pct}% within {thr}. {tail}"
+    )
 
 
 def render(slos: list[SLO], spec_name: str = "alerts/slo.yml") -> str:
@@ -181,17 +309,12 @@ def render(slos: list[SLO], spec_name: str = "alerts/slo.yml") -> str:
         sel = f'{{slo="{slo.name}"}}'
         lines += [f"  - name: {links.SLO_GROUP_PREFIX}{slo.name}-sli", "    rules:"]
         for rw in RECORD_WINDOWS:
+            lines += [f"      - record: slo:sli_error:ratio_rate{rw}", f"        labels: {{slo: {slo.name}}}"]
+            lines += _sli_lines(slo, by, rw)
             lines += [
-                f"      - record: slo:sli_error:ratio_rate{rw}",
-                f"        labels: {{slo: {slo.name}}}",
-                "        expr: |",
-                "          1 - (",
-                f'            sum by ({by}) (rate({slo.histogram}_bucket{{le="{slo.le}"}}[{rw}]))',
-                f"            / sum by ({by}) (rate({slo.histogram}_count[{rw}]))",
-                "          )",
                 f"      - record: slo:sli_requests:rate{rw}",
                 f"        labels: {{slo: {slo.name}}}",
-                f"        expr: sum by ({by}) (rate({slo.histogram}_count[{rw}]))",
+                f"        expr: sum by ({by}) (rate({_total(slo)}[{rw}]))",
             ]
         lines += [
             "      - record: slo:objective:ratio",
@@ -204,9 +327,7 @@ def render(slos: list[SLO], spec_name: str = "alerts/slo.yml") -> str:
         alerts_group = f"{links.SLO_GROUP_PREFIX}{slo.name}-alerts"
         lines += [f"  - name: {alerts_group}", "    rules:"]
         budget = _fmt(slo.budget)
-        pct = _fmt(slo.objective * 100)
-        thr = _threshold_text(slo)
-        model = "{{ $labels.gen_ai_request_model }}" if "gen_ai_request_model" in slo.group_by else "all models"
+        floor = _fmt(slo.min_requests_per_s)
         for w in WINDOWS:
             lines += [
                 f"      - alert: {slo.alert}",
@@ -214,7 +335,7 @@ def render(slos: list[SLO], spec_name: str = "alerts/slo.yml") -> str:
                 "        expr: |",
                 f"          slo:sli_error:ratio_rate{w.long}{sel} > ({w.factor} * {budget})",
                 f"          and slo:sli_error:ratio_rate{w.short}{sel} > ({w.factor} * {budget})",
-                f"          and slo:sli_requests:rate{w.short}{sel} >= {_fmt(slo.min_requests_per_s)}",
+                f"          and slo:sli_requests:rate{w.short}{sel} >= {floor}",
                 f"        for: {w.for_}",
                 "        labels:",
                 f"          severity: {w.severity}",
@@ -222,14 +343,31 @@ def render(slos: list[SLO], spec_name: str = "alerts/slo.yml") -> str:
                 f"          short: {w.short}",
                 f'          burn_rate: "{w.factor}"',
                 "        annotations:",
-                f"          summary: {_q('The TTFT SLO error budget is burning too fast.')}",
+                f"          summary: {_q(_burn_summary(slo))}",
+                f"          description: {_q(_burn_description(slo, w))}",
+                *links.annotation_lines(slo.alert, alerts_group, "          "),
+            ]
+        if slo.fast_page is not None:
+            fp = slo.fast_page
+            ratio = _fmt(fp.error_ratio)
+            lines += [
+                f"      - alert: {fp.alert}",
+                f"        # a burst of failures pages within minutes, before the {WINDOWS[0].long} burn window fills.",
+                "        expr: |",
+                f"          slo:sli_error:ratio_rate{fp.window}{sel} > {ratio}",
+                f"          and slo:sli_requests:rate{fp.window}{sel} >= {floor}",
+                f"        for: {fp.for_}",
+                "        labels:",
+                "          severity: critical",
+                "        annotations:",
+                f"          summary: {_q('Requests to the engine are failing.')}",
                 "          description: "
                 + _q(
-                    f"{model}: {{{{ $value | humanizePercentage }}}} of requests took longer than {thr} to the "
-                    f"first token over the last {w.long} (and over {w.short}); SLO {slo.name}: {pct}% within {thr}. "
-                    f"At {w.factor}x the 30-day error budget is gone in {w.exhaustion}."
+                    f"{_subject(slo)}: {{{{ $value | humanizePercentage }}}} of requests failed over the last "
+                    f"{fp.window} (page above {_fmt(fp.error_ratio * 100)}%); SLO {slo.name}: "
+                    f"{_fmt(slo.objective * 100)}% succeed."
                 ),
-                *links.annotation_lines(slo.alert, alerts_group, "          "),
+                *links.annotation_lines(fp.alert, alerts_group, "          "),
             ]
     return "\n".join(lines) + "\n"
 

@@ -34,6 +34,15 @@ METRICS = (
         ("reason",),
     ),
     MetricSpec(
+        "inferwatch.runtime.profile.simd_inactive",
+        Kind.GAUGE,
+        "",
+        "1 for each SIMD feature the runtime's profile lists as compiled in (simd_features_compiled) but not "
+        "active in the kernels it runs (simd_features_active): a fallback to a narrower code path, ~20 % slower "
+        "with no error; 0 for the compiled features that are active. Absent when the profile has no such fields.",
+        ("feature",),
+    ),
+    MetricSpec(
         "inferwatch.probe.success", Kind.GAUGE, "", "1 when the last synthetic stream completed cleanly.", ("protocol",)
     ),
     MetricSpec(

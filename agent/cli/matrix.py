@@ -17,6 +17,12 @@ def register(app: typer.Typer) -> None:
             None, "--job", help="Only series of this Prometheus job (when the agent's data arrives twice)."
         ),
         timeout: float = typer.Option(10.0, "--timeout", help="HTTP timeout, seconds."),
+        recorded: bool = typer.Option(
+            False,
+            "--recorded",
+            help="Read the recording rules' model_hardware series (alerts/recording.rules.yml evaluated by the fleet "
+            "storage's ruler), as the matrix dashboard does; --job does not apply.",
+        ),
     ) -> None:
         """TTFT P95 and generation tokens/s per model (rows) on each hardware type (columns).
 
@@ -47,7 +53,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         client = PrometheusClient(prometheus, timeout_s=timeout)
         try:
-            m = fetch_matrix(client, window, selector=f'job="{job}"' if job else "")
+            m = fetch_matrix(client, window, selector=f'job="{job}"' if job else "", recorded=recorded)
         except MatrixError as exc:
             typer.echo(f"inferwatch: {exc}", err=True)
             raise typer.Exit(1) from None

@@ -17,7 +17,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -186,8 +186,13 @@ def _binary(name: str) -> str:
 
 
 @contextlib.contextmanager
-def pipeline(workdir: Path, sink: Sink, agent_ports: list[int], runbook_base: str) -> Iterator[Pipeline]:
-    """Start Alertmanager and Prometheus on free ports with the repo's files; stop both on exit."""
+def pipeline(
+    workdir: Path, sink: Sink, agent_ports: list[int], runbook_base: str, engine_ports: Sequence[int] = ()
+) -> Iterator[Pipeline]:
+    """Start Alertmanager and Prometheus on free ports with the repo's files; stop both on exit.
+
+    ``engine_ports``: engines Prometheus scrapes itself (job ``engine``, as deploy/prometheus.yml does), for the
+    rules that read an engine's own series (the availability SLO's ``http_requests_total``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     rules_dir = workdir / "rules"
     rules_dir.mkdir(exist_ok=True)
@@ -210,6 +215,9 @@ def pipeline(workdir: Path, sink: Sink, agent_ports: list[int], runbook_base: st
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
         "scrape_configs": [{"job_name": "inferwatch-agent", "file_sd_configs": [{"files": [str(targets)]}]}],
     }
+    if engine_ports:
+        engines = [f"127.0.0.1:{p}" for p in engine_ports]
+        prom_cfg["scrape_configs"].append({"job_name": "engine", "static_configs": [{"targets": engines}]})
     prom_yml = workdir / "prometheus.yml"
     prom_yml.write_text(yaml.safe_dump(prom_cfg, sort_keys=False))
     am_url, prom_url = f"http://127.0.0.1:{am_port}", f"http://127.0.0.1:{prom_port}"

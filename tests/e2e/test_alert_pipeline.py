@@ -53,6 +53,8 @@ SCENARIOS = (
     "tail_ratio",
     "pagecache_pressure",
     "slo_burn",
+    "error_rate",
+    "simd_fallback",
 )
 
 
@@ -256,6 +258,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         sim_hang = _start_simulator(stack, tmp, "sim-hang")
         sim_hw = _start_simulator(stack, tmp, "sim-hw")
         sim_debug = _start_simulator(stack, tmp, "sim-debug", "--debug-profile", "--scenario", "debug_disabled")
+        sim_simd = _start_simulator(stack, tmp, "sim-simd", "--debug-profile", "--hardware", "sapphirerapids-cpu")
+        sim_errors = _start_simulator(stack, tmp, "sim-errors")  # Prometheus scrapes it (availability SLO)
         sim_bimodal_spans = free_port()
         # Like vLLM, the simulator puts no model on its spans; the agent here has no engine URL to name the
         # model, so the process is tagged the documented way (docs/analytics.md).
@@ -319,6 +323,16 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
                     "INFERWATCH_RUNTIME_PROFILE__INTERVAL_S": "1",
                 },
             ),
+            "simd_fallback": _start_agent(
+                stack,
+                tmp,
+                "simd_fallback",
+                _procfs(tmp / "simd_fallback"),
+                env={
+                    "INFERWATCH_RUNTIME_PROFILE__URL": f"{sim_simd.url}/debug/runtime_profile",
+                    "INFERWATCH_RUNTIME_PROFILE__INTERVAL_S": "1",
+                },
+            ),
             "bimodal": _start_agent(
                 stack,
                 tmp,
@@ -346,15 +360,15 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             ),
         }
         _wait_agents(list(agents.values()))
-        for sim in (sim_hw, sim_debug):
+        for sim in (sim_hw, sim_debug, sim_simd):
             wait_http(f"{sim.url}/health", proc=sim.proc, timeout_s=60)
-        for sim, rate in ((sim_hang, 4), (sim_bimodal, 10)):
+        for sim, rate in ((sim_hang, 4), (sim_bimodal, 10), (sim_errors, 4)):
             wait_http(f"{sim.url}/health", proc=sim.proc, timeout_s=60)
             _start_loadgen(stack, tmp, sim, rate)
 
         runbook_base = f"{agents['healthy'].url}/runbooks"
         fleet = [a.port for n, a in agents.items() if n != "cpu"]
-        pl = stack.enter_context(pipeline(tmp / "pipeline", sink, fleet, runbook_base))
+        pl = stack.enter_context(pipeline(tmp / "pipeline", sink, fleet, runbook_base, [sim_errors.port]))
         r = Run(sink, pl, agents)
         # The pipeline is live once the always-firing Watchdog reaches the dead-man's switch.
         r.watchdog = sink.wait_for(lambda d: d.alertname == "Watchdog", DELIVERY_TIMEOUT_S)
@@ -428,6 +442,19 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         # The same 15% of requests over 500 ms is a 15x burn of the ttft-500ms SLO (budget 1%): a fleet-level page.
         r.injected["slo_burn"] = r.injected["tail_ratio"]
         r.expected["slo_burn"] = Expect("TTFTErrorBudgetBurn", "", "pagerduty", f"{VLLM_MODEL}: ")
+        # 30% of requests answered 500 before the engine: the availability SLO's fast page and its 14.4x burn,
+        # both about the engine's scrape address (Prometheus reads its http_requests_total itself).
+        sim_errors.control({"enable": {"name": "error_burst", "params": {"rate": 0.3}}})
+        engine_instance = f"127.0.0.1:{sim_errors.port}"
+        inject(
+            "error_rate",
+            Expect("EngineErrorRateHigh", engine_instance, "pagerduty", "of requests failed over the last"),
+        )
+        sim_simd.control({"enable": "simd_fallback"})  # the profile: compiled avx512f/amx, active avx2 + fma
+        inject(
+            "simd_fallback",
+            Expect("RuntimeSIMDFallback", agents["simd_fallback"].instance, "ticket", "which they were compiled for"),
+        )
         sim_hw.control({"enable": "hardware_mismatch"})  # every request: HTTP 400, error type hardware_mismatch
         inject(
             "hardware_mismatch",
@@ -519,6 +546,23 @@ def test_pitfall_reaches_exactly_its_receiver_with_runbook_and_evidence(run: Run
         (x.receiver, x.alertname) for x in run.sink.snapshot() if x.instance == e.instance and x.alertname != "Watchdog"
     }
     assert from_node == {(e.receiver, e.alertname)}  # exactly this alert (EngineDown inhibits its CollectorFailing)
+
+
+def test_an_error_burst_and_its_budget_burn_are_one_incident(run: Run) -> None:
+    """The availability SLO's burn page fires too (Prometheus), but shares the fast page's PagerDuty incident."""
+    instance = run.expected["error_rate"].instance
+    deadline = time.monotonic() + DELIVERY_TIMEOUT_S
+    burning: list[dict[str, Any]] = []
+    while time.monotonic() < deadline and not burning:
+        burning = run.pipeline.query(
+            f'ALERTS{{alertname="EngineErrorBudgetBurn",instance="{instance}",alertstate="firing",burn_rate="14.4"}}'
+        )
+        time.sleep(0.5)
+    assert burning, "the 14.4x availability burn never fired for the failing engine"
+    time.sleep(12)  # past the route's group_wait: a separate group would have paged by now
+    pages = [d for d in run.sink.snapshot() if d.instance == instance and d.receiver == "pagerduty"]
+    assert pages and {d.body["dedup_key"] for d in pages} == {pages[0].body["dedup_key"]}, pages
+    assert pages[0].alertname == "EngineErrorRateHigh"  # the fast page opened the incident
 
 
 def test_engine_down_inhibits_its_collector_failure(run: Run) -> None:

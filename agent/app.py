@@ -60,6 +60,9 @@ class Agent:
             plan = schedule("binary", settings)
             self.state.register(CollectorHealth("binary", plan.interval_s, settings.binary.timeout_s))
         self.state.add_listener(deps.snapshots.on_record)
+        self.state.add_source("snapshots", deps.snapshots.samples)
+        if self.ctx.read_limits.hits is not None:
+            self.state.add_source("read_limits", self.ctx.read_limits.hits.samples)
         self.registry = make_registry(self.state)
         self.otlp: Any = None
         self.otlp_logs: Any = None
@@ -78,6 +81,9 @@ class Agent:
             if self._started:
                 return
             self._started = True
+        swept = self.deps.snapshots.sweep()  # temp files of writes a crash interrupted
+        if swept:
+            log.info("removed %d unfinished snapshot temp files from %s", swept, self.deps.snapshots.directory)
         if self.settings.otlp_enabled():
             from exporters.otlp import OTLPExporter, build_resource, make_exporter
 

@@ -15,6 +15,7 @@ build scripts share the prefix (``INFERWATCH_SCENARIO``, ``INFERWATCH_LLAMA_AVX2
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import reprlib
 from collections.abc import Iterable, Mapping
@@ -38,6 +39,13 @@ DEFAULT_ENGINE_MAX_LABEL_VALUE_BYTES = 1024  # model names and paths are far sho
 DEFAULT_ENGINE_MAX_LABEL_BYTES = 4096  # all names and values of one series together
 DEFAULT_ENGINE_MAX_MODELS = 64  # as receiver.max_models (the span path)
 DEFAULT_LISTEN_PORT = 9435
+# One read of a procfs/sysfs file (agent/host/procfs.py). meminfo is ~1.5 KiB, vmstat ~5 KiB, PSI ~150 B,
+# cgroup memory.stat ~2 KiB: 1 MiB is hundreds of times any real one. cpuinfo grows with the CPUs: the
+# largest block in tests/fixtures/cpuinfo is 2,187 bytes (Sapphire Rapids, every AVX-512/AMX flag), so a
+# 256-thread host is ~0.55 MiB and 1 MiB would refuse hosts past ~480 threads; 16 MiB fits ~7,600 such
+# CPUs, past the 4,096 of distribution kernels' NR_CPUS (8,192 with MAXSMP is ~17 MiB: raise it there).
+DEFAULT_MAX_PROCFS_READ_BYTES = 1 << 20
+DEFAULT_MAX_CPUINFO_READ_BYTES = 16 << 20
 DEFAULT_INTERVAL_S = 5.0
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_INACTIVE_FILE_THRESHOLD_BYTES = 1 << 30  # 1 GiB; relative to the model size, see runbooks
@@ -51,6 +59,13 @@ DEFAULT_ENGINE_MAX_BYTES = 10 * 1024 * 1024  # 10 MiB; a 20,000-series vLLM expo
 # Where alert runbook links point: the agent serves runbooks/<AlertName>.md at /runbooks/<AlertName>. Rule files
 # fall back to the same default; set the Prometheus external label runbook_base to this value (docs/alerts.md).
 DEFAULT_RUNBOOKS_BASE_URL = "http://127.0.0.1:9435/runbooks"
+
+
+def http_url(v: str | None) -> str | None:
+    """``v`` when it is an http(s) URL (or unset); ValueError otherwise (file://, gopher://, a bare host)."""
+    if v and not v.lower().startswith(("http://", "https://")):
+        raise ValueError("must be an http:// or https:// URL")
+    return v
 
 
 class _Section(BaseModel):
@@ -68,6 +83,13 @@ class CollectorSettings(_Section):
 class PathSettings(_Section):
     procfs: Path = Path("/proc")
     sysfs: Path = Path("/sys")
+
+
+class ReadLimitSettings(_Section):
+    """Bytes one read of a procfs/sysfs file may take (see the defaults' comment); more is refused, counted."""
+
+    max_file_bytes: int = Field(default=DEFAULT_MAX_PROCFS_READ_BYTES, ge=4096, le=1 << 30)
+    max_cpuinfo_bytes: int = Field(default=DEFAULT_MAX_CPUINFO_READ_BYTES, ge=4096, le=1 << 30)
 
 
 class RuntimeSettings(_Section):
@@ -139,9 +161,7 @@ class EngineSettings(_Section):
     @field_validator("metrics_url")
     @classmethod
     def _http_metrics_url(cls, v: str | None) -> str | None:
-        if v and not v.lower().startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return v
+        return http_url(v)
 
     @field_validator("kind")
     @classmethod
@@ -233,6 +253,8 @@ class RuntimeProfileSettings(_Section):
     allow_keys: list[str] = Field(default_factory=list)  # allowlist mode: keys (or dotted paths) kept verbatim
     gauge_fields: list[str] = Field(default_factory=lambda: list(DEFAULT_GAUGE_FIELDS))
 
+    _http_url = field_validator("url")(http_url)
+
     @field_validator("header")
     @classmethod
     def _header_shape(cls, v: str) -> str:
@@ -253,6 +275,8 @@ class ProbeSettings(_Section):
     prompt: str = "Say OK."
     max_tokens: int = Field(default=DEFAULT_PROBE_MAX_TOKENS, gt=0, le=256)
     max_bytes: int = Field(default=DEFAULT_PROBE_MAX_BYTES, gt=0, le=64 << 20)
+
+    _http_url = field_validator("url")(http_url)
 
 
 class ApiToken(_Section):
@@ -329,6 +353,7 @@ class Settings(BaseSettings):
     scrape_wait_s: float = Field(default=2.0, gt=0, le=60)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     path: PathSettings = PathSettings()
+    read_limits: ReadLimitSettings = ReadLimitSettings()
     collectors: dict[str, CollectorSettings] = Field(default_factory=dict)
     runtime: RuntimeSettings = RuntimeSettings()
     node: NodeSettings = NodeSettings()
@@ -460,6 +485,21 @@ def _format_error(exc: ValidationError) -> str:
     return "invalid configuration: " + "; ".join(parts)
 
 
+def _bad_json_env(environ: Mapping[str, str]) -> str | None:
+    """ "VAR (field.path): not valid JSON (where)" for the first INFERWATCH_ variable holding broken JSON."""
+    for var in sorted(environ):
+        value = environ[var].strip()
+        if not var.upper().startswith(ENV_PREFIX) or not value.startswith(("[", "{")):
+            continue
+        try:
+            json.loads(value)
+        except ValueError as exc:
+            where = f"line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
+            field = var[len(ENV_PREFIX) :].lower().replace(ENV_NESTED_DELIMITER, ".")
+            return f"{var} ({field}): not valid JSON ({where}); a list or object setting takes JSON"
+    return None
+
+
 def check_env_names(environ: Mapping[str, str]) -> None:
     """Reject ``INFERWATCH_`` variables that name no setting (see the module docstring for which)."""
     fields = set(Settings.model_fields)
@@ -504,7 +544,7 @@ def load_settings(
     except ValidationError as exc:
         raise ConfigError(_format_error(exc)) from None
     except SettingsError as exc:  # a complex value (JSON) in the environment that does not parse
-        raise ConfigError(f"invalid configuration: {exc} (the {ENV_PREFIX}... value must be valid JSON)") from None
+        raise ConfigError(f"invalid configuration: {_bad_json_env(os.environ) or exc}") from None
     finally:
         _YamlSource.data = {}
     if collectors is not None:

@@ -87,7 +87,7 @@ def check_require(deps: Deps, require: Sequence[str]) -> list[Finding]:
     s = deps.settings
     try:
         src = deps.sources
-        cap = read_cpu_capability(src.procfs, src.sysfs, s.cpu.expect_features, src.cpu_probe)
+        cap = read_cpu_capability(src.procfs, src.sysfs, s.cpu.expect_features, src.cpu_probe, limits=src.read_limits)
     except NoDataError as exc:
         return [Finding("cpu.require", "fail", f"cannot check required CPU features: {exc}", {"hint": exc.hint})]
     return [require_verdict(cap, list(require))]

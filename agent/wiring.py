@@ -27,6 +27,7 @@ from agent.config import Settings
 from agent.debugprofile.reader import ProfileReader
 from agent.host.cpuprobe import CpuProbe, SyscallCpuProbe
 from agent.host.nvml import NVMLClient, PynvmlClient
+from agent.host.procfs import LimitHits, ReadLimits
 from agent.host.runtime import RuntimeLocator
 from agent.state import AgentState
 
@@ -80,6 +81,7 @@ def build_deps(
         locator=locator,
         profile_reader=reader,
         engine_http=engine_http,
+        read_limits=ReadLimits.of(settings.read_limits, LimitHits()),
     )
     return Deps(
         settings=settings,

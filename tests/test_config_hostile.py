@@ -59,7 +59,17 @@ def test_non_http_engine_urls_fail_at_start(url: str) -> None:
     assert "engine.metrics_url" in got.stderr and "Traceback" not in got.stderr
 
 
+@pytest.mark.parametrize("field", ["probe.url", "runtime_profile.url"])
+@pytest.mark.parametrize("url", ["file:///etc/passwd", "gopher://127.0.0.1:70/"])
+def test_non_http_runtime_urls_fail_at_start(field: str, url: str) -> None:
+    section, key = field.split(".")
+    got = run_agent({f"INFERWATCH_{section.upper()}__{key.upper()}": url})
+    assert got.returncode == 2, got.stderr
+    assert field in got.stderr and "http://" in got.stderr and "Traceback" not in got.stderr
+
+
 def test_malformed_tokens_json_names_the_field() -> None:
     got = run_agent({"INFERWATCH_API__TOKENS": '[{"token": '})
     assert got.returncode == 2, got.stderr
-    assert '"api"' in got.stderr and "JSON" in got.stderr and "Traceback" not in got.stderr
+    assert "INFERWATCH_API__TOKENS (api.tokens): not valid JSON (line 1, column 11)" in got.stderr, got.stderr
+    assert "Traceback" not in got.stderr

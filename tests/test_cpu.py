@@ -227,8 +227,9 @@ def test_collector_samples_match_the_catalog(tmp_path: Path) -> None:
     result = validate(CPUCollector(collect_context(settings)).collect())
     by = {(s.name, s.attributes): s.value for s in result.samples}
     model = "Arm Neoverse-V1"
-    assert by[("inferwatch.cpu.feature.missing", (("cpu_model", model), ("feature", "sve")))] == 1
-    assert by[("inferwatch.cpu.feature.missing", (("cpu_model", model), ("feature", "bf16")))] == 0
+    kernel = ("detected_by", "kernel")  # every Arm feature reaches user space through the kernel's hwcaps
+    assert by[("inferwatch.cpu.feature.missing", (("cpu_model", model), kernel, ("feature", "sve")))] == 1
+    assert by[("inferwatch.cpu.feature.missing", (("cpu_model", model), kernel, ("feature", "bf16")))] == 0
     assert by[("inferwatch.cpu.feature.expected", (("cpu_model", model), ("feature", "sha3")))] == 1
     assert by[("inferwatch.cpu.feature.present", (("feature", "sve2"),))] == 0
     assert by[("inferwatch.cpu.sve.vector_length", ())] == 32
@@ -246,3 +247,27 @@ def test_node_identity_names_arm_cpus_without_a_model_name(tmp_path: Path) -> No
     assert ident["host.cpu.model.name"] == "Arm Neoverse-V1"
     assert ident["host.arch"] == "arm64" and ident["host.cpu.model.id"] == "0x41/0xd40"
     assert ident["os.version"] == "6.1.0"
+
+
+def test_cpuid_read_and_kernel_gated_features_are_told_apart(tmp_path: Path) -> None:
+    """A Sapphire Rapids whose file lacks avx512_fp16 (read from CPUID by runtimes) and amx_tile (kernel-gated)."""
+    text = _drop((CPU / "x86_sapphirerapids_xeon_platinum_8480plus.txt").read_text(), "avx512_fp16", "amx_tile")
+    procfs = _procfs(tmp_path, text, **{"sys/kernel/osrelease": "5.10.0"})
+    settings = load_settings(overrides={"path": {"procfs": str(procfs), "sysfs": str(tmp_path)}})
+    result = validate(CPUCollector(collect_context(settings)).collect())
+    missing = {
+        dict(s.attributes)["feature"]: dict(s.attributes)["detected_by"]
+        for s in result.samples
+        if s.name == "inferwatch.cpu.feature.missing" and s.value == 1
+    }
+    assert missing == {"avx512_fp16": "cpuid", "amx_tile": "kernel"}
+    verdict = result.findings[0]
+    assert verdict.status == "fail" and "amx_tile" in verdict.summary
+    assert "not listed, read from CPUID by runtimes: avx512_fp16" in verdict.summary
+    assert verdict.evidence["missing_kernel_gated"] == ["amx_tile"]
+    assert verdict.evidence["missing_cpuid_read"] == ["avx512_fp16"]
+    only_cpuid = _drop((CPU / "x86_sapphirerapids_xeon_platinum_8480plus.txt").read_text(), "avx512_fp16")
+    procfs = _procfs(tmp_path / "b", only_cpuid, **{"sys/kernel/osrelease": "5.10.0"})
+    settings = load_settings(overrides={"path": {"procfs": str(procfs), "sysfs": str(tmp_path)}})
+    result = validate(CPUCollector(collect_context(settings)).collect())
+    assert result.findings[0].status == "warn" and "from CPUID themselves" in result.findings[0].summary

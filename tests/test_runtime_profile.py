@@ -13,6 +13,7 @@ from agent.actions.ring import FileRing
 from agent.actions.snapshots import SnapshotStore
 from agent.collectors.runtime_profile import RuntimeProfileCollector
 from agent.config import load_settings
+from agent.errors import StorageError
 from agent.runner import validate
 from agent.wiring import collect_context
 from tests.conftest import PYTHON, ROOT, free_port
@@ -104,7 +105,7 @@ def test_ring_is_bounded_by_count_and_bytes(tmp_path) -> None:
     assert [e.id for e in ring.entries()] == ids[-3:]
     ring.put(b"y" * 200, ".json")
     assert sum(e.size_bytes for e in ring.entries()) <= 250
-    with pytest.raises(ValueError):
+    with pytest.raises(StorageError, match="budget"):
         ring.put(b"z" * 251, ".json")
     assert ring.get("../../etc/passwd") is None
 

@@ -18,6 +18,7 @@ from typing import Any
 from agent.actions import pyspy
 from agent.actions.ring import FileRing, new_id, valid_id
 from agent.config import Settings
+from agent.errors import StorageError
 
 MAX_JOBS_KEPT = 100
 
@@ -103,6 +104,8 @@ class ProfileManager:
             done = replace(job, state="done", finished_at=time.time(), size_bytes=entry.size_bytes)
         except pyspy.PySpyError as exc:
             done = replace(job, state="failed", finished_at=time.time(), error=str(exc), error_kind=exc.kind)
+        except StorageError as exc:
+            done = replace(job, state="failed", finished_at=time.time(), error=str(exc), error_kind=exc.reason)
         except (OSError, ValueError) as exc:
             done = replace(job, state="failed", finished_at=time.time(), error=str(exc), error_kind="failed")
         with self._lock:
@@ -116,7 +119,10 @@ class ProfileManager:
             return self._jobs.get(job_id)
 
     def result_path(self, job_id: str) -> Path | None:
-        entry = self.ring().get(job_id)
+        try:
+            entry = self.ring().get(job_id)
+        except (StorageError, OSError):  # the directory went away or became unreadable: the result is gone
+            return None
         return entry.path if entry else None
 
     def jobs(self) -> list[ProfileJob]:

@@ -6,6 +6,11 @@ exports it (the collector knows no sink). ``POST /api/v1/snapshots`` calls :meth
 an explicit request: it reads one snapshot now, with the py-spy dump enrichment when ``profiling.enabled``
 (at most once per ``runtime_profile.interval_s``), and stores and exports it the same way. py-spy never
 runs on the collection path.
+
+A snapshot the ring cannot write (full disk, quota, file-size limit, unwritable directory, over the
+ring's byte budget) is counted in ``inferwatch.snapshot.write_errors{reason}``, logged once when writes
+start failing and once when they work again, and :meth:`SnapshotStore.capture` raises the
+:class:`~agent.errors.StorageError`: the API answers 507 or 500, never an id that is not on disk.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent.actions import pyspy
-from agent.actions.ring import FileRing
+from agent.actions.ring import WRITE_REASONS, FileRing, RingEntry, sweep_temp_files, valid_id
 from agent.config import Settings
 from agent.debugprofile.reader import CaptureResult, ProfileReader
-from agent.samples import Collection
+from agent.errors import StorageError
+from agent.samples import AnySample, Collection, Sample, attrs
 
 log = logging.getLogger(__name__)
 SOURCE = "runtime_profile"  # the collector whose events are snapshots
@@ -39,10 +45,21 @@ class SnapshotStore:
         self.settings = settings
         self.reader = reader
         self.log_sink = log_sink
-        self.store_errors = 0
+        self.write_errors: dict[str, int] = dict.fromkeys(WRITE_REASONS, 0)
+        self._failing: str | None = None  # the reason while writes fail: log once at start, once at the end
         self._lock = threading.Lock()
         self._ring: FileRing | None = None
         self._last_dump_at = -float("inf")
+
+    def sweep(self) -> int:
+        """At agent start: remove temp files a crash left in the snapshot directory (if it exists)."""
+        return sweep_temp_files(self.directory)
+
+    def samples(self) -> list[AnySample]:
+        """``inferwatch.snapshot.write_errors`` by reason (a state source)."""
+        with self._lock:
+            counts = dict(self.write_errors)
+        return [Sample("inferwatch.snapshot.write_errors", n, attrs(reason=r)) for r, n in counts.items()]
 
     @property
     def directory(self) -> Path:
@@ -55,6 +72,19 @@ class SnapshotStore:
                 self._ring = FileRing(self.directory, snap.max_count, snap.max_bytes)
             return self._ring
 
+    def entries(self) -> list[RingEntry]:
+        """The stored snapshots, oldest first; StorageError when the directory cannot be read."""
+        try:
+            return self.ring().entries()
+        except OSError as exc:
+            raise StorageError.of(exc, f"cannot read {self.directory}") from exc
+
+    def get(self, snap_id: str) -> RingEntry | None:
+        """The snapshot with this id, None for an unknown or invalid id; StorageError as :meth:`entries`."""
+        if not valid_id(snap_id):
+            return None
+        return next((e for e in self.entries() if e.id == snap_id), None)
+
     def on_record(self, name: str, collection: Collection) -> None:
         """State listener: keep and export the snapshots a runtime_profile collection carries."""
         if name != SOURCE:
@@ -62,25 +92,49 @@ class SnapshotStore:
         for document in collection.events:
             self.keep(dict(document))
 
-    def keep(self, document: dict[str, Any]) -> None:
+    def keep(self, document: dict[str, Any]) -> StorageError | None:
+        """Store and export one snapshot; the StorageError when it could not be stored (counted, logged)."""
         meta = document.get("meta", {})
         data = json.dumps(document, sort_keys=True, default=str).encode()
+        failure: StorageError | None = None
         try:
             self.ring().put(data, ".json", str(meta.get("id")))
-        except (OSError, ValueError) as exc:
-            with self._lock:
-                self.store_errors += 1
-            log.warning("cannot store runtime_profile snapshot in %s: %s", self.directory, exc)
+        except StorageError as exc:
+            failure = exc
+        except ValueError as exc:  # an id the ring refuses: never from the reader, but never a listener crash
+            failure = StorageError("io_error", str(exc))
+        self._note(failure)
         if self.log_sink is not None:
             try:
                 self.log_sink.emit(document)
             except Exception:
                 log.debug("OTLP log emit failed", exc_info=True)
+        return failure
+
+    def _note(self, failure: StorageError | None) -> None:
+        with self._lock:
+            was = self._failing
+            if failure is not None:
+                self.write_errors[failure.reason] = self.write_errors.get(failure.reason, 0) + 1
+            self._failing = failure.reason if failure is not None else None
+        if failure is not None and was != failure.reason:
+            log.warning("cannot store runtime_profile snapshots (%s): %s", failure.reason, failure)
+        elif failure is None and was is not None:
+            log.warning("runtime_profile snapshots are stored again in %s", self.directory)
 
     def capture(self, trigger: str = "api") -> CaptureResult:
-        """Read one snapshot now (NoDataError when runtime_profile.url is unset), keep and export it."""
-        snapshot = self.reader.read(trigger, self._dump if self.settings.profiling.enabled else None)
-        self.keep(snapshot.document)
+        """Read one snapshot now, keep and export it.
+
+        Raises NoDataError when runtime_profile.url is unset, StorageError when the snapshot was not stored.
+        """
+        try:
+            snapshot = self.reader.read(trigger, self._dump if self.settings.profiling.enabled else None)
+        except StorageError as exc:  # the redaction key, kept in the snapshot directory, cannot be written
+            self._note(exc)
+            raise
+        failure = self.keep(snapshot.document)
+        if failure is not None:
+            raise failure
         return snapshot.result
 
     def _dump(self, pid: int) -> dict[str, Any]:

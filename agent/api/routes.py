@@ -18,17 +18,23 @@ from starlette.datastructures import Headers
 from agent.actions import pyspy
 from agent.actions.binary import BinaryCheck
 from agent.actions.profiles import ProfileBusyError
-from agent.actions.ring import valid_id
 from agent.api.auth import Authenticator
 from agent.api.services import ApiServices
 from agent.config import Settings
-from agent.errors import NoDataError
+from agent.errors import NoDataError, StorageError
 from agent.samples import Finding, Sample, attrs
 from agent.state import AgentState
 
 MEDIA_TYPES = {"speedscope": "application/json", "flamegraph": "image/svg+xml", "raw": "text/plain"}
 # py-spy refusals before anything runs: a malformed pid, a process outside the runtime's, no runtime.
 PYSPY_STATUS = {"invalid_pid": 400, "not_runtime": 403, "no_runtime": 404}
+INSUFFICIENT_STORAGE = ("no_space", "too_large")  # StorageError reasons answered 507; the others 500
+
+
+def storage_refusal(exc: StorageError) -> JSONResponse:
+    """507 (full disk, quota, size limit, over the ring's budget) or 500 (unwritable), as JSON; no traceback."""
+    code = 507 if exc.reason in INSUFFICIENT_STORAGE else 500
+    return JSONResponse({"error": "snapshot_not_stored", "reason": exc.reason, "message": str(exc)}, status_code=code)
 
 
 def scope_for(method: str, path: str) -> str:
@@ -91,12 +97,16 @@ def install(app: FastAPI, settings: Settings, state: AgentState, services: ApiSe
         return [finding_dict(f) for f in state.findings()]
 
     # --- runtime_profile snapshots ---
-    @app.get("/api/v1/snapshots")
-    def list_snapshots() -> dict[str, Any]:
+    @app.get("/api/v1/snapshots", response_model=None)
+    def list_snapshots() -> dict[str, Any] | JSONResponse:
         if not snapshots.directory.is_dir():
             return {"snapshots": []}
+        try:
+            entries = snapshots.entries()
+        except StorageError as exc:
+            return storage_refusal(exc)
         out = []
-        for e in reversed(snapshots.ring().entries()):
+        for e in reversed(entries):
             try:
                 meta = json.loads(e.path.read_bytes()).get("meta", {})
             except (OSError, ValueError):
@@ -106,10 +116,16 @@ def install(app: FastAPI, settings: Settings, state: AgentState, services: ApiSe
 
     @app.get("/api/v1/snapshots/{snap_id}")
     def get_snapshot(snap_id: str) -> Response:
-        entry = snapshots.ring().get(snap_id) if valid_id(snap_id) and snapshots.directory.is_dir() else None
+        try:
+            entry = snapshots.get(snap_id) if snapshots.directory.is_dir() else None
+        except StorageError as exc:
+            return storage_refusal(exc)
         if entry is None:
             return JSONResponse({"error": "not_found", "message": f"no snapshot {snap_id!r}"}, status_code=404)
-        return Response(entry.path.read_bytes(), media_type="application/json")
+        try:
+            return Response(entry.path.read_bytes(), media_type="application/json")
+        except OSError:  # evicted between the listing and the read
+            return JSONResponse({"error": "not_found", "message": f"no snapshot {snap_id!r}"}, status_code=404)
 
     @app.post("/api/v1/snapshots")
     def capture_snapshot() -> JSONResponse:
@@ -117,6 +133,8 @@ def install(app: FastAPI, settings: Settings, state: AgentState, services: ApiSe
             result = snapshots.capture("api")
         except NoDataError as exc:
             return JSONResponse({"error": "not_configured", "message": str(exc)}, status_code=409)
+        except StorageError as exc:
+            return storage_refusal(exc)
         return JSONResponse(
             {"id": result.id, "outcome": result.outcome, "reason": result.reason, "message": result.message},
             status_code=201,

@@ -40,6 +40,15 @@ METRICS = (
         ("collector",),
     ),
     MetricSpec(
+        "inferwatch.source.limit_hits",
+        Kind.COUNTER,
+        "{read}",
+        "Reads of a host file refused by a read limit (source: the file, e.g. cpuinfo, meminfo, "
+        "pressure/memory; limit: the setting, read_limits.max_file_bytes or read_limits.max_cpuinfo_bytes). "
+        "The collector reading it fails that run; the engine's own limits are inferwatch_engine_limit_hits_total.",
+        ("source", "limit"),
+    ),
+    MetricSpec(
         "inferwatch.agent.info",
         Kind.GAUGE,
         "",

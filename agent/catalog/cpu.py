@@ -29,9 +29,13 @@ METRICS = (
         "inferwatch.cpu.feature.missing",
         Kind.GAUGE,
         "",
-        "1 when the feature is expected for this CPU model but absent: the silent fallback that costs ~20% "
-        "latency with no errors.",
-        ("feature", "cpu_model"),
+        "1 when the feature is expected for this CPU model but absent from /proc/cpuinfo: the silent fallback "
+        "that costs ~20% latency with no errors. detected_by says what the absence means: kernel (the kernel "
+        "must enable it: every ARM hwcap, x86 avx and avx512f register state, AMX; the kernel clears the flag "
+        "when it does not, so no runtime can use it) or cpuid (x86 flags runtimes read from CPUID themselves, "
+        "avx512_vnni, avx512_bf16, avx512_fp16, avx_vnni ...: a kernel too old to name one hides it from the "
+        "file only; a hypervisor CPU model or clearcpuid= hides it from the runtime too).",
+        ("feature", "cpu_model", "detected_by"),
     ),
     MetricSpec(
         "inferwatch.cpu.sve.vector_length",

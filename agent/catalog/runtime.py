@@ -25,6 +25,15 @@ METRICS = (
         ("field",),
     ),
     MetricSpec(
+        "inferwatch.snapshot.write_errors",
+        Kind.COUNTER,
+        "{error}",
+        "runtime_profile snapshots that could not be stored (reason: no_space for a full disk, a quota or a "
+        "file-size limit; unwritable for a directory that cannot be written; too_large for one snapshot over "
+        "snapshots.max_bytes; io_error otherwise). POST /api/v1/snapshots answers 507 or 500 for them.",
+        ("reason",),
+    ),
+    MetricSpec(
         "inferwatch.runtime.profile.simd_inactive",
         Kind.GAUGE,
         "",

@@ -62,6 +62,14 @@ def build_settings(
         raise typer.Exit(2) from None
 
 
+# Libraries that log a line per request at INFO: httpx ("HTTP Request: GET ... 200", one per engine fetch,
+# probe and profile read) and httpcore under it, uvicorn's access log (one per API request). The agent says
+# what matters itself, once when a source starts failing and once when it recovers (agent.runner), so these
+# are held at WARNING whatever log_level is: their warnings and errors still show.
+QUIET_LIBRARY_LOGGERS = ("httpx", "httpcore", "uvicorn.access", "hpack", "urllib3")
+QUIET_LIBRARY_LEVEL = logging.WARNING
+
+
 def setup_logging(level: str) -> None:
     """The root handler, whose every line loses credentials (a URL's password, token parameters): libraries
     log URLs as given (agent.redact.RedactingFormatter)."""
@@ -72,3 +80,5 @@ def setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     install_log_redaction()
+    for name in QUIET_LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(QUIET_LIBRARY_LEVEL)

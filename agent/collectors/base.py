@@ -22,6 +22,7 @@ from agent.config import Settings
 from agent.debugprofile.reader import ProfileReader
 from agent.host.cpuprobe import CpuProbe
 from agent.host.nvml import NVMLClient
+from agent.host.procfs import DEFAULT_READ_LIMITS, ReadLimits
 from agent.host.runtime import RuntimeLocator
 from agent.samples import Collection
 
@@ -42,6 +43,7 @@ class CollectContext:
     locator: RuntimeLocator
     profile_reader: ProfileReader
     engine_http: httpx.Client | None = None  # None: the engine collector opens (and closes) its own
+    read_limits: ReadLimits = DEFAULT_READ_LIMITS  # bytes per procfs/sysfs read, and where hits are counted
 
 
 class Collector(Protocol):

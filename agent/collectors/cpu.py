@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from agent.collectors.base import BaseCollector, Collection
 from agent.host.cpucap import amx_verdict, cpu_feature_verdict, read_cpu_capability
-from agent.host.cpumodels import ARM_CORES, X86_MODELS
+from agent.host.cpumodels import ARM_CORES, X86_MODELS, detected_by
 from agent.samples import AnySample, Sample, attrs
 
 DEFAULT_CPU_INTERVAL_S = 60.0
@@ -33,7 +33,11 @@ class CPUCollector(BaseCollector):
 
     def collect(self) -> Collection:
         cap = read_cpu_capability(
-            self.ctx.procfs, self.ctx.sysfs, self.ctx.settings.cpu.expect_features, self.ctx.cpu_probe
+            self.ctx.procfs,
+            self.ctx.sysfs,
+            self.ctx.settings.cpu.expect_features,
+            self.ctx.cpu_probe,
+            limits=self.ctx.read_limits,
         )
         info = cap.info
         model = cap.cpu_model
@@ -56,7 +60,8 @@ class CPUCollector(BaseCollector):
         for feature in sorted(cap.expected):
             a = attrs(feature=feature, cpu_model=model)
             samples.append(Sample("inferwatch.cpu.feature.expected", 1, a))
-            samples.append(Sample("inferwatch.cpu.feature.missing", int(feature not in info.flags), a))
+            how = attrs(feature=feature, cpu_model=model, detected_by=detected_by(info.arch, feature))
+            samples.append(Sample("inferwatch.cpu.feature.missing", int(feature not in info.flags), how))
         if cap.sve_vector_length_bytes is not None:
             samples.append(Sample("inferwatch.cpu.sve.vector_length", cap.sve_vector_length_bytes))
         amx = cap.live.amx if cap.live is not None else None

@@ -28,7 +28,8 @@ class PageCacheCollector(BaseCollector):
 
     def collect(self) -> Collection:
         procfs = self.ctx.procfs
-        info = read_meminfo(procfs)
+        limits = self.ctx.read_limits
+        info = read_meminfo(procfs, limits)
         threshold = self.ctx.settings.pagecache.inactive_file_threshold_bytes
         samples: list[AnySample] = [
             Sample("system.memory.limit", info["MemTotal"]),
@@ -54,7 +55,7 @@ class PageCacheCollector(BaseCollector):
         details: dict[str, object] = {}
         pressure: dict[str, PressureLine] | None = None
         try:
-            pressure = read_pressure(procfs / "pressure" / "memory")
+            pressure = read_pressure(procfs / "pressure" / "memory", limits)
         except NoDataError as exc:
             details["psi"] = str(exc)
         if pressure:
@@ -65,7 +66,7 @@ class PageCacheCollector(BaseCollector):
 
         refault_rate: float | None = None
         try:
-            vm = read_vmstat(procfs)
+            vm = read_vmstat(procfs, limits)
         except NoDataError as exc:
             details["vmstat"] = str(exc)
         else:

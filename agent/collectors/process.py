@@ -18,7 +18,7 @@ from typing import ClassVar
 import psutil
 
 from agent.collectors.base import BaseCollector, CollectContext, Collection
-from agent.errors import NoDataError
+from agent.errors import NoDataError, ReadLimitError
 from agent.host.cgroup import EVENT_FIELDS, SIZE_FIELDS, CgroupMemory, read_cgroup_memory
 from agent.host.pagecache import pagecache_verdict
 from agent.host.runtime import RuntimeLocator
@@ -89,8 +89,8 @@ class ProcessCollector(BaseCollector):
             )
         details: dict[str, object] = {"pid": proc.pid, "restarts": loc.restarts}
         try:
-            faults = _faults((self.ctx.procfs / str(proc.pid) / "stat").read_text(errors="replace"))
-        except OSError:
+            faults = _faults(self.ctx.read_limits.text(self.ctx.procfs / str(proc.pid) / "stat", "pid/stat"))
+        except (OSError, ReadLimitError):
             faults = None
         if faults is not None:
             for kind, value in (("minor", faults[0]), ("major", faults[1])):
@@ -102,7 +102,7 @@ class ProcessCollector(BaseCollector):
                     )
                 )
         try:
-            cg = read_cgroup_memory(self.ctx.procfs, self.ctx.sysfs, proc.pid)
+            cg = read_cgroup_memory(self.ctx.procfs, self.ctx.sysfs, proc.pid, self.ctx.read_limits)
         except NoDataError as exc:
             details["cgroup"] = str(exc)
         else:

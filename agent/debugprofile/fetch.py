@@ -7,6 +7,7 @@ Every failure raises :class:`ProfileFetchError` with a ``reason`` from :data:`FE
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -16,6 +17,10 @@ from agent.errors import CollectorError
 from agent.redact import redact_text, redact_url
 
 FETCH_REASONS = ("timeout", "connect", "http_status", "oversized", "not_json")
+# Arrays and objects nested deeper than this are refused (reason ``oversized``) before anything walks them:
+# a debug profile is a few levels deep, and 1 MiB of "[" would take json.loads, the redactor and the gauge
+# walk past Python's recursion limit (a RecursionError, not the project's error).
+MAX_PROFILE_DEPTH = 32
 
 
 class ProfileFetchError(CollectorError):
@@ -58,7 +63,39 @@ def fetch_json(
     finally:
         if own:
             http.close()
+    return parse_profile(bytes(body), shown)
+
+
+def parse_profile(body: bytes, url: str) -> Any:
+    """The JSON document in ``body``; ProfileFetchError ``not_json``, or ``oversized`` past MAX_PROFILE_DEPTH.
+    ``url`` is only named in messages: pass it with its credentials removed (agent.redact.redact_url)."""
+    depth = _nesting_depth(body)
+    if depth > MAX_PROFILE_DEPTH:
+        raise ProfileFetchError(
+            "oversized", f"profile from {url} nests arrays/objects deeper than {MAX_PROFILE_DEPTH} levels ({depth})"
+        )
     try:
-        return json.loads(bytes(body).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ProfileFetchError("not_json", f"profile from {shown} is not JSON ({len(body)} bytes): {exc}") from exc
+        return json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProfileFetchError("not_json", f"profile from {url} is not JSON ({len(body)} bytes): {exc}") from exc
+
+
+_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.S)  # strings (maybe unterminated) and brackets
+
+
+def _nesting_depth(body: bytes) -> int:
+    """The deepest ``[``/``{`` nesting outside strings (no recursion; stops once past the limit)."""
+    if body.count(b"[") + body.count(b"{") <= MAX_PROFILE_DEPTH:
+        return 0  # cannot be deeper: skip the scan (every real profile)
+    depth = deepest = 0
+    for m in _TOKENS.finditer(body):
+        tok = m.group()
+        if tok in (b"[", b"{"):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_PROFILE_DEPTH:
+                    return deepest
+        elif tok in (b"]", b"}"):
+            depth -= 1
+    return deepest

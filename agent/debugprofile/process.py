@@ -10,6 +10,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.errors import ReadLimitError
+from agent.host.procfs import DEFAULT_READ_LIMITS, ReadLimits
+
 
 @dataclass(frozen=True, slots=True)
 class RuntimeProcess:
@@ -51,13 +54,13 @@ def describe(procfs: Path, pid: int) -> RuntimeProcess:
     return RuntimeProcess(pid, name, exe, read_cmdline(procfs, pid), threads, rss)
 
 
-def cpu_capability(procfs: Path) -> dict[str, object]:
+def cpu_capability(procfs: Path, limits: ReadLimits = DEFAULT_READ_LIMITS) -> dict[str, object]:
     """The SIMD features an inference runtime cares about, from ``/proc/cpuinfo`` (empty if unreadable)."""
     wanted = ("avx", "avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "f16c", "fma")
     wanted_arm = ("asimd", "sve", "sve2", "bf16", "i8mm", "asimddp")
     try:
-        text = (procfs / "cpuinfo").read_text(errors="replace")
-    except OSError:
+        text = limits.text(procfs / "cpuinfo", "cpuinfo", cpuinfo=True)
+    except (OSError, ReadLimitError):
         return {}
     flags: set[str] = set()
     model = ""

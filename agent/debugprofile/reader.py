@@ -23,7 +23,8 @@ from agent.config import Settings
 from agent.debugprofile import process
 from agent.debugprofile.fetch import FETCH_REASONS, ProfileFetchError, fetch_json, parse_header
 from agent.debugprofile.redaction import RedactionPolicy, load_or_create_key
-from agent.errors import NoDataError
+from agent.errors import NoDataError, StorageError
+from agent.host.procfs import ReadLimits
 from agent.host.runtime import RuntimeLocator
 from agent.redact import redact_url
 from agent.samples import Finding
@@ -86,7 +87,10 @@ class ProfileReader:
 
     def policy(self) -> RedactionPolicy:
         if self._policy is None:
-            key = load_or_create_key(self.directory) if self.persist_key else secrets.token_bytes(32)
+            try:
+                key = load_or_create_key(self.directory) if self.persist_key else secrets.token_bytes(32)
+            except OSError as exc:
+                raise StorageError.of(exc, f"cannot keep the redaction key in {self.directory}") from exc
             allow = [*self.cfg.allow_keys, *self.cfg.gauge_fields]
             self._policy = RedactionPolicy.build(key, self.cfg.redaction, self.cfg.deny_keys, allow)
             self._enrich_policy = RedactionPolicy.build(key, "denylist", self.cfg.deny_keys)
@@ -157,7 +161,7 @@ class ProfileReader:
 
     def _enrichment(self, enrich: Enricher | None) -> dict[str, Any]:
         procfs = self.settings.path.procfs
-        out: dict[str, Any] = {"cpu": process.cpu_capability(procfs)}
+        out: dict[str, Any] = {"cpu": process.cpu_capability(procfs, ReadLimits.of(self.settings.read_limits))}
         try:
             pid = self.locator.find().pid
         except NoDataError as exc:

@@ -12,11 +12,10 @@ from pathlib import Path
 
 from agent.errors import NoDataError
 from agent.host.pressure import PressureLine, read_pressure
-from agent.host.procfs import read_text
+from agent.host.procfs import DEFAULT_READ_LIMITS, ReadLimits
 
 SIZE_FIELDS = ("anon", "file", "inactive_file", "active_file", "shmem", "file_mapped", "file_dirty")
 EVENT_FIELDS = ("workingset_refault_file", "pgmajfault", "pgscan", "pgsteal")
-MAX_STAT_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,10 +26,10 @@ class CgroupMemory:
     pressure: dict[str, PressureLine] | None  # None: no memory.pressure (no PSI)
 
 
-def cgroup_v2_path(procfs: Path, pid: int) -> str:
+def cgroup_v2_path(procfs: Path, pid: int, limits: ReadLimits = DEFAULT_READ_LIMITS) -> str:
     path = procfs / str(pid) / "cgroup"
     try:
-        text = read_text(path)
+        text = limits.text(path, "cgroup")
     except OSError as exc:
         raise NoDataError(
             f"{path} cannot be read ({exc.strerror})", hint="run the agent in the host PID namespace"
@@ -55,19 +54,18 @@ def parse_memory_stat(text: str) -> dict[str, int]:
     return out
 
 
-def read_cgroup_memory(procfs: Path, sysfs: Path, pid: int) -> CgroupMemory:
-    cg = cgroup_v2_path(procfs, pid)
+def read_cgroup_memory(procfs: Path, sysfs: Path, pid: int, limits: ReadLimits = DEFAULT_READ_LIMITS) -> CgroupMemory:
+    cg = cgroup_v2_path(procfs, pid, limits)
     rel = cg.lstrip("/")
     for base in (sysfs / "fs" / "cgroup", sysfs / "fs" / "cgroup" / "unified"):
         directory = base / rel if rel else base
         stat_file = directory / "memory.stat"
         try:
-            with stat_file.open("rb") as fh:
-                stat = parse_memory_stat(fh.read(MAX_STAT_BYTES).decode("ascii", errors="replace"))
+            stat = parse_memory_stat(limits.text(stat_file, "memory.stat"))
         except OSError:
             continue
         try:
-            pressure: dict[str, PressureLine] | None = read_pressure(directory / "memory.pressure")
+            pressure: dict[str, PressureLine] | None = read_pressure(directory / "memory.pressure", limits)
         except NoDataError:
             pressure = None
         return CgroupMemory(cg, directory, stat, pressure)

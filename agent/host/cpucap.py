@@ -29,6 +29,7 @@ from agent.host.cpuinfo import LAYOUT_BLOCKS, CpuInfo, read_cpuinfo
 from agent.host.cpumodels import CpuIdentity, Dmi, identify, kernel_gated
 from agent.host.cpuprobe import CpuProbe, LiveKernel, read_live
 from agent.host.hwcap import Hwcaps, compare, read_hwcaps
+from agent.host.procfs import DEFAULT_READ_LIMITS, ReadLimits
 from agent.samples import Finding
 
 RUNBOOK = "CPUFeatureMissing"
@@ -106,13 +107,14 @@ def read_cpu_capability(
     expect_features: list[str] | tuple[str, ...] = (),
     probe: CpuProbe | None = None,
     machine: str | None = None,
+    limits: ReadLimits = DEFAULT_READ_LIMITS,
 ) -> CpuCapability:
     """Read everything above; ``probe`` (the live-kernel boundary) is consulted only when given.
 
     ``machine``: the kernel's ``uname -m`` for a recorded tree; by default :func:`kernel_machine`.
     """
     arch_machine, arch_source = kernel_machine(procfs, probe, machine)
-    info = read_cpuinfo(procfs, arch_machine)
+    info = read_cpuinfo(procfs, arch_machine, limits)
     dmi = read_dmi(sysfs)
     product, vendor = dmi.product_name, dmi.sys_vendor
     identity = identify(info, dmi)

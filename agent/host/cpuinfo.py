@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import NoDataError, SourceFormatError
-from agent.host.procfs import MAX_CPUINFO_READ_BYTES, read_text
+from agent.host.procfs import DEFAULT_READ_LIMITS, MAX_CPUINFO_READ_BYTES, ReadLimits
 
 MAX_CPUINFO_BYTES = MAX_CPUINFO_READ_BYTES  # kept for callers of the old name
 
@@ -216,11 +216,11 @@ def parse_cpuinfo(text: str, machine: str) -> CpuInfo:
     return _other(blocks, common, arch, machine)
 
 
-def read_cpuinfo(procfs: Path, machine: str) -> CpuInfo:
-    """``<procfs>/cpuinfo`` (at most :data:`~agent.host.procfs.MAX_CPUINFO_READ_BYTES`) for ``machine``."""
+def read_cpuinfo(procfs: Path, machine: str, limits: ReadLimits = DEFAULT_READ_LIMITS) -> CpuInfo:
+    """``<procfs>/cpuinfo`` (at most ``limits.max_cpuinfo_bytes``) as the kernel of ``machine`` writes it."""
     path = procfs / "cpuinfo"
     try:
-        text = read_text(path, MAX_CPUINFO_READ_BYTES)
+        text = limits.text(path, "cpuinfo", cpuinfo=True)
     except FileNotFoundError:
         raise NoDataError(f"{path} does not exist", hint="point --path.procfs at the host's /proc") from None
     return parse_cpuinfo(text, machine)

@@ -217,6 +217,15 @@ def kernel_gated(arch: str, feature: str) -> bool:
     return True
 
 
+DETECTED_BY_KERNEL = "kernel"  # usable only when the kernel enables it; absent from its report = unusable
+DETECTED_BY_CPUID = "cpuid"  # runtimes test the CPUID bit themselves; absent from /proc/cpuinfo alone = maybe unnamed
+
+
+def detected_by(arch: str, feature: str) -> str:
+    """The ``detected_by`` of ``feature``: who decides whether a runtime uses it (see :data:`X86_KERNEL_GATED`)."""
+    return DETECTED_BY_KERNEL if kernel_gated(arch, feature) else DETECTED_BY_CPUID
+
+
 @dataclass(frozen=True, slots=True)
 class _X86Rule:
     vendor: str

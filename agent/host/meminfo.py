@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.errors import NoDataError, SourceFormatError
-from agent.host.procfs import read_text
+from agent.host.procfs import DEFAULT_READ_LIMITS, ReadLimits
 
 KIB = 1024
 _LEGACY_ROWS = frozenset({"total", "Mem", "Swap"})
@@ -35,10 +35,10 @@ def parse_meminfo(text: str) -> dict[str, int]:
     return out
 
 
-def read_meminfo(procfs: Path) -> dict[str, int]:
+def read_meminfo(procfs: Path, limits: ReadLimits = DEFAULT_READ_LIMITS) -> dict[str, int]:
     path = procfs / "meminfo"
     try:
-        return parse_meminfo(read_text(path))
+        return parse_meminfo(limits.text(path, "meminfo"))
     except FileNotFoundError:
         raise NoDataError(f"{path} does not exist", hint="point --path.procfs at the host's /proc") from None
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import NoDataError, SourceFormatError
-from agent.host.procfs import read_text
+from agent.host.procfs import DEFAULT_READ_LIMITS, ReadLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +46,9 @@ def parse_pressure(text: str) -> dict[str, PressureLine]:
     return out
 
 
-def read_pressure(path: Path) -> dict[str, PressureLine]:
+def read_pressure(path: Path, limits: ReadLimits = DEFAULT_READ_LIMITS) -> dict[str, PressureLine]:
     try:
-        text = read_text(path)
+        text = limits.text(path, f"pressure/{path.name}" if path.parent.name == "pressure" else path.name)
     except FileNotFoundError:
         raise NoDataError(
             f"{path} does not exist: this kernel has no PSI",

@@ -161,18 +161,36 @@ class RuntimeLocator:
         return min(matches, key=lambda m: (m[0], m[1]))[2]
 
 
+# /proc/net/tcp is read line by line, never whole: a busy host's is tens of MB (~150 bytes a socket). A line
+# is cut at MAX_NET_TCP_LINE_BYTES and the scan stops after MAX_NET_TCP_SCAN_BYTES, so a file that never ends
+# (a link to /dev/zero in a recorded tree) costs bounded time and one line of memory.
+MAX_NET_TCP_LINE_BYTES = 512
+MAX_NET_TCP_SCAN_BYTES = 64 << 20  # ~450k sockets; an endless file stops here (5 s on a loaded CI box)
+
+
 def _listening_inodes(procfs: Path, port: int) -> set[str]:
     inodes = set()
     for name in ("tcp", "tcp6"):
         try:
-            lines = (procfs / "net" / name).read_text().splitlines()[1:]
+            with (procfs / "net" / name).open("rb") as fh:
+                fh.readline(MAX_NET_TCP_LINE_BYTES)  # the header
+                scanned = 0
+                while scanned < MAX_NET_TCP_SCAN_BYTES and (raw := fh.readline(MAX_NET_TCP_LINE_BYTES)):
+                    scanned += len(raw)
+                    parts = raw.split()
+                    if len(parts) > 9 and parts[3] == b"0A" and _port(parts[1]) == port:
+                        inodes.add(parts[9].decode("ascii", errors="replace"))
         except OSError:
             continue
-        for line in lines:
-            parts = line.split()
-            if len(parts) > 9 and parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(parts[9])
     return inodes
+
+
+def _port(address: bytes) -> int | None:
+    """The port of a /proc/net/tcp ``local_address`` (``0100007F:1F90``), None when it is not hex."""
+    try:
+        return int(address.rsplit(b":", 1)[1], 16)
+    except (IndexError, ValueError):
+        return None
 
 
 def pid_listening_on(procfs: Path, port: int) -> int | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.errors import NoDataError
-from agent.host.procfs import read_text
+from agent.host.procfs import DEFAULT_READ_LIMITS, ReadLimits
 
 # Modern name -> prefixes whose zoned/old variants are summed into it.
 EVENTS: dict[str, tuple[str, ...]] = {
@@ -47,9 +47,9 @@ def parse_vmstat(text: str) -> dict[str, int]:
     return out
 
 
-def read_vmstat(procfs: Path) -> dict[str, int]:
+def read_vmstat(procfs: Path, limits: ReadLimits = DEFAULT_READ_LIMITS) -> dict[str, int]:
     path = procfs / "vmstat"
     try:
-        return parse_vmstat(read_text(path))
+        return parse_vmstat(limits.text(path, "vmstat"))
     except FileNotFoundError:
         raise NoDataError(f"{path} does not exist", hint="point --path.procfs at the host's /proc") from None

@@ -178,6 +178,16 @@ class _Stream:
         except ValueError as exc:
             self.add(Violation("malformed_json", f"event {index}: {exc}: {ev.data[:80]!r}", index))
             return
+        except RecursionError:  # json.loads raises it, not ValueError, for arrays nested ~1000 deep
+            self.add(Violation("malformed_json", f"event {index}: nested too deeply to decode", index))
+            return
+        try:
+            self._payload(payload, ev, index, started)
+        except RecursionError:  # decoded, but too deep for the schema validator's recursion
+            self.add(Violation("schema", f"event {index}: nested too deeply to validate", index))
+
+    def _payload(self, payload: Any, ev: Any, index: int, started: float) -> None:
+        proto = self.r.protocol
         if (
             proto == "anthropic"
             and ev.event is not None

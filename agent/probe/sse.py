@@ -21,18 +21,27 @@ class RawEvent:
     arrived_s: float  # monotonic time the event completed
 
 
+_LONGEST_BOUNDARY = 4  # bytes of \r\n\r\n
+
+
 class SSEParser:
+    """Feed chunks, get complete events. Each byte is searched a bounded number of times, so a stream that
+    trickles in one byte per chunk costs linear time, not quadratic."""
+
     def __init__(self) -> None:
         self._buf = bytearray()
+        self._searched = 0  # bytes of _buf already searched without a boundary (less a boundary's overlap)
         self.crlf = False
 
     def feed(self, chunk: bytes, now_s: float) -> list[RawEvent]:
         self._buf += chunk
         out = []
         while True:
-            m = _BOUNDARY.search(self._buf)
+            m = _BOUNDARY.search(self._buf, self._searched)
             if not m:
+                self._searched = max(0, len(self._buf) - (_LONGEST_BOUNDARY - 1))
                 break
+            self._searched = 0
             block = bytes(self._buf[: m.start()])
             if b"\r" in m.group(0) or b"\r" in block:
                 self.crlf = True

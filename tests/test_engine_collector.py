@@ -137,6 +137,10 @@ BAD = {
         es.body("# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total -1\n"),
         "negative_value",
     ),
+    # issue 14: a ratio far below its domain was exported as-is; an untyped counter below zero too
+    "negative-kv-usage": (es.body('vllm:kv_cache_usage_perc{model_name="m"} -1e308\n'), "negative_value"),
+    "kv-usage-above-one": (es.body('vllm:kv_cache_usage_perc{model_name="m"} 7\n'), "out_of_range"),
+    "negative-untyped-counter": (es.body('vllm:generation_tokens_total{model_name="m"} -3\n'), "negative_value"),
     "unknown-engine": (es.body("# TYPE my_server_requests counter\nmy_server_requests 3\n"), "unknown_engine"),
 }
 

@@ -73,8 +73,17 @@ def _v(*names: str, **kw: object) -> tuple[Source, ...]:
 
 
 GAUGE_MEAN = frozenset({"kv_usage"})  # averaged over ranks; every other gauge is summed
+# The domain of each gauge, by the catalog quantity it feeds (agent/catalog/engine.py): KV-cache usage is a
+# ratio (unit "1", 0..1), requests running and waiting are counts. A raw sample outside it rejects the
+# reading (``out_of_range``), as a negative counter, bucket, count or duration sum does (``negative_value``).
+GAUGE_DOMAINS: dict[str, tuple[float, float]] = {
+    "kv_usage": (0.0, 1.0),
+    "running": (0.0, math.inf),
+    "waiting": (0.0, math.inf),
+}
 # Counters whose candidates are all used (summed by dimension) instead of first-present-wins.
 COUNTER_ALL = frozenset({"finished"})
+COUNTER_DOMAIN = (0.0, math.inf)  # counters (and TGI's token sums) never go below zero
 
 VLLM = Adapter(
     "vllm",
@@ -246,6 +255,19 @@ class EngineReading:
     models_dropped: int = 0  # distinct models past max_models, left out of ``models``
 
 
+class ReadingError(SourceFormatError):
+    """A value the engine's quantity cannot take (a negative counter, a ratio above 1); ``reason`` as fetch's."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _reject(src: Source, labels: Labels, value: float, why: str, reason: str) -> ReadingError:
+    shown = ",".join(f'{k}="{v[:40]}"' for k, v in labels[:4])
+    return ReadingError(f"{src.name}{{{shown}}} = {value:g}: {why}", reason)
+
+
 _Key = tuple[str, Labels, float | None]  # (model, other labels sorted, le bound or None)
 MAX_KEY_CACHE_ENTRIES = 200_000
 
@@ -373,7 +395,8 @@ def read(
 
     for gname, cands in adapter.gauges.items():
         for src in cands:
-            for mname, (total, n) in _scalars(src, expo, split, per_dimension=False).items():
+            domain = GAUGE_DOMAINS.get(gname)
+            for mname, (total, n) in _scalars(src, expo, split, per_dimension=False, domain=domain).items():
                 reading = model(mname)
                 if gname in reading.gauges:
                     continue
@@ -383,7 +406,7 @@ def read(
 
     for cname, cands in adapter.counters.items():
         for src in cands:
-            for mname, (total, _n) in _scalars(src, expo, split, per_dimension=True).items():
+            for mname, (total, _n) in _scalars(src, expo, split, per_dimension=True, domain=COUNTER_DOMAIN).items():
                 reading = model(mname)
                 if cname in reading.counters and cname not in COUNTER_ALL:
                     continue
@@ -412,6 +435,8 @@ def _histograms(src: Source, expo: Exposition, keys: KeyCache) -> dict[str, dict
         b = buckets.get((model, series))
         if b is None:
             b = buckets[(model, series)] = {}
+        if value < 0:
+            raise _reject(src, labels, value, "a bucket below zero", "negative_value")
         if scaled and math.isfinite(bound):
             bound *= src.scale
         b[bound] = b.get(bound, 0.0) + value
@@ -421,6 +446,8 @@ def _histograms(src: Source, expo: Exposition, keys: KeyCache) -> dict[str, dict
             k = keys.key(labels, match)
             if k is None:
                 continue
+            if value < 0:  # a count, or a sum of durations (every histogram an adapter reads is one)
+                raise _reject(src, labels, value, f"{suffix[1:]} below zero", "negative_value")
             key = (k[0], k[1])
             into[key] = into.get(key, 0.0) + value * scale
     out: dict[str, dict[Labels, Histogram]] = {}
@@ -434,15 +461,24 @@ def _histograms(src: Source, expo: Exposition, keys: KeyCache) -> dict[str, dict
 
 
 def _scalars(
-    src: Source, expo: Exposition, keys: KeyCache, per_dimension: bool
+    src: Source,
+    expo: Exposition,
+    keys: KeyCache,
+    per_dimension: bool,
+    domain: tuple[float, float] | None = None,
 ) -> dict[str, tuple[dict[str, float], int]]:
     out: dict[str, tuple[dict[str, float], int]] = {}
+    lo, hi = domain if domain is not None else (-math.inf, math.inf)
     for labels, value in expo.get(src.name):
         if math.isnan(value):
             continue
         k = keys.key(labels, src.match)
         if k is None:
             continue
+        if not lo <= value <= hi:  # only the samples this source reads (its label filter matched)
+            if value < 0 and lo == 0:
+                raise _reject(src, labels, value, "below zero", "negative_value")
+            raise _reject(src, labels, value, f"outside {lo:g}..{hi:g}", "out_of_range")
         model, rest, _le = k
         if src.fixed is not None:
             dim = src.fixed

@@ -28,7 +28,8 @@ REASONS = (
     "parse",
     "duplicate_series",  # one series twice in an exposition (Prometheus rejects the scrape)
     "type_conflict",  # a second TYPE/HELP line for a family, or TYPE after its samples
-    "negative_value",  # a counter, histogram bucket/count or summary count below zero
+    "negative_value",  # a counter, histogram bucket/count/duration sum or summary count below zero
+    "out_of_range",  # a gauge outside its quantity's domain (KV-cache usage outside 0..1)
     "openmetrics",  # an OpenMetrics family rule broken (body ending in # EOF)
     *LIMIT_REASONS,  # a limit of agent/engine/limits.py: sample_limit, label_value_length_limit, label_bytes_limit
 )

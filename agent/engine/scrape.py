@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import math
 
-from agent.engine.adapters import ADAPTERS, DEFAULT_MODEL, EngineReading, KeyCache, detect, prefixes_seen, read
+from agent.engine.adapters import (
+    ADAPTERS,
+    DEFAULT_MODEL,
+    EngineReading,
+    KeyCache,
+    ReadingError,
+    detect,
+    prefixes_seen,
+    read,
+)
 from agent.engine.board import QUANTILES, LatencyStats
 from agent.engine.exposition import STALE_CACHE_FACTOR, STALE_CACHE_SLACK, ExpositionError, ExpositionReader
 from agent.engine.fetch import EngineScrapeError
@@ -63,6 +72,8 @@ class EngineParser:
             keys.clear()  # label splits of series that are gone (as the reader's own caches)
         try:
             return read(adapter, expo, self.default_model, keys, self.limits.max_models)
+        except ReadingError as exc:  # a value outside its quantity's domain
+            raise EngineScrapeError(exc.reason, str(exc)) from None
         except SourceFormatError as exc:  # a bucket bound that is not a number, in a family without TYPE
             raise EngineScrapeError("parse", str(exc)) from None
 

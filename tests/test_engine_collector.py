@@ -110,9 +110,12 @@ BAD = {
     "cut-midline": (es.body('vllm:num_requests_running{model_name="m"} 1\nvllm:num_requests_running{mod'), "truncated"),
     "short-body": (es.truncated(VALID[:500], claimed=len(VALID)), "truncated"),
     "huge-announced": (es.body("x" * (11 * 1024 * 1024)), "too_large"),
-    # lines long enough that the byte cap comes before engine.max_series (a sample_limit)
+    # comment lines: the byte cap comes before engine.max_series (a sample_limit), and reading them costs
+    # next to nothing while the body streams in
     "huge-streamed": (
-        es.body(("vllm:x " + "1" * 120 + "\n") * (11 * 1024 * 1024 // 128 + 1), length=False),
+        es.body(
+            "vllm:num_requests_running 1\n" + ("# " + "x" * 125 + "\n") * (11 * 1024 * 1024 // 128 + 1), length=False
+        ),
         "too_large",
     ),
     "slow-answer": (es.slow(1.5, es.body(VALID)), "timeout"),

@@ -64,7 +64,7 @@ class Adapter:
         return frozenset(names)
 
     def reader(self, limits: EngineLimits | None = None) -> ExpositionReader:
-        return ExpositionReader(self.prefixes, self.wanted(), limits=limits)
+        return ExpositionReader(self.prefixes, self.wanted(), limits=limits, model_labels=self.model_labels)
 
 
 def _v(*names: str, **kw: object) -> tuple[Source, ...]:
@@ -414,7 +414,7 @@ def read(
                 for dim, v in total.items():
                     acc[dim] = acc.get(dim, 0.0) + v * src.scale
                 reading.sources.setdefault(cname, src.name)
-    return EngineReading(adapter.kind, models, expo.matched, len(dropped))
+    return EngineReading(adapter.kind, models, expo.matched, len(dropped) + expo.models_dropped)
 
 
 def _histograms(src: Source, expo: Exposition, keys: KeyCache) -> dict[str, dict[Labels, Histogram]]:

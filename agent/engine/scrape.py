@@ -7,6 +7,7 @@ survives between scrapes. Errors are :class:`~agent.engine.fetch.EngineScrapeErr
 
 from __future__ import annotations
 
+import codecs
 import math
 
 from agent.engine.adapters import (
@@ -20,7 +21,14 @@ from agent.engine.adapters import (
     read,
 )
 from agent.engine.board import QUANTILES, LatencyStats
-from agent.engine.exposition import STALE_CACHE_FACTOR, STALE_CACHE_SLACK, ExpositionError, ExpositionReader
+from agent.engine.exposition import (
+    STALE_CACHE_FACTOR,
+    STALE_CACHE_SLACK,
+    Exposition,
+    ExpositionError,
+    ExpositionReader,
+    ReadPass,
+)
 from agent.engine.fetch import EngineScrapeError
 from agent.engine.histogram import Histogram
 from agent.engine.limits import EngineLimits, count_sample_lines
@@ -42,6 +50,7 @@ class EngineParser:
         self._keys: dict[str, KeyCache] = {}
 
     def parse(self, body: bytes) -> EngineReading:
+        """Read a whole body (a file, ``engine inspect``); a body ending in ``# EOF`` is read as OpenMetrics."""
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -52,10 +61,7 @@ class EngineParser:
         kind = self.kind if self.kind != "auto" else detect(text)
         if kind is None:
             raise self._unknown(text)
-        adapter = ADAPTERS[kind]
-        reader = self._readers.get(kind)
-        if reader is None:
-            reader = self._readers[kind] = adapter.reader(self.limits)
+        reader = self._reader(kind)
         try:
             expo = reader.read(text)
         except ExpositionError as exc:
@@ -63,6 +69,20 @@ class EngineParser:
             raise EngineScrapeError("truncated" if truncated else exc.reason, str(exc)) from None
         except SourceFormatError as exc:
             raise EngineScrapeError("parse", str(exc)) from None
+        return self._map(kind, expo)
+
+    def stream(self) -> ExpositionStream:
+        """A read of a body as it arrives (:class:`ExpositionStream`): the collector's path."""
+        return ExpositionStream(self)
+
+    def _reader(self, kind: str) -> ExpositionReader:
+        reader = self._readers.get(kind)
+        if reader is None:
+            reader = self._readers[kind] = ADAPTERS[kind].reader(self.limits)
+        return reader
+
+    def _map(self, kind: str, expo: Exposition) -> EngineReading:
+        adapter = ADAPTERS[kind]
         if expo.matched == 0:
             raise EngineScrapeError("not_prometheus", f"no {kind} families this adapter reads in the response")
         keys = self._keys.get(kind)
@@ -91,6 +111,114 @@ class EngineParser:
         if not seen:
             return EngineScrapeError("not_prometheus", "the response holds no samples")
         return EngineScrapeError("unknown_engine", f"no known engine families; prefixes seen: {', '.join(seen)}")
+
+
+DETECT_WINDOW_CHARS = 64 * 1024  # with engine.kind auto: the engine is told from the body's first 64 Ki chars
+_BLANK = " \t"
+
+
+class ExpositionStream:
+    """An exposition read chunk by chunk as it arrives (:meth:`feed`), then :meth:`finish`.
+
+    Only the line being cut by a chunk's end is held, never the body: each chunk is decoded
+    (UTF-8, incrementally), split into lines and read by the target's :class:`ExpositionReader`
+    at once, so a limit (a label limit, a bad line) stops the read — and the fetch feeding it —
+    at the line that breaks it. With ``engine.kind`` auto, text is held until the engine is known
+    (:data:`DETECT_WINDOW_CHARS`, or the whole body of a program that is no known engine). A body the
+    engine labels OpenMetrics (``Content-Type: application/openmetrics-text``, :meth:`begin`) is
+    held whole and read as :meth:`EngineParser.parse` reads it: its family rules need every line.
+    """
+
+    def __init__(self, parser: EngineParser) -> None:
+        self.parser = parser
+        self._decoder = codecs.getincrementaldecoder("utf-8")("strict")
+        self._kind: str | None = parser.kind if parser.kind != "auto" else None
+        self._reader: ExpositionReader | None = None
+        self._pass: ReadPass | None = None
+        self._held: list[str] = []  # text before the engine is known
+        self._held_chars = 0
+        self._carry = ""  # the line cut by the last chunk's end
+        self._offset = 0  # bytes decoded so far
+        self._whole: bytearray | None = None  # an OpenMetrics body, held whole
+        self.bytes = 0
+        if self._kind is not None:
+            self._start(self._kind)
+
+    def begin(self, content_type: str) -> None:
+        """The media type the engine announced (lower case, no parameters)."""
+        if content_type == "application/openmetrics-text":
+            self._whole = bytearray()
+
+    def feed(self, chunk: bytes) -> None:
+        self.bytes += len(chunk)
+        if self._whole is not None:
+            self._whole += chunk
+            return
+        pending = len(self._decoder.getstate()[0])  # bytes of a character the last chunk cut
+        try:
+            text = self._decoder.decode(chunk)
+        except UnicodeDecodeError as exc:
+            at = self._offset - pending + exc.start
+            raise EngineScrapeError("not_utf8", f"body is not UTF-8 (invalid byte at offset {at})") from None
+        self._offset += len(chunk)
+        self._text(text)
+
+    def finish(self) -> EngineReading:
+        if self._whole is not None:
+            return self.parser.parse(bytes(self._whole))
+        try:
+            self._text(self._decoder.decode(b"", final=True))
+        except UnicodeDecodeError:
+            raise EngineScrapeError("not_utf8", f"body is not UTF-8 (cut at offset {self._offset})") from None
+        if self._kind is None:
+            text = "".join(self._held)
+            self._held.clear()
+            kind = detect(text)
+            if kind is None:
+                raise self.parser._unknown(text)
+            self._start(kind)
+            self._lines(text)
+        assert self._reader is not None and self._pass is not None and self._kind is not None
+        last = self._carry
+        if last.strip(_BLANK):
+            n = self._pass.lines + 1
+            raise EngineScrapeError("truncated", f"line {n}: no newline at the end of the input: {last[:120]!r}")
+        return self.parser._map(self._kind, self._reader.end(self._pass))
+
+    def _text(self, text: str) -> None:
+        if self._kind is None:
+            before = self._held_chars
+            tail = self._held[-1].rpartition("\n")[2] if self._held else ""  # the line this text continues
+            self._held.append(text)
+            self._held_chars += len(text)
+            if self._held_chars < DETECT_WINDOW_CHARS:
+                return
+            # the window once in full, then only what is new (a program that is no engine: held whole)
+            kind = detect("".join(self._held) if before < DETECT_WINDOW_CHARS else tail + text)
+            if kind is None:
+                return
+            text = "".join(self._held)
+            self._held.clear()
+            self._start(kind)
+        self._lines(text)
+
+    def _start(self, kind: str) -> None:
+        self._kind = kind
+        self._reader = self.parser._reader(kind)
+        self._pass = self._reader.begin()
+
+    def _lines(self, text: str) -> None:
+        if not text:
+            return
+        lines = (self._carry + text).split("\n") if self._carry else text.split("\n")
+        self._carry = lines.pop()
+        assert self._reader is not None and self._pass is not None
+        try:
+            self._reader.feed(self._pass, lines)
+        except ExpositionError as exc:
+            raise EngineScrapeError(exc.reason, str(exc)) from None
+        except SourceFormatError as exc:
+            raise EngineScrapeError("parse", str(exc)) from None
 
 
 def stats_from_histogram(h: Histogram | None) -> LatencyStats | None:

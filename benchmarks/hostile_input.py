@@ -58,6 +58,12 @@ def series(n: int) -> bytes:
     ).encode()
 
 
+def other_family(n: int) -> bytes:
+    """One vLLM gauge (the engine is told) and ``n`` series of a family no adapter reads."""
+    head = 'vllm:num_requests_running{model_name="m"} 1\n'
+    return (head + "".join(f'engine_other_info{{i="{i:07d}"}} 1\n' for i in range(n))).encode()
+
+
 def long_label(size: int) -> bytes:
     return ('vllm:num_requests_running{model_name="' + "x" * size + '"} 1\n').encode()
 
@@ -65,7 +71,17 @@ def long_label(size: int) -> bytes:
 CASES: dict[str, tuple[Callable[[], bytes], dict[str, str]]] = {
     "145k_models": (lambda: gauges(145_000), {}),
     "145k_models_max_series_raised": (lambda: gauges(145_000), {"INFERWATCH_ENGINE__MAX_SERIES": "200000"}),
+    "145k_models_max_models_raised": (
+        lambda: gauges(145_000),
+        {"INFERWATCH_ENGINE__MAX_SERIES": "200000", "INFERWATCH_ENGINE__MAX_MODELS": "1000"},
+    ),
     "1M_series_max_bytes_256MiB": (lambda: series(1_000_000), {"INFERWATCH_ENGINE__MAX_BYTES": str(256 << 20)}),
+    "200k_other_series_max_series_raised": (lambda: other_family(200_000), {"INFERWATCH_ENGINE__MAX_SERIES": "300000"}),
+    # every series kept (one model, 1M ranks): what the user allowed by raising both caps is held
+    "1M_series_max_bytes_and_max_series_raised": (
+        lambda: series(1_000_000),
+        {"INFERWATCH_ENGINE__MAX_BYTES": str(256 << 20), "INFERWATCH_ENGINE__MAX_SERIES": "2000000"},
+    ),
     "4MiB_label_value": (lambda: long_label(4 << 20), {}),
 }
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import pytest
 
+from agent.engine import scrape
 from agent.engine.adapters import EngineReading
 from agent.engine.fetch import EngineScrapeError
 from agent.engine.limits import EngineLimits
-from agent.engine.scrape import DETECT_WINDOW_CHARS, EngineParser
+from agent.engine.scrape import EngineParser
 from tests.conftest import FIXTURES
 from tests.engine_expo import VllmLike
 
@@ -26,12 +27,20 @@ def streamed(body: bytes, size: int, parser: EngineParser | None = None, ctype: 
     return stream.finish()
 
 
+@pytest.fixture(params=["default", "small"])
+def hold(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The body held before it is read: the default (most bodies held whole), or 100 bytes (streamed)."""
+    if request.param == "small":
+        monkeypatch.setattr(scrape, "STREAM_HOLD_BYTES", 100)
+
+
 def fixtures() -> list[str]:
     return sorted(p.name for p in ENGINES.glob("*.prom"))
 
 
 @pytest.mark.parametrize("name", fixtures())
 @pytest.mark.parametrize("size", [1, 7, 4096, 1 << 20])
+@pytest.mark.usefixtures("hold")
 def test_streamed_reading_equals_the_whole_body_one(name: str, size: int) -> None:
     body = (ENGINES / name).read_bytes()
     body = body if body.endswith(b"\n") else body + b"\n"
@@ -40,9 +49,10 @@ def test_streamed_reading_equals_the_whole_body_one(name: str, size: int) -> Non
     assert got == whole
 
 
+@pytest.mark.usefixtures("hold")
 def test_multibyte_characters_cut_by_a_chunk_and_a_late_engine_family() -> None:
-    # a long preamble of another program's families: the engine is told after the detection window
-    pre = "".join(f'python_info{{x="é{i}"}} 1\n' for i in range(DETECT_WINDOW_CHARS // 10))
+    # a preamble of another program's families: the engine is told once its first family arrives
+    pre = "".join(f'python_info{{x="é{i}"}} 1\n' for i in range(5000))
     gen = VllmLike(["modèle-ü"], engines=2, seed=2)
     gen.observe(5)
     body = (pre + gen.text()).encode()
@@ -69,6 +79,7 @@ def test_multibyte_characters_cut_by_a_chunk_and_a_late_engine_family() -> None:
     ],
 )
 @pytest.mark.parametrize("size", [1, 5, 1 << 16])
+@pytest.mark.usefixtures("hold")
 def test_errors_are_the_same_in_chunks(body: bytes, reason: str, where: str, size: int) -> None:
     with pytest.raises(EngineScrapeError) as whole:
         EngineParser().parse(body)
@@ -78,8 +89,9 @@ def test_errors_are_the_same_in_chunks(body: bytes, reason: str, where: str, siz
     assert where in str(err.value), str(err.value)
 
 
-def test_a_limit_stops_the_read_at_the_line_that_breaks_it() -> None:
-    """Nothing after the offending line is fed: the fetch stops there (see test_engine_limits for HTTP)."""
+def test_a_limit_stops_the_read_at_the_line_that_breaks_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once streaming, nothing after the offending line is read: the fetch stops there."""
+    monkeypatch.setattr(scrape, "STREAM_HOLD_BYTES", 10)
     stream = EngineParser("vllm", limits=EngineLimits(max_label_value_bytes=10)).stream()
     stream.begin("text/plain")
     stream.feed(b'vllm:num_requests_running{model_name="m"} 1\n')

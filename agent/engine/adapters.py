@@ -228,11 +228,19 @@ def prefixes_seen(text: str, limit: int = 8) -> list[str]:
     return list(seen)
 
 
-def detect(text: str) -> str | None:
-    """The engine whose prefix starts a sample line of ``text`` (first in ENGINE_KINDS order), else None."""
+def detect(text: str | bytes | bytearray) -> str | None:
+    """The engine whose prefix starts a sample line of ``text`` (first in ENGINE_KINDS order), else None.
+
+    ``text`` may be the undecoded body (the prefixes are ASCII).
+    """
+    raw = not isinstance(text, str)
     for kind in ENGINE_KINDS:
         for prefix in ADAPTERS[kind].prefixes:
-            if text.startswith(prefix) or ("\n" + prefix) in text:
+            if raw:
+                p = prefix.encode()
+                if text.startswith(p) or (b"\n" + p) in text:  # type: ignore[arg-type]
+                    return kind
+            elif text.startswith(prefix) or ("\n" + prefix) in text:  # type: ignore[arg-type]
                 return kind
     return None
 
@@ -287,6 +295,9 @@ class KeyCache:
         self._memo: dict[tuple[tuple[str, str], ...], dict[int, tuple[Labels, _Key | None]]] = {}
         self._size = 0
         self._le: dict[str, float] = {}
+        # one object per model name and per remaining label tuple, so that the buckets of one series
+        # (consecutive in an exposition) are told apart from the next series by identity
+        self._same: dict[object, object] = {}
 
     @property
     def size(self) -> int:
@@ -295,6 +306,7 @@ class KeyCache:
     def clear(self) -> None:
         self._memo.clear()
         self._le.clear()
+        self._same.clear()
         self._size = 0
 
     def memo(self, match: tuple[tuple[str, str], ...]) -> dict[int, tuple[Labels, _Key | None]]:
@@ -312,6 +324,7 @@ class KeyCache:
         out = self._split(labels, match)
         if self._size >= MAX_KEY_CACHE_ENTRIES:
             self._memo.clear()
+            self._same.clear()
             self._size = 0
             memo = self._memo[match] = {}
         memo[id(labels)] = (labels, out)
@@ -349,7 +362,11 @@ class KeyCache:
                     le = self._le[le_text] = parse_float(le_text)  # "+Inf" → inf
                 except ValueError:
                     raise SourceFormatError(f"bucket bound le={le_text[:40]!r} is not a number") from None
-        return (model if model is not None else self.default_model), tuple(rest), le
+        same = self._same
+        model_key = same.setdefault(model, model) if model is not None else self.default_model
+        rest_tuple = tuple(rest)
+        rest_key = same.setdefault(rest_tuple, rest_tuple)
+        return model_key, rest_key, le  # type: ignore[return-value]
 
 
 def read(
@@ -424,6 +441,9 @@ def _histograms(src: Source, expo: Exposition, keys: KeyCache) -> dict[str, dict
     match = src.match
     memo = keys.memo(match)
     scaled = src.scale != 1.0
+    last_model: str | None = None
+    last_series: Labels | None = None
+    b: dict[float, float] = {}
     for labels, value in expo.get(src.name + "_bucket"):
         hit = memo.get(id(labels))
         k = hit[1] if hit is not None and hit[0] is labels else keys.key(labels, match)
@@ -432,9 +452,11 @@ def _histograms(src: Source, expo: Exposition, keys: KeyCache) -> dict[str, dict
         model, series, bound = k
         if bound is None:
             continue
-        b = buckets.get((model, series))
-        if b is None:
-            b = buckets[(model, series)] = {}
+        if series is not last_series or model is not last_model:  # the next series (KeyCache interns both)
+            got = buckets.get((model, series))
+            if got is None:
+                got = buckets[(model, series)] = {}
+            b, last_model, last_series = got, model, series
         if value < 0:
             raise _reject(src, labels, value, "a bucket below zero", "negative_value")
         if scaled and math.isfinite(bound):

@@ -476,6 +476,13 @@ class ExpositionReader:
             self.clear()  # most cached heads are gone (a burst of series ended): give the memory back
         return Exposition(p.out, p.lines, p.matched, p.types, len(p.dropped))
 
+    def abandon(self, p: ReadPass) -> None:
+        """A read that failed: give back what it cached if most of the cache is its own (as :meth:`end`)."""
+        if len(self._heads) > STALE_CACHE_FACTOR * (len(p.seen) + len(p.seen_ts)) + STALE_CACHE_SLACK or (
+            len(self._heads) > STALE_CACHE_SLACK and p.lines > STALE_CACHE_SLACK
+        ):
+            self.clear()
+
     def feed(self, p: ReadPass, lines: list[str]) -> None:
         """Read complete lines (no ``\\n``) of the body read by ``p``, in order; raise ExpositionError."""
         heads = self._heads
@@ -724,9 +731,9 @@ def _plain_labels(raw: str) -> Labels | None:
     if _PLAIN_BLOCK.fullmatch(raw) is None:
         return None
     out = _PAIRS.findall(raw)
-    if len(out) > 1 and len({k for k, _ in out}) != len(out):
+    if len(out) > 1 and len(dict(out)) != len(out):
         return None
-    if any(k == "__name__" for k, _ in out):
+    if "__name__" in raw and any(k == "__name__" for k, _ in out):
         return None
     return tuple(out)
 

@@ -2,8 +2,9 @@
 
 The body is streamed and abandoned as soon as it passes ``max_bytes`` (a ``Content-Length`` above the
 cap is refused before reading); a server that answers slowly is cut at ``timeout_s`` in total, not
-only per read (the time the sink spends reading the chunks is not the server's, and not counted). Every failure is an :class:`EngineScrapeError` whose ``reason`` is one of
-:data:`REASONS`, so the collector can count failures by cause.
+only per read (the time a sink spends reading the chunks is not the server's, and is not counted).
+Every failure is an :class:`EngineScrapeError` whose ``reason`` is one of :data:`REASONS`, so the
+collector can count failures by cause.
 """
 
 from __future__ import annotations

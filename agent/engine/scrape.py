@@ -113,20 +113,24 @@ class EngineParser:
         return EngineScrapeError("unknown_engine", f"no known engine families; prefixes seen: {', '.join(seen)}")
 
 
-DETECT_WINDOW_CHARS = 64 * 1024  # with engine.kind auto: the engine is told from the body's first 64 Ki chars
+STREAM_HOLD_BYTES = 8 * 1024 * 1024  # the first 8 MiB of a body are held (as bytes) before they are read
+_PIECE_BYTES = 64 * 1024  # held bytes are read in pieces of this size
 _BLANK = " \t"
 
 
 class ExpositionStream:
-    """An exposition read chunk by chunk as it arrives (:meth:`feed`), then :meth:`finish`.
+    """An exposition read as it arrives (:meth:`feed` each chunk), then :meth:`finish`.
 
-    Only the line being cut by a chunk's end is held, never the body: each chunk is decoded
-    (UTF-8, incrementally), split into lines and read by the target's :class:`ExpositionReader`
-    at once, so a limit (a label limit, a bad line) stops the read — and the fetch feeding it —
-    at the line that breaks it. With ``engine.kind`` auto, text is held until the engine is known
-    (:data:`DETECT_WINDOW_CHARS`, or the whole body of a program that is no known engine). A body the
-    engine labels OpenMetrics (``Content-Type: application/openmetrics-text``, :meth:`begin`) is
-    held whole and read as :meth:`EngineParser.parse` reads it: its family rules need every line.
+    The first :data:`STREAM_HOLD_BYTES` are held as bytes — a body over ``engine.max_series`` lines
+    usually crosses that limit there, and is refused by the fetch before any line is parsed, which
+    costs far less than parsing it — and the engine is told from them (``engine.kind`` auto). After
+    that, or at the end of a shorter body, the held bytes and every further chunk are decoded (UTF-8,
+    incrementally), split into lines and read by the target's :class:`ExpositionReader` at once: only
+    the line a chunk cuts is held, so raising ``engine.max_bytes`` does not let memory follow the body,
+    and a limit (a label limit, a bad line) stops the read — and the fetch feeding it — at the line
+    that breaks it. Held longer: the body of a program that is no known engine (to say what it is),
+    and a body the engine labels OpenMetrics (``Content-Type: application/openmetrics-text``,
+    :meth:`begin`), read whole as :meth:`EngineParser.parse` reads it (its family rules need every line).
     """
 
     def __init__(self, parser: EngineParser) -> None:
@@ -135,89 +139,90 @@ class ExpositionStream:
         self._kind: str | None = parser.kind if parser.kind != "auto" else None
         self._reader: ExpositionReader | None = None
         self._pass: ReadPass | None = None
-        self._held: list[str] = []  # text before the engine is known
-        self._held_chars = 0
+        self._held: bytearray | None = bytearray()  # None once lines are being read
+        self._whole = False  # OpenMetrics: held to the end
         self._carry = ""  # the line cut by the last chunk's end
+        self._long: list[str] = []  # the chunks after it while they hold no newline
         self._offset = 0  # bytes decoded so far
-        self._whole: bytearray | None = None  # an OpenMetrics body, held whole
-        self.bytes = 0
-        if self._kind is not None:
-            self._start(self._kind)
 
     def begin(self, content_type: str) -> None:
         """The media type the engine announced (lower case, no parameters)."""
-        if content_type == "application/openmetrics-text":
-            self._whole = bytearray()
+        self._whole = content_type == "application/openmetrics-text"
 
     def feed(self, chunk: bytes) -> None:
-        self.bytes += len(chunk)
-        if self._whole is not None:
-            self._whole += chunk
+        held = self._held
+        if held is None:
+            self._decode(chunk)
             return
-        pending = len(self._decoder.getstate()[0])  # bytes of a character the last chunk cut
-        try:
-            text = self._decoder.decode(chunk)
-        except UnicodeDecodeError as exc:
-            at = self._offset - pending + exc.start
-            raise EngineScrapeError("not_utf8", f"body is not UTF-8 (invalid byte at offset {at})") from None
-        self._offset += len(chunk)
-        self._text(text)
+        held += chunk
+        if len(held) >= STREAM_HOLD_BYTES and not self._whole:
+            self._release(final=False)
 
     def finish(self) -> EngineReading:
-        if self._whole is not None:
-            return self.parser.parse(bytes(self._whole))
-        try:
-            self._text(self._decoder.decode(b"", final=True))
-        except UnicodeDecodeError:
-            raise EngineScrapeError("not_utf8", f"body is not UTF-8 (cut at offset {self._offset})") from None
-        if self._kind is None:
-            text = "".join(self._held)
-            self._held.clear()
-            kind = detect(text)
-            if kind is None:
-                raise self.parser._unknown(text)
-            self._start(kind)
-            self._lines(text)
+        if self._held is not None:
+            if self._whole:
+                return self.parser.parse(bytes(self._held))
+            self._release(final=True)
+        if self._held is not None:  # no known engine's family
+            try:
+                text = self._held.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise EngineScrapeError("not_utf8", f"body is not UTF-8 (invalid byte at offset {exc.start})") from None
+            raise self.parser._unknown(text)
+        self._decode(b"", final=True)
         assert self._reader is not None and self._pass is not None and self._kind is not None
-        last = self._carry
+        last = self._carry + "".join(self._long)
         if last.strip(_BLANK):
             n = self._pass.lines + 1
             raise EngineScrapeError("truncated", f"line {n}: no newline at the end of the input: {last[:120]!r}")
         return self.parser._map(self._kind, self._reader.end(self._pass))
 
-    def _text(self, text: str) -> None:
+    def _release(self, final: bool) -> None:
+        """Read the held bytes once the engine is known (else keep holding, up to engine.max_bytes)."""
+        held = self._held
+        assert held is not None
         if self._kind is None:
-            before = self._held_chars
-            tail = self._held[-1].rpartition("\n")[2] if self._held else ""  # the line this text continues
-            self._held.append(text)
-            self._held_chars += len(text)
-            if self._held_chars < DETECT_WINDOW_CHARS:
-                return
-            # the window once in full, then only what is new (a program that is no engine: held whole)
-            kind = detect("".join(self._held) if before < DETECT_WINDOW_CHARS else tail + text)
+            kind = detect(held)
             if kind is None:
                 return
-            text = "".join(self._held)
-            self._held.clear()
-            self._start(kind)
-        self._lines(text)
-
-    def _start(self, kind: str) -> None:
-        self._kind = kind
-        self._reader = self.parser._reader(kind)
+            self._kind = kind
+        self._reader = self.parser._reader(self._kind)
         self._pass = self._reader.begin()
+        self._held = None
+        view = memoryview(held)
+        try:
+            for i in range(0, len(held), _PIECE_BYTES):
+                self._decode(bytes(view[i : i + _PIECE_BYTES]))
+        finally:
+            view.release()
 
-    def _lines(self, text: str) -> None:
+    def _decode(self, chunk: bytes, final: bool = False) -> None:
+        pending = len(self._decoder.getstate()[0])  # bytes of a character the last chunk cut
+        try:
+            text = self._decoder.decode(chunk, final)
+        except UnicodeDecodeError as exc:
+            at = self._offset - pending + exc.start
+            raise EngineScrapeError("not_utf8", f"body is not UTF-8 (invalid byte at offset {at})") from None
+        self._offset += len(chunk)
         if not text:
             return
+        if "\n" not in text:  # a line longer than a chunk: its pieces are joined once, when it ends
+            self._long.append(text)
+            return
+        if self._long:
+            self._long.append(text)
+            text = "".join(self._long)
+            self._long.clear()
         lines = (self._carry + text).split("\n") if self._carry else text.split("\n")
         self._carry = lines.pop()
         assert self._reader is not None and self._pass is not None
         try:
             self._reader.feed(self._pass, lines)
         except ExpositionError as exc:
+            self._reader.abandon(self._pass)
             raise EngineScrapeError(exc.reason, str(exc)) from None
         except SourceFormatError as exc:
+            self._reader.abandon(self._pass)
             raise EngineScrapeError("parse", str(exc)) from None
 
 

@@ -129,7 +129,7 @@ def test_samples_of_dropped_models_are_checked_not_cached() -> None:
     reading = parser.parse(gauges(30_000).encode())
     assert sorted(reading.models) == ["m0000", "m0001", "m0002", "m0003"] and reading.models_dropped == 29_996
     reader = parser._readers["vllm"]
-    assert len(reader._heads) == 4 and len(reader._labels) == 4 and len(reader._series) == 4
+    assert len(reader._heads) == 4 and len(reader._labels) == 4 and len(reader._canon) == 4
     with pytest.raises(EngineScrapeError) as err:  # a dropped model's lines are still checked
         parser.parse((gauges(30_000) + 'vllm:num_requests_running{model_name="x"} one\n').encode())
     assert err.value.reason == "parse" and "line 30002" in str(err.value)

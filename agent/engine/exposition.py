@@ -357,7 +357,8 @@ MAX_UNKEPT_HEADS = 20_000  # heads of series not kept (other families, dropped m
 MAX_DROPPED_MODELS_COUNTED = 65_536  # distinct dropped models counted per read (beyond: a lower bound)
 
 
-_Info = tuple[Labels, "str | None", int, "str | None"]  # (labels, bad bound, canonical id or -1, model)
+_Info = tuple[Labels, "str | None", int, "str | None"]  # (labels, bad bound, canonical id, model)
+_UNKEPT = -2  # the canonical id of a label set of a name not wanted, not interned (see ExpositionReader.feed)
 
 
 class ReadPass:
@@ -435,10 +436,10 @@ class ExpositionReader:
         self.model_labels = model_labels
         self.max_models: float = limits.max_models if limits is not None else math.inf
         # "name{labels}" → (name, labels, series id, wanted, bad bound, model); series id: one int per distinct
-        # series; bad bound: "le" or "quantile" when that label is not a number (an error in a histogram/summary)
+        # series (the name's identity and the label set's canonical id); bad bound: "le" or "quantile" when
+        # that label is not a number (an error in a histogram/summary)
         self._heads: dict[str, tuple[str, Labels, int, bool, str | None, str | None]] = {}
         self._unkept = 0  # cached heads of names not wanted
-        self._series: dict[tuple[str, int], int] = {}  # (name, canonical label id) → series id
         # interned label tuples (the adapters memoise by identity) → (labels, bad bound, canonical id, model)
         self._labels: dict[Labels, _Info] = {}
         self._canon: dict[frozenset[tuple[str, str]], int] = {}  # label set in any order → one id
@@ -466,7 +467,7 @@ class ExpositionReader:
 
     def begin(self, om: bool = False) -> ReadPass:
         """Start a read (see :meth:`feed`)."""
-        if len(self._heads) >= MAX_LABEL_CACHE_ENTRIES or len(self._series) >= MAX_LABEL_CACHE_ENTRIES:
+        if len(self._heads) >= MAX_LABEL_CACHE_ENTRIES or len(self._canon) >= MAX_LABEL_CACHE_ENTRIES:
             self.clear()
         return ReadPass(om)
 
@@ -493,7 +494,7 @@ class ExpositionReader:
         matched = p.matched
         cap = self.max_models
         rules = self.scrape_rules
-        names, raw_cache, series_ids, wanted = self._names, self._raw, self._series, self.wanted
+        names, raw_cache, wanted = self._names, self._raw, self.wanted
         for line in lines:
             if not line:
                 continue
@@ -559,17 +560,21 @@ class ExpositionReader:
                     plain = parsed.plain and not om
                 labels, bad, canon, model = info
                 keep = name in wanted
-                if canon < 0:
-                    sid = -1  # not cached: a dropped model, or past MAX_UNKEPT_HEADS
-                else:
-                    key = (name, canon)
-                    sid = series_ids.get(key, -1)
-                    if sid < 0:
-                        sid = series_ids[key] = len(series_ids)
+                if canon >= 0:
+                    # one int per series: the name is one object per reader (``_names``), the label set one id
+                    sid = id(name) << 32 | canon
                     if plain:
                         if not keep:
                             self._unkept += 1
                         heads[head] = (name, labels, sid, keep, bad, model)
+                elif canon == _UNKEPT and plain:
+                    # a family not read: its head is cached without its labels; its series id is the cached
+                    # text's identity (the same line twice is a duplicate; its labels in another order are not seen)
+                    sid = id(head)
+                    self._unkept += 1
+                    heads[head] = (name, (), sid, False, bad, None)
+                else:
+                    sid = -1  # not cached: a dropped model, or past MAX_UNKEPT_HEADS
             if keep and model not in kept:
                 if len(kept) < cap:
                     kept.add(model)
@@ -614,7 +619,6 @@ class ExpositionReader:
         """Forget every cached head, label set and name (the next read is a cold one)."""
         self._heads.clear()
         self._unkept = 0
-        self._series.clear()
         self._labels.clear()
         self._raw.clear()
         self._canon.clear()
@@ -630,9 +634,12 @@ class ExpositionReader:
         by_raw: bool = False,
         raw: str | None = None,
     ) -> _Info:
-        """(labels interned, bad bound, canonical id, model) of a new head's labels; cached unless the series
-        will not be kept and the cache of such heads is full (canonical id -1). ``by_raw``: also cache the
-        result by the plain label text ``raw`` (None: no label block)."""
+        """(labels interned, bad bound, canonical id, model) of a new head's labels.
+
+        Interned and cached for a wanted name; for a name not wanted, not interned (canonical id
+        ``_UNKEPT``: the head may be cached alone, or -1 once :data:`MAX_UNKEPT_HEADS` are); for a model
+        past ``max_models``, nothing (-1). ``by_raw``: also cache the result by the plain label text
+        ``raw`` (None: no label block)."""
         hit = self._labels.get(labels)
         if hit is not None:
             if by_raw:
@@ -643,12 +650,10 @@ class ExpositionReader:
             if broken is not None:
                 raise self._error(p, lines, line, broken[1], broken[0])
         model = _model_of(labels, self.model_labels)
-        if name in self.wanted:
-            store = model in p.kept or len(p.kept) < self.max_models
-        else:
-            store = self._unkept < MAX_UNKEPT_HEADS
-        if not store:
-            return labels, _bad_bound(labels), -1, model
+        if name not in self.wanted:
+            return labels, _bad_bound(labels), _UNKEPT if self._unkept < MAX_UNKEPT_HEADS else -1, None
+        if model not in p.kept and len(p.kept) >= self.max_models:
+            return labels, _bad_bound(labels), -1, model  # a dropped model: nothing cached
         canon = self._canon.setdefault(frozenset(labels), len(self._canon))
         hit = self._labels[labels] = (labels, _bad_bound(labels), canon, model)
         if by_raw:

@@ -435,6 +435,7 @@ class ExpositionReader:
         self.limits = limits  # label limits, checked once per distinct label set (never on a cached head)
         self.model_labels = model_labels
         self.max_models: float = limits.max_models if limits is not None else math.inf
+        self._short_labels = min(limits.max_label_value_bytes, limits.max_label_bytes) if limits is not None else 0
         # "name{labels}" → (name, labels, series id, wanted, bad bound, model); series id: one int per distinct
         # series (the name's identity and the label set's canonical id); bad bound: "le" or "quantile" when
         # that label is not a number (an error in a histogram/summary)
@@ -445,6 +446,7 @@ class ExpositionReader:
         self._canon: dict[frozenset[tuple[str, str]], int] = {}  # label set in any order → one id
         self._raw: dict[str | None, _Info] = {}  # label text of plain heads → _info()
         self._names: dict[str, str] = {}  # metric names checked valid, one object each (cheap `is` tests)
+        self._bounds: dict[str, bool] = {}  # le/quantile label texts → a number (see _bad_bound)
 
     def read(self, text: str, openmetrics: bool | None = None) -> Exposition:
         om = is_openmetrics(text) if openmetrics is None else openmetrics
@@ -645,17 +647,19 @@ class ExpositionReader:
             if by_raw:
                 self._raw[raw] = hit
             return hit
-        if self.limits is not None:
+        # A plain ASCII label text no longer than the smaller limit cannot break one: its names and values
+        # are shorter than the text (the common case: one length test instead of a pass over the labels).
+        if self.limits is not None and not (raw is not None and len(raw) <= self._short_labels and raw.isascii()):
             broken = label_limit_error(labels, self.limits)
             if broken is not None:
                 raise self._error(p, lines, line, broken[1], broken[0])
         model = _model_of(labels, self.model_labels)
         if name not in self.wanted:
-            return labels, _bad_bound(labels), _UNKEPT if self._unkept < MAX_UNKEPT_HEADS else -1, None
+            return labels, _bad_bound(labels, self._bounds), _UNKEPT if self._unkept < MAX_UNKEPT_HEADS else -1, None
         if model not in p.kept and len(p.kept) >= self.max_models:
-            return labels, _bad_bound(labels), -1, model  # a dropped model: nothing cached
+            return labels, _bad_bound(labels, self._bounds), -1, model  # a dropped model: nothing cached
         canon = self._canon.setdefault(frozenset(labels), len(self._canon))
-        hit = self._labels[labels] = (labels, _bad_bound(labels), canon, model)
+        hit = self._labels[labels] = (labels, _bad_bound(labels, self._bounds), canon, model)
         if by_raw:
             self._raw[raw] = hit
         return hit
@@ -743,12 +747,23 @@ def _plain_labels(raw: str) -> Labels | None:
     return tuple(out)
 
 
-def _bad_bound(labels: Labels) -> str | None:
+MAX_BOUND_TEXTS = 4096  # le/quantile texts remembered per reader (bucket bounds repeat in every series)
+
+
+def _bad_bound(labels: Labels, bounds: dict[str, bool]) -> str | None:
+    """"le" or "quantile" when that label is not a number, else None; ``bounds``: texts seen → a number."""
     for k, v in labels:
         if k == "le" or k == "quantile":
-            try:
-                parse_float(v)
-            except ValueError:
+            ok = bounds.get(v)
+            if ok is None:
+                try:
+                    parse_float(v)
+                    ok = True
+                except ValueError:
+                    ok = False
+                if len(bounds) < MAX_BOUND_TEXTS:
+                    bounds[v] = ok
+            if not ok:
                 return k
     return None
 

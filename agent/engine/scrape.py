@@ -144,6 +144,7 @@ class ExpositionStream:
         self._carry = ""  # the line cut by the last chunk's end
         self._long: list[str] = []  # the chunks after it while they hold no newline
         self._offset = 0  # bytes decoded so far
+        self._scanned = 0  # held bytes already searched for an engine's family
 
     def begin(self, content_type: str) -> None:
         """The media type the engine announced (lower case, no parameters)."""
@@ -182,7 +183,9 @@ class ExpositionStream:
         held = self._held
         assert held is not None
         if self._kind is None:
-            kind = detect(held)
+            start = max(held.rfind(b"\n", 0, self._scanned), 0)  # only what is new since the last look
+            kind = detect(held[start:] if start else held)
+            self._scanned = len(held)
             if kind is None:
                 return
             self._kind = kind

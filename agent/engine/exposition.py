@@ -751,7 +751,7 @@ MAX_BOUND_TEXTS = 4096  # le/quantile texts remembered per reader (bucket bounds
 
 
 def _bad_bound(labels: Labels, bounds: dict[str, bool]) -> str | None:
-    """ "le" or "quantile" when that label is not a number, else None; ``bounds``: texts seen → a number."""
+    """The label (``le`` or ``quantile``) that is not a number, else None; ``bounds``: texts seen → a number."""
     for k, v in labels:
         if k == "le" or k == "quantile":
             ok = bounds.get(v)

@@ -3,7 +3,8 @@
 Run from the repository root: ``.venv/bin/python benchmarks/hostile_input.py [--phase-s 8] [--cases ...]``.
 
 Each case is a fresh ``python -m agent run`` (engine interval 1 s) scraping a local HTTP server on
-127.0.0.1. Phases: *clean* (a two-model vLLM exposition) → *hostile* (the case's body) → *clean* again.
+127.0.0.1; once its own ``/metrics`` says it read the clean exposition (``inferwatch_engine_up 1``),
+phases: *clean* (a two-model vLLM exposition) → *hostile* (the case's body) → *clean* again.
 The agent's RSS is sampled from ``/proc/PID/status`` every 50 ms; reported per case: the clean baseline
 (median RSS over the last half of the first clean phase), the peak during the hostile phase (max of the
 samples and of the rise of ``VmHWM``), and the RSS at the end of the recovery phase, plus what the
@@ -58,6 +59,12 @@ def series(n: int) -> bytes:
     ).encode()
 
 
+def other_family(n: int) -> bytes:
+    """One vLLM gauge (the engine is told) and ``n`` series of a family no adapter reads."""
+    head = 'vllm:num_requests_running{model_name="m"} 1\n'
+    return (head + "".join(f'engine_other_info{{i="{i:07d}"}} 1\n' for i in range(n))).encode()
+
+
 def long_label(size: int) -> bytes:
     return ('vllm:num_requests_running{model_name="' + "x" * size + '"} 1\n').encode()
 
@@ -65,7 +72,17 @@ def long_label(size: int) -> bytes:
 CASES: dict[str, tuple[Callable[[], bytes], dict[str, str]]] = {
     "145k_models": (lambda: gauges(145_000), {}),
     "145k_models_max_series_raised": (lambda: gauges(145_000), {"INFERWATCH_ENGINE__MAX_SERIES": "200000"}),
+    "145k_models_max_models_raised": (
+        lambda: gauges(145_000),
+        {"INFERWATCH_ENGINE__MAX_SERIES": "200000", "INFERWATCH_ENGINE__MAX_MODELS": "1000"},
+    ),
     "1M_series_max_bytes_256MiB": (lambda: series(1_000_000), {"INFERWATCH_ENGINE__MAX_BYTES": str(256 << 20)}),
+    "200k_other_series_max_series_raised": (lambda: other_family(200_000), {"INFERWATCH_ENGINE__MAX_SERIES": "300000"}),
+    # every series kept (one model, 1M ranks): what the user allowed by raising both caps is held
+    "1M_series_max_bytes_and_max_series_raised": (
+        lambda: series(1_000_000),
+        {"INFERWATCH_ENGINE__MAX_BYTES": str(256 << 20), "INFERWATCH_ENGINE__MAX_SERIES": "2000000"},
+    ),
     "4MiB_label_value": (lambda: long_label(4 << 20), {}),
 }
 
@@ -135,6 +152,19 @@ def engine_metrics(port: int) -> dict[str, float]:
     return out
 
 
+def wait_ready(port: int, timeout_s: float = 90.0) -> None:
+    """Until the agent's own /metrics says it has read the clean exposition (``inferwatch_engine_up 1``)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        with contextlib.suppress(httpx.HTTPError):
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            up = [ln.rpartition(" ")[2] for ln in text.splitlines() if ln.startswith("inferwatch_engine_up{")]
+            if up and float(up[0]) == 1:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"the agent on port {port} did not read the clean exposition within {timeout_s:g} s")
+
+
 def run_case(name: str, make: Callable[[], bytes], extra: dict[str, str], clean: bytes, phase_s: float) -> dict:
     hostile = make()
     Body.data = clean
@@ -153,6 +183,7 @@ def run_case(name: str, make: Callable[[], bytes], extra: dict[str, str], clean:
     samples: list[tuple[str, float]] = []  # (phase, RSS MB)
     hwm: dict[str, float] = {}
     try:
+        wait_ready(port)  # on a loaded machine the agent's start alone can take longer than a phase
         for phase, body in (("clean", clean), ("hostile", hostile), ("recovered", clean)):
             Body.data = body
             end = time.monotonic() + phase_s

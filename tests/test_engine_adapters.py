@@ -268,3 +268,68 @@ def test_valid_corners_the_old_reader_refused_or_dropped() -> None:
     r = EngineParser().parse(text.encode())
     assert r.models["a"].gauges == {"running": 1.0, "waiting": 2.0}
     assert r.models["b"].gauges == {"running": 3.0, "waiting": 4.0}
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        # no TYPE line: the format allows any value; the adapter knows what each family means
+        ('vllm:kv_cache_usage_perc{model_name="m"} -1e308\n', "negative_value"),
+        ('vllm:kv_cache_usage_perc{model_name="m"} 1.5\n', "out_of_range"),
+        ('vllm:kv_cache_usage_perc{model_name="m"} +Inf\n', "out_of_range"),
+        ('vllm:num_requests_waiting{model_name="m"} -3\n', "negative_value"),
+        ('vllm:prompt_tokens_total{model_name="m"} -5\n', "negative_value"),
+        ('vllm:request_success_total{finished_reason="stop",model_name="m"} -1\n', "negative_value"),
+        ('vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} -1\n', "negative_value"),
+        (
+            'vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 1\n'
+            'vllm:e2e_request_latency_seconds_sum{model_name="m"} -0.5\n'
+            'vllm:e2e_request_latency_seconds_count{model_name="m"} 1\n',
+            "negative_value",
+        ),
+        (
+            "# TYPE vllm:e2e_request_latency_seconds histogram\n"
+            'vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 1\n'
+            'vllm:e2e_request_latency_seconds_sum{model_name="m"} -1e308\n'  # the format allows a negative sum
+            'vllm:e2e_request_latency_seconds_count{model_name="m"} 1\n',
+            "negative_value",
+        ),
+    ],
+)
+def test_values_outside_their_quantity_are_rejected(text: str, reason: str) -> None:
+    with pytest.raises(EngineScrapeError) as err:
+        EngineParser().parse(text.encode())
+    assert err.value.reason == reason, str(err.value)
+    assert "vllm:" in str(err.value)
+
+
+def test_values_on_the_edges_of_their_domain_are_read() -> None:
+    text = (
+        'vllm:kv_cache_usage_perc{model_name="a"} 0\nvllm:kv_cache_usage_perc{model_name="b"} 1\n'
+        'vllm:num_requests_running{model_name="a"} 0\nvllm:prompt_tokens_total{model_name="a"} 0\n'
+    )
+    reading = EngineParser().parse(text.encode())
+    assert reading.models["a"].gauges == {"kv_usage": 0.0, "running": 0.0}
+    assert reading.models["b"].gauges == {"kv_usage": 1.0}
+
+
+def test_a_token_counter_going_down_is_a_reset_not_a_rejection() -> None:
+    """As Prometheus' ``increase``: a lower value is a restart; the increase after it is the new value."""
+    from agent.collectors.engine import EngineTimeline, reading_samples
+
+    def body(prompt_tokens: float, seconds: float) -> bytes:
+        return (
+            "# TYPE llamacpp:prompt_tokens_total counter\n"
+            f"llamacpp:prompt_tokens_total {prompt_tokens}\n"
+            "# TYPE llamacpp:prompt_seconds_total counter\n"
+            f"llamacpp:prompt_seconds_total {seconds}\n"
+        ).encode()
+
+    parser, timeline = EngineParser("llamacpp"), EngineTimeline()
+    for t, (tokens, secs) in enumerate([(1000, 10.0), (400, 2.0)]):
+        reading = parser.parse(body(tokens, secs))
+        timeline.update(float(t), reading)
+    exported = [s for s in reading_samples(reading) if s.name == "inferwatch.engine.tokens"]
+    assert [s.value for s in exported] == [400]  # what the engine says now; rate() downstream sees the reset
+    token_time = [s for s in timeline.derived_samples({}) if s.name == "inferwatch.engine.token_time"]
+    assert {s.value for s in token_time} == {2.0 / 400}  # the increase after the reset is the new value

@@ -110,11 +110,6 @@ BAD = {
     "cut-midline": (es.body('vllm:num_requests_running{model_name="m"} 1\nvllm:num_requests_running{mod'), "truncated"),
     "short-body": (es.truncated(VALID[:500], claimed=len(VALID)), "truncated"),
     "huge-announced": (es.body("x" * (11 * 1024 * 1024)), "too_large"),
-    # lines long enough that the byte cap comes before engine.max_series (a sample_limit)
-    "huge-streamed": (
-        es.body(("vllm:x " + "1" * 120 + "\n") * (11 * 1024 * 1024 // 128 + 1), length=False),
-        "too_large",
-    ),
     "slow-answer": (es.slow(1.5, es.body(VALID)), "timeout"),
     "slow-body": (es.trickle(b"vllm:num_requests_running 1\n", 0.05, 3.0), "timeout"),
     "http-500": (es.status(500), "http_status"),
@@ -137,6 +132,10 @@ BAD = {
         es.body("# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total -1\n"),
         "negative_value",
     ),
+    # issue 14: a ratio far below its domain was exported as-is; an untyped counter below zero too
+    "negative-kv-usage": (es.body('vllm:kv_cache_usage_perc{model_name="m"} -1e308\n'), "negative_value"),
+    "kv-usage-above-one": (es.body('vllm:kv_cache_usage_perc{model_name="m"} 7\n'), "out_of_range"),
+    "negative-untyped-counter": (es.body('vllm:generation_tokens_total{model_name="m"} -3\n'), "negative_value"),
     "unknown-engine": (es.body("# TYPE my_server_requests counter\nmy_server_requests 3\n"), "unknown_engine"),
 }
 
@@ -160,6 +159,19 @@ def test_bad_answers_fail_with_their_reason(case: str) -> None:
     assert status["inferwatch.engine.up"][0].value == 0
     errors = {dict(s.attributes)["reason"]: s.value for s in status["inferwatch.engine.scrape.errors"]}
     assert errors[reason] == 1 and sum(errors.values()) == 1
+
+
+def test_a_streamed_body_past_the_byte_cap_is_cut() -> None:
+    """No Content-Length: the cap is found while the body streams in (held, not yet parsed: under 8 MiB)."""
+    body = "vllm:num_requests_running 1\n" + "".join(f'vllm:x{{i="{i:07d}"}} {"1" * 100}\n' for i in range(25_000))
+    with es.EngineServer({"/metrics": es.body(body, length=False)}) as srv:
+        c = collector(srv.url("/metrics"), timeout_s=10, max_bytes=2 * 1024 * 1024)
+        try:
+            with pytest.raises(EngineScrapeError) as err:
+                c.collect()
+        finally:
+            c.close()
+    assert len(body) > 2 * 1024 * 1024 and err.value.reason == "too_large", str(err.value)
 
 
 def test_connection_refused() -> None:

@@ -117,9 +117,27 @@ def test_collector_counts_limit_hits_and_logs_once(caplog: pytest.LogCaptureFixt
             c.close()
 
 
+def ranks(n: int) -> str:
+    lines = ["# TYPE vllm:num_requests_running gauge"]
+    lines += [f'vllm:num_requests_running{{model_name="m{i % 3}",rank="{i}"}} 1' for i in range(n)]
+    return "\n".join(lines) + "\n"
+
+
+def test_samples_of_dropped_models_are_checked_not_cached() -> None:
+    """A flood of model names costs no memory per series: only the kept models' heads are cached."""
+    parser = EngineParser("auto", "unknown", EngineLimits(max_models=4))
+    reading = parser.parse(gauges(30_000).encode())
+    assert sorted(reading.models) == ["m0000", "m0001", "m0002", "m0003"] and reading.models_dropped == 29_996
+    reader = parser._readers["vllm"]
+    assert len(reader._heads) == 4 and len(reader._labels) == 4 and len(reader._canon) == 4
+    with pytest.raises(EngineScrapeError) as err:  # a dropped model's lines are still checked
+        parser.parse((gauges(30_000) + 'vllm:num_requests_running{model_name="x"} one\n').encode())
+    assert err.value.reason == "parse" and "line 30002" in str(err.value)
+
+
 def test_caches_of_a_burst_of_series_are_given_back() -> None:
     parser = EngineParser("auto", "unknown", EngineLimits(max_models=4))
-    parser.parse(gauges(30_000).encode())
+    parser.parse(ranks(30_000).encode())
     reader, keys = parser._readers["vllm"], parser._keys["vllm"]
     assert len(reader._heads) == 30_000
     parser.parse(gauges(3).encode())  # the engine is back to three models

@@ -197,7 +197,7 @@ METRICS = (
         "{error}",
         "Failed reads of the engine's /metrics by reason (connect, timeout, http_status, too_large, truncated, "
         "not_utf8, not_prometheus, unknown_engine, parse, duplicate_series, type_conflict, negative_value, "
-        "openmetrics, sample_limit, label_value_length_limit, label_bytes_limit).",
+        "out_of_range, openmetrics, sample_limit, label_value_length_limit, label_bytes_limit).",
         ("reason",),
     ),
     MetricSpec(

@@ -36,7 +36,7 @@ from agent.catalog.engine import MODEL
 from agent.collectors.base import BaseCollector, CollectContext, Collection
 from agent.engine.adapters import DEFAULT_MODEL, QUANTITIES, EngineReading, ModelReading
 from agent.engine.board import Key, LatencyBoard, LatencyStats, latency_samples
-from agent.engine.fetch import REASONS, EngineScrapeError, fetch
+from agent.engine.fetch import REASONS, EngineScrapeError, fetch_into
 from agent.engine.histogram import sum_histograms
 from agent.engine.limits import LIMITS, EngineLimits
 from agent.engine.scrape import EngineParser, stats_from_histogram
@@ -186,9 +186,10 @@ class EngineCollector(BaseCollector):
                 "no engine /metrics URL configured",
                 hint="set engine.metrics_url (INFERWATCH_ENGINE__METRICS_URL=http://127.0.0.1:8000/metrics)",
             )
-        try:
-            body = fetch(self._client, url, self.cfg.timeout_s, self.cfg.max_bytes, self.limits.max_series)
-            reading = self.parser.parse(body)
+        try:  # parsed while it streams in: the body is never held (a limit stops the fetch at once)
+            stream = self.parser.stream()
+            size = fetch_into(self._client, url, self.cfg.timeout_s, self.cfg.max_bytes, stream, self.limits.max_series)
+            reading = stream.finish()
         except EngineScrapeError as exc:
             with self._lock:
                 self._up = 0
@@ -196,8 +197,6 @@ class EngineCollector(BaseCollector):
                 if exc.reason in self._limit_hits:
                     self._limit_hits[exc.reason] += 1
             raise  # the runner logs the failure once when it starts and once when it ends
-        size = len(body)
-        del body  # the reading holds what is needed; the body may be megabytes
         now = time.time()
         dropped = reading.models_dropped
         with self._lock:

@@ -64,7 +64,7 @@ class Adapter:
         return frozenset(names)
 
     def reader(self, limits: EngineLimits | None = None) -> ExpositionReader:
-        return ExpositionReader(self.prefixes, self.wanted(), limits=limits)
+        return ExpositionReader(self.prefixes, self.wanted(), limits=limits, model_labels=self.model_labels)
 
 
 def _v(*names: str, **kw: object) -> tuple[Source, ...]:
@@ -73,8 +73,17 @@ def _v(*names: str, **kw: object) -> tuple[Source, ...]:
 
 
 GAUGE_MEAN = frozenset({"kv_usage"})  # averaged over ranks; every other gauge is summed
+# The domain of each gauge, by the catalog quantity it feeds (agent/catalog/engine.py): KV-cache usage is a
+# ratio (unit "1", 0..1), requests running and waiting are counts. A raw sample outside it rejects the
+# reading (``out_of_range``), as a negative counter, bucket, count or duration sum does (``negative_value``).
+GAUGE_DOMAINS: dict[str, tuple[float, float]] = {
+    "kv_usage": (0.0, 1.0),
+    "running": (0.0, math.inf),
+    "waiting": (0.0, math.inf),
+}
 # Counters whose candidates are all used (summed by dimension) instead of first-present-wins.
 COUNTER_ALL = frozenset({"finished"})
+COUNTER_DOMAIN = (0.0, math.inf)  # counters (and TGI's token sums) never go below zero
 
 VLLM = Adapter(
     "vllm",
@@ -219,11 +228,19 @@ def prefixes_seen(text: str, limit: int = 8) -> list[str]:
     return list(seen)
 
 
-def detect(text: str) -> str | None:
-    """The engine whose prefix starts a sample line of ``text`` (first in ENGINE_KINDS order), else None."""
+def detect(text: str | bytes | bytearray) -> str | None:
+    """The engine whose prefix starts a sample line of ``text`` (first in ENGINE_KINDS order), else None.
+
+    ``text`` may be the undecoded body (the prefixes are ASCII).
+    """
+    raw = not isinstance(text, str)
     for kind in ENGINE_KINDS:
         for prefix in ADAPTERS[kind].prefixes:
-            if text.startswith(prefix) or ("\n" + prefix) in text:
+            if raw:
+                p = prefix.encode()
+                if text.startswith(p) or (b"\n" + p) in text:  # type: ignore[arg-type]
+                    return kind
+            elif text.startswith(prefix) or ("\n" + prefix) in text:  # type: ignore[arg-type]
                 return kind
     return None
 
@@ -246,6 +263,19 @@ class EngineReading:
     models_dropped: int = 0  # distinct models past max_models, left out of ``models``
 
 
+class ReadingError(SourceFormatError):
+    """A value the engine's quantity cannot take (a negative counter, a ratio above 1); ``reason`` as fetch's."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _reject(src: Source, labels: Labels, value: float, why: str, reason: str) -> ReadingError:
+    shown = ",".join(f'{k}="{v[:40]}"' for k, v in labels[:4])
+    return ReadingError(f"{src.name}{{{shown}}} = {value:g}: {why}", reason)
+
+
 _Key = tuple[str, Labels, float | None]  # (model, other labels sorted, le bound or None)
 MAX_KEY_CACHE_ENTRIES = 200_000
 
@@ -265,6 +295,9 @@ class KeyCache:
         self._memo: dict[tuple[tuple[str, str], ...], dict[int, tuple[Labels, _Key | None]]] = {}
         self._size = 0
         self._le: dict[str, float] = {}
+        # one object per model name and per remaining label tuple, so that the buckets of one series
+        # (consecutive in an exposition) are told apart from the next series by identity
+        self._same: dict[object, object] = {}
 
     @property
     def size(self) -> int:
@@ -273,6 +306,7 @@ class KeyCache:
     def clear(self) -> None:
         self._memo.clear()
         self._le.clear()
+        self._same.clear()
         self._size = 0
 
     def memo(self, match: tuple[tuple[str, str], ...]) -> dict[int, tuple[Labels, _Key | None]]:
@@ -290,6 +324,7 @@ class KeyCache:
         out = self._split(labels, match)
         if self._size >= MAX_KEY_CACHE_ENTRIES:
             self._memo.clear()
+            self._same.clear()
             self._size = 0
             memo = self._memo[match] = {}
         memo[id(labels)] = (labels, out)
@@ -327,7 +362,11 @@ class KeyCache:
                     le = self._le[le_text] = parse_float(le_text)  # "+Inf" → inf
                 except ValueError:
                     raise SourceFormatError(f"bucket bound le={le_text[:40]!r} is not a number") from None
-        return (model if model is not None else self.default_model), tuple(rest), le
+        same = self._same
+        model_key = same.setdefault(model, model) if model is not None else self.default_model
+        rest_tuple = tuple(rest)
+        rest_key = same.setdefault(rest_tuple, rest_tuple)
+        return model_key, rest_key, le  # type: ignore[return-value]
 
 
 def read(
@@ -373,7 +412,8 @@ def read(
 
     for gname, cands in adapter.gauges.items():
         for src in cands:
-            for mname, (total, n) in _scalars(src, expo, split, per_dimension=False).items():
+            domain = GAUGE_DOMAINS.get(gname)
+            for mname, (total, n) in _scalars(src, expo, split, per_dimension=False, domain=domain).items():
                 reading = model(mname)
                 if gname in reading.gauges:
                     continue
@@ -383,7 +423,7 @@ def read(
 
     for cname, cands in adapter.counters.items():
         for src in cands:
-            for mname, (total, _n) in _scalars(src, expo, split, per_dimension=True).items():
+            for mname, (total, _n) in _scalars(src, expo, split, per_dimension=True, domain=COUNTER_DOMAIN).items():
                 reading = model(mname)
                 if cname in reading.counters and cname not in COUNTER_ALL:
                     continue
@@ -391,7 +431,7 @@ def read(
                 for dim, v in total.items():
                     acc[dim] = acc.get(dim, 0.0) + v * src.scale
                 reading.sources.setdefault(cname, src.name)
-    return EngineReading(adapter.kind, models, expo.matched, len(dropped))
+    return EngineReading(adapter.kind, models, expo.matched, len(dropped) + expo.models_dropped)
 
 
 def _histograms(src: Source, expo: Exposition, keys: KeyCache) -> dict[str, dict[Labels, Histogram]]:
@@ -401,6 +441,9 @@ def _histograms(src: Source, expo: Exposition, keys: KeyCache) -> dict[str, dict
     match = src.match
     memo = keys.memo(match)
     scaled = src.scale != 1.0
+    last_model: str | None = None
+    last_series: Labels | None = None
+    b: dict[float, float] = {}
     for labels, value in expo.get(src.name + "_bucket"):
         hit = memo.get(id(labels))
         k = hit[1] if hit is not None and hit[0] is labels else keys.key(labels, match)
@@ -409,9 +452,13 @@ def _histograms(src: Source, expo: Exposition, keys: KeyCache) -> dict[str, dict
         model, series, bound = k
         if bound is None:
             continue
-        b = buckets.get((model, series))
-        if b is None:
-            b = buckets[(model, series)] = {}
+        if series is not last_series or model is not last_model:  # the next series (KeyCache interns both)
+            got = buckets.get((model, series))
+            if got is None:
+                got = buckets[(model, series)] = {}
+            b, last_model, last_series = got, model, series
+        if value < 0:
+            raise _reject(src, labels, value, "a bucket below zero", "negative_value")
         if scaled and math.isfinite(bound):
             bound *= src.scale
         b[bound] = b.get(bound, 0.0) + value
@@ -421,6 +468,8 @@ def _histograms(src: Source, expo: Exposition, keys: KeyCache) -> dict[str, dict
             k = keys.key(labels, match)
             if k is None:
                 continue
+            if value < 0:  # a count, or a sum of durations (every histogram an adapter reads is one)
+                raise _reject(src, labels, value, f"{suffix[1:]} below zero", "negative_value")
             key = (k[0], k[1])
             into[key] = into.get(key, 0.0) + value * scale
     out: dict[str, dict[Labels, Histogram]] = {}
@@ -434,15 +483,24 @@ def _histograms(src: Source, expo: Exposition, keys: KeyCache) -> dict[str, dict
 
 
 def _scalars(
-    src: Source, expo: Exposition, keys: KeyCache, per_dimension: bool
+    src: Source,
+    expo: Exposition,
+    keys: KeyCache,
+    per_dimension: bool,
+    domain: tuple[float, float] | None = None,
 ) -> dict[str, tuple[dict[str, float], int]]:
     out: dict[str, tuple[dict[str, float], int]] = {}
+    lo, hi = domain if domain is not None else (-math.inf, math.inf)
     for labels, value in expo.get(src.name):
         if math.isnan(value):
             continue
         k = keys.key(labels, src.match)
         if k is None:
             continue
+        if not lo <= value <= hi:  # only the samples this source reads (its label filter matched)
+            if value < 0 and lo == 0:
+                raise _reject(src, labels, value, "below zero", "negative_value")
+            raise _reject(src, labels, value, f"outside {lo:g}..{hi:g}", "out_of_range")
         model, rest, _le = k
         if src.fixed is not None:
             dim = src.fixed

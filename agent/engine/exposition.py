@@ -83,6 +83,7 @@ class Exposition:
     lines: int = 0  # lines scanned, all of them
     matched: int = 0  # samples kept
     types: dict[str, str] = field(default_factory=dict)  # family → TYPE as declared (lower case)
+    models_dropped: int = 0  # distinct models past the reader's max_models (see ExpositionReader)
 
     def get(self, name: str) -> Series:
         return self.samples.get(name, [])
@@ -352,6 +353,53 @@ _NONNEG = {
 _SCRAPE_NONNEG = {"counter": ("", "_total"), "summary": ("_count",)}
 
 
+MAX_UNKEPT_HEADS = 20_000  # heads of series not kept (other families, dropped models) cached per reader
+MAX_DROPPED_MODELS_COUNTED = 65_536  # distinct dropped models counted per read (beyond: a lower bound)
+
+
+_Info = tuple[Labels, "str | None", int, "str | None"]  # (labels, bad bound, canonical id, model)
+_UNKEPT = -2  # the canonical id of a label set of a name not wanted, not interned (see ExpositionReader.feed)
+
+
+class ReadPass:
+    """The state of one read while its lines arrive (all of them at once, or chunk by chunk)."""
+
+    __slots__ = (
+        "dropped",
+        "helps",
+        "kept",
+        "last_lineno",
+        "last_name",
+        "lines",
+        "matched",
+        "nonneg",
+        "om",
+        "out",
+        "sampled",
+        "seen",
+        "seen_ts",
+        "typed_hist",
+        "types",
+    )
+
+    def __init__(self, om: bool) -> None:
+        self.out: dict[str, Series] = {}
+        self.types: dict[str, str] = {}
+        self.helps: set[str] = set()
+        self.nonneg: set[str] = set()
+        self.typed_hist: set[str] = set()  # histogram/summary families whose le/quantile must be numbers
+        self.sampled: set[str] = set()
+        self.seen: set[int] = set()
+        self.seen_ts: set[tuple[int, float]] = set()
+        self.last_name = ""
+        self.matched = 0
+        self.lines = 0
+        self.kept: set[str | None] = set()  # models whose samples are kept (None: no model label)
+        self.dropped: set[int] = set()  # hashes of the models past max_models
+        self.om = om
+        self.last_lineno = -1  # the number of the body's last line, when known (whole-text reads)
+
+
 class ExpositionReader:
     """Reads samples whose names are in ``wanted``; checks every line.
 
@@ -360,6 +408,17 @@ class ExpositionReader:
     twice (``duplicate_series``), a negative counter or summary count (``negative_value``); off, the
     reader accepts exactly what the reference parsers accept (the conformance tests). Keep one
     reader per target: its head cache is what makes repeated scrapes cheap.
+
+    ``model_labels`` with ``limits``: the first ``limits.max_models`` distinct models (the first of
+    these labels present, in order; none: one model) among the wanted samples, in exposition order,
+    are kept; samples of the others are checked line by line but neither kept nor cached (so a
+    flood of model names costs no memory per series) and their models are counted
+    (``Exposition.models_dropped``). Heads of series that are not kept are cached up to
+    :data:`MAX_UNKEPT_HEADS`; past it they are checked line by line, without the duplicate check
+    (their values are not used).
+
+    A body can be read in one piece (:meth:`read`) or as it arrives (:meth:`begin`, :meth:`feed` with
+    the complete lines of each chunk, :meth:`end`), with the same checks.
     """
 
     def __init__(
@@ -368,52 +427,76 @@ class ExpositionReader:
         wanted: Container[str],
         scrape_rules: bool = True,
         limits: EngineLimits | None = None,
+        model_labels: tuple[str, ...] = (),
     ) -> None:
         self.prefixes = prefixes
         self.wanted = wanted
         self.scrape_rules = scrape_rules
         self.limits = limits  # label limits, checked once per distinct label set (never on a cached head)
-        # "name{labels}" → (name, labels, series id, keep, bad bound); series id: one int per distinct series;
-        # bad bound: "le" or "quantile" when that label is not a number (an error in a histogram/summary)
-        self._heads: dict[str, tuple[str, Labels, int, bool, str | None]] = {}
-        self._series: dict[tuple[str, int], int] = {}  # (name, canonical label id) → series id
-        # interned label tuples (the adapters memoise by identity) → (labels, bad bound, canonical id)
-        self._labels: dict[Labels, tuple[Labels, str | None, int]] = {}
+        self.model_labels = model_labels
+        self.max_models: float = limits.max_models if limits is not None else math.inf
+        self._short_labels = min(limits.max_label_value_bytes, limits.max_label_bytes) if limits is not None else 0
+        # "name{labels}" → (name, labels, series id, wanted, bad bound, model); series id: one int per distinct
+        # series (the name's identity and the label set's canonical id); bad bound: "le" or "quantile" when
+        # that label is not a number (an error in a histogram/summary)
+        self._heads: dict[str, tuple[str, Labels, int, bool, str | None, str | None]] = {}
+        self._unkept = 0  # cached heads of names not wanted
+        # interned label tuples (the adapters memoise by identity) → (labels, bad bound, canonical id, model)
+        self._labels: dict[Labels, _Info] = {}
         self._canon: dict[frozenset[tuple[str, str]], int] = {}  # label set in any order → one id
-        self._raw: dict[str | None, tuple[Labels, str | None, int]] = {}  # label text of plain heads → _intern()
+        self._raw: dict[str | None, _Info] = {}  # label text of plain heads → _info()
         self._names: dict[str, str] = {}  # metric names checked valid, one object each (cheap `is` tests)
+        self._bounds: dict[str, bool] = {}  # le/quantile label texts → a number (see _bad_bound)
 
     def read(self, text: str, openmetrics: bool | None = None) -> Exposition:
         om = is_openmetrics(text) if openmetrics is None else openmetrics
+        lines = text.split("\n")
         if om:
             from agent.engine.openmetrics import check_openmetrics  # builds on this module: imported late
 
-            lines = text.split("\n")
-            expo = self._read(lines, om=True)
+            p = self.begin(om=True)
+            p.last_lineno = len(lines)
+            self.feed(p, lines)
             check_openmetrics(lines, expo_line_parser=parse_line)
-            return expo
-        lines = text.split("\n")
+            return self.end(p)
         if lines[-1].strip(_BLANK):
             n = len(lines)
             raise ExpositionError(f"line {n}: no newline at the end of the input: {lines[-1][:120]!r}", n, True)
-        return self._read(lines, om=False)
+        p = self.begin()
+        p.last_lineno = len(lines)
+        self.feed(p, lines)
+        return self.end(p)
 
-    def _read(self, lines: list[str], om: bool) -> Exposition:
-        heads = self._heads
-        if len(heads) >= MAX_LABEL_CACHE_ENTRIES or len(self._series) >= MAX_LABEL_CACHE_ENTRIES:
+    def begin(self, om: bool = False) -> ReadPass:
+        """Start a read (see :meth:`feed`)."""
+        if len(self._heads) >= MAX_LABEL_CACHE_ENTRIES or len(self._canon) >= MAX_LABEL_CACHE_ENTRIES:
             self.clear()
-        out: dict[str, Series] = {}
-        types: dict[str, str] = {}
-        helps: set[str] = set()
-        nonneg: set[str] = set()
-        typed_hist: set[str] = set()  # histogram/summary families whose le/quantile must be numbers
-        sampled: set[str] = set()
-        seen: set[int] = set()
-        seen_ts: set[tuple[int, float]] = set()
-        last_name = ""
-        matched = 0
+        return ReadPass(om)
+
+    def end(self, p: ReadPass) -> Exposition:
+        """The exposition read by ``p``; gives back the caches of series that are gone."""
+        if len(self._heads) > STALE_CACHE_FACTOR * (len(p.seen) + len(p.seen_ts)) + STALE_CACHE_SLACK:
+            self.clear()  # most cached heads are gone (a burst of series ended): give the memory back
+        return Exposition(p.out, p.lines, p.matched, p.types, len(p.dropped))
+
+    def abandon(self, p: ReadPass) -> None:
+        """A read that failed: give back what it cached if most of the cache is its own (as :meth:`end`)."""
+        if len(self._heads) > STALE_CACHE_FACTOR * (len(p.seen) + len(p.seen_ts)) + STALE_CACHE_SLACK or (
+            len(self._heads) > STALE_CACHE_SLACK and p.lines > STALE_CACHE_SLACK
+        ):
+            self.clear()
+
+    def feed(self, p: ReadPass, lines: list[str]) -> None:
+        """Read complete lines (no ``\\n``) of the body read by ``p``, in order; raise ExpositionError."""
+        heads = self._heads
+        om = p.om
+        out, types, nonneg, typed_hist, sampled = p.out, p.types, p.nonneg, p.typed_hist, p.sampled
+        seen, seen_ts, kept = p.seen, p.seen_ts, p.kept
+        last_name = p.last_name
+        matched = p.matched
+        cap = self.max_models
         rules = self.scrape_rules
-        names, raw_cache, series_ids, wanted = self._names, self._raw, self._series, self.wanted
+        names, raw_cache, wanted = self._names, self._raw, self.wanted
         for line in lines:
             if not line:
                 continue
@@ -421,40 +504,39 @@ class ExpositionReader:
             if c == "#" or (c in _BLANK and line.lstrip(_BLANK)[:1] in ("#", "")):
                 if om:
                     continue  # metadata is checked by check_openmetrics
-                self._comment(lines, line, types, helps, nonneg, typed_hist, sampled)
+                self._comment(p, lines, line)
                 continue
             head, _, val = line.rpartition(" ")
             hit = heads.get(head)
             if hit is not None and not om:
-                name, labels, sid, keep, bad = hit
+                name, labels, sid, keep, bad, model = hit
                 try:  # parse_float, inline: this runs for every line of every scrape
                     value = float(val)
                     if "_" in val or not val.isascii() or val.strip() != val or (value != value and val[0] in "+-"):
                         raise ValueError(val)
                 except ValueError:
-                    raise self._error(lines, line, f"value {val[:40]!r} is not a number") from None
+                    raise self._error(p, lines, line, f"value {val[:40]!r} is not a number") from None
                 ts = None
             else:
                 # The common new head (name, name{a="x",...}): its name and label text are each checked
                 # once and cached by their text; any other shape goes to parse_line (the authority).
-                fast = None
+                info = None
+                plain = False
                 if not om:
                     brace = head.find("{")
                     text = head if brace == -1 else head[:brace]
                     known = names.get(text)
                     if known is None and _METRIC_NAME.fullmatch(text) is not None:
                         known = names[text] = text
-                    if known is not None:
+                    if known is not None and (brace == -1 or head[-1] == "}"):
                         name = known
-                        try:
-                            if brace == -1:
-                                fast = raw_cache.get(None) or self._plain_raw(None)
-                            elif head[-1] == "}":
-                                raw = head[brace + 1 : -1]
-                                fast = raw_cache.get(raw) or self._plain_raw(raw)
-                        except _LineError as exc:  # a label limit
-                            raise self._error(lines, line, str(exc), exc.reason) from None
-                    if fast is not None:
+                        raw = None if brace == -1 else head[brace + 1 : -1]
+                        info = raw_cache.get(raw)
+                        if info is None:
+                            plain_labels = _plain_labels(raw) if raw else ()
+                            if plain_labels is not None:
+                                info = self._info_of(p, lines, line, name, plain_labels, True, raw)
+                    if info is not None:
                         try:  # parse_float, inline
                             value = float(val)
                             if (
@@ -463,50 +545,65 @@ class ExpositionReader:
                                 or val.strip() != val
                                 or (value != value and val[0] in "+-")
                             ):
-                                fast = None
+                                info = None
                         except ValueError:
-                            fast = None
-                if fast is not None:
-                    labels, bad, canon = fast
+                            info = None
+                if info is not None:
                     ts = None
                     plain = True
                 else:
                     try:
                         parsed = parse_line(line, om)
                     except _LineError as exc:
-                        raise self._error(lines, line, str(exc), exc.reason) from None
-                    name, labels, value, ts = parsed.name, parsed.labels, parsed.value, parsed.timestamp
+                        raise self._error(p, lines, line, str(exc), exc.reason) from None
+                    name, value, ts = parsed.name, parsed.value, parsed.timestamp
                     name = names.setdefault(name, name)
-                    try:
-                        labels, bad, canon = self._intern(labels)
-                    except _LineError as exc:  # a label limit
-                        raise self._error(lines, line, str(exc), exc.reason) from None
+                    info = self._info_of(p, lines, line, name, parsed.labels)
                     plain = parsed.plain and not om
-                key = (name, canon)
-                sid = series_ids.get(key, -1)
-                if sid < 0:
-                    sid = series_ids[key] = len(series_ids)
+                labels, bad, canon, model = info
                 keep = name in wanted
-                if plain:
-                    heads[head] = (name, labels, sid, keep, bad)
+                if canon >= 0:
+                    # one int per series: the name is one object per reader (``_names``), the label set one id
+                    sid = id(name) << 32 | canon
+                    if plain:
+                        if not keep:
+                            self._unkept += 1
+                        heads[head] = (name, labels, sid, keep, bad, model)
+                elif canon == _UNKEPT and plain:
+                    # a family not read: its head is cached without its labels; its series id is the cached
+                    # text's identity (the same line twice is a duplicate; its labels in another order are not seen)
+                    sid = id(head)
+                    self._unkept += 1
+                    heads[head] = (name, (), sid, False, bad, None)
+                else:
+                    sid = -1  # not cached: a dropped model, or past MAX_UNKEPT_HEADS
+            if keep and model not in kept:
+                if len(kept) < cap:
+                    kept.add(model)
+                else:
+                    keep = False
+                    if len(p.dropped) < MAX_DROPPED_MODELS_COUNTED:
+                        p.dropped.add(hash(model))
             if name is not last_name:
                 sampled.add(name)
                 last_name = name
             if bad is not None and name in typed_hist and (bad == "le") == (types.get(name) != "summary"):
-                raise self._error(lines, line, f"{bad} label is not a number")
+                raise self._error(p, lines, line, f"{bad} label is not a number")
             if value < 0 and name in nonneg:
                 raise self._error(
-                    lines, line, f"negative value {value:g} for a {types_of(name, types)}", "negative_value"
+                    p, lines, line, f"negative value {value:g} for a {types_of(name, types)}", "negative_value"
                 )
-            if ts is None:
+            if sid < 0:
+                pass  # a series that is not kept and not cached: no duplicate check (its values are not used)
+            elif ts is None:
                 if sid in seen and rules:
-                    raise self._error(lines, line, "duplicate series", "duplicate_series")
+                    raise self._error(p, lines, line, "duplicate series", "duplicate_series")
                 seen.add(sid)
             else:
                 ts_key = (sid, math.floor(ts * 1e9 + 1e-6) if om else ts)  # OM: nanoseconds, as client_python
                 if ts_key in seen_ts:
                     if rules:
-                        raise self._error(lines, line, "duplicate series (same timestamp)", "duplicate_series")
+                        raise self._error(p, lines, line, "duplicate series (same timestamp)", "duplicate_series")
                     continue  # the reference keeps the first sample
                 seen_ts.add(ts_key)
             if keep:
@@ -516,53 +613,58 @@ class ExpositionReader:
                 else:
                     series.append((labels, value))
                 matched += 1
-        if len(heads) > STALE_CACHE_FACTOR * (len(seen) + len(seen_ts)) + STALE_CACHE_SLACK:
-            self.clear()  # most cached heads are gone (a burst of series ended): give the memory back
-        return Exposition(out, len(lines), matched, types)
+        p.last_name = last_name
+        p.matched = matched
+        p.lines += len(lines)
 
     def clear(self) -> None:
         """Forget every cached head, label set and name (the next read is a cold one)."""
         self._heads.clear()
-        self._series.clear()
+        self._unkept = 0
         self._labels.clear()
         self._raw.clear()
         self._canon.clear()
         self._names.clear()
 
-    def _intern(self, labels: Labels) -> tuple[Labels, str | None, int]:
-        """One object per label tuple, its bad bound, and an id shared by every order of the same labels."""
-        hit = self._labels.get(labels)
-        if hit is None:
-            if self.limits is not None:
-                broken = label_limit_error(labels, self.limits)
-                if broken is not None:
-                    raise _LineError(broken[1], broken[0])
-            canon = self._canon.setdefault(frozenset(labels), len(self._canon))
-            hit = self._labels[labels] = (labels, _bad_bound(labels), canon)
-        return hit
-
-    def _plain_raw(self, raw: str | None) -> tuple[Labels, str | None, int] | None:
-        """The interned labels of a plain label text (``a="x",b="y"``; None: no label block), cached; else None.
-
-        Plain: names and values without blanks or escapes (:data:`_PLAIN_BLOCK`), no duplicate name, no
-        ``__name__``. Anything else is for :func:`parse_line`, which reads plain blocks the same way.
-        """
-        labels = _plain_labels(raw) if raw else ()
-        if labels is None:
-            return None
-        hit = self._raw[raw] = self._intern(labels)
-        return hit
-
-    def _comment(
+    def _info_of(
         self,
+        p: ReadPass,
         lines: list[str],
         line: str,
-        types: dict[str, str],
-        helps: set[str],
-        nonneg: set[str],
-        typed_hist: set[str],
-        sampled: set[str],
-    ) -> None:
+        name: str,
+        labels: Labels,
+        by_raw: bool = False,
+        raw: str | None = None,
+    ) -> _Info:
+        """(labels interned, bad bound, canonical id, model) of a new head's labels.
+
+        Interned and cached for a wanted name; for a name not wanted, not interned (canonical id
+        ``_UNKEPT``: the head may be cached alone, or -1 once :data:`MAX_UNKEPT_HEADS` are); for a model
+        past ``max_models``, nothing (-1). ``by_raw``: also cache the result by the plain label text
+        ``raw`` (None: no label block)."""
+        hit = self._labels.get(labels)
+        if hit is not None:
+            if by_raw:
+                self._raw[raw] = hit
+            return hit
+        # A plain ASCII label text no longer than the smaller limit cannot break one: its names and values
+        # are shorter than the text (the common case: one length test instead of a pass over the labels).
+        if self.limits is not None and not (raw is not None and len(raw) <= self._short_labels and raw.isascii()):
+            broken = label_limit_error(labels, self.limits)
+            if broken is not None:
+                raise self._error(p, lines, line, broken[1], broken[0])
+        model = _model_of(labels, self.model_labels)
+        if name not in self.wanted:
+            return labels, _bad_bound(labels, self._bounds), _UNKEPT if self._unkept < MAX_UNKEPT_HEADS else -1, None
+        if model not in p.kept and len(p.kept) >= self.max_models:
+            return labels, _bad_bound(labels, self._bounds), -1, model  # a dropped model: nothing cached
+        canon = self._canon.setdefault(frozenset(labels), len(self._canon))
+        hit = self._labels[labels] = (labels, _bad_bound(labels, self._bounds), canon, model)
+        if by_raw:
+            self._raw[raw] = hit
+        return hit
+
+    def _comment(self, p: ReadPass, lines: list[str], line: str) -> None:
         """``# HELP name doc`` / ``# TYPE name type``; any other comment is ignored (expfmt's rules)."""
         body = line.lstrip(_BLANK)[1:].lstrip(_BLANK)
         keyword = re.split(r"[ \t]", body, maxsplit=1)[0]
@@ -571,6 +673,7 @@ class ExpositionReader:
         rest = body[len(keyword) :].lstrip(_BLANK)
         if not rest:
             return
+        types, helps = p.types, p.helps
         try:
             name, i = metric_name_at(rest, 0)
             if i < len(rest) and rest[i] not in _BLANK:
@@ -587,24 +690,39 @@ class ExpositionReader:
             typ = text.lower()
             if typ not in TYPES:
                 raise _LineError(f"unknown metric type {text[:40]!r}")
-            if name in types or name in sampled:
+            if name in types or name in p.sampled:
                 raise _LineError(f"second TYPE line for {name!r}, or TYPE after its samples", "type_conflict")
         except _LineError as exc:
-            raise self._error(lines, line, str(exc), exc.reason) from None
+            raise self._error(p, lines, line, str(exc), exc.reason) from None
         types[name] = typ
-        nonneg.update(name + s for s in _NONNEG.get(typ, ()))
+        p.nonneg.update(name + s for s in _NONNEG.get(typ, ()))
         if self.scrape_rules:
-            nonneg.update(name + s for s in _SCRAPE_NONNEG.get(typ, ()))
+            p.nonneg.update(name + s for s in _SCRAPE_NONNEG.get(typ, ()))
         if typ == "summary":
-            typed_hist.add(name)
+            p.typed_hist.add(name)
         elif typ in ("histogram", "gauge_histogram", "gaugehistogram"):
-            typed_hist.add(name + "_bucket")
+            p.typed_hist.add(name + "_bucket")
 
     @staticmethod
-    def _error(lines: list[str], line: str, why: str, reason: str = "parse") -> ExpositionError:
+    def _error(p: ReadPass, lines: list[str], line: str, why: str, reason: str = "parse") -> ExpositionError:
         # Line numbers are only computed on the error path (never in the loop).
-        lineno = next((i + 1 for i, candidate in enumerate(lines) if candidate is line), 0)
-        return ExpositionError(f"line {lineno}: {why}: {line[:120]!r}", lineno, lineno == len(lines), reason)
+        index = next((i + 1 for i, candidate in enumerate(lines) if candidate is line), 0)
+        lineno = p.lines + index
+        return ExpositionError(f"line {lineno}: {why}: {line[:120]!r}", lineno, lineno == p.last_lineno, reason)
+
+
+def _model_of(labels: Labels, order: tuple[str, ...]) -> str | None:
+    """The value of the first of ``order``'s labels present (the model), else None."""
+    if not order:
+        return None
+    if len(order) == 1:
+        first = order[0]
+        for k, v in labels:
+            if k == first:
+                return v
+        return None
+    have = dict(labels)
+    return next((have[k] for k in order if k in have), None)
 
 
 _PLAIN_PAIR = r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*"'
@@ -622,19 +740,30 @@ def _plain_labels(raw: str) -> Labels | None:
     if _PLAIN_BLOCK.fullmatch(raw) is None:
         return None
     out = _PAIRS.findall(raw)
-    if len(out) > 1 and len({k for k, _ in out}) != len(out):
+    if len(out) > 1 and len(dict(out)) != len(out):
         return None
-    if any(k == "__name__" for k, _ in out):
+    if "__name__" in raw and any(k == "__name__" for k, _ in out):
         return None
     return tuple(out)
 
 
-def _bad_bound(labels: Labels) -> str | None:
+MAX_BOUND_TEXTS = 4096  # le/quantile texts remembered per reader (bucket bounds repeat in every series)
+
+
+def _bad_bound(labels: Labels, bounds: dict[str, bool]) -> str | None:
+    """The label (``le`` or ``quantile``) that is not a number, else None; ``bounds``: texts seen → a number."""
     for k, v in labels:
         if k == "le" or k == "quantile":
-            try:
-                parse_float(v)
-            except ValueError:
+            ok = bounds.get(v)
+            if ok is None:
+                try:
+                    parse_float(v)
+                    ok = True
+                except ValueError:
+                    ok = False
+                if len(bounds) < MAX_BOUND_TEXTS:
+                    bounds[v] = ok
+            if not ok:
                 return k
     return None
 

@@ -2,14 +2,16 @@
 
 The body is streamed and abandoned as soon as it passes ``max_bytes`` (a ``Content-Length`` above the
 cap is refused before reading); a server that answers slowly is cut at ``timeout_s`` in total, not
-only per read. Every failure is an :class:`EngineScrapeError` whose ``reason`` is one of
-:data:`REASONS`, so the collector can count failures by cause.
+only per read (the time a sink spends reading the chunks is not the server's, and is not counted).
+Every failure is an :class:`EngineScrapeError` whose ``reason`` is one of :data:`REASONS`, so the
+collector can count failures by cause.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 
@@ -28,7 +30,8 @@ REASONS = (
     "parse",
     "duplicate_series",  # one series twice in an exposition (Prometheus rejects the scrape)
     "type_conflict",  # a second TYPE/HELP line for a family, or TYPE after its samples
-    "negative_value",  # a counter, histogram bucket/count or summary count below zero
+    "negative_value",  # a counter, histogram bucket/count/duration sum or summary count below zero
+    "out_of_range",  # a gauge outside its quantity's domain (KV-cache usage outside 0..1)
     "openmetrics",  # an OpenMetrics family rule broken (body ending in # EOF)
     *LIMIT_REASONS,  # a limit of agent/engine/limits.py: sample_limit, label_value_length_limit, label_bytes_limit
 )
@@ -44,10 +47,40 @@ class EngineScrapeError(CollectorError):
         self.reason = reason
 
 
-def fetch(client: httpx.Client, url: str, timeout_s: float, max_bytes: int, max_series: int | None = None) -> bytes:
-    """GET ``url``; return the body (at most ``max_bytes``) or raise EngineScrapeError.
+class Sink(Protocol):
+    """Where :func:`fetch_into` puts the body as it arrives (:class:`~agent.engine.scrape.ExpositionStream`)."""
 
-    ``max_series``: stop reading once the body holds more sample lines (reason ``sample_limit``).
+    def begin(self, content_type: str) -> None: ...
+
+    def feed(self, chunk: bytes) -> None: ...
+
+
+class _Collect:
+    def __init__(self) -> None:
+        self.body = bytearray()
+
+    def begin(self, content_type: str) -> None:
+        pass
+
+    def feed(self, chunk: bytes) -> None:
+        self.body += chunk
+
+
+def fetch(client: httpx.Client, url: str, timeout_s: float, max_bytes: int, max_series: int | None = None) -> bytes:
+    """GET ``url``; return the body (at most ``max_bytes``) or raise EngineScrapeError (see :func:`fetch_into`)."""
+    sink = _Collect()
+    fetch_into(client, url, timeout_s, max_bytes, sink, max_series)
+    return bytes(sink.body)
+
+
+def fetch_into(
+    client: httpx.Client, url: str, timeout_s: float, max_bytes: int, sink: Sink, max_series: int | None = None
+) -> int:
+    """GET ``url`` and hand each chunk of the body to ``sink`` as it arrives; return the body's size in bytes.
+
+    Nothing is held here: the sink reads each chunk (an error it raises stops the fetch and closes the
+    connection). ``max_series``: stop reading once the body holds more sample lines (reason
+    ``sample_limit``), before the chunk that crosses it reaches the sink.
     """
     deadline = time.monotonic() + timeout_s
     try:
@@ -60,11 +93,12 @@ def fetch(client: httpx.Client, url: str, timeout_s: float, max_bytes: int, max_
             length = resp.headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > max_bytes:
                 raise EngineScrapeError("too_large", f"{url} announced {length} bytes, over the {max_bytes}-byte cap")
-            body = bytearray()
+            sink.begin(ctype)
+            size = 0
             counter = SampleLineCounter() if max_series is not None else None
             for chunk in resp.iter_bytes():
-                body += chunk
-                if len(body) > max_bytes:
+                size += len(chunk)
+                if size > max_bytes:
                     raise EngineScrapeError("too_large", f"{url} sent more than the {max_bytes}-byte cap")
                 if counter is not None and max_series is not None and counter.feed(chunk) > max_series:
                     raise EngineScrapeError(
@@ -72,7 +106,10 @@ def fetch(client: httpx.Client, url: str, timeout_s: float, max_bytes: int, max_
                     )
                 if time.monotonic() > deadline:
                     raise EngineScrapeError("timeout", f"{url} still sending after {timeout_s:g}s")
-            return bytes(body)
+                fed = time.monotonic()
+                sink.feed(chunk)
+                deadline += time.monotonic() - fed  # the deadline is the server's: our parsing is not counted
+            return size
     except httpx.TimeoutException as exc:
         raise EngineScrapeError("timeout", f"{url}: no answer within {timeout_s:g}s ({type(exc).__name__})") from None
     except httpx.RemoteProtocolError as exc:

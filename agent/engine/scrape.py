@@ -7,11 +7,28 @@ survives between scrapes. Errors are :class:`~agent.engine.fetch.EngineScrapeErr
 
 from __future__ import annotations
 
+import codecs
 import math
 
-from agent.engine.adapters import ADAPTERS, DEFAULT_MODEL, EngineReading, KeyCache, detect, prefixes_seen, read
+from agent.engine.adapters import (
+    ADAPTERS,
+    DEFAULT_MODEL,
+    EngineReading,
+    KeyCache,
+    ReadingError,
+    detect,
+    prefixes_seen,
+    read,
+)
 from agent.engine.board import QUANTILES, LatencyStats
-from agent.engine.exposition import STALE_CACHE_FACTOR, STALE_CACHE_SLACK, ExpositionError, ExpositionReader
+from agent.engine.exposition import (
+    STALE_CACHE_FACTOR,
+    STALE_CACHE_SLACK,
+    Exposition,
+    ExpositionError,
+    ExpositionReader,
+    ReadPass,
+)
 from agent.engine.fetch import EngineScrapeError
 from agent.engine.histogram import Histogram
 from agent.engine.limits import EngineLimits, count_sample_lines
@@ -33,6 +50,7 @@ class EngineParser:
         self._keys: dict[str, KeyCache] = {}
 
     def parse(self, body: bytes) -> EngineReading:
+        """Read a whole body (a file, ``engine inspect``); a body ending in ``# EOF`` is read as OpenMetrics."""
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -43,10 +61,7 @@ class EngineParser:
         kind = self.kind if self.kind != "auto" else detect(text)
         if kind is None:
             raise self._unknown(text)
-        adapter = ADAPTERS[kind]
-        reader = self._readers.get(kind)
-        if reader is None:
-            reader = self._readers[kind] = adapter.reader(self.limits)
+        reader = self._reader(kind)
         try:
             expo = reader.read(text)
         except ExpositionError as exc:
@@ -54,6 +69,20 @@ class EngineParser:
             raise EngineScrapeError("truncated" if truncated else exc.reason, str(exc)) from None
         except SourceFormatError as exc:
             raise EngineScrapeError("parse", str(exc)) from None
+        return self._map(kind, expo)
+
+    def stream(self) -> ExpositionStream:
+        """A read of a body as it arrives (:class:`ExpositionStream`): the collector's path."""
+        return ExpositionStream(self)
+
+    def _reader(self, kind: str) -> ExpositionReader:
+        reader = self._readers.get(kind)
+        if reader is None:
+            reader = self._readers[kind] = ADAPTERS[kind].reader(self.limits)
+        return reader
+
+    def _map(self, kind: str, expo: Exposition) -> EngineReading:
+        adapter = ADAPTERS[kind]
         if expo.matched == 0:
             raise EngineScrapeError("not_prometheus", f"no {kind} families this adapter reads in the response")
         keys = self._keys.get(kind)
@@ -63,6 +92,8 @@ class EngineParser:
             keys.clear()  # label splits of series that are gone (as the reader's own caches)
         try:
             return read(adapter, expo, self.default_model, keys, self.limits.max_models)
+        except ReadingError as exc:  # a value outside its quantity's domain
+            raise EngineScrapeError(exc.reason, str(exc)) from None
         except SourceFormatError as exc:  # a bucket bound that is not a number, in a family without TYPE
             raise EngineScrapeError("parse", str(exc)) from None
 
@@ -80,6 +111,122 @@ class EngineParser:
         if not seen:
             return EngineScrapeError("not_prometheus", "the response holds no samples")
         return EngineScrapeError("unknown_engine", f"no known engine families; prefixes seen: {', '.join(seen)}")
+
+
+STREAM_HOLD_BYTES = 8 * 1024 * 1024  # the first 8 MiB of a body are held (as bytes) before they are read
+_PIECE_BYTES = 64 * 1024  # held bytes are read in pieces of this size
+_BLANK = " \t"
+
+
+class ExpositionStream:
+    """An exposition read as it arrives (:meth:`feed` each chunk), then :meth:`finish`.
+
+    The first :data:`STREAM_HOLD_BYTES` are held as bytes — a body over ``engine.max_series`` lines
+    usually crosses that limit there, and is refused by the fetch before any line is parsed, which
+    costs far less than parsing it — and the engine is told from them (``engine.kind`` auto). After
+    that, or at the end of a shorter body, the held bytes and every further chunk are decoded (UTF-8,
+    incrementally), split into lines and read by the target's :class:`ExpositionReader` at once: only
+    the line a chunk cuts is held, so raising ``engine.max_bytes`` does not let memory follow the body,
+    and a limit (a label limit, a bad line) stops the read — and the fetch feeding it — at the line
+    that breaks it. Held longer: the body of a program that is no known engine (to say what it is),
+    and a body the engine labels OpenMetrics (``Content-Type: application/openmetrics-text``,
+    :meth:`begin`), read whole as :meth:`EngineParser.parse` reads it (its family rules need every line).
+    """
+
+    def __init__(self, parser: EngineParser) -> None:
+        self.parser = parser
+        self._decoder = codecs.getincrementaldecoder("utf-8")("strict")
+        self._kind: str | None = parser.kind if parser.kind != "auto" else None
+        self._reader: ExpositionReader | None = None
+        self._pass: ReadPass | None = None
+        self._held: bytearray | None = bytearray()  # None once lines are being read
+        self._whole = False  # OpenMetrics: held to the end
+        self._carry = ""  # the line cut by the last chunk's end
+        self._long: list[str] = []  # the chunks after it while they hold no newline
+        self._offset = 0  # bytes decoded so far
+        self._scanned = 0  # held bytes already searched for an engine's family
+
+    def begin(self, content_type: str) -> None:
+        """The media type the engine announced (lower case, no parameters)."""
+        self._whole = content_type == "application/openmetrics-text"
+
+    def feed(self, chunk: bytes) -> None:
+        held = self._held
+        if held is None:
+            self._decode(chunk)
+            return
+        held += chunk
+        if len(held) >= STREAM_HOLD_BYTES and not self._whole:
+            self._release(final=False)
+
+    def finish(self) -> EngineReading:
+        if self._held is not None:
+            if self._whole:
+                return self.parser.parse(bytes(self._held))
+            self._release(final=True)
+        if self._held is not None:  # no known engine's family
+            try:
+                text = self._held.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise EngineScrapeError("not_utf8", f"body is not UTF-8 (invalid byte at offset {exc.start})") from None
+            raise self.parser._unknown(text)
+        self._decode(b"", final=True)
+        assert self._reader is not None and self._pass is not None and self._kind is not None
+        last = self._carry + "".join(self._long)
+        if last.strip(_BLANK):
+            n = self._pass.lines + 1
+            raise EngineScrapeError("truncated", f"line {n}: no newline at the end of the input: {last[:120]!r}")
+        return self.parser._map(self._kind, self._reader.end(self._pass))
+
+    def _release(self, final: bool) -> None:
+        """Read the held bytes once the engine is known (else keep holding, up to engine.max_bytes)."""
+        held = self._held
+        assert held is not None
+        if self._kind is None:
+            start = max(held.rfind(b"\n", 0, self._scanned), 0)  # only what is new since the last look
+            kind = detect(held[start:] if start else held)
+            self._scanned = len(held)
+            if kind is None:
+                return
+            self._kind = kind
+        self._reader = self.parser._reader(self._kind)
+        self._pass = self._reader.begin()
+        self._held = None
+        view = memoryview(held)
+        try:
+            for i in range(0, len(held), _PIECE_BYTES):
+                self._decode(bytes(view[i : i + _PIECE_BYTES]))
+        finally:
+            view.release()
+
+    def _decode(self, chunk: bytes, final: bool = False) -> None:
+        pending = len(self._decoder.getstate()[0])  # bytes of a character the last chunk cut
+        try:
+            text = self._decoder.decode(chunk, final)
+        except UnicodeDecodeError as exc:
+            at = self._offset - pending + exc.start
+            raise EngineScrapeError("not_utf8", f"body is not UTF-8 (invalid byte at offset {at})") from None
+        self._offset += len(chunk)
+        if not text:
+            return
+        if "\n" not in text:  # a line longer than a chunk: its pieces are joined once, when it ends
+            self._long.append(text)
+            return
+        if self._long:
+            self._long.append(text)
+            text = "".join(self._long)
+            self._long.clear()
+        lines = (self._carry + text).split("\n") if self._carry else text.split("\n")
+        self._carry = lines.pop()
+        assert self._reader is not None and self._pass is not None
+        try:
+            self._reader.feed(self._pass, lines)
+        except ExpositionError as exc:
+            self._reader.abandon(self._pass)
+            raise EngineScrapeError(exc.reason, str(exc)) from None
+        except SourceFormatError as exc:
+            self._reader.abandon(self._pass)
+            raise EngineScrapeError("parse", str(exc)) from None
 
 
 def stats_from_histogram(h: Histogram | None) -> LatencyStats | None:

@@ -128,3 +128,59 @@ def test_running_runtime_via_proc_exe_and_the_api(built, tmp_path) -> None:
             assert httpx.post(f"{base}/api/v1/binary").status_code == 401
     finally:
         stop(runtime)
+
+
+def test_restored_library_clears_on_schedule_and_on_request(built, tmp_path) -> None:
+    """Issue 15: RuntimeHardwareMismatch for a missing library never cleared after the library was restored
+    until the agent restarted. The check is re-run every ``binary.interval_s`` and on ``POST /api/v1/binary``
+    (scope ``profile``: the runbook sends the token header)."""
+    import shutil
+
+    import httpx
+
+    from tests.conftest import free_port
+    from tests.procs import running, wait_http
+
+    prog, lib = built
+    kept = tmp_path / "kept.so"
+    shutil.copy2(lib, kept)
+    lib.unlink()  # the program's rpath directory no longer holds its library
+    port = free_port()
+    token = "op-token-binary-1"
+    env = {
+        "INFERWATCH_BINARY__PATH": str(prog),
+        "INFERWATCH_BINARY__INTERVAL_S": "1",
+        "INFERWATCH_API__TOKENS": json.dumps([{"token": token, "scopes": ["read", "profile"], "name": "op"}]),
+        "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap"),
+    }
+    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5"]
+    base = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": f"Bearer {token}"}
+    missing = 'inferwatch_runtime_binary_missing_libraries{runtime="runtime"}'
+
+    def metric() -> str:
+        line = next(x for x in httpx.get(f"{base}/metrics", timeout=10).text.splitlines() if x.startswith(missing))
+        return line.split()[-1]
+
+    def until(value: str, limit_s: float) -> float:
+        start = time.monotonic()
+        while metric() != value:
+            assert time.monotonic() - start < limit_s, f"{missing} still not {value} after {limit_s}s"
+            time.sleep(0.2)
+        return time.monotonic() - start
+
+    with running(cmd, tmp_path / "agent.log", cwd=ROOT, env=env) as proc:
+        wait_http(f"{base}/readyz", ok=lambda r: r.status_code == 200, proc=proc)
+        assert metric() == "1.0"
+        shutil.copy2(kept, lib)  # the library is back: the scheduled re-check clears it, no restart
+        until("0.0", 10)
+        checks = httpx.get(f"{base}/api/v1/binary", headers=auth, timeout=10).json()["report"]
+        assert checks["compatible"] is True and checks["missing_libraries"] == []
+        lib.unlink()
+        until("1.0", 10)
+        # on request: without the token 401, with it the new report at once
+        shutil.copy2(kept, lib)
+        assert httpx.post(f"{base}/api/v1/binary", timeout=30).status_code == 401
+        r = httpx.post(f"{base}/api/v1/binary", headers=auth, timeout=30)
+        assert r.status_code == 200 and r.json()["report"]["missing_libraries"] == []
+        assert metric() == "0.0"

@@ -155,9 +155,7 @@ def test_simulator_hang_is_a_timeout_never_a_schema_violation(tmp_path) -> None:
     cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(port), "--scenario", "hang", "--seed", "3"]
     with running(cmd, tmp_path / "sim.log", cwd=ROOT) as proc:
         wait_http(url + "/health", proc=proc)
-        settings = load_settings(
-            overrides={"probe": {"url": url, "protocols": list(PROTOCOLS), "timeout_s": 1.0}}
-        )
+        settings = load_settings(overrides={"probe": {"url": url, "protocols": list(PROTOCOLS), "timeout_s": 1.0}})
         collector = ProbeCollector(collect_context(settings))
         for _ in range(2):
             collection = validate(collector.collect())
@@ -166,7 +164,9 @@ def test_simulator_hang_is_a_timeout_never_a_schema_violation(tmp_path) -> None:
             assert values[("inferwatch.probe.http_errors", (("error_type", "timeout"), ("protocol", p)))] == 2
             assert values[("inferwatch.probe.success", (("protocol", p),))] == 0
             violations = {
-                k: v for k, v in values.items() if k[0] == "inferwatch.probe.schema_violations" and ("protocol", p) in k[1]
+                k: v
+                for k, v in values.items()
+                if k[0] == "inferwatch.probe.schema_violations" and ("protocol", p) in k[1]
             }
             assert violations and set(violations.values()) == {0}, violations
         ids = {f.id for f in collection.findings}

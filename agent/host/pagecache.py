@@ -59,9 +59,8 @@ def pagecache_verdict(
         why = f"PSI memory some avg10 is {avg10:.2%}"
     elif available is not None:
         pressured = available < AVAILABLE_PRESSURE_RATIO * meminfo["MemTotal"]
-        calm = why = (
-            f"MemAvailable is {available / _GIB:.2f} GiB of {meminfo['MemTotal'] / _GIB:.2f} GiB (no PSI on this kernel)"
-        )
+        total = meminfo["MemTotal"] / _GIB
+        calm = why = f"MemAvailable is {available / _GIB:.2f} GiB of {total:.2f} GiB (no PSI on this kernel)"
     else:
         pressured = refaults_per_s is not None and refaults_per_s > REFAULT_PRESSURE_PAGES_PER_S
         rate = "not measured yet" if refaults_per_s is None else f"{refaults_per_s:.0f}/s"

@@ -24,7 +24,9 @@ KINDS = ENGINE_KIND_CHOICES  # "auto" and every adapter's kind
 
 
 def register(app: typer.Typer) -> None:
-    engine_app = typer.Typer(help="Inspect an inference engine's own /metrics.", no_args_is_help=True)
+    engine_app = typer.Typer(
+        help="Inspect an inference engine's own /metrics.", no_args_is_help=True, rich_markup_mode=None
+    )
 
     @engine_app.command("inspect")
     def inspect_cmd(

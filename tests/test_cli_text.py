@@ -12,7 +12,7 @@ import typer.main
 from typer.testing import CliRunner
 
 from agent.cli.main import app
-from tests.conftest import PYTHON, ROOT
+from tests.conftest import FIXTURES, PYTHON, ROOT
 
 # Characters rich's emoji codes produce (":M:" → Ⓜ, ":smile:" → 😄): enclosed alphanumerics, symbols, emoji.
 _EMOJI = re.compile("[\u2460-\u24ff\u2600-\u27bf\U0001f000-\U0001faff]")
@@ -58,3 +58,46 @@ def test_every_help_text_is_printed_as_written(path: tuple[str, ...], command: c
         if help_text and not getattr(param, "hidden", False):
             # compared without whitespace: the formatter wraps, and may break a long word at a hyphen
             assert "".join(help_text.split()) in "".join(text.split()), (path, param.name, help_text)
+
+
+def _inspect(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYTHON, "-m", "agent", "engine", "inspect", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_engine_inspect_prints_counts_as_integers_and_names_the_first_bucket(tmp_path) -> None:
+    """Issue 15: counts printed as 6.801e+04, and queue/prefill P50 0.15 s beside TTFT P50 0.033 s without
+    saying that vLLM's first phase bucket is 0.3 s (a P50 in it is interpolated, not measured)."""
+    recorded = (FIXTURES / "engines" / "vllm-v1-dp2-synthetic.prom").read_text()
+
+    def scaled(line: str) -> str:  # every request count × 1700: 40 requests become 68000
+        name, _, value = line.rpartition(" ")
+        if re.match(r"vllm:\w+_(bucket|count)\{", line):
+            return f"{name} {float(value) * 1700}"
+        return line
+
+    (tmp_path / "big.prom").write_text("\n".join(scaled(x) for x in recorded.splitlines()) + "\n")
+    out = _inspect("--metrics-file", str(tmp_path / "big.prom"))
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[1]: line for line in out.stdout.splitlines() if line.startswith("│")}
+    assert "68000" in rows["ttft"] and "e+0" not in out.stdout, out.stdout
+    notes = [line for line in out.stdout.splitlines() if "first bucket" in line]
+    assert [n.split()[0] for n in notes] == ["queue", "prefill"], out.stdout
+    assert all("le=0.3 s" in n and "interpolated" in n for n in notes)
+
+
+def test_engine_inspect_names_the_prefixes_of_a_non_engine_exposition(tmp_path) -> None:
+    """A valid exposition of another program (node_exporter here) is not 'not_prometheus'."""
+    from tests import engine_server as es
+
+    text = "# TYPE node_load1 gauge\nnode_load1 0.5\n# TYPE go_goroutines gauge\ngo_goroutines 7\n"
+    (tmp_path / "node.prom").write_text(text)
+    with es.EngineServer({"/metrics": es.body(text)}) as srv:
+        for out in (
+            _inspect("--metrics-file", str(tmp_path / "node.prom")),
+            _inspect("--metrics-url", srv.url("/metrics")),
+        ):
+            assert out.returncode == 1
+            assert "no known engine families; prefixes seen: node_, go_" in out.stderr, out.stderr
+            assert "not_prometheus" not in out.stderr and "Traceback" not in out.stderr

@@ -253,21 +253,24 @@ def test_window_longer_than_the_data_is_warned_on_real_prometheus(tmp_path: Path
         )
         es.body(text)(h)
 
-    with es.EngineServer({"/metrics": exposition}) as node:
-        with stack.prometheus(tmp_path, {"inferwatch-agent": [f"127.0.0.1:{node.port}"]}) as prom:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:  # two scrapes: rate() has data
-                q = httpx.get(f"{prom}/api/v1/query", params={"query": "count_over_time(inferwatch_node_info[1m])"})
-                if q.json()["data"]["result"] and float(q.json()["data"]["result"][0]["value"][1]) >= 3:
-                    break
-                time.sleep(0.5)
-            long = _cli("--prometheus", prom, "--format", "json")  # the 1 h default over ~3 s of data
-            assert long.returncode == 0, long.stderr
-            assert "warning" in long.stderr and "less than --window 1h" in long.stderr, long.stderr
-            assert "try --window " in long.stderr
-            time.sleep(7)
-            short = _cli("--prometheus", prom, "--format", "json", "--window", "5s")
-            assert short.returncode == 0, short.stderr
-            assert "warning" not in short.stderr, short.stderr
-            tps = json.loads(short.stdout)["cells"][0]["tokens_per_second"]
-            assert tps == pytest.approx(300, rel=0.2)
+    import contextlib
+
+    with contextlib.ExitStack() as stack_:
+        node = stack_.enter_context(es.EngineServer({"/metrics": exposition}))
+        prom = stack_.enter_context(stack.prometheus(tmp_path, {"inferwatch-agent": [f"127.0.0.1:{node.port}"]}))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # two scrapes: rate() has data
+            q = httpx.get(f"{prom}/api/v1/query", params={"query": "count_over_time(inferwatch_node_info[1m])"})
+            if q.json()["data"]["result"] and float(q.json()["data"]["result"][0]["value"][1]) >= 3:
+                break
+            time.sleep(0.5)
+        long = _cli("--prometheus", prom, "--format", "json")  # the 1 h default over ~3 s of data
+        assert long.returncode == 0, long.stderr
+        assert "warning" in long.stderr and "less than --window 1h" in long.stderr, long.stderr
+        assert "try --window " in long.stderr
+        time.sleep(7)
+        short = _cli("--prometheus", prom, "--format", "json", "--window", "5s")
+        assert short.returncode == 0, short.stderr
+        assert "warning" not in short.stderr, short.stderr
+        tps = json.loads(short.stdout)["cells"][0]["tokens_per_second"]
+        assert tps == pytest.approx(300, rel=0.2)

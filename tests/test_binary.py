@@ -184,3 +184,58 @@ def test_restored_library_clears_on_schedule_and_on_request(built, tmp_path) -> 
         r = httpx.post(f"{base}/api/v1/binary", headers=auth, timeout=30)
         assert r.status_code == 200 and r.json()["report"]["missing_libraries"] == []
         assert metric() == "0.0"
+
+
+LISTENER_C = (
+    "#include <arpa/inet.h>\n#include <stdlib.h>\n#include <sys/socket.h>\n#include <unistd.h>\n"
+    "int diag_answer(void);\n"
+    "int main(int argc, char **argv) {\n"
+    "  int s = socket(AF_INET, SOCK_STREAM, 0), one = 1;\n"
+    "  setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);\n"
+    "  struct sockaddr_in a = {0}; a.sin_family = AF_INET; a.sin_port = htons(atoi(argv[1]));\n"
+    "  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);\n"
+    "  if (bind(s, (struct sockaddr *)&a, sizeof a) || listen(s, 8)) return 2;\n"
+    "  for (int i = 0; i < 600 && diag_answer() == 42; i++) sleep(1);\n"
+    "  return 0;\n}\n"
+)
+
+
+@pytest.mark.slow
+def test_doctor_engine_url_finds_the_runtime_by_port_for_the_binary_check(built, tmp_path) -> None:
+    """Issue 15: ``doctor --engine-url`` found the runtime by its port for the SIMD check but said "no runtime
+    process configured" for the binary check. A runtime built here listens on a port; its library is removed."""
+    from tests.conftest import free_port
+    from tests.procs import stop
+
+    _prog, lib = built
+    (tmp_path / "listener.c").write_text(LISTENER_C)
+    listener = tmp_path / "runtime-listener"
+    subprocess.run(
+        ["gcc", "-o", str(listener), str(tmp_path / "listener.c"), f"-L{tmp_path}", "-ldiagprobe",
+         f"-Wl,-rpath,{tmp_path}"],
+        check=True, timeout=120,
+    )  # fmt: skip
+    port = free_port()
+    runtime = subprocess.Popen([str(listener), str(port)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            import socket
+
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        lib.unlink()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("INFERWATCH_")}
+        out = subprocess.run(
+            [PYTHON, "-m", "agent", "doctor", "--json", "--engine-url", f"http://127.0.0.1:{port}"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        checks = {c["id"]: c for c in json.loads(out.stdout)["checks"]}
+        finding = checks.get("runtime.hardware_mismatch")
+        assert finding is not None, {k: (c["status"], c["summary"]) for k, c in checks.items()}
+        assert finding["status"] == "fail" and "libdiagprobe.so" in finding["summary"]
+        assert finding["evidence"]["pid"] == runtime.pid and finding["evidence"]["path"] == str(listener)
+    finally:
+        stop(runtime)

@@ -29,7 +29,7 @@ from typing import Any
 
 from agent.config import Settings
 from agent.errors import NoDataError, ToolError
-from agent.host.runtime import RuntimeLocator
+from agent.host.runtime import RuntimeLocator, engine_port
 from agent.samples import Collection, Finding, Sample, attrs
 from agent.schedule import next_due
 from agent.state import AgentState
@@ -296,7 +296,8 @@ class BinaryCheck:
             try:
                 path = self.settings.binary.path
                 if path is None:
-                    pid = self.locator.find().pid
+                    # runtime.* when set, else the process listening on engine.metrics_url's port (as simd does)
+                    pid = self.locator.find_serving(engine_port(self.settings)).pid
                     try:
                         exe = os.readlink(procfs / str(pid) / "exe")
                     except OSError:

@@ -17,6 +17,7 @@ import os
 import re
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 
@@ -29,6 +30,19 @@ HINT_CONFIGURE = (
 )
 MAX_PIDFILE_BYTES = 64
 MAX_SCAN_PIDS = 100_000
+
+
+def engine_port(settings: object) -> int | None:
+    """The TCP port of ``engine.metrics_url`` when that setting exists and is set: where to look for the runtime
+    (its listener) when ``runtime.*`` is not set (the simd collector, the binary check, the doctor)."""
+    url = getattr(getattr(settings, "engine", None), "metrics_url", None)
+    if not url:
+        return None
+    try:
+        parts = urlsplit(str(url))
+        return parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
 
 
 class RuntimeLocator:

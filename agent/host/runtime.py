@@ -23,6 +23,7 @@ import psutil
 
 from agent.config import RuntimeSettings
 from agent.errors import NoDataError
+from agent.host.privilege import unless_root
 
 HINT_CONFIGURE = (
     "set runtime.pid, runtime.pidfile or runtime.cmdline_pattern "
@@ -97,7 +98,12 @@ class RuntimeLocator:
                 return proc
             pid = pid_listening_on(self.procfs, port)
             if pid is None:
-                raise NoDataError(f"no process found listening on port {port}", hint="set runtime.pid or run as root")
+                hint = unless_root(
+                    "set runtime.pid or run as root (another user's sockets are not attributed to their process)",
+                    "set runtime.pid: nothing in this pid and network namespace listens there (the agent runs as "
+                    "root already; share the runtime's namespaces, e.g. docker pid: service:<runtime>)",
+                )
+                raise NoDataError(f"no process found listening on port {port}", hint=hint)
             proc = self._by_port[port] = self._process(pid, f"the listener on port {port}")
             return proc
 

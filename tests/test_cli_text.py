@@ -101,3 +101,48 @@ def test_engine_inspect_names_the_prefixes_of_a_non_engine_exposition(tmp_path) 
             assert out.returncode == 1
             assert "no known engine families; prefixes seen: node_, go_" in out.stderr, out.stderr
             assert "not_prometheus" not in out.stderr and "Traceback" not in out.stderr
+
+
+def test_agent_with_its_port_taken_exits_2_with_one_line_and_never_says_started(tmp_path) -> None:
+    """Issue 15: the agent printed "agent started" before failing to bind its port."""
+    import socket
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERWATCH_")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [PYTHON, "-m", "agent", "run", "--port", str(port)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "agent started" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines == [f"inferwatch: cannot listen on 127.0.0.1:{port}: Address already in use"], lines
+
+
+def test_agent_started_is_logged_once_the_port_answers(tmp_path) -> None:
+    """ "agent started" comes after the bind: the first request after that line is served, never refused."""
+    import time
+
+    import httpx
+
+    from tests.conftest import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INFERWATCH_")}
+    log = tmp_path / "agent.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [PYTHON, "-m", "agent", "run", "--port", str(port)], cwd=ROOT, env=env, stdout=out, stderr=out
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "agent started" not in log.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.01)
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -146,3 +146,27 @@ def test_agent_started_is_logged_once_the_port_answers(tmp_path) -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_docs_name_the_rules_directory_of_the_shipped_prometheus_config() -> None:
+    """Issue 15: docs named /etc/prometheus/inferwatch/*.rules.yml where the shipped config loads
+    /etc/prometheus/rules/. Every Prometheus rules path the docs give is the one deploy/prometheus.yml loads."""
+    import yaml
+
+    (rule_glob,) = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())["rule_files"]
+    rules_dir = rule_glob.rsplit("/", 1)[0]
+    mounted = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["prometheus"]["volumes"]
+    assert f"./alerts:{rules_dir}:ro" in mounted
+    docs = [
+        ROOT / "README.md",
+        ROOT / "CONTRIBUTING.md",
+        *(ROOT / "docs").glob("*.md"),
+        *(ROOT / "runbooks").glob("*.md"),
+    ]
+    seen = []
+    for doc in docs:
+        for path in re.findall(r"/etc/prometheus/[^\s`'\")\]]*", doc.read_text()):
+            if "rules" in path:
+                seen.append(path)
+                assert path in (rule_glob, rules_dir, rules_dir + "/"), f"{doc.name}: {path} (shipped: {rule_glob})"
+    assert seen, "the docs no longer say where Prometheus loads the rules from"

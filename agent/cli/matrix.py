@@ -51,7 +51,10 @@ def register(app: typer.Typer) -> None:
         try:
             selector = f'job="{job}"' if job else ""
             m = fetch_matrix(client, window, selector=selector)
-            span = data_span_s(client, window, selector) if window != "$__range" else None
+            try:  # only for the warning below: its failure does not fail the matrix
+                span = data_span_s(client, window, selector) if window != "$__range" else None
+            except MatrixError:
+                span = None
         except MatrixError as exc:
             typer.echo(f"inferwatch: {exc}", err=True)
             raise typer.Exit(1) from None

@@ -42,16 +42,10 @@ BURNS = [
 SCAN_MINUTES = 60
 
 
-def _scan(total: int, good: int, clean_min: int, workdir: Path) -> tuple[int | None, str]:
-    minutes = clean_min + SCAN_MINUTES + 1
-    count = f"0+{total}x{minutes}"
-    # good requests: all of them while clean, then `good` per minute (no discontinuity at the switch)
-    after = f"{total * clean_min + good}+{good}x{SCAN_MINUTES}"
-    bucket = f"0+{total}x{clean_min} {after}" if clean_min else f"0+{good}x{minutes}"
-    checks = "\n".join(
-        f"      - {{eval_time: {clean_min + m}m, alertname: TTFTErrorBudgetBurn, exp_alerts: []}}"
-        for m in range(1, SCAN_MINUTES + 1)
-    )
+def _run_not_firing_scan(count: str, bucket: str, minutes: range, workdir: Path, name: str) -> str:
+    """promtool on the shipped SLO rules with these TTFT count/bucket series, asserting TTFTErrorBudgetBurn is
+    not firing at each of ``minutes``; its output (each failure names a minute and what fired)."""
+    checks = "\n".join(f"      - {{eval_time: {m}m, alertname: TTFTErrorBudgetBurn, exp_alerts: []}}" for m in minutes)
     test = f"""rule_files: [{ROOT / "alerts" / "slo.rules.yml"}]
 evaluation_interval: 1m
 group_eval_order: [inferwatch-slo-ttft-500ms-sli, inferwatch-slo-ttft-500ms-alerts]
@@ -65,10 +59,19 @@ tests:
     alert_rule_test:
 {checks}
 """
-    path = workdir / "scan.test.yml"
+    path = workdir / f"{name}.test.yml"
     path.write_text(test)
-    r = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300)
-    out = r.stdout + r.stderr
+    r = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=600)
+    return r.stdout + r.stderr
+
+
+def _scan(total: int, good: int, clean_min: int, workdir: Path) -> tuple[int | None, str]:
+    minutes = clean_min + SCAN_MINUTES + 1
+    count = f"0+{total}x{minutes}"
+    # good requests: all of them while clean, then `good` per minute (no discontinuity at the switch)
+    after = f"{total * clean_min + good}+{good}x{SCAN_MINUTES}"
+    bucket = f"0+{total}x{clean_min} {after}" if clean_min else f"0+{good}x{minutes}"
+    out = _run_not_firing_scan(count, bucket, range(clean_min + 1, clean_min + SCAN_MINUTES + 1), workdir, "scan")
     fails = re.findall(r"time: (?:(\d+)h)?(\d+)m(?:0s)?, \s*exp:.*?got:\[\s*0:\s*Labels:\{([^}]*)\}", out, re.S)
     if not fails:
         return None, ""
@@ -123,28 +126,11 @@ def _recovery_scan(total: int, good: int, clean: int, fault: int, workdir: Path)
         f"0+{total}x{clean} {total * clean + good}+{good}x{fault - 1} {bad_end + total}+{total}x{RECOVERY_SCAN_MINUTES}"
     )
     recovered = clean + fault
-    checks = "\n".join(
-        f"      - {{eval_time: {recovered + m}m, alertname: TTFTErrorBudgetBurn, exp_alerts: []}}"
-        for m in range(RECOVERY_SCAN_MINUTES + 1)
+    text = _run_not_firing_scan(
+        count, bucket, range(recovered, recovered + RECOVERY_SCAN_MINUTES + 1), workdir, "recovery"
     )
-    test = f"""rule_files: [{ROOT / "alerts" / "slo.rules.yml"}]
-evaluation_interval: 1m
-group_eval_order: [inferwatch-slo-ttft-500ms-sli, inferwatch-slo-ttft-500ms-alerts]
-tests:
-  - interval: 1m
-    input_series:
-      - series: 'gen_ai_server_time_to_first_token_seconds_count{{gen_ai_request_model="m"}}'
-        values: '{count}'
-      - series: 'gen_ai_server_time_to_first_token_seconds_bucket{{gen_ai_request_model="m",le="0.5"}}'
-        values: '{bucket}'
-    alert_rule_test:
-{checks}
-"""
-    path = workdir / "recovery.test.yml"
-    path.write_text(test)
-    r = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=600)
     out: dict[str, dict[str, object]] = {}
-    for h, m, got in _FIRING_AT.findall(r.stdout + r.stderr):
+    for h, m, got in _FIRING_AT.findall(text):
         minute = int(h or 0) * 60 + int(m or 0) - recovered
         for long, severity, short in _PAIR.findall(got):
             row = out.setdefault(f"{long}/{short}", {"severity": severity, "minutes": []})

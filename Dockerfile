@@ -35,13 +35,14 @@ RUN pip install --no-deps --no-index /tmp/wheels/inferwatch-*.whl && rm -r /tmp/
 RUN useradd --system --uid 10001 --user-group --home-dir /home/inferwatch --create-home --shell /usr/sbin/nologin \
         inferwatch \
     && install -d -o 10001 -g 10001 -m 0755 /var/lib/inferwatch /run/inferwatch
-# The demo's helpers (compose entrypoint, healthcheck, alert sink): scripts, not part of the package.
+# The demo's helpers (compose entrypoint, healthcheck, alert sink, runbook server and the small HTTP base the last two
+# share): scripts, not part of the package.
 WORKDIR /app
-COPY deploy/agent_entrypoint.py deploy/healthcheck.py deploy/alert_sink.py /app/deploy/
+COPY deploy/agent_entrypoint.py deploy/healthcheck.py deploy/alert_sink.py deploy/runbook_server.py deploy/small_http.py /app/deploy/
 # The agent and the runtime run as the same user, so with CAP_SYS_PTRACE (docker-compose.yml) the agent can
 # read /proc/<pid> of the runtime and profile it with py-spy.
 USER 10001:10001
 VOLUME ["/var/lib/inferwatch"]
-EXPOSE 8000 9435 4317 4318 9099
+EXPOSE 8000 9435 9436 4317 4318 9099
 ENTRYPOINT ["python", "-m", "agent"]
 CMD ["run", "--listen-address", "0.0.0.0"]

@@ -10,7 +10,7 @@ import logging
 import threading
 from typing import Any
 
-from agent.collectors import HOST_LANE, Collector, Schedule, enabled_collectors, schedule
+from agent.collectors import HOST_LANE, Collector, Schedule, enabled_collectors
 from agent.config import Settings
 from agent.identity import node_identity
 from agent.runner import Runner
@@ -57,8 +57,7 @@ class Agent:
             if callable(status):
                 self.state.add_source(f"{collector.name}.status", status)
         if deps.binary.state is not None:  # the check at start: /readyz waits for it as for a collector
-            plan = schedule("binary", settings)
-            self.state.register(CollectorHealth("binary", plan.interval_s, settings.binary.timeout_s))
+            self.state.register(CollectorHealth("binary", settings.binary.interval_s, settings.binary.timeout_s))
         self.state.add_listener(deps.snapshots.on_record)
         self.state.add_source("snapshots", deps.snapshots.samples)
         if self.ctx.read_limits.hits is not None:

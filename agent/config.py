@@ -227,6 +227,8 @@ DEFAULT_PROFILE_DURATION_CAP_S = 60.0
 DEFAULT_PROFILE_RING_COUNT = 8
 DEFAULT_PROFILE_RING_BYTES = 64 << 20
 DEFAULT_BINARY_TIMEOUT_S = 10.0
+# The binary check again while the runtime is found, so a restored library clears its alert without a restart.
+DEFAULT_BINARY_INTERVAL_S = 300.0
 API_SCOPES = ("read", "snapshots", "profile")
 Scope = Literal["read", "snapshots", "profile"]
 ProbeProtocol = Literal["openai", "anthropic"]
@@ -316,10 +318,15 @@ class SnapshotSettings(_Section):
 
 
 class BinarySettings(_Section):
-    """Binary compatibility of the runtime (at start and on demand): ``path`` overrides /proc/PID/exe."""
+    """Binary compatibility of the runtime (at start, every ``interval_s``, and on demand).
+
+    ``path`` overrides /proc/PID/exe; ``interval_s`` is the re-check while the runtime is found (while it is
+    not, the lookup is repeated every agent ``interval_s``, a procfs read with no program run).
+    """
 
     path: Path | None = None
     timeout_s: float = Field(default=DEFAULT_BINARY_TIMEOUT_S, gt=0, le=120)
+    interval_s: float = Field(default=DEFAULT_BINARY_INTERVAL_S, gt=0, le=86400)
 
 
 class RunbooksSettings(_Section):

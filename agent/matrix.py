@@ -92,6 +92,42 @@ def nodes_query(window: str, selector: str = "", model_selector: str = "") -> st
     )
 
 
+# The data must cover this share of the window; less, and rate() over the window reads low (issue 15: 25 tok/s
+# over a 1 h window holding 3 minutes of data, 302 with --window 5m).
+WINDOW_COVERAGE_RATIO = 0.9
+SPAN_POINTS = 500  # subquery resolution of the data-span query: window / this, at least 1 s
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def window_seconds(window: str) -> float:
+    """A Prometheus duration (``30m``, ``1h``) in seconds; raise ValueError for anything else."""
+    m = re.fullmatch(r"([0-9]+)(ms|s|m|h|d|w|y)", window)
+    if not m:
+        raise ValueError(f"window {window!r} is not a Prometheus duration such as 30m, 1h or 1d")
+    return int(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def data_span_query(window: str, selector: str = "") -> str:
+    """Seconds from the earliest TTFT-count or token sample within ``window`` to now (a subquery of
+    ``timestamp()``; each step sees the latest sample at or before it, so the earliest is the data's start)."""
+    step = max(1, round(window_seconds(window) / SPAN_POINTS))
+    sel = _sel('__name__=~"gen_ai_server_time_to_first_token_seconds_count|inferwatch_engine_tokens_total"', selector)
+    return f"time() - min(min_over_time(timestamp({sel})[{window}:{step}s]))"
+
+
+def data_span_s(prom: PrometheusClient, window: str, selector: str = "") -> float | None:
+    """How far back the matrix's data goes within ``window`` (None: no data)."""
+    result = prom.query(data_span_query(window, selector))
+    return _value(result[0]) if result else None
+
+
+def short_window(window: str, span_s: float | None) -> str | None:
+    """A window the data does cover, when ``window`` is longer than the data (else None)."""
+    if span_s is None or span_s >= WINDOW_COVERAGE_RATIO * window_seconds(window):
+        return None
+    return f"{int(span_s // 60)}m" if span_s >= 120 else f"{max(int(span_s), 1)}s"
+
+
 @dataclass(frozen=True, slots=True)
 class Hardware:
     machine_type: str

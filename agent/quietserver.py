@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from email.utils import formatdate
 from types import FrameType
@@ -18,6 +19,8 @@ from typing import Any
 
 import uvicorn
 from uvicorn.config import Config
+
+from agent.errors import ConfigError
 
 # Idle keep-alive connections stay open this long (nginx's default). Prometheus reuses its connection on
 # every scrape; uvicorn's 5 s default would close it between scrapes at 5 s and longer intervals, a wake-up
@@ -81,11 +84,28 @@ class QuietServer(uvicorn.Server):
         self.request_exit()
 
 
-def serve(app: Any, **config: Any) -> None:
-    """``uvicorn.run`` with :class:`QuietServer` and :class:`DateHeader`."""
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket on ``host:port``, bound before anything else starts (so "agent started" is only
+    logged by an agent that can serve, and a taken port is one ConfigError naming it, not a traceback)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(app: Any, sock: socket.socket | None = None, **config: Any) -> None:
+    """``uvicorn.run`` with :class:`QuietServer` and :class:`DateHeader`; on ``sock`` (from :func:`bind`) when
+    given, else uvicorn binds ``host``/``port`` itself."""
     config.setdefault("timeout_keep_alive", KEEP_ALIVE_S)
     server = QuietServer(Config(DateHeader(app), **config))
     with contextlib.suppress(KeyboardInterrupt):
-        server.run()
+        server.run(sockets=[sock] if sock is not None else None)
     if not server.started:
         raise SystemExit(STARTUP_FAILURE)  # as uvicorn.run: the error (port taken...) is already logged

@@ -5,6 +5,10 @@ TTFTErrorBudgetBurn fires, found by asserting "not firing" at every minute and r
 reports as failing. Baseline in the same run: the ideal detection time of the window pair (threshold / burn ×
 long window, plus for:), computed from the same rule file's numbers.
 
+Part 1b (promtool, the same rule file): resolution. After a burn that paged, traffic recovers; for each burn
+alert (window pair), the minutes after recovery at which it fired first and last, and when its resolved notice
+is due (last + 1 + the route's group_interval, alerts/alertmanager.yml).
+
 Part 2 (end to end, tests/e2e): runs the e2e test module RUNS times and reports, per pitfall, min / median /
 max seconds from injection to the receiver, side by side with the pipeline floor measured in the same runs
 (the always-firing Watchdog: Prometheus start → dead-man's-switch webhook) and the configured budget
@@ -38,16 +42,10 @@ BURNS = [
 SCAN_MINUTES = 60
 
 
-def _scan(total: int, good: int, clean_min: int, workdir: Path) -> tuple[int | None, str]:
-    minutes = clean_min + SCAN_MINUTES + 1
-    count = f"0+{total}x{minutes}"
-    # good requests: all of them while clean, then `good` per minute (no discontinuity at the switch)
-    after = f"{total * clean_min + good}+{good}x{SCAN_MINUTES}"
-    bucket = f"0+{total}x{clean_min} {after}" if clean_min else f"0+{good}x{minutes}"
-    checks = "\n".join(
-        f"      - {{eval_time: {clean_min + m}m, alertname: TTFTErrorBudgetBurn, exp_alerts: []}}"
-        for m in range(1, SCAN_MINUTES + 1)
-    )
+def _run_not_firing_scan(count: str, bucket: str, minutes: range, workdir: Path, name: str) -> str:
+    """promtool on the shipped SLO rules with these TTFT count/bucket series, asserting TTFTErrorBudgetBurn is
+    not firing at each of ``minutes``; its output (each failure names a minute and what fired)."""
+    checks = "\n".join(f"      - {{eval_time: {m}m, alertname: TTFTErrorBudgetBurn, exp_alerts: []}}" for m in minutes)
     test = f"""rule_files: [{ROOT / "alerts" / "slo.rules.yml"}]
 evaluation_interval: 1m
 group_eval_order: [inferwatch-slo-ttft-500ms-sli, inferwatch-slo-ttft-500ms-alerts]
@@ -61,10 +59,19 @@ tests:
     alert_rule_test:
 {checks}
 """
-    path = workdir / "scan.test.yml"
+    path = workdir / f"{name}.test.yml"
     path.write_text(test)
-    r = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300)
-    out = r.stdout + r.stderr
+    r = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=600)
+    return r.stdout + r.stderr
+
+
+def _scan(total: int, good: int, clean_min: int, workdir: Path) -> tuple[int | None, str]:
+    minutes = clean_min + SCAN_MINUTES + 1
+    count = f"0+{total}x{minutes}"
+    # good requests: all of them while clean, then `good` per minute (no discontinuity at the switch)
+    after = f"{total * clean_min + good}+{good}x{SCAN_MINUTES}"
+    bucket = f"0+{total}x{clean_min} {after}" if clean_min else f"0+{good}x{minutes}"
+    out = _run_not_firing_scan(count, bucket, range(clean_min + 1, clean_min + SCAN_MINUTES + 1), workdir, "scan")
     fails = re.findall(r"time: (?:(\d+)h)?(\d+)m(?:0s)?, \s*exp:.*?got:\[\s*0:\s*Labels:\{([^}]*)\}", out, re.S)
     if not fails:
         return None, ""
@@ -94,6 +101,57 @@ def promtool_part() -> list[dict[str, object]]:
                     "ideal_min_14.4x_pair": ideal,
                 }
             )
+    return rows
+
+
+# Resolution (issue 15: the TTFT burn page resolved 25 min after recovery, a ticket came 43 min after it):
+# name, per-minute requests, good requests per minute during the fault, clean minutes before, fault minutes.
+RECOVERIES = [
+    ("30 min total outage after 6h of clean traffic", 100, 0, 360, 30),
+    ("30 min 20x burn after 6h of clean traffic", 100, 80, 360, 30),
+    ("10 min total outage after 6h of clean traffic", 100, 0, 360, 10),
+]
+RECOVERY_SCAN_MINUTES = 240
+GROUP_INTERVAL_MIN = {"critical": 5, "warning": 5}  # alerts/alertmanager.yml: a resolved notice waits for one
+_FIRING_AT = re.compile(r"time: (?:(\d+)h)?(?:(\d+)m)?(?:0s)?, \s*exp:\[\],\s*got:\[(.*?)\n\s*\]", re.S)
+_PAIR = re.compile(r'long="(\w+)".*?severity="(\w+)", short="(\w+)"')
+
+
+def _recovery_scan(total: int, good: int, clean: int, fault: int, workdir: Path) -> dict[str, dict[str, object]]:
+    """Per burn alert (long/short pair): minutes after recovery at which it first and last fired."""
+    minutes = clean + fault + RECOVERY_SCAN_MINUTES + 1
+    count = f"0+{total}x{minutes}"
+    bad_end = total * clean + good * fault
+    bucket = (
+        f"0+{total}x{clean} {total * clean + good}+{good}x{fault - 1} {bad_end + total}+{total}x{RECOVERY_SCAN_MINUTES}"
+    )
+    recovered = clean + fault
+    text = _run_not_firing_scan(
+        count, bucket, range(recovered, recovered + RECOVERY_SCAN_MINUTES + 1), workdir, "recovery"
+    )
+    out: dict[str, dict[str, object]] = {}
+    for h, m, got in _FIRING_AT.findall(text):
+        minute = int(h or 0) * 60 + int(m or 0) - recovered
+        for long, severity, short in _PAIR.findall(got):
+            row = out.setdefault(f"{long}/{short}", {"severity": severity, "minutes": []})
+            row["minutes"].append(minute)  # type: ignore[union-attr]
+    for row in out.values():
+        mins = row.pop("minutes")
+        assert isinstance(mins, list)
+        row["fires_from_min"] = min(mins)
+        row["resolved_after_min"] = max(mins) + 1 if max(mins) < RECOVERY_SCAN_MINUTES else None
+        interval = GROUP_INTERVAL_MIN[str(row["severity"])]
+        row["resolved_notice_by_min"] = (
+            None if row["resolved_after_min"] is None else row["resolved_after_min"] + interval
+        )
+    return out
+
+
+def recovery_part() -> list[dict[str, object]]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, total, good, clean, fault in RECOVERIES:
+            rows.append({"scenario": name, "alerts": _recovery_scan(total, good, clean, fault, Path(tmp))})
     return rows
 
 
@@ -136,8 +194,10 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--skip-e2e", action="store_true")
     args = ap.parse_args()
-    result: dict[str, object] = {"promtool_burn_rate": promtool_part()}
+    result: dict[str, object] = {"promtool_burn_rate": promtool_part(), "promtool_recovery": recovery_part()}
     for row in result["promtool_burn_rate"]:  # type: ignore[union-attr]
+        print(row)
+    for row in result["promtool_recovery"]:  # type: ignore[union-attr]
         print(row)
     if not args.skip_e2e:
         result["e2e"] = e2e_part(args.runs)

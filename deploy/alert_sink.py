@@ -12,11 +12,11 @@ import argparse
 import collections
 import hashlib
 import json
-import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from small_http import QuietHandler, serve
 
 MAX_EVENTS = 200
 MAX_BODY_BYTES = 1 << 20
@@ -24,17 +24,9 @@ EVENTS: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_EVENTS)
 LOCK = threading.Lock()
 
 
-class Handler(BaseHTTPRequestHandler):
-    def log_message(self, *args: object) -> None:
-        pass
-
+class Handler(QuietHandler):
     def _send(self, code: int, body: object) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.send_body(code, "application/json", json.dumps(body).encode())
 
     def do_GET(self) -> None:
         with LOCK:
@@ -70,15 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=9099)
     args = ap.parse_args(argv)
-    server = ThreadingHTTPServer((args.host, args.port), Handler)
-    print(f"alert sink listening on {args.host}:{args.port}", file=sys.stderr, flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    return 0
+    return serve("alert sink", args.host, args.port, Handler)
 
 
 if __name__ == "__main__":

@@ -19,54 +19,46 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
-from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's package, when run from it
+
+from small_http import QuietHandler, serve
 
 from agent.runbooks import Runbooks, to_html
 
 DEFAULT_PORT = 9436  # next to the agent's 9435
 
 
-def make_server(address: str, port: int, runbooks: Runbooks, base_url: str | None = None) -> ThreadingHTTPServer:
-    """A server (not yet serving) for ``runbooks`` on ``address:port``; port 0 picks a free one."""
+def handler(runbooks: Runbooks, base_url: str | None = None) -> type[BaseHTTPRequestHandler]:
+    """The request handler serving ``runbooks`` (``base_url``: the public URL of /runbooks, for the index)."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             url = urlsplit(self.path)
             path = url.path.rstrip("/")
+            text_plain = "text/plain; charset=utf-8"
             if path == "/healthz":
-                self._send(200, "text/plain; charset=utf-8", b"ok\n")
+                self.send_body(200, text_plain, b"ok\n")
             elif path == "/runbooks":
                 base = base_url or f"http://{self.headers.get('Host', 'localhost')}/runbooks"
                 index = {"runbooks": [{"alert": n, "url": f"{base}/{n}"} for n in runbooks.names()]}
-                self._send(200, "application/json", json.dumps(index).encode())
+                self.send_body(200, "application/json", json.dumps(index).encode())
             elif path.startswith("/runbooks/"):
                 name = path.removeprefix("/runbooks/")
                 text = runbooks.read(name)
                 if text is None:
-                    self._send(404, "text/plain; charset=utf-8", f"no runbook {name!r}\n".encode())
+                    self.send_body(404, text_plain, f"no runbook {name!r}\n".encode())
                 elif parse_qs(url.query).get("format") == ["html"] or "text/html" in self.headers.get("Accept", ""):
-                    self._send(200, "text/html; charset=utf-8", to_html(name, text).encode())
+                    self.send_body(200, "text/html; charset=utf-8", to_html(name, text).encode())
                 else:
-                    self._send(200, "text/markdown; charset=utf-8", text.encode())
+                    self.send_body(200, "text/markdown; charset=utf-8", text.encode())
             else:
-                self._send(404, "text/plain; charset=utf-8", b"not found\n")
+                self.send_body(404, text_plain, b"not found\n")
 
-        def _send(self, code: int, ctype: str, body: bytes) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    return ThreadingHTTPServer((address, port), Handler)
+    return Handler
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,15 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     if not runbooks.names():
         print(f"no runbooks in {args.dir or 'the package'}", file=sys.stderr)
         return 2
-    server = make_server(args.listen_address, args.port, runbooks, args.base_url)
-    print(f"serving {len(runbooks.names())} runbooks on http://{args.listen_address}:{server.server_port}/runbooks")
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-    return 0
+    print(f"serving {len(runbooks.names())} runbooks at /runbooks", file=sys.stderr, flush=True)
+    return serve("runbook server", args.listen_address, args.port, handler(runbooks, args.base_url))
 
 
 if __name__ == "__main__":

@@ -147,7 +147,13 @@ class GrafanaPusher:
 
     def check_version(self) -> str:
         # api.health.check() reads the same endpoint but crashes on a non-JSON answer; read it directly.
-        settings = self._call("read its build information", self.api.client.GET, "/frontend/settings")
+        try:
+            settings = self._call("read its build information", self.api.client.GET, "/frontend/settings")
+        except GrafanaClientError as exc:  # 404 and the like: a server, but not Grafana's API at this URL
+            raise GrafanaVersionError(
+                f"{self.url} answered HTTP {exc.status_code} to /api/frontend/settings: is it a Grafana "
+                "(and the URL its root, with any sub-path)?"
+            ) from exc
         info = settings.get("buildInfo") if isinstance(settings, dict) else None
         if not isinstance(info, dict) or "version" not in info:
             raise GrafanaVersionError(f"{self.shown} did not report a Grafana build version: is it a Grafana?")
@@ -241,12 +247,19 @@ def push(
     datasource_uid: str | None = None,
     prometheus_url: str | None = None,
 ) -> tuple[str, list[PushResult]]:
-    """Check the version, ensure folder (and datasource), upsert every dashboard. Returns (version, results)."""
-    version = pusher.check_version()
-    if prometheus_url and not datasource_uid:
-        datasource_uid = DEFAULT_DATASOURCE_UID
-    if datasource_uid:
-        pusher.ensure_datasource(datasource_uid, prometheus_url)
-    folder_id = pusher.ensure_folder(folder)
-    results = [pusher.upsert(with_datasource(d, datasource_uid), folder_id) for _, d in sorted(dashboards.items())]
+    """Check the version, ensure folder (and datasource), upsert every dashboard. Returns (version, results).
+
+    Raises only :class:`GrafanaError` (a client error no step turned into its own message is wrapped), so the
+    CLI prints one line.
+    """
+    try:
+        version = pusher.check_version()
+        if prometheus_url and not datasource_uid:
+            datasource_uid = DEFAULT_DATASOURCE_UID
+        if datasource_uid:
+            pusher.ensure_datasource(datasource_uid, prometheus_url)
+        folder_id = pusher.ensure_folder(folder)
+        results = [pusher.upsert(with_datasource(d, datasource_uid), folder_id) for _, d in sorted(dashboards.items())]
+    except GrafanaClientError as exc:
+        raise GrafanaError(f"Grafana at {pusher.url} refused a request (HTTP {exc.status_code}): {exc}") from exc
     return version, results

@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from agent.config import DEFAULT_SNAPSHOT_DIR
 from tests.procs import stop as stop_process
 
@@ -489,6 +491,33 @@ def probe(services: Mapping[str, Service], work: Path) -> dict[str, Any]:
     return out
 
 
+def links_with_agent_stopped(services: Mapping[str, Service]) -> dict[str, Any]:
+    """Stop the agent, then follow every alerting rule's runbook link as Prometheus renders it (issue 15)."""
+    stop(services["agent"])
+    out: dict[str, Any] = {}
+    try:
+        http("http://agent:9435/healthz")
+        out["agent_answers"] = True
+    except OSError:
+        out["agent_answers"] = False
+    code, body = http("http://prometheus:9090/api/v1/status/config")
+    config = yaml.safe_load(json.loads(body)["data"]["yaml"]) if code == 200 else {}
+    base = config.get("global", {}).get("external_labels", {}).get("runbook_base")
+    out["runbook_base"] = base
+    code, body = http("http://prometheus:9090/api/v1/rules?type=alert")
+    groups = json.loads(body)["data"]["groups"] if code == 200 else []
+    names = sorted({r["name"] for g in groups for r in g["rules"]})
+    links: dict[str, Any] = {}
+    for name in names:
+        try:
+            status, text = http(f"{base}/{name}")
+            links[name] = [status, text[:200]]
+        except OSError as exc:
+            links[name] = [None, str(exc)]
+    out["links"] = links
+    return out
+
+
 def wait_scraped(deadline: float) -> None:
     """Until Prometheus has scraped every job once (its first scrape comes after up to one interval)."""
     while time.monotonic() < deadline:
@@ -556,6 +585,7 @@ def main(argv: list[str]) -> int:
             if all(s.missing or s in up for s in services.values()):
                 wait_scraped(time.monotonic() + 30)
                 report["probe"] = probe(services, Path(plan["work"]))
+                report["links_agent_stopped"] = links_with_agent_stopped(services)
     except Exception as exc:  # reported to the test, which fails with it
         report["error"] = f"{type(exc).__name__}: {exc}"
     Path(argv[1]).write_text(json.dumps(report, indent=1, default=str))

@@ -128,3 +128,114 @@ def test_running_runtime_via_proc_exe_and_the_api(built, tmp_path) -> None:
             assert httpx.post(f"{base}/api/v1/binary").status_code == 401
     finally:
         stop(runtime)
+
+
+def test_restored_library_clears_on_schedule_and_on_request(built, tmp_path) -> None:
+    """Issue 15: RuntimeHardwareMismatch for a missing library never cleared after the library was restored
+    until the agent restarted. The check is re-run every ``binary.interval_s`` and on ``POST /api/v1/binary``
+    (scope ``profile``: the runbook sends the token header)."""
+    import shutil
+
+    import httpx
+
+    from tests.conftest import free_port
+    from tests.procs import running, wait_http
+
+    prog, lib = built
+    kept = tmp_path / "kept.so"
+    shutil.copy2(lib, kept)
+    lib.unlink()  # the program's rpath directory no longer holds its library
+    port = free_port()
+    token = "op-token-binary-1"
+    env = {
+        "INFERWATCH_BINARY__PATH": str(prog),
+        "INFERWATCH_BINARY__INTERVAL_S": "1",
+        "INFERWATCH_API__TOKENS": json.dumps([{"token": token, "scopes": ["read", "profile"], "name": "op"}]),
+        "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap"),
+    }
+    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5"]
+    base = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": f"Bearer {token}"}
+    missing = 'inferwatch_runtime_binary_missing_libraries{runtime="runtime"}'
+
+    def metric() -> str:
+        line = next(x for x in httpx.get(f"{base}/metrics", timeout=10).text.splitlines() if x.startswith(missing))
+        return line.split()[-1]
+
+    def until(value: str, limit_s: float) -> float:
+        start = time.monotonic()
+        while metric() != value:
+            assert time.monotonic() - start < limit_s, f"{missing} still not {value} after {limit_s}s"
+            time.sleep(0.2)
+        return time.monotonic() - start
+
+    with running(cmd, tmp_path / "agent.log", cwd=ROOT, env=env) as proc:
+        wait_http(f"{base}/readyz", ok=lambda r: r.status_code == 200, proc=proc)
+        assert metric() == "1.0"
+        shutil.copy2(kept, lib)  # the library is back: the scheduled re-check clears it, no restart
+        until("0.0", 10)
+        checks = httpx.get(f"{base}/api/v1/binary", headers=auth, timeout=10).json()["report"]
+        assert checks["compatible"] is True and checks["missing_libraries"] == []
+        lib.unlink()
+        until("1.0", 10)
+        # on request: without the token 401, with it the new report at once
+        shutil.copy2(kept, lib)
+        assert httpx.post(f"{base}/api/v1/binary", timeout=30).status_code == 401
+        r = httpx.post(f"{base}/api/v1/binary", headers=auth, timeout=30)
+        assert r.status_code == 200 and r.json()["report"]["missing_libraries"] == []
+        assert metric() == "0.0"
+
+
+LISTENER_C = (
+    "#include <arpa/inet.h>\n#include <stdlib.h>\n#include <sys/socket.h>\n#include <unistd.h>\n"
+    "int diag_answer(void);\n"
+    "int main(int argc, char **argv) {\n"
+    "  int s = socket(AF_INET, SOCK_STREAM, 0), one = 1;\n"
+    "  setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);\n"
+    "  struct sockaddr_in a = {0}; a.sin_family = AF_INET; a.sin_port = htons(atoi(argv[1]));\n"
+    "  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);\n"
+    "  if (bind(s, (struct sockaddr *)&a, sizeof a) || listen(s, 8)) return 2;\n"
+    "  for (int i = 0; i < 600 && diag_answer() == 42; i++) sleep(1);\n"
+    "  return 0;\n}\n"
+)
+
+
+@pytest.mark.slow
+def test_doctor_engine_url_finds_the_runtime_by_port_for_the_binary_check(built, tmp_path) -> None:
+    """Issue 15: ``doctor --engine-url`` found the runtime by its port for the SIMD check but said "no runtime
+    process configured" for the binary check. A runtime built here listens on a port; its library is removed."""
+    from tests.conftest import free_port
+    from tests.procs import stop
+
+    _prog, lib = built
+    (tmp_path / "listener.c").write_text(LISTENER_C)
+    listener = tmp_path / "runtime-listener"
+    subprocess.run(
+        ["gcc", "-o", str(listener), str(tmp_path / "listener.c"), f"-L{tmp_path}", "-ldiagprobe",
+         f"-Wl,-rpath,{tmp_path}"],
+        check=True, timeout=120,
+    )  # fmt: skip
+    port = free_port()
+    runtime = subprocess.Popen([str(listener), str(port)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            import socket
+
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        lib.unlink()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("INFERWATCH_")}
+        out = subprocess.run(
+            [PYTHON, "-m", "agent", "doctor", "--json", "--engine-url", f"http://127.0.0.1:{port}"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        checks = {c["id"]: c for c in json.loads(out.stdout)["checks"]}
+        finding = checks.get("runtime.hardware_mismatch")
+        assert finding is not None, {k: (c["status"], c["summary"]) for k, c in checks.items()}
+        assert finding["status"] == "fail" and "libdiagprobe.so" in finding["summary"]
+        assert finding["evidence"]["pid"] == runtime.pid and finding["evidence"]["path"] == str(listener)
+    finally:
+        stop(runtime)

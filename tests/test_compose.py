@@ -35,7 +35,9 @@ from tests.compose_local import dockerfile_image, volumes
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.tools import require
 
-SERVICES = {"simulator", "loadgen", "agent", "otelcol", "prometheus", "alertmanager", "grafana", "pagerduty-sink"}
+SERVICES = {
+    "simulator", "loadgen", "agent", "otelcol", "prometheus", "alertmanager", "grafana", "pagerduty-sink", "runbooks"
+}  # fmt: skip
 # Ports the upstream images listen on by default (their Dockerfiles' EXPOSE).
 IMAGE_PORTS = {"prometheus": {9090}, "alertmanager": {9093}, "grafana": {3000}}
 _HOSTPORT = re.compile(r"(?<![\w.-])([a-z][a-z0-9-]*):(\d{2,5})(?![\d:.])")  # host:port, not image:1.2 or a:1:2
@@ -96,7 +98,7 @@ def test_images_are_pinned(rendered: dict[str, Any]) -> None:
         repo, _, tag = image.rpartition(":")
         assert repo and tag and tag != "latest" and re.match(r"^v?\d+\.\d+\.\d+$", tag), f"{name}: {image}"
     built = {n for n, s in rendered["services"].items() if "build" in s}
-    assert built == {"simulator", "loadgen", "agent", "pagerduty-sink"}
+    assert built == {"simulator", "loadgen", "agent", "pagerduty-sink", "runbooks"}
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^FROM python:\d+\.\d+\.\d+-slim-bookworm$", dockerfile, re.M)
 
@@ -241,6 +243,20 @@ def test_prometheus_scrapes_the_collector_where_it_exports() -> None:
     assert "otlp" in otel["service"]["pipelines"]["metrics"]["receivers"]
 
 
+def test_runbook_links_point_at_the_runbooks_service_not_the_agent(rendered: dict[str, Any]) -> None:
+    """Issue 15: AgentDown's link pointed at the agent that was down. Prometheus's runbook_base is the runbooks
+    service's published address, and that service runs the runbook server alone (no agent, no dependency)."""
+    prom = yaml.safe_load(stack.PROMETHEUS_CONFIG.read_text())
+    base = prom["global"]["external_labels"]["runbook_base"]
+    svc = rendered["services"]["runbooks"]
+    published = {(ip, int(port)) for ip, port, _ in (str(p).split(":") for p in svc["ports"])}
+    m = re.fullmatch(r"http://localhost:(\d+)/runbooks", base)
+    assert m and ("127.0.0.1", int(m.group(1))) in published, (base, published)
+    assert svc["entrypoint"] == ["python", "/app/deploy/runbook_server.py"] and not svc.get("depends_on")
+    assert rendered["services"]["agent"]["environment"]["INFERWATCH_RUNBOOKS__BASE_URL"] == base
+    assert "runbooks" in rendered["services"]["prometheus"]["depends_on"]
+
+
 def test_grafana_provisioning_points_at_the_mounted_dashboards(rendered: dict[str, Any]) -> None:
     prov = ROOT / "deploy" / "grafana" / "provisioning"
     dash = yaml.safe_load((prov / "dashboards" / "inferwatch.yaml").read_text())
@@ -320,7 +336,7 @@ def test_demo_pages_reach_the_local_sink(tmp_path: Path) -> None:
         wait_http(f"{am_url}/-/ready", proc=am, timeout_s=60)
         alert = {
             "labels": {"alertname": "EngineDown", "severity": "critical", "instance": "agent:9435"},
-            "annotations": {"summary": "demo page", "runbook_url": "http://localhost:9435/runbooks/EngineDown"},
+            "annotations": {"summary": "demo page", "runbook_url": "http://localhost:9436/runbooks/EngineDown"},
         }
         assert httpx.post(f"{am_url}/api/v2/alerts", json=[alert], timeout=10).status_code == 200
         deadline = time.monotonic() + 60
@@ -332,7 +348,7 @@ def test_demo_pages_reach_the_local_sink(tmp_path: Path) -> None:
     body = events[0]["body"]
     assert body["event_action"] == "trigger" and body["routing_key"] == "0" * 32
     assert "EngineDown" in body["payload"]["summary"]
-    assert any(link["href"] == "http://localhost:9435/runbooks/EngineDown" for link in body.get("links", []))
+    assert any(link["href"] == "http://localhost:9436/runbooks/EngineDown" for link in body.get("links", []))
 
 
 # --- health, token and state ------------------------------------------------------------------------------------
@@ -435,7 +451,8 @@ def test_dockerfile_builds_the_wheel_and_installs_it_not_editable() -> None:
     copies = re.findall(r"^COPY (?!--from)(.+)$", final, re.M)
     assert copies == [
         "requirements.lock /tmp/requirements.lock",
-        "deploy/agent_entrypoint.py deploy/healthcheck.py deploy/alert_sink.py /app/deploy/",
+        "deploy/agent_entrypoint.py deploy/healthcheck.py deploy/alert_sink.py deploy/runbook_server.py"
+        " deploy/small_http.py /app/deploy/",
     ]
 
 

@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 DEADLINE_S = 150.0  # for the whole stack to come up; each service also has its healthcheck's own budget
 # Started here: every service whose binary exists on a machine the test command set up.
-STARTED = {"simulator", "loadgen", "agent", "pagerduty-sink", "alertmanager", "prometheus"}
+STARTED = {"simulator", "loadgen", "agent", "pagerduty-sink", "runbooks", "alertmanager", "prometheus"}
 NOT_STARTABLE = {"otelcol": "otelcol-contrib", "grafana": "grafana"}  # service → the binary this machine lacks
 TOKEN_DIR = "/run/inferwatch"
 
@@ -128,6 +128,7 @@ def test_services_run_as_their_images_users(report: dict[str, Any]) -> None:
         "loadgen": 10001,
         "agent": 10001,
         "pagerduty-sink": 10001,
+        "runbooks": 10001,
         "alertmanager": 65534,
         "prometheus": 65534,
     }
@@ -174,6 +175,19 @@ def test_agent_serves_the_runbooks(report: dict[str, Any]) -> None:
     assert report["probe"]["runbooks"]
     for name, (code, text) in report["probe"]["runbooks"].items():
         assert code == 200 and text == (ROOT / "runbooks" / f"{name}.md").read_text()
+
+
+def test_every_alert_link_resolves_with_the_agent_stopped(report: dict[str, Any]) -> None:
+    """Issue 15: every alert's runbook link, from Prometheus's own runbook_base and rules, answers 200 with its
+    runbook while the agent is stopped (AgentDown's subject)."""
+    from tests.alerting import alert_names
+
+    stopped = report["links_agent_stopped"]
+    assert stopped["agent_answers"] is False
+    assert stopped["runbook_base"] == "http://localhost:9436/runbooks"
+    assert set(stopped["links"]) == alert_names()
+    for name, (code, text) in stopped["links"].items():
+        assert code == 200 and text.startswith(f"# {name}\n"), (name, code, text)
 
 
 def test_runtime_pattern_matches_the_simulators_real_command_line(

@@ -185,6 +185,42 @@ def test_a_server_that_is_not_grafana_is_a_version_error() -> None:
         server.server_close()
 
 
+@pytest.mark.parametrize("grafana_root", [False, True], ids=["nothing-grafana", "only-the-version"])
+def test_a_server_answering_404_is_one_line_no_traceback(grafana_root: bool) -> None:
+    """Issue 15: ``grafana push`` against a server answering 404 printed a GrafanaClientError traceback. A real
+    HTTP server answers 404 to every request (or to all but Grafana's version endpoint)."""
+    import json
+
+    class NotFound(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _answer(self) -> None:
+            if grafana_root and self.path.startswith("/api/frontend/settings"):
+                code, body = 200, json.dumps({"buildInfo": {"version": "11.6.0"}}).encode()
+            else:
+                code, body = 404, b'{"message":"Not found"}'
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PUT = _answer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out = _cli("--url", f"http://127.0.0.1:{server.server_address[1]}", "--token", "t")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert lines[0].startswith("inferwatch: ") and "404" in lines[0], lines
+
+
 def test_usage_errors_exit_2() -> None:
     assert _cli("--url", "http://x").returncode == 2  # no credentials
     assert _cli("--url", "http://x", "--token", "t", "--basic-auth", "a:b").returncode == 2

@@ -233,3 +233,53 @@ def test_cli_errors() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_window_longer_than_the_data_is_warned_on_real_prometheus(tmp_path: Path) -> None:
+    """Issue 15: over 3 minutes of data the 1 h default showed 25 tok/s against 302 with --window 5m, silently.
+    A real Prometheus scrapes a node whose counters grow from its first scrape; the CLI warns while the window
+    is longer than the data, and not once the data covers it."""
+    import time
+
+    import httpx
+
+    from tests import engine_server as es
+    from tests import stack
+
+    require("prometheus")
+    started = time.monotonic()
+
+    def exposition(h: BaseHTTPRequestHandler) -> None:
+        n = int((time.monotonic() - started) * 10)  # 10 requests/s, 300 generated tokens/s
+        m = f'gen_ai_request_model="{MODEL}"'
+        text = (
+            'inferwatch_node_info{machine_type="m7i.48xlarge",cpu_model="Intel Xeon Platinum 8480+"} 1\n'
+            + "".join(
+                f'gen_ai_server_time_to_first_token_seconds_bucket{{{m},le="{le}"}} {n}\n' for le in ("0.1", "+Inf")
+            )
+            + f"gen_ai_server_time_to_first_token_seconds_count{{{m}}} {n}\n"
+            + f'inferwatch_engine_tokens_total{{{m},type="generation"}} {n * 30}\n'
+        )
+        es.body(text)(h)
+
+    import contextlib
+
+    with contextlib.ExitStack() as stack_:
+        node = stack_.enter_context(es.EngineServer({"/metrics": exposition}))
+        prom = stack_.enter_context(stack.prometheus(tmp_path, {"inferwatch-agent": [f"127.0.0.1:{node.port}"]}))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # two scrapes: rate() has data
+            q = httpx.get(f"{prom}/api/v1/query", params={"query": "count_over_time(inferwatch_node_info[1m])"})
+            if q.json()["data"]["result"] and float(q.json()["data"]["result"][0]["value"][1]) >= 3:
+                break
+            time.sleep(0.5)
+        long = _cli("--prometheus", prom, "--format", "json")  # the 1 h default over ~3 s of data
+        assert long.returncode == 0, long.stderr
+        assert "warning" in long.stderr and "less than --window 1h" in long.stderr, long.stderr
+        assert "try --window " in long.stderr
+        time.sleep(7)
+        short = _cli("--prometheus", prom, "--format", "json", "--window", "5s")
+        assert short.returncode == 0, short.stderr
+        assert "warning" not in short.stderr, short.stderr
+        tps = json.loads(short.stdout)["cells"][0]["tokens_per_second"]
+        assert tps == pytest.approx(300, rel=0.2)

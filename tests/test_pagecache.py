@@ -82,10 +82,57 @@ def test_pagecache_verdicts(meminfo: str, pressure: str | None, expected: str) -
     assert pagecache_verdict(info, 1 << 30, psi).status == expected
 
 
-def test_refaults_alone_count_as_pressure() -> None:
-    info = _meminfo("node_exporter_low_inactive_file_no_memavailable")
-    assert pagecache_verdict(info, 1 << 30, None, refaults_per_s=12.0).status == "fail"
-    assert pagecache_verdict(info, 1 << 30, None, refaults_per_s=0.0).status == "warn"
+def test_refaults_count_only_where_neither_psi_nor_memavailable_is_known() -> None:
+    info = _meminfo("node_exporter_low_inactive_file_no_memavailable")  # 1.12 of 3.57 GiB available, no PSI
+    assert pagecache_verdict(info, 1 << 30, None, refaults_per_s=12.0).status == "warn"
+    cgroup = {"Inactive(file)": info["Inactive(file)"]}  # a cgroup's memory.stat: no MemTotal/MemAvailable
+    assert pagecache_verdict(cgroup, 1 << 30, None, refaults_per_s=5000.0).status == "fail"
+    assert pagecache_verdict(cgroup, 1 << 30, None, refaults_per_s=12.0).status == "warn"
+    assert pagecache_verdict(cgroup, 1 << 30, None, refaults_per_s=None).status == "warn"
+    starved = {**info, "MemFree": 40 << 20, "Cached": 150 << 20, "Buffers": 10 << 20}  # 0.2 of 3.57 GiB
+    assert pagecache_verdict(starved, 1 << 30, None).status == "fail"
+
+
+def _issue15_procfs(fake_procfs, psi: str, refaults: int):
+    """16 GB host (recorded gopsutil meminfo, 10.7 GiB available) with Inactive(file) cut to 0.37 GiB."""
+    text = (MEM / "gopsutil_intelcorei5_16gb.txt").read_text()
+    text = text.replace("Inactive(file):  1683344 kB", "Inactive(file):   388000 kB")
+    assert "388000" in text
+    vmstat = f"nr_free_pages 2144407\nworkingset_refault_file {refaults}\npgmajfault 100\n"
+    return fake_procfs(meminfo=text, pressure_memory=psi, vmstat=vmstat)
+
+
+ZERO_PSI = (MEM / "pressure_memory_all_zero_node_exporter.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    ("psi", "expected"),
+    [(ZERO_PSI, "warn"), ((MEM / "pressure_memory_nonzero_gopsutil.txt").read_text(), "fail")],
+)
+def test_agent_and_doctor_agree_on_the_same_host(fake_procfs, psi: str, expected: str) -> None:
+    """Issue 15: with plenty available and PSI 0 the agent said ``fail … memory is under pressure`` (it
+    counted refaults since its last run) while ``doctor`` said ``warn``. Both run the one verdict; the
+    agent's second run, with refaults in between, still agrees with the doctor's single run."""
+    import json
+    import subprocess
+
+    from tests.conftest import PYTHON, ROOT
+
+    root = _issue15_procfs(fake_procfs, psi, 1000)
+    collector = PageCacheCollector(collect_context(load_settings(overrides={"path": {"procfs": str(root)}})))
+    first = validate(collector.collect()).findings[0]
+    _issue15_procfs(fake_procfs, psi, 250000)  # refaults since the last run
+    agent = validate(collector.collect()).findings[0]
+    assert agent.evidence["workingset_refault_file_per_s"] > 0
+    out = subprocess.run(
+        [PYTHON, "-m", "agent", "doctor", "--json", "--path.procfs", str(root)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    doctor = {c["id"]: c for c in json.loads(out.stdout)["checks"]}["pagecache"]
+    assert first.status == agent.status == doctor["status"] == expected, (agent.summary, doctor["summary"])
+    assert agent.summary == doctor["summary"]
+    if expected == "warn":
+        assert "no memory pressure" in agent.summary and "10.71 GiB available" in agent.summary
 
 
 def test_collector_on_recorded_procfs(fake_procfs) -> None:

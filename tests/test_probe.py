@@ -140,3 +140,35 @@ def test_sse_framing_details() -> None:
     assert p.feed(b"data: \xff\n\n", 4.0)[0].data is None  # non-UTF-8 event kept, flagged by the probe
     p.feed(b"data: half", 5.0)
     assert p.rest() == b"data: half"
+
+
+@pytest.mark.integration
+def test_simulator_hang_is_a_timeout_never_a_schema_violation(tmp_path) -> None:
+    """Issue 15: during a hang the probe's timeouts were counted as missing_terminator, and a
+    StreamSchemaViolation ticket came 6 min before the hang page. A stream the probe stopped reading at its
+    deadline says nothing about its terminator."""
+    from tests.conftest import free_port
+    from tests.procs import running, wait_http
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(port), "--scenario", "hang", "--seed", "3"]
+    with running(cmd, tmp_path / "sim.log", cwd=ROOT) as proc:
+        wait_http(url + "/health", proc=proc)
+        settings = load_settings(overrides={"probe": {"url": url, "protocols": list(PROTOCOLS), "timeout_s": 1.0}})
+        collector = ProbeCollector(collect_context(settings))
+        for _ in range(2):
+            collection = validate(collector.collect())
+        values = {(s.name, s.attributes): s.value for s in collection.samples}
+        for p in PROTOCOLS:
+            assert values[("inferwatch.probe.http_errors", (("error_type", "timeout"), ("protocol", p)))] == 2
+            assert values[("inferwatch.probe.success", (("protocol", p),))] == 0
+            violations = {
+                k: v
+                for k, v in values.items()
+                if k[0] == "inferwatch.probe.schema_violations" and ("protocol", p) in k[1]
+            }
+            assert violations and set(violations.values()) == {0}, violations
+        ids = {f.id for f in collection.findings}
+        assert {"probe.openai.error", "probe.anthropic.error"} <= ids
+        assert not any(i.endswith(".stream_schema") for i in ids), ids

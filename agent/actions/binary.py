@@ -7,8 +7,10 @@ to a regular ELF file), a timeout, no shell, and only when the binary's ELF inte
 system's (``ldd`` asks the interpreter to resolve libraries; a foreign interpreter is not run).
 The glibc a binary requires is the highest ``GLIBC_x.y`` version it references.
 
-:class:`BinaryCheck` is the action: started by the agent at start (again every ``interval_s`` while the
-runtime is not found, a procfs lookup with no program run) and by ``POST /api/v1/binary``; it posts
+:class:`BinaryCheck` is the action: started by the agent at start, again every ``binary.interval_s``
+(default 5 min, so a restored library clears RuntimeHardwareMismatch without an agent restart; every agent
+``interval_s`` while the runtime is not found, a procfs lookup with no program run), and by
+``POST /api/v1/binary``; it posts
 its result into the state as the ``binary`` record (``inferwatch.runtime.binary.*`` and the
 ``runtime.hardware_mismatch`` finding), which the sinks translate.
 """
@@ -27,8 +29,9 @@ from typing import Any
 
 from agent.config import Settings
 from agent.errors import NoDataError, ToolError
-from agent.host.runtime import RuntimeLocator
+from agent.host.runtime import RuntimeLocator, engine_port
 from agent.samples import Collection, Finding, Sample, attrs
+from agent.schedule import next_due
 from agent.state import AgentState
 
 LDD_CANDIDATES = (Path("/usr/bin/ldd"), Path("/bin/ldd"))
@@ -261,9 +264,9 @@ class BinaryCheck:
         self.checks = 0
 
     def start(self) -> None:
-        """The check at start, on a thread of its own; repeated every ``interval_s`` while the runtime is absent."""
+        """The check at start, on a thread of its own, then on its schedule (:meth:`next_check_in`)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._until_found, name="binary-check", daemon=True)
+            self._thread = threading.Thread(target=self._scheduled, name="binary-check", daemon=True)
             self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -272,12 +275,16 @@ class BinaryCheck:
         if self._thread is not None:
             self._thread.join(timeout_s)
 
-    def _until_found(self) -> None:
+    def interval_s(self) -> float:
+        """Seconds between scheduled checks: the agent's interval while the runtime is absent, else binary's."""
+        return self.settings.interval_s if self.absent is not None else self.settings.binary.interval_s
+
+    def _scheduled(self) -> None:
         while not self._stop.is_set():
+            started = time.monotonic()
             self.check()
-            if self.absent is None:
-                return
-            self._stop.wait(self.settings.interval_s)
+            # On the shared grid of its interval (agent/schedule.py), as the collectors are.
+            self._stop.wait(max(0.0, next_due(started, self.interval_s(), time.monotonic()) - time.monotonic()))
 
     def check(self) -> BinaryReport | None:
         """Run the check now (bounded by binary.timeout_s); keep, post and return the report."""
@@ -289,7 +296,8 @@ class BinaryCheck:
             try:
                 path = self.settings.binary.path
                 if path is None:
-                    pid = self.locator.find().pid
+                    # runtime.* when set, else the process listening on engine.metrics_url's port (as simd does)
+                    pid = self.locator.find_serving(engine_port(self.settings)).pid
                     try:
                         exe = os.readlink(procfs / str(pid) / "exe")
                     except OSError:

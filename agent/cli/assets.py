@@ -18,6 +18,7 @@ def register(app: typer.Typer) -> None:
     assets = typer.Typer(
         help="The alert rules, Alertmanager config, SLO spec, dashboards and runbooks inferwatch ships.",
         no_args_is_help=True,
+        rich_markup_mode=None,
     )
     app.add_typer(assets, name="assets")
 

@@ -25,7 +25,9 @@ KINDS = ENGINE_KIND_CHOICES  # "auto" and every adapter's kind
 
 
 def register(app: typer.Typer) -> None:
-    engine_app = typer.Typer(help="Inspect an inference engine's own /metrics.", no_args_is_help=True)
+    engine_app = typer.Typer(
+        help="Inspect an inference engine's own /metrics.", no_args_is_help=True, rich_markup_mode=None
+    )
 
     @engine_app.command("inspect")
     def inspect_cmd(
@@ -85,6 +87,33 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def _count(v: Any) -> str:
+    """A request count as the integer it is (68010, never 6.801e+04)."""
+    return f"{round(v)}" if isinstance(v, (int, float)) and float(v).is_integer() else _fmt(v)
+
+
+def _first_bound(reading_histograms: dict[Any, Any]) -> float | None:
+    """The lowest finite upper bound of a quantity's histograms (its first bucket), seconds."""
+    bounds = [b for h in reading_histograms.values() for b in h.bounds[:1] if b != float("inf")]
+    return min(bounds) if bounds else None
+
+
+def first_bucket_notes(result_model: dict[str, Any], histograms: dict[str, dict[Any, Any]]) -> list[str]:
+    """One line per quantity whose P50 lies in its first bucket: the histogram cannot resolve below that bound,
+    so the P50 is interpolated between 0 and it (vLLM's queue and prefill buckets start at 0.3 s)."""
+    out = []
+    for quantity in INSPECT_QUANTITIES:
+        e = result_model.get(quantity)
+        first = _first_bound(histograms.get(quantity, {}))
+        if e is None or e.get("p50") is None or first is None or e["p50"] > first:
+            continue
+        out.append(
+            f"  {quantity} P50 {_fmt(e['p50'])} s lies in the first bucket (le={first:g} s): the engine's histogram "
+            f"does not resolve below {first:g} s, so it is interpolated, not measured"
+        )
+    return out
+
+
 def _print(result: dict[str, Any], reading: EngineReading, delta: bool) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -102,8 +131,11 @@ def _print(result: dict[str, Any], reading: EngineReading, delta: bool) -> None:
             if e is None:
                 table.add_row(quantity, "absent", "", "", "", "", "")
             else:
-                table.add_row(quantity, *(_fmt(e[k]) for k in ("p50", "p90", "p95", "p99", "count", "source")))
+                quantiles = (_fmt(e[k]) for k in ("p50", "p90", "p95", "p99"))
+                table.add_row(quantity, *quantiles, _count(e["count"]), _fmt(e["source"]))
         console.print(table)
+        for note in first_bucket_notes(entry, m.histograms):
+            console.print(note, soft_wrap=True)
         ratio = entry.get("ttft_p99_p50_ratio")
         others = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(m.gauges.items())) or "none"
         console.print(f"  TTFT P99/P50: {_fmt(ratio)}   gauges: {others}")

@@ -11,7 +11,7 @@ EXIT_USAGE = 2
 
 
 def register(app: typer.Typer) -> None:
-    grafana = typer.Typer(help="Grafana: push inferwatch's dashboards.", no_args_is_help=True)
+    grafana = typer.Typer(help="Grafana: push inferwatch's dashboards.", no_args_is_help=True, rich_markup_mode=None)
     app.add_typer(grafana, name="grafana")
 
     @grafana.command()

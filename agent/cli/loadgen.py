@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
         count: int | None = typer.Option(None, "--count", help="Stop after this many requests."),
         duration: float | None = typer.Option(None, "--duration", help="Stop launching after this many seconds."),
         prompt_tokens: str = typer.Option(
-            "128", "--prompt-tokens", help="N, uniform:LO:HI, normal:M:SD, lognormal:MED:S"
+            "128", "--prompt-tokens", help="N, uniform:LO:HI, normal:MEAN:SD, lognormal:MEDIAN:SIGMA"
         ),
         output_tokens: str = typer.Option("32", "--output-tokens", help="Same forms as --prompt-tokens."),
         shared_prefix: int = typer.Option(0, "--shared-prefix-tokens", help="System prompt shared by all requests."),

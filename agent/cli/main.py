@@ -17,6 +17,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help is plain text: rich markup would turn "normal:M:SD" into "normalⓂSD" (emoji codes) and eat "[...]".
+    rich_markup_mode=None,
 )
 
 for module in (

@@ -32,8 +32,10 @@ def register(app: typer.Typer) -> None:
         from agent.matrix import (
             MatrixError,
             PrometheusClient,
+            data_span_s,
             fetch_matrix,
             rows,
+            short_window,
             to_csv,
             to_json,
             to_markdown,
@@ -53,12 +55,24 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         client = PrometheusClient(prometheus, timeout_s=timeout)
         try:
-            m = fetch_matrix(client, window, selector=f'job="{job}"' if job else "", recorded=recorded)
+            selector = f'job="{job}"' if job else ""
+            m = fetch_matrix(client, window, selector=selector, recorded=recorded)
+            try:  # only for the warning below: its failure does not fail the matrix
+                span = data_span_s(client, window, selector) if window != "$__range" else None
+            except MatrixError:
+                span = None
         except MatrixError as exc:
             typer.echo(f"inferwatch: {exc}", err=True)
             raise typer.Exit(1) from None
         finally:
             client.close()
+        shorter = short_window(window, span) if window != "$__range" else None
+        if shorter is not None:
+            typer.echo(
+                f"inferwatch: warning: the data in {prometheus} goes back {span:.0f}s, less than --window {window}: "
+                f"rates over the window read low; try --window {shorter}",
+                err=True,
+            )
         if not m.models:
             typer.echo(
                 f"inferwatch: no model has TTFT or token data over the last {window} in {prometheus} "

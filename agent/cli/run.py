@@ -61,6 +61,8 @@ def serve(settings: object) -> None:
         signal.signal(sig, _stop_requested)
     try:
         agent = Agent(settings)
+        # The port first: a taken port is one line and exit 2 before any collector, receiver or "agent started".
+        sock = quietserver.bind(settings.listen_address, settings.listen_port)
     except ConfigError as exc:
         typer.echo(f"inferwatch: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -68,6 +70,7 @@ def serve(settings: object) -> None:
         agent.start()
     except ConfigError as exc:  # e.g. the OTLP receiver's port is taken
         agent.stop()
+        sock.close()
         typer.echo(f"inferwatch: {exc}", err=True)
         raise typer.Exit(2) from None
     app = agent.asgi()
@@ -78,6 +81,7 @@ def serve(settings: object) -> None:
     try:
         quietserver.serve(
             app,
+            sock,
             host=settings.listen_address,
             port=settings.listen_port,
             log_level="warning",

@@ -24,9 +24,10 @@ from agent.collectors.pagecache import PageCacheCollector
 from agent.collectors.probe import ProbeCollector
 from agent.collectors.process import ProcessCollector
 from agent.collectors.runtime_profile import RuntimeProfileCollector
-from agent.collectors.simd import SimdCollector, engine_port
+from agent.collectors.simd import SimdCollector
 from agent.config import Settings
 from agent.host.nvml import NVML_ABSENT_RETRY_S
+from agent.host.runtime import engine_port
 
 HOST_LANE = "host"
 TIMING_MARGIN_S = 5.0  # a run's timeout beyond the requests it makes

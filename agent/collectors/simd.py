@@ -11,28 +11,15 @@ runbook SIMDUnusedWhileServing.
 from __future__ import annotations
 
 from typing import ClassVar
-from urllib.parse import urlsplit
 
 from agent.collectors.base import BaseCollector, CollectContext, Collection
 from agent.errors import NoDataError
-from agent.host.runtime import HINT_CONFIGURE
+from agent.host.runtime import HINT_CONFIGURE, engine_port
 from agent.samples import AnySample, Finding, Sample, attrs
 from agent.simd.analysis import FeatureReport, SimdAnalyzer
 from agent.simd.codescan import CodeScanCache
 
 RUNBOOK = "SIMDUnusedWhileServing"
-
-
-def engine_port(settings: object) -> int | None:
-    """The TCP port of ``engine.metrics_url`` when that setting exists and is set."""
-    url = getattr(getattr(settings, "engine", None), "metrics_url", None)
-    if not url:
-        return None
-    try:
-        parts = urlsplit(str(url))
-        return parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        return None
 
 
 def report_samples(r: FeatureReport, include_used: bool = True) -> list[AnySample]:

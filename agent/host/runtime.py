@@ -17,11 +17,13 @@ import os
 import re
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 
 from agent.config import RuntimeSettings
 from agent.errors import NoDataError
+from agent.host.privilege import unless_root
 
 HINT_CONFIGURE = (
     "set runtime.pid, runtime.pidfile or runtime.cmdline_pattern "
@@ -29,6 +31,19 @@ HINT_CONFIGURE = (
 )
 MAX_PIDFILE_BYTES = 64
 MAX_SCAN_PIDS = 100_000
+
+
+def engine_port(settings: object) -> int | None:
+    """The TCP port of ``engine.metrics_url`` when that setting exists and is set: where to look for the runtime
+    (its listener) when ``runtime.*`` is not set (the simd collector, the binary check, the doctor)."""
+    url = getattr(getattr(settings, "engine", None), "metrics_url", None)
+    if not url:
+        return None
+    try:
+        parts = urlsplit(str(url))
+        return parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
 
 
 class RuntimeLocator:
@@ -83,7 +98,12 @@ class RuntimeLocator:
                 return proc
             pid = pid_listening_on(self.procfs, port)
             if pid is None:
-                raise NoDataError(f"no process found listening on port {port}", hint="set runtime.pid or run as root")
+                hint = unless_root(
+                    "set runtime.pid or run as root (another user's sockets are not attributed to their process)",
+                    "set runtime.pid: nothing in this pid and network namespace listens there (the agent runs as "
+                    "root already; share the runtime's namespaces, e.g. docker pid: service:<runtime>)",
+                )
+                raise NoDataError(f"no process found listening on port {port}", hint=hint)
             proc = self._by_port[port] = self._process(pid, f"the listener on port {port}")
             return proc
 

@@ -216,6 +216,10 @@ class _Stream:
                 self.r.ttft_s = ev.arrived_s - started
 
 
+# Error types under which the probe stopped reading before the stream could end.
+STOPPED_READING = frozenset({"timeout", "oversized"})
+
+
 def run_probe(
     url: str,
     protocol: str,
@@ -286,7 +290,9 @@ def run_probe(
             stream.add(
                 Violation("crlf_framing", "events are framed with CRLF, not LF (clients splitting on \\n\\n break)")
             )
-        if not stream.order.done:
+        # A stream the probe stopped reading (its deadline passed, as in a hang; or it grew too large) says
+        # nothing about the terminator: that is counted as its error_type, never as a schema violation.
+        if not stream.order.done and result.error_type not in STOPPED_READING:
             term = "data: [DONE]" if protocol == "openai" else "event: message_stop"
             cut = f", cut mid-event ({len(parser.rest())} bytes after the last event)" if parser.rest().strip() else ""
             stream.add(

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import NoDataError
+from agent.host.privilege import unless_root
 
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 GLIBC_AVX512_OFF = ("-AVX512F", "-AVX512VL")  # both needed: without -AVX512VL glibc still picks EVEX string code
@@ -42,7 +43,11 @@ def read_threads(procfs: Path, pid: int) -> list[ThreadSample]:
     except FileNotFoundError:
         raise NoDataError(f"process {pid} is gone") from None
     except PermissionError:
-        raise NoDataError(f"cannot list {task}", hint="run the agent as the runtime's user or as root") from None
+        hint = unless_root(
+            "run the agent as the runtime's user or as root",
+            "the agent runs as root already: a security module (AppArmor, SELinux) or a user namespace denies it",
+        )
+        raise NoDataError(f"cannot list {task}", hint=hint) from None
     out = []
     for tid in tids:
         base = task / str(tid)

@@ -120,6 +120,10 @@ class OTLPSettings(_Section):
 ENGINE_KIND_CHOICES = ("auto", *ENGINE_KINDS)  # the catalogued engines, one adapter each (agent/engine/adapters.py)
 
 
+DEFAULT_HANG_MIN_STALL_S = 30.0  # a working engine emits a token every few 10 ms while it has requests
+DEFAULT_HANG_MAX_STALL_S = 600.0  # the longest prefill the allowance may wait for
+
+
 class EngineSettings(_Section):
     """The inference engine's own /metrics (vLLM, SGLang, TGI, llama.cpp, TensorRT-LLM)."""
 
@@ -134,8 +138,15 @@ class EngineSettings(_Section):
     max_label_value_bytes: int = Field(default=DEFAULT_ENGINE_MAX_LABEL_VALUE_BYTES, ge=1, le=1 << 20)
     max_label_bytes: int = Field(default=DEFAULT_ENGINE_MAX_LABEL_BYTES, ge=1, le=1 << 24)
     max_models: int = Field(default=DEFAULT_ENGINE_MAX_MODELS, ge=1, le=100_000)
+    # Hang detection (agent/engine/hang.py, docs/diagnostics.md): a rank with requests and no token progress for
+    # max(hang_min_stall_s, 2 × max_model_len × prefill s/token) — capped at hang_max_stall_s — whose health_url
+    # still answers 200 is hung. health_url None: metrics_url's origin + /health; "" turns the probe off.
+    health_url: str | None = None
+    max_model_len: int = Field(default=0, ge=0, le=100_000_000)  # 0: unknown (the allowance is the minimum)
+    hang_min_stall_s: float = Field(default=DEFAULT_HANG_MIN_STALL_S, gt=0, le=3600)
+    hang_max_stall_s: float = Field(default=DEFAULT_HANG_MAX_STALL_S, gt=0, le=86400)
 
-    @field_validator("metrics_url")
+    @field_validator("metrics_url", "health_url")
     @classmethod
     def _http_metrics_url(cls, v: str | None) -> str | None:
         if v and not v.lower().startswith(("http://", "https://")):

@@ -217,8 +217,8 @@ DEFAULT_PROFILE_DURATION_CAP_S = 60.0
 DEFAULT_PROFILE_RING_COUNT = 8
 DEFAULT_PROFILE_RING_BYTES = 64 << 20
 DEFAULT_BINARY_TIMEOUT_S = 10.0
-API_SCOPES = ("read", "snapshots", "profile")
-Scope = Literal["read", "snapshots", "profile"]
+API_SCOPES = ("read", "snapshots", "profile", "evidence")
+Scope = Literal["read", "snapshots", "profile", "evidence"]
 ProbeProtocol = Literal["openai", "anthropic"]
 
 
@@ -301,6 +301,27 @@ class SnapshotSettings(_Section):
     max_bytes: int = Field(default=DEFAULT_SNAPSHOT_MAX_BYTES, gt=0)
 
 
+DEFAULT_EVIDENCE_DIR = Path("~/.local/state/inferwatch/evidence")
+DEFAULT_EVIDENCE_MAX_COUNT = 20
+DEFAULT_EVIDENCE_MAX_BYTES = 64 << 20
+DEFAULT_EVIDENCE_MIN_INTERVAL_S = 600.0  # one automatic bundle per runtime process per 10 min
+DEFAULT_EVIDENCE_TIME_LIMIT_S = 10.0  # the whole capture, py-spy of every process included
+
+
+class EvidenceSettings(_Section):
+    """Evidence bundles (agent/actions/evidence.py): captured when the agent's hang finding turns on, when a
+    critical alert for this node reaches the webhook, and on request (POST /api/v1/evidence)."""
+
+    enabled: bool = True
+    dir: Path = DEFAULT_EVIDENCE_DIR
+    max_count: int = Field(default=DEFAULT_EVIDENCE_MAX_COUNT, gt=0, le=10000)
+    max_bytes: int = Field(default=DEFAULT_EVIDENCE_MAX_BYTES, gt=0)
+    min_interval_s: float = Field(default=DEFAULT_EVIDENCE_MIN_INTERVAL_S, ge=0, le=86400)
+    time_limit_s: float = Field(default=DEFAULT_EVIDENCE_TIME_LIMIT_S, gt=0, le=120)
+    on_hang: bool = True  # capture the moment the engine collector's hang finding turns on
+    py_spy: bool = True  # include py-spy dumps (needs ptrace: see docs/diagnostics.md); profiling.py_spy is the binary
+
+
 class BinarySettings(_Section):
     """Binary compatibility of the runtime (at start and on demand): ``path`` overrides /proc/PID/exe."""
 
@@ -354,6 +375,7 @@ class Settings(BaseSettings):
     api: ApiSettings = ApiSettings()
     profiling: ProfilingSettings = ProfilingSettings()
     snapshots: SnapshotSettings = SnapshotSettings()
+    evidence: EvidenceSettings = EvidenceSettings()
     binary: BinarySettings = BinarySettings()
     simd: SimdSettings = SimdSettings()
 

@@ -56,7 +56,9 @@ class VirtualEngine:
         self.metrics = VllmMetrics(self.dep.size.max_model_len, process_metrics=False)
         scenarios = ScenarioSet()
         self.ranks = [
-            _Rank(EngineCore(i, self.dep, scenarios, _Listener(self.metrics.engine(MODEL, i, self.dep), None), self.seed))
+            _Rank(
+                EngineCore(i, self.dep, scenarios, _Listener(self.metrics.engine(MODEL, i, self.dep), None), self.seed)
+            )
             for i in range(self.engines)
         ]
         for r in self.ranks:

@@ -181,7 +181,7 @@ METRICS = (
         Kind.GAUGE,
         "",
         "1 when the rank's stall passed its allowance while the engine's /metrics answers and its /health does not "
-        "fail (200, or no /health endpoint, or engine.health_url set to \"\"), else 0.",
+        'fail (200, or no /health endpoint, or engine.health_url set to ""), else 0.',
         (MODEL, "rank"),
     ),
     MetricSpec(

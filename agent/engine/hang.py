@@ -108,9 +108,7 @@ class HangDetector:
                 elif track.busy_since is None:
                     track.busy_since = t
                 stall = t - max(track.progress_at, track.busy_since) if track.busy_since is not None else 0.0
-                out.append(
-                    RankVerdict(model, rank, running, waiting, stall, allowance, stall >= allowance, per_token)
-                )
+                out.append(RankVerdict(model, rank, running, waiting, stall, allowance, stall >= allowance, per_token))
         for key in set(self._tracks) - live:  # the model or rank is gone (restart with other flags)
             del self._tracks[key]
         return out

@@ -35,6 +35,8 @@ def wait_for_collective(timeout_s: float) -> None:
     simulator names this function, as one of a wedged vLLM names the collective it waits in.
     """
     _NO_PEER.wait(timeout_s)
+
+
 LAG_PROBE_INTERVAL_S = 0.01
 LAG_WINDOW = 60_000
 DEADLINE_SLACK_S = 0.25  # a loop this late still follows the model's timeline (it catches up)

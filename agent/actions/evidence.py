@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import resource
 import threading
 import time
@@ -225,13 +226,33 @@ def name_threads(process: dict[str, Any]) -> None:
             t["python_name"] = names[t["tid"]]
 
 
+_STDLIB = re.compile(r"/lib/python3\.\d+/(?!site-packages/|dist-packages/)")
+# Innermost frames of a thread that waits for work rather than being stuck (an event loop, an idle executor).
+IDLE_FRAMES = frozenset({"select", "poll", "epoll", "_worker", "accept", "serve_forever"})
+
+
+def _app_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The innermost frame outside the standard library (the application's own code)."""
+    return next((f for f in frames if not _STDLIB.search(str(f.get("filename")))), frames[0] if frames else None)
+
+
 def top_frame(threads: list[dict[str, Any]]) -> str | None:
-    """The innermost Python frame of the most telling thread: an active one, else the first with frames."""
-    ordered = sorted(threads, key=lambda t: (not t.get("active"), t.get("thread_name") == "MainThread"))
-    for t in ordered:
-        frames = t.get("frames") or []
-        if frames:
-            f = frames[0]
+    """Where the process is stuck: the innermost application frame of its most telling thread.
+
+    Threads idling in an event loop's selector or an executor's queue come last; then threads holding the GIL or
+    active; the main thread after the others (a server's main thread serves, its workers do the work).
+    """
+
+    def rank(t: dict[str, Any]) -> tuple[bool, bool, bool]:
+        frames = t.get("frames") or [{}]
+        idle = str(frames[0].get("name", "")).rsplit(".", 1)[-1] in IDLE_FRAMES or any(
+            str(f.get("name", "")).endswith("serve_forever") for f in frames
+        )
+        return (idle, not (t.get("active") or t.get("owns_gil")), t.get("thread_name") == "MainThread")
+
+    for t in sorted(threads, key=rank):
+        f = _app_frame(t.get("frames") or [])
+        if f is not None:
             return f"{f.get('name')} ({Path(str(f.get('filename'))).name}:{f.get('line')})"
     return None
 

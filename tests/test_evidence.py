@@ -223,3 +223,29 @@ def test_api_scope_webhook_and_cli(tmp_path, deadlocked) -> None:
     assert out.returncode == 0 and "worker-b" in out.stdout and "post_journal_then_ledger" in out.stdout
     out = subprocess.run([*cli, "show", "0123456789abcdef"], capture_output=True, text=True, env=envc, cwd=ROOT)
     assert out.returncode == 1 and "no evidence bundle" in out.stderr
+
+
+def test_summary_names_the_stuck_application_frame_not_the_event_loop() -> None:
+    from agent.actions.evidence import summarise, top_frame
+
+    lib = "/usr/lib/python3.11"
+    main = {"thread_name": "MainThread", "active": False, "frames": [
+        {"name": "EpollSelector.select", "filename": f"{lib}/selectors.py", "line": 468},
+        {"name": "serve", "filename": "/app/simulator/serve.py", "line": 40}]}  # fmt: skip
+    worker = {"thread_name": "asyncio_0", "active": False, "frames": [
+        {"name": "Condition.wait", "filename": f"{lib}/threading.py", "line": 327},
+        {"name": "Event.wait", "filename": f"{lib}/threading.py", "line": 629},
+        {"name": "wait_for_collective", "filename": "/app/simulator/runtime.py", "line": 37}]}  # fmt: skip
+    assert top_frame([main, worker]) == "wait_for_collective (runtime.py:37)"
+    assert top_frame([main]) == "serve (serve.py:40)"
+    bundle = {
+        "meta": {"trigger": "hang", "reason": "r", "wall_s": 0.4, "cpu_s": {"total": 0.12}},
+        "processes": [
+            {"threads": [{"tid": 7, "name": "python", "python_name": "worker-a", "state": "D"}],
+             "py_spy": {"threads": [main, worker]}},
+            {"threads": [], "py_spy": {"error": "permission", "message": "m"}},
+        ],
+    }  # fmt: skip
+    line = summarise(bundle)
+    assert "1 in D state: worker-a(7)" in line and "py-spy 1/2 (permission)" in line
+    assert "stuck in wait_for_collective (runtime.py:37)" in line and line.endswith("0.40 s wall, 0.12 s CPU")

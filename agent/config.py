@@ -320,6 +320,9 @@ class EvidenceSettings(_Section):
     time_limit_s: float = Field(default=DEFAULT_EVIDENCE_TIME_LIMIT_S, gt=0, le=120)
     on_hang: bool = True  # capture the moment the engine collector's hang finding turns on
     py_spy: bool = True  # include py-spy dumps (needs ptrace: see docs/diagnostics.md); profiling.py_spy is the binary
+    # The webhook acts only on alerts whose instance label is one of these (this node's agent as Prometheus names
+    # it, e.g. "node-a:9435"); empty: every alert it receives is for this node (one agent per Alertmanager route).
+    instances: list[str] = Field(default_factory=list)
 
 
 class BinarySettings(_Section):

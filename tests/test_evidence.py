@@ -165,6 +165,18 @@ def test_hang_onset_captures_once_and_a_burst_of_alerts_gives_one_bundle(tmp_pat
     assert store.on_alerts({"alerts": [{"status": "firing", "labels": {"severity": "warning"}}]})["captured"] is None
 
 
+def test_webhook_ignores_critical_alerts_of_other_nodes(tmp_path) -> None:
+    store = _store(tmp_path, os.getpid(), instances=["node-a:9435"])
+    other = {
+        "status": "firing",
+        "labels": {"alertname": "EngineDown", "severity": "critical", "instance": "node-b:9435"},
+    }
+    answer = store.on_alerts({"alerts": [other]})
+    assert answer == {"captured": None, "reason": "no firing critical alert for this node"}
+    store.wait()
+    assert store.list() == []
+
+
 @pytest.mark.integration
 def test_webhook_alert_captures_when_nothing_recent_and_ring_is_bounded(tmp_path, deadlocked) -> None:
     proc, _port = deadlocked

@@ -398,13 +398,20 @@ class EvidenceStore:
             self.trigger_async("hang", first.summary, alertnames=(HANG_ALERT,), finding=dict(first.evidence))
 
     def on_alerts(self, payload: Mapping[str, Any]) -> dict[str, Any]:
-        """An Alertmanager webhook: a capture for its firing critical alerts (rate-limited), else nothing."""
+        """An Alertmanager webhook: a capture for its firing critical alerts for this node (``evidence.instances``;
+        rate-limited), else nothing."""
         alerts = [a for a in payload.get("alerts", []) if isinstance(a, Mapping)]
+        mine = set(self.cfg.instances)
         firing = [
-            a for a in alerts if a.get("status") == "firing" and (a.get("labels") or {}).get("severity") == "critical"
+            a
+            for a in alerts
+            if a.get("status") == "firing"
+            and (a.get("labels") or {}).get("severity") == "critical"
+            and (not mine or (a.get("labels") or {}).get("instance") in mine)
         ]
         if not firing or not self.cfg.enabled:
-            return {"captured": None, "reason": "no firing critical alert" if self.cfg.enabled else "evidence off"}
+            why = "no firing critical alert for this node" if self.cfg.enabled else "evidence off"
+            return {"captured": None, "reason": why}
         names = tuple(sorted({str(a["labels"].get("alertname")) for a in firing}))
         brief = [
             {

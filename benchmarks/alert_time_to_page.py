@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "alert_time_to_page.json"
@@ -103,24 +104,26 @@ def promtool_part() -> list[dict[str, object]]:
     return rows
 
 
-def e2e_part(runs: int) -> dict[str, object]:
+def _reports(test: str, report_env: str, runs: int) -> list[dict[str, object]]:
+    """Run one pytest target ``runs`` times; each run writes its figures to the file named by ``report_env``."""
     reports = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(runs):
             report = Path(tmp) / f"run{i}.json"
-            env = {**os.environ, "INFERWATCH_E2E_REPORT": str(report)}
+            env = {**os.environ, report_env: str(report)}
             r = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "tests/e2e/"],
-                cwd=ROOT,
-                env=env,
-                capture_output=True,
-                text=True,
+                [sys.executable, "-m", "pytest", "-q", test], cwd=ROOT, env=env, capture_output=True, text=True,
                 timeout=900,
-            )
+            )  # fmt: skip
             if r.returncode != 0 or not report.exists():
                 print(r.stdout[-3000:], file=sys.stderr)
-                raise SystemExit(f"e2e run {i} failed")
+                raise SystemExit(f"{test} run {i} failed")
             reports.append(json.loads(report.read_text()))
+    return reports
+
+
+def e2e_part(runs: int) -> dict[str, object]:
+    reports: list[dict[str, Any]] = _reports("tests/e2e/test_alert_pipeline.py", "INFERWATCH_E2E_REPORT", runs)
     per: dict[str, list[float]] = {}
     for rep in reports:
         for k, v in rep["time_to_receiver_s"].items():
@@ -141,23 +144,7 @@ HANG_BUDGET_S = {"best": 30 + 30 + 10, "worst": 30 + 15 + 15 + 30 + 10}  # compu
 
 
 def hang_part(runs: int) -> dict[str, object]:
-    reports = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(runs):
-            report = Path(tmp) / f"hang{i}.json"
-            env = {**os.environ, "INFERWATCH_HANG_REPORT": str(report)}
-            r = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "tests/e2e/test_hang_production.py"],
-                cwd=ROOT,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=900,
-            )
-            if r.returncode != 0 or not report.exists():
-                print(r.stdout[-3000:], file=sys.stderr)
-                raise SystemExit(f"hang run {i} failed")
-            reports.append(json.loads(report.read_text()))
+    reports: list[dict[str, Any]] = _reports("tests/e2e/test_hang_production.py", "INFERWATCH_HANG_REPORT", runs)
     pages = [rep["time_to_page_s"] for rep in reports]
     walls = [rep["bundle_wall_s"] for rep in reports]
     cpus = [rep["bundle_cpu_s"]["total"] for rep in reports]

@@ -99,7 +99,8 @@ class EngineLoop:
         due: float | None = None
         core = self.core
         while True:
-            if "hang" in self.scenarios:
+            hang = self.scenarios.get("hang")
+            if hang is not None and hang.get("engine") in (-1, core.index):
                 due = None
                 core.stalled(clock())
                 await asyncio.to_thread(wait_for_collective, HANG_POLL_S)

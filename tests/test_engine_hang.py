@@ -8,6 +8,8 @@ also checks that it really looks like a hang to a naive rule (the test could fai
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -143,3 +145,44 @@ def test_a_failing_health_check_is_not_hung_but_healthy():
     assert f.runbook == "EngineHungButHealthy" and f.evidence["health"] == "absent"
     assert hang_findings([v], "failed", "http://x/health") == []
     assert httpx.URL(health_url("http://h:1/metrics", None)).path == "/health"
+
+
+@pytest.mark.integration
+def test_live_simulator_one_rank_hung_through_the_engine_collector(tmp_path) -> None:
+    """The real simulator (2 data-parallel engines, under load), ``hang:engine=1``, the agent's engine collector."""
+    from agent.collectors.engine import EngineCollector
+    from agent.config import Settings
+    from agent.wiring import collect_context
+    from tests.conftest import PYTHON, ROOT, free_port
+    from tests.procs import running, wait_http
+
+    port, token = free_port(), "hang-control-token-0123"
+    cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(port), "--engines", "2", "--control-token", token]
+    with running(cmd, tmp_path / "sim.log", cwd=ROOT) as proc:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/health", proc=proc)
+        load = [PYTHON, "-m", "agent", "loadgen", "--url", url, "--rate", "8", "--duration", "120", "--no-progress"]
+        with running([*load, "--output-tokens", "64", "--timeout", "120"], tmp_path / "load.log", cwd=ROOT):
+            settings = Settings(engine={"metrics_url": f"{url}/metrics", "hang_min_stall_s": 2.0})
+            collector = EngineCollector(collect_context(settings))
+            try:
+                deadline = time.monotonic() + 60
+                while not any(v["stall_s"] == 0 and v["running"] for v in collector.collect().details["hang"]):
+                    assert time.monotonic() < deadline, "the simulator never served"
+                    time.sleep(0.5)
+                r = httpx.post(f"{url}/control/scenario", json={"enable": "hang:engine=1"},
+                               headers={"Authorization": f"Bearer {token}"}, timeout=5)  # fmt: skip
+                assert r.status_code == 200, r.text
+                found = None
+                deadline = time.monotonic() + 30
+                while found is None:
+                    assert time.monotonic() < deadline, "rank 1 never found hung"
+                    time.sleep(0.5)
+                    c = collector.collect()
+                    found = next((f for f in c.findings if f.id == "engine_hung"), None)
+                assert found.evidence["rank"] == "1" and found.evidence["health"] == "ok"
+                assert [f.evidence["rank"] for f in c.findings] == ["1"]
+                hung = {s.attributes: s.value for s in c.samples if s.name == "inferwatch.engine.hung"}
+                assert sorted(hung.values()) == [0, 1]
+            finally:
+                collector.close()

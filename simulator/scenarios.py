@@ -10,7 +10,7 @@ page_cache_pressure:fraction=0.3``) and as ``{"name": ..., "params": {...}}`` on
 | hardware_mismatch | requests fail with HTTP 400, error type ``hardware_mismatch`` | — |
 | stream_usage_only | stream chunks carry an empty delta text plus a usage object | — |
 | debug_disabled | ``/debug/runtime_profile`` answers ``{}`` | — |
-| hang | engines stop producing tokens; arrivals still queue (waiting grows); ``/health`` still answers 200 | engine (-1: every engine, else that data-parallel rank) |
+| hang | engines (or rank ``engine``) produce no tokens; arrivals queue; ``/health`` answers 200 | engine (-1: all) |
 | error_burst | a ``rate`` of requests fails with HTTP ``status`` | rate (0.3), status (500) |
 """
 

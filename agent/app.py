@@ -14,6 +14,7 @@ from agent.collectors import HOST_LANE, Collector, Schedule, enabled_collectors
 from agent.config import Settings
 from agent.identity import node_identity
 from agent.runner import Runner
+from agent.samples import Sample, attrs
 from agent.state import CollectorHealth
 from agent.wiring import Deps, build_deps
 from exporters.prometheus import make_registry
@@ -62,6 +63,11 @@ class Agent:
         self.state.add_source("snapshots", deps.snapshots.samples)
         if self.ctx.read_limits.hits is not None:
             self.state.add_source("read_limits", self.ctx.read_limits.hits.samples)
+        self.state.add_listener(deps.evidence.on_record)  # a capture the moment the hang finding turns on
+        self.state.add_source(
+            "evidence",
+            lambda: [Sample("inferwatch.evidence.captures", n, attrs(outcome=k)) for k, n in deps.evidence.counts()],
+        )
         self.registry = make_registry(self.state)
         self.otlp: Any = None
         self.otlp_logs: Any = None
@@ -105,6 +111,7 @@ class Agent:
                 return
             self._stopped = True
         self.runner.stop()
+        self.deps.evidence.wait(self.settings.evidence.time_limit_s)
         self.deps.binary.stop()
         if self.receiver is not None:
             self.receiver.stop()

@@ -143,6 +143,10 @@ class OTLPSettings(_Section):
 ENGINE_KIND_CHOICES = ("auto", *ENGINE_KINDS)  # the catalogued engines, one adapter each (agent/engine/adapters.py)
 
 
+DEFAULT_HANG_MIN_STALL_S = 30.0  # a working engine emits a token every few 10 ms while it has requests
+DEFAULT_HANG_MAX_STALL_S = 600.0  # the longest prefill the allowance may wait for
+
+
 class EngineSettings(_Section):
     """The inference engine's own /metrics (vLLM, SGLang, TGI, llama.cpp, TensorRT-LLM)."""
 
@@ -157,8 +161,15 @@ class EngineSettings(_Section):
     max_label_value_bytes: int = Field(default=DEFAULT_ENGINE_MAX_LABEL_VALUE_BYTES, ge=1, le=1 << 20)
     max_label_bytes: int = Field(default=DEFAULT_ENGINE_MAX_LABEL_BYTES, ge=1, le=1 << 24)
     max_models: int = Field(default=DEFAULT_ENGINE_MAX_MODELS, ge=1, le=100_000)
+    # Hang detection (agent/engine/hang.py, docs/diagnostics.md): a rank with requests and no token progress for
+    # max(hang_min_stall_s, 2 × max_model_len × prefill s/token) — capped at hang_max_stall_s — whose health_url
+    # still answers 200 is hung. health_url None: metrics_url's origin + /health; "" turns the probe off.
+    health_url: str | None = None
+    max_model_len: int = Field(default=0, ge=0, le=100_000_000)  # 0: unknown (the allowance is the minimum)
+    hang_min_stall_s: float = Field(default=DEFAULT_HANG_MIN_STALL_S, gt=0, le=3600)
+    hang_max_stall_s: float = Field(default=DEFAULT_HANG_MAX_STALL_S, gt=0, le=86400)
 
-    @field_validator("metrics_url")
+    @field_validator("metrics_url", "health_url")
     @classmethod
     def _http_metrics_url(cls, v: str | None) -> str | None:
         return http_url(v)
@@ -229,8 +240,8 @@ DEFAULT_PROFILE_RING_BYTES = 64 << 20
 DEFAULT_BINARY_TIMEOUT_S = 10.0
 # The binary check again while the runtime is found, so a restored library clears its alert without a restart.
 DEFAULT_BINARY_INTERVAL_S = 300.0
-API_SCOPES = ("read", "snapshots", "profile")
-Scope = Literal["read", "snapshots", "profile"]
+API_SCOPES = ("read", "snapshots", "profile", "evidence")
+Scope = Literal["read", "snapshots", "profile", "evidence"]
 ProbeProtocol = Literal["openai", "anthropic"]
 
 
@@ -317,6 +328,30 @@ class SnapshotSettings(_Section):
     max_bytes: int = Field(default=DEFAULT_SNAPSHOT_MAX_BYTES, gt=0)
 
 
+DEFAULT_EVIDENCE_DIR = Path("~/.local/state/inferwatch/evidence")
+DEFAULT_EVIDENCE_MAX_COUNT = 20
+DEFAULT_EVIDENCE_MAX_BYTES = 64 << 20
+DEFAULT_EVIDENCE_MIN_INTERVAL_S = 600.0  # one automatic bundle per runtime process per 10 min
+DEFAULT_EVIDENCE_TIME_LIMIT_S = 10.0  # the whole capture, py-spy of every process included
+
+
+class EvidenceSettings(_Section):
+    """Evidence bundles (agent/actions/evidence.py): captured when the agent's hang finding turns on, when a
+    critical alert for this node reaches the webhook, and on request (POST /api/v1/evidence)."""
+
+    enabled: bool = True
+    dir: Path = DEFAULT_EVIDENCE_DIR
+    max_count: int = Field(default=DEFAULT_EVIDENCE_MAX_COUNT, gt=0, le=10000)
+    max_bytes: int = Field(default=DEFAULT_EVIDENCE_MAX_BYTES, gt=0)
+    min_interval_s: float = Field(default=DEFAULT_EVIDENCE_MIN_INTERVAL_S, ge=0, le=86400)
+    time_limit_s: float = Field(default=DEFAULT_EVIDENCE_TIME_LIMIT_S, gt=0, le=120)
+    on_hang: bool = True  # capture the moment the engine collector's hang finding turns on
+    py_spy: bool = True  # include py-spy dumps (needs ptrace: see docs/diagnostics.md); profiling.py_spy is the binary
+    # The webhook acts only on alerts whose instance label is one of these (this node's agent as Prometheus names
+    # it, e.g. "node-a:9435"); empty: every alert it receives is for this node (one agent per Alertmanager route).
+    instances: list[str] = Field(default_factory=list)
+
+
 class BinarySettings(_Section):
     """Binary compatibility of the runtime (at start, every ``interval_s``, and on demand).
 
@@ -376,6 +411,7 @@ class Settings(BaseSettings):
     api: ApiSettings = ApiSettings()
     profiling: ProfilingSettings = ProfilingSettings()
     snapshots: SnapshotSettings = SnapshotSettings()
+    evidence: EvidenceSettings = EvidenceSettings()
     binary: BinarySettings = BinarySettings()
     simd: SimdSettings = SimdSettings()
 

@@ -3,7 +3,7 @@
 :func:`build_deps` creates every boundary with the OS or hardware and every shared service exactly once —
 procfs/sysfs roots, the NVML client, the CPU probe, the engine's HTTP client (optional), the one runtime
 locator, the profile reader, the API authenticator and the actions (binary check,
-snapshot store, py-spy profile manager) — into one frozen :class:`Deps`. Nothing else creates them: a
+snapshot store, py-spy profile manager, evidence store) — into one frozen :class:`Deps`. Nothing else creates them: a
 collector gets a :class:`~agent.collectors.base.CollectContext` (:meth:`Deps.collect_context`), the API
 an :class:`~agent.api.server.ApiServices`; tests replace a piece by passing it to :func:`build_deps`.
 Validated settings are never rewritten here: per-collector scheduling defaults live in the registry
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import httpx
 
 from agent.actions.binary import BinaryCheck, binary_configured
+from agent.actions.evidence import EvidenceStore
 from agent.actions.profiles import ProfileManager
 from agent.actions.pyspy import PidScope
 from agent.actions.snapshots import SnapshotStore
@@ -47,12 +48,13 @@ class Deps:
     binary: BinaryCheck
     snapshots: SnapshotStore
     profiles: ProfileManager
+    evidence: EvidenceStore
 
     def collect_context(self) -> CollectContext:
         return self.sources
 
     def api_services(self) -> ApiServices:
-        return ApiServices(self.auth, self.binary, self.snapshots, self.profiles, self.sources.locator)
+        return ApiServices(self.auth, self.binary, self.snapshots, self.profiles, self.sources.locator, self.evidence)
 
 
 def build_deps(
@@ -91,6 +93,7 @@ def build_deps(
         binary=BinaryCheck(settings, locator, state if binary_configured(settings) else None),
         snapshots=SnapshotStore(settings, reader),
         profiles=ProfileManager(settings, PidScope(locator)),
+        evidence=EvidenceStore(settings, locator, reader, sources.nvml),
     )
 
 

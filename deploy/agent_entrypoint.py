@@ -3,11 +3,12 @@
 The agent listens on 0.0.0.0 in the stack, and it refuses to do that without an API token (agent/config.py).
 This script keeps three files in DIR, a named volume (``inferwatch-token``), before it becomes the agent:
 
-  DIR/token         the operator's token, scopes read,snapshots,profile, mode 0600 (only the agent's user):
-                    INFERWATCH_API_TOKEN if set, else the one kept from an earlier start, else a new random one
-  DIR/scrape-token  a read-only token for Prometheus (job inferwatch-agent), mode 0644: the Prometheus
-                    container mounts the volume read-only and runs as another user
-  DIR/tokens        the agent's ``api.tokens_file`` (INFERWATCH_API__TOKENS_FILE) naming both, mode 0600
+  DIR/token           the operator's token, scopes read,snapshots,profile,evidence, mode 0600 (the agent's user):
+                      INFERWATCH_API_TOKEN if set, else the one kept from an earlier start, else a new random one
+  DIR/scrape-token    a read-only token for Prometheus (job inferwatch-agent), mode 0644: the Prometheus
+                      container mounts the volume read-only and runs as another user
+  DIR/evidence-token  Alertmanager's token for the agent's webhook (scope evidence), mode 0644, mounted read-only
+  DIR/tokens          the agent's ``api.tokens_file`` (INFERWATCH_API__TOKENS_FILE) naming all three, mode 0600
 
 Usage: ``python agent_entrypoint.py DIR COMMAND [ARG...]`` (COMMAND is exec'd, e.g. ``python -m agent run``).
 The tokens survive restarts (they live on the volume); ``docker compose down -v`` forgets them.
@@ -43,8 +44,8 @@ def _kept(path: Path) -> str | None:
     return token if len(token) >= MIN_TOKEN_CHARS and token.isprintable() and " " not in token else None
 
 
-def ensure_tokens(directory: Path, configured: str | None) -> tuple[str, str]:
-    """The (operator, scrape) tokens, written to ``directory``; ``configured`` overrides the operator's."""
+def ensure_tokens(directory: Path, configured: str | None) -> tuple[str, str, str]:
+    """The (operator, scrape, evidence) tokens, written to ``directory``; ``configured`` overrides the operator's."""
     if configured is not None and (
         len(configured) < MIN_TOKEN_CHARS or not configured.isprintable() or " " in configured
     ):
@@ -52,15 +53,18 @@ def ensure_tokens(directory: Path, configured: str | None) -> tuple[str, str]:
     directory.mkdir(parents=True, exist_ok=True)
     operator = configured or _kept(directory / "token") or secrets.token_urlsafe(TOKEN_BYTES)
     scrape = _kept(directory / "scrape-token") or secrets.token_urlsafe(TOKEN_BYTES)
+    evidence = _kept(directory / "evidence-token") or secrets.token_urlsafe(TOKEN_BYTES)
     _write(directory / "token", operator + "\n", 0o600)
     _write(directory / "scrape-token", scrape + "\n", 0o644)
+    _write(directory / "evidence-token", evidence + "\n", 0o644)
     _write(
         directory / "tokens",
         "# written by deploy/agent_entrypoint.py at each start: TOKEN SCOPES NAME\n"
-        f"{operator} read,snapshots,profile operator\n{scrape} read prometheus\n",
+        f"{operator} read,snapshots,profile,evidence operator\n{scrape} read prometheus\n"
+        f"{evidence} evidence alertmanager\n",
         0o600,
     )
-    return operator, scrape
+    return operator, scrape, evidence
 
 
 def main(argv: list[str]) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -23,7 +24,19 @@ from simulator.profiles import Deployment, deploy
 from simulator.scenarios import ScenarioSet
 from simulator.tracing import SpanEmitter
 
-HANG_POLL_S = 0.05
+HANG_POLL_S = 0.25
+_NO_PEER = threading.Event()  # never set: the peer rank of a hung collective never arrives
+
+
+def wait_for_collective(timeout_s: float) -> None:
+    """Where a hung engine step blocks: like a rank in an NCCL all-reduce whose peer never arrives.
+
+    Runs in a worker thread (the event loop keeps answering /health and /metrics), so a py-spy dump of a hung
+    simulator names this function, as one of a wedged vLLM names the collective it waits in.
+    """
+    _NO_PEER.wait(timeout_s)
+
+
 LAG_PROBE_INTERVAL_S = 0.01
 LAG_WINDOW = 60_000
 DEADLINE_SLACK_S = 0.25  # a loop this late still follows the model's timeline (it catches up)
@@ -86,10 +99,11 @@ class EngineLoop:
         due: float | None = None
         core = self.core
         while True:
-            if "hang" in self.scenarios:
+            hang = self.scenarios.get("hang")
+            if hang is not None and hang.get("engine") in (-1, core.index):
                 due = None
                 core.stalled(clock())
-                await asyncio.sleep(HANG_POLL_S)
+                await asyncio.to_thread(wait_for_collective, HANG_POLL_S)
                 continue
             now = clock()
             start = due if due is not None and 0 <= now - due < DEADLINE_SLACK_S else now

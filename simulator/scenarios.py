@@ -10,7 +10,7 @@ page_cache_pressure:fraction=0.3``) and as ``{"name": ..., "params": {...}}`` on
 | hardware_mismatch | requests fail with HTTP 400, error type ``hardware_mismatch`` | — |
 | stream_usage_only | stream chunks carry an empty delta text plus a usage object | — |
 | debug_disabled | ``/debug/runtime_profile`` answers ``{}`` | — |
-| hang | engines stop producing tokens; arrivals still queue (waiting grows); ``/health`` still answers 200 | — |
+| hang | engines (or rank ``engine``) produce no tokens; arrivals queue; ``/health`` answers 200 | engine (-1: all) |
 | error_burst | a ``rate`` of requests fails with HTTP ``status`` | rate (0.3), status (500) |
 """
 
@@ -26,13 +26,14 @@ DEFAULTS: dict[str, dict[str, float]] = {
     "hardware_mismatch": {},
     "stream_usage_only": {},
     "debug_disabled": {},
-    "hang": {},
+    "hang": {"engine": -1},
     "error_burst": {"rate": 0.3, "status": 500},
 }
 _BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
     ("simd_fallback", "factor"): (0.1, 100.0),
     ("page_cache_pressure", "fraction"): (0.0, 1.0),
     ("page_cache_pressure", "extra_s"): (0.0, 600.0),
+    ("hang", "engine"): (-1, 255),
     ("error_burst", "rate"): (0.0, 1.0),
     ("error_burst", "status"): (500, 599),
 }

@@ -28,6 +28,7 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.integration
 SEVERITIES = {"critical", "warning", "info"}
 ANNOTATIONS = {"summary", "description", "runbook_url", "dashboard_url"}
+EVIDENCE = "evidence_url"  # optional, critical alerts only: the agent's evidence bundle for the page
 
 
 def test_promtool_check_rules_passes() -> None:
@@ -62,7 +63,7 @@ def test_every_alert_has_a_firing_case_with_links_and_a_near_miss() -> None:
         name = rule["alert"]
         assert name in firing, f"{name}: no firing case in tests/rules"
         for exp in firing[name]:
-            assert set(exp["exp_annotations"]) == ANNOTATIONS, f"{name}: assert every annotation exactly"
+            assert set(exp["exp_annotations"]) == ANNOTATIONS | (set(rule["annotations"]) & {EVIDENCE}), name
             assert exp["exp_annotations"]["runbook_url"].endswith(f"/{name}")
             assert exp["exp_labels"]["severity"] in severities[name]
         if name != "Watchdog":  # always fires by design
@@ -76,7 +77,10 @@ def test_every_alert_has_the_same_anatomy() -> None:
         name = rule["alert"]
         assert re.fullmatch(r"[A-Z][A-Za-z0-9]+", name), name
         assert rule["labels"]["severity"] in SEVERITIES, name
-        assert set(rule["annotations"]) == ANNOTATIONS, name
+        assert set(rule["annotations"]) - {EVIDENCE} == ANNOTATIONS, name
+        if EVIDENCE in rule["annotations"]:
+            assert rule["labels"]["severity"] == "critical", f"{name}: only a page carries an evidence_url"
+            assert rule["annotations"][EVIDENCE].startswith("http://{{ $labels.instance }}/api/v1/evidence/"), name
         assert "{{" not in rule["annotations"]["summary"], f"{name}: summary must be static (CommonAnnotations)"
         assert rule["annotations"]["summary"].endswith("."), name
         assert "$labels" in rule["annotations"]["description"] or name in {"Watchdog"}, name

@@ -19,11 +19,11 @@ def test_amtool_check_config_passes() -> None:
 @pytest.mark.parametrize(
     ("labels", "receiver"),
     [
-        (["alertname=CPUFeatureMissing", "severity=critical", "instance=node-a:9435"], "pagerduty"),
+        (["alertname=CPUFeatureMissing", "severity=critical", "instance=node-a:9435"], "agent-evidence,pagerduty"),
         (["alertname=TailLatencyRatioHigh", "severity=warning", "instance=node-a:9435"], "ticket"),
         (["alertname=SomethingInformational", "severity=info"], "blackhole"),
         (["alertname=Watchdog", "severity=info"], "deadmansswitch"),
-        (["alertname=TTFTErrorBudgetBurn", "severity=critical", "slo=ttft-500ms"], "pagerduty"),
+        (["alertname=TTFTErrorBudgetBurn", "severity=critical", "slo=ttft-500ms"], "agent-evidence,pagerduty"),
     ],
 )
 def test_routes(labels: list[str], receiver: str) -> None:
@@ -39,10 +39,21 @@ def test_links_and_evidence_avoid_common_annotations() -> None:
     assert pd["severity"] == "critical"
     text = yaml.safe_dump(pd)
     assert "CommonAnnotations" not in text  # empty when grouped alerts differ: links would silently vanish
+    evidence = (
+        "{{ with (index .Alerts 0).Annotations.evidence_url }}{{ . }}{{ else }}{{ with .CommonLabels.instance }}"
+        "http://{{ . }}/api/v1/evidence/latest?alertname={{ $.CommonLabels.alertname }}{{ end }}{{ end }}"
+    )
     assert [link["href"] for link in pd["links"]] == [
         "{{ (index .Alerts 0).Annotations.runbook_url }}",
         "{{ (index .Alerts 0).Annotations.dashboard_url }}",
+        evidence,
     ]
+    assert pd["details"]["evidence_url"] == evidence
+    hook = next(r for r in cfg["receivers"] if r["name"] == "agent-evidence")["webhook_configs"][0]
+    assert hook["url"].endswith("/api/v1/alertmanager") and hook["send_resolved"] is False
+    assert hook["http_config"]["authorization"]["credentials_file"]  # a token with the evidence scope
+    first = cfg["route"]["routes"][0]
+    assert first["receiver"] == "agent-evidence" and first["continue"] is True and first["group_wait"] == "0s"
     assert all(isinstance(v, str) for v in pd["details"].values())  # 0.25: flat map of strings
     inhibit = cfg["inhibit_rules"][0]
     assert inhibit["source_matchers"] == ['severity="critical"'] and inhibit["target_matchers"] == [

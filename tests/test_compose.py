@@ -177,8 +177,11 @@ def test_alertmanager_entrypoint_renders_a_valid_config(tmp_path: Path, mode: st
     else:
         assert "pagerduty_url" not in cfg["global"]
         assert stored_key == key
-    hooks = [c["url"] for rc in cfg["receivers"] for c in rc.get("webhook_configs", [])]
-    assert hooks and all(h.startswith("http://pagerduty-sink:9099/") for h in hooks)
+    hooks = {rc["name"]: c for rc in cfg["receivers"] for c in rc.get("webhook_configs", [])}
+    evidence = hooks.pop("agent-evidence")
+    assert evidence["url"] == "http://agent:9435/api/v1/alertmanager"
+    assert evidence["http_config"]["authorization"]["credentials_file"] == "/etc/alertmanager/inferwatch/evidence-token"
+    assert hooks and all(h["url"].startswith("http://pagerduty-sink:9099/") for h in hooks.values())
 
 
 def _listening_ports(rendered: dict[str, Any]) -> dict[str, set[int]]:
@@ -574,9 +577,11 @@ def test_agent_entrypoint_generates_keeps_and_accepts_a_configured_token(tmp_pat
     assert len(token) >= 40 and len(scrape) >= 40 and token != scrape
     assert token not in first.stderr  # the log says where the token is, never the token
     modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "tokens").iterdir()}
-    assert modes == {"token": 0o600, "scrape-token": 0o644, "tokens": 0o600}
+    assert modes == {"token": 0o600, "scrape-token": 0o644, "evidence-token": 0o644, "tokens": 0o600}
     creds = {c.name: c for c in read_tokens_file(tmp_path / "tokens" / "tokens")}  # the agent's own parser
-    assert creds["operator"].token.decode() == token and creds["operator"].scopes == {"read", "snapshots", "profile"}
+    assert creds["operator"].token.decode() == token
+    assert creds["operator"].scopes == {"read", "snapshots", "profile", "evidence"}
+    assert creds["alertmanager"].scopes == {"evidence"}  # the webhook can capture, not read the status
     assert creds["prometheus"].token.decode() == scrape and creds["prometheus"].scopes == {"read"}
     assert _entrypoint(tmp_path / "tokens", None).returncode == 0  # a restart keeps both
     assert (tmp_path / "tokens" / "token").read_text().strip() == token

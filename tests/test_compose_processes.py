@@ -154,6 +154,7 @@ def test_token_files_on_the_volume(report: dict[str, Any]) -> None:
     assert files == {
         "token": {"mode": "0o600", "uid": 10001},
         "scrape-token": {"mode": "0o644", "uid": 10001},  # Prometheus (user 65534) reads it
+        "evidence-token": {"mode": "0o644", "uid": 10001},  # Alertmanager (user 65534) sends the webhook with it
         "tokens": {"mode": "0o600", "uid": 10001},
     }
 

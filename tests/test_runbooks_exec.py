@@ -177,7 +177,7 @@ def _agent_env(tokens: Path, sim_url: str | None = None) -> dict[str, str]:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("runbooks-exec")
     tokens = tmp / "tokens"
-    tokens.write_text(f"{TOKEN} read,snapshots,profile operator\n")
+    tokens.write_text(f"{TOKEN} read,snapshots,profile,evidence operator\n")
     tokens.chmod(0o600)
     broken_procfs = tmp / "procfs"
     broken_procfs.mkdir()

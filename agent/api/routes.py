@@ -2,7 +2,8 @@
 
 Scopes by route (see :mod:`agent.api.auth`): ``read`` for ``/api/v1/status``, ``/api/v1/findings``,
 ``GET /api/v1/binary`` and anything not listed; ``snapshots`` for ``/api/v1/snapshots*``; ``profile``
-for ``/api/v1/profiles*`` and ``POST /api/v1/binary``. Paths in ``api.open_paths`` (default
+for ``/api/v1/profiles*`` and ``POST /api/v1/binary``; ``evidence`` for ``/api/v1/evidence*`` and the
+Alertmanager webhook ``POST /api/v1/alertmanager``. Paths in ``api.open_paths`` (default
 ``/metrics``, ``/healthz``, ``/readyz``) need no token. 401 = no valid token, 403 = token lacks scope.
 """
 
@@ -12,11 +13,12 @@ import json
 from typing import Any
 
 from fastapi import Body, FastAPI, Response
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from starlette.datastructures import Headers
 
 from agent.actions import pyspy
 from agent.actions.binary import BinaryCheck
+from agent.actions.evidence import render_text
 from agent.actions.profiles import ProfileBusyError
 from agent.api.auth import Authenticator
 from agent.api.services import ApiServices
@@ -38,6 +40,8 @@ def storage_refusal(exc: StorageError) -> JSONResponse:
 
 
 def scope_for(method: str, path: str) -> str:
+    if path.startswith(("/api/v1/evidence", "/api/v1/alertmanager")):
+        return "evidence"
     if path.startswith("/api/v1/snapshots"):
         return "snapshots"
     if path.startswith("/api/v1/profiles") or (path == "/api/v1/binary" and method == "POST"):
@@ -139,6 +143,41 @@ def install(app: FastAPI, settings: Settings, state: AgentState, services: ApiSe
             {"id": result.id, "outcome": result.outcome, "reason": result.reason, "message": result.message},
             status_code=201,
         )
+
+    # --- evidence bundles (agent/actions/evidence.py) ---
+    evidence = services.evidence
+
+    def bundle_answer(bundle: dict[str, Any] | None, what: str, fmt: str | None) -> Response:
+        if bundle is None:
+            return JSONResponse({"error": "not_found", "message": f"no evidence bundle {what}"}, status_code=404)
+        if fmt == "text":
+            return PlainTextResponse(render_text(bundle))
+        return JSONResponse(bundle)
+
+    @app.get("/api/v1/evidence")
+    def list_evidence() -> dict[str, Any]:
+        return {"evidence": [m.as_dict() for m in evidence.list()]}
+
+    @app.get("/api/v1/evidence/latest")
+    def latest_evidence(alertname: str | None = None, format: str | None = None) -> Response:
+        return bundle_answer(evidence.latest(alertname), "yet", format)
+
+    @app.get("/api/v1/evidence/{bundle_id}")
+    def get_evidence(bundle_id: str, format: str | None = None) -> Response:
+        return bundle_answer(evidence.get(bundle_id), repr(bundle_id[:40]), format)
+
+    @app.post("/api/v1/evidence")
+    def capture_evidence() -> JSONResponse:
+        try:
+            meta = evidence.capture("api", "requested through the API")
+        except NoDataError as exc:
+            return JSONResponse({"error": "store_failed", "message": str(exc)}, status_code=503)
+        return JSONResponse(meta.as_dict() | {"url": f"/api/v1/evidence/{meta.id}"}, status_code=201)
+
+    @app.post("/api/v1/alertmanager")
+    def alertmanager_webhook(body: dict[str, Any] = Body(default_factory=dict)) -> JSONResponse:
+        """Alertmanager's webhook (version 4): firing critical alerts for this node start one capture."""
+        return JSONResponse(evidence.on_alerts(body), status_code=202)
 
     # --- binary compatibility ---
     def binary_answer(svc: BinaryCheck) -> JSONResponse:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent.actions.binary import BinaryCheck
+from agent.actions.evidence import EvidenceStore
 from agent.actions.profiles import ProfileManager
 from agent.actions.snapshots import SnapshotStore
 from agent.api.auth import Authenticator
@@ -20,3 +21,4 @@ class ApiServices:
     snapshots: SnapshotStore
     profiles: ProfileManager
     locator: RuntimeLocator
+    evidence: EvidenceStore

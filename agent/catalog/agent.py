@@ -4,6 +4,14 @@ from agent.catalog.spec import Kind, MetricSpec
 
 METRICS = (
     MetricSpec(
+        "inferwatch.evidence.captures",
+        Kind.COUNTER,
+        "{bundle}",
+        "Evidence bundles captured, by outcome: the trigger (hang, alert, api), rate_limited (an automatic "
+        "trigger within evidence.min_interval_s of the last bundle) or store_error.",
+        ("outcome",),
+    ),
+    MetricSpec(
         "inferwatch.collector.duration",
         Kind.GAUGE,
         "s",

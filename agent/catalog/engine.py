@@ -159,6 +159,31 @@ METRICS = (
         (MODEL, "type"),
     ),
     MetricSpec("inferwatch.engine.preemptions", Kind.COUNTER, "{preemption}", "Requests preempted.", _M),
+    # Hang detection per data-parallel rank (agent/engine/hang.py, docs/diagnostics.md).
+    MetricSpec(
+        "inferwatch.engine.stall",
+        Kind.GAUGE,
+        "s",
+        "Time the rank has had requests (running or waiting) without its token counters moving; 0 when idle or "
+        "progressing.",
+        (MODEL, "rank"),
+    ),
+    MetricSpec(
+        "inferwatch.engine.stall.allowance",
+        Kind.GAUGE,
+        "s",
+        "The longest stall a working rank can show: max(engine.hang_min_stall_s, 2 × engine.max_model_len × "
+        "prefill seconds per token), capped at engine.hang_max_stall_s.",
+        (MODEL, "rank"),
+    ),
+    MetricSpec(
+        "inferwatch.engine.hung",
+        Kind.GAUGE,
+        "",
+        "1 when the rank's stall passed its allowance while the engine's /metrics answers and its /health does not "
+        'fail (200, or no /health endpoint, or engine.health_url set to ""), else 0.',
+        (MODEL, "rank"),
+    ),
     MetricSpec(
         "inferwatch.engine.requests.finished",
         Kind.COUNTER,

@@ -7,6 +7,7 @@ import typer
 from agent import __version__
 from agent.cli import assets, demo, doctor, loadgen, run, simulate
 from agent.cli import engine as engine_cli
+from agent.cli import evidence as evidence_cli
 from agent.cli import probe as probe_cmd
 from agent.cli import profile as profile_cmd
 from agent.cli import simd as simd_cli
@@ -30,6 +31,7 @@ for module in (
     demo,
     probe_cmd,
     profile_cmd,
+    evidence_cli,
     simd_cli,
     assets,
 ):

@@ -37,12 +37,13 @@ from agent.collectors.base import BaseCollector, CollectContext, Collection
 from agent.engine.adapters import DEFAULT_MODEL, QUANTITIES, EngineReading, ModelReading
 from agent.engine.board import Key, LatencyBoard, LatencyStats, latency_samples
 from agent.engine.fetch import REASONS, EngineScrapeError, fetch_into
+from agent.engine.hang import HangDetector, RankVerdict
 from agent.engine.histogram import sum_histograms
 from agent.engine.limits import LIMITS, EngineLimits
 from agent.engine.scrape import EngineParser, stats_from_histogram
 from agent.engine.windows import WINDOWS_S, CounterWindow, HistogramWindow
 from agent.errors import NoDataError
-from agent.samples import AnySample, HistogramSample, Sample, attrs
+from agent.samples import AnySample, Finding, HistogramSample, Sample, attrs
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,9 @@ REEXPORTED = {
     "itl": "gen_ai.server.time_per_output_token",
     "e2e": "gen_ai.server.request.duration",
 }
+HANG_FINDING = "engine_hung"
+HANG_RUNBOOK = "EngineHungButHealthy"
+HEALTH_TIMEOUT_S = 1.0  # the /health probe runs only while a rank is stalled
 TOKEN_TIME = {"prefill": ("prompt_seconds", "prompt_tokens"), "decode": ("generation_seconds", "generation_tokens")}
 
 
@@ -168,6 +172,8 @@ class EngineCollector(BaseCollector):
         self.parser = EngineParser(cfg.kind, cfg.model_name or DEFAULT_MODEL, self.limits)
         self.timeline = EngineTimeline()
         self.board = LatencyBoard()  # its own latest stats per (model, quantity, window); shared with no one
+        self.hang = HangDetector(cfg.hang_min_stall_s, cfg.max_model_len, max_stall_s=cfg.hang_max_stall_s)
+        self.health_url = health_url(cfg.metrics_url, cfg.health_url)
         injected = ctx.engine_http
         self._own_client = injected is None
         self._client: httpx.Client = injected or httpx.Client(follow_redirects=False, trust_env=False)
@@ -219,6 +225,10 @@ class EngineCollector(BaseCollector):
         self.board.set_models("histogram", reading.models)
         samples: list[AnySample] = reading_samples(reading)
         samples.extend(self.timeline.derived_samples(stats))
+        verdicts = self.hang.update(now, reading)
+        health = self._health() if any(v.stalled for v in verdicts) else "not_probed"
+        samples.extend(hang_samples(verdicts, health))
+        findings = hang_findings(verdicts, health, self.health_url)
         details = {
             "engine": reading.kind,
             "models": sorted(reading.models),
@@ -233,7 +243,20 @@ class EngineCollector(BaseCollector):
                 model: [q for q in QUANTITIES if q not in m.histograms] for model, m in sorted(reading.models.items())
             },
         }
-        return Collection(samples=samples, details=details)
+        details["hang"] = [hang_dict(v) for v in verdicts]
+        return Collection(samples=samples, findings=findings, details=details)
+
+    def _health(self) -> str:
+        """The engine's /health while a rank is stalled: ok | failed | absent (404) | off (probe disabled)."""
+        if not self.health_url:
+            return "off"
+        try:
+            r = self._client.get(self.health_url, timeout=HEALTH_TIMEOUT_S)
+        except httpx.HTTPError:
+            return "failed"
+        if r.status_code == 404:
+            return "absent"
+        return "ok" if r.status_code == 200 else "failed"
 
     def status_samples(self) -> list[AnySample]:
         """``inferwatch.engine.up`` and scrape errors by reason; exported even while the collector fails."""
@@ -252,3 +275,60 @@ class EngineCollector(BaseCollector):
     def close(self) -> None:
         if self._own_client:
             self._client.close()
+
+
+def health_url(metrics_url: str | None, configured: str | None) -> str:
+    """``engine.health_url``, else the metrics URL's origin + ``/health`` ("" when there is neither)."""
+    if configured is not None:
+        return configured
+    if not metrics_url:
+        return ""
+    u = httpx.URL(metrics_url)
+    return str(u.copy_with(path="/health", query=None, fragment=None))
+
+
+def hung(v: RankVerdict, health: str) -> bool:
+    """Stalled past the allowance and the engine does not fail its health check (hung *but healthy*)."""
+    return v.stalled and health != "failed"
+
+
+def hang_samples(verdicts: list[RankVerdict], health: str) -> list[Sample]:
+    out: list[Sample] = []
+    for v in verdicts:
+        a = attrs({MODEL: v.model}, rank=v.rank)
+        out.append(Sample("inferwatch.engine.stall", v.stall_s, a))
+        out.append(Sample("inferwatch.engine.stall.allowance", v.allowance_s, a))
+        out.append(Sample("inferwatch.engine.hung", 1 if hung(v, health) else 0, a))
+    return out
+
+
+def hang_dict(v: RankVerdict) -> dict[str, object]:
+    return {
+        "model": v.model,
+        "rank": v.rank,
+        "running": v.running,
+        "waiting": v.waiting,
+        "stall_s": round(v.stall_s, 3),
+        "allowance_s": round(v.allowance_s, 3),
+        "stalled": v.stalled,
+        "prefill_s_per_token": v.prefill_s_per_token,
+    }
+
+
+def hang_findings(verdicts: list[RankVerdict], health: str, url: str) -> list[Finding]:
+    """One ``engine_hung`` finding per hung rank (status fail); none while every rank progresses."""
+    out = []
+    for v in verdicts:
+        if not hung(v, health):
+            continue
+        out.append(
+            Finding(
+                HANG_FINDING,
+                "fail",
+                f"engine rank {v.rank} of {v.model}: {v.running:.0f} running, {v.waiting:.0f} waiting, no token for "
+                f"{v.stall_s:.0f}s (allowance {v.allowance_s:.0f}s); /health {health}",
+                {**hang_dict(v), "health": health, "health_url": url},
+                HANG_RUNBOOK,
+            )
+        )
+    return out

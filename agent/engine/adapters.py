@@ -72,6 +72,10 @@ def _v(*names: str, **kw: object) -> tuple[Source, ...]:
     return _s(*names, *("ray_" + n for n in names), **kw)
 
 
+# Labels that name a data-parallel rank (vLLM v1 ``engine``, SGLang ``dp_rank``); a series without one is rank "0".
+RANK_LABELS = ("engine", "dp_rank")
+# What the hang detector needs per rank (agent/engine/hang.py): the load gauges and the progress counters.
+RANK_QUANTITIES = ("running", "waiting", "prompt_tokens", "generation_tokens")
 GAUGE_MEAN = frozenset({"kv_usage"})  # averaged over ranks; every other gauge is summed
 # The domain of each gauge, by the catalog quantity it feeds (agent/catalog/engine.py): KV-cache usage is a
 # ratio (unit "1", 0..1), requests running and waiting are counts. A raw sample outside it rejects the
@@ -253,6 +257,7 @@ class ModelReading:
     gauges: dict[str, float] = field(default_factory=dict)
     counters: dict[str, dict[str, float]] = field(default_factory=dict)  # name → dimension value → total
     sources: dict[str, str] = field(default_factory=dict)  # quantity/gauge/counter → family it came from
+    ranks: dict[str, dict[str, float]] = field(default_factory=dict)  # DP rank → RANK_QUANTITIES present
 
 
 @dataclass
@@ -431,7 +436,26 @@ def read(
                 for dim, v in total.items():
                     acc[dim] = acc.get(dim, 0.0) + v * src.scale
                 reading.sources.setdefault(cname, src.name)
+    _read_ranks(adapter, expo, split, models)
     return EngineReading(adapter.kind, models, expo.matched, len(dropped) + expo.models_dropped)
+
+
+def _read_ranks(adapter: Adapter, expo: Exposition, keys: KeyCache, models: dict[str, ModelReading]) -> None:
+    """Per data-parallel rank, the RANK_QUANTITIES from the family each one was read from (a second, small pass)."""
+    for name in RANK_QUANTITIES:
+        cands = adapter.gauges.get(name) or adapter.counters.get(name) or ()
+        by_name = {src.name: src for src in cands}
+        for mname, m in models.items():
+            src = by_name.get(m.sources.get(name, ""))
+            if src is None:
+                continue
+            for labels, value in expo.get(src.name):
+                k = keys.key(labels, src.match)
+                if k is None or k[0] != mname or math.isnan(value):
+                    continue
+                rank = next((v for label, v in k[1] if label in RANK_LABELS), "0")
+                acc = m.ranks.setdefault(rank, {})
+                acc[name] = acc.get(name, 0.0) + value * src.scale
 
 
 def _histograms(src: Source, expo: Exposition, keys: KeyCache) -> dict[str, dict[Labels, Histogram]]:

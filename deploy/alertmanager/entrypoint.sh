@@ -6,7 +6,9 @@
 #   neither (the demo)                   → a placeholder key and global.pagerduty_url = the local sink, so pages
 #                                          are visible at http://localhost:9099 (docker compose logs pagerduty-sink)
 # Ticket and dead-man's-switch webhooks (127.0.0.1:9097 in the repo config) go to the sink too unless
-# ALERT_WEBHOOK_BASE is set. Usage: entrypoint.sh SRC OUT [alertmanager flags...]; with OUT "-" only renders
+# ALERT_WEBHOOK_BASE is set. The agent's evidence webhook (127.0.0.1:9435 in the repo config) goes to
+# INFERWATCH_AGENT_URL (default http://agent:9435) with the token file INFERWATCH_EVIDENCE_TOKEN_FILE (default the
+# agent's token volume, /etc/alertmanager/inferwatch/evidence-token). Usage: entrypoint.sh SRC OUT [alertmanager flags...]; with OUT "-" only renders
 # to stdout (tests/test_compose.py renders it natively and checks the result with amtool).
 set -eu
 src="$1"; out="$2"; shift 2
@@ -15,6 +17,9 @@ state="${ALERTMANAGER_STATE_DIR:-/alertmanager}"
 sink="${PAGERDUTY_SINK_URL:-http://pagerduty-sink:9099}"
 hooks="${ALERT_WEBHOOK_BASE:-$sink}"
 keyfile="$state/pagerduty_routing_key"
+agent="${INFERWATCH_AGENT_URL:-http://agent:9435}"
+evidence_token="${INFERWATCH_EVIDENCE_TOKEN_FILE:-/etc/alertmanager/inferwatch/evidence-token}"
+evidence_secret=/etc/alertmanager/secrets/inferwatch_evidence_token
 mkdir -p "$state"
 umask 077
 global_url=""
@@ -32,10 +37,12 @@ fi
 render() {
   if [ -n "$global_url" ]; then
     sed -e "s#$secret#$keyfile#" -e "s#http://127.0.0.1:9097#$hooks#" \
+        -e "s#http://127.0.0.1:9435#$agent#" -e "s#$evidence_secret#$evidence_token#" \
         -e "s#^global:#global:\\
   pagerduty_url: $global_url#" "$src"
   else
-    sed -e "s#$secret#$keyfile#" -e "s#http://127.0.0.1:9097#$hooks#" "$src"
+    sed -e "s#$secret#$keyfile#" -e "s#http://127.0.0.1:9097#$hooks#" \
+        -e "s#http://127.0.0.1:9435#$agent#" -e "s#$evidence_secret#$evidence_token#" "$src"
   fi
 }
 if [ "$out" = "-" ]; then

@@ -37,6 +37,8 @@ DASHBOARDS_OUT = OUT_DIR / "dashboards" / "dashboards.yaml"
 NAME_PREFIX = "inferwatch"
 # The Secret (in the AlertmanagerConfig's namespace) holding the PagerDuty Events v2 routing key.
 PAGERDUTY_SECRET = {"name": "inferwatch-pagerduty", "key": "routing-key"}
+# The Secret holding a token with the agent's evidence scope, for the agent-evidence webhook (credentials_file).
+EVIDENCE_SECRET = {"name": "inferwatch-evidence", "key": "token"}
 DASHBOARD_LABEL = {"grafana_dashboard": "1"}  # kube-prometheus-stack: grafana.sidecar.dashboards.label(Value)
 DASHBOARD_FOLDER_ANNOTATION = {"grafana_folder": "inferwatch"}  # grafana.sidecar.dashboards.folderAnnotation
 MATCHER_RE = re.compile(r'^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*$')
@@ -162,6 +164,16 @@ def _pagerduty(src: dict[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
+def _webhook(src: dict[str, Any], where: str) -> dict[str, Any]:
+    out = _mapped(src, _WEBHOOK_KEYS, where, extra=("http_config",))
+    http = src.get("http_config")
+    if http is not None:
+        if set(http) != {"authorization"} or set(http["authorization"]) != {"credentials_file"}:
+            raise ConfigError(f"{where}: only http_config.authorization.credentials_file has a translation")
+        out["httpConfig"] = {"authorization": {"type": "Bearer", "credentials": dict(EVIDENCE_SECRET)}}
+    return out
+
+
 def alertmanager_config() -> str:
     """``alerts/alertmanager.yml`` as one AlertmanagerConfig (``inferwatch``)."""
     path = assets.alertmanager_config()
@@ -187,7 +199,7 @@ def alertmanager_config() -> str:
         if "pagerduty_configs" in rcv:
             out["pagerdutyConfigs"] = [_pagerduty(c, where) for c in rcv["pagerduty_configs"]]
         if "webhook_configs" in rcv:
-            out["webhookConfigs"] = [_mapped(c, _WEBHOOK_KEYS, where) for c in rcv["webhook_configs"]]
+            out["webhookConfigs"] = [_webhook(c, where) for c in rcv["webhook_configs"]]
         receivers.append(out)
     doc = {
         "apiVersion": "monitoring.coreos.com/v1alpha1",

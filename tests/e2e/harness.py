@@ -5,8 +5,12 @@ What is overridden, and nothing else:
   (:mod:`agent.alerts.profile`: every duration divided by 60, to match 1 s scrape and evaluation intervals);
   ``--rules.alert.resend-delay=1s``; the agent targets come from a file_sd file the test writes; the external
   label ``runbook_base`` points runbook links at a test agent.
-- Alertmanager: the repo's ``alerts/alertmanager.yml`` with the PagerDuty URL, the routing-key file and the two
-  webhook URLs pointed at the local sink. Routes, group_wait, inhibition and templates are the shipped ones.
+- Alertmanager: the repo's ``alerts/alertmanager.yml`` with the PagerDuty URL, the routing-key file and the
+  webhook URLs pointed at the local sink (or, per receiver, at ``webhooks``: the agent's evidence webhook and its
+  token file). Routes, group_wait, inhibition and templates are the shipped ones.
+
+``pipeline(..., production=True)`` keeps the shipped durations and runs Prometheus at the production 15 s scrape
+and evaluation interval with its default resend delay (tests/e2e/test_hang_production.py).
 """
 
 from __future__ import annotations
@@ -147,15 +151,26 @@ class Sink:
         self._thread.join(5)
 
 
-def alertmanager_config(sink_url: str, routing_key_file: Path) -> dict[str, Any]:
-    """The shipped alertmanager.yml with only the receiver addresses (and the key file path) replaced."""
+def alertmanager_config(
+    sink_url: str, routing_key_file: Path, webhooks: dict[str, tuple[str, Path]] | None = None
+) -> dict[str, Any]:
+    """The shipped alertmanager.yml with only the receiver addresses (and the key and token file paths) replaced.
+
+    ``webhooks``: receiver name → (URL, token file) for receivers that go somewhere other than the sink.
+    """
     cfg = yaml.safe_load((ROOT / "alerts" / "alertmanager.yml").read_text())
     for receiver in cfg["receivers"]:
         for pd in receiver.get("pagerduty_configs", []):
             pd["url"] = f"{sink_url}/v2/enqueue"
             pd["routing_key_file"] = str(routing_key_file)
         for hook in receiver.get("webhook_configs", []):
-            hook["url"] = f"{sink_url}/inferwatch/{receiver['name']}"
+            url, token = (webhooks or {}).get(receiver["name"], (f"{sink_url}/inferwatch/{receiver['name']}", None))
+            hook["url"] = url
+            if "http_config" in hook:
+                if token is None:
+                    token = routing_key_file.with_name(f"{receiver['name']}.token")
+                    token.write_text("e2e-unused-token-0123456789\n")
+                hook["http_config"]["authorization"]["credentials_file"] = str(token)
     return cfg
 
 
@@ -187,7 +202,13 @@ def _binary(name: str) -> str:
 
 @contextlib.contextmanager
 def pipeline(
-    workdir: Path, sink: Sink, agent_ports: list[int], runbook_base: str, engine_ports: Sequence[int] = ()
+    workdir: Path,
+    sink: Sink,
+    agent_ports: list[int],
+    runbook_base: str,
+    engine_ports: Sequence[int] = (),
+    webhooks: dict[str, tuple[str, Path]] | None = None,
+    production: bool = False,
 ) -> Iterator[Pipeline]:
     """Start Alertmanager and Prometheus on free ports with the repo's files; stop both on exit.
 
@@ -197,18 +218,18 @@ def pipeline(
     rules_dir = workdir / "rules"
     rules_dir.mkdir(exist_ok=True)
     for path in sorted((ROOT / "alerts").glob("*.rules.yml")):
-        (rules_dir / path.name).write_text(render_file(path, DEFAULT_FACTOR))
+        (rules_dir / path.name).write_text(path.read_text() if production else render_file(path, DEFAULT_FACTOR))
     key_file = workdir / "pagerduty_routing_key"
     key_file.write_text(ROUTING_KEY + "\n")
     am_yml = workdir / "alertmanager.yml"
-    am_yml.write_text(yaml.safe_dump(alertmanager_config(sink.url, key_file), sort_keys=False))
+    am_yml.write_text(yaml.safe_dump(alertmanager_config(sink.url, key_file, webhooks), sort_keys=False))
     am_port, prom_port = free_port(), free_port()
     targets = workdir / "agents.json"
     prom_cfg = {
         "global": {
-            "scrape_interval": "1s",
-            "scrape_timeout": "1s",
-            "evaluation_interval": "1s",
+            "scrape_interval": "15s" if production else "1s",
+            "scrape_timeout": "10s" if production else "1s",
+            "evaluation_interval": "15s" if production else "1s",
             "external_labels": {"runbook_base": runbook_base},
         },
         "rule_files": [str(rules_dir / "*.rules.yml")],
@@ -235,7 +256,7 @@ def pipeline(
         f"--storage.tsdb.path={workdir / 'prom'}",
         f"--web.listen-address=127.0.0.1:{prom_port}",
         f"--web.external-url={prom_url}",
-        "--rules.alert.resend-delay=1s",
+        *([] if production else ["--rules.alert.resend-delay=1s"]),
     ]
     pl = Pipeline(prom_url, am_url, targets, time.monotonic())
     pl.set_targets(agent_ports)

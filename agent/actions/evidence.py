@@ -1,0 +1,644 @@
+"""Evidence bundles: what a responder woken by "engine hung" needs, captured before anyone restarts the engine.
+
+One bundle is one JSON document, redacted (the runtime_profile denylist policy) before it is written to its
+own bounded ring (``evidence.dir``, ``evidence.max_count`` / ``max_bytes``, oldest evicted first):
+
+- ``processes``: every process of the runtime (the runtime and its descendants): command line (redacted),
+  state, and per thread its name, state, ``wchan`` and kernel stack where readable (threads in D state listed
+  by name), plus a ``py-spy dump`` (all threads, no locals; :func:`agent.actions.pyspy.dump`) or the reason
+  it is missing (no ptrace permission, not Python, timeout);
+- ``engine``: the last engine scrapes the agent kept (running, waiting, token counters and the hang verdict
+  per rank), around the onset;
+- ``runtime_profile``: a fresh snapshot of the runtime's debug profile (redacted as every snapshot);
+- ``gpus``: NVML per GPU (through the injectable client), or why there is none;
+- ``spans``: why requests in flight have no spans (the receiver only ever sees finished ones);
+- ``meta``: trigger (``hang`` | ``alert`` | ``api``), the alerts or finding behind it, wall time and CPU
+  seconds of the capture (the agent thread and the py-spy children), a one-line ``summary``.
+
+Triggers: :meth:`EvidenceStore.on_record` (a state listener) starts a capture in a thread the moment an
+``engine_hung`` finding turns on; :meth:`EvidenceStore.on_alerts` for a webhook of firing critical alerts;
+:meth:`EvidenceStore.capture` on an API request. Automatic captures are rate-limited per runtime process
+(``evidence.min_interval_s``): a burst of alerts gives one bundle. A capture is bounded by
+``evidence.time_limit_s`` (py-spy runs in parallel, each with what is left of it). Nothing here runs on the
+collection path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import resource
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.actions import pyspy
+from agent.actions.ring import FileRing, new_id, valid_id
+from agent.collectors.simd import engine_port
+from agent.config import Settings
+from agent.debugprofile.reader import ProfileReader
+from agent.errors import NoDataError
+from agent.host.nvml import NVMLClient
+from agent.host.runtime import RuntimeLocator
+from agent.samples import Collection
+
+log = logging.getLogger(__name__)
+FORMAT = 1
+SUFFIX = ".json"
+ENGINE_SOURCE = "engine"
+HANG_FINDING = "engine_hung"
+HANG_ALERT = "EngineHungButHealthy"
+SCRAPES_KEPT = 12  # 3 minutes of engine scrapes at 15 s
+MAX_THREADS_PER_PROCESS = 512
+MAX_KERNEL_STACK_LINES = 32
+MAX_FRAMES = 64
+PY_SPY_WORKERS = 4
+NO_SPANS = (
+    "requests in flight have no spans yet: the OTLP receiver only receives a request's span when it ends "
+    "(see the engine scrapes and py-spy stacks for the requests that are stuck)"
+)
+THREAD_STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "disk sleep",
+    "T": "stopped",
+    "t": "tracing stop",
+    "Z": "zombie",
+    "X": "dead",
+    "I": "idle",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceMeta:
+    """One bundle as listed: id, when (Unix s), trigger, the one-line summary, its size."""
+
+    id: str
+    captured_at: float
+    trigger: str
+    summary: str
+    size_bytes: int
+    alertnames: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "captured_at": self.captured_at,
+            "trigger": self.trigger,
+            "summary": self.summary,
+            "size_bytes": self.size_bytes,
+            "alertnames": list(self.alertnames),
+        }
+
+
+# --- /proc readers (pure functions of a procfs root) --------------------------------------------------------
+
+
+def _read(path: Path) -> tuple[str | None, str | None]:
+    """(text, None) or (None, why not)."""
+    try:
+        return path.read_text(errors="replace"), None
+    except PermissionError:
+        return None, "permission denied (needs root / CAP_SYS_ADMIN for kernel stacks, ptrace access otherwise)"
+    except FileNotFoundError:
+        return None, "gone (the thread or process exited)"
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
+
+
+def _stat_fields(text: str) -> tuple[str, str, int]:
+    """(comm, state letter, ppid) from /proc/PID/stat (comm may hold spaces and parentheses)."""
+    lpar, rpar = text.find("("), text.rfind(")")
+    rest = text[rpar + 2 :].split()
+    return text[lpar + 1 : rpar], rest[0], int(rest[1])
+
+
+def thread_states(procfs: Path, pid: int) -> list[dict[str, Any]]:
+    """Per thread of ``pid``: tid, name, state, wchan and kernel stack (or why each is missing)."""
+    task = procfs / str(pid) / "task"
+    try:
+        tids = sorted(int(t) for t in os.listdir(task) if t.isdigit())
+    except OSError as exc:
+        return [{"error": f"cannot list {task}: {exc.strerror or exc}"}]
+    out: list[dict[str, Any]] = []
+    for tid in tids[:MAX_THREADS_PER_PROCESS]:
+        base = task / str(tid)
+        entry: dict[str, Any] = {"tid": tid}
+        stat, why = _read(base / "stat")
+        if stat is None:
+            entry["error"] = why
+            out.append(entry)
+            continue
+        name, state, _ppid = _stat_fields(stat)
+        entry |= {"name": name, "state": state, "state_name": THREAD_STATES.get(state, state)}
+        wchan, why = _read(base / "wchan")
+        entry["wchan"] = wchan.strip() if wchan is not None and wchan.strip() not in ("", "0") else None
+        if wchan is None:
+            entry["wchan_error"] = why
+        stack, why = _read(base / "stack")
+        if stack is not None:
+            entry["kernel_stack"] = stack.strip().splitlines()[:MAX_KERNEL_STACK_LINES]
+        else:
+            entry["kernel_stack_error"] = why
+        out.append(entry)
+    return out
+
+
+def process_info(procfs: Path, pid: int) -> dict[str, Any]:
+    stat, why = _read(procfs / str(pid) / "stat")
+    if stat is None:
+        return {"pid": pid, "error": why}
+    comm, state, ppid = _stat_fields(stat)
+    raw, why = _read(procfs / str(pid) / "cmdline")
+    info: dict[str, Any] = {"pid": pid, "ppid": ppid, "comm": comm, "state": state}
+    if raw is not None:
+        info["cmdline"] = [a for a in raw.split("\0") if a]
+    else:
+        info["cmdline_error"] = why
+    return info
+
+
+def nvml_state(nvml: NVMLClient) -> dict[str, Any]:
+    """Per GPU what NVML says now, or the reason there is nothing."""
+    try:
+        nvml.init()
+    except Exception as exc:
+        return {"absent": f"NVML unavailable: {exc}"}
+    gpus: list[dict[str, Any]] = []
+    try:
+        for i in range(nvml.device_count()):
+            g: dict[str, Any] = {"index": i}
+            for key, call in (
+                ("name", nvml.name),
+                ("uuid", nvml.uuid),
+                ("utilization_percent", nvml.utilization_percent),
+                ("memory_used_total_bytes", nvml.memory_bytes),
+                ("sm_clock_mhz", nvml.sm_clock_mhz),
+                ("power_milliwatts", nvml.power_milliwatts),
+                ("temperature_celsius", nvml.temperature_celsius),
+                ("clock_event_reasons", nvml.clock_event_reasons),
+            ):
+                try:
+                    g[key] = call(i)
+                except Exception as exc:
+                    g[key + "_error"] = str(exc)
+            try:
+                g["processes"] = [
+                    {"pid": p.pid, "used_memory_bytes": p.used_memory_bytes} for p in nvml.compute_processes(i)
+                ]
+            except Exception as exc:
+                g["processes_error"] = str(exc)
+            gpus.append(g)
+    except Exception as exc:
+        return {"absent": f"NVML failed: {exc}", "gpus": gpus}
+    finally:
+        try:
+            nvml.shutdown()
+        except Exception:
+            log.debug("NVML shutdown failed", exc_info=True)
+    return {"gpus": gpus} if gpus else {"absent": "NVML reports no GPU"}
+
+
+def py_thread(t: Any) -> dict[str, Any]:
+    """A py-spy thread with its OS thread id (to join /proc's threads) and frame names/locations; never locals.
+
+    Not :func:`agent.actions.snapshots._strip_thread`: that one drops ``os_thread_id``, which names /proc's threads.
+    """
+    if not isinstance(t, dict):
+        return {}
+    frames = [{k: f.get(k) for k in ("name", "filename", "line")} for f in t.get("frames", []) if isinstance(f, dict)]
+    keep = ("thread_id", "os_thread_id", "thread_name", "active", "owns_gil")
+    return {k: t.get(k) for k in keep} | {"frames": frames[:MAX_FRAMES]}
+
+
+def name_threads(process: dict[str, Any]) -> None:
+    """Give /proc's threads their Python names from the py-spy dump (Python does not set OS thread names)."""
+    names = {t.get("os_thread_id"): t.get("thread_name") for t in process.get("py_spy", {}).get("threads", [])}
+    for t in process.get("threads", []):
+        if names.get(t.get("tid")):
+            t["python_name"] = names[t["tid"]]
+
+
+_STDLIB = re.compile(r"/lib/python3\.\d+/(?!site-packages/|dist-packages/)")
+# Innermost frames of a thread that waits for work rather than being stuck (an event loop, an idle executor).
+IDLE_FRAMES = frozenset({"select", "poll", "epoll", "_worker", "accept", "serve_forever"})
+
+
+def _app_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The innermost frame outside the standard library (the application's own code)."""
+    return next((f for f in frames if not _STDLIB.search(str(f.get("filename")))), frames[0] if frames else None)
+
+
+def top_frame(threads: list[dict[str, Any]]) -> str | None:
+    """Where the process is stuck: the innermost application frame of its most telling thread.
+
+    Threads idling in an event loop's selector or an executor's queue come last; then threads holding the GIL or
+    active; the main thread after the others (a server's main thread serves, its workers do the work).
+    """
+
+    def rank(t: dict[str, Any]) -> tuple[bool, bool, bool]:
+        frames = t.get("frames") or [{}]
+        idle = str(frames[0].get("name", "")).rsplit(".", 1)[-1] in IDLE_FRAMES or any(
+            str(f.get("name", "")).endswith("serve_forever") for f in frames
+        )
+        return (idle, not (t.get("active") or t.get("owns_gil")), t.get("thread_name") == "MainThread")
+
+    for t in sorted(threads, key=rank):
+        f = _app_frame(t.get("frames") or [])
+        if f is not None:
+            return f"{f.get('name')} ({Path(str(f.get('filename'))).name}:{f.get('line')})"
+    return None
+
+
+def summarise(bundle: dict[str, Any]) -> str:
+    """One line: trigger, processes, threads (D state named), py-spy outcome, innermost frames, cost."""
+    procs = bundle.get("processes", [])
+    threads = [t for p in procs for t in p.get("threads", []) if "state" in t]
+    d_state = [f"{t.get('python_name') or t.get('name')}({t['tid']})" for t in threads if t.get("state") == "D"]
+    dumped = [p for p in procs if isinstance(p.get("py_spy"), dict) and "threads" in p["py_spy"]]
+    errors = sorted(
+        {p["py_spy"].get("error", "?") for p in procs if isinstance(p.get("py_spy"), dict) and "error" in p["py_spy"]}
+    )
+    frames = [f for f in (top_frame(p["py_spy"]["threads"]) for p in dumped) if f]
+    meta = bundle.get("meta", {})
+    parts = [
+        f"{meta.get('trigger')}: {meta.get('reason') or ''}".strip().rstrip(":"),
+        f"{len(procs)} process(es), {len(threads)} thread(s)"
+        + (f", {len(d_state)} in D state: {', '.join(d_state[:5])}" if d_state else ", none in D state"),
+        f"py-spy {len(dumped)}/{len(procs)}" + (f" ({', '.join(errors)})" if errors else ""),
+    ]
+    if frames:
+        parts.append("stuck in " + "; ".join(dict.fromkeys(frames[:3])))
+    parts.append(f"{meta.get('wall_s', 0):.2f} s wall, {meta.get('cpu_s', {}).get('total', 0):.2f} s CPU")
+    return " | ".join(parts)
+
+
+def render_text(bundle: Mapping[str, Any]) -> str:
+    """The bundle for a terminal: summary, then per process its threads, states and Python stacks."""
+    meta = bundle.get("meta", {})
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(meta.get("captured_at", 0)))
+    lines = [
+        f"evidence {meta.get('id')}  captured {when}",
+        f"  {meta.get('summary')}",
+        "",
+    ]
+    if meta.get("alerts"):
+        lines.append("alerts: " + ", ".join(f"{a.get('alertname')}{a.get('labels', {})}" for a in meta["alerts"]))
+    for p in bundle.get("processes", []):
+        lines.append(
+            f"process {p.get('pid')} ({p.get('comm')}) state {p.get('state')}: {' '.join(p.get('cmdline', []))[:200]}"
+        )
+        spy = p.get("py_spy", {})
+        stacks = {t.get("thread_id"): t for t in spy.get("threads", [])} if "threads" in spy else {}
+        if "error" in spy:
+            lines.append(f"  py-spy: {spy['error']}: {spy.get('message')}")
+        for t in p.get("threads", []):
+            wchan = f" wchan={t['wchan']}" if t.get("wchan") else ""
+            name = t.get("python_name") or t.get("name")
+            lines.append(f"  thread {t.get('tid')} {name!s:16} {t.get('state_name', t.get('error'))}{wchan}")
+            for k in t.get("kernel_stack", [])[:6]:
+                lines.append(f"      kernel {k}")
+        for t in stacks.values():
+            name = t.get("thread_name") or t.get("thread_id")
+            lines.append(f"  python thread {name} (active={t.get('active')}, gil={t.get('owns_gil')})")
+            for f in t.get("frames", [])[:20]:
+                lines.append(f"      {f.get('name')} ({f.get('filename')}:{f.get('line')})")
+    eng = bundle.get("engine", {})
+    if eng.get("scrapes"):
+        lines.append("")
+        lines.append("engine scrapes (oldest first):")
+        for s in eng["scrapes"]:
+            ranks = ", ".join(
+                f"{r['model']}/{r['rank']}: run {r['running']:.0f} wait {r['waiting']:.0f} stall {r['stall_s']:.0f}s"
+                for r in s.get("ranks", [])
+            )
+            lines.append(f"  {time.strftime('%H:%M:%S', time.gmtime(s.get('at', 0)))} {ranks}")
+    gpus = bundle.get("gpus", {})
+    lines.append("")
+    lines.append("gpus: " + (gpus["absent"] if "absent" in gpus else f"{len(gpus.get('gpus', []))} GPU(s)"))
+    for g in gpus.get("gpus", []):
+        lines.append(
+            f"  gpu {g.get('index')} {g.get('name')} util {g.get('utilization_percent')}% procs {g.get('processes')}"
+        )
+    rp = bundle.get("runtime_profile", {})
+    lines.append("runtime_profile: " + (rp["absent"] if "absent" in rp else f"snapshot {rp.get('meta', {}).get('id')}"))
+    lines.append("spans: " + str(bundle.get("spans", {}).get("absent", "")))
+    return "\n".join(lines) + "\n"
+
+
+# --- the store ----------------------------------------------------------------------------------------------
+
+
+Clock = Callable[[], float]
+
+
+class EvidenceStore:
+    """Captures and keeps evidence bundles; thread-safe. See the module docstring."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        locator: RuntimeLocator,
+        reader: ProfileReader,
+        nvml: NVMLClient,
+        monotonic: Clock = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.cfg = settings.evidence
+        self.locator = locator
+        self.reader = reader
+        self.nvml = nvml
+        self.procfs = settings.path.procfs
+        self.monotonic = monotonic
+        self.captures = {"hang": 0, "alert": 0, "api": 0}
+        self.rate_limited = 0
+        self.store_errors = 0
+        self._lock = threading.Lock()
+        self._capture_lock = threading.Lock()
+        self._ring: FileRing | None = None
+        self._scrapes: deque[dict[str, Any]] = deque(maxlen=SCRAPES_KEPT)
+        self._hung: set[tuple[str, str]] = set()
+        self._last_by_pid: dict[int, tuple[float, str]] = {}
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def directory(self) -> Path:
+        return self.cfg.dir.expanduser()
+
+    def ring(self) -> FileRing:
+        with self._lock:
+            if self._ring is None:
+                self._ring = FileRing(self.directory, self.cfg.max_count, self.cfg.max_bytes)
+            return self._ring
+
+    # --- triggers ---
+    def on_record(self, name: str, collection: Collection) -> None:
+        """State listener: keep the engine scrapes; start a capture when a rank's hang finding turns on."""
+        if name != ENGINE_SOURCE:
+            return
+        ranks = [dict(r) for r in collection.details.get("hang", [])]
+        self._scrapes.append({"at": time.time(), "engine": collection.details.get("engine"), "ranks": ranks})
+        hung = {
+            (str(f.evidence.get("model")), str(f.evidence.get("rank"))): f
+            for f in collection.findings
+            if f.id == HANG_FINDING
+        }
+        with self._lock:
+            onset = set(hung) - self._hung
+            self._hung = set(hung)
+        if onset and self.cfg.enabled and self.cfg.on_hang:
+            first = hung[sorted(onset)[0]]
+            self.trigger_async("hang", first.summary, alertnames=(HANG_ALERT,), finding=dict(first.evidence))
+
+    def on_alerts(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """An Alertmanager webhook: a capture for its firing critical alerts for this node (``evidence.instances``;
+        rate-limited), else nothing."""
+        alerts = [a for a in payload.get("alerts", []) if isinstance(a, Mapping)]
+        mine = set(self.cfg.instances)
+        firing = [
+            a
+            for a in alerts
+            if a.get("status") == "firing"
+            and (a.get("labels") or {}).get("severity") == "critical"
+            and (not mine or (a.get("labels") or {}).get("instance") in mine)
+        ]
+        if not firing or not self.cfg.enabled:
+            why = "no firing critical alert for this node" if self.cfg.enabled else "evidence off"
+            return {"captured": None, "reason": why}
+        names = tuple(sorted({str(a["labels"].get("alertname")) for a in firing}))
+        brief = [
+            {
+                "alertname": a["labels"].get("alertname"),
+                "labels": dict(a.get("labels") or {}),
+                "startsAt": a.get("startsAt"),
+                "fingerprint": a.get("fingerprint"),
+            }
+            for a in firing
+        ]
+        reason = ", ".join(names)
+        existing = self._limited()
+        if existing is not None:
+            return {"captured": None, "rate_limited": True, "latest": existing}
+        self.trigger_async("alert", reason, alertnames=names, alerts=brief)
+        return {"captured": "started", "rate_limited": False}
+
+    def _limited(self) -> str | None:
+        """The id of this process's bundle when one was captured within ``min_interval_s``, else None."""
+        pids = self._pids()
+        now = self.monotonic()
+        with self._lock:
+            recent = [self._last_by_pid[p] for p in pids if p in self._last_by_pid]
+            if pids and recent and all(now - at < self.cfg.min_interval_s for at, _ in recent):
+                self.rate_limited += 1
+                return recent[0][1]
+            if not pids and (last := self._last_by_pid.get(0)) and now - last[0] < self.cfg.min_interval_s:
+                self.rate_limited += 1
+                return last[1]
+        return None
+
+    def trigger_async(self, trigger: str, reason: str, **context: Any) -> threading.Thread | None:
+        """An automatic capture in its own thread, unless rate-limited (see :meth:`_limited`)."""
+        if self._limited() is not None:
+            return None
+        t = threading.Thread(
+            target=self._capture_logged, args=(trigger, reason), kwargs=context, daemon=True, name=f"evidence-{trigger}"
+        )
+        with self._lock:
+            self._threads = [x for x in self._threads if x.is_alive()] + [t]
+        t.start()
+        return t
+
+    def wait(self, timeout_s: float = 30.0) -> None:
+        """Wait for captures in flight (tests, shutdown)."""
+        with self._lock:
+            threads = list(self._threads)
+        for t in threads:
+            t.join(timeout_s)
+
+    def _capture_logged(self, trigger: str, reason: str, **context: Any) -> None:
+        try:
+            meta = self.capture(trigger, reason, **context)
+            log.warning("evidence bundle %s captured: %s", meta.id, meta.summary)
+        except Exception:
+            log.exception("evidence capture (%s) failed", trigger)
+
+    # --- the capture ---
+    def _pids(self) -> list[int]:
+        """The runtime and its descendants: runtime.* when configured, else the engine port's listener."""
+        try:
+            if self.locator.configured:
+                return sorted(self.locator.pids())
+            proc = self.locator.find_serving(engine_port(self.settings))
+            return sorted({proc.pid} | {c.pid for c in proc.children(recursive=True)})
+        except Exception:
+            return []
+
+    def capture(self, trigger: str, reason: str = "", **context: Any) -> EvidenceMeta:
+        """Capture one bundle now, redact it, store it; returns its listing entry. One capture at a time."""
+        with self._capture_lock:
+            return self._capture(trigger, reason, context)
+
+    def _capture(self, trigger: str, reason: str, context: dict[str, Any]) -> EvidenceMeta:
+        t0, cpu0, kids0 = time.monotonic(), time.thread_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+        deadline = t0 + self.cfg.time_limit_s
+        bundle_id = new_id()
+        pids = self._pids()
+        processes = [process_info(self.procfs, pid) | {"threads": thread_states(self.procfs, pid)} for pid in pids]
+        if self.cfg.py_spy and processes:
+            self._py_spy(processes, deadline)
+            for p in processes:
+                name_threads(p)
+        elif processes:
+            for p in processes:
+                p["py_spy"] = {"error": "off", "message": "evidence.py_spy is false"}
+        bundle: dict[str, Any] = {
+            "meta": {
+                "format": FORMAT,
+                "id": bundle_id,
+                "captured_at": time.time(),
+                "trigger": trigger,
+                "reason": reason,
+                "alertnames": list(context.get("alertnames", ())),
+                "alerts": context.get("alerts", []),
+                "finding": context.get("finding"),
+                "time_limit_s": self.cfg.time_limit_s,
+            },
+            "processes": processes,
+            "engine": {"scrapes": list(self._scrapes)},
+            "runtime_profile": self._runtime_profile(),
+            "gpus": nvml_state(self.nvml),
+            "spans": {"absent": NO_SPANS},
+        }
+        if not pids:
+            bundle["processes_absent"] = (
+                "no runtime process found: set runtime.pid / runtime.pidfile / runtime.cmdline_pattern, or run the "
+                "agent where it can see the process listening on engine.metrics_url's port"
+            )
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        agent_cpu = time.thread_time() - cpu0
+        child_cpu = (kids.ru_utime - kids0.ru_utime) + (kids.ru_stime - kids0.ru_stime)
+        bundle["meta"]["wall_s"] = round(time.monotonic() - t0, 3)
+        bundle["meta"]["cpu_s"] = {
+            "agent_thread": round(agent_cpu, 3),
+            "py_spy_children": round(child_cpu, 3),
+            "total": round(agent_cpu + child_cpu, 3),
+        }
+        bundle["meta"]["over_time_limit"] = bundle["meta"]["wall_s"] > self.cfg.time_limit_s
+        redacted = self._redact(bundle)
+        redacted["meta"]["summary"] = summarise(redacted)
+        data = json.dumps(redacted, sort_keys=True, default=str).encode()
+        try:
+            entry = self.ring().put(data, SUFFIX, bundle_id)
+        except (OSError, ValueError) as exc:
+            with self._lock:
+                self.store_errors += 1
+            raise NoDataError(f"cannot store the evidence bundle in {self.directory}: {exc}") from exc
+        now = self.monotonic()
+        with self._lock:
+            self.captures[trigger] = self.captures.get(trigger, 0) + 1
+            for pid in pids or [0]:
+                self._last_by_pid[pid] = (now, bundle_id)
+        return EvidenceMeta(
+            bundle_id,
+            redacted["meta"]["captured_at"],
+            trigger,
+            redacted["meta"]["summary"],
+            entry.size_bytes,
+            tuple(redacted["meta"]["alertnames"]),
+        )
+
+    def _py_spy(self, processes: list[dict[str, Any]], deadline: float) -> None:
+        try:
+            exe = pyspy.resolve_executable(self.settings.profiling.py_spy)
+        except pyspy.PySpyError as exc:
+            for p in processes:
+                p["py_spy"] = {"error": exc.kind, "message": str(exc)}
+            return
+
+        def one(p: dict[str, Any]) -> None:
+            left = deadline - time.monotonic() - 0.5
+            if left <= 0.2:
+                p["py_spy"] = {"error": "timeout", "message": "no time left within evidence.time_limit_s"}
+                return
+            try:
+                threads = pyspy.dump(exe, int(p["pid"]), timeout_s=min(left, pyspy.DUMP_TIMEOUT_S))
+                p["py_spy"] = {"threads": [py_thread(t) for t in threads]}
+            except pyspy.PySpyError as exc:
+                p["py_spy"] = {"error": exc.kind, "message": str(exc)}
+
+        with ThreadPoolExecutor(max_workers=PY_SPY_WORKERS, thread_name_prefix="evidence-py-spy") as pool:
+            list(pool.map(one, processes))
+
+    def _runtime_profile(self) -> dict[str, Any]:
+        try:
+            return dict(self.reader.read("evidence").document)
+        except NoDataError as exc:
+            return {"absent": str(exc)}
+        except Exception as exc:
+            return {"absent": f"runtime_profile read failed: {exc}"}
+
+    def _redact(self, bundle: dict[str, Any]) -> dict[str, Any]:
+        """The denylist policy of the snapshots over everything but the already-redacted runtime_profile."""
+        policy = self.reader.enrich_policy()
+        profile = bundle.pop("runtime_profile")
+        for p in bundle["processes"]:
+            if "cmdline" in p:
+                p["cmdline"] = policy.redact_cmdline(p["cmdline"])
+        out, _paths = policy.redact(bundle)
+        out["runtime_profile"] = profile
+        return dict(out)
+
+    # --- reading ---
+    def list(self) -> list[EvidenceMeta]:
+        """Bundles newest first (an unreadable file is listed with its error as the summary)."""
+        if not self.directory.is_dir():
+            return []
+        out = []
+        for e in reversed(self.ring().entries()):
+            try:
+                meta = json.loads(e.path.read_bytes()).get("meta", {})
+            except (OSError, ValueError) as exc:
+                meta = {"summary": f"unreadable: {exc}"}
+            out.append(
+                EvidenceMeta(
+                    e.id,
+                    meta.get("captured_at", 0.0),
+                    meta.get("trigger", "?"),
+                    meta.get("summary", ""),
+                    e.size_bytes,
+                    tuple(meta.get("alertnames", ())),
+                )
+            )
+        return out
+
+    def get(self, bundle_id: str) -> dict[str, Any] | None:
+        if not valid_id(bundle_id) or not self.directory.is_dir():
+            return None
+        entry = self.ring().get(bundle_id)
+        if entry is None:
+            return None
+        try:
+            return dict(json.loads(entry.path.read_bytes()))
+        except (OSError, ValueError):
+            return None
+
+    def latest(self, alertname: str | None = None) -> dict[str, Any] | None:
+        """The newest bundle naming ``alertname`` (or the newest of all when none does)."""
+        metas = self.list()
+        pick = next((m for m in metas if alertname and alertname in m.alertnames), metas[0] if metas else None)
+        return self.get(pick.id) if pick else None
+
+    def counts(self) -> Iterable[tuple[str, int]]:
+        with self._lock:
+            return [
+                *sorted(self.captures.items()),
+                ("rate_limited", self.rate_limited),
+                ("store_error", self.store_errors),
+            ]

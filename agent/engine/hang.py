@@ -1,0 +1,114 @@
+"""Hang detection per model and data-parallel rank: requests in the engine, no progress, still answering.
+
+Fed one :class:`~agent.engine.adapters.EngineReading` per engine scrape (by the engine collector, with the
+scrape's wall time in seconds). For every ``(model, rank)`` it tracks when the rank last made **progress** — a
+change of its prompt or generation token counters (a counter going down is a restart: progress too) — and since
+when it has been **busy** (requests running or waiting > 0). The **stall** is the time since the later of the two
+while busy, 0 while idle or progressing.
+
+A stall is a hang once it passes the rank's **allowance**: the longest silence a working engine can show. A
+single prefill emits nothing until it completes (vLLM counts prompt tokens of *completed* prefills), so the
+allowance is ``max(min_stall_s, prefill_safety × max_model_len × prefill seconds per token)``, capped at
+``max_stall_s``: the per-token prefill time comes from the engine's own numbers (the prefill-phase histogram's
+sum over the prompt token counter, or llama.cpp's prompt seconds over its prompt tokens); without
+``max_model_len`` only ``min_stall_s`` applies. Idle engines, restarts and a full KV cache that still admits
+and finishes requests are never stalled: the first has nothing in it, the others move a counter.
+
+Pure and clock-free: :meth:`HangDetector.update` takes the time. The ``/health`` probe is the collector's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.config import DEFAULT_HANG_MAX_STALL_S, DEFAULT_HANG_MIN_STALL_S
+from agent.engine.adapters import EngineReading, ModelReading
+from agent.engine.histogram import sum_histograms
+
+DEFAULT_PREFILL_SAFETY = 2.0  # the per-token estimate is a mean; a long prompt's attention costs more
+
+
+@dataclass(frozen=True, slots=True)
+class RankVerdict:
+    """One rank's state after a scrape. Times in seconds; ``stalled`` = ``stall_s >= allowance_s``."""
+
+    model: str
+    rank: str
+    running: float
+    waiting: float
+    stall_s: float
+    allowance_s: float
+    stalled: bool
+    prefill_s_per_token: float | None
+
+
+@dataclass
+class _Track:
+    tokens: tuple[float, float]
+    progress_at: float
+    busy_since: float | None
+
+
+def prefill_seconds_per_token(m: ModelReading) -> float | None:
+    """Mean prefill time per prompt token since the engine started, from its own counters (None if unknown)."""
+    prompt = sum(m.counters.get("prompt_tokens", {}).values())
+    if prompt <= 0:
+        return None
+    series = m.histograms.get("prefill")
+    total = sum_histograms(series.values()) if series else None
+    if total is not None and total.sum == total.sum and total.sum > 0:
+        return float(total.sum) / prompt
+    seconds = sum(m.counters.get("prompt_seconds", {}).values())
+    return seconds / prompt if seconds > 0 else None
+
+
+class HangDetector:
+    """Per ``(model, rank)`` progress tracks; see the module docstring."""
+
+    def __init__(
+        self,
+        min_stall_s: float = DEFAULT_HANG_MIN_STALL_S,
+        max_model_len: int = 0,
+        prefill_safety: float = DEFAULT_PREFILL_SAFETY,
+        max_stall_s: float = DEFAULT_HANG_MAX_STALL_S,
+    ) -> None:
+        self.min_stall_s = min_stall_s
+        self.max_model_len = max_model_len
+        self.prefill_safety = prefill_safety
+        self.max_stall_s = max(max_stall_s, min_stall_s)
+        self._tracks: dict[tuple[str, str], _Track] = {}
+
+    def allowance(self, per_token_s: float | None) -> float:
+        if per_token_s is None or self.max_model_len <= 0:
+            return self.min_stall_s
+        prefill = self.prefill_safety * self.max_model_len * per_token_s
+        return min(self.max_stall_s, max(self.min_stall_s, prefill))
+
+    def update(self, t: float, reading: EngineReading) -> list[RankVerdict]:
+        out: list[RankVerdict] = []
+        live: set[tuple[str, str]] = set()
+        for model, m in sorted(reading.models.items()):
+            per_token = prefill_seconds_per_token(m)
+            allowance = self.allowance(per_token)
+            for rank, q in sorted(m.ranks.items()):
+                if "generation_tokens" not in q and "prompt_tokens" not in q:
+                    continue  # no progress counter: nothing to judge
+                key = (model, rank)
+                live.add(key)
+                tokens = (q.get("prompt_tokens", 0.0), q.get("generation_tokens", 0.0))
+                running, waiting = q.get("running", 0.0), q.get("waiting", 0.0)
+                busy = running > 0 or waiting > 0
+                track = self._tracks.get(key)
+                if track is None:
+                    track = self._tracks[key] = _Track(tokens, t, t if busy else None)
+                elif tokens != track.tokens:  # moved (up: progress; down: a restart)
+                    track.tokens, track.progress_at = tokens, t
+                if not busy:
+                    track.busy_since = None
+                elif track.busy_since is None:
+                    track.busy_since = t
+                stall = t - max(track.progress_at, track.busy_since) if track.busy_since is not None else 0.0
+                out.append(RankVerdict(model, rank, running, waiting, stall, allowance, stall >= allowance, per_token))
+        for key in set(self._tracks) - live:  # the model or rank is gone (restart with other flags)
+            del self._tracks[key]
+        return out

@@ -1,0 +1,263 @@
+"""Evidence bundles on real processes: a real deadlock, py-spy and /proc, without ptrace permission, rate limits,
+the hang trigger and the Alertmanager webhook, redaction, the API scope and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agent.actions.evidence import EvidenceStore, render_text
+from agent.config import Settings
+from agent.samples import Collection, Finding
+from agent.wiring import build_deps
+from tests.conftest import PYTHON, ROOT, free_port
+from tests.fake_nvml import FakeGPU, FakeNVML
+from tests.procs import running, stop, wait_http
+
+DEADLOCK = ROOT / "tests" / "fixtures" / "programs" / "deadlock.py"
+NOBODY = 65534
+EVID = "evid-token-0123456789abcdef"
+READ = "read-token-0123456789abcdef"
+
+
+@pytest.fixture
+def deadlocked() -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """The deadlock program, both workers blocked, its health thread answering; (process, health port)."""
+    proc = subprocess.Popen(
+        [PYTHON, str(DEADLOCK), "--api-key", "sk-live-0123456789abcdefghij"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline().split()[1])
+        assert proc.stdout.readline().strip() == "DEADLOCKED"
+        yield proc, port
+    finally:
+        stop(proc)  # type: ignore[arg-type]
+
+
+def _settings(tmp: Path, pid: int, **evidence: object) -> Settings:
+    return Settings(
+        runtime={"pid": pid},
+        snapshots={"dir": str(tmp / "snap")},
+        evidence={"dir": str(tmp / "evidence"), **evidence},
+    )
+
+
+def _store(tmp: Path, pid: int, nvml: FakeNVML | None = None, **evidence: object) -> EvidenceStore:
+    return build_deps(_settings(tmp, pid, **evidence), nvml=nvml or FakeNVML([FakeGPU()])).evidence
+
+
+def _stacks(bundle: dict) -> dict[str, dict]:
+    (proc,) = bundle["processes"]
+    return {t["thread_name"]: t for t in proc["py_spy"]["threads"]}
+
+
+def _line_of(text: str) -> int:
+    return next(n for n, line in enumerate(DEADLOCK.read_text().splitlines(), 1) if text in line)
+
+
+@pytest.mark.integration
+def test_deadlock_bundle_shows_both_workers_blocked_on_the_locks(tmp_path, deadlocked) -> None:
+    proc, port = deadlocked
+    assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200  # hung, but healthy
+    store = _store(tmp_path, proc.pid)
+    meta = store.capture("api", "test")
+    bundle = store.get(meta.id)
+    assert bundle is not None and bundle["meta"]["id"] == meta.id
+    stacks = _stacks(bundle)
+    a, b = stacks["worker-a"]["frames"][0], stacks["worker-b"]["frames"][0]
+    assert (a["name"], a["line"]) == ("post_ledger_then_journal", _line_of("with JOURNAL:  # never"))
+    assert (b["name"], b["line"]) == ("post_journal_then_ledger", _line_of("with LEDGER:  # never"))
+    threads = {t.get("python_name"): t for t in bundle["processes"][0]["threads"]}
+    for name in ("worker-a", "worker-b"):  # blocked in the kernel on the lock's futex
+        assert threads[name]["state"] == "S" and "futex" in threads[name]["wchan"]
+        assert any("futex" in line for line in threads[name]["kernel_stack"])
+    assert "stuck in post_ledger_then_journal" in meta.summary or "post_journal_then_ledger" in meta.summary
+    assert "py-spy 1/1" in meta.summary and "none in D state" in meta.summary
+    m = bundle["meta"]
+    assert m["wall_s"] <= 10 and m["cpu_s"]["total"] > 0 and m["cpu_s"]["py_spy_children"] > 0
+    assert bundle["gpus"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    assert "runtime_profile.url" in bundle["runtime_profile"]["absent"]
+    assert "in flight" in bundle["spans"]["absent"]
+    text = json.dumps(bundle)
+    assert "sk-live-0123456789abcdefghij" not in text and "[REDACTED hmac:" in text  # redacted before written
+    shown = render_text(bundle)
+    assert "worker-a" in shown and "post_ledger_then_journal" in shown and "futex" in shown
+
+
+@pytest.mark.integration
+def test_without_ptrace_permission_the_bundle_is_written_with_the_reason(deadlocked) -> None:
+    """The capture runs as nobody against a root process: no py-spy, no wchan, no kernel stacks, a bundle still."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to another uid (the no-permission case needs a process of another user)")
+    proc, _port = deadlocked
+    tmp = Path(tempfile.mkdtemp(prefix="evidence-nobody-"))
+    tmp.chmod(0o755)
+    (tmp / "evidence").mkdir()
+    os.chown(tmp / "evidence", NOBODY, NOBODY)
+    script = textwrap.dedent(
+        f"""
+        import json, os, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from tests.fake_nvml import FakeNVML
+        from agent.config import Settings
+        from agent.wiring import build_deps
+        s = Settings(runtime={{"pid": {proc.pid}}}, snapshots={{"dir": {str(tmp / "snap")!r}}},
+                     evidence={{"dir": {str(tmp / "evidence")!r}}})
+        store = build_deps(s, nvml=FakeNVML([])).evidence
+        store.reader.enrich_policy()  # the redaction key, as root (the agent made it at start)
+        os.setgid({NOBODY}); os.setuid({NOBODY})
+        meta = store.capture("api", "no ptrace")
+        print(json.dumps(store.get(meta.id)))
+        """
+    )
+    try:
+        r = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+        assert r.returncode == 0, r.stderr
+        bundle = json.loads(r.stdout)
+    finally:
+        subprocess.run(["rm", "-rf", str(tmp)], check=False)
+    (p,) = bundle["processes"]
+    assert p["py_spy"]["error"] == "permission" and "CAP_SYS_PTRACE" in p["py_spy"]["message"]
+    assert all("permission denied" in t["kernel_stack_error"] for t in p["threads"])
+    assert all(t["state"] == "S" for t in p["threads"])  # /proc/PID/task/*/stat is readable by anyone
+    assert "py-spy 0/1 (permission)" in bundle["meta"]["summary"]
+    assert bundle["gpus"] == {"absent": "NVML reports no GPU"}
+
+
+@pytest.mark.integration
+def test_hang_onset_captures_once_and_a_burst_of_alerts_gives_one_bundle(tmp_path, deadlocked) -> None:
+    proc, _port = deadlocked
+    store = _store(tmp_path, proc.pid)
+    finding = Finding("engine_hung", "fail", "rank 0 hung", {"model": "m", "rank": "0", "stall_s": 45.0}, "x")
+    quiet = Collection(details={"engine": "vllm", "hang": [{"model": "m", "rank": "0", "stall_s": 0.0}]})
+    hung = Collection(findings=[finding], details={"engine": "vllm", "hang": [{"model": "m", "rank": "0"}]})
+    store.on_record("engine", quiet)
+    store.on_record("gpu", hung)  # another collector's collection is ignored
+    assert store.list() == []
+    store.on_record("engine", hung)
+    store.on_record("engine", hung)  # still hung: no second capture
+    store.wait()
+    (first,) = store.list()
+    assert first.trigger == "hang" and first.alertnames == ("EngineHungButHealthy",)
+    bundle = store.get(first.id)
+    assert bundle is not None and len(bundle["engine"]["scrapes"]) >= 2 and bundle["meta"]["finding"]["rank"] == "0"
+    alert = {"status": "firing", "labels": {"alertname": "EngineHungButHealthy", "severity": "critical"}}
+    for _ in range(5):  # Alertmanager resends; other critical alerts of the node arrive
+        answer = store.on_alerts({"version": "4", "status": "firing", "alerts": [alert]})
+        assert answer["rate_limited"] is True and answer["latest"] == first.id
+    store.wait()
+    assert len(store.list()) == 1 and store.rate_limited == 5
+    assert store.on_alerts({"alerts": [{**alert, "status": "resolved"}]})["captured"] is None
+    assert store.on_alerts({"alerts": [{"status": "firing", "labels": {"severity": "warning"}}]})["captured"] is None
+
+
+def test_webhook_ignores_critical_alerts_of_other_nodes(tmp_path) -> None:
+    store = _store(tmp_path, os.getpid(), instances=["node-a:9435"])
+    other = {
+        "status": "firing",
+        "labels": {"alertname": "EngineDown", "severity": "critical", "instance": "node-b:9435"},
+    }
+    answer = store.on_alerts({"alerts": [other]})
+    assert answer == {"captured": None, "reason": "no firing critical alert for this node"}
+    store.wait()
+    assert store.list() == []
+
+
+@pytest.mark.integration
+def test_webhook_alert_captures_when_nothing_recent_and_ring_is_bounded(tmp_path, deadlocked) -> None:
+    proc, _port = deadlocked
+    store = _store(tmp_path, proc.pid, max_count=2, min_interval_s=0)
+    alert = {"status": "firing", "labels": {"alertname": "EngineDown", "severity": "critical"}, "startsAt": "x"}
+    assert store.on_alerts({"alerts": [alert, alert]})["captured"] == "started"
+    store.wait()
+    (b,) = store.list()
+    assert b.trigger == "alert" and b.alertnames == ("EngineDown",)
+    for _ in range(2):
+        store.capture("api")
+    assert len(store.list()) == 2 and b.id not in {m.id for m in store.list()}  # the oldest went first
+    latest = store.latest("NoSuchAlert")
+    assert latest is not None and latest["meta"]["id"] == store.list()[0].id
+
+
+@pytest.mark.integration
+def test_api_scope_webhook_and_cli(tmp_path, deadlocked) -> None:
+    proc, _port = deadlocked
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{READ} read\n{EVID} evidence,read alertmanager\n")
+    port = free_port()
+    env = {
+        "INFERWATCH_API__TOKENS_FILE": str(tokens),
+        "INFERWATCH_RUNTIME__PID": str(proc.pid),
+        "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap"),
+        "INFERWATCH_EVIDENCE__DIR": str(tmp_path / "evidence"),
+    }
+    with running([PYTHON, "-m", "agent", "run", "--port", str(port)], tmp_path / "agent.log", cwd=ROOT, env=env) as a:
+        base = f"http://127.0.0.1:{port}"
+        wait_http(f"{base}/healthz", proc=a)
+        auth = {"Authorization": f"Bearer {EVID}"}
+        assert httpx.get(base + "/api/v1/evidence", headers={"Authorization": f"Bearer {READ}"}).status_code == 403
+        assert httpx.post(base + "/api/v1/alertmanager", json={}).status_code == 401
+        assert httpx.get(base + "/api/v1/evidence/latest", headers=auth).status_code == 404
+        alert = {"status": "firing", "labels": {"alertname": "EngineHungButHealthy", "severity": "critical"}}
+        r = httpx.post(base + "/api/v1/alertmanager", json={"version": "4", "alerts": [alert]}, headers=auth)
+        assert r.status_code == 202 and r.json()["captured"] == "started"
+        deadline = time.monotonic() + 20
+        while not (listed := httpx.get(base + "/api/v1/evidence", headers=auth).json()["evidence"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        (entry,) = listed
+        latest = httpx.get(base + "/api/v1/evidence/latest?alertname=EngineHungButHealthy", headers=auth).json()
+        assert latest["meta"]["id"] == entry["id"] and latest["meta"]["trigger"] == "alert"
+        text = httpx.get(f"{base}/api/v1/evidence/{entry['id']}?format=text", headers=auth).text
+        assert "post_ledger_then_journal" in text
+        r = httpx.post(base + "/api/v1/evidence", headers=auth)
+        assert r.status_code == 201 and r.json()["url"] == f"/api/v1/evidence/{r.json()['id']}"
+        assert "inferwatch_evidence_captures_total" in httpx.get(base + "/metrics").text
+    cli = [sys.executable, "-m", "agent", "evidence"]
+    envc = {**os.environ, "INFERWATCH_EVIDENCE__DIR": str(tmp_path / "evidence")}
+    out = subprocess.run([*cli, "list"], capture_output=True, text=True, env=envc, cwd=ROOT, timeout=60, check=False)
+    assert out.returncode == 0 and entry["id"] in out.stdout and "alert" in out.stdout
+    out = subprocess.run([*cli, "show", entry["id"]], capture_output=True, text=True, env=envc, cwd=ROOT, timeout=60)
+    assert out.returncode == 0 and "worker-b" in out.stdout and "post_journal_then_ledger" in out.stdout
+    out = subprocess.run([*cli, "show", "0123456789abcdef"], capture_output=True, text=True, env=envc, cwd=ROOT)
+    assert out.returncode == 1 and "no evidence bundle" in out.stderr
+
+
+def test_summary_names_the_stuck_application_frame_not_the_event_loop() -> None:
+    from agent.actions.evidence import summarise, top_frame
+
+    lib = "/usr/lib/python3.11"
+    main = {"thread_name": "MainThread", "active": False, "frames": [
+        {"name": "EpollSelector.select", "filename": f"{lib}/selectors.py", "line": 468},
+        {"name": "serve", "filename": "/app/simulator/serve.py", "line": 40}]}  # fmt: skip
+    worker = {"thread_name": "asyncio_0", "active": False, "frames": [
+        {"name": "Condition.wait", "filename": f"{lib}/threading.py", "line": 327},
+        {"name": "Event.wait", "filename": f"{lib}/threading.py", "line": 629},
+        {"name": "wait_for_collective", "filename": "/app/simulator/runtime.py", "line": 37}]}  # fmt: skip
+    assert top_frame([main, worker]) == "wait_for_collective (runtime.py:37)"
+    assert top_frame([main]) == "serve (serve.py:40)"
+    bundle = {
+        "meta": {"trigger": "hang", "reason": "r", "wall_s": 0.4, "cpu_s": {"total": 0.12}},
+        "processes": [
+            {"threads": [{"tid": 7, "name": "python", "python_name": "worker-a", "state": "D"}],
+             "py_spy": {"threads": [main, worker]}},
+            {"threads": [], "py_spy": {"error": "permission", "message": "m"}},
+        ],
+    }  # fmt: skip
+    line = summarise(bundle)
+    assert "1 in D state: worker-a(7)" in line and "py-spy 1/2 (permission)" in line
+    assert "stuck in wait_for_collective (runtime.py:37)" in line and line.endswith("0.40 s wall, 0.12 s CPU")

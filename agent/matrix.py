@@ -109,10 +109,13 @@ def window_seconds(window: str) -> float:
 
 def data_span_query(window: str, selector: str = "") -> str:
     """Seconds from the earliest TTFT-count or token sample within ``window`` to now (a subquery of
-    ``timestamp()``; each step sees the latest sample at or before it, so the earliest is the data's start)."""
+    ``timestamp()``; each step sees the latest sample at or before it, so the earliest is the data's start;
+    data younger than one step: the latest samples' age)."""
     step = max(1, round(window_seconds(window) / SPAN_POINTS))
     sel = _sel('__name__=~"gen_ai_server_time_to_first_token_seconds_count|inferwatch_engine_tokens_total"', selector)
-    return f"time() - min(min_over_time(timestamp({sel})[{window}:{step}s]))"
+    # The subquery only sees data at its aligned steps: data younger than one step has none there, so the
+    # latest samples' own timestamps stand in (the data is then at most a step old: still "shorter").
+    return f"(time() - min(min_over_time(timestamp({sel})[{window}:{step}s]))) or (time() - min(timestamp({sel})))"
 
 
 def data_span_s(prom: PrometheusClient, window: str, selector: str = "") -> float | None:

@@ -275,7 +275,12 @@ def test_window_longer_than_the_data_is_warned_on_real_prometheus(tmp_path: Path
             time.sleep(0.5)
         long = _cli("--prometheus", prom, "--format", "json")  # the 1 h default over ~3 s of data
         assert long.returncode == 0, long.stderr
-        assert "warning" in long.stderr and "less than --window 1h" in long.stderr, long.stderr
+        if "warning" not in long.stderr:  # say what the span query saw
+            from agent.matrix import data_span_query
+
+            span = httpx.get(f"{prom}/api/v1/query", params={"query": data_span_query("1h")}).json()
+            pytest.fail(f"no warning; stderr {long.stderr!r}; span query now: {span}")
+        assert "less than --window 1h" in long.stderr, long.stderr
         assert "try --window " in long.stderr
         time.sleep(7)
         short = _cli("--prometheus", prom, "--format", "json", "--window", "5s")

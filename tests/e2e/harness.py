@@ -206,6 +206,7 @@ def pipeline(
     sink: Sink,
     agent_ports: list[int],
     runbook_base: str,
+    *,
     engine_ports: Sequence[int] = (),
     webhooks: dict[str, tuple[str, Path]] | None = None,
     production: bool = False,

@@ -372,7 +372,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
 
         runbook_base = f"{agents['healthy'].url}/runbooks"
         fleet = [a.port for n, a in agents.items() if n != "cpu"]
-        pl = stack.enter_context(pipeline(tmp / "pipeline", sink, fleet, runbook_base, [sim_errors.port]))
+        pl = stack.enter_context(pipeline(tmp / "pipeline", sink, fleet, runbook_base, engine_ports=[sim_errors.port]))
         r = Run(sink, pl, agents)
         # The pipeline is live once the always-firing Watchdog reaches the dead-man's switch.
         r.watchdog = sink.wait_for(lambda d: d.alertname == "Watchdog", DELIVERY_TIMEOUT_S)

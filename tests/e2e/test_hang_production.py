@@ -56,7 +56,9 @@ def test_hang_pages_within_two_minutes_with_its_evidence(tmp_path: Path) -> None
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/metrics", ok=lambda r: r.status_code == 200, proc=agent, timeout_s=60)
         hook = {"agent-evidence": (f"{base}/api/v1/alertmanager", token_file)}
-        pl = stack.enter_context(pipeline(tmp_path / "pipeline", sink, [port], f"{base}/runbooks", hook, True))
+        pl = stack.enter_context(
+            pipeline(tmp_path / "pipeline", sink, [port], f"{base}/runbooks", webhooks=hook, production=True)
+        )
         _wait_generation_tokens(sim.url, 120)
         wait_http(  # Prometheus has the agent's engine series: the pipeline is live
             f"{pl.prometheus_url}/api/v1/query?query=inferwatch_engine_hung",

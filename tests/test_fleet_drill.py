@@ -1,0 +1,99 @@
+"""The fleet drill, short: a few nodes with their own identities, vmagent → VictoriaMetrics ← vmalert → Alertmanager.
+
+The machinery of benchmarks/fleet_drill.py (tests/fleet.py) with the compressed rule profile (every duration of
+alerts/*.rules.yml divided by 60, agent.alerts.profile, as the end-to-end pipeline test) at 1 s scrape and
+evaluation. A healthy phase with noise (a load step, a node's load stopping and resuming) must deliver nothing;
+then one fault per node, all at once, and each must reach its receiver: the state pitfalls (a node booted with
+arm64.nosve joining, debug profile in production, hardware mismatch, engine down), a hang, the stream schema
+violation, the availability SLO's fast page (error_burst, read from the engine's own /metrics, job ``engine``)
+and the runtime's SIMD fallback. The latency pitfalls (bimodal, tail ratio, page-cache pressure, TTFT burn) need
+minutes of traffic in the agent's 5-minute windows, which the profile does not compress: the benchmark runs them
+at production timings, tests/e2e runs them on replayed expositions.
+
+A runtime restart is not part of this healthy phase: its few real seconds without an engine are minutes at the
+compressed profile (EngineDown's for: 2m is 2 s here), so it would page here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.alerts.profile import DEFAULT_FACTOR, render_file
+from tests.conftest import ROOT
+from tests.e2e.harness import Sink
+from tests.fleet import Fleet, NodeSpec, NoiseEvent, Timings, faults, hardware_types, matrix, run_drill
+from tests.tools import require
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+H100 = "NVIDIA H100 80GB HBM3"
+LLAMA, QWEN05 = "meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"
+NODES = (
+    NodeSpec("p5-h100", "h100", "p5.48xlarge", "x86_amd_epyc_9654_zen4", H100, LLAMA),
+    NodeSpec("p4d-a100", "a100", "p4d.24xlarge", "x86_cascadelake_xeon_platinum_8260m", "NVIDIA A100-SXM4-80GB", LLAMA),
+    NodeSpec(
+        "m7i-spr",
+        "sapphirerapids-cpu",
+        "m7i.48xlarge",
+        "x86_sapphirerapids_xeon_platinum_8480plus",
+        None,
+        QWEN05,
+        environment="staging",
+        sim_args=("--debug-profile",),
+        runtime_profile=True,
+    ),
+    NodeSpec(
+        "a3-h100",
+        "h100",
+        "a3-highgpu-8g",
+        "x86_sapphirerapids_xeon_platinum_8480plus",
+        H100,
+        LLAMA,
+        sim_args=("--debug-profile", "--scenario", "debug_disabled"),
+        runtime_profile=True,
+    ),
+)
+NOSVE = NodeSpec("c7g-nosve", "graviton3-cpu", "c7g.4xlarge", "graviton3_neoverse_v1", None, QWEN05, no_sve=True)
+ASSIGN = {
+    "hang": "p5-h100",
+    "stream_usage_only": "p4d-a100",
+    "error_burst": "m7i-spr",
+    "simd_fallback": "m7i-spr",
+    "debug_in_production": "a3-h100",
+    "hardware_mismatch": "a3-h100",
+    "simd_missing": "c7g-nosve",
+}
+TIMINGS = Timings(scrape="1s", agent_interval_s=1.0, probe_interval_s=1.0, profile_interval_s=1.0)
+HEALTHY_S = 40.0  # 40 minutes in the shipped rules' time
+DELIVER_TIMEOUT_S = 100.0  # measured 15-40 s on the shared 2-core machine
+NOISE = [
+    NoiseEvent(0.2, "load step on p5-h100: 2 -> 4 req/s", lambda f: f["p5-h100"].start_load(4.0)),
+    NoiseEvent(0.4, "load stops on p4d-a100 (clients gone)", lambda f: f["p4d-a100"].stop_load()),
+    NoiseEvent(0.6, "load resumes on p4d-a100", lambda f: f["p4d-a100"].start_load(2.0)),
+    NoiseEvent(0.7, "load step on p5-h100: 4 -> 2 req/s", lambda f: f["p5-h100"].start_load(2.0)),
+]
+
+
+def test_fleet_drill_pages_each_fault_and_nothing_while_healthy(tmp_path: Path) -> None:
+    binaries = {b: require(b) for b in ("victoria-metrics", "vmagent", "vmalert", "prometheus-alertmanager")}
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    for path in sorted((ROOT / "alerts").glob("*.rules.yml")):
+        (rules_dir / path.name).write_text(render_file(path, DEFAULT_FACTOR))
+    rules = sorted(rules_dir.glob("*.rules.yml"))
+    started = time.monotonic()
+    with Sink() as sink:
+        fleet = Fleet(tmp_path, sink, TIMINGS, [*NODES, NOSVE])
+        with fleet.running([n.name for n in NODES], rules, binaries):
+            result = run_drill(fleet, HEALTHY_S, NOISE, faults(ASSIGN), DELIVER_TIMEOUT_S, 0.0, 0.0)
+            seen = hardware_types(matrix(fleet.vm, "5m", recorded=False))
+    print(f"fleet drill (compressed) took {time.monotonic() - started:.0f}s")
+    for r in result.faults:
+        print(f"  {r.fault:<20} {r.node:<10} {r.alertname} -> {r.receiver}: {r.delivered_s}s {r.other_deliveries}")
+    assert result.healthy_deliveries == [], f"the healthy phase paged: {result.healthy_deliveries}"
+    missed = {r.fault: (r.alertname, r.receiver) for r in result.faults if r.delivered_s is None}
+    assert not missed, f"never reached their receivers: {missed}; delivered: {result.fault_phase_deliveries}"
+    assert seen >= {n.machine_type for n in (*NODES, NOSVE)}, seen

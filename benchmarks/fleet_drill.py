@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.e2e.harness import Sink  # noqa: E402
 from tests.fleet import (  # noqa: E402
+    GRAVITON_LOAD,
     Fleet,
     NodeSpec,
     Timings,
@@ -56,10 +57,6 @@ LLAMA, QWEN7, MISTRAL, QWEN05 = (
     "Qwen/Qwen2.5-0.5B-Instruct",
 )
 PROFILE = ("--debug-profile",)
-# The Graviton3 profile (6 TFLOP/s) cannot serve 512-token prompts at 2 req/s within the TTFT SLO's 500 ms
-# (first production attempt: P50 0.45 s, P95 2.2 s, 23 % of requests over 500 ms, the 14.4x burn pending within
-# 4 minutes): a CPU pool takes shorter prompts at a lower rate, as a capacity plan would give it.
-GRAVITON_LOAD: dict[str, Any] = {"prompt_tokens": "lognormal:128:0.5", "rate": 1.0}
 NODES = (
     NodeSpec("p5-h100", "h100", "p5.48xlarge", "x86_amd_epyc_9654_zen4", H100, LLAMA),
     NodeSpec("p4d-a100", "a100", "p4d.24xlarge", "x86_cascadelake_xeon_platinum_8260m", A100, LLAMA),

@@ -78,6 +78,71 @@ class Timings:
     scrape_wait_s: float | None = None
 
 
+H100, A100, L40S = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA L40S"
+LLAMA, QWEN7, MISTRAL, QWEN05 = (
+    "meta-llama/Llama-3.1-8B-Instruct",
+    "Qwen/Qwen2.5-7B-Instruct",
+    "mistralai/Mistral-7B-Instruct-v0.3",
+    "Qwen/Qwen2.5-0.5B-Instruct",
+)
+PROFILE = ("--debug-profile",)
+# Every node the drills know, by name (docs/benchmarks.md, "Fleet drill at production timings", has the table).
+# There is no Graviton4 simulator profile: r8g-graviton4 is the Graviton4 CPU (recorded cpuinfo) on graviton3-cpu.
+CATALOG: dict[str, NodeSpec] = {
+    n.name: n
+    for n in (
+        NodeSpec("p5-h100", "h100", "p5.48xlarge", "x86_amd_epyc_9654_zen4", H100, LLAMA),
+        NodeSpec("p4d-a100", "a100", "p4d.24xlarge", "x86_cascadelake_xeon_platinum_8260m", A100, LLAMA),
+        NodeSpec("g6e-l40s", "l40s", "g6e.2xlarge", "x86_amd_epyc_9654_zen4", L40S, QWEN7),
+        NodeSpec("p5e-h100", "h100", "p5e.48xlarge", "x86_amd_epyc_9654_zen4", H100, MISTRAL),
+        NodeSpec(
+            "m7i-spr",
+            "sapphirerapids-cpu",
+            "m7i.48xlarge",
+            "x86_sapphirerapids_xeon_platinum_8480plus",
+            None,
+            QWEN05,
+            environment="staging",  # a debug profile outside production: RuntimeSIMDFallback's input, no page
+            sim_args=PROFILE,
+            runtime_profile=True,
+        ),
+        NodeSpec(
+            "c7g-graviton3", "graviton3-cpu", "c7g.16xlarge", "graviton3_neoverse_v1", None, QWEN05, **GRAVITON_LOAD
+        ),
+        NodeSpec(
+            "r8g-graviton4",
+            "graviton3-cpu",
+            "r8g.16xlarge",
+            "neoverse_v2_likely_graviton4",
+            None,
+            QWEN05,
+            **GRAVITON_LOAD,
+        ),
+        NodeSpec(
+            "a3-h100",
+            "h100",
+            "a3-highgpu-8g",
+            "x86_sapphirerapids_xeon_platinum_8480plus",
+            H100,
+            LLAMA,
+            sim_args=(*PROFILE, "--scenario", "debug_disabled"),  # debug_in_production switches debug_disabled off
+            runtime_profile=True,
+        ),
+        NodeSpec("c7g-joiner", "graviton3-cpu", "c7g.8xlarge", "graviton3_neoverse_v1", None, QWEN05, **GRAVITON_LOAD),
+        NodeSpec(
+            "c7g-nosve",
+            "graviton3-cpu",
+            "c7g.4xlarge",
+            "graviton3_neoverse_v1",
+            None,
+            QWEN05,
+            no_sve=True,
+            **GRAVITON_LOAD,
+        ),
+    )
+}
+
+
 class FleetNode:
     """A node's processes (simulator, agent, loadgen), each startable and stoppable on its own."""
 

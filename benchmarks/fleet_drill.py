@@ -104,6 +104,8 @@ def main() -> int:
     ap.add_argument("--hold", type=float, default=60.0, help="fault kept on after its page arrived, seconds")
     ap.add_argument("--smoke", action="store_true", help="do not write the results file")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    ap.add_argument("--faults", help="comma-separated subset of the faults (only their nodes run; no noise)")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="where the JSON goes")
     args = ap.parse_args()
     missing = [b for b in BINARIES if shutil.which(b) is None]
     if missing:
@@ -122,16 +124,21 @@ def main() -> int:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
     rules = sorted((ROOT / "alerts").glob("*.rules.yml"))
+    assign, nodes, events = ASSIGN, NODES, noise(NOISE_ROLES)
+    if args.faults:
+        assign = {k: v for k, v in ASSIGN.items() if k in args.faults.split(",")}
+        nodes = tuple(n for n in NODES if n in assign.values())
+        events = []
     timings = Timings()
     with Sink() as sink:
-        fleet = Fleet(tmp, sink, timings, [CATALOG[n] for n in (*NODES, JOINER, NOSVE)])
-        with fleet.running(NODES, rules, binaries):
+        fleet = Fleet(tmp, sink, timings, [CATALOG[n] for n in (*nodes, JOINER, NOSVE)])
+        with fleet.running(nodes, rules, binaries):
             log(f"fleet up: VictoriaMetrics {fleet.vm}, vmalert {fleet.vmalert}, Alertmanager {fleet.alertmanager}")
             result = run_drill(
                 fleet,
                 args.healthy_s,
-                noise(NOISE_ROLES),
-                faults(ASSIGN),
+                events,
+                faults(assign),
                 args.deliver_timeout,
                 args.resolve_timeout,
                 args.hold,
@@ -142,7 +149,7 @@ def main() -> int:
             whole = f"{int((time.time() - started) / 60) + 5}m"  # the whole run: the joiner left long ago
             raw_all = matrix(fleet.vm, whole, recorded=False)
             recorded_all = matrix(fleet.vm, whole, recorded=True)
-    expected = sorted({CATALOG[n].machine_type for n in (*NODES, JOINER, NOSVE)})
+    expected = sorted({CATALOG[n].machine_type for n in fleet.ever})
     data = {
         "what": "fleet drill at production timings (benchmarks/fleet_drill.py)",
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
@@ -176,9 +183,9 @@ def main() -> int:
     print(json.dumps(data, indent=2))
     print(table(data))
     if not args.smoke:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(data, indent=2) + "\n")
-        print(f"wrote {RESULTS}")
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps(data, indent=2) + "\n")
+        print(f"wrote {args.results}")
     if not args.keep:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

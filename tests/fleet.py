@@ -61,6 +61,7 @@ class NodeSpec:
     no_sve: bool = False  # booted with arm64.nosve: the recorded cpuinfo without its SVE hwcaps
     rate: float = 2.0  # requests/s from loadgen
     prompt_tokens: str | None = None  # loadgen's --prompt-tokens; None: the drill's (Timings.prompt_tokens)
+    spans: bool = False  # the simulator exports a span per request to the agent's OTLP receiver (bimodality)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ PROFILE = ("--debug-profile",)
 CATALOG: dict[str, NodeSpec] = {
     n.name: n
     for n in (
-        NodeSpec("p5-h100", "h100", "p5.48xlarge", "x86_amd_epyc_9654_zen4", H100, LLAMA),
+        NodeSpec("p5-h100", "h100", "p5.48xlarge", "x86_amd_epyc_9654_zen4", H100, LLAMA, spans=True),
         NodeSpec("p4d-a100", "a100", "p4d.24xlarge", "x86_cascadelake_xeon_platinum_8260m", A100, LLAMA),
         NodeSpec("g6e-l40s", "l40s", "g6e.2xlarge", "x86_amd_epyc_9654_zen4", L40S, QWEN7),
         NodeSpec("p5e-h100", "h100", "p5e.48xlarge", "x86_amd_epyc_9654_zen4", H100, MISTRAL),
@@ -150,7 +151,7 @@ class FleetNode:
         self.spec, self.timings, self.seed = spec, timings, seed
         self.dir = tmp / spec.name
         self.dir.mkdir(parents=True)
-        self.sim_port, self.agent_port = free_port(), free_port()
+        self.sim_port, self.agent_port, self.span_port = free_port(), free_port(), free_port()
         self.model = spec.model
         self.rate = spec.rate
         self._sim: contextlib.ExitStack | None = None
@@ -205,8 +206,12 @@ class FleetNode:
         cmd = [PYTHON, "-m", "agent", "simulate", "--host", "127.0.0.1", "--port", str(self.sim_port)]
         cmd += ["--model", self.model, "--hardware", self.spec.hardware, "--seed", str(self.seed)]
         cmd += ["--control-token", CONTROL_TOKEN, "--log-level", "warning", *self.spec.sim_args, *extra]
+        env = None
+        if self.spec.spans:
+            cmd += ["--otlp-traces-endpoint", f"http://127.0.0.1:{self.span_port}/v1/traces"]
+            env = {"OTEL_RESOURCE_ATTRIBUTES": f"gen_ai.request.model={self.model}"}  # as one vLLM process would
         es = contextlib.ExitStack()
-        proc = es.enter_context(running(cmd, self.dir / f"sim-{self._starts}.log", cwd=ROOT))
+        proc = es.enter_context(running(cmd, self.dir / f"sim-{self._starts}.log", cwd=ROOT, env=env))
         self._sim = es
         wait_http(f"{self.sim_url}/health", proc=proc, timeout_s=90, ok=lambda r: r.status_code == 200)
 
@@ -228,6 +233,10 @@ class FleetNode:
             "INFERWATCH_PROBE__INTERVAL_S": str(self.timings.probe_interval_s),
             "DASH_FAKE_GPU": self.spec.gpu or "",
         }
+        if self.spec.spans:  # bimodality is computed from spans only (agent/analytics/latency.py)
+            env["INFERWATCH_RECEIVER__ENABLED"] = "true"
+            env["INFERWATCH_RECEIVER__GRPC_ENDPOINT"] = ""
+            env["INFERWATCH_RECEIVER__HTTP_ENDPOINT"] = f"127.0.0.1:{self.span_port}"
         if self.timings.scrape_wait_s is not None:
             env["INFERWATCH_SCRAPE_WAIT_S"] = str(self.timings.scrape_wait_s)
         if self.spec.runtime_profile:
@@ -292,6 +301,7 @@ class Fleet:
         self.tmp, self.sink, self.timings = tmp, sink, timings
         self.nodes = {spec.name: FleetNode(spec, tmp / "nodes", timings, seed) for seed, spec in enumerate(nodes)}
         self.members: list[str] = []  # nodes vmagent scrapes now
+        self.ever: set[str] = set()  # nodes vmagent has scraped at some point
         self.vm = self.vmagent = self.vmalert = self.alertmanager = ""
 
     def __getitem__(self, name: str) -> FleetNode:
@@ -305,6 +315,7 @@ class Fleet:
         """A node boots and enters service discovery: its processes start, then vmagent scrapes it."""
         self.nodes[name].start()
         self.members.append(name)
+        self.ever.add(name)
         reload_vmagent(self.tmp, self.vmagent, self.targets(), self.timings.scrape)
 
     def leave(self, name: str) -> None:
@@ -322,6 +333,7 @@ class Fleet:
             for name in members:
                 self.nodes[name].start()
                 self.members.append(name)
+                self.ever.add(name)
             self.vm = es.enter_context(victoria_metrics(self.tmp, binaries["victoria-metrics"]))
             self.vmagent = es.enter_context(
                 vmagent(self.tmp, binaries["vmagent"], self.targets(), [f"{self.vm}/api/v1/write"], self.timings.scrape)

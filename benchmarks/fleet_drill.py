@@ -1,4 +1,4 @@
-"""Fleet drill at production timings: nine simulated nodes, the shipped rules and routes, a local pager.
+"""Fleet drill at production timings: ten simulated nodes, the shipped rules and routes, a local pager.
 
 Eight nodes serve from the start, each with its own identity (tests/fleet.py: recorded cpuinfo and meminfo
 trees, DMI machine type, a fake NVML GPU, a simulator on the matching --hardware profile with its model, load
@@ -15,6 +15,7 @@ Finally ``inferwatch matrix`` (raw and --recorded) reads the fleet storage.
 
     .venv/bin/python benchmarks/fleet_drill.py                          # ~65 min
     .venv/bin/python benchmarks/fleet_drill.py --healthy-s 60 --deliver-timeout 45 --resolve-timeout 20 --smoke
+    .venv/bin/python benchmarks/fleet_drill.py --faults bimodal --healthy-s 120 --results FILE   # a subset, no noise
 
 Writes benchmarks/results/fleet_drill.json (not with --smoke) and prints the docs/benchmarks.md table.
 """

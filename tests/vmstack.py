@@ -106,8 +106,7 @@ def vmagent(
     tmp: Path, binary: str, targets: dict[str, Sequence[str]], write_urls: Sequence[str], interval: str = "1s"
 ) -> Iterator[str]:
     """vmagent with deploy/vmagent/scrape.yml, writing to each of ``write_urls``."""
-    path = tmp / "vmagent-scrape.yml"
-    path.write_text(yaml.safe_dump(_scrape_config(VMAGENT_CONFIG, targets, interval), sort_keys=False))
+    path = write_vmagent_config(tmp, targets, interval)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [
@@ -121,6 +120,21 @@ def vmagent(
     ]
     with _serving(cmd, tmp / "vmagent.log", url, "/health") as served:
         yield served
+
+
+def write_vmagent_config(tmp: Path, targets: dict[str, Sequence[str]], interval: str) -> Path:
+    """Write deploy/vmagent/scrape.yml with ``targets`` to ``tmp``; the path :func:`vmagent` reads."""
+    path = tmp / "vmagent-scrape.yml"
+    tmp_path = path.with_suffix(".tmp")
+    tmp_path.write_text(yaml.safe_dump(_scrape_config(VMAGENT_CONFIG, targets, interval), sort_keys=False))
+    tmp_path.replace(path)
+    return path
+
+
+def reload_vmagent(tmp: Path, url: str, targets: dict[str, Sequence[str]], interval: str) -> None:
+    """Replace the running vmagent's targets (a node joining or leaving the fleet): rewrite and ``/-/reload``."""
+    write_vmagent_config(tmp, targets, interval)
+    httpx.post(f"{url}/-/reload", timeout=10).raise_for_status()
 
 
 def vmalert_flags(

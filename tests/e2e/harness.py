@@ -174,6 +174,30 @@ def alertmanager_config(
     return cfg
 
 
+@contextlib.contextmanager
+def alertmanager(workdir: Path, sink: Sink, webhooks: dict[str, tuple[str, Path]] | None = None) -> Iterator[str]:
+    """Alertmanager with :func:`alertmanager_config` (the shipped routes, receivers at ``sink``, ``webhooks`` as
+    there) on a free port; yields its base URL."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    key_file = workdir / "pagerduty_routing_key"
+    key_file.write_text(ROUTING_KEY + "\n")
+    am_yml = workdir / "alertmanager.yml"
+    am_yml.write_text(yaml.safe_dump(alertmanager_config(sink.url, key_file, webhooks), sort_keys=False))
+    am_port = free_port()
+    am_url = f"http://127.0.0.1:{am_port}"
+    am_cmd = [
+        _binary("prometheus-alertmanager"),
+        f"--config.file={am_yml}",
+        f"--storage.path={workdir / 'am'}",
+        f"--web.listen-address=127.0.0.1:{am_port}",
+        f"--web.external-url={am_url}",
+        "--cluster.listen-address=",
+    ]
+    with running(am_cmd, workdir / "alertmanager.log") as am:
+        wait_http(f"{am_url}/-/ready", ok=lambda r: r.status_code == 200, proc=am, timeout_s=60)
+        yield am_url
+
+
 @dataclass
 class Pipeline:
     prometheus_url: str
@@ -220,51 +244,39 @@ def pipeline(
     rules_dir.mkdir(exist_ok=True)
     for path in sorted((ROOT / "alerts").glob("*.rules.yml")):
         (rules_dir / path.name).write_text(path.read_text() if production else render_file(path, DEFAULT_FACTOR))
-    key_file = workdir / "pagerduty_routing_key"
-    key_file.write_text(ROUTING_KEY + "\n")
-    am_yml = workdir / "alertmanager.yml"
-    am_yml.write_text(yaml.safe_dump(alertmanager_config(sink.url, key_file, webhooks), sort_keys=False))
-    am_port, prom_port = free_port(), free_port()
-    targets = workdir / "agents.json"
-    prom_cfg = {
-        "global": {
-            "scrape_interval": "15s" if production else "1s",
-            "scrape_timeout": "10s" if production else "1s",
-            "evaluation_interval": "15s" if production else "1s",
-            "external_labels": {"runbook_base": runbook_base},
-        },
-        "rule_files": [str(rules_dir / "*.rules.yml")],
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
-        "scrape_configs": [{"job_name": "inferwatch-agent", "file_sd_configs": [{"files": [str(targets)]}]}],
-    }
-    if engine_ports:
-        engines = [f"127.0.0.1:{p}" for p in engine_ports]
-        prom_cfg["scrape_configs"].append({"job_name": "engine", "static_configs": [{"targets": engines}]})
-    prom_yml = workdir / "prometheus.yml"
-    prom_yml.write_text(yaml.safe_dump(prom_cfg, sort_keys=False))
-    am_url, prom_url = f"http://127.0.0.1:{am_port}", f"http://127.0.0.1:{prom_port}"
-    am_cmd = [
-        _binary("prometheus-alertmanager"),
-        f"--config.file={am_yml}",
-        f"--storage.path={workdir / 'am'}",
-        f"--web.listen-address=127.0.0.1:{am_port}",
-        f"--web.external-url={am_url}",
-        "--cluster.listen-address=",
-    ]
-    prom_cmd = [
-        _binary("prometheus"),
-        f"--config.file={prom_yml}",
-        f"--storage.tsdb.path={workdir / 'prom'}",
-        f"--web.listen-address=127.0.0.1:{prom_port}",
-        f"--web.external-url={prom_url}",
-        *([] if production else ["--rules.alert.resend-delay=1s"]),
-    ]
-    pl = Pipeline(prom_url, am_url, targets, time.monotonic())
-    pl.set_targets(agent_ports)
-    with running(am_cmd, workdir / "alertmanager.log") as am, running(prom_cmd, workdir / "prometheus.log") as prom:
-        wait_http(f"{am_url}/-/ready", ok=lambda r: r.status_code == 200, proc=am, timeout_s=60)
-        wait_http(f"{prom_url}/-/ready", ok=lambda r: r.status_code == 200, proc=prom, timeout_s=60)
-        yield pl
+    with alertmanager(workdir, sink, webhooks) as am_url:
+        prom_port = free_port()
+        targets = workdir / "agents.json"
+        prom_cfg = {
+            "global": {
+                "scrape_interval": "15s" if production else "1s",
+                "scrape_timeout": "10s" if production else "1s",
+                "evaluation_interval": "15s" if production else "1s",
+                "external_labels": {"runbook_base": runbook_base},
+            },
+            "rule_files": [str(rules_dir / "*.rules.yml")],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [am_url.removeprefix("http://")]}]}]},
+            "scrape_configs": [{"job_name": "inferwatch-agent", "file_sd_configs": [{"files": [str(targets)]}]}],
+        }
+        if engine_ports:
+            engines = [f"127.0.0.1:{p}" for p in engine_ports]
+            prom_cfg["scrape_configs"].append({"job_name": "engine", "static_configs": [{"targets": engines}]})
+        prom_yml = workdir / "prometheus.yml"
+        prom_yml.write_text(yaml.safe_dump(prom_cfg, sort_keys=False))
+        prom_url = f"http://127.0.0.1:{prom_port}"
+        prom_cmd = [
+            _binary("prometheus"),
+            f"--config.file={prom_yml}",
+            f"--storage.tsdb.path={workdir / 'prom'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+            f"--web.external-url={prom_url}",
+            *([] if production else ["--rules.alert.resend-delay=1s"]),
+        ]
+        pl = Pipeline(prom_url, am_url, targets, time.monotonic())
+        pl.set_targets(agent_ports)
+        with running(prom_cmd, workdir / "prometheus.log") as prom:
+            wait_http(f"{prom_url}/-/ready", ok=lambda r: r.status_code == 200, proc=prom, timeout_s=60)
+            yield pl
 
 
 class EngineReplay:

@@ -3,6 +3,17 @@
 # the agent on 127.0.0.1 (agent http://127.0.0.1:9435/metrics) until Ctrl-C. Arguments go to `inferwatch demo`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
+if [ ! -x .venv/bin/python ]; then
+  # Stock Debian/Ubuntu ship python3 without ensurepip (it is in python3-venv), so `python3 -m venv` fails there
+  # even though `python3 -m venv --help` works: check ensurepip too, and install python3-venv as scripts/test.sh does.
+  if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+    echo "== installing python3-venv (python3 -m venv is not available)"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+  fi
+  python3 -m venv .venv
+fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e .
 exec .venv/bin/inferwatch demo "$@"

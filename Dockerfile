@@ -1,11 +1,14 @@
 # One image for the agent and the simulator (and the demo's load generator and alert sink).
 #   docker build -t inferwatch:0.1.0 .        (docker-compose.yml builds it for you)
-# Python 3.11 on Debian 12, pinned to a patch release. Two stages:
+# Python 3.11 on Debian 12, pinned to a patch release by tag (not by digest: the official image's tag is rebuilt
+# when Debian updates, and no authoritative record of its current digest was at hand). Two stages:
 #   build  builds the inferwatch wheel from this checkout (setuptools and wheel from requirements-build.lock)
 #   final  installs the dependencies from requirements.lock (exact versions, sha256-pinned: pip --require-hashes),
 #          then that wheel (not editable: runbooks, rules and dashboards come from the installed package), and
 #          runs as the unprivileged user inferwatch (10001) with its own HOME and state directory.
-# Regenerate the lock files after a dependency change: scripts/lock.sh (scripts/lock.sh --check in CI).
+# Regenerate the lock files after a dependency change: scripts/lock.sh. `scripts/lock.sh --check` compares them with
+# a fresh resolution; it needs PyPI, so no test runs it (run it by hand). tests/test_compose.py checks offline that
+# every dependency has a hashed pin that satisfies it.
 # Checked without a Docker engine by tests/test_compose.py (the recipe) and tests/test_compose_processes.py.
 
 FROM python:3.11.11-slim-bookworm AS build

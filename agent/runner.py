@@ -6,7 +6,8 @@ parameter); this module adds the threads. One scheduler thread; collectors run o
 started twice: the collector stays "failed (hung)" until that call returns. A scrape can pull due runs
 forward (:meth:`Runner.pull`). Samples are checked against the catalog before they reach the state; a
 collector that returns garbage fails, it does not break a sink. State changes are logged once (failed → ok →
-absent), never per cycle.
+absent), never per cycle. A failure the runner decides itself (``timeout``, ``hung``) is told to the collector
+(:meth:`~agent.collectors.base.BaseCollector.run_failed`), so health it exports itself (``engine.up``) is true.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def run_collection(collector: Collector) -> Collection:
 STANDBY_GAP_RATIO = 1.5
 STANDBY_FALLBACK_GAPS = 2.5  # no scrape for this many gaps: the scheduler takes the timed runs back
 STANDBY_SAFETY_S = 60.0  # a standing-by scheduler still looks once a minute (should the loop have died)
+RUNNER_FAILURES = ("timeout", "hung")  # outcomes the runner records without the collector having raised them
 
 
 @dataclass(eq=False)
@@ -424,6 +426,13 @@ class Runner:
         health = next_health(prev, outcome, self._clock() - started, time.time(), message, hint)
         self._log_transition(prev, health, message, hint)
         self.state.record(collector.name, health, collection)
+        if outcome in RUNNER_FAILURES:  # the collector did not raise this one; health it exports must say so too
+            hook = getattr(collector, "run_failed", None)  # BaseCollector's; a bare processor may not have it
+            if callable(hook):
+                try:
+                    hook(outcome)
+                except Exception:  # a collector's bug must not stop the scheduler
+                    log.debug("collector %s: run_failed(%s) failed", collector.name, outcome, exc_info=True)
 
     @staticmethod
     def _log_transition(prev: CollectorHealth, new: CollectorHealth, message: str | None, hint: str | None) -> None:

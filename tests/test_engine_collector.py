@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import httpx
@@ -285,3 +286,106 @@ def test_board_prefers_spans_and_samples_fit_the_catalog() -> None:
     validate(Collection(samples=samples))
     ratio = next(s for s in samples if s.name == "inferwatch.engine.latency.tail_ratio")
     assert ratio.value == pytest.approx(0.87 / 0.29) and dict(ratio.attributes)["source"] == "spans"
+
+
+class _SlowParse:
+    """Wraps the collector's parser: while ``slow`` is set, each chunk waits for ``release`` before it is read."""
+
+    def __init__(self, parser: object) -> None:
+        self.parser = parser
+        self.slow = threading.Event()
+        self.release = threading.Event()
+        self.waiting = threading.Event()
+
+    def stream(self) -> object:
+        inner = self.parser.stream()  # type: ignore[attr-defined]
+        outer = self
+
+        class Stream:
+            def begin(self, content_type: str) -> None:
+                inner.begin(content_type)
+
+            def feed(self, chunk: bytes) -> None:
+                if outer.slow.is_set():
+                    outer.waiting.set()
+                    outer.release.wait(10)
+                inner.feed(chunk)
+
+            def finish(self) -> object:
+                return inner.finish()
+
+        return Stream()
+
+
+def _status(c: EngineCollector) -> tuple[float | None, dict[str, float]]:
+    status = samples_by_name(c.status_samples())
+    up = status["inferwatch.engine.up"][0].value if "inferwatch.engine.up" in status else None
+    return up, {dict(s.attributes)["reason"]: s.value for s in status["inferwatch.engine.scrape.errors"]}
+
+
+def _poll(pred, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_parse_past_the_collector_timeout_sets_up_0_and_counts_a_timeout() -> None:
+    """issue 14: every run timed out as hung while engine_up stayed 1 and scrape_errors_total did not move.
+
+    The fetch deadline (``engine.timeout_s``) is the server's: the agent's own parsing is not counted against
+    it, so a slow parse is cut by the runner's collector timeout, which must report like a fetch error.
+    """
+    from agent.collectors import Schedule
+    from agent.runner import Runner
+    from agent.state import AgentState
+
+    with es.EngineServer({"/metrics": es.body(VALID)}) as srv:
+        c = collector(srv.url("/metrics"), timeout_s=5)
+        slow = _SlowParse(c.parser)
+        c.parser = slow  # type: ignore[assignment]
+        state = AgentState()
+        runner = Runner(c.ctx.settings, state, [c], {"engine": Schedule(0.1, 0.3, "engine")})
+        runner.start()
+        try:
+            assert _poll(lambda: state.health()["engine"].state == "ok")
+            up, errors = _status(c)
+            assert up == 1 and not any(errors.values())
+            slow.release.clear()
+            slow.slow.set()
+            assert slow.waiting.wait(10)  # a run is parsing, well inside the 5 s fetch deadline
+            assert _poll(lambda: state.health()["engine"].error_reason == "hung")  # timed out, then hung
+            up, errors = _status(c)
+            assert up == 0
+            assert errors["timeout"] >= 2 and sum(errors.values()) == errors["timeout"]
+            slow.slow.clear()
+            slow.release.set()  # the abandoned run ends: it is not the runner's any more and changes nothing
+            assert _poll(lambda: state.health()["engine"].state == "ok")  # the next run is a good one
+            assert _status(c)[0] == 1
+        finally:
+            slow.release.set()
+            runner.stop()
+
+
+def test_a_run_the_runner_gave_up_on_does_not_set_up_when_it_ends() -> None:
+    with es.EngineServer({"/metrics": es.body(VALID)}) as srv:
+        c = collector(srv.url("/metrics"), timeout_s=5)
+        slow = _SlowParse(c.parser)
+        c.parser = slow  # type: ignore[assignment]
+        try:
+            c.collect()
+            slow.slow.set()
+            late = threading.Thread(target=c.collect)
+            late.start()
+            assert slow.waiting.wait(10)
+            c.run_failed("timeout")  # the runner: this run is past its timeout
+            assert _status(c)[0] == 0
+            slow.release.set()
+            late.join(10)
+            up, errors = _status(c)
+            assert up == 0 and errors["timeout"] == 1 and sum(errors.values()) == 1
+        finally:
+            slow.release.set()
+            c.close()

@@ -382,3 +382,30 @@ def test_scrapes_at_the_interval_drive_the_runs_and_the_scheduler_stands_by() ->
     assert driven_calls >= 8  # every scrape collected (pulled), ...
     assert driven_wakes == 0  # ... and the scheduler slept through them
     assert after_calls >= 3  # then timed runs again, without scrapes
+
+
+def test_a_timeout_and_a_hung_run_are_told_to_the_collector_and_raised_failures_are_not() -> None:
+    """A collector that exports its own health (engine up) learns of the failures it could not raise itself."""
+    told: dict[str, list[str]] = {"hangs": [], "raises": []}
+
+    class Told(Hangs):
+        def run_failed(self, reason: str) -> None:
+            told[self.name].append(reason)
+
+    class RaisesTold(Raises):
+        def run_failed(self, reason: str) -> None:
+            told[self.name].append(reason)
+
+    settings = load_settings(overrides={"interval_s": 0.1, "timeout_s": 0.1})
+    ctx = collect_context(settings)
+    state = AgentState()
+    runner = Runner(settings, state, [Told(ctx), RaisesTold(ctx)])
+    Hangs.release.clear()
+    runner.start()
+    try:
+        assert _wait(lambda: state.health()["hangs"].runs >= 3 and state.health()["raises"].runs >= 3)
+    finally:
+        Hangs.release.set()
+        runner.stop()
+    assert told["hangs"][:2] == ["timeout", "hung"] and set(told["hangs"]) == {"timeout", "hung"}
+    assert told["raises"] == []  # it raised: it knows, and counted it itself

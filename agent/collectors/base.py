@@ -7,7 +7,9 @@ takes every OS or hardware boundary from its :class:`CollectContext` (procfs and
 NVML client, HTTP clients), so it can be tested on recorded files.
 
 Raise :class:`~agent.errors.NoDataError` (with a hint) for expected absence, any other exception for
-failure.
+failure. A failure the collector cannot raise itself (its call passed the runner's timeout, or is still
+running when the next one is due) is told to it through :meth:`BaseCollector.run_failed`, so a collector
+that exports its own health (the engine's ``up``) reports it as it reports a failure it raised.
 """
 
 from __future__ import annotations
@@ -65,6 +67,13 @@ class BaseCollector:
 
     def collect(self) -> Collection:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def run_failed(self, reason: str) -> None:
+        """The runner recorded a failure of this collector that it did not raise: ``timeout`` (a call passed its
+        timeout and was abandoned) or ``hung`` (that call has still not returned when the next run is due).
+
+        Called from the runner's scheduler, under its lock: do no I/O here. Default: nothing to do.
+        """
 
     def close(self) -> None:
         """Release resources (clients, handles). Safe to call twice."""

@@ -15,7 +15,9 @@ emits, per model (``gen_ai.request.model``):
 ``inferwatch.engine.up`` and ``inferwatch.engine.scrape.errors{reason}`` come from
 :meth:`EngineCollector.status_samples` (attached to the agent state), so they are exported even
 while the collector is failing. Every failure raises :class:`~agent.engine.fetch.EngineScrapeError`
-with its reason; the runner counts it and the agent keeps serving.
+with its reason; the runner counts it and the agent keeps serving. A run the runner gives up on (past
+``collectors.engine.timeout_s``, e.g. a parse that slow: the fetch deadline ``engine.timeout_s`` counts the
+server's time only) or finds still running is reported the same way (:meth:`EngineCollector.run_failed`).
 
 The histogram-derived stats are kept in the collector's own :class:`~agent.engine.board.LatencyBoard`
 (``EngineCollector.board``, for inspection). The span analytics learn what they need from this
@@ -184,6 +186,7 @@ class EngineCollector(BaseCollector):
         self._limit_hits = dict.fromkeys(LIMITS, 0)
         self._models_dropped: int | None = None
         self._dropping = False
+        self._given_up = 0  # runs the runner gave up on; a call that was one of them changes no status when it ends
 
     def collect(self) -> Collection:
         url = self.cfg.metrics_url
@@ -192,12 +195,16 @@ class EngineCollector(BaseCollector):
                 "no engine /metrics URL configured",
                 hint="set engine.metrics_url (INFERWATCH_ENGINE__METRICS_URL=http://127.0.0.1:8000/metrics)",
             )
+        with self._lock:
+            run = self._given_up
         try:  # parsed while it streams in: the body is never held (a limit stops the fetch at once)
             stream = self.parser.stream()
             size = fetch_into(self._client, url, self.cfg.timeout_s, self.cfg.max_bytes, stream, self.limits.max_series)
             reading = stream.finish()
         except EngineScrapeError as exc:
             with self._lock:
+                if run != self._given_up:  # already counted as a timeout; the runner drops this run
+                    raise
                 self._up = 0
                 self._errors[exc.reason] = self._errors.get(exc.reason, 0) + 1
                 if exc.reason in self._limit_hits:
@@ -206,11 +213,12 @@ class EngineCollector(BaseCollector):
         now = time.time()
         dropped = reading.models_dropped
         with self._lock:
-            self._up = 1
-            self._kind = reading.kind
-            self._models_dropped = dropped
-            if dropped:
-                self._limit_hits["max_models"] += 1
+            if run == self._given_up:  # else the runner gave up on this run (counted) and drops what it returns
+                self._up = 1
+                self._kind = reading.kind
+                self._models_dropped = dropped
+                if dropped:
+                    self._limit_hits["max_models"] += 1
         if bool(dropped) != self._dropping:  # logged once when it starts, once when it ends
             self._dropping = bool(dropped)
             if dropped:
@@ -257,6 +265,15 @@ class EngineCollector(BaseCollector):
         if r.status_code == 404:
             return "absent"
         return "ok" if r.status_code == 200 else "failed"
+
+    def run_failed(self, reason: str) -> None:
+        """The runner gave up on a run (``timeout``) or found it still running (``hung``): ``up`` 0 and one
+        scrape error of reason ``timeout`` (as ``inferwatch.collector.errors`` counts a hung run), as for a fetch
+        that timed out. The abandoned call, when it ends, changes no status."""
+        with self._lock:
+            self._up = 0
+            self._errors["timeout"] += 1
+            self._given_up += 1
 
     def status_samples(self) -> list[AnySample]:
         """``inferwatch.engine.up`` and scrape errors by reason; exported even while the collector fails."""

@@ -1,8 +1,10 @@
 # The routine commands, over .venv (scripts/test.sh creates it and installs the Debian tools; or:
-# python3 -m venv .venv && .venv/bin/pip install -e '.[test]'). CI runs scripts/test.sh, which is
-# `make lint types test` plus the installs.
+# python3 -m venv .venv && .venv/bin/pip install -e '.[test]'). CI runs scripts/test.sh: the installs
+# (Debian tools, .venv, .venv-tools' checkov, the llama.cpp server builds), then the checks of
+# `make lint types test`: ruff check, ruff format --check, mypy, lint-imports, the whole pytest suite.
 #
-#   make lint types test            what CI checks (test: the whole suite; TESTS=... for part of it)
+#   make lint types test            what CI checks (lint: ruff + the import contract; test: the whole suite,
+#                                   TESTS=... for part of it)
 #   make test TESTS=tests/test_config.py
 #   make generate                   rewrite every generated file from its source
 #   make check-generated            fail when a generated file differs from a fresh generation
@@ -28,6 +30,7 @@ test:
 lint:
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 fmt:
 	$(VENV)/bin/ruff check --fix .

@@ -18,6 +18,8 @@ from typing import Any
 import httpx
 
 from agent.engine.adapters import detect
+from agent.engine.fetch import EngineScrapeError
+from agent.engine.scrape import EngineParser
 from agent.redact import redact_text, redact_url
 from agent.samples import Finding
 
@@ -45,6 +47,7 @@ class EngineProbe:
     elapsed_s: float
     families: frozenset[str]
     kind: str | None
+    unknown: EngineScrapeError | None = None  # no kind: why, as ``engine inspect`` says it (prefixes seen)
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -77,7 +80,17 @@ def probe(url: str, client: httpx.Client | None = None) -> EngineProbe:
         if own:
             c.close()
     names = families(text)
-    return EngineProbe(base, metrics_url, r.status_code, elapsed, names, detect(text))
+    kind = detect(text)
+    return EngineProbe(base, metrics_url, r.status_code, elapsed, names, kind, None if kind else unknown(text))
+
+
+def unknown(text: str) -> EngineScrapeError | None:
+    """Why no engine is recognised in ``text``: the error ``engine inspect``'s parser raises on it."""
+    try:
+        EngineParser().parse(text.encode())
+    except EngineScrapeError as exc:
+        return exc
+    return None
 
 
 def engine_findings(url: str) -> list[Finding]:
@@ -97,7 +110,9 @@ def engine_findings(url: str) -> list[Finding]:
         ]
     out = [Finding("engine.reachable", "ok", f"{shown} answered in {p.elapsed_s * 1e3:.0f} ms", ev)]
     if p.kind is None:
-        out.append(Finding("engine.kind", "warn", "no known engine families in the exposition", ev))
+        why = p.unknown
+        summary = redact_text(str(why)) if why else "no known engine families in the exposition"
+        out.append(Finding("engine.kind", "warn", summary, {**ev, "reason": why.reason if why else "unknown_engine"}))
         return out
     out.append(Finding("engine.kind", "ok", f"engine: {p.kind} ({len(p.families)} series names)", {"kind": p.kind}))
     if p.kind == "llamacpp":

@@ -44,3 +44,22 @@ def test_doctor_runtime_checks() -> None:
         hw = doctor("--engine-url", rt.url)
         assert hw["runtime.hardware_mismatch"]["status"] == "fail"
         assert hw["runtime.profile"]["status"] == "skip"
+
+
+def test_doctor_names_the_prefixes_of_an_unknown_engine_as_engine_inspect_does() -> None:
+    """issue 14: a valid exposition of no known engine is "no known engine families; prefixes seen: …"."""
+    from tests import engine_server as es
+
+    text = "# TYPE my_server_requests counter\nmy_server_requests 3\nother:queue_depth 1\n"
+    with es.EngineServer({"/metrics": es.body(text)}) as srv:
+        kind = doctor("--engine-url", srv.url("/metrics"))["engine.kind"]
+        inspect = subprocess.run(
+            [PYTHON, "-m", "agent", "engine", "inspect", "--metrics-url", srv.url("/metrics")],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert kind["status"] == "warn"
+    assert kind["summary"].startswith("no known engine families; prefixes seen: my_, other:"), kind
+    assert kind["summary"] in inspect.stderr and kind["evidence"]["reason"] == "unknown_engine"

@@ -141,7 +141,7 @@ def test_cli_records_a_speedscope_file(target, tmp_path) -> None:
 
 
 def test_permission_errors_name_the_fix() -> None:
-    # py-spy 0.4.3's stderr when ptrace is refused (shared/reference/hardware.md §5)
+    # py-spy 0.4.3's stderr when ptrace is refused (docs/diagnostics.md, "Profiling with py-spy")
     err = classify(
         "Error: Permission Denied: Try running again with elevated permissions by going 'sudo env \"PATH=$PATH\" !!'", 7
     )

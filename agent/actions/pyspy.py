@@ -1,7 +1,7 @@
 """py-spy, run on explicit request only: a fixed executable, validated arguments, a timeout, no shell.
 
-py-spy exits 1 for every error; :func:`classify` reads its stderr (facts in
-shared/reference/hardware.md §5) and turns it into a :class:`PySpyError` whose message says the fix.
+py-spy exits 1 for every error; :func:`classify` reads its stderr (the messages it matches are listed in
+docs/diagnostics.md, "Profiling with py-spy") and turns it into a :class:`PySpyError` whose message says the fix.
 
 What the agent profiles on a request (the API, the snapshot enrichment) is bounded by :class:`PidScope`:
 the configured runtime (found by the one :class:`~agent.host.runtime.RuntimeLocator`) and its

@@ -8,7 +8,8 @@ series** (one per data-parallel rank, so resets are handled per rank, as ``incre
 gauges summed over ranks (KV-cache usage averaged), and the counters summed over ranks.
 
 Anything an engine does not expose is simply missing from the reading (absent, never zero).
-Names, labels and buckets: ``../shared/reference/engines.md`` §1 and §4.
+Families per engine, labels aggregated over and detection prefixes: docs/engine.md ("Canonical quantities
+per engine", "Data-parallel ranks and models", "Detection").
 """
 
 from __future__ import annotations

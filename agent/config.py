@@ -347,6 +347,9 @@ class EvidenceSettings(_Section):
     time_limit_s: float = Field(default=DEFAULT_EVIDENCE_TIME_LIMIT_S, gt=0, le=120)
     on_hang: bool = True  # capture the moment the engine collector's hang finding turns on
     py_spy: bool = True  # include py-spy dumps (needs ptrace: see docs/diagnostics.md); profiling.py_spy is the binary
+    # py-spy dump --native (native frames too; pauses the process for the dump); where py-spy cannot, the dump is
+    # retried once without it within time_limit_s and the bundle says which mode it got and why
+    native: bool = True
     # The webhook acts only on alerts whose instance label is one of these (this node's agent as Prometheus names
     # it, e.g. "node-a:9435"); empty: every alert it receives is for this node (one agent per Alertmanager route).
     instances: list[str] = Field(default_factory=list)
@@ -469,45 +472,84 @@ class _YamlSource(PydanticBaseSettingsSource):
         return dict(_YamlSource.data)
 
 
-MAX_CONFIG_FILE_BYTES = 1 << 20  # 1 MiB: a config file is a few KiB
-MAX_YAML_ALIASES = 0  # YAML aliases (*name) refused: 70 of them nest into a 9**9 "billion laughs" bomb
+# The config file's own limits: read before the settings exist, so set by environment variables only.
+DEFAULT_CONFIG_MAX_BYTES = 1 << 20  # 1 MiB: a config file is a few KiB
+DEFAULT_CONFIG_MAX_ALIASES = 0  # YAML aliases (*name) refused: 70 of them nest into a 9**9 "billion laughs" bomb
+CONFIG_MAX_BYTES_ENV = "INFERWATCH_CONFIG_MAX_BYTES"
+CONFIG_MAX_ALIASES_ENV = "INFERWATCH_CONFIG_MAX_ALIASES"
+_CONFIG_LIMIT_ENVS = {CONFIG_ENV, CONFIG_MAX_BYTES_ENV, CONFIG_MAX_ALIASES_ENV}  # not settings: no name check
+
+
+def config_file_limits(environ: Mapping[str, str]) -> tuple[int, int]:
+    """(max bytes, max YAML aliases) of the config file: ``INFERWATCH_CONFIG_MAX_BYTES`` (an integer ≥ 1) and
+    ``INFERWATCH_CONFIG_MAX_ALIASES`` (an integer ≥ 0; 0 refuses every alias), else the defaults."""
+    return (
+        _env_int(environ, CONFIG_MAX_BYTES_ENV, DEFAULT_CONFIG_MAX_BYTES, least=1),
+        _env_int(environ, CONFIG_MAX_ALIASES_ENV, DEFAULT_CONFIG_MAX_ALIASES, least=0),
+    )
+
+
+def _env_int(environ: Mapping[str, str], var: str, default: int, least: int) -> int:
+    """The integer in ``var`` (``default`` when unset); ConfigError naming the variable unless it is ≥ ``least``."""
+    raw = environ.get(var)
+    if raw is None:
+        return default
+    try:
+        value: int | None = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or value < least:
+        shown = reprlib.repr(redact_text(raw))
+        raise ConfigError(f"invalid configuration: {var}: must be an integer ≥ {least} (got {shown})")
+    return value
 
 
 class _BoundedLoader(yaml.SafeLoader):
-    """SafeLoader that refuses aliases (past MAX_YAML_ALIASES) while composing, before anything expands."""
+    """SafeLoader that refuses aliases past ``max_aliases`` while composing, before anything expands."""
 
     aliases = 0
+    max_aliases = DEFAULT_CONFIG_MAX_ALIASES
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             self.aliases += 1
-            if self.aliases > MAX_YAML_ALIASES:
+            if self.aliases > self.max_aliases:
                 mark = self.peek_event().start_mark
+                accepted = f"more than {self.max_aliases} are" if self.max_aliases else "they are"
                 raise yaml.YAMLError(
-                    f"YAML aliases (*name) are not accepted in a config file (line {mark.line + 1}); write values out"
+                    f"YAML aliases (*name): {accepted} not accepted in a config file (line {mark.line + 1}); "
+                    f"write values out, or raise {CONFIG_MAX_ALIASES_ENV}"
                 )
         return super().compose_node(parent, index)
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(
+    path: Path, max_bytes: int = DEFAULT_CONFIG_MAX_BYTES, max_aliases: int = DEFAULT_CONFIG_MAX_ALIASES
+) -> dict[str, Any]:
+    """The config file's top-level mapping; ConfigError when it is over ``max_bytes``, holds more than
+    ``max_aliases`` YAML aliases, or is not a UTF-8 YAML mapping."""
     try:
         with path.open("rb") as f:
-            raw = f.read(MAX_CONFIG_FILE_BYTES + 1)
+            raw = f.read(max_bytes + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
-    if len(raw) > MAX_CONFIG_FILE_BYTES:
-        raise ConfigError(f"config file {path} is over {MAX_CONFIG_FILE_BYTES} bytes; refused")
+    if len(raw) > max_bytes:
+        raise ConfigError(f"config file {path} is over {max_bytes} bytes ({CONFIG_MAX_BYTES_ENV}); refused")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"config file {path} is not UTF-8 (invalid byte at offset {exc.start})") from None
+    loader = _BoundedLoader(text)  # a SafeLoader subclass (what yaml.load does, with the alias cap set)
+    loader.max_aliases = max_aliases
     try:
-        data = yaml.load(text, Loader=_BoundedLoader)  # a SafeLoader subclass
+        data = loader.get_single_data()
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         raise ConfigError(f"config file {path} is not valid YAML: {problem[:200]}{where}") from None
+    finally:
+        loader.dispose()
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -547,7 +589,7 @@ def check_env_names(environ: Mapping[str, str]) -> None:
     """Reject ``INFERWATCH_`` variables that name no setting (see the module docstring for which)."""
     fields = set(Settings.model_fields)
     for var in sorted(environ):
-        if not var.upper().startswith(ENV_PREFIX) or var.upper() == CONFIG_ENV:
+        if not var.upper().startswith(ENV_PREFIX) or var.upper() in _CONFIG_LIMIT_ENVS:
             continue
         name = var[len(ENV_PREFIX) :].lower()
         head, nested, _ = name.partition(ENV_NESTED_DELIMITER)
@@ -579,9 +621,10 @@ def load_settings(
     an error (the CLI passes them; this module cannot import the registry, which imports it).
     """
     check_env_names(os.environ)
+    max_bytes, max_aliases = config_file_limits(os.environ)
     if config_file is None and os.environ.get(CONFIG_ENV):
         config_file = Path(os.environ[CONFIG_ENV])
-    _YamlSource.data = read_yaml(config_file) if config_file else {}
+    _YamlSource.data = read_yaml(config_file, max_bytes, max_aliases) if config_file else {}
     try:
         settings = Settings(**(overrides or {}))
     except ValidationError as exc:

@@ -1,5 +1,8 @@
 """Hostile configuration: a YAML alias bomb, a huge file, non-http engine URLs, bad JSON in the environment.
 
+The file's caps (size, YAML aliases) are named defaults that ``INFERWATCH_CONFIG_MAX_BYTES`` /
+``INFERWATCH_CONFIG_MAX_ALIASES`` override.
+
 Each must fail at start, fast, with exit code 2 and a message naming the file or field, never a
 traceback and never the expanded input. Run through the CLI in a subprocess (``python -m agent run``).
 """
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import MAX_CONFIG_FILE_BYTES, load_settings
+from agent.config import DEFAULT_CONFIG_MAX_BYTES, load_settings
 from agent.errors import ConfigError
 from tests.conftest import PYTHON, ROOT
 
@@ -47,9 +50,54 @@ def test_yaml_alias_bomb_fails_fast_naming_the_file(tmp_path: Path) -> None:
 
 def test_an_oversized_config_file_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "big.yaml"
-    path.write_text("# padding\n" * (MAX_CONFIG_FILE_BYTES // 10 + 1))
-    with pytest.raises(ConfigError, match=r"big\.yaml is over"):
+    path.write_text("# padding\n" * (DEFAULT_CONFIG_MAX_BYTES // 10 + 1))
+    with pytest.raises(ConfigError, match=r"big\.yaml is over .*INFERWATCH_CONFIG_MAX_BYTES"):
         load_settings(path)
+
+
+def test_the_config_size_cap_can_be_lowered_and_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    small = tmp_path / "small.yaml"
+    small.write_text("interval_s: 7\n" + "#" * 100 + "\n")
+    monkeypatch.setenv("INFERWATCH_CONFIG_MAX_BYTES", "64")
+    with pytest.raises(ConfigError, match=r"small\.yaml is over 64 bytes \(INFERWATCH_CONFIG_MAX_BYTES\)"):
+        load_settings(small)
+    big = tmp_path / "big.yaml"
+    big.write_text("interval_s: 7\n" + "# padding\n" * (DEFAULT_CONFIG_MAX_BYTES // 10 + 1))
+    monkeypatch.setenv("INFERWATCH_CONFIG_MAX_BYTES", str(2 * DEFAULT_CONFIG_MAX_BYTES))
+    assert load_settings(big).interval_s == 7
+
+
+ALIASED = "collectors:\n  cpu: {interval_s: &every 7}\n  pagecache: {interval_s: *every}\n  gpu: {interval_s: *every}\n"
+
+
+def test_yaml_aliases_are_refused_by_default_and_allowed_up_to_the_cap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "aliased.yaml"
+    path.write_text(ALIASED)
+    with pytest.raises(ConfigError, match=r"aliases.*line 3.*INFERWATCH_CONFIG_MAX_ALIASES"):
+        load_settings(path)
+    monkeypatch.setenv("INFERWATCH_CONFIG_MAX_ALIASES", "1")
+    with pytest.raises(ConfigError, match=r"more than 1 are not accepted.*line 4"):
+        load_settings(path)
+    monkeypatch.setenv("INFERWATCH_CONFIG_MAX_ALIASES", "2")
+    settings = load_settings(path)
+    assert settings.collectors["pagecache"].interval_s == settings.collectors["gpu"].interval_s == 7
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("INFERWATCH_CONFIG_MAX_BYTES", "0"),
+        ("INFERWATCH_CONFIG_MAX_BYTES", "1MiB"),
+        ("INFERWATCH_CONFIG_MAX_ALIASES", "-1"),
+        ("INFERWATCH_CONFIG_MAX_ALIASES", ""),
+    ],
+)
+def test_a_bad_config_cap_exits_2_naming_the_variable(var: str, value: str) -> None:
+    got = run_agent({var: value})
+    assert got.returncode == 2, got.stderr
+    assert f"{var}: must be an integer" in got.stderr and "Traceback" not in got.stderr
 
 
 @pytest.mark.parametrize("url", ["file:///etc/passwd", "gopher://127.0.0.1:70/", "ftp://x/metrics"])

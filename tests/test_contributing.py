@@ -4,7 +4,8 @@
   tests/test_<name>.py;
 - engine adapter: a recorded fixture it detects, the engine.kind row (test_single_sources);
 - alert: runbook (test_runbooks), firing + near-miss promtool cases and generated links (test_alert_rules),
-  a row in docs/alerts.md (test_single_sources), metrics from the catalog (test_alert_rules).
+  a row in docs/alerts.md (test_single_sources), metrics from the catalog (test_alert_rules), the runbook's
+  expected evidence (test_runbooks_exec).
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ if [ "${1:-}" = "--fresh" ]; then
   set +e
   (
     cd "$work/repo"
-    unset XDG_CACHE_HOME PIP_CACHE_DIR LLAMA_SERVER LLAMA_SERVER_AVX2 INFERWATCH_LLAMA_AVX2_DIR VIRTUAL_ENV
+    unset XDG_CACHE_HOME PIP_CACHE_DIR LLAMA_SERVER LLAMA_SERVER_AVX2 INFERWATCH_LLAMA_CACHE \
+      INFERWATCH_LLAMA_AVX2 INFERWATCH_LLAMA_AVX2_DIR VIRTUAL_ENV
     HOME="$work/home" PIP_NO_CACHE_DIR=1 exec bash scripts/test.sh "$@"
   )
   rc=$?
@@ -55,7 +56,7 @@ command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || need_apt+=(prometheus-alertmanager)
 command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
 command -v victoria-metrics >/dev/null 2>&1 || need_apt+=(victoria-metrics)
-python3 -m venv --help >/dev/null 2>&1 || need_apt+=(python3-venv)
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need_apt+=(python3-venv)  # Debian's python3 has venv but not ensurepip
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)    # scripts/build-llama-server.sh compiles llama.cpp
 command -v make >/dev/null 2>&1 || need_apt+=(make)
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)

@@ -1,4 +1,4 @@
-"""The CPU analysis over 84 real cpuinfo dumps (tests/fixtures/cpuinfo/corpus/) against a golden table.
+"""The CPU analysis over 97 real cpuinfo dumps (tests/fixtures/cpuinfo/corpus/) against a golden table.
 
 Update switch, after a deliberate change: ``python -m tests.cpu_corpus --update`` (or
 ``INFERWATCH_UPDATE_GOLDEN=1 pytest tests/test_cpu_corpus.py``) rewrites verdicts.tsv and the table in
@@ -11,6 +11,7 @@ import contextlib
 import csv
 import json
 import os
+import shutil
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -21,6 +22,7 @@ from agent.errors import InferwatchError, SourceFormatError
 from agent.host.cpucap import cpu_feature_verdict, read_cpu_capability
 from agent.host.cpuinfo import parse_cpuinfo
 from agent.host.cpumodels import Dmi, identify
+from agent.samples import Finding
 from tests import cpu_corpus
 from tests.conftest import PYTHON, ROOT
 from tests.test_cpu import _drop, _procfs
@@ -32,6 +34,10 @@ def test_the_corpus_is_real_and_sourced() -> None:
     dumps = cpu_corpus.dumps()
     assert len(dumps) >= 60
     assert {d.cpuinfo.name for d in dumps} == {p.name for p in cpu_corpus.CORPUS.glob("*.cpuinfo")}
+    # every DMI tree belongs to a dump, and holds only the fields the agent reads
+    assert {p.name for p in cpu_corpus.CORPUS.glob("*.dmi")} <= {d.dmi.name for d in dumps}
+    for tree in cpu_corpus.CORPUS.glob("*.dmi"):
+        assert {f.name for f in tree.iterdir()} <= {"sys_vendor", "product_name", "board_vendor"}, tree.name
     for d in dumps:
         assert d.repo and d.path and len(d.commit) == 40 and d.machine, d.name
     machines = Counter(d.machine for d in dumps)
@@ -114,6 +120,51 @@ def test_product_names_need_dmi_evidence() -> None:
     v1 = parse_cpuinfo(_dump("archspec_linux-amazon-neoverse_v1").cpuinfo.read_text(), "aarch64")
     assert identify(v1, Dmi("Amazon EC2", "c7g.8xlarge")).name == "AWS Graviton3 (Arm Neoverse-V1)"
     assert identify(v1, Dmi("Amazon EC2", "hpc7g.16xlarge")).name == "AWS Graviton3E (Arm Neoverse-V1)"
+
+
+def _corpus_finding(tmp_path: Path, name: str) -> Finding:
+    """The verdict for one corpus dump, read with its own DMI tree where the source has one."""
+    d = _dump(name)
+    procfs, sysfs = tmp_path / "proc", tmp_path / "sys"
+    (procfs / "sys" / "kernel").mkdir(parents=True)
+    (procfs / "cpuinfo").write_bytes(d.cpuinfo.read_bytes())
+    (procfs / "sys" / "kernel" / "arch").write_text(d.machine + "\n")
+    if d.dmi.is_dir():
+        shutil.copytree(d.dmi, sysfs / "class" / "dmi" / "id")
+    return cpu_feature_verdict(read_cpu_capability(procfs, sysfs))
+
+
+@pytest.mark.parametrize(
+    ("name", "core"),
+    [
+        ("eessi_debian-rpi4", "Arm Cortex-A72"),  # a Raspberry Pi 4 on a 64-bit kernel: never "AWS Graviton"
+        ("eessi_Jureca-Rocky95", "Arm Neoverse-V2"),  # NVIDIA Grace, no DMI in the source
+        ("eessi_GCP-axion", "Arm Neoverse-V2"),  # Google Axion: the same core, not Graviton4 nor Grace
+        ("eessi_AWS-awslinux-graviton2", "Arm Neoverse-N1"),
+        ("eessi_AWS-awslinux-graviton3", "Arm Neoverse-V1"),
+    ],
+)
+def test_real_cloud_and_board_dumps_without_dmi_are_named_by_their_core(tmp_path: Path, name: str, core: str) -> None:
+    finding = _corpus_finding(tmp_path, name)
+    assert finding.status == "ok" and finding.summary.startswith(core), finding.summary
+    assert "product_evidence" not in finding.evidence and "dmi" not in finding.evidence
+
+
+def test_real_dmi_names_no_product_for_another_core(tmp_path: Path) -> None:
+    """Real DMI trees (hwloc): NVIDIA DMI on the GB10's Cortex-X925/A725 is no Grace; Huawei DMI on a Kunpeng 920
+    names the TaiShan core and is reported as evidence, but claims no product the table does not know."""
+    gb10 = _corpus_finding(tmp_path / "gb10", "hwloc_nvidia-dgx-gb10")
+    assert gb10.evidence["dmi"] == {
+        "sys_vendor": "NVIDIA",
+        "product_name": "NVIDIA_DGX_Spark",
+        "board_vendor": "NVIDIA",
+    }
+    assert "Grace" not in gb10.summary and "product_evidence" not in gb10.evidence
+    assert gb10.status == "warn"  # cores without a table entry: a note, never a failed gate
+    kunpeng = _corpus_finding(tmp_path / "kunpeng", "hwloc_128arm-2pa2n8cluster4co")
+    assert kunpeng.summary.startswith("HiSilicon TaiShan-v110") and kunpeng.status == "warn"
+    assert kunpeng.evidence["dmi"] == {"sys_vendor": "Huawei", "product_name": "XA320 V2", "board_vendor": "Huawei"}
+    assert "product_evidence" not in kunpeng.evidence
 
 
 def test_dmi_from_sysfs_reaches_the_verdict(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""Evidence bundles on real processes: a real deadlock, py-spy and /proc, without ptrace permission, rate limits,
-the hang trigger and the Alertmanager webhook, redaction, the API scope and the CLI."""
+"""Evidence bundles on real processes: a real deadlock, py-spy and /proc (``--native``, and the retry without it
+where py-spy cannot), without ptrace permission, rate limits, the hang trigger and the Alertmanager webhook, the
+spans section from a real OTLP receiver, redaction, the API scope and the CLI."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.actions.evidence import EvidenceStore, render_text
-from agent.config import Settings
+from agent.actions import pyspy
+from agent.actions.evidence import NATIVE_OFF, NATIVE_OK, EvidenceStore, python_frames, render_text
+from agent.analytics.latency import LatencyAnalytics
+from agent.config import ReceiverSettings, Settings
+from agent.receiver import Receiver
 from agent.samples import Collection, Finding
 from agent.wiring import build_deps
 from tests.conftest import PYTHON, ROOT, free_port
@@ -48,21 +52,44 @@ def deadlocked() -> Iterator[tuple[subprocess.Popen[str], int]]:
         stop(proc)  # type: ignore[arg-type]
 
 
-def _settings(tmp: Path, pid: int, **evidence: object) -> Settings:
+def _settings(tmp: Path, pid: int, py_spy_exe: Path | None = None, **evidence: object) -> Settings:
     return Settings(
         runtime={"pid": pid},
         snapshots={"dir": str(tmp / "snap")},
+        profiling={"py_spy": str(py_spy_exe) if py_spy_exe else None},
         evidence={"dir": str(tmp / "evidence"), **evidence},
     )
 
 
-def _store(tmp: Path, pid: int, nvml: FakeNVML | None = None, **evidence: object) -> EvidenceStore:
-    return build_deps(_settings(tmp, pid, **evidence), nvml=nvml or FakeNVML([FakeGPU()])).evidence
+def _store(
+    tmp: Path, pid: int, nvml: FakeNVML | None = None, py_spy_exe: Path | None = None, **evidence: object
+) -> EvidenceStore:
+    return build_deps(_settings(tmp, pid, py_spy_exe, **evidence), nvml=nvml or FakeNVML([FakeGPU()])).evidence
 
 
 def _stacks(bundle: dict) -> dict[str, dict]:
     (proc,) = bundle["processes"]
     return {t["thread_name"]: t for t in proc["py_spy"]["threads"]}
+
+
+def _innermost_python(thread: dict) -> dict:
+    return python_frames(thread["frames"])[0]
+
+
+def _py_spy_that(tmp: Path, when_native: str) -> Path:
+    """A py-spy standing in for a build or platform where ``--native`` does not work: with ``--native`` it runs
+    ``when_native`` (shell), otherwise it is the real py-spy."""
+    real = pyspy.resolve_executable(None)
+    wrapper = tmp / "py-spy"
+    wrapper.write_text(
+        f'#!/bin/sh\nfor a in "$@"; do [ "$a" = --native ] && {{ {when_native}; }}; done\nexec {real} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+# The message py-spy prints where it cannot unwind native stacks (aarch64 builds, macOS arm64).
+UNSUPPORTED = "Collecting stack traces from native extensions (--native) is not supported on your platform."
 
 
 def _line_of(text: str) -> int:
@@ -78,24 +105,156 @@ def test_deadlock_bundle_shows_both_workers_blocked_on_the_locks(tmp_path, deadl
     bundle = store.get(meta.id)
     assert bundle is not None and bundle["meta"]["id"] == meta.id
     stacks = _stacks(bundle)
-    a, b = stacks["worker-a"]["frames"][0], stacks["worker-b"]["frames"][0]
+    a, b = _innermost_python(stacks["worker-a"]), _innermost_python(stacks["worker-b"])
     assert (a["name"], a["line"]) == ("post_ledger_then_journal", _line_of("with JOURNAL:  # never"))
     assert (b["name"], b["line"]) == ("post_journal_then_ledger", _line_of("with LEDGER:  # never"))
+    spy = bundle["processes"][0]["py_spy"]  # --native by default: the lock wait's native frames above the Python one
+    assert (
+        spy["mode"] == "native"
+        and spy["mode_reason"] == NATIVE_OK
+        and [x["mode"] for x in spy["attempts"]] == ["native"]
+    )
+    assert stacks["worker-a"]["frames"][0].get("native") is True
     threads = {t.get("python_name"): t for t in bundle["processes"][0]["threads"]}
     for name in ("worker-a", "worker-b"):  # blocked in the kernel on the lock's futex
         assert threads[name]["state"] == "S" and "futex" in threads[name]["wchan"]
         assert any("futex" in line for line in threads[name]["kernel_stack"])
     assert "stuck in post_ledger_then_journal" in meta.summary or "post_journal_then_ledger" in meta.summary
-    assert "py-spy 1/1" in meta.summary and "none in D state" in meta.summary
+    assert "py-spy 1/1 [native]" in meta.summary and "none in D state" in meta.summary
     m = bundle["meta"]
     assert m["wall_s"] <= 10 and m["cpu_s"]["total"] > 0 and m["cpu_s"]["py_spy_children"] > 0
     assert bundle["gpus"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"
     assert "runtime_profile.url" in bundle["runtime_profile"]["absent"]
-    assert "in flight" in bundle["spans"]["absent"]
+    spans = bundle["spans"]  # no receiver, no probe, no engine scrape in this store: each says why
+    assert "in flight" in spans["note"] and "receiver is off" in spans["recent_finished"]["absent"]
+    assert "no engine scrape" in spans["in_flight"]["absent"] and "probe.url" in spans["probe"]["absent"]
     text = json.dumps(bundle)
     assert "sk-live-0123456789abcdefghij" not in text and "[REDACTED hmac:" in text  # redacted before written
     shown = render_text(bundle)
     assert "worker-a" in shown and "post_ledger_then_journal" in shown and "futex" in shown
+    assert "py-spy native:" in shown and "[native]" in shown
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("case", "native", "when_native", "first_error"),
+    [
+        ("unsupported", True, f"echo '{UNSUPPORTED}' >&2; exit 1", "native_unsupported"),
+        ("unwind fails", True, "echo 'Error: Failed to unwind native stack: libunwind error -8' >&2; exit 1", "failed"),
+        ("hangs", True, "exec sleep 60", "timeout"),
+        ("off", False, "exit 99", None),
+    ],
+    ids=["unsupported", "unwind-fails", "hangs", "native-off"],
+)
+def test_native_falls_back_to_python_frames_once_and_says_why(
+    tmp_path, deadlocked, case, native, when_native, first_error
+) -> None:
+    """Where ``py-spy dump --native`` fails (the stand-in py-spy fails or hangs on it, and is the real one without
+    it), the bundle still has the stacks, from one retry without --native within the time limit, and records the
+    mode and why; with evidence.native false there is no --native run at all."""
+    proc, _port = deadlocked
+    store = _store(tmp_path, proc.pid, py_spy_exe=_py_spy_that(tmp_path, when_native), native=native, time_limit_s=4.0)
+    t0 = time.monotonic()
+    meta = store.capture("api", case)
+    assert time.monotonic() - t0 < 4.0 + 1.0  # the retry fits in the bundle's time limit
+    bundle = store.get(meta.id)
+    assert bundle is not None
+    spy = bundle["processes"][0]["py_spy"]
+    assert spy["mode"] == "python" and "[python]" in meta.summary
+    a = _innermost_python(_stacks(bundle)["worker-a"])
+    assert (a["name"], a["line"]) == ("post_ledger_then_journal", _line_of("with JOURNAL:  # never"))
+    assert not any(f.get("native") for t in spy["threads"] for f in t["frames"])
+    if first_error is None:
+        assert spy["mode_reason"] == NATIVE_OFF and [x["mode"] for x in spy["attempts"]] == ["python"]
+        return
+    tried, retried = spy["attempts"]
+    assert (tried["mode"], tried["error"], retried["mode"]) == ("native", first_error, "python")
+    assert "error" not in retried and spy["mode_reason"].startswith(f"--native failed ({first_error}: ")
+    assert "retried without it" in spy["mode_reason"]
+    if case == "unsupported":
+        assert UNSUPPORTED in spy["mode_reason"]
+    if case == "hangs":  # the native run got its share of the limit, not all of it
+        assert tried["wall_s"] < 4.0 * 0.7
+
+
+def test_py_spy_native_failures_are_classified() -> None:
+    assert pyspy.classify(UNSUPPORTED + "\n", 7).kind == "native_unsupported"
+    assert pyspy.classify("Can't get native stack traces with the --nonblocking option.\n", 7).kind == (
+        "native_unsupported"
+    )
+    assert pyspy.classify("Permission denied (os error 13)\n", 7).kind == "permission"  # not retried
+
+
+def _engine_scrape(running: float, waiting: float, stalled: bool) -> Collection:
+    rank = {"model": "m", "rank": "0", "running": running, "waiting": waiting, "stall_s": 0.0, "stalled": stalled}
+    return Collection(details={"engine": "vllm", "hang": [rank]})
+
+
+@pytest.mark.integration
+def test_spans_section_has_the_in_flight_gauges_the_probe_and_the_last_finished_spans(tmp_path) -> None:
+    """A real OTLP receiver gets vLLM-shaped spans from the OpenTelemetry SDK, two before the onset and one after;
+    the bundle's spans section names them (trace ids as the SDK made them, request ids, newest first, marked before
+    or after the onset), counts the requests in flight from the last engine scrape and carries the probe's last
+    result."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    receiver = Receiver(
+        ReceiverSettings(enabled=True, grpc_endpoint=None, http_endpoint="127.0.0.1:0"), LatencyAnalytics()
+    )
+    receiver.start()
+    try:
+        provider = TracerProvider()
+        provider.add_span_processor(
+            SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"http://127.0.0.1:{receiver.http_port}/v1/traces"))
+        )
+        tracer = provider.get_tracer("vllm.tracing")
+        trace_ids = []
+
+        def request(i: int) -> None:
+            with tracer.start_as_current_span("llm_request") as span:
+                span.set_attributes(
+                    {
+                        "gen_ai.response.model": "Qwen/Qwen3-8B",
+                        "gen_ai.request.id": f"cmpl-{i}",
+                        "gen_ai.usage.prompt_tokens": 512,
+                        "gen_ai.usage.completion_tokens": 101,
+                        "gen_ai.latency.time_to_first_token": 0.38,
+                        "gen_ai.latency.e2e": 2.5,
+                    }
+                )
+                trace_ids.append(f"{span.get_span_context().trace_id:032x}")
+
+        store = _store(tmp_path, os.getpid(), py_spy=False)
+        store.on_record("engine", _engine_scrape(2, 0, stalled=False))
+        request(0)
+        request(1)
+        time.sleep(0.02)
+        store.on_record("engine", _engine_scrape(3, 5, stalled=True))  # stall_s 0: the onset is now
+        time.sleep(0.02)
+        request(2)
+        probe = {"ok": False, "error_type": "timeout", "error_message": "no first token in 30s", "ttft_s": None}
+        store.on_record("probe", Collection(details={"openai": probe}))
+        provider.shutdown()
+
+        store.attach_spans(receiver.recent_spans)
+        bundle = store.get(store.capture("api", "spans").id)
+    finally:
+        receiver.stop()
+    assert bundle is not None
+    spans = bundle["spans"]
+    flight = spans["in_flight"]
+    assert (flight["running"], flight["waiting"]) == (3, 5) and "engine gauges" in flight["source"]
+    assert spans["probe"]["protocols"]["openai"]["error_type"] == "timeout"
+    recent = spans["recent_finished"]
+    assert recent["onset_at"] is not None and "OTLP receiver" in recent["source"]
+    got = [(r["request_id"], r["trace_id"], r["ended_before_onset"]) for r in recent["requests"]]
+    assert got == [("cmpl-2", trace_ids[2], False), ("cmpl-1", trace_ids[1], True), ("cmpl-0", trace_ids[0], True)]
+    first = recent["requests"][0]
+    assert first["seconds"]["e2e"] == 2.5 and first["completion_tokens"] == 101 and first["model"] == "Qwen/Qwen3-8B"
+    shown = render_text(bundle)
+    assert "3 running, 5 waiting" in shown and "cmpl-2" in shown and "before onset" in shown
 
 
 @pytest.mark.integration
@@ -132,6 +291,7 @@ def test_without_ptrace_permission_the_bundle_is_written_with_the_reason(deadloc
         subprocess.run(["rm", "-rf", str(tmp)], check=False)
     (p,) = bundle["processes"]
     assert p["py_spy"]["error"] == "permission" and "CAP_SYS_PTRACE" in p["py_spy"]["message"]
+    assert [a["mode"] for a in p["py_spy"]["attempts"]] == ["native"]  # no retry: it would be refused the same way
     assert all("permission denied" in t["kernel_stack_error"] for t in p["threads"])
     assert all(t["state"] == "S" for t in p["threads"])  # /proc/PID/task/*/stat is readable by anyone
     assert "py-spy 0/1 (permission)" in bundle["meta"]["summary"]

@@ -6,12 +6,19 @@ own bounded ring (``evidence.dir``, ``evidence.max_count`` / ``max_bytes``, olde
 - ``processes``: every process of the runtime (the runtime and its descendants): command line (redacted),
   state, and per thread its name, state, ``wchan`` and kernel stack where readable (threads in D state listed
   by name), plus a ``py-spy dump`` (all threads, no locals; :func:`agent.actions.pyspy.dump`) or the reason
-  it is missing (no ptrace permission, not Python, timeout);
+  it is missing (no ptrace permission, not Python, timeout). With ``evidence.native`` (default) the dump is
+  ``--native`` (native frames marked ``native``); when py-spy cannot (no libunwind, aarch64, a failure while
+  unwinding) it is retried once without it within the same time limit, and ``mode`` / ``mode_reason`` /
+  ``attempts`` say which mode the dump is and why (:func:`dump_process`);
 - ``engine``: the last engine scrapes the agent kept (running, waiting, token counters and the hang verdict
   per rank), around the onset;
 - ``runtime_profile``: a fresh snapshot of the runtime's debug profile (redacted as every snapshot);
 - ``gpus``: NVML per GPU (through the injectable client), or why there is none;
-- ``spans``: why requests in flight have no spans (the receiver only ever sees finished ones);
+- ``spans``: what is known of the requests in flight. An engine sends a request's span only when it ends, so a
+  stuck request has none: instead ``in_flight`` (the engine's running / waiting gauges of the last scrape, counts
+  without identities), ``probe`` (the streaming probe's last synthetic request) and ``recent_finished`` (the last
+  finished requests' spans the OTLP receiver got, trace ids included, each marked before / after the onset), each
+  with its source, or why it is absent (:func:`spans_section`);
 - ``meta``: trigger (``hang`` | ``alert`` | ``api``), the alerts or finding behind it, wall time and CPU
   seconds of the capture (the agent thread and the py-spy children), a one-line ``summary``.
 
@@ -33,11 +40,11 @@ import resource
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.actions import pyspy
 from agent.actions.ring import FileRing, new_id, valid_id
@@ -49,10 +56,14 @@ from agent.host.nvml import NVMLClient
 from agent.host.runtime import RuntimeLocator
 from agent.samples import Collection
 
+if TYPE_CHECKING:  # the receiver is imported only when it is on (agent.app)
+    from agent.receiver.intake import FinishedSpan
+
 log = logging.getLogger(__name__)
 FORMAT = 1
 SUFFIX = ".json"
 ENGINE_SOURCE = "engine"
+PROBE_SOURCE = "probe"
 HANG_FINDING = "engine_hung"
 HANG_ALERT = "EngineHungButHealthy"
 SCRAPES_KEPT = 12  # 3 minutes of engine scrapes at 15 s
@@ -60,9 +71,19 @@ MAX_THREADS_PER_PROCESS = 512
 MAX_KERNEL_STACK_LINES = 32
 MAX_FRAMES = 64
 PY_SPY_WORKERS = 4
-NO_SPANS = (
-    "requests in flight have no spans yet: the OTLP receiver only receives a request's span when it ends "
-    "(see the engine scrapes and py-spy stacks for the requests that are stuck)"
+DEADLINE_MARGIN_S = 0.5  # kept back from each py-spy run for writing the bundle
+MIN_DUMP_S = 0.2  # less time than this left: no py-spy run is started
+# The --native attempt gets this share of the time left, so that the retry without it still fits in the limit.
+NATIVE_SHARE = 0.6
+# py-spy failures that a dump without --native would hit the same way: no retry.
+SAME_WITHOUT_NATIVE = frozenset({"permission", "no_process", "not_python", "missing", "invalid_pid"})
+NATIVE_OK = "--native: Python and native frames (C extensions, CUDA/NCCL, libc); the process was paused for the dump"
+NATIVE_OFF = "evidence.native is false: Python frames only (non-blocking)"
+RECENT_SPANS_SHOWN = 32
+SPANS_NOTE = (
+    "an engine sends a request's span only when the request ends, so requests in flight (the stuck ones) have no "
+    "span: in_flight counts them from the engine's gauges (no identities), probe is the agent's own last synthetic "
+    "request, recent_finished the last finished requests' spans the OTLP receiver got before the capture"
 )
 THREAD_STATES = {
     "R": "running",
@@ -206,6 +227,14 @@ def nvml_state(nvml: NVMLClient) -> dict[str, Any]:
     return {"gpus": gpus} if gpus else {"absent": "NVML reports no GPU"}
 
 
+def _frame(f: dict[str, Any]) -> dict[str, Any]:
+    """A frame's name and location; ``native: true`` on a native one (py-spy names its shared object in ``module``)."""
+    out = {k: f.get(k) for k in ("name", "filename", "line")}
+    if f.get("module") is not None:
+        out["native"] = True
+    return out
+
+
 def py_thread(t: Any) -> dict[str, Any]:
     """A py-spy thread with its OS thread id (to join /proc's threads) and frame names/locations; never locals.
 
@@ -213,7 +242,7 @@ def py_thread(t: Any) -> dict[str, Any]:
     """
     if not isinstance(t, dict):
         return {}
-    frames = [{k: f.get(k) for k in ("name", "filename", "line")} for f in t.get("frames", []) if isinstance(f, dict)]
+    frames = [_frame(f) for f in t.get("frames", []) if isinstance(f, dict)]
     keep = ("thread_id", "os_thread_id", "thread_name", "active", "owns_gil")
     return {k: t.get(k) for k in keep} | {"frames": frames[:MAX_FRAMES]}
 
@@ -231,8 +260,14 @@ _STDLIB = re.compile(r"/lib/python3\.\d+/(?!site-packages/|dist-packages/)")
 IDLE_FRAMES = frozenset({"select", "poll", "epoll", "_worker", "accept", "serve_forever"})
 
 
+def python_frames(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The Python frames of a stack (a ``--native`` dump interleaves native ones)."""
+    return [f for f in frames if not f.get("native")]
+
+
 def _app_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The innermost frame outside the standard library (the application's own code)."""
+    """The innermost Python frame outside the standard library (the application's own code)."""
+    frames = python_frames(frames)
     return next((f for f in frames if not _STDLIB.search(str(f.get("filename")))), frames[0] if frames else None)
 
 
@@ -244,7 +279,7 @@ def top_frame(threads: list[dict[str, Any]]) -> str | None:
     """
 
     def rank(t: dict[str, Any]) -> tuple[bool, bool, bool]:
-        frames = t.get("frames") or [{}]
+        frames = python_frames(t.get("frames") or []) or [{}]
         idle = str(frames[0].get("name", "")).rsplit(".", 1)[-1] in IDLE_FRAMES or any(
             str(f.get("name", "")).endswith("serve_forever") for f in frames
         )
@@ -267,12 +302,15 @@ def summarise(bundle: dict[str, Any]) -> str:
         {p["py_spy"].get("error", "?") for p in procs if isinstance(p.get("py_spy"), dict) and "error" in p["py_spy"]}
     )
     frames = [f for f in (top_frame(p["py_spy"]["threads"]) for p in dumped) if f]
+    modes = sorted({str(p["py_spy"]["mode"]) for p in dumped if p["py_spy"].get("mode")})
     meta = bundle.get("meta", {})
     parts = [
         f"{meta.get('trigger')}: {meta.get('reason') or ''}".strip().rstrip(":"),
         f"{len(procs)} process(es), {len(threads)} thread(s)"
         + (f", {len(d_state)} in D state: {', '.join(d_state[:5])}" if d_state else ", none in D state"),
-        f"py-spy {len(dumped)}/{len(procs)}" + (f" ({', '.join(errors)})" if errors else ""),
+        f"py-spy {len(dumped)}/{len(procs)}"
+        + (f" ({', '.join(errors)})" if errors else "")
+        + (f" [{', '.join(modes)}]" if modes else ""),
     ]
     if frames:
         parts.append("stuck in " + "; ".join(dict.fromkeys(frames[:3])))
@@ -299,6 +337,8 @@ def render_text(bundle: Mapping[str, Any]) -> str:
         stacks = {t.get("thread_id"): t for t in spy.get("threads", [])} if "threads" in spy else {}
         if "error" in spy:
             lines.append(f"  py-spy: {spy['error']}: {spy.get('message')}")
+        elif spy.get("mode"):
+            lines.append(f"  py-spy {spy['mode']}: {spy.get('mode_reason')}")
         for t in p.get("threads", []):
             wchan = f" wchan={t['wchan']}" if t.get("wchan") else ""
             name = t.get("python_name") or t.get("name")
@@ -308,8 +348,10 @@ def render_text(bundle: Mapping[str, Any]) -> str:
         for t in stacks.values():
             name = t.get("thread_name") or t.get("thread_id")
             lines.append(f"  python thread {name} (active={t.get('active')}, gil={t.get('owns_gil')})")
-            for f in t.get("frames", [])[:20]:
-                lines.append(f"      {f.get('name')} ({f.get('filename')}:{f.get('line')})")
+            for f in t.get("frames", [])[:24]:
+                where = Path(str(f.get("filename"))).name if f.get("native") else f.get("filename")
+                mark = " [native]" if f.get("native") else ""
+                lines.append(f"      {f.get('name')} ({where}:{f.get('line')}){mark}")
     eng = bundle.get("engine", {})
     if eng.get("scrapes"):
         lines.append("")
@@ -329,8 +371,152 @@ def render_text(bundle: Mapping[str, Any]) -> str:
         )
     rp = bundle.get("runtime_profile", {})
     lines.append("runtime_profile: " + (rp["absent"] if "absent" in rp else f"snapshot {rp.get('meta', {}).get('id')}"))
-    lines.append("spans: " + str(bundle.get("spans", {}).get("absent", "")))
+    lines += ["", *render_spans(bundle.get("spans", {}))]
     return "\n".join(lines) + "\n"
+
+
+def render_spans(spans: Mapping[str, Any]) -> list[str]:
+    """The ``spans`` section for a terminal: in flight by rank, the probe, the last finished requests."""
+    lines = ["requests in flight:"]
+    fl = spans.get("in_flight", {})
+    if "absent" in fl:
+        lines.append(f"  engine: {fl['absent']}")
+    else:
+        when = time.strftime("%H:%M:%S", time.gmtime(fl.get("at", 0)))
+        lines.append(f"  engine at {when}: {fl.get('running', 0):.0f} running, {fl.get('waiting', 0):.0f} waiting")
+    probe = spans.get("probe", {})
+    if "absent" in probe:
+        lines.append(f"  probe: {probe['absent']}")
+    for proto, r in sorted(probe.get("protocols", {}).items()):
+        outcome = "ok" if r.get("ok") else f"{r.get('error_type')}: {r.get('error_message')}"
+        lines.append(f"  probe {proto}: {outcome} (ttft {r.get('ttft_s')} s, duration {r.get('duration_s')} s)")
+    recent = spans.get("recent_finished", {})
+    if "absent" in recent:
+        lines.append(f"last finished requests: {recent['absent']}")
+        return lines
+    lines.append(f"last finished requests (newest first, {len(recent.get('requests', []))}):")
+    for r in recent.get("requests", [])[:10]:
+        end = r.get("end_unix_s") or r.get("received_at") or 0
+        before = {True: " before onset", False: " after onset"}.get(r.get("ended_before_onset"), "")
+        lines.append(
+            f"  {time.strftime('%H:%M:%S', time.gmtime(end))}{before} {r.get('request_id') or '-'} "
+            f"trace {r.get('trace_id')} e2e {r.get('seconds', {}).get('e2e')} s"
+        )
+    return lines
+
+
+# --- py-spy and spans ---------------------------------------------------------------------------------------
+
+
+def dump_process(exe: Path, pid: int, deadline: float, native: bool) -> dict[str, Any]:
+    """The ``py_spy`` entry of one process, py-spy finishing before ``deadline`` (``time.monotonic``).
+
+    With ``native``: ``py-spy dump --native`` first, with :data:`NATIVE_SHARE` of the time left; when it fails for
+    a reason a Python-only dump need not share (``native_unsupported``, ``failed``, ``timeout``), once more without
+    ``--native`` with what is left. ``mode`` (``native`` | ``python``) and ``mode_reason`` say what the dump is and
+    why, ``attempts`` lists each run (mode, seconds, error); with no dump, ``error`` / ``message`` are the last run's.
+    """
+    attempts: list[dict[str, Any]] = []
+    modes = ("native", "python") if native else ("python",)
+    for mode in modes:
+        left = deadline - time.monotonic() - DEADLINE_MARGIN_S
+        if left <= MIN_DUMP_S:
+            attempts.append({"mode": mode, "error": "timeout", "message": "no time left within evidence.time_limit_s"})
+            break
+        budget = min(left, pyspy.DUMP_TIMEOUT_S) * (NATIVE_SHARE if mode == "native" else 1.0)
+        t0 = time.monotonic()
+        try:
+            threads = pyspy.dump(exe, pid, timeout_s=budget, native=mode == "native")
+        except pyspy.PySpyError as exc:
+            attempts.append(
+                {"mode": mode, "wall_s": round(time.monotonic() - t0, 3), "error": exc.kind, "message": str(exc)}
+            )
+            if exc.kind in SAME_WITHOUT_NATIVE:
+                break
+            continue
+        attempts.append({"mode": mode, "wall_s": round(time.monotonic() - t0, 3)})
+        if mode == "native":
+            reason = NATIVE_OK
+        elif native:
+            first = attempts[0]
+            reason = f"--native failed ({first['error']}: {first['message']}); retried without it: Python frames only"
+        else:
+            reason = NATIVE_OFF
+        return {"mode": mode, "mode_reason": reason, "attempts": attempts, "threads": [py_thread(t) for t in threads]}
+    last = attempts[-1]
+    return {"error": last["error"], "message": last["message"], "attempts": attempts}
+
+
+def in_flight(scrapes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Requests in flight from the engine's running / waiting gauges of the last scrape (counts, no identities)."""
+    if not scrapes:
+        return {"absent": "no engine scrape kept yet (the engine collector is off or has not scraped since start)"}
+    last = scrapes[-1]
+    keep = ("model", "rank", "running", "waiting", "stall_s", "allowance_s", "stalled")
+    ranks = [{k: r.get(k) for k in keep} for r in last.get("ranks", [])]
+    if not ranks:
+        return {"absent": f"the last engine scrape ({last.get('engine')}) had no running / waiting gauges per rank"}
+    return {
+        "source": "engine gauges (vllm:num_requests_running / _waiting or the engine's own) of the last scrape",
+        "at": last.get("at"),
+        "running": sum(float(r.get("running") or 0) for r in ranks),
+        "waiting": sum(float(r.get("waiting") or 0) for r in ranks),
+        "ranks": ranks,
+    }
+
+
+def onset_of(scrapes: Sequence[Mapping[str, Any]]) -> float | None:
+    """When progress stopped (Unix s): the newest scrape with a stalled rank, less its stall; None if none stalled."""
+    for s in reversed(scrapes):
+        stalls = [float(r.get("stall_s") or 0) for r in s.get("ranks", []) if r.get("stalled")]
+        if stalls:
+            return float(s.get("at", 0)) - max(stalls)
+    return None
+
+
+def spans_section(
+    scrapes: Sequence[Mapping[str, Any]],
+    probe: Mapping[str, Any] | None,
+    recent: Sequence[FinishedSpan] | None,
+) -> dict[str, Any]:
+    """The bundle's ``spans``: in flight (engine gauges), the probe's last request, the last finished spans.
+
+    ``recent`` None: no receiver attached (``receiver.enabled`` false). Each finished request is marked
+    ``ended_before_onset`` when an onset is known (:func:`onset_of`).
+    """
+    out: dict[str, Any] = {"note": SPANS_NOTE, "in_flight": in_flight(scrapes)}
+    if probe is None:
+        out["probe"] = {"absent": "no streaming probe result yet (probe.url is not set, or no run finished)"}
+    else:
+        out["probe"] = {
+            "source": "the streaming probe's last synthetic request per protocol (a run still waiting is not shown)",
+            **probe,
+        }
+    if recent is None:
+        out["recent_finished"] = {
+            "absent": "the OTLP trace receiver is off (receiver.enabled): no request spans are received"
+        }
+        return out
+    if not recent:
+        out["recent_finished"] = {
+            "absent": "the OTLP receiver has received no request span since the agent started (is the engine "
+            "exporting them, e.g. vLLM --otlp-traces-endpoint?)"
+        }
+        return out
+    onset = onset_of(scrapes)
+    requests = []
+    for span in recent[:RECENT_SPANS_SHOWN]:
+        r = span.as_dict()
+        if onset is not None:
+            r["ended_before_onset"] = (r.get("end_unix_s") or r["received_at"]) < onset
+        requests.append(r)
+    out["recent_finished"] = {
+        "source": "OTLP receiver: the last finished requests' spans received before the capture (newest first); "
+        "a request still in flight is not among them",
+        "onset_at": onset,
+        "requests": requests,
+    }
+    return out
 
 
 # --- the store ----------------------------------------------------------------------------------------------
@@ -367,6 +553,12 @@ class EvidenceStore:
         self._hung: set[tuple[str, str]] = set()
         self._last_by_pid: dict[int, tuple[float, str]] = {}
         self._threads: list[threading.Thread] = []
+        self._probe: dict[str, Any] | None = None
+        self._recent_spans: Callable[[], Sequence[FinishedSpan]] | None = None
+
+    def attach_spans(self, recent: Callable[[], Sequence[FinishedSpan]]) -> None:
+        """The OTLP receiver's last finished requests (:meth:`agent.receiver.Receiver.recent_spans`), when it is on."""
+        self._recent_spans = recent
 
     @property
     def directory(self) -> Path:
@@ -380,7 +572,11 @@ class EvidenceStore:
 
     # --- triggers ---
     def on_record(self, name: str, collection: Collection) -> None:
-        """State listener: keep the engine scrapes; start a capture when a rank's hang finding turns on."""
+        """State listener: keep the engine scrapes and the probe's last result; start a capture when a rank's hang
+        finding turns on."""
+        if name == PROBE_SOURCE:
+            self._probe = {"at": time.time(), "protocols": dict(collection.details)}
+            return
         if name != ENGINE_SOURCE:
             return
         ranks = [dict(r) for r in collection.details.get("hang", [])]
@@ -514,7 +710,7 @@ class EvidenceStore:
             "engine": {"scrapes": list(self._scrapes)},
             "runtime_profile": self._runtime_profile(),
             "gpus": nvml_state(self.nvml),
-            "spans": {"absent": NO_SPANS},
+            "spans": self._spans(),
         }
         if not pids:
             bundle["processes_absent"] = (
@@ -563,18 +759,19 @@ class EvidenceStore:
             return
 
         def one(p: dict[str, Any]) -> None:
-            left = deadline - time.monotonic() - 0.5
-            if left <= 0.2:
-                p["py_spy"] = {"error": "timeout", "message": "no time left within evidence.time_limit_s"}
-                return
-            try:
-                threads = pyspy.dump(exe, int(p["pid"]), timeout_s=min(left, pyspy.DUMP_TIMEOUT_S))
-                p["py_spy"] = {"threads": [py_thread(t) for t in threads]}
-            except pyspy.PySpyError as exc:
-                p["py_spy"] = {"error": exc.kind, "message": str(exc)}
+            p["py_spy"] = dump_process(exe, int(p["pid"]), deadline, self.cfg.native)
 
         with ThreadPoolExecutor(max_workers=PY_SPY_WORKERS, thread_name_prefix="evidence-py-spy") as pool:
             list(pool.map(one, processes))
+
+    def _spans(self) -> dict[str, Any]:
+        try:
+            recent = self._recent_spans() if self._recent_spans is not None else None
+        except Exception as exc:
+            out = spans_section(list(self._scrapes), self._probe, [])
+            out["recent_finished"] = {"absent": f"reading the receiver's spans failed: {exc}"}
+            return out
+        return spans_section(list(self._scrapes), self._probe, recent)
 
     def _runtime_profile(self) -> dict[str, Any]:
         try:

@@ -42,8 +42,8 @@ PID_MAX = 1 << 22  # Linux's PID_MAX_LIMIT: no pid is larger
 class PySpyError(ToolError):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
-        # permission | no_process | not_python | timeout | missing | failed, and before py-spy runs:
-        # invalid_pid (not a positive integer) | not_runtime (outside the runtime's processes) | no_runtime
+        # permission | no_process | not_python | native_unsupported | timeout | missing | failed, and before py-spy
+        # runs: invalid_pid (not a positive integer) | not_runtime (outside the runtime's processes) | no_runtime
         self.kind = kind
 
 
@@ -129,6 +129,11 @@ def classify(stderr: str, pid: int) -> PySpyError:
             "container share its pid namespace: docker pid: host or pid: service:<runtime>; kubernetes "
             "shareProcessNamespace: true)",
         )
+    if "native" in text and ("not supported" in text or "can't get native" in text):
+        # This build or platform cannot unwind native stacks (no libunwind, aarch64, macOS), or --native was asked
+        # for together with --nonblocking: the Python-only dump still works.
+        first = next((ln for ln in stderr.splitlines() if "native" in ln.lower()), "").strip()
+        return PySpyError("native_unsupported", f"py-spy cannot read native stacks of pid {pid}: {first}")
     head = "\n".join(stderr.strip().splitlines()[:3])
     return PySpyError("failed", f"py-spy failed on pid {pid}: {head}")
 
@@ -162,10 +167,22 @@ def _run(argv: list[str], timeout_s: float, pid: int) -> subprocess.CompletedPro
     return proc
 
 
-def dump(exe: Path, pid: int, timeout_s: float = DUMP_TIMEOUT_S, nonblocking: bool = True) -> list[dict[str, Any]]:
-    """``py-spy dump --json`` of ``pid``: one entry per thread (no locals)."""
+def dump(
+    exe: Path, pid: int, timeout_s: float = DUMP_TIMEOUT_S, nonblocking: bool = True, native: bool = False
+) -> list[dict[str, Any]]:
+    """``py-spy dump --json`` of ``pid``: one entry per thread (no locals).
+
+    ``native``: ``--native``, native frames (C extensions, CUDA/NCCL, libc) interleaved with the Python ones, each
+    native frame with its shared object in ``module`` (None on a Python frame). py-spy refuses ``--native`` with
+    ``--nonblocking``, so a native dump pauses the process while it reads it (``nonblocking`` is ignored); where the
+    build or platform cannot unwind, it fails with kind ``native_unsupported``.
+    """
     validate_pid(pid)
-    argv = [str(exe), "dump", "--pid", str(pid), "--json"] + (["--nonblocking"] if nonblocking else [])
+    argv = [str(exe), "dump", "--pid", str(pid), "--json"]
+    if native:
+        argv.append("--native")
+    elif nonblocking:
+        argv.append("--nonblocking")
     proc = _run(argv, timeout_s, pid)
     try:
         data = json.loads(proc.stdout)

@@ -6,7 +6,8 @@
                               ├─► SpanIntake (decode, count)─┤
     engine ──OTLP/HTTP :4318──┘                             └─► Forwarder (bounded queue) ─► downstream
 
-:class:`Receiver` owns the transports; ``start``/``stop`` are idempotent and ``stop`` is bounded.
+:class:`Receiver` owns the transports; ``start``/``stop`` are idempotent and ``stop`` is bounded. The intake
+keeps the last finished requests for the evidence bundles (:meth:`Receiver.recent_spans`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from agent.config import ReceiverSettings
 from agent.errors import ConfigError
 from agent.receiver.forward import Forwarder
-from agent.receiver.intake import SpanIntake, TimingSink
+from agent.receiver.intake import FinishedSpan, SpanIntake, TimingSink
 
 log = logging.getLogger(__name__)
 
@@ -100,3 +101,7 @@ class Receiver:
 
     def samples(self) -> list[Any]:
         return list(self.intake.samples())
+
+    def recent_spans(self) -> list[FinishedSpan]:
+        """The last finished requests received, newest first (what an evidence bundle shows of the spans)."""
+        return self.intake.recent()

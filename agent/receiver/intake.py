@@ -3,17 +3,23 @@
 Both transports hand :meth:`SpanIntake.handle` the serialized ``ExportTraceServiceRequest``
 (decompressed, size already checked); it raises :class:`~agent.receiver.spans.PayloadError` for a
 payload that does not decode, and the transport maps that to HTTP 400 / gRPC INVALID_ARGUMENT.
+
+It also keeps the last :data:`RECENT_SPANS_KEPT` finished requests (:class:`FinishedSpan`, :meth:`SpanIntake.recent`)
+for the evidence bundles. Only finished ones: an engine sends a request's span when the request ends (vLLM's
+``llm_request``), so a request in flight, or stuck, has no span here yet.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import Counter
-from collections.abc import Iterable
-from typing import Protocol
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from agent.receiver.forward import Forwarder
-from agent.receiver.spans import decode, extract
+from agent.receiver.spans import SpanRef, decode, extract, span_ref
 from agent.samples import RequestTiming, Sample, attrs
 
 
@@ -37,15 +43,44 @@ REJECT_REASONS = (
     "not_found",
 )
 VALUE_REASONS = ("not_a_number", "out_of_range", "too_many_models")
+RECENT_SPANS_KEPT = 32  # the last finished requests kept for an evidence bundle
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedSpan:
+    """One finished request as received: when (Unix s), its timing (seconds) and which span it came from."""
+
+    received_at: float
+    timing: RequestTiming
+    ref: SpanRef
+
+    def as_dict(self) -> dict[str, Any]:
+        t, r = self.timing, self.ref
+        return {
+            "received_at": round(self.received_at, 3),
+            "start_unix_s": r.start_unix_s,
+            "end_unix_s": r.end_unix_s,
+            "trace_id": r.trace_id,
+            "span_id": r.span_id,
+            "request_id": r.request_id,
+            "model": t.model,
+            "seconds": {q: round(v, 6) for q, v in sorted(t.seconds.items())},
+            "prompt_tokens": t.prompt_tokens,
+            "completion_tokens": t.completion_tokens,
+        }
 
 
 class SpanIntake:
     """Counts everything it sees; thread-safe (gRPC worker threads and the HTTP loop call it)."""
 
-    def __init__(self, analytics: TimingSink, forwarder: Forwarder | None = None) -> None:
+    def __init__(
+        self, analytics: TimingSink, forwarder: Forwarder | None = None, wall_clock: Callable[[], float] = time.time
+    ) -> None:
         self.analytics = analytics
         self.forwarder = forwarder
+        self.wall_clock = wall_clock
         self._lock = threading.Lock()
+        self._recent: deque[FinishedSpan] = deque(maxlen=RECENT_SPANS_KEPT)
         self.accepted: Counter[str] = Counter()
         self.rejected: Counter[tuple[str, str]] = Counter()
         self.spans: Counter[str] = Counter()
@@ -64,7 +99,13 @@ class SpanIntake:
         dropped = self.analytics.record(got.timings) if got.timings else 0
         if self.forwarder is not None:
             self.forwarder.submit(payload)
+        now, first = self.wall_clock(), max(0, len(got.timings) - RECENT_SPANS_KEPT)
+        recent = [
+            FinishedSpan(now, t, span_ref(span))
+            for t, span in zip(got.timings[first:], got.sources[first:], strict=True)
+        ]
         with self._lock:
+            self._recent.extend(recent)
             self.accepted[transport] += 1
             self.spans[transport] += got.spans
             self.requests[transport] += len(got.timings) - dropped
@@ -72,6 +113,11 @@ class SpanIntake:
             if dropped:
                 self.invalid["too_many_models"] += dropped
         return len(got.timings) - dropped
+
+    def recent(self) -> list[FinishedSpan]:
+        """The last finished requests received (at most :data:`RECENT_SPANS_KEPT`), newest first."""
+        with self._lock:
+            return list(reversed(self._recent))
 
     def reject(self, transport: str, reason: str) -> None:
         with self._lock:

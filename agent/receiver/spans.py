@@ -27,6 +27,11 @@ one model), so with a stock vLLM every span is ``unknown`` here and
 sees.
 
 A value that is not a finite number in [0, :data:`MAX_LATENCY_S`] is left out and counted.
+
+Each timing keeps the span it came from (``Extracted.sources``, same order); :func:`span_ref` reads its trace and
+span ids (hex), its ``gen_ai.request.id`` (vLLM's request id, ``cmpl-…``) and its start and end (Unix seconds), so
+that the last finished requests can be named in an evidence bundle and looked up in a trace backend. Only the
+intake's last few are read that way: the per-span cost of extraction stays what it was.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -54,11 +60,24 @@ LATENCY_KEYS: dict[str, str] = {
 _PROMPT_KEYS = frozenset({"gen_ai.usage.prompt_tokens", "gen_ai.usage.input_tokens"})
 _COMPLETION_KEYS = frozenset({"gen_ai.usage.completion_tokens", "gen_ai.usage.output_tokens"})
 _REQUEST_MODEL = "gen_ai.request.model"
+_REQUEST_ID = "gen_ai.request.id"
+MAX_REQUEST_ID_CHARS = 128
 _RESPONSE_MODEL = "gen_ai.response.model"
 
 
 class PayloadError(ValueError):
     """The payload is not a valid ExportTraceServiceRequest."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpanRef:
+    """Which span a timing came from: trace and span id (hex), the request id, start and end (Unix s; None if 0)."""
+
+    trace_id: str
+    span_id: str
+    request_id: str | None = None
+    start_unix_s: float | None = None
+    end_unix_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -68,6 +87,7 @@ class Extracted:
     spans: int = 0
     timings: list[RequestTiming] = field(default_factory=list)
     invalid: Counter[str] = field(default_factory=Counter)  # reason → values left out
+    sources: list[Any] = field(default_factory=list)  # the protobuf Span of each timing, same order
 
 
 def decode(payload: bytes) -> ExportTraceServiceRequest:
@@ -143,4 +163,18 @@ def extract(req: ExportTraceServiceRequest) -> Extracted:
                     seconds["itl"] = decode_s / (completion - 1)
                 name = (model or response_model or resource_model or UNKNOWN_MODEL)[:MAX_MODEL_NAME_CHARS]
                 timings.append(RequestTiming(name, seconds, prompt, completion))
+                out.sources.append(span)
     return out
+
+
+def span_ref(span: Any) -> SpanRef:
+    """Which span a timing came from: ids (hex), ``gen_ai.request.id``, start and end (Unix s)."""
+    request_id = next((kv.value.string_value for kv in span.attributes if kv.key == _REQUEST_ID), "")
+    start, end = span.start_time_unix_nano, span.end_time_unix_nano
+    return SpanRef(
+        span.trace_id.hex(),
+        span.span_id.hex(),
+        request_id[:MAX_REQUEST_ID_CHARS] or None,
+        start / 1e9 or None,
+        end / 1e9 or None,
+    )

@@ -64,6 +64,8 @@ class Agent:
         if self.ctx.read_limits.hits is not None:
             self.state.add_source("read_limits", self.ctx.read_limits.hits.samples)
         self.state.add_listener(deps.evidence.on_record)  # a capture the moment the hang finding turns on
+        if self.receiver is not None:  # a bundle lists the last finished requests' spans
+            deps.evidence.attach_spans(self.receiver.recent_spans)
         self.state.add_source(
             "evidence",
             lambda: [Sample("inferwatch.evidence.captures", n, attrs(outcome=k)) for k, n in deps.evidence.counts()],

@@ -421,3 +421,21 @@ def test_summary_names_the_stuck_application_frame_not_the_event_loop() -> None:
     line = summarise(bundle)
     assert "1 in D state: worker-a(7)" in line and "py-spy 1/2 (permission)" in line
     assert "stuck in wait_for_collective (runtime.py:37)" in line and line.endswith("0.40 s wall, 0.12 s CPU")
+
+
+def test_the_agent_hands_its_receivers_finished_spans_to_the_evidence_store(tmp_path) -> None:
+    """With the OTLP receiver on, the running agent's bundles read the receiver's last finished requests (without
+    the wiring every bundle said the receiver was off); with it off, they say so. What the receiver returns is
+    tested with real spans above."""
+    from agent.app import Agent
+
+    def spans_of(receiver_on: bool) -> dict:
+        settings = Settings(
+            receiver=ReceiverSettings(enabled=receiver_on, grpc_endpoint=None, http_endpoint="127.0.0.1:0"),
+            evidence={"dir": str(tmp_path / f"ev-{receiver_on}")},
+        )
+        agent = Agent(settings, build_deps(settings, nvml=FakeNVML([])))
+        return agent.deps.evidence._spans()["recent_finished"]
+
+    assert "receiver is off" in spans_of(False)["absent"]
+    assert "received no request span since the agent started" in spans_of(True)["absent"]  # read from the receiver

@@ -19,6 +19,14 @@ with its reason; the runner counts it and the agent keeps serving. A run the run
 ``collectors.engine.timeout_s``, e.g. a parse that slow: the fetch deadline ``engine.timeout_s`` counts the
 server's time only) or finds still running is reported the same way (:meth:`EngineCollector.run_failed`).
 
+Hang detection (:mod:`agent.engine.hang`) needs the engine's maximum model length. Unless ``engine.max_model_len``
+is set, the collector asks the engine once per engine start (the first scrape, the first after a failed one, a
+counter reset, another set of models), in a thread of its own so no scrape waits for it: ``GET /v1/models`` on the
+metrics URL's origin (vLLM, SGLang: ``max_model_len`` per model) or ``GET /props`` for llama.cpp (its per-slot
+``n_ctx``), within :data:`MODEL_LEN_TIMEOUT_S`. No answer leaves what was known (nothing before the first
+answer): counted by reason in ``details["max_model_len"]``, logged once when it starts and once when it ends,
+asked again after :data:`MODEL_LEN_RETRY_S`.
+
 The histogram-derived stats are kept in the collector's own :class:`~agent.engine.board.LatencyBoard`
 (``EngineCollector.board``, for inspection). The span analytics learn what they need from this
 collector's collection in the state (``details["models"]`` and its ``frontend_gap`` series), not
@@ -27,10 +35,13 @@ from a shared object.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
-from typing import ClassVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar, TypeGuard
 
 import httpx
 
@@ -57,6 +68,12 @@ REEXPORTED = {
 HANG_FINDING = "engine_hung"
 HANG_RUNBOOK = "EngineHungButHealthy"
 HEALTH_TIMEOUT_S = 1.0  # the /health probe runs only while a rank is stalled
+MODEL_LEN_TIMEOUT_S = 2.0  # GET /v1/models or /props: a small JSON document, asked off the scrape
+MODEL_LEN_MAX_BYTES = 1 << 20  # a model list with thousands of LoRA adapters still fits
+MODEL_LEN_RETRY_S = 300.0  # after no answer (or none with a length), asked again at most this often
+MODEL_LEN_MIN_GAP_S = 60.0  # an engine that flaps up and down is asked at most once a minute
+MODEL_LEN_PATHS = {"llamacpp": "/props"}  # every other engine: the OpenAI-compatible /v1/models
+MODEL_LEN_REASONS = ("connect", "timeout", "http_status", "too_large", "not_json", "absent")
 TOKEN_TIME = {"prefill": ("prompt_seconds", "prompt_tokens"), "decode": ("generation_seconds", "generation_tokens")}
 
 
@@ -162,12 +179,106 @@ def _model_samples(kind: str, model: str, m: ModelReading) -> list[AnySample]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class ModelLenAnswer:
+    """One answer about the engine's maximum model length: tokens per model (``""``: every model), or why none.
+
+    ``reason`` is ``ok`` or one of :data:`MODEL_LEN_REASONS` (``absent``: 404, or no length in the document).
+    """
+
+    lens: dict[str, int]
+    reason: str
+    message: str = ""
+
+
+def model_len_url(metrics_url: str | None, kind: str) -> str:
+    """Where ``kind``'s engine reports its maximum model length: the metrics URL's origin + the path ("" if none)."""
+    if not metrics_url:
+        return ""
+    u = httpx.URL(metrics_url)
+    if u.scheme not in ("http", "https"):
+        return ""
+    return str(u.copy_with(path=MODEL_LEN_PATHS.get(kind, "/v1/models"), query=None, fragment=None))
+
+
+def _tokens(v: object) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def model_lens(kind: str, doc: object) -> dict[str, int]:
+    """Maximum model length in tokens per model from the engine's JSON document ({} when it has none).
+
+    vLLM and SGLang ``GET /v1/models``: ``data[].max_model_len`` by ``data[].id`` (the served model name, the
+    ``model_name`` label of their metrics; LoRA adapters carry none). llama.cpp ``GET /props``:
+    ``default_generation_settings.n_ctx``, the per-slot context, the longest prompt one request can have (key "").
+    """
+    if not isinstance(doc, dict):
+        return {}
+    if kind == "llamacpp":
+        settings = doc.get("default_generation_settings")
+        n = settings.get("n_ctx") if isinstance(settings, dict) else None
+        return {"": n} if _tokens(n) else {}
+    data = doc.get("data")
+    out: dict[str, int] = {}
+    for card in data if isinstance(data, list) else []:
+        if (
+            isinstance(card, dict)
+            and isinstance(model := card.get("id"), str)
+            and _tokens(n := card.get("max_model_len"))
+        ):
+            out[model] = n
+    return out
+
+
+def ask_model_len(
+    client: httpx.Client,
+    url: str,
+    kind: str,
+    timeout_s: float = MODEL_LEN_TIMEOUT_S,
+    max_bytes: int = MODEL_LEN_MAX_BYTES,
+) -> ModelLenAnswer:
+    """GET ``url`` (at most ``max_bytes``, ``timeout_s`` in total) and read the lengths with :func:`model_lens`."""
+    deadline = time.monotonic() + timeout_s
+    body = bytearray()
+    try:
+        with client.stream("GET", url, timeout=httpx.Timeout(timeout_s), headers={"Accept": "application/json"}) as r:
+            if r.status_code != 200:
+                reason = "absent" if r.status_code == 404 else "http_status"
+                return ModelLenAnswer({}, reason, f"{url} answered HTTP {r.status_code}")
+            for chunk in r.iter_bytes():
+                body += chunk
+                if len(body) > max_bytes:
+                    return ModelLenAnswer({}, "too_large", f"{url} sent more than {max_bytes} bytes")
+                if time.monotonic() > deadline:
+                    return ModelLenAnswer({}, "timeout", f"{url} still sending after {timeout_s:g}s")
+    except httpx.TimeoutException:
+        return ModelLenAnswer({}, "timeout", f"{url}: no answer within {timeout_s:g}s")
+    except httpx.HTTPError as exc:
+        return ModelLenAnswer({}, "connect", f"{url}: {type(exc).__name__}: {exc}")
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser's stack
+        return ModelLenAnswer({}, "not_json", f"{url} did not answer JSON")
+    lens = model_lens(kind, doc)
+    if not lens:
+        field = "default_generation_settings.n_ctx" if kind == "llamacpp" else "data[].max_model_len"
+        return ModelLenAnswer({}, "absent", f"{url} has no {field}")
+    return ModelLenAnswer(lens, "ok")
+
+
+def _token_total(reading: EngineReading) -> float:
+    """Prompt + generation tokens over every model: lower than the last scrape's after a restart."""
+    counters = ("prompt_tokens", "generation_tokens")
+    return sum(sum(m.counters.get(c, {}).values()) for m in reading.models.values() for c in counters)
+
+
 class EngineCollector(BaseCollector):
     name: ClassVar[str] = "engine"
     description: ClassVar[str] = "Inference engine /metrics (vLLM, SGLang, TGI, llama.cpp, TensorRT-LLM)"
 
-    def __init__(self, ctx: CollectContext) -> None:
+    def __init__(self, ctx: CollectContext, clock: Callable[[], float] = time.time) -> None:
         super().__init__(ctx)
+        self._clock = clock  # wall time of each scrape, seconds
         cfg = ctx.settings.engine
         self.cfg = cfg
         self.limits = EngineLimits.of(cfg)
@@ -187,6 +298,17 @@ class EngineCollector(BaseCollector):
         self._models_dropped: int | None = None
         self._dropping = False
         self._given_up = 0  # runs the runner gave up on; a call that was one of them changes no status when it ends
+        # the engine's maximum model length (unless configured): asked per engine start, in a thread of its own
+        self._len_url = ""
+        self._len_thread: threading.Thread | None = None
+        self._len_answer: ModelLenAnswer | None = None  # posted by the thread, taken by the next collect()
+        self._len_due = cfg.max_model_len <= 0
+        self._len_asked_at = float("-inf")
+        self._len_retry_at: float | None = None
+        self._len_last = "configured" if cfg.max_model_len > 0 else "not_asked"
+        self._len_errors = dict.fromkeys(MODEL_LEN_REASONS, 0)
+        self._len_failing = False
+        self._engine_mark: tuple[frozenset[str], float] | None = None  # models and token total of the last scrape
 
     def collect(self) -> Collection:
         url = self.cfg.metrics_url
@@ -202,6 +324,7 @@ class EngineCollector(BaseCollector):
             size = fetch_into(self._client, url, self.cfg.timeout_s, self.cfg.max_bytes, stream, self.limits.max_series)
             reading = stream.finish()
         except EngineScrapeError as exc:
+            self._engine_mark = None  # the next scrape that succeeds may be of a restarted engine
             with self._lock:
                 if run != self._given_up:  # already counted as a timeout; the runner drops this run
                     raise
@@ -210,7 +333,7 @@ class EngineCollector(BaseCollector):
                 if exc.reason in self._limit_hits:
                     self._limit_hits[exc.reason] += 1
             raise  # the runner logs the failure once when it starts and once when it ends
-        now = time.time()
+        now = self._clock()
         dropped = reading.models_dropped
         with self._lock:
             if run == self._given_up:  # else the runner gave up on this run (counted) and drops what it returns
@@ -233,6 +356,7 @@ class EngineCollector(BaseCollector):
         self.board.set_models("histogram", reading.models)
         samples: list[AnySample] = reading_samples(reading)
         samples.extend(self.timeline.derived_samples(stats))
+        self._model_len_step(now, reading)
         verdicts = self.hang.update(now, reading)
         health = self._health() if any(v.stalled for v in verdicts) else "not_probed"
         samples.extend(hang_samples(verdicts, health))
@@ -252,7 +376,78 @@ class EngineCollector(BaseCollector):
             },
         }
         details["hang"] = [hang_dict(v) for v in verdicts]
+        details["max_model_len"] = self._model_len_dict()
         return Collection(samples=samples, findings=findings, details=details)
+
+    def _model_len_step(self, now: float, reading: EngineReading) -> None:
+        """Hand a finished answer to the hang detector; ask (in a thread) when the engine (re)started or a failed
+        answer's retry time has come, at most once per :data:`MODEL_LEN_MIN_GAP_S`. Nothing when configured."""
+        if self.cfg.max_model_len > 0:
+            return
+        mark = (frozenset(reading.models), _token_total(reading))
+        last, self._engine_mark = self._engine_mark, mark
+        if last is None or last[0] != mark[0] or mark[1] < last[1]:
+            self._len_due = True  # an engine start: the first scrape, the first after a failure, a restart
+        self._take_model_len(now)
+        retry = self._len_retry_at is not None and now >= self._len_retry_at
+        if not (self._len_due or retry) or now - self._len_asked_at < MODEL_LEN_MIN_GAP_S:
+            return
+        if self._len_thread is not None and self._len_thread.is_alive():
+            return
+        url = model_len_url(self.cfg.metrics_url, reading.kind)
+        if not url:
+            return
+        self._len_url, self._len_asked_at, self._len_due, self._len_retry_at = url, now, False, None
+        timeout_s = min(self.cfg.timeout_s, MODEL_LEN_TIMEOUT_S)
+        self._len_thread = threading.Thread(
+            target=self._ask_model_len, args=(url, reading.kind, timeout_s), name="engine-model-len", daemon=True
+        )
+        self._len_thread.start()
+
+    def _ask_model_len(self, url: str, kind: str, timeout_s: float) -> None:
+        answer = ask_model_len(self._client, url, kind, timeout_s)
+        with self._lock:
+            self._len_answer = answer
+
+    def _take_model_len(self, now: float) -> None:
+        with self._lock:
+            answer, self._len_answer = self._len_answer, None
+        if answer is None:
+            return
+        self._len_last = answer.reason
+        if answer.reason == "ok":
+            self.hang.learn(answer.lens)
+            log.info("engine maximum model length from %s: %s tokens", self._len_url, answer.lens)
+            if self._len_failing:
+                self._len_failing = False
+                log.info("engine maximum model length answered again (%s)", self._len_url)
+            return
+        self._len_errors[answer.reason] += 1
+        self._len_retry_at = now + MODEL_LEN_RETRY_S
+        if not self._len_failing:  # logged once when it starts, once when it ends
+            self._len_failing = True
+            known = "the last answer" if self.hang.learnt else f"engine.hang_min_stall_s={self.hang.min_stall_s:g}s"
+            log.warning(
+                "engine maximum model length unknown: %s; the hang allowance uses %s (set engine.max_model_len)",
+                answer.message,
+                known,
+            )
+
+    def _model_len_dict(self) -> dict[str, object]:
+        return {
+            "configured": self.cfg.max_model_len,
+            "engine": dict(sorted(self.hang.learnt.items())),
+            "url": self._len_url,
+            "last": self._len_last,
+            "errors": {reason: n for reason, n in self._len_errors.items() if n},
+        }
+
+    def join_model_len(self, timeout_s: float = MODEL_LEN_TIMEOUT_S) -> None:
+        """Wait (at most ``timeout_s``) for a model-length request in flight; its answer is taken by the next
+        :meth:`collect`. For tests and :meth:`close`."""
+        thread = self._len_thread
+        if thread is not None:
+            thread.join(timeout_s)
 
     def _health(self) -> str:
         """The engine's /health while a rank is stalled: ok | failed | absent (404) | off (probe disabled)."""
@@ -290,6 +485,7 @@ class EngineCollector(BaseCollector):
             return out
 
     def close(self) -> None:
+        self.join_model_len()  # bounded: the request's own timeout
         if self._own_client:
             self._client.close()
 
@@ -329,6 +525,7 @@ def hang_dict(v: RankVerdict) -> dict[str, object]:
         "allowance_s": round(v.allowance_s, 3),
         "stalled": v.stalled,
         "prefill_s_per_token": v.prefill_s_per_token,
+        "max_model_len": v.max_model_len,
     }
 
 

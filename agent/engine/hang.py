@@ -10,15 +10,18 @@ A stall is a hang once it passes the rank's **allowance**: the longest silence a
 single prefill emits nothing until it completes (vLLM counts prompt tokens of *completed* prefills), so the
 allowance is ``max(min_stall_s, prefill_safety × max_model_len × prefill seconds per token)``, capped at
 ``max_stall_s``: the per-token prefill time comes from the engine's own numbers (the prefill-phase histogram's
-sum over the prompt token counter, or llama.cpp's prompt seconds over its prompt tokens); without
-``max_model_len`` only ``min_stall_s`` applies. Idle engines, restarts and a full KV cache that still admits
-and finishes requests are never stalled: the first has nothing in it, the others move a counter.
+sum over the prompt token counter, or llama.cpp's prompt seconds over its prompt tokens). ``max_model_len`` is
+the configured one, else what the engine reports (:meth:`HangDetector.learn`, fed by the collector from vLLM's
+``GET /v1/models`` or llama.cpp's ``GET /props``); while neither is known only ``min_stall_s`` applies. Idle
+engines, restarts and a full KV cache that still admits and finishes requests are never stalled: the first has
+nothing in it, the others move a counter.
 
 Pure and clock-free: :meth:`HangDetector.update` takes the time. The ``/health`` probe is the collector's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agent.config import DEFAULT_HANG_MAX_STALL_S, DEFAULT_HANG_MIN_STALL_S
@@ -30,7 +33,8 @@ DEFAULT_PREFILL_SAFETY = 2.0  # the per-token estimate is a mean; a long prompt'
 
 @dataclass(frozen=True, slots=True)
 class RankVerdict:
-    """One rank's state after a scrape. Times in seconds; ``stalled`` = ``stall_s >= allowance_s``."""
+    """One rank's state after a scrape. Times in seconds; ``stalled`` = ``stall_s >= allowance_s``;
+    ``max_model_len`` (tokens) is the one the allowance used, 0 while unknown."""
 
     model: str
     rank: str
@@ -40,6 +44,7 @@ class RankVerdict:
     allowance_s: float
     stalled: bool
     prefill_s_per_token: float | None
+    max_model_len: int = 0
 
 
 @dataclass
@@ -73,15 +78,32 @@ class HangDetector:
         max_stall_s: float = DEFAULT_HANG_MAX_STALL_S,
     ) -> None:
         self.min_stall_s = min_stall_s
-        self.max_model_len = max_model_len
+        self.max_model_len = max_model_len  # configured (tokens); 0: the engine's own, once learnt
+        self.learnt: dict[str, int] = {}
         self.prefill_safety = prefill_safety
         self.max_stall_s = max(max_stall_s, min_stall_s)
         self._tracks: dict[tuple[str, str], _Track] = {}
 
-    def allowance(self, per_token_s: float | None) -> float:
-        if per_token_s is None or self.max_model_len <= 0:
+    def learn(self, lens: Mapping[str, int]) -> None:
+        """The engine's maximum model length in tokens per model, as its API reports it (replaces what was learnt).
+
+        Key ``""``: a length for no model in particular (llama.cpp's per-slot context). A configured
+        ``max_model_len`` wins over anything learnt.
+        """
+        self.learnt = {model: n for model, n in lens.items() if n > 0}
+
+    def model_len(self, model: str) -> int:
+        """Tokens: the configured length, else the learnt one of ``model``, else the longest learnt (a model the
+        engine did not list cannot hold a longer prompt than the engine allows any), else 0 (unknown)."""
+        if self.max_model_len > 0:
+            return self.max_model_len
+        return self.learnt.get(model) or max(self.learnt.values(), default=0)
+
+    def allowance(self, per_token_s: float | None, model: str = "") -> float:
+        max_model_len = self.model_len(model)
+        if per_token_s is None or max_model_len <= 0:
             return self.min_stall_s
-        prefill = self.prefill_safety * self.max_model_len * per_token_s
+        prefill = self.prefill_safety * max_model_len * per_token_s
         return min(self.max_stall_s, max(self.min_stall_s, prefill))
 
     def update(self, t: float, reading: EngineReading) -> list[RankVerdict]:
@@ -89,7 +111,8 @@ class HangDetector:
         live: set[tuple[str, str]] = set()
         for model, m in sorted(reading.models.items()):
             per_token = prefill_seconds_per_token(m)
-            allowance = self.allowance(per_token)
+            allowance = self.allowance(per_token, model)
+            max_model_len = self.model_len(model)
             for rank, q in sorted(m.ranks.items()):
                 if "generation_tokens" not in q and "prompt_tokens" not in q:
                     continue  # no progress counter: nothing to judge
@@ -108,7 +131,10 @@ class HangDetector:
                 elif track.busy_since is None:
                     track.busy_since = t
                 stall = t - max(track.progress_at, track.busy_since) if track.busy_since is not None else 0.0
-                out.append(RankVerdict(model, rank, running, waiting, stall, allowance, stall >= allowance, per_token))
+                stalled = stall >= allowance
+                out.append(
+                    RankVerdict(model, rank, running, waiting, stall, allowance, stalled, per_token, max_model_len)
+                )
         for key in set(self._tracks) - live:  # the model or rank is gone (restart with other flags)
             del self._tracks[key]
         return out

@@ -165,7 +165,7 @@ class EngineSettings(_Section):
     # max(hang_min_stall_s, 2 × max_model_len × prefill s/token) — capped at hang_max_stall_s — whose health_url
     # still answers 200 is hung. health_url None: metrics_url's origin + /health; "" turns the probe off.
     health_url: str | None = None
-    max_model_len: int = Field(default=0, ge=0, le=100_000_000)  # 0: unknown (the allowance is the minimum)
+    max_model_len: int = Field(default=0, ge=0, le=100_000_000)  # 0: ask the engine (/v1/models, llama.cpp /props)
     hang_min_stall_s: float = Field(default=DEFAULT_HANG_MIN_STALL_S, gt=0, le=3600)
     hang_max_stall_s: float = Field(default=DEFAULT_HANG_MAX_STALL_S, gt=0, le=86400)
 

@@ -172,8 +172,9 @@ METRICS = (
         "inferwatch.engine.stall.allowance",
         Kind.GAUGE,
         "s",
-        "The longest stall a working rank can show: max(engine.hang_min_stall_s, 2 × engine.max_model_len × "
-        "prefill seconds per token), capped at engine.hang_max_stall_s.",
+        "The longest stall a working rank can show: max(engine.hang_min_stall_s, 2 × max_model_len × "
+        "prefill seconds per token), capped at engine.hang_max_stall_s; max_model_len is engine.max_model_len, or "
+        "what the engine reports (/v1/models, llama.cpp /props) when that is 0.",
         (MODEL, "rank"),
     ),
     MetricSpec(

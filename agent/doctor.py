@@ -1,12 +1,14 @@
 """``inferwatch doctor`` (the CI/CD hardware gate): the registered collectors run once, as in the agent.
 
 The doctor builds the agent's dependencies (:func:`agent.wiring.build_deps`: the same runtime locator,
-NVML client and CPU probe; an ephemeral redaction key, nothing written), runs each collector of
-:data:`COLLECTORS` once through the runner's own validation (:func:`agent.runner.run_collection`) and
-prints the findings the collectors reach. The binary check runs once as the action it is. What only a
-gate asks is checked here and nowhere else: ``--require`` CPU features, and ``--engine-url``'s engine
-checks (reachable, engine kind, metric families, quantities it cannot give; the SIMD verdict under load,
-:mod:`agent.doctor_engine`).
+NVML client and CPU probe; an ephemeral redaction key, nothing written), instantiates every collector the
+registry enables for these settings (:func:`agent.collectors.enabled_collectors`, as the agent does), runs
+each once through the runner's own validation (:func:`agent.runner.run_collection`) in registry order, and
+prints the findings the collectors reach; a registered collector that is not enabled is a ``skip`` saying
+how to enable it. No check is implemented twice: what the doctor adds is a view of a collector's result
+(the engine's, :mod:`agent.doctor_engine`; the probe's 404 as a skip) and what only a gate asks:
+``--require`` CPU features, and, with ``--engine-url``, short completions sent to a llama.cpp engine while
+the ``simd`` collector measures its window. The binary check runs once as the action it is.
 
 A collector that finds its data absent (NoDataError) is a ``skip`` carrying the hint; one that crashes
 is a ``fail`` naming the error, so a broken host never passes the gate silently.
@@ -14,11 +16,15 @@ is a ``fail`` naming the error, so a broken host never passes the gate silently.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from agent.collectors import REGISTRY
+from agent.collectors import REGISTRY, enabled_collectors
+from agent.collectors.base import Collector
+from agent.doctor_engine import SIMD_WINDOW_S, EngineRun, engine_findings, load, split_url
 from agent.errors import NoDataError
 from agent.host.cpucap import read_cpu_capability, require_verdict
 from agent.probe.client import PROTOCOLS
@@ -27,14 +33,18 @@ from agent.runner import run_collection
 from agent.samples import Collection, Finding
 from agent.wiring import Deps
 
-# Collector → the check id its absence or failure is reported under, in the order doctor prints them.
-COLLECTORS: tuple[tuple[str, str], ...] = (
-    ("pagecache", "pagecache"),
-    ("cpu", "cpu"),
-    ("gpu", "gpu"),
-    ("probe", "runtime.probe"),
-    ("runtime_profile", "runtime.profile"),
-)
+# The check id a collector's absence, failure or "not enabled" is reported under, where it is not the
+# collector's name (the ids doctor has always printed).
+CHECK_IDS = {"probe": "runtime.probe", "runtime_profile": "runtime.profile", "simd": "engine.simd"}
+# The doctor's flag that configures a collector, and the setting it sets (named in the hint of its skip).
+FLAGS = {
+    "engine": ("--engine-url", "engine.metrics_url"),
+    "probe": ("--engine-url", "probe.url"),
+    "runtime_profile": ("--profile-url", "runtime_profile.url"),
+    "simd": ("--engine-url", "runtime.*"),
+}
+# Collectors that report a rate over the time between two runs: run twice, this many seconds apart.
+WINDOWS_S = {"simd": SIMD_WINDOW_S}
 NOT_SERVED = (404, 405)  # a protocol the runtime does not serve: a skip in the doctor, not a failure
 
 
@@ -50,12 +60,16 @@ def doctor_overrides(engine_url: str | None, profile_url: str | None) -> dict[st
     """Settings overrides for the flags: the probe (every protocol) and runtime_profile point at the runtime."""
     out: dict[str, object] = {}
     if engine_url:
-        base = engine_url.rstrip("/").removesuffix("/metrics")
+        base, metrics_url = split_url(engine_url)
         out["probe"] = {"url": base, "protocols": list(PROTOCOLS)}
-        out["engine"] = {"metrics_url": base + "/metrics"}  # the simd collector finds the engine by its port
+        out["engine"] = {"metrics_url": metrics_url}  # the engine collector; simd finds the engine by its port
     if profile_url:
         out["runtime_profile"] = {"url": profile_url}
     return out
+
+
+def check_id(name: str) -> str:
+    return CHECK_IDS.get(name, name)
 
 
 def check_collector(deps: Deps, name: str) -> list[Finding]:
@@ -100,58 +114,96 @@ def check_binary(deps: Deps) -> list[Finding]:
     return deps.binary.findings()
 
 
-def check_engine(deps: Deps, url: str | None) -> list[Finding]:
-    """Engine reachable, which engine, its metrics present, which quantities it cannot give (--engine-url)."""
-    from agent.doctor_engine import engine_findings
+def not_enabled(deps: Deps, name: str) -> Finding:
+    """A registered collector these settings do not enable: a skip that says how to enable it."""
+    if deps.settings.collector(name).enabled is False:
+        summary, hint = f"collector {name} is disabled", f"collectors.{name}.enabled: true"
+    elif name in FLAGS:
+        flag, setting = FLAGS[name]
+        summary, hint = f"{setting} is not set: collector {name} is off", f"pass {flag} URL (or set {setting})"
+    else:
+        summary, hint = f"collector {name} is off", f"collectors.{name}.enabled: true"
+    return Finding(check_id(name), "skip", summary, {"hint": hint})
 
-    if not url:
-        raise NoDataError("no engine URL", hint="pass --engine-url http://HOST:PORT")
-    return engine_findings(url)
 
-
-def check_engine_simd(deps: Deps, url: str | None) -> list[Finding]:
-    """Is the engine's process executing AVX-512 / SVE while it serves? (--engine-url)
-
-    The ``simd`` collector, run as the agent runs it (the runtime from the one locator: ``runtime.*``,
-    else the engine port's listener), twice :data:`~agent.doctor_engine.SIMD_WINDOW_S` apart under load.
-    """
-    from agent.doctor_engine import SIMD_WINDOW_S, load
-
-    if not url:
-        raise NoDataError("no engine URL", hint="pass --engine-url http://HOST:PORT")
-    collector = REGISTRY["simd"].cls(deps.collect_context())
+def _guarded(cid: str, fn: Callable[[], list[Finding]], request: DoctorRequest, name: str = "") -> list[Finding]:
+    """``fn``'s findings; its absence a skip with the hint, anything it raises a fail naming the error."""
     try:
-        with load(url):
-            run_collection(collector)
-            time.sleep(SIMD_WINDOW_S)
-            collection = run_collection(collector)
-    finally:
-        collector.close()
-    return list(collection.findings)
+        return fn()
+    except NoDataError as exc:
+        if cid == "cpu" and request.require:
+            return []  # the require check says it, as a failure
+        hint = redact_text(exc.hint)
+        if name in FLAGS and FLAGS[name][0] not in hint:  # the doctor's own way to configure it
+            hint = "; ".join(h for h in (hint, f"doctor: {FLAGS[name][0]} URL") if h)
+        return [Finding(cid, "skip", redact_text(str(exc.args[0])), {"hint": hint})]
+    except Exception as exc:
+        return [Finding(cid, "fail", redact_text(f"check failed: {type(exc).__name__}: {exc}"))]
+
+
+class _Doctor:
+    """One doctor run over the enabled collectors; the engine's result is kept for the SIMD window's load."""
+
+    def __init__(self, deps: Deps, request: DoctorRequest) -> None:
+        self.deps, self.request = deps, request
+        self.engine_kind: str | None = None
+
+    def run(self, collector: Collector) -> list[Finding]:
+        name = collector.name
+        if name == "engine":
+            return self._engine(collector)
+        if name in WINDOWS_S:
+            with self._load():
+                run_collection(collector)  # the window's start (an absence ends it here)
+                time.sleep(WINDOWS_S[name])
+                return list(run_collection(collector).findings)
+        return _as_doctor(name, run_collection(collector))
+
+    def _engine(self, collector: Collector) -> list[Finding]:
+        started = time.perf_counter()
+        try:
+            collection: Collection | None = run_collection(collector)
+            error: Exception | None = None
+        except NoDataError:
+            raise
+        except Exception as exc:
+            collection, error = None, exc
+        url = self.deps.settings.engine.metrics_url or ""
+        run = EngineRun(url, time.perf_counter() - started, collection, error)
+        if collection is not None:
+            self.engine_kind = str(collection.details.get("engine") or "") or None
+        return engine_findings(run)
+
+    @contextlib.contextmanager
+    def _load(self) -> Iterator[None]:
+        """With ``--engine-url``: the engine serves short completions while the window runs (llama.cpp only)."""
+        if not self.request.engine_url:
+            yield
+            return
+        with load(self.request.engine_url, self.engine_kind):
+            yield
 
 
 def run_checks(deps: Deps, request: DoctorRequest | None = None) -> list[Finding]:
+    """Every registered collector, in registry order: the enabled ones run once, the others a skip."""
     request = request or DoctorRequest()
-    checks: list[tuple[str, Callable[[], list[Finding]]]] = []
-    for name, check_id in COLLECTORS:
-        checks.append((check_id, lambda name=name: check_collector(deps, name)))  # type: ignore[misc]
-        if name == "cpu" and request.require:
-            checks.append(("cpu.require", lambda: check_require(deps, request.require)))
-    checks += [
-        ("runtime.binary", lambda: check_binary(deps)),
-        ("engine", lambda: check_engine(deps, request.engine_url)),
-        ("engine.simd", lambda: check_engine_simd(deps, request.engine_url)),
-    ]
+    doctor = _Doctor(deps, request)
+    collectors = {c.name: c for c in enabled_collectors(deps.collect_context())}
     findings: list[Finding] = []
-    for check_id, fn in checks:
-        try:
-            findings.extend(fn())
-        except NoDataError as exc:
-            if check_id == "cpu" and request.require:
-                continue  # the require check says it, as a failure
-            findings.append(Finding(check_id, "skip", redact_text(str(exc.args[0])), {"hint": redact_text(exc.hint)}))
-        except Exception as exc:
-            findings.append(Finding(check_id, "fail", redact_text(f"check failed: {type(exc).__name__}: {exc}")))
+    try:
+        for name in REGISTRY:
+            collector = collectors.get(name)
+            if collector is None:
+                findings.append(not_enabled(deps, name))
+            else:
+                findings.extend(_guarded(check_id(name), functools.partial(doctor.run, collector), request, name))
+            if name == "cpu" and request.require:
+                findings.extend(_guarded("cpu.require", lambda: check_require(deps, request.require), request))
+    finally:
+        for collector in collectors.values():
+            with contextlib.suppress(Exception):
+                collector.close()
+    findings.extend(_guarded("runtime.binary", lambda: check_binary(deps), request))
     return findings
 
 

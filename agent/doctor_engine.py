@@ -1,53 +1,50 @@
-"""Engine checks for ``inferwatch doctor --engine-url URL``: reachable, which engine, metrics present,
-quantities absent, and the runtime's SIMD utilisation verdict.
+"""Engine checks for ``inferwatch doctor --engine-url URL``, read from the ``engine`` collector's own run.
+
+The doctor runs the registered ``engine`` collector once (``engine.metrics_url`` set from ``URL``) and
+:func:`engine_findings` says what its result means for a gate: reachable, which engine, whether the
+families its adapter maps (:data:`agent.engine.adapters.ADAPTERS`) are exposed, and which timing
+quantities this engine cannot give. Nothing is fetched or parsed here: the collector's fetch, parser and
+detection decide, as they do in the agent.
 
 ``URL`` is the engine's base URL (``http://127.0.0.1:8080``) or its metrics URL (``.../metrics``). The
 SIMD verdict is the ``simd`` collector's, run twice :data:`SIMD_WINDOW_S` apart by the doctor while
-:func:`load` sends the engine a few short completions.
+:func:`load` sends a llama.cpp engine a few short completions.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from agent.engine.adapters import detect
+from agent.collectors.engine import TOKEN_TIME
+from agent.engine.adapters import ADAPTERS
 from agent.engine.fetch import EngineScrapeError
-from agent.engine.scrape import EngineParser
+from agent.engine.inspect import INSPECT_QUANTITIES
 from agent.redact import redact_text, redact_url
-from agent.samples import Finding
+from agent.samples import Collection, Finding
 
 SIMD_WINDOW_S = 2.0
-FETCH_TIMEOUT_S = 5.0
-MAX_METRICS_BYTES = 16 << 20
-
-# Families the llama.cpp adapter reads; the server exposes them only with --metrics.
-LLAMACPP_FAMILIES = (
-    "llamacpp:prompt_tokens_total",
-    "llamacpp:prompt_seconds_total",
-    "llamacpp:tokens_predicted_total",
-    "llamacpp:tokens_predicted_seconds_total",
-    "llamacpp:requests_processing",
-    "llamacpp:requests_deferred",
+UNREACHABLE = ("connect", "timeout")  # the engine did not answer at all
+NOT_AN_ENGINE = ("unknown_engine", "not_prometheus")  # it answered, but with no known engine's exposition
+HTTP_STATUS_HINT = (
+    "is the URL the engine's metrics endpoint? llama-server serves /metrics only when started with --metrics "
+    "(HTTP 501 without it)"
 )
-LLAMACPP_ABSENT = ("ttft", "itl", "e2e", "queue")  # no histograms: only means of prefill/decode from counters
 
 
 @dataclass(frozen=True, slots=True)
-class EngineProbe:
-    base_url: str
+class EngineRun:
+    """One run of the ``engine`` collector: its collection, or the error it raised; wall seconds."""
+
     metrics_url: str
-    status: int
     elapsed_s: float
-    families: frozenset[str]
-    kind: str | None
-    unknown: EngineScrapeError | None = None  # no kind: why, as ``engine inspect`` says it (prefixes seen)
+    collection: Collection | None
+    error: Exception | None = None
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -58,80 +55,73 @@ def split_url(url: str) -> tuple[str, str]:
     return url, url + "/metrics"
 
 
-def families(text: str) -> frozenset[str]:
-    out = set()
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            out.add(name)
-    return frozenset(out)
+def engine_findings(run: EngineRun) -> list[Finding]:
+    """reachable / kind / metrics / quantities findings from the engine collector's run, plus its own findings."""
+    shown = redact_url(run.metrics_url)  # findings never carry credentials
+    ev: dict[str, Any] = {"url": shown, "elapsed_ms": round(run.elapsed_s * 1e3, 1)}
+    if run.collection is None:
+        return _failed(run.error, shown, ev)
+    details = run.collection.details
+    kind = str(details.get("engine", ""))
+    out = [
+        Finding("engine.reachable", "ok", f"{shown} answered in {run.elapsed_s * 1e3:.0f} ms", {**ev, "status": 200}),
+        Finding("engine.kind", "ok", f"engine: {kind} ({details.get('series_read', 0)} series read)", {"kind": kind}),
+    ]
+    read = _read_quantities(details)
+    out.append(_metrics_finding(kind, read))
+    out.append(_quantities_finding(kind, read))
+    return out + list(run.collection.findings)
 
 
-def probe(url: str, client: httpx.Client | None = None) -> EngineProbe:
-    base, metrics_url = split_url(url)
-    own = client is None
-    c = client or httpx.Client()
-    try:
-        start = time.perf_counter()
-        r = c.get(metrics_url, timeout=FETCH_TIMEOUT_S)
-        elapsed = time.perf_counter() - start
-        text = r.content[:MAX_METRICS_BYTES].decode("utf-8", "replace") if r.status_code == 200 else ""
-    finally:
-        if own:
-            c.close()
-    names = families(text)
-    kind = detect(text)
-    return EngineProbe(base, metrics_url, r.status_code, elapsed, names, kind, None if kind else unknown(text))
+def _failed(error: Exception | None, shown: str, ev: dict[str, Any]) -> list[Finding]:
+    message = redact_text(str(error))
+    reason = error.reason if isinstance(error, EngineScrapeError) else "exception"
+    if not isinstance(error, EngineScrapeError):
+        message = redact_text(f"{type(error).__name__}: {error}")
+    if reason in UNREACHABLE:
+        return [Finding("engine.reachable", "fail", message, {**ev, "reason": reason})]
+    out = [Finding("engine.reachable", "ok", f"{shown} answers", ev)]
+    if reason in NOT_AN_ENGINE:
+        return [*out, Finding("engine.kind", "warn", message, {**ev, "reason": reason})]
+    hint = HTTP_STATUS_HINT if reason == "http_status" else ""
+    return [*out, Finding("engine.metrics", "fail", message, {**ev, "reason": reason, "hint": hint})]
 
 
-def unknown(text: str) -> EngineScrapeError | None:
-    """Why no engine is recognised in ``text``: the error ``engine inspect``'s parser raises on it."""
-    try:
-        EngineParser().parse(text.encode())
-    except EngineScrapeError as exc:
-        return exc
-    return None
+def _read_quantities(details: Mapping[str, Any]) -> set[str]:
+    """Every adapter quantity (histogram, gauge or counter) the collector read, over all models."""
+    per_model = details.get("quantities") or {}
+    return {q for names in per_model.values() for q in names}
 
 
-def engine_findings(url: str) -> list[Finding]:
-    """reachable / kind / metrics / quantities findings for the engine at ``url``."""
-    try:
-        p = probe(url)
-    except httpx.HTTPError as exc:
-        shown = redact_url(split_url(url)[1])
-        return [Finding("engine.reachable", "fail", redact_text(f"{shown}: {type(exc).__name__}: {exc}"))]
-    shown, base = redact_url(p.metrics_url), redact_url(p.base_url)  # findings never carry credentials
-    ev: dict[str, Any] = {"url": shown, "status": p.status, "elapsed_ms": round(p.elapsed_s * 1e3, 1)}
-    if p.status != 200:
-        hint = "llama-server exposes /metrics only when started with --metrics" if p.status == 501 else ""
-        return [
-            Finding("engine.reachable", "ok", f"{base} answers", ev),
-            Finding("engine.metrics", "fail", f"{shown} answered HTTP {p.status}", {**ev, "hint": hint}),
-        ]
-    out = [Finding("engine.reachable", "ok", f"{shown} answered in {p.elapsed_s * 1e3:.0f} ms", ev)]
-    if p.kind is None:
-        why = p.unknown
-        summary = redact_text(str(why)) if why else "no known engine families in the exposition"
-        out.append(Finding("engine.kind", "warn", summary, {**ev, "reason": why.reason if why else "unknown_engine"}))
-        return out
-    out.append(Finding("engine.kind", "ok", f"engine: {p.kind} ({len(p.families)} series names)", {"kind": p.kind}))
-    if p.kind == "llamacpp":
-        missing = [f for f in LLAMACPP_FAMILIES if f not in p.families]
-        status = "fail" if missing else "ok"
-        summary = f"missing {', '.join(missing)}" if missing else f"all {len(LLAMACPP_FAMILIES)} families read"
-        out.append(Finding("engine.metrics", status, summary, {"missing": missing}))
-        out.append(
-            Finding(
-                "engine.quantities",
-                "ok",
-                f"absent (no histograms in llama.cpp): {', '.join(LLAMACPP_ABSENT)}; present: prefill and decode "
-                "time per token as window means of the _seconds_total/_total counters",
-                {"absent": list(LLAMACPP_ABSENT), "present": ["prefill", "decode"]},
-            )
-        )
-    else:
-        out.append(Finding("engine.metrics", "ok", f"{p.kind} families present", {"count": len(p.families)}))
-    return out
+def _metrics_finding(kind: str, read: set[str]) -> Finding:
+    """Are the families the engine's adapter maps exposed? None read: the agent gets nothing from this engine."""
+    adapter = ADAPTERS[kind]
+    mapped = {**adapter.histograms, **adapter.gauges, **adapter.counters}
+    missing = {q: [src.name for src in cands] for q, cands in mapped.items() if q not in read}
+    families = sorted({name for names in missing.values() for name in names})
+    evidence = {"missing": families, "quantities_missing": sorted(missing)}
+    if not read:
+        return Finding("engine.metrics", "fail", f"no family the {kind} adapter maps has a sample", evidence)
+    if not missing:
+        return Finding("engine.metrics", "ok", f"all {len(mapped)} quantities the {kind} adapter maps read", evidence)
+    listed = "; ".join(f"{q} ({' | '.join(names)})" for q, names in sorted(missing.items()))
+    return Finding("engine.metrics", "warn", f"not exposed by this {kind} engine: {listed}", evidence)
+
+
+def _quantities_finding(kind: str, read: set[str]) -> Finding:
+    """Which timing quantities the agent gets from this engine: from histograms, or per token from counters."""
+    histograms = [q for q in INSPECT_QUANTITIES if q in read and q in ADAPTERS[kind].histograms]
+    counters = [q for q, names in TOKEN_TIME.items() if q not in histograms and set(names) <= read]
+    absent = [q for q in INSPECT_QUANTITIES if q not in histograms and q not in counters]
+    parts = [f"absent: {', '.join(absent) or 'none'}", f"from histograms: {', '.join(histograms) or 'none'}"]
+    if counters:
+        parts.append(f"time per token as window means of counters: {', '.join(counters)}")
+    return Finding(
+        "engine.quantities",
+        "ok",
+        "; ".join(parts),
+        {"absent": absent, "present": histograms + counters, "from_counters": counters},
+    )
 
 
 def _load(base_url: str, stop: threading.Event) -> None:
@@ -144,13 +134,10 @@ def _load(base_url: str, stop: threading.Event) -> None:
 
 
 @contextlib.contextmanager
-def load(url: str) -> Iterator[None]:
-    """Send the engine short completions while the block runs (llama.cpp only: the one engine whose
+def load(url: str, kind: str | None) -> Iterator[None]:
+    """Send the engine short completions while the block runs (``kind`` llama.cpp only: the one engine whose
     completion API needs no model name); any other engine is observed as it is."""
     base, _ = split_url(url)
-    kind = None
-    with contextlib.suppress(httpx.HTTPError):
-        kind = probe(url).kind
     stop = threading.Event()
     loader = threading.Thread(target=_load, args=(base, stop), daemon=True) if kind == "llamacpp" else None
     if loader is not None:

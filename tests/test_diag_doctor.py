@@ -6,8 +6,18 @@ import json
 import os
 import subprocess
 
-from tests.conftest import PYTHON, ROOT
+import pytest
+
+from agent.collectors import REGISTRY
+from agent.config import load_settings
+from agent.doctor import DoctorRequest, check_id, doctor_overrides, exit_code, run_checks
+from agent.samples import Finding
+from agent.wiring import build_deps
+from tests import engine_server as es
+from tests.conftest import PYTHON, ROOT, free_port
 from tests.fake_runtime import fake_runtime
+
+FIXTURES = ROOT / "tests" / "fixtures" / "engines"
 
 
 def doctor(*args: str) -> dict[str, dict]:
@@ -63,3 +73,75 @@ def test_doctor_names_the_prefixes_of_an_unknown_engine_as_engine_inspect_does()
     assert kind["status"] == "warn"
     assert kind["summary"].startswith("no known engine families; prefixes seen: my_, other:"), kind
     assert kind["summary"] in inspect.stderr and kind["evidence"]["reason"] == "unknown_engine"
+
+
+def _run_doctor(url: str | None = None, **collectors: dict) -> dict[str, Finding]:
+    """The doctor in-process, as the CLI builds it; ``collectors``: ``collectors.NAME`` settings."""
+    overrides = {**doctor_overrides(url, None), "collectors": collectors}
+    deps = build_deps(load_settings(overrides=overrides, collectors=REGISTRY), persist_key=False)
+    return {f.id: f for f in run_checks(deps, DoctorRequest((), url))}
+
+
+def test_doctor_runs_every_registered_collector_and_skips_the_disabled() -> None:
+    """issue 13: the registry decides what the doctor runs; a disabled collector is a skip, never run."""
+    checks = _run_doctor(gpu={"enabled": False})
+    for name in REGISTRY:
+        cid = check_id(name)
+        assert cid in checks or any(i.startswith(f"{name}.") or i.startswith(f"{cid}.") for i in checks), name
+    assert checks["gpu"].status == "skip" and checks["gpu"].summary == "collector gpu is disabled"
+    assert checks["gpu"].evidence["hint"] == "collectors.gpu.enabled: true"
+    assert checks["process"].status == "skip" and "runtime.pid" in checks["process"].evidence["hint"]
+    assert checks["engine"].status == "skip" and "--engine-url" in checks["engine"].evidence["hint"]
+    profile = checks["runtime.profile"]
+    assert profile.summary == "runtime_profile.url is not set: collector runtime_profile is off"
+    assert profile.evidence["hint"] == "pass --profile-url URL (or set runtime_profile.url)"
+
+
+@pytest.mark.parametrize(
+    ("fixture", "status", "missing", "absent"),
+    [
+        ("llamacpp-synthetic-a.prom", "ok", [], ["ttft", "itl", "e2e", "queue"]),
+        ("vllm-v1-dp2-synthetic.prom", "ok", [], []),
+        (
+            "sglang-0.5.10.post1.prom",
+            "warn",
+            [
+                "sglang:num_aborted_requests_total",
+                "sglang:num_retracted_requests_total",
+                "sglang:per_stage_req_latency_seconds",
+            ],
+            None,
+        ),
+    ],
+)
+def test_doctor_engine_checks_read_the_engine_collectors_one_scrape(
+    fixture: str, status: str, missing: list[str], absent: list[str] | None
+) -> None:
+    """The engine rows come from the engine collector's run: /metrics is fetched once, by the collector, and the
+    families a quantity misses are the adapter's own."""
+    text = (FIXTURES / fixture).read_text()
+    with es.EngineServer({"/metrics": es.body(text)}) as srv:
+        checks = _run_doctor(srv.url(""), probe={"enabled": False}, simd={"enabled": False})
+        fetched = [path for _, path in srv.requests]
+    assert fetched.count("/metrics") == 1, fetched  # the collector's scrape; the doctor fetches nothing itself
+    kind = fixture.split("-")[0]
+    assert checks["engine.reachable"].status == "ok" and checks["engine.kind"].evidence == {"kind": kind}
+    metrics = checks["engine.metrics"]
+    assert metrics.status == status, metrics
+    assert metrics.evidence["missing"] == missing
+    if absent is not None:
+        assert checks["engine.quantities"].evidence["absent"] == absent
+    assert checks["runtime.probe"].summary == "collector probe is disabled"
+
+
+def test_doctor_engine_failures_come_from_the_collector() -> None:
+    with es.EngineServer({"/metrics": es.status(501)}) as srv:
+        checks = _run_doctor(srv.url(""), probe={"enabled": False}, simd={"enabled": False})
+    assert checks["engine.reachable"].status == "ok"
+    metrics = checks["engine.metrics"]
+    assert metrics.status == "fail" and metrics.evidence["reason"] == "http_status" and "HTTP 501" in metrics.summary
+    assert "--metrics" in metrics.evidence["hint"]
+    gone = _run_doctor(f"http://127.0.0.1:{free_port()}", probe={"enabled": False}, simd={"enabled": False})
+    reachable = gone["engine.reachable"]
+    assert reachable.status == "fail" and reachable.evidence["reason"] == "connect", reachable
+    assert exit_code(list(gone.values())) == 1

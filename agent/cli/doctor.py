@@ -1,4 +1,4 @@
-"""``inferwatch doctor``: run the collectors and checks once; exit 0 ok, 1 a check failed, 2 usage or tool error."""
+"""``inferwatch doctor``: every registered collector once; exit 0 ok, 1 a check failed, 2 usage or tool error."""
 
 from __future__ import annotations
 
@@ -20,13 +20,15 @@ def register(app: typer.Typer) -> None:
         require: list[str] = typer.Option([], "--require", help="CPU feature that must be present (repeatable)."),
         as_json: bool = typer.Option(False, "--json", help='Print {"checks": [...]} as JSON.'),
         engine_url: str | None = typer.Option(
-            None, "--engine-url", help="Runtime base URL: probe its streams once (schema, hardware_mismatch)."
+            None,
+            "--engine-url",
+            help="Runtime base URL (or its /metrics): the engine collector scrapes it, the probe its streams, once.",
         ),
         profile_url: str | None = typer.Option(
             None, "--profile-url", help="The runtime's debug runtime_profile URL: check its state."
         ),
     ) -> None:
-        """Check this host once: CPU features against its model, page cache, GPU; a CI/CD hardware gate."""
+        """Run every registered collector once, as the agent does, and print their findings; a CI/CD hardware gate."""
         from agent import doctor as doc
         from agent.errors import ConfigError
         from agent.wiring import build_deps

@@ -305,6 +305,21 @@ def test_availability_slo_spec_errors_are_clear(over: dict, message: str) -> Non
         slo.parse_spec(_availability(**over))
 
 
+def test_latency_fast_page_is_the_slos_own_alert_labelled_as_a_one_window_burn() -> None:
+    fast = {"error_ratio": 0.4, "window": "5m", "for": "1m"}
+    text = slo.render(slo.parse_spec(_spec(fast_page=fast)))
+    rules = [r for g in yaml.safe_load(text)["groups"] for r in g["rules"] if r.get("alert")]
+    assert [r["alert"] for r in rules] == ["TTFTErrorBudgetBurn"] * 5
+    page = rules[-1]
+    assert page["labels"] == {"severity": "critical", "long": "5m", "short": "5m", "burn_rate": "40"}
+    assert page["for"] == "1m" and 'ratio_rate5m{slo="ttft-x"} > 0.4' in page["expr"]
+    assert "gone in 18 hours" in page["annotations"]["description"]
+    with pytest.raises(ConfigError, match="recorded"):
+        slo.parse_spec(_spec(fast_page={**fast, "window": "10m"}))
+    with pytest.raises(ConfigError, match="share"):  # naming it the SLO's alert explicitly is still an error
+        slo.parse_spec(_spec(fast_page={**fast, "alert": "TTFTErrorBudgetBurn"}))
+
+
 def test_availability_sli_counts_a_missing_failure_series_as_zero() -> None:
     text = slo.render(slo.parse_spec(_availability()))
     assert 'rate(http_requests_total{handler=~"/v1/.+",status="5xx"}[5m])) or 0 * sum by (instance)' in text

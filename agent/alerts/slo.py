@@ -7,8 +7,13 @@ Two kinds of SLI, both an error ratio recorded as ``slo:sli_error:ratio_rate<win
   exporter writes ``le`` (``repr(float)``: ``0.5``, ``1.0``).
 - ``availability``: from two counter selectors, error ratio = rate(errors) / rate(total), e.g. the engine's
   ``http_requests_total{status="5xx"}`` over ``http_requests_total`` (vLLM and SGLang expose it through
-  prometheus_fastapi_instrumentator). An availability SLO may add a ``fast_page``: a plain error-ratio alert over
-  a short window that pages a burst of failures within minutes, before the 1 h burn window has filled.
+  prometheus_fastapi_instrumentator).
+
+Either kind may add a ``fast_page``: a plain error-ratio alert over one short window that pages a burst within
+minutes, before the 1 h burn window has filled (after an hour of clean traffic the 1 h window needs 8.6 minutes
+of a total outage to pass 14.4x). With its own ``alert`` name it is a separate alert (an availability SLO's
+EngineErrorRateHigh); without one it is the SLO's own burn alert with ``long`` = ``short`` = its window and
+``burn_rate`` = its ratio / the budget (the TTFT SLO's 40x page over 5m), so routing and runbook are the SLO's.
 
 Numbers are printed as written in the spec (decimal arithmetic: an objective of 0.999 gives an error budget of
 ``0.001``, never ``0.000999…``).
@@ -70,14 +75,15 @@ WINDOWS = (
 )
 RECORD_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
 COMMON_KEYS = {"name", "alert", "kind", "description", "objective", "group_by", "min_requests_per_s"}
-KIND_KEYS = {"latency": {"histogram", "threshold_s"}, "availability": {"total", "errors", "fast_page"}}
+KIND_KEYS = {"latency": {"histogram", "threshold_s", "fast_page"}, "availability": {"total", "errors", "fast_page"}}
 
 
 @dataclass(frozen=True, slots=True)
 class FastPage:
-    """An availability SLO's burst page: error ratio above ``error_ratio`` over ``window`` for ``for_``."""
+    """An SLO's burst page: error ratio above ``error_ratio`` over ``window`` for ``for_``. ``alert`` None: the
+    page is the SLO's own alert, labelled as a burn over that one window (``burn_rate`` = ratio / budget)."""
 
-    alert: str
+    alert: str | None
     error_ratio: Decimal
     window: str
     for_: str
@@ -169,8 +175,8 @@ def parse_spec(data: Any) -> list[SLO]:
         else:
             total = _selector(raw.get("total"), f"{where}.total")
             errors = _selector(raw.get("errors"), f"{where}.errors")
-            if "fast_page" in raw:
-                fast = _fast_page(raw["fast_page"], f"{where}.fast_page")
+        if "fast_page" in raw:
+            fast = _fast_page(raw["fast_page"], f"{where}.fast_page")
         objective = _decimal(raw.get("objective"), f"{where}.objective")
         if not Decimal(0) < objective < Decimal(1):
             raise ConfigError(f"{where}.objective: {objective} must be between 0 and 1 (e.g. 0.99)")
@@ -200,7 +206,7 @@ def parse_spec(data: Any) -> list[SLO]:
     names = [s.name for s in out]
     if len(set(names)) != len(names):
         raise ConfigError("SLO spec: duplicate slo names")
-    alerts = [s.alert for s in out] + [s.fast_page.alert for s in out if s.fast_page]
+    alerts = [s.alert for s in out] + [s.fast_page.alert for s in out if s.fast_page and s.fast_page.alert]
     if len(set(alerts)) != len(alerts):
         raise ConfigError("SLO spec: two SLOs (or an SLO and a fast_page) share an alert name")
     return out
@@ -235,7 +241,8 @@ def _fast_page(raw: Any, where: str) -> FastPage:
             raise ConfigError(f"{where}.{field}: {value!r} must be a duration such as 5m")
     if window not in RECORD_WINDOWS:
         raise ConfigError(f"{where}.window: {window} must be one of the recorded windows {', '.join(RECORD_WINDOWS)}")
-    return FastPage(_alert_name(raw.get("alert", ""), f"{where}.alert"), ratio, window, for_)
+    alert = _alert_name(raw["alert"], f"{where}.alert") if "alert" in raw else None
+    return FastPage(alert, ratio, window, for_)
 
 
 def _q(s: str) -> str:
@@ -298,6 +305,68 @@ def _burn_description(slo: SLO, w: BurnWindow) -> str:
     )
 
 
+def _exhaustion(factor: Decimal) -> str:
+    """How long the 30-day budget lasts at ``factor`` x burn, in words."""
+    hours = Decimal(PERIOD_DAYS * 24) / factor
+    if hours < 48:
+        return f"{_fmt(hours.quantize(Decimal(1)))} hours"
+    return f"{_fmt((hours / 24).quantize(Decimal(1)))} days"
+
+
+def _fast_page_lines(slo: SLO, fp: FastPage, alerts_group: str) -> list[str]:
+    """The fast page: error ratio above ``fp.error_ratio`` over ``fp.window`` for ``fp.for_``, with traffic."""
+    sel = f'{{slo="{slo.name}"}}'
+    ratio, pct = _fmt(fp.error_ratio), _fmt(fp.error_ratio * 100)
+    expr = [
+        "        expr: |",
+        f"          slo:sli_error:ratio_rate{fp.window}{sel} > {ratio}",
+        f"          and slo:sli_requests:rate{fp.window}{sel} >= {_fmt(slo.min_requests_per_s)}",
+        f"        for: {fp.for_}",
+        "        labels:",
+        "          severity: critical",
+    ]
+    if fp.alert is not None:  # an alert of its own (availability: EngineErrorRateHigh)
+        return [
+            f"      - alert: {fp.alert}",
+            f"        # a burst of failures pages within minutes, before the {WINDOWS[0].long} burn window fills.",
+            *expr,
+            "        annotations:",
+            f"          summary: {_q('Requests to the engine are failing.')}",
+            "          description: "
+            + _q(
+                f"{_subject(slo)}: {{{{ $value | humanizePercentage }}}} of requests failed over the last "
+                f"{fp.window} (page above {pct}%); SLO {slo.name}: {_fmt(slo.objective * 100)}% succeed."
+            ),
+            *links.annotation_lines(fp.alert, alerts_group, "          "),
+        ]
+    factor = fp.error_ratio / slo.budget
+    burn = BurnWindow(_fmt(factor), fp.window, fp.window, "critical", fp.for_, _exhaustion(factor))
+    objective = _fmt(slo.objective * 100)
+    if slo.kind == "availability":
+        what, target = f"of requests failed over the last {fp.window}", f"{objective}% succeed"
+    else:
+        thr = _threshold_text(slo)
+        what = f"of requests took longer than {thr} to the first token over the last {fp.window}"
+        target = f"{objective}% within {thr}"
+    return [
+        f"      - alert: {slo.alert}",
+        f"        # fast page: a {burn.factor}x burn over {fp.window} alone (the budget gone in {burn.exhaustion}),",
+        f"        # pages a burst before the {WINDOWS[0].long} window of the {WINDOWS[0].factor}x pair fills.",
+        *expr,
+        f"          long: {fp.window}",
+        f"          short: {fp.window}",
+        f'          burn_rate: "{burn.factor}"',
+        "        annotations:",
+        f"          summary: {_q(_burn_summary(slo))}",
+        "          description: "
+        + _q(
+            f"{_subject(slo)}: {{{{ $value | humanizePercentage }}}} {what} (page above {pct}%: a {burn.factor}x "
+            f"burn, the 30-day error budget gone in {burn.exhaustion}); SLO {slo.name}: {target}."
+        ),
+        *links.annotation_lines(slo.alert, alerts_group, "          "),
+    ]
+
+
 def render(slos: list[SLO], spec_name: str = "alerts/slo.yml") -> str:
     lines = [
         "# DO NOT EDIT: generated by `python -m agent.alerts.slo` from " + spec_name + ".",
@@ -348,27 +417,7 @@ def render(slos: list[SLO], spec_name: str = "alerts/slo.yml") -> str:
                 *links.annotation_lines(slo.alert, alerts_group, "          "),
             ]
         if slo.fast_page is not None:
-            fp = slo.fast_page
-            ratio = _fmt(fp.error_ratio)
-            lines += [
-                f"      - alert: {fp.alert}",
-                f"        # a burst of failures pages within minutes, before the {WINDOWS[0].long} burn window fills.",
-                "        expr: |",
-                f"          slo:sli_error:ratio_rate{fp.window}{sel} > {ratio}",
-                f"          and slo:sli_requests:rate{fp.window}{sel} >= {floor}",
-                f"        for: {fp.for_}",
-                "        labels:",
-                "          severity: critical",
-                "        annotations:",
-                f"          summary: {_q('Requests to the engine are failing.')}",
-                "          description: "
-                + _q(
-                    f"{_subject(slo)}: {{{{ $value | humanizePercentage }}}} of requests failed over the last "
-                    f"{fp.window} (page above {_fmt(fp.error_ratio * 100)}%); SLO {slo.name}: "
-                    f"{_fmt(slo.objective * 100)}% succeed."
-                ),
-                *links.annotation_lines(fp.alert, alerts_group, "          "),
-            ]
+            lines += _fast_page_lines(slo, slo.fast_page, alerts_group)
     return "\n".join(lines) + "\n"
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 import os
 import reprlib
 from collections.abc import Iterable, Mapping
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
@@ -31,6 +32,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from agent.catalog.engine import ENGINE_KINDS
 from agent.errors import ConfigError
 from agent.redact import redact_text, secret_name
+
+log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN_ADDRESS = "127.0.0.1"
 # Engine exposition limits (agent/engine/limits.py applies them; docs/engine.md)
@@ -73,11 +76,16 @@ class _Section(BaseModel):
 
 
 class CollectorSettings(_Section):
-    """Per-collector switches; ``None`` means the collector's own default."""
+    """Per-collector switches and timing, the one place a collector's interval and timeout are configured;
+    ``None`` means the collector's own default (its registry entry, agent/collectors/__init__.py)."""
 
     enabled: bool | None = None
-    interval_s: float | None = Field(default=None, gt=0, le=3600)
+    interval_s: float | None = Field(default=None, gt=0, le=86400)  # a day: runtime_profile's old bound
     timeout_s: float | None = Field(default=None, gt=0, le=600)
+
+
+# Timing keys that used to live in a collector's own section: read as collectors.NAME.KEY, with one warning.
+DEPRECATED_TIMING = {("runtime_profile", "interval_s"): "runtime_profile", ("probe", "interval_s"): "probe"}
 
 
 class PathSettings(_Section):
@@ -254,11 +262,14 @@ def _default_scopes() -> list[Scope]:
 
 
 class RuntimeProfileSettings(_Section):
-    """The runtime's debug ``runtime_profile`` endpoint (None = collector reports absence)."""
+    """The runtime's debug ``runtime_profile`` endpoint (None = collector reports absence).
+
+    ``timeout_s`` bounds one fetch (as ``engine.timeout_s``); how often the collector runs, and how long a run
+    may take, are ``collectors.runtime_profile.interval_s`` / ``timeout_s``.
+    """
 
     url: str | None = None  # e.g. http://127.0.0.1:8000/debug/runtime_profile
     header: str = DEFAULT_PROFILE_HEADER  # "Name: value" sent with every fetch
-    interval_s: float = Field(default=DEFAULT_PROFILE_INTERVAL_S, gt=0, le=86400)
     timeout_s: float = Field(default=DEFAULT_PROFILE_TIMEOUT_S, gt=0, le=120)
     max_bytes: int = Field(default=DEFAULT_PROFILE_MAX_BYTES, gt=0, le=64 << 20)
     redaction: Literal["denylist", "allowlist"] = "denylist"
@@ -267,6 +278,14 @@ class RuntimeProfileSettings(_Section):
     gauge_fields: list[str] = Field(default_factory=lambda: list(DEFAULT_GAUGE_FIELDS))
 
     _http_url = field_validator("url")(http_url)
+    _interval_s: float = PrivateAttr(default=DEFAULT_PROFILE_INTERVAL_S)  # set by Settings, see interval_s
+
+    @property
+    def interval_s(self) -> float:
+        """Read-only, not a setting: ``collectors.runtime_profile.interval_s`` (else its default), set by
+        :class:`Settings` for agent/actions/snapshots.py's py-spy dump rate limit until that reads
+        ``agent.collectors.schedule("runtime_profile", settings).interval_s``."""
+        return self._interval_s
 
     @field_validator("header")
     @classmethod
@@ -278,11 +297,14 @@ class RuntimeProfileSettings(_Section):
 
 
 class ProbeSettings(_Section):
-    """Synthetic streaming request against the runtime (off unless ``url`` is set)."""
+    """Synthetic streaming request against the runtime (off unless ``url`` is set).
+
+    ``timeout_s`` bounds one protocol's request; the collector's interval and run timeout are
+    ``collectors.probe.interval_s`` / ``timeout_s``.
+    """
 
     url: str | None = None  # base URL of the runtime, e.g. http://127.0.0.1:8000
     protocols: list[ProbeProtocol] = Field(default_factory=_default_protocols)
-    interval_s: float = Field(default=DEFAULT_PROBE_INTERVAL_S, gt=0, le=86400)
     timeout_s: float = Field(default=DEFAULT_PROBE_TIMEOUT_S, gt=0, le=300)
     model: str | None = None  # None: the first model of GET /v1/models
     prompt: str = "Say OK."
@@ -417,6 +439,42 @@ class Settings(BaseSettings):
     evidence: EvidenceSettings = EvidenceSettings()
     binary: BinarySettings = BinarySettings()
     simd: SimdSettings = SimdSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_timing(cls, data: Any) -> Any:
+        """Move each old timing key (:data:`DEPRECATED_TIMING`) to ``collectors.NAME``, with one warning each."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        # runtime_profile always gets an instance of its own, whose interval _collector_interval sets
+        profile = out.get("runtime_profile")
+        if isinstance(profile, RuntimeProfileSettings):
+            profile = profile.model_copy()
+        out["runtime_profile"] = dict(profile) if isinstance(profile, Mapping) else profile or {}
+        for (section, key), name in DEPRECATED_TIMING.items():
+            values = out.get(section)
+            if not isinstance(values, Mapping) or key not in values:
+                continue
+            out[section] = {k: v for k, v in values.items() if k != key}
+            collectors = dict(out.get("collectors") or {})
+            entry = collectors.get(name) or {}
+            entry = entry.model_dump(exclude_none=True) if isinstance(entry, CollectorSettings) else dict(entry)
+            new = f"collectors.{name}.{key}"
+            if entry.get(key) is not None:
+                log.warning("%s.%s is deprecated and ignored: %s is set", section, key, new)
+                continue
+            entry[key] = values[key]
+            collectors[name] = entry
+            out["collectors"] = collectors
+            log.warning("%s.%s is deprecated: read as %s; set that instead", section, key, new)
+        return out
+
+    @model_validator(mode="after")
+    def _collector_interval(self) -> Settings:
+        interval = self.collector("runtime_profile").interval_s
+        self.runtime_profile._interval_s = interval or DEFAULT_PROFILE_INTERVAL_S
+        return self
 
     @model_validator(mode="after")
     def _no_open_api_off_loopback(self) -> Settings:

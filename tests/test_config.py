@@ -120,3 +120,64 @@ def test_cli_exits_2_on_an_unknown_collector_in_yaml_or_env(tmp_path) -> None:
         assert proc.returncode == 2, proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and "collectors.pagecach: unknown collector 'pagecach'" in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "env", "name", "interval_s"),
+    [
+        ("probe: {interval_s: 7}\n", {}, "probe", 7.0),
+        ("{}\n", {"INFERWATCH_RUNTIME_PROFILE__INTERVAL_S": "0.5"}, "runtime_profile", 0.5),
+        ("runtime_profile: {interval_s: 7200, url: 'http://127.0.0.1:1/p'}\n", {}, "runtime_profile", 7200.0),
+    ],
+)
+def test_old_timing_keys_are_read_as_collectors_name_with_one_warning(
+    tmp_path, monkeypatch, caplog, yaml_text: str, env: dict, name: str, interval_s: float
+) -> None:
+    """issue 13: a collector's timing lives in ``collectors.NAME`` only; the old section keys are aliases."""
+    from agent.collectors import schedule
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml_text)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with caplog.at_level("WARNING", logger="agent.config"):
+        s = load_settings(cfg, collectors=REGISTRY)
+    assert s.collector(name).interval_s == interval_s and schedule(name, s).interval_s == interval_s
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{name}.interval_s is deprecated: read as collectors.{name}.interval_s; set that instead"
+    ]
+    assert "interval_s" not in s.model_dump()[name]  # not a setting of the section any more
+
+
+def test_collectors_name_wins_over_an_old_timing_key(tmp_path, monkeypatch, caplog) -> None:
+    from agent.collectors import schedule
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("collectors: {runtime_profile: {interval_s: 9}}\n")
+    monkeypatch.setenv("INFERWATCH_RUNTIME_PROFILE__INTERVAL_S", "1")
+    with caplog.at_level("WARNING", logger="agent.config"):
+        s = load_settings(cfg, collectors=REGISTRY)
+    assert schedule("runtime_profile", s).interval_s == 9 and s.runtime_profile.interval_s == 9
+    assert [r.getMessage() for r in caplog.records] == [
+        "runtime_profile.interval_s is deprecated and ignored: collectors.runtime_profile.interval_s is set"
+    ]
+    monkeypatch.delenv("INFERWATCH_RUNTIME_PROFILE__INTERVAL_S")
+    defaults = load_settings()  # the registry's defaults; the request bounds stay in their sections
+    assert schedule("runtime_profile", defaults).interval_s == defaults.runtime_profile.interval_s == 60
+    assert schedule("probe", defaults).interval_s == 30 and defaults.probe.timeout_s == 10
+
+
+def test_a_bad_old_timing_key_exits_2_naming_the_key_it_is_read_as(tmp_path) -> None:
+    proc = subprocess.run(
+        [PYTHON, "-m", "agent", "run"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "INFERWATCH_PROBE__INTERVAL_S": "0"},
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "probe.interval_s is deprecated: read as collectors.probe.interval_s; set that instead",
+        "inferwatch: invalid configuration: collectors.probe.interval_s: Input should be greater than 0 (got '0')",
+    ]

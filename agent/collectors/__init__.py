@@ -4,7 +4,9 @@ Each collector lives in its own module here (``agent/collectors/<name>.py``), as
 ``collector/<name>_linux.go``, and is declared once below with its default on/off, interval, timeout
 and lane (:class:`Entry`); the collectors themselves hold none of it. Enable or disable with config
 (``collectors.NAME.enabled``) or the CLI (``--collector.NAME`` / ``--no-collector.NAME``); a configured
-``collectors.NAME.interval_s`` / ``timeout_s`` wins over the defaults here.
+``collectors.NAME.interval_s`` / ``timeout_s`` wins over the defaults here, and is the only place a
+collector's timing is configured (a section's ``timeout_s``, such as ``probe.timeout_s``, bounds one
+request, from which the entry derives the run's default timeout).
 
 Lanes: quick local reads (/proc, /sys, NVML) share the ``host`` lane, one worker thread calling them in
 turn; a collector that waits on the network has a lane of its own (``lane=None``), so it never delays
@@ -25,7 +27,7 @@ from agent.collectors.probe import ProbeCollector
 from agent.collectors.process import ProcessCollector
 from agent.collectors.runtime_profile import RuntimeProfileCollector
 from agent.collectors.simd import SimdCollector
-from agent.config import Settings
+from agent.config import DEFAULT_PROBE_INTERVAL_S, DEFAULT_PROFILE_INTERVAL_S, Settings
 from agent.host.nvml import NVML_ABSENT_RETRY_S
 from agent.host.runtime import engine_port
 
@@ -90,14 +92,14 @@ REGISTRY: dict[str, Entry] = {
         Entry(
             RuntimeProfileCollector,
             enabled=lambda s: bool(s.runtime_profile.url),
-            interval_s=lambda s: s.runtime_profile.interval_s,
+            interval_s=lambda s: DEFAULT_PROFILE_INTERVAL_S,
             timeout_s=lambda s: s.runtime_profile.timeout_s + TIMING_MARGIN_S,
             lane=None,
         ),
         Entry(
             ProbeCollector,
             enabled=lambda s: bool(s.probe.url),
-            interval_s=lambda s: s.probe.interval_s,
+            interval_s=lambda s: DEFAULT_PROBE_INTERVAL_S,
             timeout_s=lambda s: s.probe.timeout_s * len(s.probe.protocols) + TIMING_MARGIN_S,
             lane=None,
         ),

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
@@ -278,14 +278,6 @@ class RuntimeProfileSettings(_Section):
     gauge_fields: list[str] = Field(default_factory=lambda: list(DEFAULT_GAUGE_FIELDS))
 
     _http_url = field_validator("url")(http_url)
-    _interval_s: float = PrivateAttr(default=DEFAULT_PROFILE_INTERVAL_S)  # set by Settings, see interval_s
-
-    @property
-    def interval_s(self) -> float:
-        """Read-only, not a setting: ``collectors.runtime_profile.interval_s`` (else its default), set by
-        :class:`Settings` for agent/actions/snapshots.py's py-spy dump rate limit until that reads
-        ``agent.collectors.schedule("runtime_profile", settings).interval_s``."""
-        return self._interval_s
 
     @field_validator("header")
     @classmethod
@@ -447,11 +439,6 @@ class Settings(BaseSettings):
         if not isinstance(data, dict):
             return data
         out = dict(data)
-        # runtime_profile always gets an instance of its own, whose interval _collector_interval sets
-        profile = out.get("runtime_profile")
-        if isinstance(profile, RuntimeProfileSettings):
-            profile = profile.model_copy()
-        out["runtime_profile"] = dict(profile) if isinstance(profile, Mapping) else profile or {}
         for (section, key), name in DEPRECATED_TIMING.items():
             values = out.get(section)
             if not isinstance(values, Mapping) or key not in values:
@@ -469,12 +456,6 @@ class Settings(BaseSettings):
             out["collectors"] = collectors
             log.warning("%s.%s is deprecated: read as %s; set that instead", section, key, new)
         return out
-
-    @model_validator(mode="after")
-    def _collector_interval(self) -> Settings:
-        interval = self.collector("runtime_profile").interval_s
-        self.runtime_profile._interval_s = interval or DEFAULT_PROFILE_INTERVAL_S
-        return self
 
     @model_validator(mode="after")
     def _no_open_api_off_loopback(self) -> Settings:

@@ -4,7 +4,7 @@ Two ways in. The ``runtime_profile`` collector's interval reads reach the state 
 ``events`` hold the redacted document; :meth:`SnapshotStore.on_record`, a state listener, stores and
 exports it (the collector knows no sink). ``POST /api/v1/snapshots`` calls :meth:`SnapshotStore.capture`,
 an explicit request: it reads one snapshot now, with the py-spy dump enrichment when ``profiling.enabled``
-(at most once per ``runtime_profile.interval_s``), and stores and exports it the same way. py-spy never
+(at most once per ``collectors.runtime_profile.interval_s``), and stores and exports it the same way. py-spy never
 runs on the collection path.
 
 A snapshot the ring cannot write (full disk, quota, file-size limit, unwritable directory, over the
@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from agent.actions import pyspy
 from agent.actions.ring import WRITE_REASONS, FileRing, RingEntry, sweep_temp_files, valid_id
+from agent.collectors import schedule
 from agent.config import Settings
 from agent.debugprofile.reader import CaptureResult, ProfileReader
 from agent.errors import StorageError
@@ -141,7 +142,7 @@ class SnapshotStore:
         """The py-spy dump enrichment, at most once per runtime_profile interval."""
         now = time.monotonic()
         with self._lock:
-            if now - self._last_dump_at < self.settings.runtime_profile.interval_s:
+            if now - self._last_dump_at < schedule("runtime_profile", self.settings).interval_s:
                 return {}
             self._last_dump_at = now
         try:

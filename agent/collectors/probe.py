@@ -3,7 +3,7 @@
 Off unless ``probe.url`` is set. Per protocol: ``inferwatch.probe.success``, ``.ttft``, ``.itl``,
 ``.duration`` of the last run; cumulative ``inferwatch.probe.schema_violations{kind}`` (every kind
 exported, zeros included) and ``inferwatch.probe.http_errors{error_type}`` (``hardware_mismatch`` on
-its own). The interval is ``probe.interval_s``.
+its own). The interval is ``collectors.probe.interval_s`` (30 s).
 """
 
 from __future__ import annotations

@@ -64,13 +64,22 @@ class BurnWindow:
     severity: str
     for_: str
     exhaustion: str  # time to spend the whole 30-day budget at this burn rate
+    guard: str | None = None  # a third window the ratio must also exceed: the burn is still on now
 
 
 # SRE Workbook "Alerting on SLOs" (rows 1, 2, 4) + the 3d/6h row of Sloth and kubernetes-mixin; 30-day period.
+# The workbook's short window (1/12 of the long one) is what ends an alert after recovery: 30m for the 6x page,
+# 2h for the 3x ticket. With their for: (15m, 1h) running on while the short window still holds the fault, they
+# fired *after* recovery (issue 15: a 3x ticket 43 min after; the 6x page ~29 min up). A 5m guard at the same
+# burn rate, as the 14.4x pair's short window already is, ends both ~5 min after recovery (and resets their
+# for:). Its price: a burn within noise of the threshold over 5m (a low-traffic model just above 6x or 3x)
+# resets the for:, and such a leak ends up at the 1x ticket, which keeps the workbook's windows on purpose: it
+# is the net for slow leaks a 5m window cannot see (a 1.5x burn at 1 request/s is 4-5 slow requests in 5m), and
+# a guard at 1x would make it blind to them.
 WINDOWS = (
     BurnWindow("14.4", "1h", "5m", "critical", "2m", "about 2 days"),
-    BurnWindow("6", "6h", "30m", "critical", "15m", "5 days"),
-    BurnWindow("3", "1d", "2h", "warning", "1h", "10 days"),
+    BurnWindow("6", "6h", "30m", "critical", "15m", "5 days", guard="5m"),
+    BurnWindow("3", "1d", "2h", "warning", "1h", "10 days", guard="5m"),
     BurnWindow("1", "3d", "6h", "warning", "3h", "30 days"),
 )
 RECORD_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
@@ -293,15 +302,16 @@ def _burn_summary(slo: SLO) -> str:
 def _burn_description(slo: SLO, w: BurnWindow) -> str:
     pct = _fmt(slo.objective * 100)
     tail = f"At {w.factor}x the 30-day error budget is gone in {w.exhaustion}."
+    also = f"{w.short} and {w.guard}" if w.guard else w.short
     if slo.kind == "availability":
         return (
             f"{_subject(slo)}: {{{{ $value | humanizePercentage }}}} of requests failed over the last {w.long} "
-            f"(and over {w.short}); SLO {slo.name}: {pct}% succeed. {tail}"
+            f"(and over {also}); SLO {slo.name}: {pct}% succeed. {tail}"
         )
     thr = _threshold_text(slo)
     return (
         f"{_subject(slo)}: {{{{ $value | humanizePercentage }}}} of requests took longer than {thr} to the "
-        f"first token over the last {w.long} (and over {w.short}); SLO {slo.name}: {pct}% within {thr}. {tail}"
+        f"first token over the last {w.long} (and over {also}); SLO {slo.name}: {pct}% within {thr}. {tail}"
     )
 
 
@@ -398,12 +408,25 @@ def render(slos: list[SLO], spec_name: str = "alerts/slo.yml") -> str:
         budget = _fmt(slo.budget)
         floor = _fmt(slo.min_requests_per_s)
         for w in WINDOWS:
+            guard = (
+                [
+                    f"        # and over {w.guard}: the burn is still on now, so it stops ~{w.guard} after recovery.",
+                    "        expr: |",
+                    f"          slo:sli_error:ratio_rate{w.long}{sel} > ({w.factor} * {budget})",
+                    f"          and slo:sli_error:ratio_rate{w.short}{sel} > ({w.factor} * {budget})",
+                    f"          and slo:sli_error:ratio_rate{w.guard}{sel} > ({w.factor} * {budget})",
+                ]
+                if w.guard
+                else [
+                    "        expr: |",
+                    f"          slo:sli_error:ratio_rate{w.long}{sel} > ({w.factor} * {budget})",
+                    f"          and slo:sli_error:ratio_rate{w.short}{sel} > ({w.factor} * {budget})",
+                ]
+            )
             lines += [
                 f"      - alert: {slo.alert}",
                 f"        # {w.factor}x burn over {w.long} and {w.short}: the budget is gone in {w.exhaustion}.",
-                "        expr: |",
-                f"          slo:sli_error:ratio_rate{w.long}{sel} > ({w.factor} * {budget})",
-                f"          and slo:sli_error:ratio_rate{w.short}{sel} > ({w.factor} * {budget})",
+                *guard,
                 f"          and slo:sli_requests:rate{w.short}{sel} >= {floor}",
                 f"        for: {w.for_}",
                 "        labels:",

@@ -76,10 +76,12 @@ EVIDENCE: dict[str, list[str]] = {
     "TailLatencyRatioHigh": [r'"collectors"'],
     "TTFTErrorBudgetBurn": [],
     "GPUThrottling": [],
+    "GPUErrorNeedsDrain": [],
+    "GPUDecodeMemoryBound": [],
     "Watchdog": [r'"alertname": "Watchdog"', r"SUCCESS"],
 }
 # Nothing but the variables block runs here: PromQL only, or every shell block needs what CI lacks.
-PROMQL_ONLY = {"TTFTErrorBudgetBurn", "GPUThrottling"}
+PROMQL_ONLY = {"TTFTErrorBudgetBurn", "GPUThrottling", "GPUErrorNeedsDrain", "GPUDecodeMemoryBound"}
 ORDER_LAST = ("AgentDown", "EngineDown")  # they stop the agent / the engine the others need
 
 

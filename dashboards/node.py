@@ -218,23 +218,58 @@ def build() -> dm.Dashboard:
         ts(
             "GPU utilisation",
             describe(
-                "Fraction of time a kernel was running on each GPU (NVML). Low utilisation with high latency "
-                "points away from the GPU: CPU, page cache or front-end.",
-                None,
+                "Busy time against real work, per GPU. Busy (NVML utilization.gpu) is the share of time any kernel "
+                "ran: a decode loop waiting on memory and dense matrix work both read ~100 %. SM active is the share "
+                "of SMs busy and tensor the share of time the tensor cores issued (GPM over the agent's interval, "
+                "Hopper and later; absent, not 0, elsewhere). Busy high with SM or tensor low: the GPU is waiting on "
+                "memory, launches or the host. Low busy time with high latency points away from the GPU: CPU, page "
+                "cache or front-end.",
+                "GPUDecodeMemoryBound",
             ),
             "percentunit",
-            [Target(f"hw_gpu_utilization_ratio{{{SEL_NODE}}}", "{{hw_id}} {{hw_model}} @ {{instance}}")],
+            [
+                Target(f"hw_gpu_utilization_ratio{{{SEL_NODE}}}", "busy {{hw_id}} @ {{instance}}"),
+                Target(f"inferwatch_gpu_sm_activity_ratio{{{SEL_NODE}}}", "SM active {{hw_id}} @ {{instance}}"),
+                Target(f"inferwatch_gpu_tensor_activity_ratio{{{SEL_NODE}}}", "tensor {{hw_id}} @ {{instance}}"),
+            ],
             max_val=1,
         ),
-        6,
+        12,
+        8,
+    )
+    b.add(
+        ts(
+            "DRAM bandwidth and memory controller",
+            describe(
+                "DRAM bandwidth used over its peak (GPM, Hopper and later) and the memory controller's busy time "
+                "(NVML utilization.memory, every GPU). DRAM bandwidth high while tensor activity is low is "
+                "memory-bound decode: a larger batch reuses each weight read; with requests waiting and KV cache "
+                "to spare it fires GPUDecodeMemoryBound.",
+                "GPUDecodeMemoryBound",
+            ),
+            "percentunit",
+            [
+                Target(
+                    f"inferwatch_gpu_dram_bandwidth_utilization_ratio{{{SEL_NODE}}}",
+                    "DRAM bandwidth {{hw_id}} @ {{instance}}",
+                ),
+                Target(
+                    f"inferwatch_gpu_memory_controller_utilization_ratio{{{SEL_NODE}}}",
+                    "controller busy {{hw_id}} @ {{instance}}",
+                ),
+            ],
+            max_val=1,
+        ),
+        12,
         8,
     )
     b.add(
         ts(
             "GPU memory used",
             describe(
-                "Device memory in use as a fraction of each GPU's total (NVML). Engines pre-allocate the KV "
-                "cache, so a steady 90 % is normal; growth past it means another process shares the GPU.",
+                "Device memory in use as a fraction of each GPU's total (NVML); a MIG device is its own series. "
+                "Engines pre-allocate the KV cache, so a steady 90 % is normal; growth past it means another "
+                "process shares the GPU (inferwatch_gpu_process_memory_usage_bytes names it).",
                 None,
             ),
             "percentunit",
@@ -280,6 +315,20 @@ def build() -> dm.Dashboard:
     )
     b.add(
         ts(
+            "GPU power",
+            describe(
+                "Board power draw per GPU (NVML), watts. At the power limit under full load is normal (the "
+                "sw_power_cap reason); a drop with the power brake reason is a fault.",
+                "GPUThrottling",
+            ),
+            "watt",
+            [Target(f"inferwatch_gpu_power_watts{{{SEL_NODE}}}", "{{hw_id}} {{hw_model}} @ {{instance}}")],
+        ),
+        6,
+        8,
+    )
+    b.add(
+        ts(
             "GPU throttle reasons",
             describe(
                 "1 while NVML reports the throttle reason active, per GPU and reason (power cap, thermal, "
@@ -291,21 +340,60 @@ def build() -> dm.Dashboard:
             [Target(f"inferwatch_gpu_throttle{{{SEL_NODE}}}", "{{reason}} {{hw_id}} @ {{instance}}")],
             max_val=1,
         ),
-        12,
+        8,
         8,
     )
     b.add(
         ts(
-            "GPU power",
+            "GPU errors",
             describe(
-                "Board power draw per GPU (NVML), watts. At the power limit under full load is normal (the "
-                "sw_power_cap reason); a drop with the power brake reason is a fault.",
-                "GPUThrottling",
+                "Per GPU: critical XID events per interval (by XID; 48, 63, 64, 74, 79, 92, 94, 95, 119 and 120 mean "
+                "drain), 1 while NVML reports the GPU lost, 1 while a memory repair waits for a reset, and new "
+                "uncorrected ECC errors. Any non-zero line but an application XID (13, 31, 43, 45, 68) pages "
+                "GPUErrorNeedsDrain.",
+                "GPUErrorNeedsDrain",
             ),
-            "watt",
-            [Target(f"inferwatch_gpu_power_watts{{{SEL_NODE}}}", "{{hw_id}} {{hw_model}} @ {{instance}}")],
+            "short",
+            [
+                Target(
+                    f"sum by (instance, hw_id, xid) (increase(inferwatch_gpu_xid_events_total{{{SEL_NODE}}}"
+                    "[$__rate_interval]))",
+                    "XID {{xid}} {{hw_id}} @ {{instance}}",
+                ),
+                Target(f"inferwatch_gpu_lost{{{SEL_NODE}}}", "lost {{hw_id}} @ {{instance}}"),
+                Target(
+                    f"inferwatch_gpu_memory_repair_pending{{{SEL_NODE}}}",
+                    "{{mechanism}} pending {{hw_id}} @ {{instance}}",
+                ),
+                Target(
+                    f'increase(inferwatch_gpu_ecc_errors_total{{{SEL_NODE}, error_type="uncorrected", '
+                    'ecc_counter="volatile"}[$__rate_interval])',
+                    "uncorrected ECC {{hw_id}} @ {{instance}}",
+                ),
+            ],
         ),
-        12,
+        8,
+        8,
+    )
+    b.add(
+        ts(
+            "PCIe and NVLink traffic per second",
+            describe(
+                "Bytes per second received and transmitted by each GPU over PCIe and NVLink (GPM, Hopper and later). "
+                "PCIe carries weights at load time and host-device copies; steady PCIe traffic while serving means "
+                "offloading or swapping to host memory. NVLink carries tensor-parallel all-reduces.",
+                None,
+            ),
+            "bytes",
+            [
+                Target(
+                    "sum by (instance, hw_id, link, network_io_direction) "
+                    f"(rate(hw_gpu_io_bytes_total{{{SEL_NODE}}}[$__rate_interval]))",
+                    "{{link}} {{network_io_direction}} {{hw_id}} @ {{instance}}",
+                )
+            ],
+        ),
+        8,
         8,
     )
 

@@ -501,3 +501,18 @@ def test_absent_driver_is_retried_once_a_minute_not_every_cycle(monkeypatch) -> 
     state["installed"] = True
     client.init()
     assert len(calls) == 2
+
+
+def test_drain_xids_are_one_list_in_the_collector_the_rule_and_the_catalog() -> None:
+    """The XIDs exported at 0 are the ones the rule pages on and the catalog documents (no drift)."""
+    import re
+
+    import yaml
+
+    from agent.catalog import gpu as catalog_gpu
+
+    rules = yaml.safe_load((ROOT / "alerts" / "gpu.rules.yml").read_text())["groups"][0]["rules"]
+    expr = next(r["expr"] for r in rules if r["alert"] == "GPUErrorNeedsDrain")
+    in_rule = re.search(r'xid=~"([0-9|]+)"', expr).group(1)  # type: ignore[union-attr]
+    assert [int(x) for x in in_rule.split("|")] == sorted(DRAIN_XIDS)
+    assert ", ".join(str(x) for x in sorted(DRAIN_XIDS)) in (catalog_gpu.__doc__ or "").replace("\n", " ")

@@ -28,7 +28,7 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.integration
 SEVERITIES = {"critical", "warning", "info"}
 ANNOTATIONS = {"summary", "description", "runbook_url", "dashboard_url"}
-EVIDENCE = "evidence_url"  # optional, critical alerts only: the agent's evidence bundle for the page
+EVIDENCE = "evidence_url"  # every page outside the SLO groups: the agent's evidence bundle (agent.alerts.links)
 
 
 def test_promtool_check_rules_passes() -> None:
@@ -78,9 +78,11 @@ def test_every_alert_has_the_same_anatomy() -> None:
         assert re.fullmatch(r"[A-Z][A-Za-z0-9]+", name), name
         assert rule["labels"]["severity"] in SEVERITIES, name
         assert set(rule["annotations"]) - {EVIDENCE} == ANNOTATIONS, name
-        if EVIDENCE in rule["annotations"]:
-            assert rule["labels"]["severity"] == "critical", f"{name}: only a page carries an evidence_url"
-            assert rule["annotations"][EVIDENCE].startswith("http://{{ $labels.instance }}/api/v1/evidence/"), name
+        page = rule["labels"]["severity"] == "critical"
+        if page and not rule["_group"].startswith(links.SLO_GROUP_PREFIX):
+            assert rule["annotations"].get(EVIDENCE) == links.evidence_url(name), f"{name}: a page links its evidence"
+        else:
+            assert EVIDENCE not in rule["annotations"], f"{name}: only a page about an agent's node has evidence"
         assert "{{" not in rule["annotations"]["summary"], f"{name}: summary must be static (CommonAnnotations)"
         assert rule["annotations"]["summary"].endswith("."), name
         assert "$labels" in rule["annotations"]["description"] or name in {"Watchdog"}, name
@@ -146,6 +148,31 @@ def test_links_are_generated_for_every_alert() -> None:
             got = {k: rule["annotations"][k] for k in links.LINK_KEYS}
             assert got == want, f"{rule['alert']}: run python -m agent.alerts.links"
     assert links.main(["--check"]) == 0
+
+
+def test_evidence_url_links_the_agent_only_when_the_job_is_the_agents() -> None:
+    url = links.evidence_url("EngineDown")
+    assert url == (
+        '{{ if eq $labels.job "inferwatch-agent" }}http://{{ $labels.instance }}'
+        "/api/v1/evidence/latest?alertname=EngineDown{{ end }}"
+    )
+    assert links.AGENT_JOB == "inferwatch-agent"  # AgentDown's up{job=...} and deploy/prometheus.yml's job_name
+    assert 'up{job="inferwatch-agent"}' in (ALERTS_DIR / "inferwatch.rules.yml").read_text()
+    assert set(links.links("EngineDown", "inferwatch-engine", "critical")) == {*links.LINK_KEYS, links.EVIDENCE_KEY}
+    assert set(links.links("StreamSchemaViolation", "inferwatch-engine", "warning")) == set(links.LINK_KEYS)
+    assert set(links.links("TTFTErrorBudgetBurn", "inferwatch-slo-ttft-500ms-alerts", "critical")) == set(
+        links.LINK_KEYS
+    )
+    # every page's rendered link (tests/rules: the expected annotation) points at its alert on the agent
+    for path in rule_test_files():
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for check in case.get("alert_rule_test", []):
+                for exp in check["exp_alerts"]:
+                    got = exp["exp_annotations"].get(EVIDENCE)
+                    if got:
+                        instance = exp["exp_labels"]["instance"]
+                        want = f"http://{instance}/api/v1/evidence/latest?alertname={check['alertname']}"
+                        assert got == want and exp["exp_labels"]["job"] == links.AGENT_JOB, (path.name, got)
 
 
 def test_link_rewrite_adds_missing_links_and_undoes_hand_edits(tmp_path: Path) -> None:

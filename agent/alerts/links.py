@@ -1,12 +1,20 @@
-"""Every alert's ``runbook_url`` and ``dashboard_url``, generated from one template each.
+"""Every alert's ``runbook_url`` and ``dashboard_url``, and every page's ``evidence_url``, generated from one
+template each.
 
 As kubernetes-mixin's ``add-runbook-links`` maps over every rule and sets ``runbook_url`` from one
-pattern, this module writes both link annotations of every alerting rule; nobody types them by hand:
+pattern, this module writes the link annotations of every alerting rule; nobody types them by hand:
 
 - ``runbook_url``   = ``<runbook_base>/<alertname>``;
 - ``dashboard_url`` = ``<dashboard_base>/d/<uid>``, then ``?var-instance=…&var-model=…`` for each link variable
   the dashboard defines and the firing alert carries the label of (a Go-template ``with`` per variable, so an
-  alert without the label gets no empty ``var-…=``).
+  alert without the label gets no empty ``var-…=``);
+- ``evidence_url``  = ``http://<instance>/api/v1/evidence/latest?alertname=<alertname>``, on every rule with
+  ``severity: critical`` (a page) outside the SLO groups: the agent that owns the node keeps the evidence bundle
+  it captured for the page (issue 17). The ``instance`` is the agent's address only when the alert's ``job`` is
+  the agent's scrape job (:data:`AGENT_JOB`), so the template renders the URL only then and an empty string
+  otherwise (Alertmanager drops a PagerDuty link whose href is empty). The SLO pages carry none: the TTFT SLO is
+  per model across nodes (no instance), the availability SLO's instance is the engine's address, and no label
+  maps it to its node's agent.
 
 Both bases are the Prometheus external labels ``runbook_base`` / ``dashboard_base`` when set, else the
 agent's runbook server (``agent.config.DEFAULT_RUNBOOKS_BASE_URL``) and Grafana on 127.0.0.1:3000. The
@@ -41,6 +49,9 @@ DEFAULT_RUNBOOK_BASE = DEFAULT_RUNBOOKS_BASE_URL  # the agent serves runbooks/<A
 DEFAULT_DASHBOARD_BASE = "http://127.0.0.1:3000"
 DASHBOARDS_DIR = rulefiles.ROOT / "dashboards" / "json"
 LINK_KEYS = ("runbook_url", "dashboard_url")
+EVIDENCE_KEY = "evidence_url"  # critical rules only (see evidence_url)
+GENERATED_KEYS = (*LINK_KEYS, EVIDENCE_KEY)
+AGENT_JOB = "inferwatch-agent"  # the agent's scrape job, as the rules and deploy/prometheus.yml name it
 SLO_DASHBOARD = "inferwatch-slo"
 # The dashboard an alert links to, by its rule group. A new group must be added here (the generator says so).
 GROUP_DASHBOARDS = {
@@ -59,7 +70,7 @@ _ALERT_RE = re.compile(r"^(\s*)- alert:\s*(\S+)\s*$")
 _RULE_RE = re.compile(r"^(\s*)- (?:alert|record):")
 _GROUP_RE = re.compile(r"^\s*- name:\s*(\S+)\s*$")
 _ANNOTATIONS_RE = re.compile(r"^(\s*)annotations:\s*$")
-_LINK_RE = re.compile(r"^\s*(?:runbook_url|dashboard_url):")
+_LINK_RE = re.compile(r"^\s*(?:runbook_url|dashboard_url|evidence_url):")
 
 
 def dashboard_for_group(group: str) -> str:
@@ -105,8 +116,24 @@ def dashboard_url(uid: str) -> str:
     return f"{_base('dashboard_base', DEFAULT_DASHBOARD_BASE)}/d/{uid}{_query(pairs, '?')}"
 
 
-def links(alert: str, group: str) -> dict[str, str]:
-    return {"runbook_url": runbook_url(alert), "dashboard_url": dashboard_url(dashboard_for_group(group))}
+def evidence_url(alert: str) -> str:
+    """The agent's latest evidence bundle for this alert, when the alert's instance is an agent, else empty."""
+    return (
+        f'{{{{ if eq $labels.job "{AGENT_JOB}" }}}}http://{{{{ $labels.instance }}}}'
+        f"/api/v1/evidence/latest?alertname={alert}{{{{ end }}}}"
+    )
+
+
+def carries_evidence(group: str, severity: str | None) -> bool:
+    """A page outside the SLO groups (whose subjects are models or engine addresses, not an agent's node)."""
+    return severity == "critical" and not group.startswith(SLO_GROUP_PREFIX)
+
+
+def links(alert: str, group: str, severity: str | None = None) -> dict[str, str]:
+    out = {"runbook_url": runbook_url(alert), "dashboard_url": dashboard_url(dashboard_for_group(group))}
+    if carries_evidence(group, severity):
+        out[EVIDENCE_KEY] = evidence_url(alert)
+    return out
 
 
 def _q(s: str) -> str:
@@ -114,9 +141,9 @@ def _q(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-def annotation_lines(alert: str, group: str, indent: str) -> list[str]:
-    """The two link annotations as rule-file lines (``indent``: that of the other annotation keys)."""
-    return [f"{indent}{key}: {_q(url)}" for key, url in links(alert, group).items()]
+def annotation_lines(alert: str, group: str, indent: str, severity: str | None = None) -> list[str]:
+    """The link annotations as rule-file lines (``indent``: that of the other annotation keys)."""
+    return [f"{indent}{key}: {_q(url)}" for key, url in links(alert, group, severity).items()]
 
 
 def _indent(line: str) -> int:
@@ -126,8 +153,11 @@ def _indent(line: str) -> int:
 def rewrite(text: str, where: str = "rule file") -> str:
     """``text`` with every alert's link annotations replaced by (or given) the generated ones."""
     lines = text.split("\n")
+    # severities of the alerting rules in file order, read once (labels may come before or after annotations)
+    severities = [_severity(r) for g in yaml.safe_load(text)["groups"] for r in g["rules"] if "alert" in r]
     out: list[str] = []
     group = alert = ""
+    severity: str | None = None
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -135,6 +165,7 @@ def rewrite(text: str, where: str = "rule file") -> str:
             group = m.group(1)
         if m := _ALERT_RE.match(line):
             alert = m.group(2)
+            severity = severities.pop(0)
         elif _RULE_RE.match(line):
             alert = ""
         m = _ANNOTATIONS_RE.match(line)
@@ -158,7 +189,7 @@ def rewrite(text: str, where: str = "rule file") -> str:
         while end and not kept[end - 1].strip():
             end -= 1  # blank lines after the block stay after the links
         body, tail = kept[:end], kept[end:]
-        out += body + annotation_lines(alert, group, child) + tail
+        out += body + annotation_lines(alert, group, child, severity) + tail
         alert = ""
     new = "\n".join(out)
     _verify(text, new, where)
@@ -174,23 +205,29 @@ def _verify(old: str, new: str, where: str) -> None:
                 if r_old != r_new:
                     raise ConfigError(f"{where}: the link rewrite changed record {r_old.get('record')}")
                 continue
-            want = {k: v for k, v in r_old.get("annotations", {}).items() if k not in LINK_KEYS}
-            want.update(links(r_old["alert"], g_old["name"]))
+            want = {k: v for k, v in r_old.get("annotations", {}).items() if k not in GENERATED_KEYS}
+            want.update(links(r_old["alert"], g_old["name"], _severity(r_old)))
             rest_old = {k: v for k, v in r_old.items() if k != "annotations"}
             rest_new = {k: v for k, v in r_new.items() if k != "annotations"}
             if r_new.get("annotations") != want or rest_old != rest_new:
                 raise ConfigError(f"{where}: the link rewrite of {r_old['alert']} went wrong (annotations layout?)")
 
 
+def _severity(rule: dict[str, Any]) -> str | None:
+    severity = (rule.get("labels") or {}).get("severity")
+    return str(severity) if severity is not None else None
+
+
 def stale(path: Path) -> list[str]:
-    """Alerts of ``path`` whose link annotations differ from the generated ones."""
+    """Alerts of ``path`` whose generated annotations differ from the templates (or that carry one they should not)."""
     data = rulefiles.load(path)
     out = []
     for group in data["groups"]:
         for rule in group["rules"]:
             if "alert" in rule:
                 have: dict[str, Any] = rule.get("annotations") or {}
-                if any(have.get(k) != v for k, v in links(rule["alert"], group["name"]).items()):
+                want = links(rule["alert"], group["name"], _severity(rule))
+                if {k: have.get(k) for k in GENERATED_KEYS if k in have or k in want} != want:
                     out.append(rule["alert"])
     return out
 

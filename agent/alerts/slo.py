@@ -347,7 +347,7 @@ def _fast_page_lines(slo: SLO, fp: FastPage, alerts_group: str) -> list[str]:
                 f"{_subject(slo)}: {{{{ $value | humanizePercentage }}}} of requests failed over the last "
                 f"{fp.window} (page above {pct}%); SLO {slo.name}: {_fmt(slo.objective * 100)}% succeed."
             ),
-            *links.annotation_lines(fp.alert, alerts_group, "          "),
+            *links.annotation_lines(fp.alert, alerts_group, "          ", "critical"),
         ]
     factor = fp.error_ratio / slo.budget
     burn = BurnWindow(_fmt(factor), fp.window, fp.window, "critical", fp.for_, _exhaustion(factor))
@@ -373,7 +373,7 @@ def _fast_page_lines(slo: SLO, fp: FastPage, alerts_group: str) -> list[str]:
             f"{_subject(slo)}: {{{{ $value | humanizePercentage }}}} {what} (page above {pct}%: a {burn.factor}x "
             f"burn, the 30-day error budget gone in {burn.exhaustion}); SLO {slo.name}: {target}."
         ),
-        *links.annotation_lines(slo.alert, alerts_group, "          "),
+        *links.annotation_lines(slo.alert, alerts_group, "          ", "critical"),
     ]
 
 
@@ -437,7 +437,7 @@ def render(slos: list[SLO], spec_name: str = "alerts/slo.yml") -> str:
                 "        annotations:",
                 f"          summary: {_q(_burn_summary(slo))}",
                 f"          description: {_q(_burn_description(slo, w))}",
-                *links.annotation_lines(slo.alert, alerts_group, "          "),
+                *links.annotation_lines(slo.alert, alerts_group, "          ", w.severity),
             ]
         if slo.fast_page is not None:
             lines += _fast_page_lines(slo, slo.fast_page, alerts_group)

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import math
+import platform
+import sys
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.engine.adapters import ADAPTERS, detect
-from agent.engine.exposition import ExpositionError, ExpositionReader, parse_labels
+from agent.engine import exposition as expo_module
+from agent.engine.adapters import ADAPTERS, KeyCache, detect, read
+from agent.engine.exposition import Everything, ExpositionError, ExpositionReader, parse_labels
+from agent.engine.limits import EngineLimits
 from tests.conftest import FIXTURES
+from tests.engine_expo import big_exposition
 
 ENGINES = FIXTURES / "engines"
 
@@ -163,3 +168,104 @@ def test_detection_from_the_exposition() -> None:
         assert detect((ENGINES / name).read_text()) == kind, name
     assert detect("<html><body>hello</body></html>") is None
     assert detect("ray_vllm:num_requests_running 1\n") == "vllm"  # Ray Serve's re-export
+
+
+def test_a_quoted_name_does_not_make_its_unquoted_form_valid() -> None:
+    # {"a.b"} 1 is valid (Prometheus 3); a later a.b 2 is not, even though the name was read before.
+    everything = ExpositionReader(("",), Everything(), scrape_rules=False)
+    with pytest.raises(ExpositionError) as err:
+        everything.read('{"a.b"} 1\na.b 2\n')
+    assert err.value.lineno == 2
+    assert everything.read('{"a_b"} 1\na_b{x="1"} 2\n').samples == {"a_b": [((), 1.0), ((("x", "1"),), 2.0)]}
+
+
+def test_bad_bucket_bound_is_found_whatever_other_bound_labels_say() -> None:
+    hist = '# TYPE h histogram\nh_bucket{quantile="q",le="y"} 1\n'
+    with pytest.raises(ExpositionError, match="le label is not a number") as err:
+        reader("h_bucket").read(hist)
+    assert err.value.lineno == 2
+    # a summary reads quantile, not le: an odd le label is just a label
+    summary = '# TYPE s summary\ns{le="x",quantile="0.5"} 1\n'
+    assert reader("s").read(summary).get("s") == [((("le", "x"), ("quantile", "0.5")), 1.0)]
+
+
+@pytest.mark.parametrize(
+    ("block", "reason"),
+    [
+        (f'model_name="{"x" * 1025}"', "label_value_length_limit"),
+        (f'model_name="{"x" * 1024}"', None),
+        (f'a="{"x" * 1000}",b="{"y" * 1000}",c="{"z" * 1000}",d="{"w" * 1000}",e="{"v" * 100}"', "label_bytes_limit"),
+        (f'a="{"x" * 2000}",b="{"y" * 1000}",c="{"z" * 1100}"', "label_value_length_limit"),
+        (f'a="{"x" * 2000}",a="1"', "parse"),  # a duplicate name is a parse error, as without limits
+        (f'a="{"x" * 2000}", b="1"', "label_value_length_limit"),  # not plain: parse_line, then the limit
+    ],
+)
+def test_long_label_blocks_are_judged_as_the_full_path_judges_them(block: str, reason: str | None) -> None:
+    """A long block is measured in place (no copy of a huge value); the verdict is label_limit_error's."""
+    text = f"vllm:x{{{block}}} 1\n"
+    r = ExpositionReader(("vllm:",), frozenset({"vllm:x"}), limits=EngineLimits(), model_labels=("model_name",))
+    if reason is None:
+        assert r.read(text).matched == 1
+        return
+    with pytest.raises(ExpositionError) as err:
+        r.read(text)
+    assert err.value.reason == reason and err.value.lineno == 1
+
+
+def test_duplicates_of_a_family_not_read_are_found_by_their_text() -> None:
+    with pytest.raises(ExpositionError) as err:
+        reader("vllm:x").read('vllm:y{a="1"} 1\nvllm:x 2\nvllm:y{a="1"} 3\n')
+    assert err.value.reason == "duplicate_series" and err.value.lineno == 3
+    r = reader("vllm:x")
+    for _ in range(2):  # and from the cache, scrape after scrape
+        assert r.read('vllm:y{a="1"} 1\nvllm:y{a="2"} 1\nvllm:x 2\n').matched == 1
+    with pytest.raises(ExpositionError, match="duplicate series"):
+        r.read('vllm:y{a="1"} 1\nvllm:y{a="1"} 1\nvllm:x 2\n')
+
+
+def test_after_a_burst_the_caches_and_the_memory_are_given_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    released: list[int] = []
+
+    def release() -> bool:
+        released.append(1)
+        return True
+
+    monkeypatch.setattr(expo_module, "release_freed_memory", release)
+    adapter = ADAPTERS["vllm"]
+    r = adapter.reader(EngineLimits(max_models=4))
+    keys = KeyCache(adapter.model_labels, "unknown")
+    normal = 'vllm:num_requests_running{model_name="m",engine="0"} 1\n'
+    burst = "".join(f'vllm:num_requests_running{{model_name="m{i}",engine="0"}} 1\n' for i in range(40_000))
+    first = r.read(normal)
+    read(adapter, first, keys=keys)
+    hostile = r.read(burst)
+    assert hostile.models_dropped == 39_996 and len(r._pairs) < 100  # dropped models' label pairs are not kept
+    read(adapter, hostile, keys=keys)
+    after = r.read(normal)  # the burst is over: its cached series are dropped, the next read is a cold one
+    assert len(r._heads) == 0 and released == []
+    read(adapter, after, keys=keys)
+    again = r.read(normal)  # which begins by handing the freed memory back to the OS
+    assert released == [1] and again.generation != hostile.generation
+    read(adapter, again, keys=keys)
+    assert keys.size == 1  # the memo of the burst's label tuples went with them
+    r.read(normal)
+    assert released == [1] and len(r._heads) == 1
+
+
+def test_a_stream_of_chunks_reads_as_the_whole_text() -> None:
+    text, _gen = big_exposition(2_000)
+    whole = ADAPTERS["vllm"].reader(EngineLimits()).read(text)
+    r = ADAPTERS["vllm"].reader(EngineLimits())
+    for _ in range(2):  # cold, then from the cache
+        p = r.begin()
+        lines = text.split("\n")
+        for i in range(0, len(lines) - 1, 97):
+            r.feed(p, lines[i : min(i + 97, len(lines) - 1)])
+        streamed = r.end(p)
+        assert streamed.samples == whole.samples and streamed.matched == whole.matched
+
+
+def test_freed_memory_is_handed_back_on_glibc_only() -> None:
+    glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert expo_module.release_freed_memory() is glibc
+    assert expo_module.release_freed_memory() is glibc  # the thresholds are fixed once; trimming again is fine

@@ -283,6 +283,9 @@ def _reject(src: Source, labels: Labels, value: float, why: str, reason: str) ->
 
 
 _Key = tuple[str, Labels, float | None]  # (model, other labels sorted, le bound or None)
+_NO_SKIP: frozenset[str] = frozenset()
+# what a memo lookup returns for labels not memoised yet (None is a memoised "no match"); compared by identity
+MISS: _Key = ("", (), None)
 MAX_KEY_CACHE_ENTRIES = 200_000
 
 
@@ -290,16 +293,18 @@ class KeyCache:
     """Memoised split of a label tuple into (model, remaining labels, ``le``), per label filter.
 
     The reader hands out the same label tuple objects scrape after scrape, so the memo is keyed by
-    object identity (the entry keeps the tuple alive, so an id cannot be reused while cached): after
-    the first scrape, one int-keyed dict lookup per sample. Keep one per target (``EngineParser`` does).
+    object identity: ``id(labels) → key`` (None: the filter does not match), and every memoised tuple is
+    held (``_alive``) until the memo is cleared, so an id cannot be reused while it is a key. After the
+    first scrape, one int-keyed dict lookup per sample. Keep one per target (``EngineParser`` does).
     """
 
     def __init__(self, model_labels: tuple[str, ...], default_model: str) -> None:
         self.model_labels = frozenset(model_labels)
         self.model_order = model_labels
         self.default_model = default_model
-        self._memo: dict[tuple[tuple[str, str], ...], dict[int, tuple[Labels, _Key | None]]] = {}
-        self._size = 0
+        self._memo: dict[tuple[tuple[str, str], ...], dict[int, _Key | None]] = {}
+        self._alive: list[Labels] = []  # the tuples whose ids are memo keys
+        self.generation = 0  # of the reader's caches the memoised tuples come from (Exposition.generation)
         self._le: dict[str, float] = {}
         # one object per model name and per remaining label tuple, so that the buckets of one series
         # (consecutive in an exposition) are told apart from the next series by identity
@@ -307,34 +312,35 @@ class KeyCache:
 
     @property
     def size(self) -> int:
-        return self._size
+        return len(self._alive)
 
     def clear(self) -> None:
-        self._memo.clear()
+        for memo in self._memo.values():  # emptied in place: a caller holding one sees it empty
+            memo.clear()
+        self._alive.clear()
         self._le.clear()
         self._same.clear()
-        self._size = 0
 
-    def memo(self, match: tuple[tuple[str, str], ...]) -> dict[int, tuple[Labels, _Key | None]]:
-        """The memo for one label filter: ``id(labels) → (labels, key)`` (check ``entry[0] is labels``)."""
+    def memo(self, match: tuple[tuple[str, str], ...]) -> dict[int, _Key | None]:
+        """The memo for one label filter: ``id(labels) → key``; a miss (``memo.get(id(labels), MISS) is MISS``)
+        goes to :meth:`key`."""
         memo = self._memo.get(match)
         if memo is None:
             memo = self._memo[match] = {}
         return memo
 
     def key(self, labels: Labels, match: tuple[tuple[str, str], ...]) -> _Key | None:
-        memo = self.memo(match)
-        hit = memo.get(id(labels))
-        if hit is not None and hit[0] is labels:
-            return hit[1]
-        out = self._split(labels, match)
-        if self._size >= MAX_KEY_CACHE_ENTRIES:
-            self._memo.clear()
-            self._same.clear()
-            self._size = 0
+        memo = self._memo.get(match)
+        if memo is None:
             memo = self._memo[match] = {}
-        memo[id(labels)] = (labels, out)
-        self._size += 1
+        out = memo.get(id(labels), MISS)
+        if out is not MISS:
+            return out
+        out = self._split(labels, match)
+        if len(self._alive) >= MAX_KEY_CACHE_ENTRIES:
+            self.clear()
+        memo[id(labels)] = out
+        self._alive.append(labels)
         return out
 
     def _split(self, labels: Labels, match: tuple[tuple[str, str], ...]) -> _Key | None:
@@ -342,22 +348,25 @@ class KeyCache:
             have = dict(labels)
             if any(have.get(k) != v for k, v in match):
                 return None
-            skip = {k for k, _ in match}
+            skip: frozenset[str] = frozenset(k for k, _ in match)
         else:
-            skip = set()
+            skip = _NO_SKIP
         model = None
-        model_rank = len(self.model_order)
+        order = self.model_order
+        model_rank = len(order)
+        model_labels = self.model_labels
         le_text = None
         rest = []
-        for k, v in labels:
+        for pair in labels:  # the reader's pair tuples are kept as they are (shared, not copied)
+            k = pair[0]
             if k == "le":
-                le_text = v
-            elif k in self.model_labels:
-                rank = self.model_order.index(k)
+                le_text = pair[1]
+            elif k in model_labels:
+                rank = order.index(k)
                 if rank < model_rank:
-                    model, model_rank = v, rank
+                    model, model_rank = pair[1], rank
             elif k not in skip:
-                rest.append((k, v))
+                rest.append(pair)
         if len(rest) > 1:
             rest.sort()
         le = None
@@ -388,6 +397,9 @@ def read(
     its families in order, each in exposition order); the others are counted in ``models_dropped``.
     """
     split = keys if keys is not None else KeyCache(adapter.model_labels, default_model)
+    if split.generation != expo.generation:  # the reader dropped its caches: its label tuples are new objects
+        split.clear()
+        split.generation = expo.generation
     models: dict[str, ModelReading] = {}
     dropped: set[str] = set()
     cap = max_models if max_models is not None else math.inf
@@ -446,16 +458,24 @@ def _read_ranks(adapter: Adapter, expo: Exposition, keys: KeyCache, models: dict
     for name in RANK_QUANTITIES:
         cands = adapter.gauges.get(name) or adapter.counters.get(name) or ()
         by_name = {src.name: src for src in cands}
+        # family → the models that read this quantity from it: one pass over each family's samples
+        # (not one per model), each sample added to its own model's ranks in exposition order
+        readers: dict[str, dict[str, ModelReading]] = {}
         for mname, m in models.items():
-            src = by_name.get(m.sources.get(name, ""))
-            if src is None:
-                continue
-            for labels, value in expo.get(src.name):
+            sname = m.sources.get(name, "")
+            if sname in by_name:
+                readers.setdefault(sname, {})[mname] = m
+        for sname, of_model in readers.items():
+            src = by_name[sname]
+            for labels, value in expo.get(sname):
                 k = keys.key(labels, src.match)
-                if k is None or k[0] != mname or math.isnan(value):
+                if k is None or math.isnan(value):
+                    continue
+                reading = of_model.get(k[0])
+                if reading is None:
                     continue
                 rank = next((v for label, v in k[1] if label in RANK_LABELS), "0")
-                acc = m.ranks.setdefault(rank, {})
+                acc = reading.ranks.setdefault(rank, {})
                 acc[name] = acc.get(name, 0.0) + value * src.scale
 
 
@@ -470,8 +490,9 @@ def _histograms(src: Source, expo: Exposition, keys: KeyCache) -> dict[str, dict
     last_series: Labels | None = None
     b: dict[float, float] = {}
     for labels, value in expo.get(src.name + "_bucket"):
-        hit = memo.get(id(labels))
-        k = hit[1] if hit is not None and hit[0] is labels else keys.key(labels, match)
+        k = memo.get(id(labels), MISS)
+        if k is MISS:
+            k = keys.key(labels, match)
         if k is None:
             continue
         model, series, bound = k
@@ -490,7 +511,9 @@ def _histograms(src: Source, expo: Exposition, keys: KeyCache) -> dict[str, dict
     for suffix, into in (("_sum", sums), ("_count", counts)):
         scale = src.scale if suffix == "_sum" else 1.0
         for labels, value in expo.get(src.name + suffix):
-            k = keys.key(labels, match)
+            k = memo.get(id(labels), MISS)
+            if k is MISS:
+                k = keys.key(labels, match)
             if k is None:
                 continue
             if value < 0:  # a count, or a sum of durations (every histogram an adapter reads is one)

@@ -20,8 +20,11 @@ parser once. ``_created`` samples are stored only when asked for.
 
 from __future__ import annotations
 
+import ctypes
 import math
+import platform
 import re
+import sys
 from collections.abc import Container
 from dataclasses import dataclass, field
 
@@ -54,6 +57,45 @@ _UNESCAPE = {"\\": "\\", '"': '"', "n": "\n"}
 _BLANK = " \t"
 
 
+# glibc's mallopt(3) parameters (malloc.h) and the values they are fixed at: glibc's own defaults
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+MALLOC_MMAP_THRESHOLD_BYTES = 128 * 1024  # larger buffers get their own mapping, unmapped when freed
+MALLOC_TRIM_THRESHOLD_BYTES = 128 * 1024  # free memory above this at the top of a heap is returned at once
+_glibc: ctypes.CDLL | None = None
+_glibc_looked_up = False
+
+
+def release_freed_memory() -> bool:
+    """Hand the heap memory freed after a burst of series back to the OS; True if that could be asked (glibc).
+
+    glibc keeps freed memory for reuse, and once a buffer over its mmap threshold (128 KiB) is freed —
+    a held exposition body is megabytes — it raises that threshold to the buffer's size and its trim
+    threshold to twice that: later large buffers come from its heaps, up to that much free memory stays
+    at the top of each heap (one per thread that allocates), and ``malloc_trim`` does not shrink the
+    heaps of threads other than the main one. So the agent's RSS stays where a burst took it. The first
+    call fixes both thresholds at glibc's defaults (``mallopt``, which also stops them rising); every call
+    returns the free pages (``malloc_trim(0)``, a few milliseconds). Called when a read begins after a
+    burst ended or a large cache was dropped (:class:`ExpositionReader`). Elsewhere (musl, macOS) nothing
+    is done.
+    """
+    global _glibc, _glibc_looked_up
+    if not _glibc_looked_up:
+        _glibc_looked_up = True
+        if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
+            try:
+                libc = ctypes.CDLL(None)
+                libc.mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES)
+                libc.mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES)
+                _glibc = libc
+            except (OSError, AttributeError):
+                _glibc = None
+    if _glibc is None:
+        return False
+    _glibc.malloc_trim(0)
+    return True
+
+
 class ExpositionError(SourceFormatError):
     """A line that breaks the format; ``lineno`` is 1-based, ``last``: it is the final line.
 
@@ -84,6 +126,9 @@ class Exposition:
     matched: int = 0  # samples kept
     types: dict[str, str] = field(default_factory=dict)  # family → TYPE as declared (lower case)
     models_dropped: int = 0  # distinct models past the reader's max_models (see ExpositionReader)
+    # which of its reader's caches the label tuples come from: it changes when the reader drops its caches
+    # (so memos keyed by those tuples, as adapters.KeyCache, know theirs are stale)
+    generation: int = 0
 
     def get(self, name: str) -> Series:
         return self.samples.get(name, [])
@@ -359,6 +404,8 @@ MAX_DROPPED_MODELS_COUNTED = 65_536  # distinct dropped models counted per read 
 
 _Info = tuple[Labels, "str | None", int, "str | None"]  # (labels, bad bound, canonical id, model)
 _UNKEPT = -2  # the canonical id of a label set of a name not wanted, not interned (see ExpositionReader.feed)
+_BY_TEXT = -3  # the series id of a cached head of a name not wanted: the series is the head's text
+_Head = tuple[str, Labels, int, bool, "str | None", "str | None"]  # (name, labels, series id, kept, bad, model)
 
 
 class ReadPass:
@@ -371,7 +418,6 @@ class ReadPass:
         "last_lineno",
         "last_name",
         "lines",
-        "matched",
         "nonneg",
         "om",
         "out",
@@ -389,10 +435,9 @@ class ReadPass:
         self.nonneg: set[str] = set()
         self.typed_hist: set[str] = set()  # histogram/summary families whose le/quantile must be numbers
         self.sampled: set[str] = set()
-        self.seen: set[int] = set()
+        self.seen: dict[int | str, str] = {}  # series id (or head text, _BY_TEXT) → the line that first had it
         self.seen_ts: set[tuple[int, float]] = set()
         self.last_name = ""
-        self.matched = 0
         self.lines = 0
         self.kept: set[str | None] = set()  # models whose samples are kept (None: no model label)
         self.dropped: set[int] = set()  # hashes of the models past max_models
@@ -439,14 +484,26 @@ class ExpositionReader:
         # "name{labels}" → (name, labels, series id, wanted, bad bound, model); series id: one int per distinct
         # series (the name's identity and the label set's canonical id); bad bound: "le" or "quantile" when
         # that label is not a number (an error in a histogram/summary)
-        self._heads: dict[str, tuple[str, Labels, int, bool, str | None, str | None]] = {}
+        self._heads: dict[str, _Head] = {}
         self._unkept = 0  # cached heads of names not wanted
+        self._unkept_entries: dict[str, _Head] = {}  # name not wanted → the entry its heads share (see feed)
         # interned label tuples (the adapters memoise by identity) → (labels, bad bound, canonical id, model)
         self._labels: dict[Labels, _Info] = {}
-        self._canon: dict[frozenset[tuple[str, str]], int] = {}  # label set in any order → one id
-        self._raw: dict[str | None, _Info] = {}  # label text of plain heads → _info()
-        self._names: dict[str, str] = {}  # metric names checked valid, one object each (cheap `is` tests)
+        self._canon: dict[Labels, int] = {}  # label set, pairs sorted (see _sorted) → one id
+        self._raw: dict[str | None, _Info] = {}  # label text of plain heads of wanted names → _info_of()
+        # label text of plain heads of names not wanted → (no labels, bad bound, _UNKEPT, no model): checked once
+        self._raw_unkept: dict[str | None, _Info] = {}
+        self._names: dict[str, str] = {}  # every metric name read, one object each (series ids, `is` tests)
+        self._plain_names: dict[str, str] = {}  # names valid unquoted (``a_b``, not ``a.b``) → the same objects
+        self._pairs: dict[str, _Pair] = {}  # label pair texts checked valid → ((name, value), flag)
+        self._fresh: list[tuple[str, _Pair]] = []  # pairs of the label set being read, not in _pairs yet
+        # the one model label, for _plain_block; None: several (in order of preference), or a bound's name
+        self._model_label = model_labels[0] if len(model_labels) == 1 and model_labels[0] not in _BOUNDS else None
         self._bounds: dict[str, bool] = {}  # le/quantile label texts → a number (see _bad_bound)
+        self.generation = 0  # caches dropped so far (Exposition.generation)
+        self._release_due = False  # release_freed_memory() when the next read begins (a burst is over)
+        self._last_lines = 0  # lines of the last read
+        self._open_lines: int | None = None  # lines of the read under way (None: none), as of its last feed
 
     def read(self, text: str, openmetrics: bool | None = None) -> Exposition:
         om = is_openmetrics(text) if openmetrics is None else openmetrics
@@ -469,46 +526,76 @@ class ExpositionReader:
 
     def begin(self, om: bool = False) -> ReadPass:
         """Start a read (see :meth:`feed`)."""
+        if self._open_lines is not None:  # the last read was given up (its fetch stopped): it ended there
+            self._ended(self._open_lines)
+        self._open_lines = 0
         if len(self._heads) >= MAX_LABEL_CACHE_ENTRIES or len(self._canon) >= MAX_LABEL_CACHE_ENTRIES:
             self.clear()
+        if self._release_due:  # by now the read that made it due has let go of all it held (body, lines)
+            self._release_due = False
+            release_freed_memory()
         return ReadPass(om)
 
     def end(self, p: ReadPass) -> Exposition:
-        """The exposition read by ``p``; gives back the caches of series that are gone."""
-        if len(self._heads) > STALE_CACHE_FACTOR * (len(p.seen) + len(p.seen_ts)) + STALE_CACHE_SLACK:
-            self.clear()  # most cached heads are gone (a burst of series ended): give the memory back
-        return Exposition(p.out, p.lines, p.matched, p.types, len(p.dropped))
+        """The exposition read by ``p``; gives back the caches of series that are gone.
+
+        Its ``generation`` is that of the caches its label tuples come from: when they are dropped here,
+        the next read's differs, so a memo of these tuples (adapters.KeyCache) is dropped then too.
+        """
+        generation = self.generation
+        if self._cached() > STALE_CACHE_FACTOR * (len(p.seen) + len(p.seen_ts)) + STALE_CACHE_SLACK:
+            self.clear()  # most of the cache is gone (a burst of series ended): give the memory back
+        self._ended(p.lines)
+        return Exposition(p.out, p.lines, sum(map(len, p.out.values())), p.types, len(p.dropped), generation)
 
     def abandon(self, p: ReadPass) -> None:
         """A read that failed: give back what it cached if most of the cache is its own (as :meth:`end`)."""
-        if len(self._heads) > STALE_CACHE_FACTOR * (len(p.seen) + len(p.seen_ts)) + STALE_CACHE_SLACK or (
-            len(self._heads) > STALE_CACHE_SLACK and p.lines > STALE_CACHE_SLACK
+        cached = self._cached()
+        if cached > STALE_CACHE_FACTOR * (len(p.seen) + len(p.seen_ts)) + STALE_CACHE_SLACK or (
+            cached > STALE_CACHE_SLACK and p.lines > STALE_CACHE_SLACK
         ):
             self.clear()
+        self._ended(p.lines)
+
+    def _ended(self, lines: int) -> None:
+        """A read of ``lines`` lines is over. Far fewer than the read before: a burst is over; its cached
+        series are dropped (the next read is a cold one) and what it took from the allocator (bodies,
+        lines, caches) is handed back when the next read begins."""
+        if self._last_lines > STALE_CACHE_FACTOR * lines + STALE_CACHE_SLACK:
+            self.clear()
+            self._release_due = True
+        self._last_lines = lines
+        self._open_lines = None
+
+    def _cached(self) -> int:
+        """Entries of the largest cache (heads, label pairs, label texts of names not read, names)."""
+        return max(len(self._heads), len(self._pairs), len(self._raw_unkept), len(self._names))
 
     def feed(self, p: ReadPass, lines: list[str]) -> None:
-        """Read complete lines (no ``\\n``) of the body read by ``p``, in order; raise ExpositionError."""
-        heads = self._heads
+        """Read complete lines (no ``\\n``) of the body read by ``p``, in order; raise ExpositionError.
+
+        ``lines`` are distinct objects (as ``str.split`` makes them): a line's identity marks its series
+        as seen, and finds its number for an error.
+        """
         om = p.om
+        # The head cache holds only plain sample heads (never a comment or a blank line), so it is asked
+        # first. OpenMetrics bodies are read without it (their lines are judged by parse_line).
+        heads = self._heads if not om else {}
         out, types, nonneg, typed_hist, sampled = p.out, p.types, p.nonneg, p.typed_hist, p.sampled
         seen, seen_ts, kept = p.seen, p.seen_ts, p.kept
         last_name = p.last_name
-        matched = p.matched
+        series = out.get(last_name)  # the kept samples of last_name
         cap = self.max_models
         rules = self.scrape_rules
-        names, raw_cache, wanted = self._names, self._raw, self.wanted
+        names, wanted = self._plain_names, self.wanted
+        raw_kept, raw_unkept, unkept_entries = self._raw, self._raw_unkept, self._unkept_entries
+        # "name{" of the last new plain head with labels, and its name: the next new heads are most often of
+        # the same family (a prefix test instead of a search, a slice and a lookup)
+        run, run_name, run_len = "\n", "", 1
         for line in lines:
-            if not line:
-                continue
-            c = line[0]
-            if c == "#" or (c in _BLANK and line.lstrip(_BLANK)[:1] in ("#", "")):
-                if om:
-                    continue  # metadata is checked by check_openmetrics
-                self._comment(p, lines, line)
-                continue
             head, _, val = line.rpartition(" ")
             hit = heads.get(head)
-            if hit is not None and not om:
+            if hit is not None:
                 name, labels, sid, keep, bad, model = hit
                 try:  # parse_float, inline: this runs for every line of every scrape
                     value = float(val)
@@ -518,36 +605,56 @@ class ExpositionReader:
                     raise self._error(p, lines, line, f"value {val[:40]!r} is not a number") from None
                 ts = None
             else:
+                if not line:
+                    continue
+                c = line[0]
+                if c == "#" or (c in _BLANK and line.lstrip(_BLANK)[:1] in ("#", "")):
+                    if om:
+                        continue  # metadata is checked by check_openmetrics
+                    self._comment(p, lines, line)
+                    continue
                 # The common new head (name, name{a="x",...}): its name and label text are each checked
                 # once and cached by their text; any other shape goes to parse_line (the authority).
                 info = None
-                plain = False
                 if not om:
-                    brace = head.find("{")
-                    text = head if brace == -1 else head[:brace]
-                    known = names.get(text)
-                    if known is None and _METRIC_NAME.fullmatch(text) is not None:
-                        known = names[text] = text
-                    if known is not None and (brace == -1 or head[-1] == "}"):
+                    known: str | None
+                    if head.startswith(run) and head[-1] == "}":  # the family of the line before
+                        known, raw = run_name, head[run_len:-1]
+                    else:
+                        brace = head.find("{")
+                        if brace == -1:
+                            text, raw = head, None
+                        elif head[-1] == "}":
+                            text, raw = head[:brace], head[brace + 1 : -1]
+                        else:
+                            text = raw = ""  # a label block that does not end the head: parse_line judges it
+                        known = names.get(text)
+                        if known is None and _METRIC_NAME.fullmatch(text) is not None:
+                            known = self._name(text)
+                        if known is not None and raw is not None:
+                            run, run_name = known + "{", known
+                            run_len = len(run)
+                    if known is not None:
                         name = known
-                        raw = None if brace == -1 else head[brace + 1 : -1]
-                        info = raw_cache.get(raw)
-                        if info is None:
-                            plain_labels = _plain_labels(raw) if raw else ()
-                            if plain_labels is not None:
-                                info = self._info_of(p, lines, line, name, plain_labels, True, raw)
-                    if info is not None:
                         try:  # parse_float, inline
                             value = float(val)
-                            if (
+                            if not (
                                 "_" in val
                                 or not val.isascii()
                                 or val.strip() != val
                                 or (value != value and val[0] in "+-")
                             ):
-                                info = None
+                                keep = name in wanted
+                                if keep:
+                                    info = raw_kept.get(raw) or self._plain_info(p, lines, line, name, raw, True)
+                                else:  # only its bad bound is used: the text checked for a wanted name will do
+                                    info = (
+                                        raw_unkept.get(raw)
+                                        or raw_kept.get(raw)
+                                        or self._plain_info(p, lines, line, name, raw, False)
+                                    )
                         except ValueError:
-                            info = None
+                            pass
                 if info is not None:
                     ts = None
                     plain = True
@@ -557,24 +664,28 @@ class ExpositionReader:
                     except _LineError as exc:
                         raise self._error(p, lines, line, str(exc), exc.reason) from None
                     name, value, ts = parsed.name, parsed.value, parsed.timestamp
-                    name = names.setdefault(name, name)
+                    name = self._names.get(name) or self._name(name)
+                    keep = name in wanted
                     info = self._info_of(p, lines, line, name, parsed.labels)
                     plain = parsed.plain and not om
                 labels, bad, canon, model = info
-                keep = name in wanted
-                if canon >= 0:
+                if keep and canon >= 0:
                     # one int per series: the name is one object per reader (``_names``), the label set one id
                     sid = id(name) << 32 | canon
                     if plain:
-                        if not keep:
-                            self._unkept += 1
                         heads[head] = (name, labels, sid, keep, bad, model)
-                elif canon == _UNKEPT and plain:
-                    # a family not read: its head is cached without its labels; its series id is the cached
-                    # text's identity (the same line twice is a duplicate; its labels in another order are not seen)
-                    sid = id(head)
+                elif not keep and plain and self._unkept < MAX_UNKEPT_HEADS:
+                    # a family not read: its head is cached with an entry shared by the family (no labels, no
+                    # id); its series is the head's text (the same line twice is a duplicate; its labels in
+                    # another order are not seen)
+                    sid = _BY_TEXT
                     self._unkept += 1
-                    heads[head] = (name, (), sid, False, bad, None)
+                    entry = unkept_entries.get(name) if bad is None else None
+                    if entry is None:
+                        entry = (name, (), _BY_TEXT, False, bad, None)
+                        if bad is None:
+                            unkept_entries[name] = entry
+                    heads[head] = entry
                 else:
                     sid = -1  # not cached: a dropped model, or past MAX_UNKEPT_HEADS
             if keep and model not in kept:
@@ -587,82 +698,158 @@ class ExpositionReader:
             if name is not last_name:
                 sampled.add(name)
                 last_name = name
-            if bad is not None and name in typed_hist and (bad == "le") == (types.get(name) != "summary"):
-                raise self._error(p, lines, line, f"{bad} label is not a number")
+                series = out.get(name)
+            if bad is not None and name in typed_hist and _bound_error(bad, types.get(name)) is not None:
+                raise self._error(p, lines, line, f"{_bound_error(bad, types.get(name))} label is not a number")
             if value < 0 and name in nonneg:
                 raise self._error(
                     p, lines, line, f"negative value {value:g} for a {types_of(name, types)}", "negative_value"
                 )
-            if sid < 0:
-                pass  # a series that is not kept and not cached: no duplicate check (its values are not used)
-            elif ts is None:
-                if sid in seen and rules:
-                    raise self._error(p, lines, line, "duplicate series", "duplicate_series")
-                seen.add(sid)
-            else:
-                ts_key = (sid, math.floor(ts * 1e9 + 1e-6) if om else ts)  # OM: nanoseconds, as client_python
-                if ts_key in seen_ts:
-                    if rules:
-                        raise self._error(p, lines, line, "duplicate series (same timestamp)", "duplicate_series")
-                    continue  # the reference keeps the first sample
-                seen_ts.add(ts_key)
-            if keep:
-                series = out.get(name)
-                if series is None:
-                    out[name] = [(labels, value)]
+            # seen: series → the line that first had it (one lookup for the check and the mark)
+            if sid >= 0:
+                if ts is None:
+                    if seen.setdefault(sid, line) is not line and rules:
+                        raise self._error(p, lines, line, "duplicate series", "duplicate_series")
                 else:
-                    series.append((labels, value))
-                matched += 1
+                    ts_key = (sid, math.floor(ts * 1e9 + 1e-6) if om else ts)  # OM: nanoseconds, as client_python
+                    if ts_key in seen_ts:
+                        if rules:
+                            raise self._error(p, lines, line, "duplicate series (same timestamp)", "duplicate_series")
+                        continue  # the reference keeps the first sample
+                    seen_ts.add(ts_key)
+            elif sid == _BY_TEXT and seen.setdefault(head, line) is not line and rules:
+                # a cached head of a family not read: its text is the series
+                raise self._error(p, lines, line, "duplicate series", "duplicate_series")
+            # else: not kept and not cached: no duplicate check (its values are not used)
+            if keep:
+                if series is None:
+                    series = out[name] = []
+                series.append((labels, value))
         p.last_name = last_name
-        p.matched = matched
         p.lines += len(lines)
+        self._open_lines = p.lines
 
     def clear(self) -> None:
-        """Forget every cached head, label set and name (the next read is a cold one)."""
+        """Forget every cached head, label set and name (the next read is a cold one).
+
+        A cache of more than :data:`STALE_CACHE_SLACK` entries dropped is memory the allocator would
+        otherwise keep: it is handed back to the OS (:func:`release_freed_memory`) when the next read begins.
+        """
+        large = self._cached() > STALE_CACHE_SLACK
+        self._release_due = self._release_due or large
+        self.generation += 1
         self._heads.clear()
         self._unkept = 0
+        self._unkept_entries.clear()
         self._labels.clear()
         self._raw.clear()
+        self._raw_unkept.clear()
         self._canon.clear()
         self._names.clear()
+        self._plain_names.clear()
+        self._pairs.clear()
+        if large:
+            release_freed_memory()
 
-    def _info_of(
+    def _info_of(self, p: ReadPass, lines: list[str], line: str, name: str, labels: Labels) -> _Info:
+        """(labels interned, bad bound, canonical id, model) of the labels of a head parse_line read.
+
+        Interned and cached for a wanted name; for a name not wanted, not interned (canonical id
+        ``_UNKEPT``: the head may be cached alone, up to :data:`MAX_UNKEPT_HEADS`); for a model
+        past ``max_models``, nothing (-1)."""
+        wanted = name in self.wanted
+        hit = self._labels.get(labels) if wanted else None
+        if hit is not None:
+            return hit
+        if self.limits is not None:
+            broken = label_limit_error(labels, self.limits)
+            if broken is not None:
+                raise self._error(p, lines, line, broken[1], broken[0])
+        if not wanted:
+            return labels, _bad_bound(labels, self._bounds), _UNKEPT, None
+        model = _model_of(labels, self.model_labels)
+        if model not in p.kept and len(p.kept) >= self.max_models:
+            return labels, _bad_bound(labels, self._bounds), -1, model  # a dropped model: nothing cached
+        canon = self._canon.setdefault(_sorted(labels), len(self._canon))
+        hit = self._labels[labels] = (labels, _bad_bound(labels, self._bounds), canon, model)
+        return hit
+
+    def _name(self, text: str) -> str:
+        """The reader's one object for the metric name ``text`` (series ids and ``is`` tests rely on it).
+
+        Only a name valid unquoted is also entered in the fast path's table: ``a.b`` read from
+        ``{"a.b"} 1`` must not make a later ``a.b 1`` line valid.
+        """
+        name = self._names.setdefault(text, text)
+        if _METRIC_NAME.fullmatch(text) is not None:
+            self._plain_names[text] = name
+        return name
+
+    def _plain_info(
+        self, p: ReadPass, lines: list[str], line: str, name: str, raw: str | None, keep: bool
+    ) -> _Info | None:
+        """The :data:`_Info` of a plain head's label text ``raw`` (None: no label block), cached by that text.
+
+        None when the text is not a plain label block (:func:`_plain_block`): parse_line judges the line.
+        For a wanted name (``keep``), as :meth:`_info_of` (the labels get a canonical id), cached in
+        ``_raw`` unless its model is dropped. A name not wanted needs only its block checked and its bad
+        bound: cached apart (``_raw_unkept``, up to :data:`MAX_UNKEPT_HEADS` texts), its labels not kept.
+        """
+        fresh = self._fresh
+        try:  # every way out forgets the pairs met (only _remember keeps them)
+            return self._plain_info_of(p, lines, line, name, raw, keep, fresh)
+        finally:
+            fresh.clear()
+
+    def _plain_info_of(
         self,
         p: ReadPass,
         lines: list[str],
         line: str,
         name: str,
-        labels: Labels,
-        by_raw: bool = False,
-        raw: str | None = None,
-    ) -> _Info:
-        """(labels interned, bad bound, canonical id, model) of a new head's labels.
+        raw: str | None,
+        keep: bool,
+        fresh: list[tuple[str, _Pair]],
+    ) -> _Info | None:
+        if raw:
+            if self.limits is not None and len(raw) > self._short_labels:
+                broken = _long_block_limit_error(raw, self.limits)  # before any copy of a huge value is made
+                if broken is not None:
+                    raise self._error(p, lines, line, broken[1], broken[0])
+            block = _plain_block(raw, self._pairs, self._model_label, fresh)
+            if block is None:
+                return None
+            labels, model, bad = block
+        else:
+            labels, model, bad = (), None, None
+        info = self._labels.get(labels) if keep else None  # the same labels under another text
+        if info is None:
+            # A plain ASCII label text no longer than the smaller limit cannot break one: its names and
+            # values are shorter than the text (the common case: one length test instead of a pass).
+            if self.limits is not None and not (raw is not None and len(raw) <= self._short_labels and raw.isascii()):
+                broken = label_limit_error(labels, self.limits)
+                if broken is not None:
+                    raise self._error(p, lines, line, broken[1], broken[0])
+            if not keep:
+                info = ((), bad, _UNKEPT, None)
+                if len(self._raw_unkept) < MAX_UNKEPT_HEADS:
+                    self._raw_unkept[raw] = info
+                    self._remember(fresh)
+                return info
+            if self._model_label is None:
+                model = _model_of(labels, self.model_labels)
+            if model not in p.kept and len(p.kept) >= self.max_models:
+                return labels, bad, -1, model  # a dropped model: nothing cached
+            canon = self._canon.setdefault(_sorted(labels), len(self._canon))
+            info = self._labels[labels] = (labels, bad, canon, model)
+        self._raw[raw] = info
+        self._remember(fresh)
+        return info
 
-        Interned and cached for a wanted name; for a name not wanted, not interned (canonical id
-        ``_UNKEPT``: the head may be cached alone, or -1 once :data:`MAX_UNKEPT_HEADS` are); for a model
-        past ``max_models``, nothing (-1). ``by_raw``: also cache the result by the plain label text
-        ``raw`` (None: no label block)."""
-        hit = self._labels.get(labels)
-        if hit is not None:
-            if by_raw:
-                self._raw[raw] = hit
-            return hit
-        # A plain ASCII label text no longer than the smaller limit cannot break one: its names and values
-        # are shorter than the text (the common case: one length test instead of a pass over the labels).
-        if self.limits is not None and not (raw is not None and len(raw) <= self._short_labels and raw.isascii()):
-            broken = label_limit_error(labels, self.limits)
-            if broken is not None:
-                raise self._error(p, lines, line, broken[1], broken[0])
-        model = _model_of(labels, self.model_labels)
-        if name not in self.wanted:
-            return labels, _bad_bound(labels, self._bounds), _UNKEPT if self._unkept < MAX_UNKEPT_HEADS else -1, None
-        if model not in p.kept and len(p.kept) >= self.max_models:
-            return labels, _bad_bound(labels, self._bounds), -1, model  # a dropped model: nothing cached
-        canon = self._canon.setdefault(frozenset(labels), len(self._canon))
-        hit = self._labels[labels] = (labels, _bad_bound(labels, self._bounds), canon, model)
-        if by_raw:
-            self._raw[raw] = hit
-        return hit
+    def _remember(self, fresh: list[tuple[str, _Pair]]) -> None:
+        """Add the label pairs first met in a label set that is cached (up to :data:`MAX_LABEL_PAIRS`)."""
+        if fresh and len(self._pairs) + len(fresh) <= MAX_LABEL_PAIRS:
+            self._pairs.update(fresh)
 
     def _comment(self, p: ReadPass, lines: list[str], line: str) -> None:
         """``# HELP name doc`` / ``# TYPE name type``; any other comment is ignored (expfmt's rules)."""
@@ -711,6 +898,17 @@ class ExpositionReader:
         return ExpositionError(f"line {lineno}: {why}: {line[:120]!r}", lineno, lineno == p.last_lineno, reason)
 
 
+def _sorted(labels: Labels) -> Labels:
+    """The pairs in name order (the label set's one form): ``labels`` itself when already so (the common case).
+
+    A tuple, not a frozenset: the garbage collector stops tracking a tuple of strings, never a frozenset.
+    """
+    n = len(labels)
+    if n < 2 or (n == 2 and labels[0] < labels[1]) or (n == 3 and labels[0] < labels[1] < labels[2]):
+        return labels
+    return tuple(sorted(labels))
+
+
 def _model_of(labels: Labels, order: tuple[str, ...]) -> str | None:
     """The value of the first of ``order``'s labels present (the model), else None."""
     if not order:
@@ -725,33 +923,126 @@ def _model_of(labels: Labels, order: tuple[str, ...]) -> str | None:
     return next((have[k] for k in order if k in have), None)
 
 
-_PLAIN_PAIR = r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*"'
-# A plain label block: names and values without blanks or escapes, optionally one trailing comma.
-# parse_line reads these the same way and judges every other shape.
-_PLAIN_BLOCK = re.compile(rf"(?:{_PLAIN_PAIR},)*(?:{_PLAIN_PAIR},?)?")
-_PAIRS = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\\n]*)"')  # the pairs of a block _PLAIN_BLOCK matched
+_BOUNDS = ("le", "quantile")
+MAX_LABEL_PAIRS = 16_384  # label pair texts remembered per reader (names and values repeat across series)
 
 
-def _plain_labels(raw: str) -> Labels | None:
-    """The pairs of a plain label block (:data:`_PLAIN_BLOCK`); None for what parse_line must judge.
+_Pair = tuple[tuple[str, str], "str | None"]  # ((name, value), flag): see _pair
 
-    A duplicate label name or ``__name__`` is an error that parse_line reports with its message.
+
+def _pair(text: str, model_label: str | None) -> _Pair | None:
+    """A plain pair text as the split leaves it (``a="x``) → ((name, value), flag), None if not plain.
+
+    flag: ``"le"`` or ``"quantile"`` when that bound is not a number, ``""`` for the model label, else None.
     """
-    if _PLAIN_BLOCK.fullmatch(raw) is None:
+    lname, eq, value = text.partition('="')
+    if not eq or '"' in value or _LABEL_NAME.fullmatch(lname) is None or lname == "__name__":
         return None
-    out = _PAIRS.findall(raw)
-    if len(out) > 1 and len(dict(out)) != len(out):
+    flag = None
+    if lname == "le" or lname == "quantile":
+        try:
+            parse_float(value)
+        except ValueError:
+            flag = lname
+    elif lname == model_label:
+        flag = ""
+    return (lname, value), flag
+
+
+def _plain_block(
+    raw: str, known: dict[str, _Pair], model_label: str | None, fresh: list[tuple[str, _Pair]]
+) -> tuple[Labels, str | None, str | None] | None:
+    """(pairs in order, model, bad bound) of a plain label block, ``a="x",b="y"`` (one trailing comma allowed).
+
+    Plain: names unquoted, values without escapes, no blanks around ``=`` and ``,``; parse_line reads
+    these the same way. None for any other shape, a duplicate label name or ``__name__``: parse_line
+    judges those lines and reports the error. In a block without backslashes every ``"`` delimits a
+    value, so ``",`` only ends one. ``known``: the pair texts already checked → :func:`_pair`'s answer,
+    whose (name, value) tuple is shared by every label set holding the pair; the pairs not in it are
+    appended to ``fresh`` (the caller adds them once it keeps the label set: the pairs of dropped
+    models are not remembered). model: the value of ``model_label`` (None: absent, or no single model
+    label); bad bound: as :func:`_bad_bound`.
+    """
+    if "\\" in raw:
         return None
-    if "__name__" in raw and any(k == "__name__" for k, _ in out):
+    parts = raw.split('",')
+    last = parts.pop()
+    if last:
+        if last[-1] != '"':
+            return None
+        parts.append(last[:-1])
+    out = []
+    model = bad = None
+    for part in parts:
+        hit = known.get(part)
+        if hit is None:
+            hit = _pair(part, model_label)
+            if hit is None:
+                return None
+            fresh.append((part, hit))
+        pair, flag = hit
+        if flag is not None:
+            if not flag:
+                model = pair[1]
+            else:
+                bad = flag if bad is None else "le quantile"  # both (a duplicate name is rejected below)
+        out.append(pair)
+    n = len(out)
+    if n > 1 and (out[0][0] == out[1][0] if n == 2 else len(dict(out)) != n):
         return None
-    return tuple(out)
+    return tuple(out), model, bad
+
+
+def _long_block_limit_error(raw: str, limits: EngineLimits) -> tuple[str, str] | None:
+    """:func:`~agent.engine.limits.label_limit_error` of a plain label block, read in place.
+
+    For a block longer than a limit: a value of megabytes is refused before any copy of it is made.
+    None: within the limits, or not a plain ASCII block without duplicate names (the caller's full
+    path judges it, as it would without this look)."""
+    if "\\" in raw or not raw.isascii():
+        return None
+    n = len(raw)
+    i = total = 0
+    names: set[str] = set()
+    broken: tuple[str, str] | None = None
+    while i < n:
+        eq = raw.find('="', i)
+        if eq == -1 or _LABEL_NAME.fullmatch(raw, i, eq) is None:
+            return None
+        end = raw.find('"', eq + 2)
+        if end == -1:
+            return None
+        name = raw[i:eq]
+        if name in names or name == "__name__":
+            return None  # a parse error, reported as such
+        names.add(name)
+        size = end - eq - 2
+        if broken is None and size > limits.max_label_value_bytes:
+            broken = (
+                "label_value_length_limit",
+                (f"label {name[:40]!r} value is {size} bytes, over the {limits.max_label_value_bytes}-byte limit"),
+            )
+        total += size + len(name)
+        i = end + 1
+        if i < n:
+            if raw[i] != ",":
+                return None
+            i += 1
+    if broken is None and total > limits.max_label_bytes:
+        broken = (
+            "label_bytes_limit",
+            (f"labels of one series are {total} bytes, over the {limits.max_label_bytes}-byte limit"),
+        )
+    return broken
 
 
 MAX_BOUND_TEXTS = 4096  # le/quantile texts remembered per reader (bucket bounds repeat in every series)
 
 
 def _bad_bound(labels: Labels, bounds: dict[str, bool]) -> str | None:
-    """The label (``le`` or ``quantile``) that is not a number, else None; ``bounds``: texts seen → a number."""
+    """Which of ``le`` and ``quantile`` is not a number: ``"le"``, ``"quantile"``, ``"le quantile"`` (both), else
+    None (see :func:`_bound_error`); ``bounds``: texts seen → a number."""
+    bad = None
     for k, v in labels:
         if k == "le" or k == "quantile":
             ok = bounds.get(v)
@@ -764,8 +1055,14 @@ def _bad_bound(labels: Labels, bounds: dict[str, bool]) -> str | None:
                 if len(bounds) < MAX_BOUND_TEXTS:
                     bounds[v] = ok
             if not ok:
-                return k
-    return None
+                bad = k if bad is None else "le quantile"
+    return bad
+
+
+def _bound_error(bad: str, typ: str | None) -> str | None:
+    """The label whose bad bound breaks a sample of a histogram (``le``) or a summary (``quantile``), else None."""
+    want = "quantile" if typ == "summary" else "le"
+    return want if want in bad.split() else None
 
 
 def types_of(name: str, types: dict[str, str]) -> str:

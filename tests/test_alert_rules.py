@@ -257,10 +257,19 @@ def test_near_misses_catch_a_loosened_rule(tmp_path: Path) -> None:
     mutants = {
         "traffic floor dropped": src.replace(">= 50", ">= 0"),
         "tail threshold lowered": src.replace(
-            'tail_ratio{quantity="prefill",window="5m"} > 3', 'tail_ratio{quantity="prefill",window="5m"} > 2.5'
+            'tail_ratio{quantity="prefill",window="5m",source="histogram"} > 3',
+            'tail_ratio{quantity="prefill",window="5m",source="histogram"} > 2.5',
         ),
         "tail ratio back on TTFT (issue 15)": src.replace(
-            'tail_ratio{quantity="prefill",window="5m"} > 3', 'tail_ratio{quantity="ttft",window="5m"} > 3'
+            'tail_ratio{quantity="prefill",window="5m",source="histogram"} > 3',
+            'tail_ratio{quantity="ttft",window="5m",source="histogram"} > 3',
+        ),
+        "tail ratio read from spans too (the fleet drill's false page)": src.replace(
+            'tail_ratio{quantity="prefill",window="5m",source="histogram"} > 3',
+            'tail_ratio{quantity="prefill",window="5m"} > 3',
+        ).replace(
+            'samples{quantity="prefill",window="5m",source="histogram"} >= 50',
+            'samples{quantity="prefill",window="5m"} >= 50',
         ),
         "inhibitors no longer suppress the tail alert (issue 15)": src.replace(
             'ALERTS{alertname=~"LatencyBimodal|PageCachePressureTailLatency"}', 'ALERTS{alertname="none"}'

@@ -111,12 +111,5 @@ begin "import contract"
 .venv/bin/lint-imports
 end
 begin "pytest"
-# On INFERWATCH_TEST_WORKERS pytest-xdist workers (default 4 on 2 cores: most tests wait on real servers, not the
-# CPU); tests/conftest.py keeps each module on one worker and starts the longest modules first. 0: one process.
-workers="${INFERWATCH_TEST_WORKERS:-4}"
-if [ "$workers" = "0" ]; then
-  .venv/bin/python -m pytest "$@"
-else
-  .venv/bin/python -m pytest -n "$workers" --dist loadgroup "$@"
-fi
+.venv/bin/python -m pytest "$@"
 end

@@ -46,38 +46,6 @@ def fake_procfs(tmp_path: Path):
     return build
 
 
-# Modules whose tests are independent and each minutes long: under pytest-xdist their tests may run on different
-# workers at once. Every other module's tests stay on one worker together (its module-scoped servers start once).
-SPLIT_MODULES = {"tests/test_dashboards_data.py"}
-
-# Wall seconds of the longest modules (pytest --durations, 2 cores), for the order in which workers take them:
-# the longest first, so none of them starts last and stretches the run. Only the order depends on these figures.
-LONG_MODULES_S = {
-    "tests/test_healthy_noise.py": 180,
-    "tests/test_vm_storage.py": 170,
-    "tests/test_dashboards_data.py": 150,
-    "tests/e2e/test_hang_production.py": 130,
-    "tests/test_fleet_drill.py": 120,
-    "tests/e2e/test_alert_pipeline.py": 100,
-    "tests/test_packaging.py": 55,
-    "tests/test_binary.py": 50,
-    "tests/test_compose_processes.py": 45,
-    "tests/test_runbooks_exec.py": 45,
-    "tests/test_alertmanager_inhibition.py": 37,
-}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order and group the suite for pytest-xdist (``scripts/test.sh`` runs it on several workers, since most tests
-    wait on real servers rather than compute): the longest modules first, and each module's tests in one xdist
-    group (``--dist loadgroup``) unless it is in ``SPLIT_MODULES``. Without xdist only the order changes."""
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        if module not in SPLIT_MODULES and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(module))
-    items.sort(key=lambda item: -LONG_MODULES_S.get(item.nodeid.split("::", 1)[0], 0))  # stable: same order within
-
-
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
     """Count the skips by reason: each must be something the test command cannot provide (GPU, CPU, root)."""
     skipped = terminalreporter.stats.get("skipped", [])

@@ -13,18 +13,29 @@ limits, the model cap), cold (a new reader: empty caches) and warm (the collecto
 reader scrape after scrape), alone and with the adapter mapping (``agent.engine.adapters.read``).
 Before timing, the samples of every family the adapter uses are asserted identical to the baseline's
 (names, labels, values), and so are the per-model quantities derived from either side.
+
+``--compare REV`` also times the reader and adapter of git revision ``REV`` (``agent/engine/exposition.py``
+and ``adapters.py`` as they were there, loaded beside the current ones) in the same interleaved rounds:
+before/after figures from one run. ``--out FILE`` writes the figures as JSON, with the load average
+before and after the run (the machine is shared).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
+import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -93,11 +104,39 @@ def check_identical(text: str) -> int:
     return ours.matched
 
 
+def revision_modules(rev: str, into: Path) -> ModuleType:
+    """The adapters module of git revision ``rev``, with that revision's exposition module under it."""
+
+    def load(name: str, text: str) -> ModuleType:
+        path = into / f"{name}.py"
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up
+        spec.loader.exec_module(module)
+        return module
+
+    def show(path: str) -> str:
+        return subprocess.run(
+            ["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True, capture_output=True, text=True
+        ).stdout
+
+    load("exposition_at_rev", show("agent/engine/exposition.py"))
+    adapters = show("agent/engine/adapters.py").replace(
+        "from agent.engine.exposition import", "from exposition_at_rev import"
+    )
+    return load("adapters_at_rev", adapters)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--series", type=int, default=20_000)
     ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--compare", metavar="REV", help="also time the reader and adapter of this git revision")
+    ap.add_argument("--out", type=Path, help="write the figures as JSON")
     args = ap.parse_args()
+    load_before = os.getloadavg()
 
     text, gen = big_exposition(args.series)
     lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
@@ -115,6 +154,26 @@ def main() -> None:
         ("inferwatch reader + vLLM adapter, cold", lambda: cold_ingest(text)),
         ("inferwatch reader + vLLM adapter, warm", lambda: read(VLLM, warm.read(text), keys=warm_keys)),
     ]
+    if args.compare:
+        old = revision_modules(args.compare, Path(tempfile.mkdtemp(prefix="iw-ingest-")))
+        old_warm = old.VLLM.reader(EngineLimits())
+        old_keys = old.KeyCache(old.VLLM.model_labels, "unknown")
+        old.read(old.VLLM, old_warm.read(text), keys=old_keys)
+
+        def old_cold(ingest: bool) -> tuple[object, object]:
+            reader = old.VLLM.reader(EngineLimits())
+            expo = reader.read(text)
+            return reader, old.read(old.VLLM, expo) if ingest else expo
+
+        cases += [
+            (f"{args.compare[:10]}: reader, cold", lambda: old_cold(False)),
+            (f"{args.compare[:10]}: reader, warm", lambda: old_warm.read(text)),
+            (f"{args.compare[:10]}: reader + vLLM adapter, cold", lambda: old_cold(True)),
+            (
+                f"{args.compare}: reader + vLLM adapter, warm",
+                lambda: old.read(old.VLLM, old_warm.read(text), keys=old_keys),
+            ),
+        ]
     # Interleaved: each round runs every case once, so a noisy neighbour slows all cases alike.
     runs: dict[str, list[float]] = {name: [] for name, _ in cases}
     for _ in range(args.repeat):
@@ -123,23 +182,51 @@ def main() -> None:
     base_med = statistics.median(runs[cases[0][0]])
     base_best = min(runs[cases[0][0]])
     base_cpu = statistics.median(CPU[cases[0][1]])
+    load_after = os.getloadavg()
     print(f"\n{'case':<52} {'median ms':>10} {'best ms':>9} {'x (median)':>11} {'x (best)':>9} {'x (CPU med)':>12}")
+    figures: list[dict[str, object]] = []
     for name, fn in cases:
         med, best, cpu = statistics.median(runs[name]), min(runs[name]), statistics.median(CPU[fn])
         print(
-            f"{name:<52} {med * 1e3:>10.1f} {best * 1e3:>9.1f} {base_med / med:>10.1f}x {base_best / best:>8.1f}x"
-            f" {base_cpu / cpu:>11.1f}x"
+            f"{name:<52} {med * 1e3:>10.1f} {best * 1e3:>9.1f} {base_med / med:>10.2f}x {base_best / best:>8.2f}x"
+            f" {base_cpu / cpu:>11.2f}x"
         )
+        figures.append(
+            {
+                "case": name,
+                "median_ms": round(med * 1e3, 2),
+                "best_ms": round(best * 1e3, 2),
+                "cpu_median_ms": round(cpu * 1e3, 2),
+                "speedup_median": round(base_med / med, 2),
+                "speedup_best": round(base_best / best, 2),
+                "speedup_cpu_median": round(base_cpu / cpu, 2),
+            }
+        )
+    print(f"load average before {load_before[0]:.1f}, after {load_after[0]:.1f} on {os.cpu_count()} CPUs")
 
     print(f"\n{'case':<52} {'peak MiB allocated during one ingest':>38}")
-    for name, fn in cases:
+    for (name, fn), row in zip(cases, figures, strict=True):
         gc.collect()
         tracemalloc.start()
         result = fn()
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         del result
+        row["peak_mib"] = round(peak / 2**20, 1)
         print(f"{name:<52} {peak / 2**20:>38.1f}")
+    if args.out:
+        doc = {
+            "series": len(lines),
+            "repeat": args.repeat,
+            "compare": args.compare,
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in load_after],
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "cases": figures,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -435,7 +435,7 @@ class ReadPass:
         self.nonneg: set[str] = set()
         self.typed_hist: set[str] = set()  # histogram/summary families whose le/quantile must be numbers
         self.sampled: set[str] = set()
-        self.seen: dict[int | str, str] = {}  # series id (or head text, _BY_TEXT) → the line that first had it
+        self.seen: set[int | str] = set()  # series ids, or head texts (_BY_TEXT; at most MAX_UNKEPT_HEADS)
         self.seen_ts: set[tuple[int, float]] = set()
         self.last_name = ""
         self.lines = 0
@@ -574,8 +574,8 @@ class ExpositionReader:
     def feed(self, p: ReadPass, lines: list[str]) -> None:
         """Read complete lines (no ``\\n``) of the body read by ``p``, in order; raise ExpositionError.
 
-        ``lines`` are distinct objects (as ``str.split`` makes them): a line's identity marks its series
-        as seen, and finds its number for an error.
+        ``lines`` are distinct objects (as ``str.split`` makes them): a line's identity finds its number
+        for an error.
         """
         om = p.om
         # The head cache holds only plain sample heads (never a comment or a blank line), so it is asked
@@ -591,7 +591,7 @@ class ExpositionReader:
         raw_kept, raw_unkept, unkept_entries = self._raw, self._raw_unkept, self._unkept_entries
         # "name{" of the last new plain head with labels, and its name: the next new heads are most often of
         # the same family (a prefix test instead of a search, a slice and a lookup)
-        run, run_name, run_len = "\n", "", 1
+        run, run_name, run_len, run_base = "\n", "", 1, 0
         for line in lines:
             head, _, val = line.rpartition(" ")
             hit = heads.get(head)
@@ -608,7 +608,7 @@ class ExpositionReader:
                 if not line:
                     continue
                 c = line[0]
-                if c == "#" or (c in _BLANK and line.lstrip(_BLANK)[:1] in ("#", "")):
+                if c in "# \t" and (c == "#" or line.lstrip(_BLANK)[:1] in ("#", "")):
                     if om:
                         continue  # metadata is checked by check_openmetrics
                     self._comment(p, lines, line)
@@ -619,7 +619,7 @@ class ExpositionReader:
                 if not om:
                     known: str | None
                     if head.startswith(run) and head[-1] == "}":  # the family of the line before
-                        known, raw = run_name, head[run_len:-1]
+                        known, raw, base = run_name, head[run_len:-1], run_base
                     else:
                         brace = head.find("{")
                         if brace == -1:
@@ -631,9 +631,11 @@ class ExpositionReader:
                         known = names.get(text)
                         if known is None and _METRIC_NAME.fullmatch(text) is not None:
                             known = self._name(text)
-                        if known is not None and raw is not None:
-                            run, run_name = known + "{", known
-                            run_len = len(run)
+                        if known is not None:
+                            base = id(known) << 32
+                            if raw is not None:
+                                run, run_name, run_base = known + "{", known, base
+                                run_len = len(run)
                     if known is not None:
                         name = known
                         try:  # parse_float, inline
@@ -665,13 +667,14 @@ class ExpositionReader:
                         raise self._error(p, lines, line, str(exc), exc.reason) from None
                     name, value, ts = parsed.name, parsed.value, parsed.timestamp
                     name = self._names.get(name) or self._name(name)
+                    base = id(name) << 32
                     keep = name in wanted
                     info = self._info_of(p, lines, line, name, parsed.labels)
                     plain = parsed.plain and not om
                 labels, bad, canon, model = info
                 if keep and canon >= 0:
                     # one int per series: the name is one object per reader (``_names``), the label set one id
-                    sid = id(name) << 32 | canon
+                    sid = base | canon
                     if plain:
                         heads[head] = (name, labels, sid, keep, bad, model)
                 elif not keep and plain and self._unkept < MAX_UNKEPT_HEADS:
@@ -705,11 +708,11 @@ class ExpositionReader:
                 raise self._error(
                     p, lines, line, f"negative value {value:g} for a {types_of(name, types)}", "negative_value"
                 )
-            # seen: series → the line that first had it (one lookup for the check and the mark)
             if sid >= 0:
                 if ts is None:
-                    if seen.setdefault(sid, line) is not line and rules:
+                    if sid in seen and rules:
                         raise self._error(p, lines, line, "duplicate series", "duplicate_series")
+                    seen.add(sid)
                 else:
                     ts_key = (sid, math.floor(ts * 1e9 + 1e-6) if om else ts)  # OM: nanoseconds, as client_python
                     if ts_key in seen_ts:
@@ -717,9 +720,10 @@ class ExpositionReader:
                             raise self._error(p, lines, line, "duplicate series (same timestamp)", "duplicate_series")
                         continue  # the reference keeps the first sample
                     seen_ts.add(ts_key)
-            elif sid == _BY_TEXT and seen.setdefault(head, line) is not line and rules:
-                # a cached head of a family not read: its text is the series
-                raise self._error(p, lines, line, "duplicate series", "duplicate_series")
+            elif sid == _BY_TEXT:  # a cached head of a family not read: its text is the series
+                if head in seen and rules:
+                    raise self._error(p, lines, line, "duplicate series", "duplicate_series")
+                seen.add(head)
             # else: not kept and not cached: no duplicate check (its values are not used)
             if keep:
                 if series is None:
@@ -796,60 +800,50 @@ class ExpositionReader:
         bound: cached apart (``_raw_unkept``, up to :data:`MAX_UNKEPT_HEADS` texts), its labels not kept.
         """
         fresh = self._fresh
-        try:  # every way out forgets the pairs met (only _remember keeps them)
-            return self._plain_info_of(p, lines, line, name, raw, keep, fresh)
+        try:  # every way out forgets the pairs met (only a label set kept keeps them)
+            # A plain ASCII label text no longer than the smaller limit cannot break one: its names and values
+            # are shorter than the text (the common case: one length test instead of a pass over the labels).
+            limits = self.limits
+            check = limits is not None and raw is not None and (len(raw) > self._short_labels or not raw.isascii())
+            if raw:
+                if check and len(raw) > self._short_labels:
+                    broken = _long_block_limit_error(raw, limits)  # type: ignore[arg-type]  # before any copy
+                    if broken is not None:
+                        raise self._error(p, lines, line, broken[1], broken[0])
+                block = _plain_block(raw, self._pairs, self._model_label, fresh)
+                if block is None:
+                    return None
+                labels, model, bad = block
+            else:
+                labels, model, bad = (), None, None
+            info = self._labels.get(labels) if keep else None  # the same labels under another text
+            if info is None:
+                if check:
+                    broken = label_limit_error(labels, limits)  # type: ignore[arg-type]
+                    if broken is not None:
+                        raise self._error(p, lines, line, broken[1], broken[0])
+                if not keep:
+                    info = ((), bad, _UNKEPT, None)
+                    if len(self._raw_unkept) >= MAX_UNKEPT_HEADS:
+                        return info
+                    self._raw_unkept[raw] = info
+                else:
+                    if self._model_label is None:
+                        model = _model_of(labels, self.model_labels)
+                    if model not in p.kept and len(p.kept) >= self.max_models:
+                        return labels, bad, -1, model  # a dropped model: nothing cached
+                    n = len(labels)  # the label set's one form: its pairs in name order (see _sorted)
+                    key = labels if n < 2 or (n == 3 and labels[0] < labels[1] < labels[2]) else _sorted(labels)
+                    canon = self._canon.setdefault(key, len(self._canon))
+                    info = self._labels[labels] = (labels, bad, canon, model)
+                    self._raw[raw] = info
+            else:
+                self._raw[raw] = info
+            if fresh and len(self._pairs) + len(fresh) <= MAX_LABEL_PAIRS:  # pairs of a label set kept
+                self._pairs.update(fresh)
+            return info
         finally:
             fresh.clear()
-
-    def _plain_info_of(
-        self,
-        p: ReadPass,
-        lines: list[str],
-        line: str,
-        name: str,
-        raw: str | None,
-        keep: bool,
-        fresh: list[tuple[str, _Pair]],
-    ) -> _Info | None:
-        if raw:
-            if self.limits is not None and len(raw) > self._short_labels:
-                broken = _long_block_limit_error(raw, self.limits)  # before any copy of a huge value is made
-                if broken is not None:
-                    raise self._error(p, lines, line, broken[1], broken[0])
-            block = _plain_block(raw, self._pairs, self._model_label, fresh)
-            if block is None:
-                return None
-            labels, model, bad = block
-        else:
-            labels, model, bad = (), None, None
-        info = self._labels.get(labels) if keep else None  # the same labels under another text
-        if info is None:
-            # A plain ASCII label text no longer than the smaller limit cannot break one: its names and
-            # values are shorter than the text (the common case: one length test instead of a pass).
-            if self.limits is not None and not (raw is not None and len(raw) <= self._short_labels and raw.isascii()):
-                broken = label_limit_error(labels, self.limits)
-                if broken is not None:
-                    raise self._error(p, lines, line, broken[1], broken[0])
-            if not keep:
-                info = ((), bad, _UNKEPT, None)
-                if len(self._raw_unkept) < MAX_UNKEPT_HEADS:
-                    self._raw_unkept[raw] = info
-                    self._remember(fresh)
-                return info
-            if self._model_label is None:
-                model = _model_of(labels, self.model_labels)
-            if model not in p.kept and len(p.kept) >= self.max_models:
-                return labels, bad, -1, model  # a dropped model: nothing cached
-            canon = self._canon.setdefault(_sorted(labels), len(self._canon))
-            info = self._labels[labels] = (labels, bad, canon, model)
-        self._raw[raw] = info
-        self._remember(fresh)
-        return info
-
-    def _remember(self, fresh: list[tuple[str, _Pair]]) -> None:
-        """Add the label pairs first met in a label set that is cached (up to :data:`MAX_LABEL_PAIRS`)."""
-        if fresh and len(self._pairs) + len(fresh) <= MAX_LABEL_PAIRS:
-            self._pairs.update(fresh)
 
     def _comment(self, p: ReadPass, lines: list[str], line: str) -> None:
         """``# HELP name doc`` / ``# TYPE name type``; any other comment is ignored (expfmt's rules)."""
@@ -959,7 +953,7 @@ def _plain_block(
     judges those lines and reports the error. In a block without backslashes every ``"`` delimits a
     value, so ``",`` only ends one. ``known``: the pair texts already checked → :func:`_pair`'s answer,
     whose (name, value) tuple is shared by every label set holding the pair; the pairs not in it are
-    appended to ``fresh`` (the caller adds them once it keeps the label set: the pairs of dropped
+    appended to ``fresh`` (the caller adds them once it caches the label set: the pairs of dropped
     models are not remembered). model: the value of ``model_label`` (None: absent, or no single model
     label); bad bound: as :func:`_bad_bound`.
     """

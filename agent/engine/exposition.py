@@ -14,8 +14,14 @@ rejects the scrape. Rejections are :class:`ExpositionError` with a 1-based line 
 Hot path of the engine collector: a node serving many models or LoRA adapters exposes tens of
 thousands of series per scrape, and the adapter needs a few families. So the reader keeps a cache
 keyed by the text before the value (``name{labels}``): a line seen in an earlier scrape costs one
-split, one dict lookup and one ``float``; only wanted names are stored. New heads go through the full
-parser once. ``_created`` samples are stored only when asked for.
+split, one dict lookup and one ``float``. A new head of the common shape (``name{a="x",...} value``)
+is checked piece by piece, each piece cached by its text: the name, the label block, each ``a="x"``
+pair (so a new block of known pairs costs a split and a few lookups); any other shape goes through the
+full line parser. Only wanted samples are stored (``_created`` ones only when asked for).
+
+Memory: what a burst of series cached (a read far longer than the next, or caches much larger than
+the series read) is dropped, and the next read begins by handing the freed memory back to the OS
+(:func:`release_freed_memory`); the series of dropped models are checked but never cached.
 """
 
 from __future__ import annotations
@@ -405,6 +411,7 @@ MAX_DROPPED_MODELS_COUNTED = 65_536  # distinct dropped models counted per read 
 _Info = tuple[Labels, "str | None", int, "str | None"]  # (labels, bad bound, canonical id, model)
 _UNKEPT = -2  # the canonical id of a label set of a name not wanted, not interned (see ExpositionReader.feed)
 _BY_TEXT = -3  # the series id of a cached head of a name not wanted: the series is the head's text
+_UNKEPT_INFO: _Info = ((), None, _UNKEPT, None)  # the label text of a name not wanted, checked, bounds numbers
 _Head = tuple[str, Labels, int, bool, "str | None", "str | None"]  # (name, labels, series id, kept, bad, model)
 
 
@@ -823,7 +830,7 @@ class ExpositionReader:
                     if broken is not None:
                         raise self._error(p, lines, line, broken[1], broken[0])
                 if not keep:
-                    info = ((), bad, _UNKEPT, None)
+                    info = _UNKEPT_INFO if bad is None else ((), bad, _UNKEPT, None)
                     if len(self._raw_unkept) >= MAX_UNKEPT_HEADS:
                         return info
                     self._raw_unkept[raw] = info

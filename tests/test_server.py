@@ -64,3 +64,36 @@ def test_metrics_endpoint_honours_auth_head_and_date(tmp_path) -> None:
         head = httpx.head(f"{base}/metrics", headers=auth)
         assert head.status_code == 200 and head.content == b""
         assert httpx.post(f"{base}/metrics", headers=auth).status_code == 405
+
+
+def test_the_bound_listening_socket_gives_connections_tcp_nodelay() -> None:
+    """``quietserver.bind`` makes the socket uvicorn serves on; asyncio turns Nagle off only on sockets whose
+    proto is TCP, and an accepted socket takes the listening one's. With proto 0 every /metrics answer waited for
+    the client's delayed ACK (~40 ms back to back, 1.2 ms with TCP_NODELAY)."""
+    import asyncio
+    import socket as socketlib
+
+    from agent import quietserver
+
+    sock = quietserver.bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    seen: list[int] = []
+
+    class Probe(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            accepted = transport.get_extra_info("socket")
+            seen.append(accepted.getsockopt(socketlib.IPPROTO_TCP, socketlib.TCP_NODELAY))
+            transport.close()
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(Probe, sock=sock)
+        async with server:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            for _ in range(200):
+                if seen:
+                    break
+                await asyncio.sleep(0.01)
+            writer.close()
+
+    asyncio.run(main())
+    assert seen and seen[0] != 0

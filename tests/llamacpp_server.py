@@ -16,6 +16,8 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +128,28 @@ def llama_server(
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
             raise RuntimeError(f"llama-server did not become healthy: {exc}\n{tail}") from exc
         yield LlamaServer(url, port, proc, log)
+
+
+@contextlib.contextmanager
+def serving(server: LlamaServer, n_predict: int = 64, deadline_s: float = 120.0) -> Iterator[None]:
+    """Keep one completion in flight on ``server`` until the block ends (and at most ``deadline_s``): the
+    runtime is busy, so the SIMD evidence that needs a serving runtime can be read."""
+    done = threading.Event()
+
+    def loop() -> None:
+        end = time.monotonic() + deadline_s
+        with httpx.Client() as c:
+            while not done.is_set() and time.monotonic() < end:
+                with contextlib.suppress(httpx.HTTPError):
+                    c.post(f"{server.url}/completion", json={"prompt": "hello", "n_predict": n_predict}, timeout=60)
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        done.set()
+        t.join(65)
 
 
 @pytest.fixture(scope="session")

@@ -4,12 +4,9 @@
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from agent.collectors.simd import SimdCollector
@@ -17,7 +14,7 @@ from agent.config import Settings
 from agent.runner import run_collection
 from agent.simd.analysis import FeatureReport, SimdAnalyzer
 from agent.wiring import collect_context
-from tests.llamacpp_server import GLIBC_NO_AVX512, LlamaServer, find_avx2_binary, llama_server
+from tests.llamacpp_server import GLIBC_NO_AVX512, LlamaServer, find_avx2_binary, llama_server, serving
 
 pytestmark = [
     pytest.mark.integration,
@@ -26,31 +23,12 @@ pytestmark = [
 WINDOW_S = 2.0
 
 
-@contextlib.contextmanager
-def load(server: LlamaServer) -> Iterator[None]:
-    """Keep one completion in flight until the block ends (bounded by the block)."""
-    stop = threading.Event()
-
-    def loop() -> None:
-        with httpx.Client() as c:
-            while not stop.is_set():
-                c.post(f"{server.url}/completion", json={"prompt": "hello", "n_predict": 48}, timeout=60)
-
-    t = threading.Thread(target=loop, daemon=True)
-    t.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        t.join(60)
-
-
 def observe(*servers: LlamaServer) -> list[FeatureReport]:
     """Observe every server over the same window while each serves."""
     analyzers = [SimdAnalyzer(Path("/proc"), s.pid, busy_cpu=0.02) for s in servers]
     with contextlib.ExitStack() as stack:
         for s in servers:
-            stack.enter_context(load(s))
+            stack.enter_context(serving(s, n_predict=48))
         time.sleep(0.5)
         for a in analyzers:
             a.observe()
@@ -86,7 +64,7 @@ def test_collector_reports_used_on_the_native_build(
         settings = Settings(runtime={"pid": server.pid}, simd={"busy_cpu_cores": 0.02})
         collector = SimdCollector(collect_context(settings))
         try:
-            with load(server):
+            with serving(server, n_predict=48):
                 time.sleep(0.5)
                 run_collection(collector)
                 time.sleep(WINDOW_S)

@@ -42,7 +42,6 @@ import os
 import re
 import shlex
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -58,7 +57,7 @@ from tests.conftest import PYTHON, ROOT, free_port
 from tests.e2e.harness import Pipeline, Sink, pipeline
 from tests.e2e.test_alert_pipeline import GRAVITON3_CPUINFO, HEALTHY_MEMINFO, LOW_PAGECACHE_MEMINFO, SVE_TOKENS
 from tests.llamacpp_model import PRESETS, cached
-from tests.llamacpp_server import LlamaServer, find_avx2_binary, llama_server
+from tests.llamacpp_server import LlamaServer, find_avx2_binary, llama_server, serving
 from tests.procs import running, stop, wait_http
 from tests.tools import require
 
@@ -515,27 +514,6 @@ def _start_llama_node(es: contextlib.ExitStack, tmp: Path, tokens: Path) -> Llam
     return LlamaNode(server, f"http://127.0.0.1:{port}")
 
 
-@contextlib.contextmanager
-def _serving(server: LlamaServer, deadline_s: float = 120.0) -> Iterator[None]:
-    """Keep one completion in flight until the block ends (and at most ``deadline_s``)."""
-    done = threading.Event()
-
-    def loop() -> None:
-        end = time.monotonic() + deadline_s
-        with httpx.Client() as c:
-            while not done.is_set() and time.monotonic() < end:
-                with contextlib.suppress(httpx.HTTPError):
-                    c.post(f"{server.url}/completion", json={"prompt": "hello", "n_predict": 64}, timeout=30)
-
-    t = threading.Thread(target=loop, daemon=True)
-    t.start()
-    try:
-        yield
-    finally:
-        done.set()
-        t.join(35)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("runbooks-exec")
@@ -669,7 +647,7 @@ def test_runbook_blocks_run_and_show_the_evidence(stack: Stack, name: str) -> No
         stack.memory(fault.memory)
     with contextlib.ExitStack() as during:
         if llama:
-            during.enter_context(_serving(llama.server))
+            during.enter_context(serving(llama.server))
         if name == "CollectorFailing":
             _wait(lambda: any(c["state"] == "failed" for c in _get(agent_url, "/api/v1/status")["collectors"]))
         if name == "AgentDown":

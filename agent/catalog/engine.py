@@ -148,6 +148,16 @@ METRICS = (
         "Mean TTFT − (queue + prefill) over the window: API server, tokenisation, templating and IPC time.",
         (MODEL, "window"),
     ),
+    MetricSpec(
+        "inferwatch.engine.tail.driver",
+        Kind.GAUGE,
+        "1",
+        "The tail explainer's verdict (docs/explain.md): the largest phase's share of the gap between the slowest "
+        "2 % and the median band of the quantity (ttft or e2e) over the window; phase is the driver (frontend, queue, "
+        "prefill, decode) or none when no driver is confident, attribute the value that separates the tail "
+        "(dp_rank=1, prompt_tokens=>16k) or none. From spans only.",
+        (MODEL, "quantity", "window", "phase", "attribute", "source"),
+    ),
     MetricSpec("inferwatch.engine.requests.running", Kind.UPDOWNCOUNTER, "{request}", "Requests in the batch.", _M),
     MetricSpec("inferwatch.engine.requests.waiting", Kind.UPDOWNCOUNTER, "{request}", "Requests queued.", _M),
     MetricSpec("inferwatch.engine.kv_cache.usage", Kind.GAUGE, "1", "KV-cache blocks in use (0..1).", _M),
@@ -155,10 +165,127 @@ METRICS = (
         "inferwatch.engine.tokens",
         Kind.COUNTER,
         "{token}",
-        "Tokens processed, by type (prompt, generation), summed over data-parallel ranks.",
+        "Tokens processed, by type (prompt, generation, cached: prompt tokens served from the prefix cache), "
+        "summed over data-parallel ranks.",
         (MODEL, "type"),
     ),
     MetricSpec("inferwatch.engine.preemptions", Kind.COUNTER, "{preemption}", "Requests preempted.", _M),
+    # Engine signals (issue 18; docs/engine-signals.md): cumulative counters summed over data-parallel ranks, so
+    # rates and ratios are recording rules (alerts/engine-signals.rules.yml). Absent where the engine has no data.
+    MetricSpec(
+        "inferwatch.engine.prefix_cache.queries",
+        Kind.COUNTER,
+        "{token}",
+        "Prompt tokens looked up in the prefix cache (cache: local, external = KV-connector cross-instance cache).",
+        (MODEL, "cache"),
+    ),
+    MetricSpec(
+        "inferwatch.engine.prefix_cache.hits",
+        Kind.COUNTER,
+        "{token}",
+        "Prompt tokens found in the prefix cache (cache: local, external).",
+        (MODEL, "cache"),
+    ),
+    MetricSpec(
+        "inferwatch.engine.prompt_tokens.by_source",
+        Kind.COUNTER,
+        "{token}",
+        "Prompt tokens by where their KV came from (source: local_compute, local_cache_hit, external_kv_transfer).",
+        (MODEL, "source"),
+    ),
+    MetricSpec(
+        "inferwatch.engine.spec_decode.drafts",
+        Kind.COUNTER,
+        "{draft}",
+        "Speculative-decoding drafts proposed (one per sequence per step that speculated).",
+        _M,
+    ),
+    MetricSpec(
+        "inferwatch.engine.spec_decode.draft_tokens",
+        Kind.COUNTER,
+        "{token}",
+        "Draft tokens proposed by the draft model (or n-gram/EAGLE/MTP head).",
+        _M,
+    ),
+    MetricSpec(
+        "inferwatch.engine.spec_decode.accepted_tokens",
+        Kind.COUNTER,
+        "{token}",
+        "Draft tokens the target model accepted; acceptance = accepted / draft tokens, mean acceptance length = "
+        "1 + accepted / drafts.",
+        _M,
+    ),
+    MetricSpec(
+        "inferwatch.engine.spec_decode.accepted_by_position",
+        Kind.COUNTER,
+        "{token}",
+        "Draft tokens accepted at each draft position (0 = first); / drafts = acceptance by position.",
+        (MODEL, "position"),
+    ),
+    MetricSpec(
+        "inferwatch.engine.spec_decode.acceptance",
+        Kind.GAUGE,
+        "1",
+        "The engine's own rolling acceptance rate (SGLang spec_accept_rate; vLLM has counters instead).",
+        _M,
+    ),
+    MetricSpec(
+        "inferwatch.engine.spec_decode.acceptance_length",
+        Kind.GAUGE,
+        "{token}",
+        "The engine's own rolling mean acceptance length (SGLang spec_accept_length).",
+        _M,
+    ),
+    MetricSpec(
+        "inferwatch.engine.lora.adapters",
+        Kind.GAUGE,
+        "{adapter}",
+        "LoRA adapters with requests in the batch (state: running) or in the queue (state: waiting).",
+        (MODEL, "state"),
+    ),
+    MetricSpec(
+        "inferwatch.engine.lora.max_adapters",
+        Kind.GAUGE,
+        "{adapter}",
+        "LoRA adapter slots per batch (vLLM --max-loras).",
+        _M,
+    ),
+    MetricSpec(
+        "inferwatch.engine.lora.blocked",
+        Kind.GAUGE,
+        "{adapter}",
+        "Adapters whose requests wait for an adapter slot: waiting, not resident, while every slot is taken.",
+        _M,
+    ),
+    MetricSpec(
+        "inferwatch.engine.kv_transfer.duration",
+        Kind.HISTOGRAM,
+        "s",
+        "P/D disaggregation: duration of each KV-cache transfer (vLLM NIXL connector's xfer time, SGLang's "
+        "transfer_kv_cache stage), the engine's buckets summed over data-parallel ranks.",
+        _M,
+    ),
+    MetricSpec(
+        "inferwatch.engine.kv_transfer.bytes",
+        Kind.COUNTER,
+        "By",
+        "P/D disaggregation: bytes moved by KV-cache transfers (vLLM NIXL connector).",
+        _M,
+    ),
+    MetricSpec(
+        "inferwatch.engine.kv_transfer.failures",
+        Kind.COUNTER,
+        "{transfer}",
+        "P/D disaggregation: failed KV-cache transfers.",
+        _M,
+    ),
+    MetricSpec(
+        "inferwatch.engine.kv_transfer.latency",
+        Kind.GAUGE,
+        "s",
+        "P/D disaggregation: the engine's own recent KV-transfer latency (SGLang kv_transfer_latency_ms).",
+        _M,
+    ),
     # Hang detection per data-parallel rank (agent/engine/hang.py, docs/diagnostics.md).
     MetricSpec(
         "inferwatch.engine.stall",
@@ -192,30 +319,7 @@ METRICS = (
         "Requests finished, by reason (stop, length, abort, error).",
         (MODEL, "reason"),
     ),
-    MetricSpec(
-        "gen_ai.server.time_to_first_token",
-        Kind.HISTOGRAM,
-        "s",
-        "Time to first token, from request arrival (engine buckets summed over data-parallel ranks).",
-        _M,
-        TTFT_BUCKETS_S,
-    ),
-    MetricSpec(
-        "gen_ai.server.time_per_output_token",
-        Kind.HISTOGRAM,
-        "s",
-        "Inter-token latency during decode.",
-        _M,
-        ITL_BUCKETS_S,
-    ),
-    MetricSpec(
-        "gen_ai.server.request.duration",
-        Kind.HISTOGRAM,
-        "s",
-        "End-to-end request latency to the last output token.",
-        _M,
-        E2E_BUCKETS_S,
-    ),
+    # gen_ai.server.* (re-exported engine histograms, and from spans): agent/catalog/genai.py.
     # Added with the engine collector (agent/collectors/engine.py).
     MetricSpec(
         "inferwatch.engine.scrape.errors",

@@ -45,6 +45,8 @@ from typing import ClassVar, TypeGuard
 
 import httpx
 
+from agent import catalog
+from agent.catalog import genai
 from agent.catalog.engine import MODEL
 from agent.collectors.base import BaseCollector, CollectContext, Collection
 from agent.engine.adapters import DEFAULT_MODEL, QUANTITIES, EngineReading, ModelReading
@@ -64,6 +66,28 @@ REEXPORTED = {
     "ttft": "gen_ai.server.time_to_first_token",
     "itl": "gen_ai.server.time_per_output_token",
     "e2e": "gen_ai.server.request.duration",
+}
+# Engine signals (issue 18): histograms re-exported as they are, counters and gauges by name. Quantities outside
+# QUANTITIES (kv_transfer) are re-exported only, not windowed into latency quantiles.
+SIGNAL_HISTOGRAMS = {"kv_transfer": "inferwatch.engine.kv_transfer.duration"}
+SIGNAL_COUNTERS = {  # adapter counter → (metric, attribute kept from the counter's dimension or fixed value)
+    "prefix_queries": ("inferwatch.engine.prefix_cache.queries", ("cache", "local")),
+    "prefix_hits": ("inferwatch.engine.prefix_cache.hits", ("cache", "local")),
+    "external_prefix_queries": ("inferwatch.engine.prefix_cache.queries", ("cache", "external")),
+    "external_prefix_hits": ("inferwatch.engine.prefix_cache.hits", ("cache", "external")),
+    "cached_tokens": ("inferwatch.engine.tokens", ("type", "cached")),
+    "prompt_by_source": ("inferwatch.engine.prompt_tokens.by_source", ("source", None)),
+    "spec_drafts": ("inferwatch.engine.spec_decode.drafts", None),
+    "spec_draft_tokens": ("inferwatch.engine.spec_decode.draft_tokens", None),
+    "spec_accepted": ("inferwatch.engine.spec_decode.accepted_tokens", None),
+    "spec_accepted_by_position": ("inferwatch.engine.spec_decode.accepted_by_position", ("position", None)),
+    "kv_transfer_bytes": ("inferwatch.engine.kv_transfer.bytes", None),
+    "kv_transfer_failures": ("inferwatch.engine.kv_transfer.failures", None),
+}
+SIGNAL_GAUGES = {
+    "spec_acceptance": "inferwatch.engine.spec_decode.acceptance",
+    "spec_acceptance_length": "inferwatch.engine.spec_decode.acceptance_length",
+    "kv_transfer_latency": "inferwatch.engine.kv_transfer.latency",
 }
 HANG_FINDING = "engine_hung"
 HANG_RUNBOOK = "EngineHungButHealthy"
@@ -88,6 +112,8 @@ class EngineTimeline:
         live: set[tuple[str, str]] = set()
         for model, m in reading.models.items():
             for quantity, series in m.histograms.items():
+                if quantity not in QUANTITIES:  # re-exported only (SIGNAL_HISTOGRAMS)
+                    continue
                 key = (model, quantity)
                 live.add(key)
                 self._hist.setdefault(key, HistogramWindow()).update(t, series)
@@ -171,11 +197,46 @@ def _model_samples(kind: str, model: str, m: ModelReading) -> list[AnySample]:
         out.append(Sample("inferwatch.engine.preemptions", sum(m.counters["preemptions"].values()), a))
     for reason, v in sorted(m.counters.get("finished", {}).items()):
         out.append(Sample("inferwatch.engine.requests.finished", v, attrs({MODEL: model}, reason=reason or "unknown")))
-    for quantity, name in REEXPORTED.items():
+    for quantity, name in (*REEXPORTED.items(), *SIGNAL_HISTOGRAMS.items()):
         series = m.histograms.get(quantity)
         h = sum_histograms(series.values()) if series else None
         if h is not None and h.sum == h.sum:  # skip when the engine gave no _sum (NaN)
-            out.append(HistogramSample(name, h.buckets, h.sum, h.count, a))
+            out.append(HistogramSample(name, h.buckets, h.sum, h.count, _histogram_attrs(kind, model, name)))
+    out.extend(signal_samples(model, m))
+    return out
+
+
+def _histogram_attrs(kind: str, model: str, name: str) -> tuple[tuple[str, str], ...]:
+    """A re-exported histogram's attributes: the GenAI semconv ones (agent/catalog/genai.py) for gen_ai.server.*,
+    with the engine kind as provider and no operation or error type (the engine's histograms mix them all)."""
+    keys = catalog.get(name).attributes
+    values = {MODEL: model, genai.PROVIDER: kind}
+    return attrs({k: values.get(k, "") for k in keys})
+
+
+def signal_samples(model: str, m: ModelReading) -> list[AnySample]:
+    """The engine signals of one model (issue 18): counters, the engine's own gauges and the LoRA state."""
+    out: list[AnySample] = []
+    for counter, (name, attr) in SIGNAL_COUNTERS.items():
+        dims = m.counters.get(counter)
+        if not dims:
+            continue
+        if attr is None:
+            out.append(Sample(name, sum(dims.values()), attrs({MODEL: model})))
+        elif attr[1] is not None:
+            out.append(Sample(name, sum(dims.values()), attrs({MODEL: model, attr[0]: attr[1]})))
+        else:
+            for dim, v in sorted(dims.items()):
+                out.append(Sample(name, v, attrs({MODEL: model, attr[0]: dim or "unknown"})))
+    for gauge, name in SIGNAL_GAUGES.items():
+        if gauge in m.gauges:
+            out.append(Sample(name, m.gauges[gauge], attrs({MODEL: model})))
+    if m.lora is not None:
+        lora = m.lora
+        for state, names in (("running", lora.running), ("waiting", lora.waiting)):
+            out.append(Sample("inferwatch.engine.lora.adapters", len(names), attrs({MODEL: model}, state=state)))
+        out.append(Sample("inferwatch.engine.lora.max_adapters", lora.max_lora, attrs({MODEL: model})))
+        out.append(Sample("inferwatch.engine.lora.blocked", lora.blocked, attrs({MODEL: model})))
     return out
 
 

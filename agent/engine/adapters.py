@@ -53,9 +53,11 @@ class Adapter:
     histograms: dict[str, tuple[Source, ...]] = field(default_factory=dict)  # quantity → candidates
     gauges: dict[str, tuple[Source, ...]] = field(default_factory=dict)  # running, waiting, kv_usage
     counters: dict[str, tuple[Source, ...]] = field(default_factory=dict)  # prompt_tokens, ..., finished
+    # vLLM's lora_requests_info: an info gauge whose labels carry the adapter lists (see read_lora)
+    lora: tuple[Source, ...] = ()
 
     def wanted(self) -> frozenset[str]:
-        names: set[str] = set()
+        names: set[str] = {src.name for src in self.lora}
         for cands in self.histograms.values():
             for src in cands:
                 names.update((src.name + "_bucket", src.name + "_sum", src.name + "_count"))
@@ -77,7 +79,8 @@ def _v(*names: str, **kw: object) -> tuple[Source, ...]:
 RANK_LABELS = ("engine", "dp_rank")
 # What the hang detector needs per rank (agent/engine/hang.py): the load gauges and the progress counters.
 RANK_QUANTITIES = ("running", "waiting", "prompt_tokens", "generation_tokens")
-GAUGE_MEAN = frozenset({"kv_usage"})  # averaged over ranks; every other gauge is summed
+# averaged over ranks (ratios and per-transfer figures); every other gauge is summed
+GAUGE_MEAN = frozenset({"kv_usage", "spec_acceptance", "spec_acceptance_length", "kv_transfer_latency"})
 # The domain of each gauge, by the catalog quantity it feeds (agent/catalog/engine.py): KV-cache usage is a
 # ratio (unit "1", 0..1), requests running and waiting are counts. A raw sample outside it rejects the
 # reading (``out_of_range``), as a negative counter, bucket, count or duration sum does (``negative_value``).
@@ -85,6 +88,9 @@ GAUGE_DOMAINS: dict[str, tuple[float, float]] = {
     "kv_usage": (0.0, 1.0),
     "running": (0.0, math.inf),
     "waiting": (0.0, math.inf),
+    "spec_acceptance": (0.0, 1.0),
+    "spec_acceptance_length": (0.0, math.inf),
+    "kv_transfer_latency": (0.0, math.inf),
 }
 # Counters whose candidates are all used (summed by dimension) instead of first-present-wins.
 COUNTER_ALL = frozenset({"finished"})
@@ -102,6 +108,8 @@ VLLM = Adapter(
         "prefill": _v("vllm:request_prefill_time_seconds"),
         "decode": _v("vllm:request_decode_time_seconds"),
         "inference": _v("vllm:request_inference_time_seconds"),
+        # P/D disaggregation: the NIXL connector's per-transfer duration (vLLM's KVConnectorPromMetrics)
+        "kv_transfer": _v("vllm:nixl_xfer_time_seconds"),
     },
     gauges={
         "running": _v("vllm:num_requests_running"),
@@ -113,7 +121,21 @@ VLLM = Adapter(
         "generation_tokens": _v("vllm:generation_tokens_total"),
         "preemptions": _v("vllm:num_preemptions_total"),
         "finished": _v("vllm:request_success_total", dimension="finished_reason"),
+        # engine signals (issue 18): all in tokens unless named otherwise, summed over DP ranks
+        "cached_tokens": _v("vllm:prompt_tokens_cached_total"),
+        "prompt_by_source": _v("vllm:prompt_tokens_by_source_total", dimension="source"),
+        "prefix_queries": _v("vllm:prefix_cache_queries_total"),
+        "prefix_hits": _v("vllm:prefix_cache_hits_total"),
+        "external_prefix_queries": _v("vllm:external_prefix_cache_queries_total"),
+        "external_prefix_hits": _v("vllm:external_prefix_cache_hits_total"),
+        "spec_drafts": _v("vllm:spec_decode_num_drafts_total"),
+        "spec_draft_tokens": _v("vllm:spec_decode_num_draft_tokens_total"),
+        "spec_accepted": _v("vllm:spec_decode_num_accepted_tokens_total"),
+        "spec_accepted_by_position": _v("vllm:spec_decode_num_accepted_tokens_per_pos_total", dimension="position"),
+        "kv_transfer_bytes": _v("vllm:nixl_bytes_transferred_sum"),
+        "kv_transfer_failures": _v("vllm:nixl_num_failed_transfers_total"),
     },
+    lora=_v("vllm:lora_requests_info"),
 )
 
 SGLANG = Adapter(
@@ -126,17 +148,24 @@ SGLANG = Adapter(
         "e2e": _s("sglang:e2e_request_latency_seconds"),
         "queue": _s("sglang:queue_time_seconds"),
         "prefill": _s("sglang:per_stage_req_latency_seconds", match=(("stage", "prefill_forward"),)),
+        "kv_transfer": _s("sglang:per_stage_req_latency_seconds", match=(("stage", "prefill_transfer_kv_cache"),)),
     },
     gauges={
         "running": _s("sglang:num_running_reqs"),
         "waiting": _s("sglang:num_queue_reqs"),
         "kv_usage": _s("sglang:token_usage"),
+        # the scheduler's own rolling figures (no counters behind them in SGLang)
+        "spec_acceptance": _s("sglang:spec_accept_rate"),
+        "spec_acceptance_length": _s("sglang:spec_accept_length"),
+        "kv_transfer_latency": _s("sglang:kv_transfer_latency_ms", scale=1e-3),
     },
     counters={
         "prompt_tokens": _s("sglang:prompt_tokens_total"),
         "generation_tokens": _s("sglang:generation_tokens_total"),
         "preemptions": _s("sglang:num_retracted_requests_total"),
         "finished": _s("sglang:num_aborted_requests_total", fixed="abort"),
+        "cached_tokens": _s("sglang:cached_tokens_total"),
+        "kv_transfer_failures": _s("sglang:num_transfer_failed_reqs_total"),
     },
 )
 
@@ -205,6 +234,7 @@ TRTLLM = Adapter(
         "generation_tokens": _s(
             "trtllm_generation_tokens_total", "trtllm:generation_tokens_total", "nv_llm_output_token_len_sum"
         ),
+        "cached_tokens": _s("trtllm_prompt_cached_tokens_total", "trtllm:prompt_cached_tokens_total"),
         "finished": (
             *_s("trtllm_request_success_total", "trtllm:request_success_total", dimension="finished_reason"),
             *_s("trtllm_request_error_total", "trtllm:request_error_total", fixed="error"),
@@ -250,6 +280,52 @@ def detect(text: str | bytes | bytearray) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class LoraState:
+    """vLLM's LoRA scheduler state from ``vllm:lora_requests_info`` (the label set with the newest timestamp).
+
+    ``running`` / ``waiting``: adapters with requests running / waiting; ``max_lora``: adapter slots per batch
+    (``--max-loras``). ``blocked``: adapters with waiting requests that are not resident while every slot is
+    taken, i.e. requests waiting for an adapter slot (vLLM's scheduler skips them until a slot frees).
+    """
+
+    running: frozenset[str]
+    waiting: frozenset[str]
+    max_lora: int
+
+    @property
+    def blocked(self) -> int:
+        if len(self.running) < self.max_lora:
+            return 0
+        return len(self.waiting - self.running)
+
+
+def read_lora(adapter: Adapter, expo: Exposition) -> LoraState | None:
+    """The newest ``lora_requests_info`` label set (vLLM keeps every past set, each at the time it was last set)."""
+    best: tuple[float, Labels] | None = None
+    for src in adapter.lora:
+        for labels, value in expo.get(src.name):
+            if math.isnan(value):
+                continue
+            if best is None or value > best[0]:
+                best = (value, labels)
+    if best is None:
+        return None
+    have = dict(best[1])
+
+    def names(key: str) -> frozenset[str]:
+        return frozenset(n for n in have.get(key, "").split(",") if n)
+
+    raw = have.get("max_lora", "0")
+    try:
+        max_lora = int(float(raw))
+    except ValueError:
+        raise SourceFormatError(f"lora_requests_info max_lora={raw[:40]!r} is not a number") from None
+    if max_lora < 0:
+        raise ReadingError(f"lora_requests_info max_lora={max_lora}: below zero", "negative_value")
+    return LoraState(names("running_lora_adapters"), names("waiting_lora_adapters"), max_lora)
+
+
 @dataclass
 class ModelReading:
     """What one model's series say, summed over data-parallel ranks (histograms kept per series)."""
@@ -259,6 +335,7 @@ class ModelReading:
     counters: dict[str, dict[str, float]] = field(default_factory=dict)  # name → dimension value → total
     sources: dict[str, str] = field(default_factory=dict)  # quantity/gauge/counter → family it came from
     ranks: dict[str, dict[str, float]] = field(default_factory=dict)  # DP rank → RANK_QUANTITIES present
+    lora: LoraState | None = None
 
 
 @dataclass
@@ -449,7 +526,17 @@ def read(
                 for dim, v in total.items():
                     acc[dim] = acc.get(dim, 0.0) + v * src.scale
                 reading.sources.setdefault(cname, src.name)
+    for m in models.values():  # SGLang exposes its spec gauges at 0 without speculative decoding: absent, not 0
+        if m.gauges.get("spec_acceptance_length") == 0.0:
+            for g in ("spec_acceptance", "spec_acceptance_length"):
+                m.gauges.pop(g, None)
+                m.sources.pop(g, None)
     _read_ranks(adapter, expo, split, models)
+    lora = read_lora(adapter, expo) if adapter.lora else None
+    if lora is not None:  # vLLM serves one base model per process; the info gauge names none
+        only = next(iter(models)) if len(models) == 1 else default_model
+        if only in models or len(models) < cap:
+            model(only).lora = lora
     return EngineReading(adapter.kind, models, expo.matched, len(dropped) + expo.models_dropped)
 
 

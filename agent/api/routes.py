@@ -1,6 +1,7 @@
 """API routes for diagnostics and the authentication middleware for the whole API.
 
-Scopes by route (see :mod:`agent.api.auth`): ``read`` for ``/api/v1/status``, ``/api/v1/findings``,
+Scopes by route (see :mod:`agent.api.auth`): ``read`` for the status page ``/`` and ``/api/v1/overview``,
+``/api/v1/status``, ``/api/v1/findings``,
 ``GET /api/v1/binary`` and anything not listed; ``snapshots`` for ``/api/v1/snapshots*``; ``profile``
 for ``/api/v1/profiles*`` and ``POST /api/v1/binary``; ``evidence`` for ``/api/v1/evidence*`` and the
 Alertmanager webhook ``POST /api/v1/alertmanager``. Paths in ``api.open_paths`` (default
@@ -13,24 +14,27 @@ import json
 from typing import Any
 
 from fastapi import Body, FastAPI, Response
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse
 from starlette.datastructures import Headers
 
 from agent.actions import pyspy
 from agent.actions.binary import BinaryCheck
 from agent.actions.evidence import render_text
 from agent.actions.profiles import ProfileBusyError
+from agent.analytics import explain
 from agent.api.auth import Authenticator
 from agent.api.services import ApiServices
+from agent.api.statuspage import PageHistory, build_overview, render_page
 from agent.config import Settings
 from agent.errors import NoDataError, StorageError
-from agent.samples import Finding, Sample, attrs
+from agent.samples import UNKNOWN_MODEL, Finding, Sample, attrs
 from agent.state import AgentState
 
 MEDIA_TYPES = {"speedscope": "application/json", "flamegraph": "image/svg+xml", "raw": "text/plain"}
 # py-spy refusals before anything runs: a malformed pid, a process outside the runtime's, no runtime.
 PYSPY_STATUS = {"invalid_pid": 400, "not_runtime": 403, "no_runtime": 404}
 INSUFFICIENT_STORAGE = ("no_space", "too_large")  # StorageError reasons answered 507; the others 500
+MIN_PAGE_REFRESH_S, MAX_PAGE_REFRESH_S = 5, 3600  # the status page's ?refresh=N, clamped
 
 
 def storage_refusal(exc: StorageError) -> JSONResponse:
@@ -95,6 +99,19 @@ def install(app: FastAPI, settings: Settings, state: AgentState, services: ApiSe
     )
 
     app.add_middleware(Authenticate, auth=auth)
+
+    # --- the node status page (agent/api/statuspage.py): built on request; the history is a state listener ---
+    history = PageHistory()
+    state.add_listener(history.on_collection)
+
+    @app.get("/", response_class=HTMLResponse)
+    def status_page(refresh: int | None = None) -> HTMLResponse:
+        refresh_s = None if refresh is None else min(max(refresh, MIN_PAGE_REFRESH_S), MAX_PAGE_REFRESH_S)
+        return HTMLResponse(render_page(build_overview(state, history), refresh_s))
+
+    @app.get("/api/v1/overview")
+    def overview() -> dict[str, Any]:
+        return build_overview(state, history)
 
     @app.get("/api/v1/findings")
     def findings() -> list[dict[str, Any]]:
@@ -178,6 +195,52 @@ def install(app: FastAPI, settings: Settings, state: AgentState, services: ApiSe
     def alertmanager_webhook(body: dict[str, Any] = Body(default_factory=dict)) -> JSONResponse:
         """Alertmanager's webhook (version 4): firing critical alerts for this node start one capture."""
         return JSONResponse(evidence.on_alerts(body), status_code=202)
+
+    # --- tail explainer (agent/analytics/explain.py) ---
+    @app.get("/api/v1/explain")
+    def explain_tail(
+        model: str | None = None, window: str = "5m", top: int = explain.DEFAULT_TOP, by: str = "ttft", format: str = ""
+    ) -> Response:
+        """Why the tail of a model is slow: from the receiver's spans, else from the engine's histograms."""
+        try:
+            window_s = explain.parse_window(window)
+            if not 0 <= top <= explain.MAX_TOP:
+                raise ValueError(f"top must be 0..{explain.MAX_TOP}, got {top}")
+            if by not in explain.QUANTITIES:
+                raise ValueError(f"by must be one of {', '.join(explain.QUANTITIES)}, got {by!r}")
+        except ValueError as exc:
+            return JSONResponse({"error": "bad_request", "message": str(exc)}, status_code=400)
+        engine = state.collections().get("engine")
+        engine_models = [str(m) for m in engine.details.get("models", ())] if engine is not None else []
+        explainer = services.explainer
+        span_models = explainer.records.models() if explainer is not None else []
+        known = sorted({*engine_models, *(m for m in span_models if m != UNKNOWN_MODEL or not engine_models)})
+        if model is None:
+            if len(known) != 1:
+                return JSONResponse(
+                    {"error": "bad_request", "message": f"give model= (known: {', '.join(known) or 'none'})"},
+                    status_code=400,
+                )
+            model = known[0]
+        report = explainer.explain(model, window_s, top, by, engine_models) if explainer is not None else None
+        if report is None:
+            label = window if window in explain.WINDOW_SECONDS else "5m"
+            quantiles, requests = explain.histogram_quantiles(state.samples(), model, label)
+            if not quantiles:
+                why = "no spans and no engine histograms" if explainer is not None else "the span receiver is off and "
+                return JSONResponse(
+                    {
+                        "error": "not_found",
+                        "message": f"nothing to explain for model {model!r} over {window}: {why}"
+                        + ("" if explainer is not None else "the engine has no latency histograms")
+                        + f" (known: {', '.join(known) or 'none'})",
+                    },
+                    status_code=404,
+                )
+            report = explain.explain_histograms(quantiles, model, label, requests)
+        if format == "text":
+            return PlainTextResponse(explain.render_text(report))
+        return JSONResponse(report)
 
     # --- binary compatibility ---
     def binary_answer(svc: BinaryCheck) -> JSONResponse:

@@ -1,0 +1,886 @@
+"""The node status page at ``/`` (a sink): server-rendered HTML with inline SVG, and the same data as JSON.
+
+What it reads: the state's latest collections (engine timing, span analytics, CPU features, page cache, GPUs,
+findings) and the runner's health record; the agent's own CPU time and peak RSS from ``getrusage`` (no /proc).
+What it keeps: :class:`PageHistory`, a state listener (like the snapshot store) that keeps, once per
+:data:`HISTORY_STEP_S`, the TTFT/ITL P50/P95/P99 of every model (one hour: :data:`HISTORY_POINTS`) and the
+engine's cumulative TTFT buckets (the last :data:`HISTOGRAM_WINDOW_S`, so the page draws the window's
+histogram, not the one since the engine started). Memory is bounded by :data:`MAX_SERIES`.
+
+Nothing is computed on the collection path beyond that copy: the page and ``/api/v1/overview`` are built when
+requested (:func:`build_overview`, :func:`render_page`; cost in docs/benchmarks.md, "Status page"). No script,
+no external resource: the page works on an air-gapped node. Every state is written in words or symbols as well
+as in colour. Behind the API's token rules (scope ``read``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import html
+import math
+import resource
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from agent import __version__
+from agent.samples import AnySample, Collection, Finding, HistogramSample, Sample
+from agent.state import AgentState, CollectorHealth
+
+HISTORY_STEP_S = 10.0  # one point per step per series: 360 points make the hour the line charts show
+HISTORY_POINTS = 360
+HISTOGRAM_WINDOW_S = 300.0  # the TTFT histogram shows the last 5 minutes (the alerts' 5m window)
+MAX_SERIES = 256  # (model, quantity, source) line series kept; models past it are not charted
+MODEL = "gen_ai.request.model"
+TTFT_HISTOGRAM = "gen_ai.server.time_to_first_token"
+CHART_QUANTILES = ("0.5", "0.95", "0.99")
+QUANTILE_KEYS = {"0.5": "p50", "0.95": "p95", "0.99": "p99"}
+# Goodput: the share of the window's requests whose first token came within the TTFT SLO's threshold
+# (alerts/slo.yml, ttft-500ms; a bucket edge of the engine's histogram).
+GOODPUT_TTFT_S = 0.5
+# The signals below mirror two alert rules (alerts/inferwatch.rules.yml) without their for:, so the page says
+# what the agent sees now: LatencyBimodal (5m and 1m TTFT verdicts, >= 50 requests in 5m) and TailLatencyRatioHigh
+# (histogram prefill P99/P50 over 5m above 3, >= 50 requests).
+MIN_WINDOW_REQUESTS = 50
+TAIL_RATIO_MAX = 3.0
+# Modes of the drawn histogram: a bucket is a peak when it holds >= MODE_MIN_SHARE of the window's requests
+# and is a local maximum; two peaks are two modes when some bucket between them holds <= VALLEY_RATIO of the
+# smaller one (the text next to the chart says so, for readers who cannot see the bars).
+MODE_MIN_SHARE = 0.05
+VALLEY_RATIO = 0.5
+STATUS_ORDER = {"fail": 0, "warn": 1, "ok": 2, "skip": 3}
+STATUS_WORD = {"fail": "✖ FAIL", "warn": "▲ WARN", "ok": "✔ OK", "skip": "– SKIP"}
+MAX_EVIDENCE_CHARS = 200
+
+
+def _attr(s: AnySample, key: str) -> str:
+    for k, v in s.attributes:
+        if k == key:
+            return v
+    return ""
+
+
+def _num(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else float(v)
+
+
+class PageHistory:
+    """Listener on the state (:meth:`AgentState.add_listener`): one point per model and step, an hour of them."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        step_s: float = HISTORY_STEP_S,
+        points: int = HISTORY_POINTS,
+        max_series: int = MAX_SERIES,
+    ) -> None:
+        self._clock = clock
+        self.step_s = step_s
+        self.points = points
+        self.max_series = max_series
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+        self._lines: dict[tuple[str, str, str], deque[tuple[float, float | None, float | None, float | None]]] = {}
+        self._buckets: dict[str, deque[tuple[float, tuple[tuple[float, float], ...]]]] = {}
+        self._keep_buckets = int(HISTOGRAM_WINDOW_S / step_s) + 2
+
+    def on_collection(self, name: str, collection: Collection) -> None:
+        if name not in ("engine", "spans"):
+            return
+        now = self._clock()
+        with self._lock:
+            if now - self._last.get(name, -math.inf) < self.step_s:
+                return
+            self._last[name] = now
+        quantiles: dict[tuple[str, str, str], dict[str, float]] = {}
+        hists: dict[str, tuple[tuple[float, float], ...]] = {}
+        for s in collection.samples:
+            if isinstance(s, HistogramSample):
+                if s.name == TTFT_HISTOGRAM:
+                    hists[_attr(s, MODEL)] = s.buckets
+            elif s.name == "inferwatch.engine.latency" and _attr(s, "window") == "1m":
+                quantity = _attr(s, "quantity")
+                q = _attr(s, "quantile")
+                if quantity in ("ttft", "itl") and q in CHART_QUANTILES:
+                    key = (_attr(s, MODEL), quantity, _attr(s, "source"))
+                    quantiles.setdefault(key, {})[q] = s.value
+        with self._lock:
+            for key, qs in quantiles.items():
+                line = self._lines.get(key)
+                if line is None:
+                    if len(self._lines) >= self.max_series:
+                        continue
+                    line = self._lines[key] = deque(maxlen=self.points)
+                line.append((now, *(qs.get(q) for q in CHART_QUANTILES)))  # type: ignore[arg-type]
+            for model, buckets in hists.items():
+                ring = self._buckets.get(model)
+                if ring is None:
+                    if len(self._buckets) >= self.max_series:
+                        continue
+                    ring = self._buckets[model] = deque(maxlen=self._keep_buckets)
+                ring.append((now, buckets))
+            horizon = now - self.step_s * self.points
+            for stale in [k for k, v in self._lines.items() if v and v[-1][0] < horizon]:
+                del self._lines[stale]
+            for gone in [m for m, v in self._buckets.items() if v and v[-1][0] < horizon]:
+                del self._buckets[gone]
+
+    def line(
+        self, model: str, quantity: str, source: str
+    ) -> list[tuple[float, float | None, float | None, float | None]]:
+        with self._lock:
+            return list(self._lines.get((model, quantity, source), ()))
+
+    def baseline(self, model: str, now: float) -> tuple[float, tuple[tuple[float, float], ...]] | None:
+        """The oldest kept TTFT buckets of ``model`` within :data:`HISTOGRAM_WINDOW_S` of ``now``."""
+        with self._lock:
+            ring = self._buckets.get(model)
+            if not ring:
+                return None
+            for t, buckets in ring:
+                if now - t <= HISTOGRAM_WINDOW_S:
+                    return t, buckets
+        return None
+
+
+# --- the overview: what the page shows, as plain JSON-able values ---------------------------------------------
+
+
+class _Index:
+    """The state's samples by name, read once per request."""
+
+    def __init__(self, collections: Mapping[str, Collection]) -> None:
+        self.by_name: dict[str, list[AnySample]] = {}
+        for c in collections.values():
+            for s in c.samples:
+                self.by_name.setdefault(s.name, []).append(s)
+
+    def get(self, name: str) -> list[AnySample]:
+        return self.by_name.get(name, [])
+
+
+def histogram_modes(bounds: list[float], counts: list[float]) -> list[int]:
+    """Indexes of the buckets that are modes (see :data:`MODE_MIN_SHARE`, :data:`VALLEY_RATIO`)."""
+    total = sum(counts)
+    if total <= 0:
+        return []
+    floor = max(MODE_MIN_SHARE * total, 1.0)
+    peaks = [
+        i
+        for i, c in enumerate(counts)
+        if c >= floor and (i == 0 or c > counts[i - 1]) and (i == len(counts) - 1 or c >= counts[i + 1])
+    ]
+    modes: list[int] = []
+    for p in peaks:
+        if modes:
+            q = modes[-1]
+            valley = min(counts[q : p + 1])
+            if valley > VALLEY_RATIO * min(counts[q], counts[p]):
+                if counts[p] > counts[q]:
+                    modes[-1] = p
+                continue
+        modes.append(p)
+    return modes
+
+
+def _bucket_label(bounds: list[float], i: int) -> str:
+    lo = 0.0 if i == 0 else bounds[i - 1]
+    hi = bounds[i]
+    return f"{fmt_seconds(lo)}–{fmt_seconds(hi)}" if math.isfinite(hi) else f"> {fmt_seconds(lo)}"
+
+
+def _ttft_histogram(
+    model: str, current: HistogramSample | None, history: PageHistory, now: float
+) -> dict[str, Any] | None:
+    if current is None:
+        return None
+    cum = [c for _, c in current.buckets]
+    bounds = [b for b, _ in current.buckets]
+    base = history.baseline(model, now)
+    window_s: float | None = None
+    if base is not None and len(base[1]) == len(cum) and all(b <= c for (_, b), c in zip(base[1], cum, strict=True)):
+        delta = [c - b for (_, b), c in zip(base[1], cum, strict=True)]
+        if delta[-1] > 0:
+            cum, window_s = delta, now - base[0]
+    counts = [cum[0]] + [max(cum[i] - cum[i - 1], 0.0) for i in range(1, len(cum))]
+    modes = histogram_modes(bounds, counts)
+    good_i = bisect.bisect_left(bounds, GOODPUT_TTFT_S)
+    total = cum[-1]
+    within = cum[good_i] if good_i < len(cum) and bounds[good_i] == GOODPUT_TTFT_S else None
+    return {
+        "bounds": [b if math.isfinite(b) else None for b in bounds],
+        "counts": counts,
+        "total": total,
+        "window_s": window_s,
+        "modes": [{"index": i, "range": _bucket_label(bounds, i), "count": counts[i]} for i in modes],
+        "goodput": {
+            "threshold_s": GOODPUT_TTFT_S,
+            "ratio": (within / total) if within is not None and total > 0 else None,
+            "per_s": (within / window_s) if within is not None and window_s else None,
+        },
+    }
+
+
+def _latency(ix: _Index, model: str, quantity: str, window: str) -> dict[str, Any] | None:
+    """P50/P95/P99 of one quantity, from the engine's histogram when it has one, else from spans."""
+    found: dict[str, dict[str, float]] = {}
+    for s in ix.get("inferwatch.engine.latency"):
+        if _attr(s, MODEL) == model and _attr(s, "quantity") == quantity and _attr(s, "window") == window:
+            found.setdefault(_attr(s, "source"), {})[_attr(s, "quantile")] = s.value  # type: ignore[union-attr]
+    for source in ("histogram", "spans"):
+        qs = found.get(source)
+        if qs:
+            return {"source": source, "window": window, **{QUANTILE_KEYS[q]: _num(qs.get(q)) for q in CHART_QUANTILES}}
+    return None
+
+
+def _per_model_value(ix: _Index, name: str, model: str, **want: str) -> float | None:
+    for s in ix.get(name):
+        if isinstance(s, Sample) and _attr(s, MODEL) == model and all(_attr(s, k) == v for k, v in want.items()):
+            return _num(s.value)
+    return None
+
+
+def _signals(model: str, ix: _Index, sources: Iterable[str]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for source in sources:
+        on5 = _per_model_value(
+            ix, "inferwatch.engine.latency.bimodal", model, quantity="ttft", window="5m", source=source
+        )
+        on1 = _per_model_value(
+            ix, "inferwatch.engine.latency.bimodal", model, quantity="ttft", window="1m", source=source
+        )
+        n5 = _per_model_value(
+            ix, "inferwatch.engine.latency.samples", model, quantity="ttft", window="5m", source=source
+        )
+        if on5 == 1 and on1 == 1 and (n5 or 0) >= MIN_WINDOW_REQUESTS:
+            d = _per_model_value(
+                ix, "inferwatch.engine.latency.bimodality", model, quantity="ttft", window="5m", source=source
+            )
+            out.append(
+                {
+                    "id": f"latency.bimodal/{model}",
+                    "status": "warn",
+                    "summary": f"{model}: TTFT is bimodal (a slow path or a slow node serves part of the requests)",
+                    "evidence": f"Ashman's D {d or 0:.2f} over 5m and the 1m window bimodal too, "
+                    f"{n5:.0f} requests ({source})",
+                    "runbook": "LatencyBimodal",
+                    "origin": "signal",
+                }
+            )
+            break
+    ratio = _per_model_value(
+        ix, "inferwatch.engine.latency.tail_ratio", model, quantity="prefill", window="5m", source="histogram"
+    )
+    n = _per_model_value(
+        ix, "inferwatch.engine.latency.samples", model, quantity="prefill", window="5m", source="histogram"
+    )
+    if ratio is not None and ratio > TAIL_RATIO_MAX and (n or 0) >= MIN_WINDOW_REQUESTS:
+        out.append(
+            {
+                "id": f"latency.tail_ratio/{model}",
+                "status": "warn",
+                "summary": f"{model}: prefill P99 is {ratio:.1f}x its P50 (jitter more resources will not fix)",
+                "evidence": f"prefill P99/P50 {ratio:.2f} > {TAIL_RATIO_MAX:g} over 5m, {n:.0f} requests (histogram)",
+                "runbook": "TailLatencyRatioHigh",
+                "origin": "signal",
+            }
+        )
+    return out
+
+
+def evidence_line(evidence: Mapping[str, object]) -> str:
+    parts = []
+    for k, v in evidence.items():
+        if isinstance(v, (dict, list, tuple)):
+            continue
+        parts.append(f"{k}={v}")
+    line = ", ".join(parts)
+    return line if len(line) <= MAX_EVIDENCE_CHARS else line[: MAX_EVIDENCE_CHARS - 1] + "…"
+
+
+def _finding(f: Finding) -> dict[str, Any]:
+    return {
+        "id": f.id,
+        "status": f.status,
+        "summary": f.summary,
+        "evidence": evidence_line(f.evidence),
+        "runbook": f.runbook,
+        "origin": "agent",
+    }
+
+
+def _models(ix: _Index, collections: Mapping[str, Collection]) -> list[str]:
+    engine = collections.get("engine")
+    names = {str(m) for m in engine.details.get("models", ())} if engine is not None else set()
+    for s in ix.get("inferwatch.engine.info"):
+        names.add(_attr(s, MODEL))
+    for s in ix.get("inferwatch.engine.latency"):
+        names.add(_attr(s, MODEL))
+    return sorted(n for n in names if n)
+
+
+def _gpus(ix: _Index) -> list[dict[str, Any]]:
+    gpus: dict[str, dict[str, Any]] = {}
+    fields = {
+        "hw.gpu.utilization": "utilization_ratio",
+        "hw.gpu.memory.usage": "memory_used_bytes",
+        "hw.gpu.memory.limit": "memory_limit_bytes",
+        "inferwatch.gpu.temperature": "temperature_celsius",
+        "inferwatch.gpu.power": "power_watts",
+    }
+    for name, key in fields.items():
+        for s in ix.get(name):
+            if isinstance(s, Sample) and not _attr(s, "hw.parent"):
+                g = gpus.setdefault(_attr(s, "hw.id"), {"id": _attr(s, "hw.id"), "model": _attr(s, "hw.model")})
+                g[key] = _num(s.value)
+    for s in ix.get("inferwatch.gpu.throttle"):
+        if isinstance(s, Sample) and s.value and _attr(s, "hw.id") in gpus:
+            gpus[_attr(s, "hw.id")].setdefault("throttle", []).append(_attr(s, "reason") or "yes")
+    return [gpus[k] for k in sorted(gpus)]
+
+
+def _features(ix: _Index) -> list[dict[str, Any]]:
+    present = {_attr(s, "feature"): bool(s.value) for s in ix.get("inferwatch.cpu.feature.present")}  # type: ignore[union-attr]
+    missing = {_attr(s, "feature"): s for s in ix.get("inferwatch.cpu.feature.missing")}
+    rows = []
+    for feature in sorted(set(present) | set(missing)):
+        m = missing.get(feature)
+        expected = m is not None
+        is_missing = bool(m.value) if isinstance(m, Sample) else False
+        rows.append(
+            {
+                "feature": feature,
+                "expected": expected,
+                "present": present.get(feature, not is_missing if expected else None),
+                "missing": is_missing,
+                "detected_by": _attr(m, "detected_by") if m is not None else "",
+            }
+        )
+    rows.sort(key=lambda r: (not r["missing"], not r["expected"], r["feature"]))
+    return rows
+
+
+def _memory(ix: _Index, findings: list[Finding]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in findings:
+        if f.id == "pagecache":
+            out.update({"status": f.status, "summary": f.summary})
+            for k in ("inactive_file_bytes", "threshold_bytes", "mem_available_bytes", "psi_memory_some_avg10_ratio"):
+                if k in f.evidence:
+                    out[k] = f.evidence[k]
+    for s in ix.get("inferwatch.pressure.memory.avg"):
+        if isinstance(s, Sample):
+            out[f"psi_{_attr(s, 'kind') or 'some'}_{_attr(s, 'window') or ''}".rstrip("_")] = _num(s.value)
+    return out
+
+
+def _health(h: CollectorHealth, now: float) -> dict[str, Any]:
+    return {
+        "name": h.name,
+        "state": h.state,
+        "last_success_age_s": None if h.last_success_at is None else max(now - h.last_success_at, 0.0),
+        "duration_s": h.duration_s,
+        "runs": h.runs,
+        "errors": h.errors,
+        "last_error": h.last_error,
+        "hint": h.hint,
+    }
+
+
+def agent_usage(started_at: float, now: float) -> dict[str, Any]:
+    """The agent process's CPU seconds (user + system), its average share of a core, and its peak RSS."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = ru.ru_utime + ru.ru_stime
+    uptime = max(now - started_at, 1e-9)
+    return {
+        "cpu_seconds": cpu,
+        "cpu_core_share": cpu / uptime,
+        "peak_rss_bytes": ru.ru_maxrss * 1024,  # Linux: KiB
+        "uptime_s": uptime,
+    }
+
+
+def build_overview(state: AgentState, history: PageHistory, now: float | None = None) -> dict[str, Any]:
+    """Everything the page shows, as JSON-able values (also served as ``/api/v1/overview``)."""
+    now = time.time() if now is None else now
+    collections = state.collections()
+    ix = _Index(collections)
+    findings = [f for c in collections.values() for f in c.findings]
+    ident = state.identity
+    node_info = next(iter(ix.get("inferwatch.node.info")), None)
+    node = {
+        "host_name": ident.get("host.name", ""),
+        "machine_type": ident.get("host.type") or (_attr(node_info, "machine_type") if node_info else ""),
+        "cpu_model": ident.get("host.cpu.model.name") or (_attr(node_info, "cpu_model") if node_info else ""),
+        "arch": ident.get("host.arch", ""),
+        "kernel": ident.get("os.version") or (_attr(node_info, "kernel_release") if node_info else ""),
+        "environment": state.environment,
+    }
+    engines = {_attr(s, MODEL): _attr(s, "engine") for s in ix.get("inferwatch.engine.info")}
+    hists = {_attr(s, MODEL): s for s in ix.get(TTFT_HISTOGRAM) if isinstance(s, HistogramSample)}
+    sources = sorted({_attr(s, "source") for s in ix.get("inferwatch.engine.latency.bimodal")})
+    models = []
+    signals: list[dict[str, Any]] = []
+    for model in _models(ix, collections):
+        latency = {q: _latency(ix, model, q, "1m") for q in ("ttft", "itl")}
+        lines = {}
+        for q, cur in latency.items():
+            src = cur["source"] if cur else "histogram"
+            lines[q] = [[t, *vals] for t, *vals in history.line(model, q, src)]
+        bimodal = {
+            src: _per_model_value(
+                ix, "inferwatch.engine.latency.bimodal", model, quantity="ttft", window="5m", source=src
+            )
+            for src in sources
+        }
+        models.append(
+            {
+                "model": model,
+                "engine": engines.get(model, ""),
+                "latency": latency,
+                "history": lines,
+                "tail_ratio": {
+                    q: _per_model_value(
+                        ix, "inferwatch.engine.latency.tail_ratio", model, quantity=q, window="5m", source="histogram"
+                    )
+                    for q in ("ttft", "prefill")
+                },
+                "bimodal_ttft_5m": {k: v for k, v in bimodal.items() if v is not None},
+                "ttft_histogram": _ttft_histogram(model, hists.get(model), history, now),
+                "kv_cache_usage_ratio": _per_model_value(ix, "inferwatch.engine.kv_cache.usage", model),
+                "requests_running": _per_model_value(ix, "inferwatch.engine.requests.running", model),
+                "requests_waiting": _per_model_value(ix, "inferwatch.engine.requests.waiting", model),
+                "preemptions_total": _per_model_value(ix, "inferwatch.engine.preemptions", model),
+            }
+        )
+        signals += _signals(model, ix, sources)
+    all_findings = [*signals, *(_finding(f) for f in findings)]
+    all_findings.sort(key=lambda f: (STATUS_ORDER.get(f["status"], 9), f["id"]))
+    return {
+        "version": __version__,
+        "generated_at": now,
+        "node": node,
+        "gpus": _gpus(ix),
+        "cpu_features": _features(ix),
+        "memory": _memory(ix, findings),
+        "models": models,
+        "findings": all_findings,
+        "collectors": [_health(h, now) for h in sorted(state.health().values(), key=lambda h: h.name)],
+        "agent": agent_usage(state.started_at, now),
+    }
+
+
+# --- HTML ------------------------------------------------------------------------------------------------------
+
+
+def fmt_seconds(v: float | None) -> str:
+    if v is None:
+        return "—"
+    if v >= 10:
+        return f"{v:.0f} s"
+    if v >= 1:
+        return f"{v:.2f} s"
+    if v >= 0.001:
+        return f"{v * 1e3:.3g} ms"
+    return f"{v * 1e6:.3g} µs"
+
+
+def fmt_bytes(v: float | None) -> str:
+    if v is None:
+        return "—"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if v >= size:
+            return f"{v / size:.2f} {unit}"
+    return f"{v:.0f} B"
+
+
+def fmt_age(v: float | None) -> str:
+    if v is None:
+        return "never"
+    return f"{v:.0f} s ago" if v < 120 else f"{v / 60:.0f} min ago"
+
+
+def _data(v: float | None, text: str) -> str:
+    """A number for machines (``value``, full precision) and for people (``text``)."""
+    if v is None:
+        return "<span>—</span>"
+    return f'<data value="{v!r}">{html.escape(text)}</data>'
+
+
+def _count(v: float | None) -> str:
+    return _data(v, f"{v:g}") if v is not None else "—"
+
+
+def _pct(v: float | None) -> str:
+    return f"{v:.0%}" if v is not None else "—"
+
+
+def _e(v: object) -> str:
+    return html.escape(str(v))
+
+
+def _badge(status: str) -> str:
+    word = STATUS_WORD.get(status, status.upper())
+    return f'<span class="badge s-{_e(status)}">{_e(word)}</span>'
+
+
+CSS = """
+:root{--fg:#1a1a1a;--muted:#4a4a4a;--bg:#fff;--line:#d0d0d0;--fail:#b00020;--warn:#8a5300;--ok:#1b6e20;
+--skip:#555;--p50:#1f4e9a;--p95:#8a5300;--p99:#b00020;--bar:#3a5f9f;--mode:#b00020}
+*{box-sizing:border-box}
+body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);background:var(--bg)}
+header,main,footer{padding:8px 16px;max-width:1400px;margin:0 auto}
+header{border-bottom:1px solid var(--line)}
+h1{font-size:20px;margin:4px 0}h2{font-size:17px;margin:16px 0 6px}h3{font-size:15px;margin:8px 0 4px}
+.muted{color:var(--muted)}
+.grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(340px,1fr));gap:12px}
+.card{border:1px solid var(--line);border-radius:6px;padding:8px 12px;min-width:0}
+.scroll{overflow-x:auto}
+table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:3px 6px;border-bottom:1px solid var(--line);
+vertical-align:top}th{font-weight:600}
+.badge{display:inline-block;padding:0 6px;border-radius:4px;color:#fff;font-weight:600;white-space:nowrap}
+.s-fail{background:var(--fail)}.s-warn{background:var(--warn)}.s-ok{background:var(--ok)}.s-skip,.s-absent,
+.s-pending{background:var(--skip)}.s-failed{background:var(--fail)}
+.kv{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px}.kv dt{color:var(--muted)}.kv dd{margin:0}
+svg{max-width:100%;height:auto}
+svg text{font:11px system-ui,sans-serif;fill:#1a1a1a}
+.legend span{margin-right:10px;white-space:nowrap}
+.l50{stroke:var(--p50)}.l95{stroke:var(--p95);stroke-dasharray:6 3}.l99{stroke:var(--p99);stroke-dasharray:2 2}
+.bar{fill:var(--bar)}.bar.mode{fill:var(--mode)}
+a{color:#0b4fa8}
+@media (max-width:600px){header,main,footer{padding:6px 8px}.grid{grid-template-columns:1fr}}
+"""
+
+
+def _histogram_svg(model: str, h: dict[str, Any]) -> str:
+    counts: list[float] = h["counts"]
+    bounds: list[float | None] = h["bounds"]
+    nonzero = [i for i, c in enumerate(counts) if c > 0]
+    if not nonzero:
+        return '<p class="muted">No requests in the window yet.</p>'
+    lo = max(nonzero[0] - 1, 0)
+    hi = min(nonzero[-1] + 1, len(counts) - 1)
+    while hi - lo < 7 and (lo > 0 or hi < len(counts) - 1):
+        lo, hi = max(lo - 1, 0), min(hi + 1, len(counts) - 1)
+    shown = range(lo, hi + 1)
+    width, height, pad_b, pad_t = 360, 150, 34, 8
+    bw = width / len(shown)
+    top = max(counts[i] for i in shown) or 1.0
+    modes = {m["index"] for m in h["modes"]}
+    bars, labels = [], []
+    for n, i in enumerate(shown):
+        c = counts[i]
+        bh = (height - pad_b - pad_t) * c / top
+        x = n * bw
+        le = bounds[i]
+        rng = f"≤ {fmt_seconds(le)}" if le is not None else "+Inf"
+        cls = "bar mode" if i in modes else "bar"
+        bars.append(
+            f'<rect class="{cls}" x="{x + 1:.1f}" y="{height - pad_b - bh:.1f}" width="{bw - 2:.1f}" '
+            f'height="{bh:.1f}" data-le="{"+Inf" if le is None else repr(le)}" data-count="{c:g}">'
+            f"<title>{_e(rng)}: {c:g} requests{' (mode)' if i in modes else ''}</title></rect>"
+        )
+        if i in modes:
+            bars.append(
+                f'<text x="{x + bw / 2:.1f}" y="{max(height - pad_b - bh - 2, 10):.1f}" text-anchor="middle">▼</text>'
+            )
+        if n % 2 == 0 or len(shown) <= 8:
+            labels.append(
+                f'<text x="{x + bw / 2:.1f}" y="{height - pad_b + 14}" text-anchor="middle">'
+                f"{_e(fmt_seconds(le) if le is not None else 'Inf')}</text>"
+            )
+    mode_text = (
+        f"{len(h['modes'])} modes: " + " and ".join(m["range"] for m in h["modes"])
+        if len(h["modes"]) > 1
+        else ("one mode: " + h["modes"][0]["range"] if h["modes"] else "no clear mode")
+    )
+    window = f"last {h['window_s']:.0f} s" if h["window_s"] else "since the engine started"
+    label = f"TTFT histogram of {model}, {window}, {h['total']:g} requests; {mode_text}"
+    return (
+        f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" aria-label="{_e(label)}" '
+        f'class="ttft-hist" data-modes="{len(h["modes"])}">'
+        f'<line x1="0" y1="{height - pad_b}" x2="{width}" y2="{height - pad_b}" stroke="#1a1a1a"/>'
+        + "".join(bars)
+        + "".join(labels)
+        + f'<text x="{width / 2}" y="{height - 4}" text-anchor="middle">TTFT bucket upper edge</text></svg>'
+        f'<p class="modes"><strong>{_e(mode_text)}</strong> <span class="muted">({_e(window)}, '
+        f"{h['total']:g} requests; ▼ and red bars mark modes)</span></p>"
+    )
+
+
+def _line_svg(model: str, quantity: str, points: list[list[Any]]) -> str:
+    label_q = {"ttft": "TTFT", "itl": "ITL"}[quantity]
+    pts = [p for p in points if any(v is not None for v in p[1:])]
+    if len(pts) < 2:
+        return (
+            f'<p class="muted">{label_q} history: collecting (one point per {HISTORY_STEP_S:g} s, one hour kept).</p>'
+        )
+    width, height, pad = 360, 110, 18
+    t0, t1 = pts[0][0], pts[-1][0]
+    top = max(v for p in pts for v in p[1:] if v is not None) or 1.0
+    span = max(t1 - t0, 1e-9)
+    lines = []
+    for k, cls in ((1, "l50"), (2, "l95"), (3, "l99")):
+        xy = " ".join(
+            f"{(p[0] - t0) / span * (width - 50) + 46:.1f},{height - pad - (p[k] / top) * (height - 2 * pad):.1f}"
+            for p in pts
+            if p[k] is not None
+        )
+        lines.append(f'<polyline class="{cls}" fill="none" stroke-width="1.8" points="{xy}"/>')
+    minutes = span / 60
+    label = f"{label_q} P50, P95 and P99 of {model} over the last {minutes:.0f} min; P99 now {fmt_seconds(pts[-1][3])}"
+    return (
+        f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" aria-label="{_e(label)}">'
+        f'<text x="0" y="{pad}">{_e(fmt_seconds(top))}</text><text x="0" y="{height - pad}">0</text>'
+        f'<line x1="46" y1="{height - pad}" x2="{width}" y2="{height - pad}" stroke="#1a1a1a"/>'
+        + "".join(lines)
+        + f'<text x="{width - 4}" y="{height - 2}" text-anchor="end">last {minutes:.1f} min</text></svg>'
+    )
+
+
+def _legend() -> str:
+    def swatch(cls: str) -> str:
+        line = f'<line class="{cls}" x1="0" y1="4" x2="26" y2="4" stroke-width="2"/>'
+        return f'<svg width="26" height="8" aria-hidden="true">{line}</svg>'
+
+    return (
+        f'<p class="legend"><span>{swatch("l50")} P50 (solid)</span><span>{swatch("l95")} P95 (dashed)</span>'
+        f"<span>{swatch('l99')} P99 (dotted)</span></p>"
+    )
+
+
+def _model_card(m: dict[str, Any]) -> str:
+    model = m["model"]
+    rows = []
+    for q, name in (("ttft", "TTFT"), ("itl", "ITL")):
+        cur = m["latency"].get(q)
+        if cur is None:
+            rows.append(f"<tr><th scope='row'>{name}</th><td colspan='3'>not exposed</td><td></td></tr>")
+            continue
+        cells = "".join(
+            f'<td class="q-{q}-p{k}">{_data(cur[f"p{k}"], fmt_seconds(cur[f"p{k}"]))}</td>' for k in ("50", "95", "99")
+        )
+        rows.append(f"<tr><th scope='row'>{name}</th>{cells}<td>{_e(cur['source'])}, 1m</td></tr>")
+    tr = m["tail_ratio"]
+    h = m["ttft_histogram"]
+    good = h["goodput"] if h else None
+    stats = [
+        ("TTFT P99/P50 (5m)", _data(tr.get("ttft"), f"{tr['ttft']:.2f}" if tr.get("ttft") is not None else "")),
+        (
+            "prefill P99/P50 (5m)",
+            _data(tr.get("prefill"), f"{tr['prefill']:.2f}" if tr.get("prefill") is not None else "")
+            + (" ▲ above 3" if (tr.get("prefill") or 0) > TAIL_RATIO_MAX else ""),
+        ),
+        (
+            f"goodput (TTFT ≤ {fmt_seconds(GOODPUT_TTFT_S)})",
+            (
+                _data(good["ratio"], f"{good['ratio']:.1%} of requests")
+                + (f", {good['per_s']:.2f} req/s" if good["per_s"] is not None else "")
+            )
+            if good and good["ratio"] is not None
+            else "—",
+        ),
+        (
+            "KV-cache in use",
+            _data(m["kv_cache_usage_ratio"], f"{(m['kv_cache_usage_ratio'] or 0):.0%}")
+            if m["kv_cache_usage_ratio"] is not None
+            else "not exposed",
+        ),
+        (
+            "running / waiting",
+            _count(m["requests_running"]) + " / " + _count(m["requests_waiting"]),
+        ),
+        (
+            "preemptions (total)",
+            _data(m["preemptions_total"], f"{m['preemptions_total']:g}")
+            if m["preemptions_total"] is not None
+            else "not exposed",
+        ),
+        (
+            "TTFT bimodal (5m)",
+            ", ".join(f"{'yes ▲' if v == 1 else 'no'} ({_e(k)})" for k, v in m["bimodal_ttft_5m"].items()) or "—",
+        ),
+    ]
+    kv = "".join(f"<dt>{_e(k)}</dt><dd>{v}</dd>" for k, v in stats)
+    hist = _histogram_svg(model, h) if h else '<p class="muted">The engine exposes no TTFT histogram.</p>'
+    charts = "".join(
+        f"<h4>{label} P50/P95/P99, last hour</h4>{_line_svg(model, q, m['history'][q])}"
+        for q, label in (("ttft", "TTFT"), ("itl", "ITL"))
+    )
+    engine = f" <span class='muted'>({_e(m['engine'])})</span>" if m["engine"] else ""
+    return (
+        f'<section class="card model" data-model="{_e(model)}" aria-label="model {_e(model)}">'
+        f"<h3>{_e(model)}{engine}</h3>"
+        '<div class="scroll" tabindex="0" role="region" aria-label="latency table">'
+        "<table><caption class='muted'>Latency over the last minute</caption>"
+        "<thead><tr><th scope='col'>quantity</th><th scope='col'>P50</th><th scope='col'>P95</th>"
+        f"<th scope='col'>P99</th><th scope='col'>source</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+        f"<h4>TTFT histogram</h4>{hist}<dl class='kv'>{kv}</dl>{_legend()}{charts}</section>"
+    )
+
+
+def _findings_html(findings: list[dict[str, Any]]) -> str:
+    if not findings:
+        return "<p>No findings yet.</p>"
+    urgent = [f for f in findings if f["status"] in ("fail", "warn")]
+    calm = [f for f in findings if f["status"] not in ("fail", "warn")]
+
+    def rows(fs: list[dict[str, Any]]) -> str:
+        out = []
+        for f in fs:
+            link = (
+                f'<a href="runbooks/{_e(f["runbook"])}" class="runbook">runbook {_e(f["runbook"])}</a>'
+                if f["runbook"]
+                else "—"
+            )
+            out.append(
+                f'<tr class="finding" data-id="{_e(f["id"])}" data-status="{_e(f["status"])}">'
+                f"<td>{_badge(f['status'])}</td><td><strong>{_e(f['summary'])}</strong>"
+                f"<br><span class='muted'>{_e(f['evidence'])}</span></td><td>{link}</td></tr>"
+            )
+        return "".join(out)
+
+    head = (
+        "<thead><tr><th scope='col'>state</th><th scope='col'>finding and evidence</th>"
+        "<th scope='col'>runbook</th></tr></thead>"
+    )
+    text = (
+        '<div class="scroll" tabindex="0" role="region" aria-label="findings needing attention">'
+        f"<table id='urgent'>{head}<tbody>{rows(urgent)}</tbody></table></div>"
+        if urgent
+        else "<p>✔ Nothing needs attention.</p>"
+    )
+    if calm:
+        text += (
+            f"<details><summary>{len(calm)} finding(s) in order</summary>"
+            '<div class="scroll" tabindex="0" role="region" aria-label="findings in order">'
+            f"<table>{head}<tbody>{rows(calm)}</tbody></table></div></details>"
+        )
+    return text
+
+
+def _node_html(ov: dict[str, Any]) -> str:
+    n = ov["node"]
+    ident = [
+        ("machine type", n["machine_type"] or "unknown (no DMI product name)"),
+        ("CPU", n["cpu_model"] or "unknown"),
+        ("architecture", n["arch"]),
+        ("kernel", n["kernel"]),
+        ("GPUs", ", ".join(g["model"] for g in ov["gpus"]) or "none seen"),
+        ("environment", n["environment"]),
+    ]
+    kv = "".join(f"<dt>{_e(k)}</dt><dd class='node-{_e(k.split()[0].lower())}'>{_e(v)}</dd>" for k, v in ident)
+    feats = []
+    for r in ov["cpu_features"]:
+        if r["missing"]:
+            state = "✖ MISSING"
+        elif r["present"]:
+            state = "✔ present"
+        else:
+            state = "– absent"
+        feats.append(
+            f'<tr class="feature{" missing" if r["missing"] else ""}" data-feature="{_e(r["feature"])}" '
+            f'data-missing="{int(r["missing"])}"><td>{_e(r["feature"])}</td>'
+            f"<td>{'expected' if r['expected'] else '—'}</td>"
+            f"<td>{_badge('fail') + ' ' if r['missing'] else ''}{_e(state)}</td><td>{_e(r['detected_by'])}</td></tr>"
+        )
+    missing = [r["feature"] for r in ov["cpu_features"] if r["missing"]]
+    feat_summary = (
+        f"<p><strong>✖ Expected for this CPU but missing: {_e(', '.join(missing))}</strong></p>"
+        if missing
+        else "<p>✔ Every feature expected for this CPU model is present.</p>"
+        if ov["cpu_features"]
+        else "<p class='muted'>No CPU feature data yet.</p>"
+    )
+    mem = ov["memory"]
+    mem_rows = [
+        ("page cache", mem.get("summary", "no reading")),
+        ("Inactive(file)", fmt_bytes(mem.get("inactive_file_bytes"))),
+        ("threshold", fmt_bytes(mem.get("threshold_bytes"))),
+        ("MemAvailable", fmt_bytes(mem.get("mem_available_bytes"))),
+    ]
+    mem_rows += [(k.replace("_", " "), f"{v:.2%}") for k, v in mem.items() if k.startswith("psi_") and v is not None]
+    mem_kv = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in mem_rows)
+    mem_badge = _badge(mem["status"]) + " " if "status" in mem else ""
+    gpu_rows = "".join(
+        f"<tr><td>{_e(g['model'])}</td><td>{_pct(g.get('utilization_ratio'))}</td>"
+        f"<td>{_e(fmt_bytes(g.get('memory_used_bytes')))} / {_e(fmt_bytes(g.get('memory_limit_bytes')))}</td>"
+        f"<td>{_e(g.get('temperature_celsius') if g.get('temperature_celsius') is not None else '—')} °C</td>"
+        f"<td>{_e(g.get('power_watts') if g.get('power_watts') is not None else '—')} W</td>"
+        f"<td>{_e(', '.join(g.get('throttle', [])) or 'no')}</td></tr>"
+        for g in ov["gpus"]
+    )
+    gpu = (
+        '<div class="scroll" tabindex="0" role="region" aria-label="GPU state"><table><thead><tr>'
+        "<th scope='col'>GPU</th><th scope='col'>busy</th><th scope='col'>memory</th><th scope='col'>temp</th>"
+        f"<th scope='col'>power</th><th scope='col'>throttled</th></tr></thead><tbody>{gpu_rows}</tbody></table></div>"
+        if ov["gpus"]
+        else "<p class='muted'>No GPU seen (no NVML, or no GPU on this node).</p>"
+    )
+    return (
+        '<div class="grid">'
+        "<section class='card' aria-labelledby='h-ident'><h3 id='h-ident'>Identity</h3>"
+        f"<dl class='kv'>{kv}</dl></section>"
+        f"<section class='card' aria-labelledby='h-feat'><h3 id='h-feat'>CPU features: expected vs present</h3>"
+        f"{feat_summary}"
+        '<div class="scroll" tabindex="0" role="region" aria-label="CPU features"><table id="features"><thead><tr>'
+        "<th scope='col'>feature</th><th scope='col'>this CPU model</th><th scope='col'>on this node</th>"
+        f"<th scope='col'>detected by</th></tr></thead><tbody>{''.join(feats)}</tbody></table></div></section>"
+        f"<section class='card' aria-labelledby='h-mem'><h3 id='h-mem'>{mem_badge}Page cache and memory pressure</h3>"
+        f"<dl class='kv'>{mem_kv}</dl></section>"
+        f"<section class='card' aria-labelledby='h-gpu'><h3 id='h-gpu'>GPU state</h3>{gpu}</section>"
+        "</div>"
+    )
+
+
+def _health_html(ov: dict[str, Any]) -> str:
+    rows = "".join(
+        f'<tr class="collector" data-name="{_e(c["name"])}" data-state="{_e(c["state"])}"><td>{_e(c["name"])}</td>'
+        f"<td>{_badge(c['state'])}</td><td>{_e(fmt_age(c['last_success_age_s']))}</td>"
+        f"<td>{_data(c['duration_s'], fmt_seconds(c['duration_s']))}</td><td>{c['runs']} / {c['errors']}</td>"
+        f"<td>{_e(c['last_error'] or c['hint'] or '')}</td></tr>"
+        for c in ov["collectors"]
+    )
+    a = ov["agent"]
+    cpu = _data(a["cpu_seconds"], f"{a['cpu_seconds']:.1f} s")
+    return (
+        f"<p>Agent {_e(ov['version'])}: CPU {cpu} "
+        f"({a['cpu_core_share']:.2%} of a core since start, {a['uptime_s'] / 60:.0f} min), "
+        f"peak RSS {_data(a['peak_rss_bytes'], fmt_bytes(a['peak_rss_bytes']))}.</p>"
+        '<div class="scroll" tabindex="0" role="region" aria-label="collectors"><table id="collectors"><thead><tr>'
+        "<th scope='col'>collector</th><th scope='col'>state</th><th scope='col'>last success</th>"
+        "<th scope='col'>last duration</th><th scope='col'>runs / errors</th><th scope='col'>note</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table></div>"
+    )
+
+
+def render_page(ov: dict[str, Any], refresh_s: int | None = None) -> str:
+    """The status page for an overview from :func:`build_overview` (no script; ``refresh_s`` adds a meta refresh)."""
+    n = ov["node"]
+    counts = {s: sum(1 for f in ov["findings"] if f["status"] == s) for s in ("fail", "warn")}
+    title = f"{n['host_name'] or 'node'} — inferwatch"
+    refresh = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
+    models = "".join(_model_card(m) for m in ov["models"]) or "<p class='muted'>No engine model seen yet.</p>"
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ov["generated_at"]))
+    return (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"{refresh}<title>{_e(title)}</title><style>{CSS}</style></head><body>"
+        f"<header><h1>{_e(n['host_name'] or 'node')} <span class='muted'>· inferwatch status</span></h1>"
+        f"<p>{_e(n['machine_type'] or 'unknown machine')} · {_e(n['cpu_model'] or 'unknown CPU')} · kernel "
+        f"{_e(n['kernel'])} · <strong>{counts['fail']} failing, {counts['warn']} warning</strong> · "
+        f"rendered {_e(when)} (reload for fresh values; <a href='?refresh=15'>auto-refresh every 15 s</a>)</p></header>"
+        "<main>"
+        "<section aria-labelledby='h-findings'><h2 id='h-findings'>Findings</h2>"
+        f"{_findings_html(ov['findings'])}</section>"
+        f"<section aria-labelledby='h-models'><h2 id='h-models'>Models</h2><div class='grid'>{models}</div></section>"
+        f"<section aria-labelledby='h-node'><h2 id='h-node'>Node</h2>{_node_html(ov)}</section>"
+        f"<section aria-labelledby='h-self'><h2 id='h-self'>Agent self-health</h2>{_health_html(ov)}</section>"
+        "</main><footer class='muted'>Same data as JSON: <a href='api/v1/overview'>/api/v1/overview</a> · "
+        "<a href='api/v1/status'>/api/v1/status</a> · <a href='metrics'>/metrics</a> · "
+        "evidence bundles: <a href='api/v1/evidence'>/api/v1/evidence</a> (evidence scope) · "
+        "<a href='runbooks'>runbooks</a></footer></body></html>\n"
+    )

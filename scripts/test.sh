@@ -66,6 +66,9 @@ command -v ldd >/dev/null 2>&1 || need_apt+=(libc-bin)
 command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)  # compose test: services in a private netns
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v kubectl >/dev/null 2>&1 || need_apt+=(kubernetes-client)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)  # status page test: headless Chromium through Selenium
+command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
+command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)  # `inferwatch top` test: a terminal a person would use
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "   installing Debian packages: ${need_apt[*]}"
   $SUDO apt-get update -qq

@@ -35,12 +35,18 @@ class Agent:
         self.receiver: Any = None
         processors: list[Collector] = []
         if settings.receiver.enabled:
+            from agent.analytics.genai import GenAIOptions
             from agent.analytics.latency import LatencyAnalytics
             from agent.analytics.processor import SpanAnalytics
             from agent.receiver import Receiver
 
+            rs = settings.receiver
             self.analytics = LatencyAnalytics(
-                max_models=settings.receiver.max_models, histograms=settings.receiver.emit_histograms
+                max_models=rs.max_models,
+                histograms=rs.emit_histograms,
+                genai_options=GenAIOptions(
+                    rs.genai_operation_name, rs.genai_provider_name, tuple(rs.ttft_extra_buckets_s)
+                ),
             )
             self.receiver = Receiver(settings.receiver, self.analytics)
             processors.append(SpanAnalytics(self.analytics, self.state))  # on the runner's schedule
@@ -95,7 +101,14 @@ class Agent:
             from exporters.otlp import OTLPExporter, build_resource, make_exporter
 
             resource = build_resource(self.state.identity, self.settings.node.environment)
-            self.otlp = OTLPExporter(self.state, resource, make_exporter())
+            self.otlp = OTLPExporter(
+                self.state,
+                resource,
+                make_exporter(),
+                ttft_extra_buckets_s=tuple(self.settings.receiver.ttft_extra_buckets_s),
+            )
+            if self.analytics is not None and self.settings.receiver.emit_histograms:
+                self.analytics.set_observer(self.otlp.record_genai)  # gen_ai.server.* per request
             if self.settings.runtime_profile.url:
                 from exporters.otlp_logs import SnapshotLogSink, make_log_exporter
 
@@ -118,6 +131,8 @@ class Agent:
         if self.receiver is not None:
             self.receiver.stop()
         if self.otlp is not None:
+            if self.analytics is not None:
+                self.analytics.set_observer(None)
             self.otlp.shutdown()
         if self.otlp_logs is not None:
             self.otlp_logs.shutdown()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import math
 import os
 import reprlib
 from collections.abc import Iterable, Mapping
@@ -197,6 +198,8 @@ DEFAULT_RECEIVER_MAX_MESSAGE_BYTES = 4 << 20  # 4 MiB: the OTel Collector's defa
 DEFAULT_RECEIVER_FORWARD_QUEUE_REQUESTS = 256
 DEFAULT_RECEIVER_FORWARD_TIMEOUT_S = 5.0
 DEFAULT_RECEIVER_MAX_MODELS = 64
+MAX_TTFT_EXTRA_BUCKETS = 16
+GENAI_TTFT_LAST_BUCKET_S = 10.0  # the GenAI conventions' last TTFT edge; extra edges go above it
 
 
 class ReceiverSettings(_Section):
@@ -206,7 +209,10 @@ class ReceiverSettings(_Section):
     accepted export request on untouched: ``http(s)://host:port[/v1/traces]`` for OTLP/HTTP, otherwise
     ``[grpc://]host:port`` for OTLP/gRPC. ``emit_histograms`` makes the spans feed the
     ``gen_ai.server.*`` histograms (for engines without their own, e.g. TGI or llama.cpp); leave it off
-    when the engine collector already emits them.
+    when the engine collector already emits them. They follow the OpenTelemetry GenAI semantic conventions
+    (agent/catalog/genai.py): ``genai_operation_name`` and ``genai_provider_name`` stand in for a span without
+    ``gen_ai.operation.name`` / ``gen_ai.provider.name``, and ``ttft_extra_buckets_s`` adds TTFT bucket edges
+    above the conventions' last one (10 s) for long-context prefill (e.g. ``[20, 40, 80, 160]``).
     """
 
     enabled: bool = False
@@ -218,6 +224,22 @@ class ReceiverSettings(_Section):
     forward_timeout_s: float = Field(default=DEFAULT_RECEIVER_FORWARD_TIMEOUT_S, gt=0, le=300)
     max_models: int = Field(default=DEFAULT_RECEIVER_MAX_MODELS, ge=1, le=10_000)
     emit_histograms: bool = False
+    genai_operation_name: str = Field(default="chat", min_length=1, max_length=64)
+    genai_provider_name: str = Field(default="vllm", min_length=1, max_length=64)
+    ttft_extra_buckets_s: list[float] = Field(default_factory=list, max_length=MAX_TTFT_EXTRA_BUCKETS)
+
+    @field_validator("ttft_extra_buckets_s")
+    @classmethod
+    def _extra_ttft_edges(cls, v: list[float]) -> list[float]:
+        last = GENAI_TTFT_LAST_BUCKET_S
+        for edge in v:
+            if not math.isfinite(edge) or edge <= last or edge > 86_400:
+                raise ValueError(
+                    f"each edge must be above the previous one and above {last:g} s (the conventions' last TTFT "
+                    f"edge), at most 86400 s; got {edge!r}"
+                )
+            last = edge
+        return v
 
     @field_validator("grpc_endpoint", "http_endpoint")
     @classmethod

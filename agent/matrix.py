@@ -26,11 +26,12 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import httpx
 
 from agent.errors import InferwatchError
+from agent.prices import PRICE_RECORD, PriceTable
 from agent.redact import redact_url
 
 DEFAULT_WINDOW = "1h"
@@ -248,6 +249,27 @@ def nodes_recorded(window: str, model_selector: str = "") -> str:
     return f"max_over_time({RECORDED_NODES}{_sel(model_selector)}[{window}])"
 
 
+# The effective cost and hardware match in PromQL, for the dashboard: the recorded tokens/s per node over the
+# window joined on machine_type with the price rules ``inferwatch prices FILE --rules`` writes (agent/prices.py).
+def price_per_hour_query() -> str:
+    return f"max by (machine_type) ({PRICE_RECORD})"
+
+
+def cost_per_mtok_recorded(window: str, model_selector: str = "") -> str:
+    """Price per hour / (generated tokens/s per node × 3600) × 1e6 per (model, hardware type); cells without a
+    price or without generated tokens have no value."""
+    return (
+        f"{TOKENS_PER_MTOK} / {SECONDS_PER_HOUR} * ({price_per_hour_query()} * on (machine_type) group_right () "
+        f"(1 / ({tokens_recorded(window, model_selector)} > 0)))"
+    )
+
+
+def hardware_match_recorded(window: str, model_selector: str = "") -> str:
+    """Tokens/s per node of a cell / the best cell's for the same model (1 = the model's best hardware type)."""
+    tokens = tokens_recorded(window, model_selector)
+    return f"{tokens} / on (gen_ai_request_model) group_left () max by (gen_ai_request_model) ({tokens})"
+
+
 def fetch_matrix(
     prom: PrometheusClient,
     window: str = DEFAULT_WINDOW,
@@ -374,3 +396,159 @@ def to_json(m: Matrix) -> str:
         },
         indent=2,
     )
+
+
+# --- effective cost -------------------------------------------------------------------------------------------
+# A cheaper machine can cost more per token when the model runs badly on it. Per cell, from the measured
+# generation throughput per node (tokens_per_second) and the price per hour of one machine of the type:
+#   cost per MTok = price per hour / (tokens per second × 3600) × 1e6
+#   hardware match = tokens per second / the best hardware type's tokens per second for that model (1 = best)
+# and a rank per model by cost (1 = cheapest per generated token). Throughput depends on load as much as on
+# hardware: compare cells under similar load (the dashboard and docs/matrix.md say so too).
+SECONDS_PER_HOUR = 3600
+TOKENS_PER_MTOK = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class CostRow:
+    """One (model, hardware) cell with its effective cost. ``None``: no price for the machine type, or no
+    throughput measured."""
+
+    model: str
+    hardware: Hardware
+    nodes: int
+    tokens_per_second: float | None
+    ttft_p95_seconds: float | None
+    price_per_hour: float | None
+    cost_per_mtok: float | None
+    hardware_match: float | None
+    rank: int | None
+
+
+def cost_per_mtok(price_per_hour: float, tokens_per_second: float) -> float | None:
+    """Price of a million generated tokens at this throughput (None when nothing was generated)."""
+    if tokens_per_second <= 0:
+        return None
+    return price_per_hour / (tokens_per_second * SECONDS_PER_HOUR) * TOKENS_PER_MTOK
+
+
+def cost_rows(m: Matrix, prices: PriceTable) -> list[CostRow]:
+    """Every cell of ``m`` with price, effective cost per MTok, hardware match and rank; per model, ranked
+    cells first (cheapest first), then cells without a cost."""
+    out: list[CostRow] = []
+    for model in m.models:
+        cells = [(hw, c) for hw in m.hardware if (c := m.cell(model, hw)) is not None]
+        best = max((c.tokens_per_second or 0.0 for _, c in cells), default=0.0)
+        rows_: list[CostRow] = []
+        for hw, c in cells:
+            tps = c.tokens_per_second
+            price = prices.price(hw.machine_type)
+            cost = cost_per_mtok(price, tps) if price is not None and tps is not None else None
+            match = tps / best if tps is not None and best > 0 else None
+            rows_.append(CostRow(model, hw, c.nodes, tps, c.ttft_p95_seconds, price, cost, match, None))
+        ranked = sorted((r for r in rows_ if r.cost_per_mtok is not None), key=lambda r: r.cost_per_mtok or 0.0)
+        out += [replace(r, rank=i) for i, r in enumerate(ranked, 1)]
+        out += sorted(
+            (r for r in rows_ if r.cost_per_mtok is None), key=lambda r: (r.hardware.machine_type, r.hardware.label)
+        )
+    return out
+
+
+def unpriced(m: Matrix, prices: PriceTable) -> list[str]:
+    """Machine types in the matrix that the price table does not price."""
+    return sorted({hw.machine_type for hw in m.hardware if prices.price(hw.machine_type) is None})
+
+
+def _num(v: float | None, fmt: str) -> str:
+    return "" if v is None else format(v, fmt)
+
+
+COST_HEADER = [
+    "rank",
+    "model",
+    "machine_type",
+    "cpu_model",
+    "gpu_model",
+    "nodes",
+    "tokens_per_second",
+    "hardware_match",
+    "price_per_hour",
+    "cost_per_mtok",
+    "ttft_p95_seconds",
+]
+
+
+def cost_to_csv(rows_: list[CostRow]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(COST_HEADER)
+    for r in rows_:
+        w.writerow(
+            [
+                "" if r.rank is None else r.rank,
+                r.model,
+                r.hardware.machine_type,
+                r.hardware.cpu_model,
+                r.hardware.gpu_model,
+                r.nodes,
+                _num(r.tokens_per_second, ".6g"),
+                _num(r.hardware_match, ".4f"),
+                _num(r.price_per_hour, ".6g"),
+                _num(r.cost_per_mtok, ".6g"),
+                _num(r.ttft_p95_seconds, ".6g"),
+            ]
+        )
+    return buf.getvalue()
+
+
+def cost_to_json(m: Matrix, rows_: list[CostRow], prices: PriceTable) -> str:
+    return json.dumps(
+        {
+            "window": m.window,
+            "currency": prices.currency,
+            "example_prices": prices.example,
+            "unpriced_machine_types": unpriced(m, prices),
+            "cells": [asdict(r) | {"hardware": asdict(r.hardware) | {"label": r.hardware.label}} for r in rows_],
+        },
+        indent=2,
+    )
+
+
+def cost_table_rows(rows_: list[CostRow], currency: str) -> list[list[str]]:
+    """Human-readable cells, in COST_HEADER's order less cpu/gpu (the hardware label carries them)."""
+    return [
+        [
+            "–" if r.rank is None else str(r.rank),
+            r.model,
+            r.hardware.label,
+            str(r.nodes),
+            _fmt_tps(r.tokens_per_second),
+            "–" if r.hardware_match is None else f"{r.hardware_match:.0%}",
+            "–" if r.price_per_hour is None else f"{r.price_per_hour:.4g} {currency}/h",
+            "–" if r.cost_per_mtok is None else f"{r.cost_per_mtok:.4g} {currency}",
+            _fmt_s(r.ttft_p95_seconds),
+        ]
+        for r in rows_
+    ]
+
+
+COST_TABLE_HEADER = [
+    "rank",
+    "model",
+    "hardware",
+    "nodes",
+    "tok/s per node",
+    "hw match",
+    "price",
+    "per MTok",
+    "TTFT P95",
+]
+
+
+def cost_to_markdown(rows_: list[CostRow], currency: str) -> str:
+    lines = [
+        "| " + " | ".join(COST_TABLE_HEADER) + " |",
+        "|" + "|".join(["---:", "---", "---"] + ["---:"] * (len(COST_TABLE_HEADER) - 3)) + "|",
+    ]
+    lines += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in cost_table_rows(rows_, currency)]
+    return "\n".join(lines) + "\n"

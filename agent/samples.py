@@ -68,6 +68,17 @@ class RequestTiming:
     seconds: dict[str, float] = field(default_factory=dict)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    # Who the request was, for the tail explainer (agent.analytics.explain): trace id (hex), the engine's request
+    # id, preemptions when the span says, and the attributes that may separate a tail (dp_rank, lora, tenant).
+    trace_id: str | None = None
+    request_id: str | None = None
+    preemptions: int | None = None
+    labels: Attributes = ()
+    # GenAI semantic-convention attributes of the span (agent.catalog.genai), None where the span has none; error_type
+    # is set for a request that failed (the span's error.type, else "_OTHER" for a span with status ERROR).
+    operation: str | None = None
+    provider: str | None = None
+    error_type: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as dm
 
-from agent.matrix import nodes_recorded, tokens_recorded, ttft_p95_recorded
+from agent.matrix import (
+    cost_per_mtok_recorded,
+    hardware_match_recorded,
+    nodes_recorded,
+    price_per_hour_query,
+    tokens_recorded,
+    ttft_p95_recorded,
+)
 from dashboards.common import (
     Board,
     Target,
@@ -80,6 +87,87 @@ def build() -> dm.Dashboard:
             "suffix: tok/s",
             [Target(_hardware_label(tokens_recorded(_WINDOW, _MODEL)), instant=True, fmt="table")],
             transformations=[_grid()],
+        ),
+        24,
+        9,
+    )
+    b.row("Effective cost (needs the price rules: inferwatch prices FILE --rules, docs/matrix.md)")
+    b.add(
+        table_panel(
+            "Effective cost per million generated tokens by model × hardware",
+            describe(
+                "Each cell: the price per hour of one machine of the column's type (from the price rules that "
+                "`inferwatch prices FILE --rules` writes from your price file, in its currency) divided by the "
+                "generated tokens per hour per node measured on that hardware for the row's model. A cheaper "
+                "machine on which the model runs badly costs more per token. Empty: no price for the machine type "
+                "(load the price rules) or no tokens generated. Throughput depends on load as well as hardware: "
+                "compare cells under similar load. `inferwatch matrix --prices FILE` prints the same with a rank.",
+                None,
+            ),
+            "suffix: /MTok",
+            [Target(_hardware_label(cost_per_mtok_recorded(_WINDOW, _MODEL)), instant=True, fmt="table")],
+            transformations=[_grid()],
+        ),
+        12,
+        9,
+    )
+    b.add(
+        table_panel(
+            "Hardware match by model × hardware",
+            describe(
+                "Each cell: the generated tokens/s per node of the row's model on the column's hardware type "
+                "divided by the best hardware type's for that model (100 % = the best). A low match on hardware "
+                "expected to suit the model points at a node problem (a SIMD feature missing, a throttled GPU) "
+                "before a price one.",
+                "CPUFeatureMissing",
+            ),
+            "percentunit",
+            [Target(_hardware_label(hardware_match_recorded(_WINDOW, _MODEL)), instant=True, fmt="table")],
+            transformations=[_grid()],
+        ),
+        12,
+        9,
+    )
+    b.add(
+        table_panel(
+            "Cost ranking, one line per model and hardware type",
+            describe(
+                "Price per hour, effective cost per million generated tokens and hardware match per model and "
+                "hardware type, cheapest first (sort by Model to group a model's cells). Rows appear only for "
+                "machine types the price rules price.",
+                None,
+            ),
+            "short",
+            [
+                Target(
+                    f"{price_per_hour_query()} * on (machine_type) group_right () "
+                    f"(0 * {tokens_recorded(_WINDOW, _MODEL)} + 1)",
+                    instant=True,
+                    fmt="table",
+                ),
+                Target(cost_per_mtok_recorded(_WINDOW, _MODEL), instant=True, fmt="table"),
+                Target(hardware_match_recorded(_WINDOW, _MODEL), instant=True, fmt="table"),
+            ],
+            transformations=[
+                merge(),
+                organize(
+                    {
+                        "gen_ai_request_model": "Model",
+                        "machine_type": "Machine type",
+                        "cpu_model": "CPU model",
+                        "hw_model": "GPU model",
+                        "Value #A": "Price per hour",
+                        "Value #B": "Per MTok",
+                        "Value #C": "Hardware match",
+                    }
+                ),
+                dm.DataTransformerConfig(id_val="sortBy", options={"sort": [{"field": "Per MTok", "desc": False}]}),
+            ],
+            overrides=[
+                ("Price per hour", [dm.DynamicConfigValue(id_val="unit", value="suffix: /h")]),
+                ("Per MTok", [dm.DynamicConfigValue(id_val="unit", value="suffix: /MTok")]),
+                ("Hardware match", [dm.DynamicConfigValue(id_val="unit", value="percentunit")]),
+            ],
         ),
         24,
         9,

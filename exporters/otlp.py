@@ -6,6 +6,11 @@ observable instrument whose callback reads the agent state, so OTLP and Promethe
 values. When the collector endpoint is unreachable the SDK drops the batch (cumulative temporality:
 the next success carries full totals), memory stays bounded, and we log once when export starts
 failing and once when it recovers.
+
+The GenAI semantic-convention histograms (``gen_ai.server.*``, agent/catalog/genai.py) are synchronous SDK
+histograms with the conventions' bucket advice (``explicit_bucket_boundaries_advisory``), fed one measurement per
+finished request by the span analytics (:meth:`OTLPExporter.record_genai`): the SDK has no observable histogram,
+and a cumulative bucket count cannot be replayed into one exactly. Other histograms are Prometheus-only.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 
 from agent import __version__, catalog
+from agent.catalog import genai
 from agent.catalog.spec import Kind, MetricSpec
 from agent.samples import Sample
 from agent.state import AgentState
@@ -125,8 +131,11 @@ class OTLPExporter:
         exporter: MetricExporter | None = None,
         readers: Sequence[MetricReader] = (),
         export_interval_ms: int | None = None,
+        ttft_extra_buckets_s: tuple[float, ...] = (),
     ) -> None:
         self.state = state
+        self._ttft_extra_buckets_s = ttft_extra_buckets_s
+        self._genai: dict[str, Any] = {}
         self.exports_ok = 0
         self.exports_failed = 0
         self._lock = threading.Lock()
@@ -180,8 +189,21 @@ class OTLPExporter:
             meter.create_observable_up_down_counter(
                 spec.name, callbacks=cb, unit=spec.unit, description=spec.description
             )
-        # Histograms: the SDK has no observable histogram; they are exported through Prometheus (and the
-        # Collector's Prometheus receiver) until the analytics sink records them synchronously.
+        elif spec.name in (genai.TTFT, genai.TPOT, genai.DURATION):
+            self._genai[spec.name] = meter.create_histogram(
+                spec.name,
+                unit=spec.unit,
+                description=spec.description,
+                explicit_bucket_boundaries_advisory=list(genai.buckets(spec.name, self._ttft_extra_buckets_s)),
+            )
+        # Other histograms: the SDK has no observable histogram; they are exported through Prometheus (and the
+        # Collector's Prometheus receiver).
+
+    def record_genai(self, name: str, value_s: float, attributes: dict[str, str]) -> None:
+        """Record one request's ``gen_ai.server.*`` measurement; an empty attribute (no error) is left out."""
+        instrument = self._genai.get(name)
+        if instrument is not None and not self._closed:
+            instrument.record(value_s, {k: v for k, v in attributes.items() if v})
 
     def force_flush(self, timeout_ms: int = SHUTDOWN_TIMEOUT_MS) -> bool:
         return bool(self.provider.force_flush(timeout_millis=timeout_ms))

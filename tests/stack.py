@@ -40,6 +40,7 @@ def native_prometheus_config(
     interval: str = "1s",
     alertmanager: str | None = None,
     token_file: Path | None = None,
+    extra_rule_files: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """deploy/prometheus.yml with ``targets`` per job (jobs not given get none) and local paths.
 
@@ -56,7 +57,7 @@ def native_prometheus_config(
     cfg["rule_files"] = [
         str(RULES_DIR / Path(p).relative_to(CONTAINER_RULES_DIR)) if p.startswith(CONTAINER_RULES_DIR) else p
         for p in cfg.get("rule_files", [])
-    ]
+    ] + [str(p) for p in extra_rule_files]  # e.g. the price rules `inferwatch prices FILE --rules` writes
     for am in cfg.get("alerting", {}).get("alertmanagers", []):
         am["static_configs"] = [{"targets": [alertmanager]}] if alertmanager else []
     for job in cfg["scrape_configs"]:
@@ -72,13 +73,17 @@ def native_prometheus_config(
 
 
 @contextlib.contextmanager
-def prometheus(tmp: Path, targets: Mapping[str, Sequence[str]], *, interval: str = "1s") -> Iterator[str]:
+def prometheus(
+    tmp: Path, targets: Mapping[str, Sequence[str]], *, interval: str = "1s", extra_rule_files: Sequence[Path] = ()
+) -> Iterator[str]:
     """Start Debian's Prometheus on a free port with the native config; yield its base URL."""
     binary = prometheus_binary()
     if binary is None:
         raise RuntimeError("prometheus is not installed (scripts/test.sh installs Debian's prometheus)")
     cfg_path = tmp / "prometheus.yml"
-    cfg_path.write_text(yaml.safe_dump(native_prometheus_config(targets, interval=interval)))
+    cfg_path.write_text(
+        yaml.safe_dump(native_prometheus_config(targets, interval=interval, extra_rule_files=extra_rule_files))
+    )
     check = subprocess.run(["promtool", "check", "config", str(cfg_path)], capture_output=True, text=True, timeout=60)
     if check.returncode != 0:
         raise RuntimeError(f"promtool rejected the native config: {check.stdout}{check.stderr}")

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from agent.catalog import prometheus_series_names
+from agent.prices import PRICE_RECORD
 from dashboards import JSON_DIR, load_all
 from dashboards.generate import render, render_docs
 from dashboards.prove import (
@@ -30,7 +31,9 @@ DASHBOARDS = load_all()
 PANEL_TYPES = {"timeseries", "stat", "table", "heatmap"}
 # Grafana unit ids used here (public/app/features/.../valueFormats categories), or a custom "suffix:<text>".
 GRAFANA_UNITS = {"s", "bytes", "percentunit", "reqps", "short", "none", "hertz", "celsius", "watt", "string"}
-ALLOWED_EXTRA_SERIES = {"up"}
+# up, and the price series the user's price rules record (agent/prices.py: generated from their price file by
+# `inferwatch prices FILE --rules`, not shipped; tests/test_dashboards_data.py loads the example's).
+ALLOWED_EXTRA_SERIES = {"up", PRICE_RECORD}
 
 
 def _recording_rules() -> set[str]:

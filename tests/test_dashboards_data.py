@@ -263,7 +263,13 @@ def full_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             nodes[f"127.0.0.1:{agent_port}"] = node
             sims.append(base)
         targets = {"inferwatch-agent": list(nodes), "engine": [s.removeprefix("http://") for s in sims]}
-        prom = es.enter_context(stack.prometheus(tmp, targets))
+        # The price rules the matrix dashboard's cost panels read, from the example price file (its machine types
+        # cover NODES'): what `inferwatch prices FILE --rules` writes for a fleet's Prometheus.
+        from agent.prices import load_prices, price_rules
+
+        prices = tmp / "prices.rules.yml"
+        prices.write_text(price_rules(load_prices(ROOT / "deploy" / "prices.example.yml")))
+        prom = es.enter_context(stack.prometheus(tmp, targets, extra_rule_files=[prices]))
         threads = [
             threading.Thread(target=_client_load, args=(base, stop, errors, completed), daemon=True)
             for base in sims

@@ -12,8 +12,10 @@ Input: :class:`RequestTiming` values (one per finished request, seconds). Output
 - ``inferwatch.engine.frontend_gap``: mean of TTFT − (queue + prefill) over requests that carry all three,
   only for a (model, window) where the engine collector does not emit it from its histograms (the
   metric has no ``source`` attribute, so one producer per series);
-- optionally (``receiver.emit_histograms``) cumulative ``gen_ai.server.*`` histograms on the catalog's
-  bucket edges, for engines that have none of their own.
+- optionally (``receiver.emit_histograms``) the cumulative ``gen_ai.server.*`` histograms exactly as the GenAI
+  semantic conventions define them (:mod:`agent.analytics.genai`), for engines that have none of their own; each
+  request's measurements also go to the observer (:meth:`LatencyAnalytics.set_observer`: the OTLP sink's
+  synchronous histograms, the SDK having no observable histogram).
 
 What the analytics need from the engine collector (the models it sees, the frontend_gap series it emits)
 comes in as :class:`EngineSeries`, read from the engine's last collection in the state; the two producers
@@ -27,19 +29,16 @@ sink.
 
 from __future__ import annotations
 
-import bisect
-import math
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from agent import catalog
-from agent.analytics import bimodality
+from agent.analytics import bimodality, genai
 from agent.analytics.windows import WINDOWS_S, WindowedSketch, WindowedSum, log_bins, slot_of
 from agent.catalog.engine import MODEL, QUANTITIES
 from agent.engine.board import Key, LatencyStats, latency_samples
-from agent.samples import UNKNOWN_MODEL, AnySample, Collection, HistogramSample, RequestTiming, Sample, attrs
+from agent.samples import UNKNOWN_MODEL, AnySample, Collection, RequestTiming, Sample, attrs
 
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 SOURCE = "spans"
@@ -47,11 +46,8 @@ DEFAULT_MAX_MODELS = 64
 # A bimodality verdict is kept for its sub-window unless the window has since grown by a tenth: the runner
 # computes every cycle, so a verdict from the first requests of a burst must not stand for the whole burst.
 REFIT_GROWTH = 1.1
-HISTOGRAMS = {
-    "ttft": "gen_ai.server.time_to_first_token",
-    "itl": "gen_ai.server.time_per_output_token",
-    "e2e": "gen_ai.server.request.duration",
-}
+# Called with (metric, seconds, attributes including the model) for each semantic-convention measurement.
+Observer = Callable[[str, float, dict[str, str]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,37 +81,13 @@ class WindowStats:
     mean_s: float | None = None
 
 
-class _Histogram:
-    __slots__ = ("bounds", "count", "counts", "total")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.total = 0.0
-        self.count = 0
-
-    def observe(self, v: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, v)] += 1  # le semantics: v <= bound
-        self.total += v
-        self.count += 1
-
-    def sample(self, name: str, attributes: tuple[tuple[str, str], ...]) -> HistogramSample:
-        cum, buckets = 0, []
-        for bound, c in zip((*self.bounds, math.inf), self.counts, strict=True):
-            cum += c
-            buckets.append((bound, float(cum)))
-        return HistogramSample(name, tuple(buckets), self.total, float(self.count), attributes)
-
-
 class _Model:
     __slots__ = ("gap", "histograms", "sketches")
 
-    def __init__(self, histograms: bool) -> None:
+    def __init__(self, histograms: genai.GenAIOptions | None) -> None:
         self.sketches = {q: WindowedSketch() for q in QUANTITIES}
         self.gap = WindowedSum()
-        self.histograms = (
-            {q: _Histogram(catalog.get(name).buckets) for q, name in HISTOGRAMS.items()} if histograms else {}
-        )
+        self.histograms = genai.ModelHistograms(histograms) if histograms is not None else None
 
 
 class LatencyAnalytics:
@@ -126,10 +98,13 @@ class LatencyAnalytics:
         clock: Callable[[], float] = time.monotonic,
         max_models: int = DEFAULT_MAX_MODELS,
         histograms: bool = False,
+        genai_options: genai.GenAIOptions | None = None,
     ) -> None:
         self._clock = clock
         self._max_models = max_models
-        self._histograms = histograms
+        self._histograms = (genai_options or genai.GenAIOptions()) if histograms else None
+        self._observer: Observer | None = None
+        self._engine_models: tuple[str, ...] = ()  # the engine collector's models at the last compute
         self._lock = threading.Lock()
         self._models: dict[str, _Model] = {}
         self._bimodal_cache: dict[tuple[str, str, str], tuple[int, float, bimodality.Bimodality | None]] = {}
@@ -157,11 +132,20 @@ class LatencyAnalytics:
                         sk.add(v, now)
                 if "ttft" in s and "queue" in s and "prefill" in s:
                     m.gap.add(s["ttft"] - s["queue"] - s["prefill"], now)
-                for q, h in m.histograms.items():
-                    if q in s:
-                        h.observe(s[q])
+                if m.histograms is not None:
+                    got = m.histograms.observe(t)
+                    observer = self._observer
+                    if observer is not None and got:
+                        label = display_name(t.model, self._models, self._engine_models)
+                        for metric, value, a in got:
+                            observer(metric, value, {**dict(a), MODEL: label})
             self.rejected_models += dropped
         return dropped
+
+    def set_observer(self, observer: Observer | None) -> None:
+        """Hand each semantic-convention measurement to ``observer`` as it is recorded (the OTLP sink)."""
+        with self._lock:
+            self._observer = observer
 
     def _evict_idle(self, now: float) -> None:
         for name in [n for n, m in self._models.items() if all(sk.empty(now) for sk in m.sketches.values())]:
@@ -221,11 +205,9 @@ class LatencyAnalytics:
             self._evict_idle(now)
             names = sorted(self._models)
             shown = {name: display_name(name, names, engine.models) for name in names}
+            self._engine_models = engine.models
             hists = [
-                h.sample(HISTOGRAMS[q], attrs({MODEL: shown[name]}))
-                for name in names
-                for q, h in self._models[name].histograms.items()
-                if h.count
+                s for name in names if (h := self._models[name].histograms) is not None for s in h.samples(shown[name])
             ]
             live = {(n, q, w) for n in names for q in QUANTITIES for w in WINDOWS_S}
             for key in [k for k in self._bimodal_cache if k not in live]:

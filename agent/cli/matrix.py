@@ -1,13 +1,24 @@
-"""``inferwatch matrix``: the hardware × model matrix from a Prometheus holding fleet data (agent/matrix.py)."""
+"""``inferwatch matrix``: the hardware × model matrix from a Prometheus holding fleet data (agent/matrix.py);
+with ``--prices FILE`` its effective cost per generated token. ``inferwatch prices``: a price file checked, and
+written as recording rules for the fleet's Prometheus (agent/prices.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import typer
+
+if TYPE_CHECKING:
+    from agent.matrix import Matrix
+    from agent.prices import PriceTable
 
 FORMATS = ("table", "csv", "markdown", "json")
 
 
 def register(app: typer.Typer) -> None:
+    register_prices(app)
+
     @app.command()
     def matrix(
         prometheus: str = typer.Option(..., "--prometheus", help="Prometheus base URL, e.g. http://127.0.0.1:9090"),
@@ -23,12 +34,20 @@ def register(app: typer.Typer) -> None:
             help="Read the recording rules' model_hardware series (alerts/recording.rules.yml evaluated by the fleet "
             "storage's ruler), as the matrix dashboard does; --job does not apply.",
         ),
+        prices: Path | None = typer.Option(
+            None,
+            "--prices",
+            help="Price file (YAML, deploy/prices.example.yml): adds per cell the price per hour, the effective "
+            "cost per million generated tokens, the hardware match (throughput / the model's best hardware type's) "
+            "and a rank per model, cheapest first.",
+        ),
     ) -> None:
         """TTFT P95 and generation tokens/s per model (rows) on each hardware type (columns).
 
         A hardware type is machine type / CPU model / GPU model, from inferwatch_node_info and the GPU
         metrics, joined on the instance label.
         """
+        from agent.errors import ConfigError
         from agent.matrix import (
             MatrixError,
             PrometheusClient,
@@ -41,6 +60,7 @@ def register(app: typer.Typer) -> None:
             to_markdown,
             validate_window,
         )
+        from agent.prices import load_prices
 
         if fmt not in FORMATS:
             typer.echo(f"inferwatch: --format must be one of {', '.join(FORMATS)} (got {fmt!r})", err=True)
@@ -53,6 +73,13 @@ def register(app: typer.Typer) -> None:
         if job is not None and ('"' in job or "\\" in job):
             typer.echo("inferwatch: --job must not contain quotes or backslashes", err=True)
             raise typer.Exit(2)
+        price_table: PriceTable | None = None
+        if prices is not None:
+            try:
+                price_table = load_prices(prices)
+            except ConfigError as exc:
+                typer.echo(f"inferwatch: --prices: {exc}", err=True)
+                raise typer.Exit(2) from None
         client = PrometheusClient(prometheus, timeout_s=timeout)
         try:
             selector = f'job="{job}"' if job else ""
@@ -80,6 +107,9 @@ def register(app: typer.Typer) -> None:
                 err=True,
             )
             raise typer.Exit(1)
+        if price_table is not None:
+            _print_costs(m, price_table, fmt, window)
+            return
         if fmt == "csv":
             typer.echo(to_csv(m), nl=False)
         elif fmt == "markdown":
@@ -102,3 +132,66 @@ def register(app: typer.Typer) -> None:
                     model, *(f"{ttft}\n{tps} tok/s" if ttft != "–" or tps != "–" else "–" for ttft, tps in pairs)
                 )
             Console(width=max(120, 40 + 34 * len(m.hardware))).print(table)
+
+
+def _print_costs(m: Matrix, table: PriceTable, fmt: str, window: str) -> None:
+    from agent.matrix import cost_rows, cost_table_rows, cost_to_csv, cost_to_json, cost_to_markdown, unpriced
+
+    if table.example:
+        typer.echo("inferwatch: warning: the price file says example: true (placeholder prices, not yours)", err=True)
+    missing = unpriced(m, table)
+    if missing:
+        typer.echo(f"inferwatch: warning: no price for machine type(s) {', '.join(missing)}", err=True)
+    rows_ = cost_rows(m, table)
+    if fmt == "csv":
+        typer.echo(cost_to_csv(rows_), nl=False)
+    elif fmt == "markdown":
+        typer.echo(cost_to_markdown(rows_, table.currency), nl=False)
+    elif fmt == "json":
+        typer.echo(cost_to_json(m, rows_, table))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        from agent.matrix import COST_TABLE_HEADER
+
+        out = Table(
+            title=f"Effective cost per million generated tokens ({table.currency}), last {window}, cheapest first",
+            caption="per MTok = price per hour / (generated tokens/s per node × 3600) × 1e6; "
+            "hw match = tokens/s / the model's best hardware type's",
+        )
+        for i, name in enumerate(COST_TABLE_HEADER):
+            out.add_column(name, justify="left" if i in (1, 2) else "right", no_wrap=i == 1)
+        for r in cost_table_rows(rows_, table.currency):
+            out.add_row(*r)
+        Console(width=160).print(out)
+
+
+def register_prices(app: typer.Typer) -> None:
+    @app.command()
+    def prices(
+        file: Path = typer.Argument(..., help="Price file (YAML, deploy/prices.example.yml)."),
+        rules: bool = typer.Option(
+            False,
+            "--rules",
+            help="Print a Prometheus rule file with one constant series per machine type "
+            "(machine_type:inferwatch_price_per_hour:config), to load beside alerts/*.rules.yml: the matrix "
+            "dashboard's cost panels read it.",
+        ),
+    ) -> None:
+        """Check a price file (price per hour per machine type); --rules writes it as recording rules."""
+        from agent.errors import ConfigError
+        from agent.prices import load_prices, price_rules
+
+        try:
+            table = load_prices(file)
+        except ConfigError as exc:
+            typer.echo(f"inferwatch: {exc}", err=True)
+            raise typer.Exit(2) from None
+        if table.example:
+            typer.echo(f"inferwatch: warning: {file} says example: true (placeholder prices, not yours)", err=True)
+        if rules:
+            typer.echo(price_rules(table, str(file)), nl=False)
+            return
+        for name, price in sorted(table.per_hour.items()):
+            typer.echo(f"{name}\t{price:g} {table.currency}/h")

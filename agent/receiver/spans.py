@@ -28,6 +28,12 @@ sees.
 
 A value that is not a finite number in [0, :data:`MAX_LATENCY_S`] is left out and counted.
 
+For the tail explainer (:mod:`agent.analytics.explain`) a timing also carries the span's trace id (hex), its
+``gen_ai.request.id`` and, when the span has them, the attributes that can separate a tail (:data:`LABEL_KEYS`:
+data-parallel rank, LoRA adapter, tenant) and the request's preemption count (:data:`PREEMPTION_KEYS`). Stock vLLM
+v1 sets none of these optional keys; the simulator sets them, and a deployment can add them (a tenant as
+``enduser.id`` from a proxy's span processor, say). Label values are cut to :data:`MAX_LABEL_CHARS`.
+
 Each timing keeps the span it came from (``Extracted.sources``, same order); :func:`span_ref` reads its trace and
 span ids (hex), its ``gen_ai.request.id`` (vLLM's request id, ``cmpl-…``) and its start and end (Unix seconds), so
 that the last finished requests can be named in an evidence bundle and looked up in a trace backend. Only the
@@ -63,6 +69,25 @@ _REQUEST_MODEL = "gen_ai.request.model"
 _REQUEST_ID = "gen_ai.request.id"
 MAX_REQUEST_ID_CHARS = 128
 _RESPONSE_MODEL = "gen_ai.response.model"
+# GenAI semconv attributes for the gen_ai.server.* histograms (agent/catalog/genai.py); gen_ai.system is the provider's
+# name before semconv 1.37. A span with status ERROR (code 2) and no error.type failed with error.type "_OTHER".
+_OPERATION = "gen_ai.operation.name"
+_PROVIDER = "gen_ai.provider.name"
+_PROVIDER_OLD = "gen_ai.system"
+_ERROR_TYPE = "error.type"
+_STATUS_CODE_ERROR = 2
+_ERROR_OTHER = "_OTHER"
+# Optional span attributes the tail explainer groups requests by (span key -> label), and preemption counts.
+LABEL_KEYS: dict[str, str] = {
+    "vllm.dp_rank": "dp_rank",
+    "dp_rank": "dp_rank",
+    "vllm.lora_name": "lora",
+    "lora_name": "lora",
+    "enduser.id": "tenant",
+    "tenant.id": "tenant",
+}
+PREEMPTION_KEYS = frozenset({"vllm.num_preemptions", "num_preemptions"})
+MAX_LABEL_CHARS = 64
 
 
 class PayloadError(ValueError):
@@ -108,6 +133,19 @@ def _number(v: object) -> float | None:
     return None
 
 
+def _label_text(v: Any) -> str:
+    """A label attribute's value as text: strings as they are, integers without a decimal point."""
+    which = v.WhichOneof("value")
+    if which == "string_value":
+        return str(v.string_value)[:MAX_LABEL_CHARS]
+    if which == "int_value":
+        return str(v.int_value)
+    if which == "bool_value":
+        return "true" if v.bool_value else "false"
+    x = _number(v)
+    return "" if x is None else repr(x)[:MAX_LABEL_CHARS]
+
+
 def _resource_model(attributes: object) -> str | None:
     request = response = None
     for kv in attributes:  # type: ignore[attr-defined]
@@ -124,6 +162,7 @@ def extract(req: ExportTraceServiceRequest) -> Extracted:
     timings = out.timings
     invalid = out.invalid
     latency_keys = LATENCY_KEYS
+    label_keys = LABEL_KEYS
     for rs in req.resource_spans:
         resource_model = _resource_model(rs.resource.attributes)
         for ss in rs.scope_spans:
@@ -131,11 +170,22 @@ def extract(req: ExportTraceServiceRequest) -> Extracted:
             out.spans += len(spans)
             for span in spans:
                 seconds: dict[str, float] = {}
-                model = response_model = None
-                prompt = completion = None
+                model = response_model = request_id = None
+                operation = provider = provider_old = error_type = None
+                prompt = completion = preemptions = None
+                labels: list[tuple[str, str]] = []
                 for kv in span.attributes:
                     key = kv.key
                     if not key.startswith("gen_ai."):
+                        if key == _ERROR_TYPE:
+                            error_type = kv.value.string_value[:MAX_LABEL_CHARS] or None
+                            continue
+                        label = label_keys.get(key)
+                        if label is not None:
+                            labels.append((label, _label_text(kv.value)))
+                        elif key in PREEMPTION_KEYS:
+                            n = _number(kv.value)
+                            preemptions = int(n) if n is not None and 0 <= n < 2**31 else None
                         continue
                     q = latency_keys.get(key)
                     if q is not None:
@@ -156,13 +206,35 @@ def extract(req: ExportTraceServiceRequest) -> Extracted:
                     elif key in _PROMPT_KEYS:
                         n = _number(kv.value)
                         prompt = int(n) if n is not None and 0 <= n < 2**53 else None
+                    elif key == _REQUEST_ID:
+                        request_id = kv.value.string_value[:MAX_REQUEST_ID_CHARS] or None
+                    elif key == _OPERATION:
+                        operation = kv.value.string_value[:MAX_LABEL_CHARS] or None
+                    elif key == _PROVIDER:
+                        provider = kv.value.string_value[:MAX_LABEL_CHARS] or None
+                    elif key == _PROVIDER_OLD:
+                        provider_old = kv.value.string_value[:MAX_LABEL_CHARS] or None
                 if not seconds:
                     continue
                 decode_s = seconds.get("decode")
                 if decode_s is not None and completion is not None and completion > 1:
                     seconds["itl"] = decode_s / (completion - 1)
                 name = (model or response_model or resource_model or UNKNOWN_MODEL)[:MAX_MODEL_NAME_CHARS]
-                timings.append(RequestTiming(name, seconds, prompt, completion))
+                timings.append(
+                    RequestTiming(
+                        name,
+                        seconds,
+                        prompt,
+                        completion,
+                        span.trace_id.hex() or None,
+                        request_id,
+                        preemptions,
+                        tuple(sorted(set(labels))),
+                        operation,
+                        provider or provider_old,
+                        error_type or (_ERROR_OTHER if span.status.code == _STATUS_CODE_ERROR else None),
+                    )
+                )
                 out.sources.append(span)
     return out
 

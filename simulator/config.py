@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from simulator.engine import Features
 from simulator.scenarios import Scenario
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -36,6 +37,7 @@ class SimConfig:
     debug_header: str = DEFAULT_DEBUG_HEADER
     control_token: str | None = None
     show_hidden_metrics: bool = False
+    features: Features = field(default_factory=Features)  # speculative decoding, LoRA, KV connector
     loop: str = "auto"  # uvicorn event loop: auto (uvloop when installed), uvloop, asyncio
     http: str = "auto"  # uvicorn HTTP parser: auto (httptools when installed), httptools, h11
     extra: dict[str, str] = field(default_factory=dict)

@@ -18,6 +18,7 @@ import heapq
 import itertools
 import math
 import random
+import zlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -27,6 +28,28 @@ from simulator.scenarios import ScenarioSet
 from simulator.timing import TimingModel
 
 PREFIX_CACHE_ENTRIES = 4096
+SPEC_ACCEPTANCE = 0.8  # healthy per-position acceptance probability of a draft token (EAGLE-like drafts)
+KV_TRANSFER_BASE_S = 0.002  # NIXL handshake/post time of one transfer
+KV_TRANSFER_BYTES_PER_S = 25e9  # RDMA bandwidth of the P/D pair (200 Gb/s)
+SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")  # vLLM's prompt_tokens_by_source
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    """vLLM features a deployment was started with (flags of ``inferwatch simulate``), as vLLM's own flags.
+
+    ``num_speculative_tokens``: draft tokens per step (``--num-speculative-tokens``; 0: no speculative decoding).
+    The simulator counts drafts and acceptances as vLLM does but keeps one token per step in its timing model.
+    ``max_loras``: adapter slots per batch (``--max-loras``; 0: LoRA off); ``lora_adapters``: distinct adapters
+    in the traffic mix (0: as many as slots), each request is given one by its id. ``kv_connector``: this is the
+    decode side of a P/D pair (``--kv-transfer-config`` with the NIXL connector): every prompt's KV is pulled
+    from the prefill instance before the first token instead of computed.
+    """
+
+    num_speculative_tokens: int = 0
+    max_loras: int = 0
+    lora_adapters: int = 0
+    kv_connector: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -56,6 +79,8 @@ class SimRequest:
     generated: int = 0
     blocks: int = 0
     preemptions: int = 0
+    adapter: str = ""  # LoRA adapter ("" = base model)
+    sources_counted: bool = False
     finish_reason: str | None = None
     finished_at: float | None = None
     sink: Any = None  # the runtime's token stream
@@ -91,9 +116,12 @@ class EngineCore:
         scenarios: ScenarioSet,
         listener: EngineListener,
         seed: int = 0,
+        features: Features | None = None,
     ) -> None:
         self.index = index
         self.dep = deployment
+        self.features = features or Features()
+        self.scenarios = scenarios
         self.listener = listener
         self.rng = random.Random(seed * 1_000_003 + index)
         self.model = TimingModel(deployment, scenarios, self.rng)
@@ -105,12 +133,26 @@ class EngineCore:
         self.prefix_cache: OrderedDict[int, None] = OrderedDict()
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.prompt_by_source = dict.fromkeys(SOURCES, 0)
+        self.prompt_cached = 0
+        self.reserved_blocks = 0  # taken away by kv_saturation
+        k = self.features.num_speculative_tokens
+        self.spec_drafts = 0
+        self.spec_draft_tokens = 0
+        self.spec_accepted = 0
+        self.spec_accepted_per_pos = [0] * k
+        self.kv_transfers: list[tuple[float, int]] = []  # (seconds, bytes) not yet reported; drained by listeners
         self._seq = itertools.count()
 
     # -- intake ----------------------------------------------------------------------------------
     def add(self, req: SimRequest) -> None:
         """Take a request that arrived at ``req.arrival``; it reaches the queue after the frontend."""
         req.engine_index = self.index
+        f = self.features
+        if f.max_loras > 0 and not req.adapter:
+            sc = self.scenarios.get("lora_slot_exhaustion")
+            n = int(sc.get("adapters")) if sc is not None else (f.lora_adapters or f.max_loras)
+            req.adapter = f"lora-{zlib.crc32(req.request_id.encode()) % n}"
         limit = max(1, self.dep.size.max_model_len - req.prompt_tokens)
         req.target_tokens = self.model.output_tokens(min(req.max_tokens, limit), req.ignore_eos)
         req.queued = req.arrival + self.model.frontend_seconds(req.prompt_tokens)
@@ -138,7 +180,36 @@ class EngineCore:
 
     @property
     def kv_usage(self) -> float:
-        return 1.0 - self.free_blocks / self.total_blocks if self.total_blocks else 0.0
+        return min(1.0, max(0.0, 1.0 - self.free_blocks / self.total_blocks)) if self.total_blocks else 0.0
+
+    def lora_state(self) -> tuple[list[str], list[str]]:
+        """Adapters with requests running and waiting (vLLM's running/waiting_lora_adapters), sorted."""
+        running = sorted({r.adapter for r in self.running if r.adapter})
+        waiting = sorted({r.adapter for r in self.waiting if r.adapter})
+        return running, waiting
+
+    def _reserve(self) -> None:
+        """kv_saturation: keep only a fraction of the blocks usable (free blocks may go below zero)."""
+        sc = self.scenarios.get("kv_saturation")
+        want = self.total_blocks - max(1, int(self.total_blocks * sc.get("fraction"))) if sc is not None else 0
+        if want != self.reserved_blocks:
+            self.free_blocks -= want - self.reserved_blocks
+            self.reserved_blocks = want
+
+    def _speculate(self, req: SimRequest) -> None:
+        """One draft of k tokens for a decoding sequence: position i is accepted when all before it were."""
+        k = self.features.num_speculative_tokens
+        if k <= 0:
+            return
+        sc = self.scenarios.get("spec_decode_collapse")
+        p = sc.get("acceptance") if sc is not None else SPEC_ACCEPTANCE
+        accepted = 0
+        while accepted < k and self.rng.random() < p:
+            self.spec_accepted_per_pos[accepted] += 1
+            accepted += 1
+        self.spec_drafts += 1
+        self.spec_draft_tokens += k
+        self.spec_accepted += accepted
 
     @property
     def load(self) -> int:
@@ -175,6 +246,9 @@ class EngineCore:
         self.prefix_queries += req.prompt_tokens
         if not req.prefix_key:
             return 0
+        bust = self.scenarios.get("prefix_cache_collapse")
+        if bust is not None and self.rng.random() < bust.get("fraction"):
+            return 0  # a prompt whose prefix changes per request (a timestamp in the system prompt): a miss
         cached = 0
         if req.prefix_key in self.prefix_cache:
             self.prefix_cache.move_to_end(req.prefix_key)
@@ -185,6 +259,36 @@ class EngineCore:
                 self.prefix_cache.popitem(last=False)
         self.prefix_hits += cached
         return cached
+
+    def _count_sources(self, req: SimRequest) -> None:
+        """vLLM's prompt_tokens_by_source: cache hits, then pulled over the KV connector or computed here."""
+        if req.sources_counted:  # looked up again after a step that had no room for it
+            return
+        req.sources_counted = True
+        rest = req.prompt_tokens - req.cached_tokens
+        self.prompt_by_source["local_cache_hit"] += req.cached_tokens
+        self.prompt_cached += req.cached_tokens
+        if self.features.kv_connector:
+            self.prompt_by_source["external_kv_transfer"] += rest
+            self.prompt_cached += rest
+        else:
+            self.prompt_by_source["local_compute"] += rest
+
+    def _pull_kv(self, req: SimRequest) -> float:
+        """Decode side of a P/D pair: seconds to pull the prompt's KV (recorded for the NIXL histograms); the
+        last prompt token is still computed here, as vLLM's decode instance does."""
+        if not self.features.kv_connector or req.to_prefill <= 1:
+            return 0.0
+        nbytes = (req.to_prefill - 1) * self.dep.size.kv_bytes_per_token()
+        seconds = KV_TRANSFER_BASE_S + nbytes / KV_TRANSFER_BYTES_PER_S
+        slow = self.scenarios.get("slow_kv_transfer")
+        if slow is not None:
+            seconds *= slow.get("factor")
+        seconds *= 1 + 0.1 * (self.rng.random() - 0.5)
+        req.to_prefill = 1
+        if len(self.kv_transfers) < 10_000:  # bounded: drained at every step
+            self.kv_transfers.append((seconds, int(nbytes)))
+        return seconds
 
     def stalled(self, now: float) -> None:
         """A hung step: arrivals still reach the queue and the gauges are published, no token is produced.
@@ -200,6 +304,7 @@ class EngineCore:
         """Build the next step at ``now``; None when nothing can run yet (see :meth:`next_wakeup`)."""
         while self.pending and self.pending[0][0] <= now:
             self.waiting.append(heapq.heappop(self.pending)[2])
+        self._reserve()
         budget = self.dep.batched_tokens
         preempted = 0
         decode: list[SimRequest] = []
@@ -207,7 +312,7 @@ class EngineCore:
             if req not in self.running or not req.prefill_done:
                 continue
             ctx = req.prompt_tokens + req.generated
-            while ctx % self.dep.block_size == 0 and self.free_blocks == 0 and self.running:
+            while ctx % self.dep.block_size == 0 and self.free_blocks <= 0 and self.running:
                 preempted += self._preempt_newest()
                 if req not in self.running:
                     break
@@ -217,6 +322,7 @@ class EngineCore:
                 self.free_blocks -= 1
                 req.blocks += 1
             decode.append(req)
+            self._speculate(req)
         budget -= len(decode)
         prefill: list[tuple[SimRequest, int]] = []
         for req in self.running:
@@ -226,26 +332,35 @@ class EngineCore:
                 chunk = min(req.to_prefill, budget)
                 prefill.append((req, chunk))
                 budget -= chunk
+        max_loras = self.features.max_loras
+        adapters = {r.adapter for r in self.running} if max_loras else set()
+        skipped: list[SimRequest] = []  # waiting for a LoRA slot: vLLM's scheduler skips them, keeping their order
         while self.waiting and budget > 0 and len(self.running) < self.dep.seqs:
             req = self.waiting[0]
+            if max_loras and req.adapter not in adapters and len(adapters) >= max_loras:
+                skipped.append(self.waiting.popleft())
+                continue
             if req.preemptions == 0 and req.scheduled is None and req.first_scheduled is None:
                 req.cached_tokens = self._lookup_prefix(req)
                 req.to_prefill = req.prompt_tokens - req.cached_tokens
+                self._count_sources(req)
             need = self._blocks_for(req.prompt_tokens + req.generated)
             if need > self.free_blocks:
                 break
             self.waiting.popleft()
+            adapters.add(req.adapter)
             self.free_blocks -= need
             req.blocks = need
             req.scheduled = now
             if req.first_scheduled is None:
                 req.first_scheduled = now
-                req.stall_until = now + self.model.slow_path_seconds()
+                req.stall_until = now + self.model.slow_path_seconds() + self._pull_kv(req)
             self.running.append(req)
             if req.stall_until <= now:
                 chunk = min(req.to_prefill, budget)
                 prefill.append((req, chunk))
                 budget -= chunk
+        self.waiting.extendleft(reversed(skipped))
         if preempted:
             self.listener.on_step(self, 0, 0, preempted)
         if not prefill and not decode:

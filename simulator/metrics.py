@@ -24,7 +24,7 @@ from prometheus_client import (
     Histogram,
 )
 
-from simulator.engine import EngineCore, SimRequest
+from simulator.engine import SOURCES, EngineCore, Features, SimRequest
 from simulator.profiles import Deployment
 
 TTFT_BUCKETS = (
@@ -46,6 +46,10 @@ HTTP_HIGHR_BUCKETS = (
     30.0, 60.0,
 )  # fmt: skip
 FINISH_REASONS = ("stop", "length", "abort", "error")
+# NixlPromMetrics (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py): xfer time drops the first edge
+NIXL_TIME_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+NIXL_BYTES_BUCKETS = tuple(2 ** (10 + i) for i in range(1, 25, 2))  # 2 KiB .. 8 GiB
+LORA_INFO_KEEP = 16  # vLLM keeps every label set it ever set; the simulator the newest 16 (the agent reads the newest)
 LABELS = ["model_name", "engine"]
 
 
@@ -117,6 +121,29 @@ class _PerEngine:
         for state, value in (("awake", 1), ("weights_offloaded", 0), ("discard_all", 0)):
             m.sleep_state.labels(model, str(engine), state).set(value)
         self._prefix_seen = (0, 0)
+        self.by_source = {src: m.prompt_by_source.labels(model, str(engine), src) for src in SOURCES}
+        self.cached = m.prompt_cached.labels(*lv)
+        self._sources_seen = dict.fromkeys(SOURCES, 0)
+        self._cached_seen = 0
+        self.spec = (
+            (m.spec_drafts.labels(*lv), m.spec_draft_tokens.labels(*lv), m.spec_accepted.labels(*lv))
+            if m.spec_drafts is not None and m.spec_draft_tokens is not None and m.spec_accepted is not None
+            else None
+        )
+        self.spec_pos = (
+            [m.spec_per_pos.labels(model, str(engine), str(i)) for i in range(m.features.num_speculative_tokens)]
+            if m.spec_per_pos is not None
+            else []
+        )
+        self._spec_seen = (0, 0, 0, [0] * len(self.spec_pos))
+        self.nixl = (
+            (m.nixl_xfer.labels(*lv), m.nixl_bytes.labels(*lv), m.nixl_failed.labels(*lv))
+            if m.nixl_xfer is not None and m.nixl_bytes is not None and m.nixl_failed is not None
+            else None
+        )
+        if self.nixl is not None and m.nixl_notif is not None:
+            m.nixl_notif.labels(*lv)
+        self._metrics = m
 
     def step(self, core: EngineCore, prompt_tokens: int, generation_tokens: int, preempted: int) -> None:
         self.running.set(len(core.running))
@@ -130,6 +157,31 @@ class _PerEngine:
             self.prefix_queries.inc(q - self._prefix_seen[0])
             self.prefix_hits.inc(h - self._prefix_seen[1])
             self._prefix_seen = (q, h)
+        for src in SOURCES:
+            n = core.prompt_by_source[src]
+            if n != self._sources_seen[src]:
+                self.by_source[src].inc(n - self._sources_seen[src])
+                self._sources_seen[src] = n
+        if core.prompt_cached != self._cached_seen:
+            self.cached.inc(core.prompt_cached - self._cached_seen)
+            self._cached_seen = core.prompt_cached
+        if self.spec is not None and core.spec_drafts != self._spec_seen[0]:
+            d, t, a, pos = self._spec_seen
+            self.spec[0].inc(core.spec_drafts - d)
+            self.spec[1].inc(core.spec_draft_tokens - t)
+            self.spec[2].inc(core.spec_accepted - a)
+            for i, child in enumerate(self.spec_pos):
+                child.inc(core.spec_accepted_per_pos[i] - pos[i])
+            self._spec_seen = (core.spec_drafts, core.spec_draft_tokens, core.spec_accepted,
+                               list(core.spec_accepted_per_pos))  # fmt: skip
+        if core.kv_transfers:
+            if self.nixl is not None:
+                for seconds, nbytes in core.kv_transfers:
+                    self.nixl[0].observe(seconds)
+                    self.nixl[1].observe(nbytes)
+            core.kv_transfers.clear()
+        if self._metrics.lora_info is not None:
+            self._metrics.lora(core)
         if preempted:
             self.preemptions.inc(preempted)
         if prompt_tokens:
@@ -172,8 +224,15 @@ class _PerEngine:
 class VllmMetrics:
     """All vLLM families on one registry; :meth:`engine` returns the bound children of one engine."""
 
-    def __init__(self, max_model_len: int, show_hidden: bool = False, process_metrics: bool = True) -> None:
+    def __init__(
+        self,
+        max_model_len: int,
+        show_hidden: bool = False,
+        process_metrics: bool = True,
+        features: Features | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.features = f = features or Features()
         if process_metrics:
             for c in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
                 self.registry.register(c)
@@ -239,6 +298,94 @@ class VllmMetrics:
         )
         self.preemptions = Counter(
             "vllm:num_preemptions", "Cumulative number of preemption from the engine.", LABELS, registry=r
+        )
+        self.prompt_by_source = Counter(
+            "vllm:prompt_tokens_by_source",
+            "Number of prompt tokens by source.",
+            [*LABELS, "source"],
+            registry=r,
+        )
+        self.prompt_cached = Counter(
+            "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).", LABELS, registry=r
+        )
+        # Speculative decoding (vllm/v1/spec_decode/metrics.py): registered only with a speculative config
+        spec = f.num_speculative_tokens > 0
+        self.spec_drafts = (
+            Counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", LABELS, registry=r)
+            if spec
+            else None
+        )
+        self.spec_draft_tokens = (
+            Counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", LABELS, registry=r)
+            if spec
+            else None
+        )
+        self.spec_accepted = (
+            Counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", LABELS, registry=r)
+            if spec
+            else None
+        )
+        self.spec_per_pos = (
+            Counter(
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "Accepted tokens per draft position.",
+                [*LABELS, "position"],
+                registry=r,
+            )
+            if spec
+            else None
+        )
+        # LoRA (--enable-lora): an info gauge without model_name/engine, value = time the label set was last set
+        self.lora_info = (
+            Gauge(
+                "vllm:lora_requests_info",
+                "Running stats on lora requests.",
+                ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+                registry=r,
+            )
+            if f.max_loras > 0
+            else None
+        )
+        self._lora_sets: dict[tuple[str, str, str], None] = {}
+        self._lora_state: dict[int, tuple[list[str], list[str]]] = {}
+        # The NIXL KV connector (--kv-transfer-config '{"kv_connector":"NixlConnector",...}')
+        nixl = f.kv_connector
+        self.nixl_xfer = (
+            Histogram(
+                "vllm:nixl_xfer_time_seconds",
+                "Histogram of transfer duration for NIXL KV Cache transfers.",
+                LABELS,
+                buckets=NIXL_TIME_BUCKETS[1:],
+                registry=r,
+            )
+            if nixl
+            else None
+        )
+        self.nixl_bytes = (
+            Histogram(
+                "vllm:nixl_bytes_transferred",
+                "Histogram of bytes transferred per NIXL KV Cache transfers.",
+                LABELS,
+                buckets=NIXL_BYTES_BUCKETS,
+                registry=r,
+            )
+            if nixl
+            else None
+        )
+        self.nixl_failed = (
+            Counter("vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers.", LABELS, registry=r)
+            if nixl
+            else None
+        )
+        self.nixl_notif = (
+            Counter(
+                "vllm:nixl_num_failed_notifications",
+                "Number of failed NIXL KV Cache notifications.",
+                LABELS,
+                registry=r,
+            )
+            if nixl
+            else None
         )
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", LABELS, registry=r)
         self.generation_tokens = Counter(
@@ -368,6 +515,21 @@ class VllmMetrics:
             )
         self._cache_info.labels(**labels).set(1)
         return _PerEngine(self, model, index)
+
+    def lora(self, core: EngineCore) -> None:
+        """Set the LoRA info gauge to now under the label set of every engine's adapters (vLLM joins the names)."""
+        assert self.lora_info is not None
+        self._lora_state[core.index] = core.lora_state()
+        running = sorted({a for r, _ in self._lora_state.values() for a in r})
+        waiting = sorted({a for _, w in self._lora_state.values() for a in w})
+        key = (str(self.features.max_loras), ",".join(waiting), ",".join(running))
+        self._lora_sets.pop(key, None)
+        self._lora_sets[key] = None
+        self.lora_info.labels(*key).set_to_current_time()
+        while len(self._lora_sets) > LORA_INFO_KEEP:
+            old = next(iter(self._lora_sets))
+            del self._lora_sets[old]
+            self.lora_info.remove(*old)
 
     def http(self, handler: str, method: str, status: int, seconds: float) -> None:
         self.http_requests.labels(handler, method, f"{status // 100}xx").inc()

@@ -178,7 +178,7 @@ class Runtime:
             for m in config.models
         }
         max_len = max(d.size.max_model_len for d in self.deployments.values())
-        self.metrics = VllmMetrics(max_len, show_hidden=config.show_hidden_metrics)
+        self.metrics = VllmMetrics(max_len, show_hidden=config.show_hidden_metrics, features=config.features)
         endpoint = config.otlp_traces_endpoint
         several = len(config.models) > 1  # one provider per model, the model on its resource (see tracing.py)
         self.spans: dict[str, SpanEmitter] = (
@@ -191,7 +191,7 @@ class Runtime:
                 listener = _Listener(self.metrics.engine(m, i, dep), self.spans.get(m))
                 # each engine its own noise (engine 0 keeps the seed it always had)
                 seed = config.seed * 7919 + len(self.models) + 104_729 * i
-                core = EngineCore(i, dep, self.scenarios, listener, seed=seed)
+                core = EngineCore(i, dep, self.scenarios, listener, seed=seed, features=config.features)
                 server.loops.append(EngineLoop(core, self.scenarios))
             self.models[m] = server
         self._tasks: list[asyncio.Task[None]] = []

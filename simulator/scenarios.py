@@ -12,6 +12,11 @@ page_cache_pressure:fraction=0.3``) and as ``{"name": ..., "params": {...}}`` on
 | debug_disabled | ``/debug/runtime_profile`` answers ``{}`` | — |
 | hang | engines (or rank ``engine``) produce no tokens; arrivals queue; ``/health`` answers 200 | engine (-1: all) |
 | error_burst | a ``rate`` of requests fails with HTTP ``status`` | rate (0.3), status (500) |
+| prefix_cache_collapse | a ``fraction`` of requests has a cache-busting prefix: prefix hits collapse | fraction (1.0) |
+| kv_saturation | a ``fraction`` of the KV blocks stays usable: KV usage ~1, a preemption storm | fraction (0.05) |
+| spec_decode_collapse | a draft position is accepted with probability ``acceptance`` (else 0.8) | acceptance (0.1) |
+| lora_slot_exhaustion | the traffic names ``adapters`` distinct LoRA adapters (> ``--max-loras``) | adapters (8) |
+| slow_kv_transfer | KV transfers of the P/D pair (``--kv-connector``) take ``factor`` times longer | factor (50) |
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ DEFAULTS: dict[str, dict[str, float]] = {
     "debug_disabled": {},
     "hang": {"engine": -1},
     "error_burst": {"rate": 0.3, "status": 500},
+    "prefix_cache_collapse": {"fraction": 1.0},
+    "kv_saturation": {"fraction": 0.05},
+    "spec_decode_collapse": {"acceptance": 0.1},
+    "lora_slot_exhaustion": {"adapters": 8},
+    "slow_kv_transfer": {"factor": 50.0},
 }
 _BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
     ("simd_fallback", "factor"): (0.1, 100.0),
@@ -36,6 +46,11 @@ _BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
     ("hang", "engine"): (-1, 255),
     ("error_burst", "rate"): (0.0, 1.0),
     ("error_burst", "status"): (500, 599),
+    ("prefix_cache_collapse", "fraction"): (0.0, 1.0),
+    ("kv_saturation", "fraction"): (0.001, 1.0),
+    ("spec_decode_collapse", "acceptance"): (0.0, 1.0),
+    ("lora_slot_exhaustion", "adapters"): (1, 1024),
+    ("slow_kv_transfer", "factor"): (1.0, 10000.0),
 }
 
 

@@ -46,6 +46,16 @@ def register(app: typer.Typer) -> None:
         show_hidden: str | None = typer.Option(
             None, "--show-hidden-metrics-for-version", help="Also expose deprecated metrics (vLLM flag, e.g. 0.11)."
         ),
+        num_speculative_tokens: int = typer.Option(
+            0, "--num-speculative-tokens", help="Draft tokens per step (vLLM flag; 0: no speculative decoding)."
+        ),
+        max_loras: int = typer.Option(0, "--max-loras", help="LoRA adapter slots per batch (vLLM flag; 0: LoRA off)."),
+        lora_adapters: int = typer.Option(
+            0, "--lora-adapters", help="Distinct LoRA adapters in the traffic mix (0: as many as --max-loras)."
+        ),
+        kv_connector: bool = typer.Option(
+            False, "--kv-connector", help="Decode side of a P/D pair: prompt KV pulled over NIXL (vLLM's connector)."
+        ),
         log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
         loop: str = typer.Option("auto", "--loop", help="Event loop: auto (uvloop when installed), uvloop, asyncio."),
         http: str = typer.Option(
@@ -54,6 +64,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve a simulated vLLM: OpenAI and Anthropic APIs, vLLM /metrics, OTLP spans, fault scenarios."""
         from simulator.config import DEFAULT_MODEL, SimConfig
+        from simulator.engine import Features
         from simulator.scenarios import ScenarioError, parse
 
         setup_logging(log_level)
@@ -77,11 +88,14 @@ def register(app: typer.Typer) -> None:
                 debug_header=debug_header,
                 control_token=control_token,
                 show_hidden_metrics=show_hidden is not None,
+                features=Features(num_speculative_tokens, max_loras, lora_adapters, kv_connector),
                 loop=loop,
                 http=http,
             )
             if engines < 1:
                 raise ValueError("--engines must be >= 1")
+            if min(num_speculative_tokens, max_loras, lora_adapters) < 0 or num_speculative_tokens > 64:
+                raise ValueError("--num-speculative-tokens must be 0..64, --max-loras and --lora-adapters >= 0")
             config.debug_header_pair()
             from simulator.serve import serve, server_impl
 

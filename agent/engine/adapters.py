@@ -198,6 +198,14 @@ LLAMACPP = Adapter(
         "generation_tokens": _s("llamacpp:tokens_predicted_total"),
         "prompt_seconds": _s("llamacpp:prompt_seconds_total"),
         "generation_seconds": _s("llamacpp:tokens_predicted_seconds_total"),
+        # prompt tokens reused from a slot's KV cache (cache_prompt), and speculative decoding with --model-draft
+        # (--spec-type draft-simple): the same counters as vLLM's, per draft position too (llama-server b11434;
+        # tests/test_llamacpp_specdec.py). No KV usage gauge: kv_cache_usage_ratio was removed upstream (#23632).
+        "cached_tokens": _s("llamacpp:prompt_tokens_cached_total"),
+        "spec_drafts": _s("llamacpp:spec_decode_num_drafts_total"),
+        "spec_draft_tokens": _s("llamacpp:spec_decode_num_draft_tokens_total"),
+        "spec_accepted": _s("llamacpp:spec_decode_num_accepted_tokens_total"),
+        "spec_accepted_by_position": _s("llamacpp:spec_decode_num_accepted_tokens_per_pos_total", dimension="position"),
     },
 )
 

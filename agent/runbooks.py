@@ -56,7 +56,7 @@ class Runbooks:
 def to_html(name: str, markdown: str) -> str:
     """A minimal, script-free HTML page showing the Markdown as preformatted text."""
     return (
-        '<!doctype html>\n<html><head><meta charset="utf-8">'
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,">'
         f"<title>{html.escape(name)} — inferwatch runbook</title></head>\n"
         '<body><pre style="white-space: pre-wrap; max-width: 100ch; font-family: monospace">'
         f"{html.escape(markdown)}</pre></body></html>\n"

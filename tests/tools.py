@@ -35,6 +35,9 @@ PACKAGES = {
     "victoria-metrics": "victoria-metrics",
     "vmagent": "victoria-metrics",
     "vmalert": "victoria-metrics",
+    "chromium": "chromium",
+    "chromedriver": "chromium-driver",
+    "tmux": "tmux",
 }
 # binary → the virtualenv scripts/test.sh installs it into, for a Python tool whose pins clash with .venv's
 VENVS = {

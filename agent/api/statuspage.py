@@ -867,7 +867,7 @@ def render_page(ov: dict[str, Any], refresh_s: int | None = None) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ov["generated_at"]))
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,">'
         f"{refresh}<title>{_e(title)}</title><style>{CSS}</style></head><body>"
         f"<header><h1>{_e(n['host_name'] or 'node')} <span class='muted'>· inferwatch status</span></h1>"
         f"<p>{_e(n['machine_type'] or 'unknown machine')} · {_e(n['cpu_model'] or 'unknown CPU')} · kernel "

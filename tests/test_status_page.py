@@ -1,0 +1,318 @@
+"""The node status page in a real browser: Debian's headless Chromium (Selenium + chromedriver) against the real
+agent beside the simulator.
+
+One stack per module: the simulator (one engine, spans over OTLP/gRPC to the agent's receiver) and the agent
+(tests/node_agent.py: the shipped agent with a fake NVML device, since no GPU exists here) on a crafted node: a
+Graviton3 (c7g) whose cpuinfo lost its SVE hwcaps (booted with arm64.nosve), every other /proc entry this host's.
+API tokens are configured, so the page is behind them; the browser sends the read token (a CDP extra header).
+
+What is checked: 401 without a token; no console errors; the DOM's numbers equal what /api/v1/status and /metrics
+report (bracketed between two equal scrapes); the feature table marks SVE missing; after the simulator's
+page_cache_pressure scenario the TTFT histogram has two modes (from the bars' own counts) and the LatencyBimodal
+finding appears with a runbook link that opens the runbook; axe-core finds no serious or critical violation; at
+phone width nothing scrolls sideways. Screenshots at 1280x800 and 390x844 go to the test's tmp dir;
+INFERWATCH_UPDATE_SCREENSHOT=1 also writes docs/img/status-page.png (the one the README shows).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from axe_core_python.selenium import Axe
+from prometheus_client.parser import text_string_to_metric_families
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+
+from tests.conftest import PYTHON, ROOT, free_port
+from tests.e2e.test_alert_pipeline import SVE_TOKENS
+from tests.procs import running, wait_http
+from tests.test_dashboards_data import _fake_procfs, _fake_sysfs
+from tests.tools import require
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "page-read-token-0123456789"
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+GPU = "NVIDIA H100 80GB HBM3"
+MACHINE = "c7g.2xlarge"
+SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
+SCREENSHOT = ROOT / "docs" / "img" / "status-page.png"
+BAD_IMPACTS = ("serious", "critical")
+
+
+@dataclass
+class Stack:
+    sim: str
+    agent: str
+    tmp: Path
+
+    def loadgen(self, count: int, rate: float, seed: int) -> None:
+        out = subprocess.run(
+            [PYTHON, "-m", "agent", "loadgen", "--url", self.sim, "--model", MODEL, "--json", "--count", str(count),
+             "--rate", str(rate), "--seed", str(seed), "--prompt-tokens", "lognormal:256:0.3", "--output-tokens", "4"],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+
+    def get(self, path: str) -> httpx.Response:
+        return httpx.get(self.agent + path, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+
+
+def _crafted_node(tmp: Path) -> tuple[Path, Path]:
+    procfs = _fake_procfs(tmp / "proc", "graviton3_neoverse_v1")
+    cpuinfo = procfs / "cpuinfo"
+    cpuinfo.write_text(SVE_TOKENS.sub("", cpuinfo.read_text()))
+    return procfs, _fake_sysfs(tmp / "sys", MACHINE)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("status-page")
+    procfs, sysfs = _crafted_node(tmp)
+    (tmp / "tokens").write_text(f"{TOKEN} read page\n")
+    sim_port, agent_port, grpc_port, http_port = (free_port() for _ in range(4))
+    sim_cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(sim_port), "--engines", "1", "--seed", "7",
+               "--model", MODEL, "--control-token", "t",
+               "--otlp-traces-endpoint", f"http://127.0.0.1:{grpc_port}"]  # fmt: skip
+    env = {
+        "INFERWATCH_LISTEN_PORT": str(agent_port),
+        "INFERWATCH_INTERVAL_S": "1",
+        "INFERWATCH_PATH__PROCFS": str(procfs),
+        "INFERWATCH_PATH__SYSFS": str(sysfs),
+        "INFERWATCH_API__TOKENS_FILE": str(tmp / "tokens"),
+        "INFERWATCH_ENGINE__METRICS_URL": f"http://127.0.0.1:{sim_port}/metrics",
+        "INFERWATCH_RECEIVER__ENABLED": "true",
+        "INFERWATCH_RECEIVER__GRPC_ENDPOINT": f"127.0.0.1:{grpc_port}",
+        "INFERWATCH_RECEIVER__HTTP_ENDPOINT": f"127.0.0.1:{http_port}",
+        "DASH_FAKE_GPU": GPU,
+    }
+    with (
+        running([PYTHON, "-m", "tests.node_agent"], tmp / "agent.log", cwd=ROOT, env=env) as agent,
+        running(sim_cmd, tmp / "sim.log", cwd=ROOT, env={"OTEL_BSP_SCHEDULE_DELAY": "100"}) as sim,
+    ):
+        s = Stack(f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{agent_port}", tmp)
+        wait_http(s.agent + "/healthz", proc=agent)
+        wait_http(s.sim + "/health", proc=sim)
+        # every collector has run once and the engine's model is on the page (its first, empty TTFT buckets kept)
+        wait_http(s.agent + "/readyz", timeout_s=30, ok=lambda r: r.status_code == 200, proc=agent)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(
+            m["ttft_histogram"] for m in s.get("/api/v1/overview").json()["models"]
+        ):
+            time.sleep(0.3)
+        yield s
+
+
+@pytest.fixture(scope="module")
+def browser(stack: Stack) -> Iterator[WebDriver]:
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = require("chromium")
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                "--disable-extensions", "--disable-background-networking", "--window-size=1280,800"):  # fmt: skip
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(
+        options=opts, service=Service(require("chromedriver"), log_output=str(stack.tmp / "cd.log"))
+    )
+    try:
+        driver.set_page_load_timeout(20)
+        driver.set_script_timeout(30)
+        driver.execute_cdp_cmd("Network.enable", {})
+        driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Bearer {TOKEN}"}})
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _size(driver: WebDriver, name: str) -> None:
+    w, h = SIZES[name]
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": w, "height": h, "deviceScaleFactor": 1, "mobile": name == "phone"},
+    )
+
+
+def _console_errors(driver: WebDriver) -> list[dict[str, Any]]:
+    return [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def _scrape(stack: Stack) -> dict[str, float | None]:
+    """The compared values (see :func:`_latency_keys`) from one scrape of the agent's /metrics."""
+    text = stack.get("/metrics").text
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    out: dict[str, float | None] = {}
+    for key, (name, labels) in _latency_keys().items():
+        hits = [s.value for s in samples if s.name == name and labels <= set(s.labels.items())]
+        assert len(hits) <= 1, (key, hits)
+        out[key] = hits[0] if hits else None
+    return out
+
+
+def _latency_keys() -> dict[str, tuple[str, frozenset[tuple[str, str]]]]:
+    keys = {}
+    for quantity in ("ttft", "itl"):
+        for q, cls in (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99")):
+            labels = {"gen_ai_request_model": MODEL, "quantity": quantity, "source": "histogram", "window": "1m",
+                      "quantile": q}  # fmt: skip
+            keys[f"q-{quantity}-{cls}"] = ("inferwatch_engine_latency_seconds", frozenset(labels.items()))
+    keys["ttft-count"] = (
+        "gen_ai_server_time_to_first_token_seconds_count",
+        frozenset({("gen_ai_request_model", MODEL)}),
+    )
+    return keys
+
+
+def _dom_numbers(driver: WebDriver) -> dict[str, float]:
+    card = driver.find_element(By.CSS_SELECTOR, f'section.model[data-model="{MODEL}"]')
+    out = {}
+    for key in _latency_keys():
+        if key.startswith("q-"):
+            out[key] = float(card.find_element(By.CSS_SELECTOR, f"td.{key} data").get_attribute("value") or "nan")
+    out["ttft-count"] = sum(float(b.get_attribute("data-count") or 0) for b in _bars(driver))
+    return out
+
+
+def _bars(driver: WebDriver) -> list[Any]:
+    return driver.find_elements(By.CSS_SELECTOR, f'section.model[data-model="{MODEL}"] svg.ttft-hist rect.bar')
+
+
+def _load_stable_page(stack: Stack, driver: WebDriver) -> tuple[dict[str, float], dict[str, float]]:
+    """The page loaded between two /metrics scrapes that agree on every compared value (bounded retries)."""
+    for _ in range(10):
+        before = _scrape(stack)
+        driver.get(stack.agent + "/")
+        if before == _scrape(stack) and None not in before.values():
+            return _dom_numbers(driver), before  # type: ignore[return-value]
+        time.sleep(0.5)
+    pytest.fail("the agent's /metrics never held still across one page load")
+
+
+def _modes(counts: list[float]) -> list[int]:
+    """Independent of the page's own: bars holding >= 5 % of requests with a bar under half the smaller between."""
+    total = sum(counts)
+    big = [i for i, c in enumerate(counts) if c >= 0.05 * total]
+    groups: list[int] = []
+    for i in big:
+        if groups and min(counts[groups[-1] : i + 1]) > 0.5 * min(counts[groups[-1]], counts[i]):
+            if counts[i] > counts[groups[-1]]:
+                groups[-1] = i
+            continue
+        groups.append(i)
+    return groups
+
+
+def _shot(driver: WebDriver, stack: Stack, name: str) -> Path:
+    path = stack.tmp / f"status-page-{name}.png"
+    assert driver.save_screenshot(str(path)), path
+    assert path.stat().st_size > 10_000
+    return path
+
+
+def test_page_is_behind_the_api_tokens(stack: Stack) -> None:
+    assert httpx.get(stack.agent + "/", timeout=10).status_code == 401
+    bad = httpx.get(stack.agent + "/", headers={"Authorization": "Bearer wrong-token-0123456789"}, timeout=10)
+    assert bad.status_code == 401
+    ok = stack.get("/")
+    assert ok.status_code == 200 and ok.headers["content-type"].startswith("text/html")
+    assert "<script" not in ok.text and "http://" not in ok.text.split("</head>")[0]  # nothing fetched from outside
+    assert stack.get("/?refresh=1").text.count('http-equiv="refresh" content="5"') == 1  # clamped
+
+
+def test_healthy_page_shows_what_the_api_reports(stack: Stack, browser: WebDriver) -> None:
+    stack.loadgen(120, rate=40, seed=1)
+    deadline = time.monotonic() + 20  # the engine scraped after the last request
+    while time.monotonic() < deadline:
+        if _scrape(stack)["ttft-count"] == 120:
+            break
+        time.sleep(0.3)
+    _size(browser, "desktop")
+    dom, api = _load_stable_page(stack, browser)
+    assert dom == api
+    assert not _console_errors(browser)
+    status = stack.get("/api/v1/status").json()
+    node = status["node"]
+    text = {k: browser.find_element(By.CSS_SELECTOR, f"dd.node-{k}").text for k in ("machine", "cpu", "kernel", "gpus")}
+    assert text["machine"] == node["host.type"] == MACHINE
+    assert text["cpu"] == node["host.cpu.model.name"] and "Neoverse-V1" in text["cpu"]
+    assert text["kernel"] == node["os.version"]
+    assert text["gpus"] == GPU
+    rows = {
+        r.get_attribute("data-id"): r.get_attribute("data-status")
+        for r in browser.find_elements(By.CSS_SELECTOR, "tr.finding")
+    }
+    for f in status["findings"]:
+        assert rows.get(f["id"]) == f["status"], (f, rows)
+    collectors = {
+        r.get_attribute("data-name"): r.get_attribute("data-state")
+        for r in browser.find_elements(By.CSS_SELECTOR, "tr.collector")
+    }
+    assert collectors == {c["name"]: c["state"] for c in status["collectors"]}
+    # the node booted without SVE: the feature table marks it, in words as well as colour
+    sve = browser.find_element(By.CSS_SELECTOR, 'tr.feature[data-feature="sve"]')
+    assert sve.get_attribute("data-missing") == "1" and "MISSING" in sve.text
+    assert rows.get("cpu.features") == "fail"
+    # one mode while healthy
+    assert len(_modes([float(b.get_attribute("data-count") or 0) for b in _bars(browser)])) == 1
+    _shot(browser, stack, "healthy-desktop")
+
+
+def test_page_cache_pressure_shows_two_modes_and_the_finding(stack: Stack, browser: WebDriver) -> None:
+    r = httpx.post(stack.sim + "/control/scenario", json={"enable": "page_cache_pressure"},
+                   headers={"Authorization": "Bearer t"}, timeout=10)  # fmt: skip
+    assert r.status_code == 200, r.text
+    stack.loadgen(200, rate=40, seed=2)
+    _size(browser, "desktop")
+    deadline = time.monotonic() + 30
+    rows: list[Any] = []
+    while time.monotonic() < deadline:
+        browser.get(stack.agent + "/")
+        rows = browser.find_elements(By.CSS_SELECTOR, f'tr.finding[data-id="latency.bimodal/{MODEL}"]')
+        if rows and len(_modes([float(b.get_attribute("data-count") or 0) for b in _bars(browser)])) == 2:
+            break
+        time.sleep(1)
+    assert rows, "no LatencyBimodal finding on the page"
+    counts = [float(b.get_attribute("data-count") or 0) for b in _bars(browser)]
+    les = [b.get_attribute("data-le") for b in _bars(browser)]
+    modes = _modes(counts)
+    assert len(modes) == 2, list(zip(les, counts, strict=True))
+    fast, slow = (float(les[i] or 0) for i in modes)
+    assert fast <= 0.25 and 0.5 <= slow <= 1.0  # ~30-100 ms and the 0.55 s stall on top
+    svg = browser.find_element(By.CSS_SELECTOR, f'section.model[data-model="{MODEL}"] svg.ttft-hist')
+    assert svg.get_attribute("data-modes") == "2" and "2 modes" in (svg.get_attribute("aria-label") or "")
+    assert not _console_errors(browser)
+    shot = _shot(browser, stack, "desktop")
+    if os.environ.get("INFERWATCH_UPDATE_SCREENSHOT") == "1":
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, SCREENSHOT)
+    # accessibility: axe-core (bundled by axe-core-python) in this page
+    result = Axe().run(browser)
+    bad = [(v["id"], v["impact"], len(v["nodes"])) for v in result["violations"] if v["impact"] in BAD_IMPACTS]
+    assert not bad, bad
+    # phone width: readable without sideways scrolling of the page itself (tables scroll in their own box)
+    _size(browser, "phone")
+    browser.get(stack.agent + "/")
+    width = browser.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
+    assert width[0] <= width[1], width
+    _shot(browser, stack, "phone")
+    _size(browser, "desktop")
+    # the runbook link works
+    browser.get(stack.agent + "/")
+    link = browser.find_element(By.CSS_SELECTOR, f'tr.finding[data-id="latency.bimodal/{MODEL}"] a.runbook')
+    link.click()
+    deadline = time.monotonic() + 10
+    while not browser.title.startswith("LatencyBimodal") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert browser.title.startswith("LatencyBimodal"), browser.title
+    assert "## Meaning" in browser.find_element(By.TAG_NAME, "pre").text
+    assert not _console_errors(browser)

@@ -52,7 +52,7 @@ MODE_MIN_SHARE = 0.05
 VALLEY_RATIO = 0.5
 STATUS_ORDER = {"fail": 0, "warn": 1, "ok": 2, "skip": 3}
 STATUS_WORD = {"fail": "✖ FAIL", "warn": "▲ WARN", "ok": "✔ OK", "skip": "– SKIP"}
-MAX_EVIDENCE_CHARS = 200
+MAX_EVIDENCE_CHARS = 160
 
 
 def _attr(s: AnySample, key: str) -> str:
@@ -82,6 +82,7 @@ class PageHistory:
         self.max_series = max_series
         self._lock = threading.Lock()
         self._last: dict[str, float] = {}
+        self._seen: set[str] = set()  # models of the engine's collections already kept once
         self._lines: dict[tuple[str, str, str], deque[tuple[float, float | None, float | None, float | None]]] = {}
         self._buckets: dict[str, deque[tuple[float, tuple[tuple[float, float], ...]]]] = {}
         self._keep_buckets = int(HISTOGRAM_WINDOW_S / step_s) + 2
@@ -91,9 +92,15 @@ class PageHistory:
             return
         now = self._clock()
         with self._lock:
-            if now - self._last.get(name, -math.inf) < self.step_s:
+            # Once per step; sooner for a model the engine shows for the first time, so its histogram window
+            # starts at its first scrape (the models come from the collection's details: no sample is read).
+            models = {str(m) for m in collection.details.get("models", ())} if name == "engine" else set()
+            if now - self._last.get(name, -math.inf) < self.step_s and models <= self._seen:
                 return
             self._last[name] = now
+            if len(self._seen) + len(models) > 4 * self.max_series:
+                self._seen.clear()  # bounded: models come and go
+            self._seen |= models
         quantiles: dict[tuple[str, str, str], dict[str, float]] = {}
         hists: dict[str, tuple[tuple[float, float], ...]] = {}
         for s in collection.samples:
@@ -544,6 +551,8 @@ vertical-align:top}th{font-weight:600}
 .badge{display:inline-block;padding:0 6px;border-radius:4px;color:#fff;font-weight:600;white-space:nowrap}
 .s-fail{background:var(--fail)}.s-warn{background:var(--warn)}.s-ok{background:var(--ok)}.s-skip,.s-absent,
 .s-pending{background:var(--skip)}.s-failed{background:var(--fail)}
+.model-body{display:grid;grid-template-columns:repeat(auto-fit,minmax(300px,1fr));gap:4px 16px}
+h4{font-size:14px;margin:8px 0 2px}
 .kv{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px}.kv dt{color:var(--muted)}.kv dd{margin:0}
 svg{max-width:100%;height:auto}
 svg text{font:11px system-ui,sans-serif;fill:#1a1a1a}
@@ -714,11 +723,12 @@ def _model_card(m: dict[str, Any]) -> str:
     return (
         f'<section class="card model" data-model="{_e(model)}" aria-label="model {_e(model)}">'
         f"<h3>{_e(model)}{engine}</h3>"
-        '<div class="scroll" tabindex="0" role="region" aria-label="latency table">'
+        '<div class="model-body"><div><div class="scroll" tabindex="0" role="region" aria-label="latency table">'
         "<table><caption class='muted'>Latency over the last minute</caption>"
         "<thead><tr><th scope='col'>quantity</th><th scope='col'>P50</th><th scope='col'>P95</th>"
         f"<th scope='col'>P99</th><th scope='col'>source</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
-        f"<h4>TTFT histogram</h4>{hist}<dl class='kv'>{kv}</dl>{_legend()}{charts}</section>"
+        f"<dl class='kv'>{kv}</dl></div><div><h4>TTFT histogram</h4>{hist}</div>"
+        f"<div>{_legend()}{charts}</div></div></section>"
     )
 
 
@@ -732,21 +742,18 @@ def _findings_html(findings: list[dict[str, Any]]) -> str:
         out = []
         for f in fs:
             link = (
-                f'<a href="runbooks/{_e(f["runbook"])}" class="runbook">runbook {_e(f["runbook"])}</a>'
+                f' · <a href="runbooks/{_e(f["runbook"])}" class="runbook">runbook {_e(f["runbook"])}</a>'
                 if f["runbook"]
-                else "—"
+                else ""
             )
             out.append(
                 f'<tr class="finding" data-id="{_e(f["id"])}" data-status="{_e(f["status"])}">'
                 f"<td>{_badge(f['status'])}</td><td><strong>{_e(f['summary'])}</strong>"
-                f"<br><span class='muted'>{_e(f['evidence'])}</span></td><td>{link}</td></tr>"
+                f"<br><span class='muted'>{_e(f['evidence'])}</span>{link}</td></tr>"
             )
         return "".join(out)
 
-    head = (
-        "<thead><tr><th scope='col'>state</th><th scope='col'>finding and evidence</th>"
-        "<th scope='col'>runbook</th></tr></thead>"
-    )
+    head = "<thead><tr><th scope='col'>state</th><th scope='col'>finding, evidence and runbook</th></tr></thead>"
     text = (
         '<div class="scroll" tabindex="0" role="region" aria-label="findings needing attention">'
         f"<table id='urgent'>{head}<tbody>{rows(urgent)}</tbody></table></div>"

@@ -5,9 +5,10 @@ from __future__ import annotations
 import typer
 
 from agent import __version__
-from agent.cli import assets, demo, doctor, loadgen, run, simulate
+from agent.cli import assets, demo, doctor, loadgen, run, simulate, top
 from agent.cli import engine as engine_cli
 from agent.cli import evidence as evidence_cli
+from agent.cli import explain as explain_cli
 from agent.cli import probe as probe_cmd
 from agent.cli import profile as profile_cmd
 from agent.cli import simd as simd_cli
@@ -32,8 +33,10 @@ for module in (
     probe_cmd,
     profile_cmd,
     evidence_cli,
+    explain_cli,
     simd_cli,
     assets,
+    top,
 ):
     module.register(app)
 

@@ -1,0 +1,121 @@
+"""``inferwatch top`` used as a person would: in a tmux terminal (send-keys, capture-pane) against the real agent
+beside the simulator.
+
+The simulator runs page_cache_pressure from the start. ``top`` is started before any request, so what the pane
+shows later was redrawn live: the model's row appears with the TTFT histogram's two modes, its numbers equal to
+the agent's /api/v1/overview as the status page formats them, and ``q`` quits with the terminal restored
+(exit status 0). ``--once`` without a token says why and exits 1.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agent.api.statuspage import fmt_seconds
+from tests.conftest import PYTHON, ROOT, free_port
+from tests.procs import running, wait_http
+from tests.tools import require
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "top-read-token-0123456789"
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    tmp = tmp_path_factory.mktemp("top")
+    (tmp / "tokens").write_text(f"{TOKEN} read top\n")
+    sim_port, agent_port, grpc_port, http_port = (free_port() for _ in range(4))
+    sim_cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(sim_port), "--engines", "1", "--seed", "11",
+               "--model", MODEL, "--scenario", "page_cache_pressure"]  # fmt: skip
+    env = {
+        "INFERWATCH_API__TOKENS_FILE": str(tmp / "tokens"),
+        "INFERWATCH_ENGINE__METRICS_URL": f"http://127.0.0.1:{sim_port}/metrics",
+        "INFERWATCH_RECEIVER__GRPC_ENDPOINT": f"127.0.0.1:{grpc_port}",
+        "INFERWATCH_RECEIVER__HTTP_ENDPOINT": f"127.0.0.1:{http_port}",
+    }
+    agent_cmd = [PYTHON, "-m", "agent", "run", "--port", str(agent_port), "--interval", "1"]
+    with (
+        running(agent_cmd, tmp / "agent.log", cwd=ROOT, env=env) as a,
+        running(sim_cmd, tmp / "sim.log", cwd=ROOT) as s,
+    ):
+        wait_http(f"http://127.0.0.1:{agent_port}/healthz", proc=a)
+        wait_http(f"http://127.0.0.1:{sim_port}/health", proc=s)
+        wait_http(f"http://127.0.0.1:{agent_port}/readyz", ok=lambda r: r.status_code == 200, proc=a)
+        yield f"http://127.0.0.1:{agent_port}", f"http://127.0.0.1:{sim_port}"
+
+
+class Tmux:
+    def __init__(self, tmp: Path) -> None:
+        self.tmux = require("tmux")
+        self.socket = f"inferwatch-top-{os.getpid()}"
+
+    def __call__(self, *args: str) -> str:
+        out = subprocess.run([self.tmux, "-L", self.socket, *args], capture_output=True, text=True, timeout=10)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    def pane(self) -> str:
+        return self("capture-pane", "-p", "-t", "top")
+
+    def wait(self, ok, timeout_s: float = 30.0) -> str:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout_s
+        text = ""
+        while time.monotonic() < deadline:
+            text = self.pane()
+            if ok(text):
+                return text
+            time.sleep(0.3)
+        pytest.fail(f"the pane never got there; it shows:\n{text}")
+
+    def kill(self) -> None:
+        subprocess.run([self.tmux, "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
+
+
+def test_top_runs_live_in_a_terminal_and_quits_on_q(agent: tuple[str, str], tmp_path: Path) -> None:
+    url, sim = agent
+    tmux = Tmux(tmp_path)
+    try:
+        command = f"cd {ROOT} && exec env -u COLUMNS -u LINES {PYTHON} -m agent top --agent {url} --interval 0.5"
+        tmux("new-session", "-d", "-s", "top", "-x", "120", "-y", "40", "-e", f"INFERWATCH_TOKEN={TOKEN}", command)
+        tmux("set-option", "-t", "top", "remain-on-exit", "on")
+        tmux.wait(lambda t: "Models" in t and "Findings" in t)
+        load = subprocess.run(
+            [PYTHON, "-m", "agent", "loadgen", "--url", sim, "--model", MODEL, "--count", "150", "--rate", "50",
+             "--seed", "3", "--prompt-tokens", "lognormal:256:0.3", "--output-tokens", "4", "--json"],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert load.returncode == 0, load.stderr[-2000:]
+        text = tmux.wait(lambda t: MODEL in t and "2 modes" in t)
+        ov = httpx.get(url + "/api/v1/overview", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()
+        (m,) = ov["models"]
+        ttft = m["latency"]["ttft"]
+        row = " / ".join(fmt_seconds(ttft[k]) for k in ("p50", "p95", "p99"))
+        text = tmux.wait(lambda t: row in t, timeout_s=10)  # a redraw after the overview was read
+        (tmp_path / "top-pane.txt").write_text(text)  # the artifact: what the person saw
+        assert "500 ms–750 ms" in text  # the slow mode: the 0.55 s stall on top of ~30-100 ms
+        tmux("send-keys", "-t", "top", "q")
+        deadline = time.monotonic() + 10
+        while tmux("display-message", "-p", "-t", "top", "#{pane_dead}").strip() != "1":
+            assert time.monotonic() < deadline, tmux.pane()
+            time.sleep(0.2)
+        assert tmux("display-message", "-p", "-t", "top", "#{pane_dead_status}").strip() == "0"
+        assert "Traceback" not in tmux.pane()
+    finally:
+        tmux.kill()
+
+
+def test_top_once_without_a_token_says_why(agent: tuple[str, str]) -> None:
+    url, _ = agent
+    env = {k: v for k, v in os.environ.items() if k != "INFERWATCH_TOKEN"}
+    out = subprocess.run([PYTHON, "-m", "agent", "top", "--agent", url, "--once"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 1 and "401" in out.stderr and "--token-file" in out.stderr, out.stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from typing import Any
 
 from agent.collectors import HOST_LANE, Collector, Schedule, enabled_collectors
@@ -33,8 +34,10 @@ class Agent:
         self.ctx = deps.collect_context()
         self.analytics: Any = None  # LatencyAnalytics when the OTLP trace receiver is on
         self.receiver: Any = None
+        self.explainer: Any = None  # TailExplainer when the OTLP trace receiver is on
         processors: list[Collector] = []
         if settings.receiver.enabled:
+            from agent.analytics.explain import RecordingSink, TailExplainer
             from agent.analytics.genai import GenAIOptions
             from agent.analytics.latency import LatencyAnalytics
             from agent.analytics.processor import SpanAnalytics
@@ -48,8 +51,9 @@ class Agent:
                     rs.genai_operation_name, rs.genai_provider_name, tuple(rs.ttft_extra_buckets_s)
                 ),
             )
-            self.receiver = Receiver(settings.receiver, self.analytics)
-            processors.append(SpanAnalytics(self.analytics, self.state))  # on the runner's schedule
+            self.explainer = TailExplainer()  # the last 5 minutes of requests, bounded (agent/analytics/explain.py)
+            self.receiver = Receiver(settings.receiver, RecordingSink(self.analytics, self.explainer))
+            processors.append(SpanAnalytics(self.analytics, self.state, self.explainer))  # on the runner's schedule
             self.state.add_source("receiver", self.receiver.samples)
         # A processor runs on the host lane at the agent's interval and on every scrape (its input is in memory).
         processing = Schedule(settings.interval_s, min(settings.timeout_s, settings.interval_s), HOST_LANE, True)
@@ -87,7 +91,8 @@ class Agent:
         """The agent's HTTP application (``/metrics`` in front of the API)."""
         from agent.api.server import create_app
 
-        return create_app(self.settings, self.state, self.runner.pull_async, self.deps.api_services())
+        services = replace(self.deps.api_services(), explainer=self.explainer)
+        return create_app(self.settings, self.state, self.runner.pull_async, services)
 
     def start(self) -> None:
         with self._lock:

@@ -124,7 +124,7 @@ class EngineCore:
         self.scenarios = scenarios
         self.listener = listener
         self.rng = random.Random(seed * 1_000_003 + index)
-        self.model = TimingModel(deployment, scenarios, self.rng)
+        self.model = TimingModel(deployment, scenarios, self.rng, index)
         self.total_blocks = deployment.num_gpu_blocks
         self.free_blocks = self.total_blocks
         self.pending: list[tuple[float, int, SimRequest]] = []  # not yet through the frontend

@@ -17,6 +17,8 @@ page_cache_pressure:fraction=0.3``) and as ``{"name": ..., "params": {...}}`` on
 | spec_decode_collapse | a draft position is accepted with probability ``acceptance`` (else 0.8) | acceptance (0.1) |
 | lora_slot_exhaustion | the traffic names ``adapters`` distinct LoRA adapters (> ``--max-loras``) | adapters (8) |
 | slow_kv_transfer | KV transfers of the P/D pair (``--kv-connector``) take ``factor`` times longer | factor (50) |
+| frontend_delay | a ``fraction`` of requests waits ``extra_s`` before the queue | fraction (0.2), extra_s (0.4) |
+| slow_rank | data-parallel engine ``engine`` steps ``factor`` times slower | engine (1), factor (3.0) |
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ DEFAULTS: dict[str, dict[str, float]] = {
     "spec_decode_collapse": {"acceptance": 0.1},
     "lora_slot_exhaustion": {"adapters": 8},
     "slow_kv_transfer": {"factor": 50.0},
+    "frontend_delay": {"fraction": 0.2, "extra_s": 0.4},
+    "slow_rank": {"engine": 1, "factor": 3.0},
 }
 _BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
     ("simd_fallback", "factor"): (0.1, 100.0),
@@ -51,6 +55,10 @@ _BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
     ("spec_decode_collapse", "acceptance"): (0.0, 1.0),
     ("lora_slot_exhaustion", "adapters"): (1, 1024),
     ("slow_kv_transfer", "factor"): (1.0, 10000.0),
+    ("frontend_delay", "fraction"): (0.0, 1.0),
+    ("frontend_delay", "extra_s"): (0.0, 600.0),
+    ("slow_rank", "engine"): (0, 255),
+    ("slow_rank", "factor"): (0.1, 100.0),
 }
 
 

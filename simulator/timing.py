@@ -35,10 +35,13 @@ def _lognormal_mean_one(rng: random.Random, sigma: float) -> float:
 
 
 class TimingModel:
-    def __init__(self, deployment: Deployment, scenarios: ScenarioSet, rng: random.Random) -> None:
+    def __init__(
+        self, deployment: Deployment, scenarios: ScenarioSet, rng: random.Random, engine_index: int = 0
+    ) -> None:
         self.dep = deployment
         self.scenarios = scenarios
         self.rng = rng
+        self.engine_index = engine_index
         hw = deployment.hardware
         tp = deployment.tensor_parallel_size
         tp_speedup = tp * (TP_EFFICIENCY ** (tp - 1))
@@ -54,12 +57,21 @@ class TimingModel:
         memory = self._weights_s + self._kv_s_per_token * context_tokens
         base = (hw.step_overhead_s + max(compute, memory)) * _lognormal_mean_one(self.rng, hw.noise_sigma)
         simd = self.scenarios.get("simd_fallback")
-        return base * simd.get("factor") if simd else base
+        if simd:
+            base *= simd.get("factor")
+        slow = self.scenarios.get("slow_rank")
+        if slow and int(slow.get("engine")) == self.engine_index:
+            base *= slow.get("factor")
+        return base
 
     def frontend_seconds(self, prompt_tokens: int) -> float:
         hw = self.dep.hardware
         mean = hw.frontend_overhead_s + FRONTEND_PER_PROMPT_TOKEN_S * prompt_tokens
-        return mean * _lognormal_mean_one(self.rng, hw.noise_sigma)
+        seconds = mean * _lognormal_mean_one(self.rng, hw.noise_sigma)
+        delay = self.scenarios.get("frontend_delay")
+        if delay is not None and self.rng.random() < delay.get("fraction"):
+            seconds += delay.get("extra_s") * _lognormal_mean_one(self.rng, SLOW_PATH_SIGMA)
+        return seconds
 
     def slow_path_seconds(self) -> float:
         """Extra stall before prefill when ``page_cache_pressure`` picks this request, else 0."""

@@ -81,6 +81,9 @@ class SpanEmitter:
             "gen_ai.usage.prompt_tokens": req.prompt_tokens,
             "gen_ai.usage.completion_tokens": req.generated,
             "gen_ai.request.n": 1,
+            # not set by vLLM v1's llm_request span: what the agent's tail explainer reads when an engine adds them
+            "vllm.dp_rank": req.engine_index,
+            "vllm.num_preemptions": req.preemptions,
         }
         if req.max_tokens_param:
             attrs["gen_ai.request.max_tokens"] = req.max_tokens_param

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from agent.analytics.explain import TailExplainer
 from agent.analytics.latency import EngineSeries, LatencyAnalytics
 from agent.samples import Collection
 from agent.state import AgentState
@@ -22,13 +23,17 @@ class SpanAnalytics:
 
     name: ClassVar[str] = "spans"
 
-    def __init__(self, analytics: LatencyAnalytics, state: AgentState) -> None:
+    def __init__(self, analytics: LatencyAnalytics, state: AgentState, explainer: TailExplainer | None = None) -> None:
         self.analytics = analytics
         self.state = state
+        self.explainer = explainer
 
     def collect(self) -> Collection:
         engine = EngineSeries.of(self.state.collections().get(ENGINE))
-        return Collection(samples=self.analytics.compute(engine))
+        samples = self.analytics.compute(engine)
+        if self.explainer is not None:  # the tail verdict the alerts quote (inferwatch.engine.tail.driver)
+            samples.extend(self.explainer.samples(engine.models, self.analytics.published))
+        return Collection(samples=samples)
 
     def close(self) -> None:
         """Nothing to release."""

@@ -8,6 +8,7 @@ from agent.actions.binary import BinaryCheck
 from agent.actions.evidence import EvidenceStore
 from agent.actions.profiles import ProfileManager
 from agent.actions.snapshots import SnapshotStore
+from agent.analytics.explain import TailExplainer
 from agent.api.auth import Authenticator
 from agent.host.runtime import RuntimeLocator
 
@@ -22,3 +23,4 @@ class ApiServices:
     profiles: ProfileManager
     locator: RuntimeLocator
     evidence: EvidenceStore
+    explainer: TailExplainer | None = None  # the span receiver's tail explainer (agent.app sets it when on)

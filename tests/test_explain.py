@@ -1,0 +1,244 @@
+"""The tail explainer (agent/analytics/explain.py): verdicts on known tails, bounded records, the API, CLI and metric.
+
+Units feed :class:`RequestTiming` values with a virtual clock; the integration test sends OTLP/HTTP spans to a real
+agent on 127.0.0.1 and reads ``/api/v1/explain``, ``inferwatch explain`` and ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from agent import catalog
+from agent.analytics import explain as ex
+from agent.receiver.spans import extract
+from agent.samples import RequestTiming
+from tests.conftest import PYTHON, ROOT, free_port
+from tests.procs import running, wait_http
+
+MODEL = "m"
+
+
+def timing(
+    rng: random.Random,
+    queue: float = 0.0,
+    prefill: float | None = None,
+    frontend: float = 0.004,
+    rank: int = 0,
+    prompt: int = 500,
+    decode_per_token: float = 0.01,
+    preemptions: int = 0,
+) -> RequestTiming:
+    q = queue + rng.uniform(0.0, 0.004)
+    p = prefill if prefill is not None else 0.03 * rng.uniform(0.9, 1.1)
+    n = rng.randint(150, 210)
+    d = decode_per_token * (n - 1) * rng.uniform(0.95, 1.05)
+    ttft = frontend + q + p
+    return RequestTiming(
+        MODEL,
+        {"ttft": ttft, "queue": q, "prefill": p, "decode": d, "e2e": ttft + d},
+        prompt,
+        n,
+        f"{rng.getrandbits(128):032x}",
+        f"cmpl-{rng.getrandbits(32):08x}",
+        preemptions,
+        (("dp_rank", str(rank)),),
+    )
+
+
+def explained(timings: list[RequestTiming], window_s: float = 60.0) -> dict:
+    records = ex.RequestRecords()
+    records.add(timings, 100.0)
+    report = ex.explain(records, MODEL, window_s, 100.0, top=5)
+    assert report is not None
+    return report
+
+
+def test_queue_tail_is_named_with_its_share_and_the_slowest_requests() -> None:
+    rng = random.Random(1)
+    reqs = [timing(rng) for _ in range(950)] + [timing(rng, queue=rng.uniform(1.0, 2.0)) for _ in range(50)]
+    report = explained(reqs)
+    t = report["quantities"]["ttft"]
+    assert t["driver"] == "queue" and t["confident"] and t["shares"]["queue"] > 0.9
+    assert abs(sum(t["shares"].values()) - 1.0) < 1e-6  # the phases add up to the gap
+    assert t["headline"].startswith("P99 TTFT ") and "of the gap is queue" in t["headline"]
+    rows = report["slowest"]
+    assert len(rows) == 5 and rows[0]["ttft_s"] >= rows[-1]["ttft_s"] > 1.0
+    slowest = max(reqs, key=lambda r: r.seconds["ttft"])
+    assert rows[0]["trace_id"] == slowest.trace_id and rows[0]["request_id"] == slowest.request_id
+    assert rows[0]["frontend_gap_s"] == pytest.approx(0.004, abs=1e-6)
+    assert rows[0]["labels"] == {"dp_rank": "0"} and rows[0]["preemptions"] == 0
+
+
+def test_frontend_prefill_and_a_slow_rank_are_told_apart() -> None:
+    rng = random.Random(2)
+    base = [timing(rng) for _ in range(900)]
+    front = explained(base + [timing(rng, frontend=0.5) for _ in range(100)])["quantities"]["ttft"]
+    assert front["driver"] == "frontend" and front["phase"] == "frontend"
+    long = [timing(rng, prefill=0.8, prompt=12_000) for _ in range(30)]
+    prefill = explained(base + long)["quantities"]["ttft"]
+    assert prefill["driver"] == "prefill" and prefill["attribute"] == "prompt_tokens=4k-16k"
+    rank = [timing(rng, rank=1, queue=0.15, prefill=0.2, decode_per_token=0.03) for _ in range(250)]
+    slow = explained(base[:750] + rank)["quantities"]
+    assert slow["ttft"]["driver"] == "dp_rank" and slow["ttft"]["attribute"] == "dp_rank=1"
+
+
+def test_healthy_windows_name_no_driver_and_say_why() -> None:
+    rng = random.Random(3)
+    report = explained([timing(rng) for _ in range(1000)])
+    for q in ("ttft", "e2e"):
+        d = report["quantities"][q]
+        assert d["driver"] == "none" and not d["confident"] and d["why_not"]
+        assert "no dominant driver" in d["headline"]
+    few = explained([timing(rng, queue=rng.uniform(0, 3)) for _ in range(20)])["quantities"]["ttft"]
+    assert few["driver"] == "none" and "20 requests < 50" in few["why_not"]
+
+
+def test_preempted_decode_drives_e2e_beyond_output_length() -> None:
+    rng = random.Random(4)
+    base = [timing(rng) for _ in range(900)]
+    slow = [timing(rng, decode_per_token=0.05, preemptions=2) for _ in range(60)]
+    e2e = explained(base + slow)["quantities"]["e2e"]
+    assert e2e["driver"] == "decode" and e2e["attribute"] == "preempted=yes"
+
+
+def test_records_are_bounded_and_sampled_above_the_budget_keeping_the_slow_ones() -> None:
+    rng = random.Random(5)
+    records = ex.RequestRecords(capacity=500, budget=100)
+    records.add([timing(rng) for _ in range(300)], 5.0)  # sub-window 0: 300 received, all kept
+    records.slow[MODEL] = (0.5, 100.0)
+    slow = [timing(rng, queue=1.0) for _ in range(10)]
+    records.add([timing(rng) for _ in range(290)] + slow, 15.0)  # stride 3 now; the slow ones are kept whole
+    assert records.stride() == 3 and records.sampled_out > 150
+    win = records.window([MODEL], 60.0, 15.0)
+    kept = {r for r in win.requests}
+    assert all(s.request_id in kept for s in slow)
+    weights = win.f["weight"]
+    assert set(weights) == {1.0, 3.0}
+    report = ex.explain(records, MODEL, 60.0, 15.0)
+    assert report is not None and report["sampled"] and report["requests"] == len(win)
+    records.add([timing(rng) for _ in range(600)], 25.0)  # over the capacity: the oldest go first
+    assert records.overwritten > 0 and len(records.window([MODEL], 60.0, 25.0)) <= 500
+    report = ex.explain(records, MODEL, 60.0, 25.0)
+    assert report is not None and report["covered_s"] < 60.0
+    assert records.memory_bytes() <= 500 * ex.RECORD_BYTES_MAX
+
+
+def test_window_parsing_and_the_histogram_fallback() -> None:
+    assert ex.parse_window("5m") == 300.0 and ex.parse_window("30s") == 30.0
+    for bad in ("", "10m", "5h", "-1m", "xs"):
+        with pytest.raises(ValueError, match="window must be"):
+            ex.parse_window(bad)
+    quantiles = {
+        ("ttft", 0.5): 0.1,
+        ("ttft", 0.99): 2.0,
+        ("queue", 0.5): 0.01,
+        ("queue", 0.99): 1.8,
+        ("prefill", 0.5): 0.05,
+        ("prefill", 0.99): 0.1,
+    }
+    report = ex.explain_histograms(quantiles, MODEL, "5m", 500.0)
+    t = report["quantities"]["ttft"]
+    assert report["source"] == "histogram" and "quantiles do not add" in report["note"]
+    assert t["driver"] == "queue" and t["headline"].endswith("(from histograms)")
+    assert report["quantities"]["e2e"] is None and report["slowest"] == []
+
+
+def test_spans_carry_trace_request_rank_and_preemptions_and_the_metric_is_in_the_catalog() -> None:
+    req = _export([(0.01, 0.02, 1, 0)], random.Random(6))
+    (t,) = extract(req).timings
+    assert t.request_id == "cmpl-0" and t.preemptions == 0 and t.labels == (("dp_rank", "1"),)
+    assert t.trace_id is not None and len(t.trace_id) == 32
+    spec = catalog.get("inferwatch.engine.tail.driver")
+    assert spec.prometheus == "inferwatch_engine_tail_driver_ratio"
+    rng = random.Random(7)
+    report = explained([timing(rng) for _ in range(950)] + [timing(rng, queue=1.5) for _ in range(50)])
+    ttft, _ = ex.driver_samples(report, MODEL, "5m")
+    assert dict(ttft.attributes)["phase"] == "queue" and ttft.value > 0.9
+    assert set(dict(ttft.attributes)) == set(spec.attributes)
+
+
+def _export(rows: list[tuple[float, float, int, int]], rng: random.Random) -> ExportTraceServiceRequest:
+    """(queue, prefill, dp rank, preemptions) per request as vLLM-style llm_request spans."""
+    out = ExportTraceServiceRequest()
+    rs = out.resource_spans.add()
+    rs.resource.attributes.add(key="gen_ai.request.model", value=AnyValue(string_value=MODEL))
+    ss = rs.scope_spans.add()
+    for k, (queue, prefill, rank, pre) in enumerate(rows):
+        sp = ss.spans.add()
+        sp.trace_id, sp.span_id, sp.name = rng.randbytes(16), rng.randbytes(8), "llm_request"
+        ttft = 0.004 + queue + prefill
+        a = sp.attributes
+        a.add(key="gen_ai.request.id", value=AnyValue(string_value=f"cmpl-{k}"))
+        a.add(key="gen_ai.usage.prompt_tokens", value=AnyValue(int_value=500))
+        a.add(key="gen_ai.usage.completion_tokens", value=AnyValue(int_value=100))
+        a.add(key="vllm.dp_rank", value=AnyValue(int_value=rank))
+        a.add(key="vllm.num_preemptions", value=AnyValue(int_value=pre))
+        a.add(key="gen_ai.latency.time_in_queue", value=AnyValue(double_value=queue))
+        a.add(key="gen_ai.latency.time_in_model_prefill", value=AnyValue(double_value=prefill))
+        a.add(key="gen_ai.latency.time_to_first_token", value=AnyValue(double_value=ttft))
+        a.add(key="gen_ai.latency.time_in_model_decode", value=AnyValue(double_value=1.0))
+        a.add(key="gen_ai.latency.e2e", value=AnyValue(double_value=ttft + 1.0))
+    return out
+
+
+@pytest.mark.integration
+def test_agent_explains_spans_over_the_api_the_cli_and_metrics(tmp_path) -> None:
+    rng = random.Random(8)
+    rows = [(rng.uniform(0, 0.004), 0.03 * rng.uniform(0.9, 1.1), rng.randrange(2), 0) for _ in range(380)]
+    rows += [(rng.uniform(1.0, 2.0), 0.03, rng.randrange(2), 0) for _ in range(20)]
+    payload = _export(rows, rng).SerializeToString()
+    port, spans_port = free_port(), free_port()
+    env = {
+        "INFERWATCH_RECEIVER__ENABLED": "true",
+        "INFERWATCH_RECEIVER__GRPC_ENDPOINT": "",
+        "INFERWATCH_RECEIVER__HTTP_ENDPOINT": f"127.0.0.1:{spans_port}",
+        "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap"),
+        "INFERWATCH_EVIDENCE__DIR": str(tmp_path / "evidence"),
+    }
+    with running([PYTHON, "-m", "agent", "run", "--port", str(port)], tmp_path / "agent.log", cwd=ROOT, env=env) as a:
+        base = f"http://127.0.0.1:{port}"
+        wait_http(f"{base}/healthz", proc=a)
+        wait_http(f"http://127.0.0.1:{spans_port}/v1/traces", proc=a, ok=lambda _r: True)
+        r = httpx.post(
+            f"http://127.0.0.1:{spans_port}/v1/traces",
+            content=payload,
+            headers={"Content-Type": "application/x-protobuf"},
+        )
+        assert r.status_code == 200
+        report = httpx.get(f"{base}/api/v1/explain", params={"window": "1m", "top": 3}).json()
+        assert report["model"] == MODEL and report["requests"] == 400
+        assert report["quantities"]["ttft"]["driver"] == "queue"
+        slowest_queue = max(q for q, _, _, _ in rows)
+        assert report["slowest"][0]["queue_s"] == pytest.approx(slowest_queue, abs=1e-6)
+        text = httpx.get(f"{base}/api/v1/explain", params={"model": MODEL, "format": "text"}).text
+        assert "of the gap is queue" in text and "slowest 10 by ttft" in text
+        bad = httpx.get(f"{base}/api/v1/explain", params={"window": "2h"})
+        assert bad.status_code == 400 and "window must be" in bad.json()["message"]
+        missing = httpx.get(f"{base}/api/v1/explain", params={"model": "nope"})
+        assert missing.status_code == 404 and MODEL in missing.json()["message"]
+        deadline = time.monotonic() + 20
+        while 'phase="queue"' not in (metrics := httpx.get(f"{base}/metrics").text):
+            assert time.monotonic() < deadline, metrics[-2000:]
+            time.sleep(0.3)
+        name = "inferwatch_engine_tail_driver_ratio{"
+        line = next(x for x in metrics.splitlines() if x.startswith(name) and 'quantity="ttft"' in x)
+        assert 'attribute="none"' in line and 'window="5m"' in line and float(line.rsplit(" ", 1)[1]) > 0.9
+        cli = [sys.executable, "-m", "agent", "explain", "--agent", base, "--window", "1m"]
+        env_cli = {**os.environ}
+        out = subprocess.run([*cli, "--json"], capture_output=True, text=True, cwd=ROOT, timeout=60, env=env_cli)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["quantities"]["ttft"]["phase"] == "queue"
+        out = subprocess.run(cli, capture_output=True, text=True, cwd=ROOT, timeout=60, env=env_cli)
+        assert out.returncode == 0 and "TTFT: P99 TTFT" in out.stdout and "request_id" in out.stdout
+        out = subprocess.run([*cli[:-1], "10m"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert out.returncode == 2 and "window must be" in out.stderr

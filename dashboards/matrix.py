@@ -26,6 +26,10 @@ from dashboards.common import (
 )
 
 UID = "inferwatch-matrix"
+# alerts/matrix.rules.yml's records (the conformance band)
+CONFORMANCE_P95 = "instance_model:inferwatch_conformance_p95_seconds:rate5m"
+CONFORMANCE_LOWER = "model_hardware:inferwatch_conformance_band_lower_seconds:1h"
+CONFORMANCE_UPPER = "model_hardware:inferwatch_conformance_band_upper_seconds:1h"
 _WINDOW = "$__range"  # the dashboard's time range is the matrix's window
 _MODEL = 'gen_ai_request_model=~"$model"'
 
@@ -168,6 +172,52 @@ def build() -> dm.Dashboard:
                 ("Per MTok", [dm.DynamicConfigValue(id_val="unit", value="suffix: /MTok")]),
                 ("Hardware match", [dm.DynamicConfigValue(id_val="unit", value="percentunit")]),
             ],
+        ),
+        24,
+        9,
+    )
+    b.row("Conformance band (alerts/matrix.rules.yml)")
+    node_p95 = f"{CONFORMANCE_P95}{{{_MODEL}}}"
+    cell = "on (gen_ai_request_model, quantity, machine_type, cpu_model, hw_model)"
+    b.add(
+        table_panel(
+            "Nodes against their hardware type's conformance band",
+            describe(
+                "One line per node, model and quantity (TTFT, ITL): the node's P95 over the last 5 minutes, the "
+                "band its hardware type's nodes keep for that model (median over the type's nodes of each node's "
+                "10th-90th percentile of its 5m P95 over the last hour) and the P95 over the band's upper edge "
+                "(over 1.1 with two peers inside fires NodeOutsideConformanceBand). Sort by 'Over upper edge'. "
+                "No prompt-length band: the engine histograms are not split by prompt length.",
+                "NodeOutsideConformanceBand",
+            ),
+            "s",
+            [
+                Target(node_p95, instant=True, fmt="table"),
+                Target(f"{CONFORMANCE_LOWER} * {cell} group_right () (0 * {node_p95} + 1)", instant=True, fmt="table"),
+                Target(f"{CONFORMANCE_UPPER} * {cell} group_right () (0 * {node_p95} + 1)", instant=True, fmt="table"),
+                Target(f"{node_p95} / {cell} group_left () {CONFORMANCE_UPPER}", instant=True, fmt="table"),
+            ],
+            transformations=[
+                merge(),
+                organize(
+                    {
+                        "instance": "Node",
+                        "gen_ai_request_model": "Model",
+                        "quantity": "Quantity",
+                        "machine_type": "Machine type",
+                        "cpu_model": "CPU model",
+                        "hw_model": "GPU model",
+                        "Value #A": "P95 (5m)",
+                        "Value #B": "Band lower",
+                        "Value #C": "Band upper",
+                        "Value #D": "Over upper edge",
+                    }
+                ),
+                dm.DataTransformerConfig(
+                    id_val="sortBy", options={"sort": [{"field": "Over upper edge", "desc": True}]}
+                ),
+            ],
+            overrides=[("Over upper edge", [dm.DynamicConfigValue(id_val="unit", value="none")])],
         ),
         24,
         9,

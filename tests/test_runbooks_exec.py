@@ -228,10 +228,28 @@ EVIDENCE: dict[str, list[Evidence]] = {
     ],
     "TTFTErrorBudgetBurn": [],
     "GPUThrottling": [],
+    # One node per hardware type in this stack, so no band to leave (tests/test_matrix_conformance.py fires it with
+    # three nodes of one type): its blocks run against the stack's Prometheus and agent, the queries must answer.
+    "NodeOutsideConformanceBand": [r'"status": "success"', r'"findings"'],
     "GPUDecodeMemoryBound": [],
     # No GPU fault in this stack (tests/fake_nvml.py is not wired in): its one block runs, its evidence is unchecked.
     "GPUErrorNeedsDrain": [],
     "Watchdog": [r'"alertname": "Watchdog"', r"SUCCESS"],
+    # The agent's own series (docs/cardinality.md): the stack's agents are far under the default budget, so the
+    # blocks show the two figures the alert compares and the families and models behind them.
+    "AgentSeriesBudgetExceeded": [
+        r"^inferwatch_agent_series \d+",
+        r"^inferwatch_agent_series_budget 50000",
+        r"^\s+\d+ inferwatch_engine_latency_seconds$",
+    ],
+    # Engine signals (issue 18): this stack's simulator runs without speculative decoding, LoRA or a KV connector,
+    # so their runbooks' blocks run against its vLLM exposition (the KV and prefix families are there); their faults
+    # page end to end in tests/e2e/test_engine_signals_pipeline.py.
+    "KVCacheSaturatedWithPreemptions": [r"^vllm:kv_cache_usage_perc\{"],
+    "PrefixCacheHitRatioCollapsed": [r"^vllm:prefix_cache_queries_total\{", r'enable_prefix_caching="True"'],
+    "SpecDecodeAcceptanceCollapsed": [r"no speculative-decoding families"],
+    "LoRARequestsWaitingForAdapterSlot": [r"no LoRA info"],
+    "GoodputBelowTarget": [r"^vllm:time_to_first_token_seconds_count\{", r"no KV-transfer families"],
 }
 # Nothing but the variables block runs here: PromQL only, or every shell block needs what CI lacks.
 PROMQL_ONLY = {"GPUThrottling", "GPUDecodeMemoryBound"}

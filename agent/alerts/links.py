@@ -58,9 +58,12 @@ GROUP_DASHBOARDS = {
     "inferwatch-node": "inferwatch-node",
     "inferwatch-latency": SLO_DASHBOARD,
     "inferwatch-engine": "inferwatch-engine",
+    "inferwatch-engine-signals": "inferwatch-engine",  # alerts/engine-signals.rules.yml (issue 18)
     "inferwatch-runtime": "inferwatch-node",
     "inferwatch-hygiene": "inferwatch-node",
     "inferwatch-simd": "inferwatch-node",
+    "inferwatch-conformance": "inferwatch-node",  # alerts/matrix.rules.yml: one node out of its type's band
+    "inferwatch-agent-budget": "inferwatch-node",  # alerts/agent-budget.rules.yml: the agent's own series
 }
 SLO_GROUP_PREFIX = "inferwatch-slo-"  # agent.alerts.slo's groups, one pair per SLO: all on the SLO dashboard
 # Dashboard variables a link fills in, in URL order, with the alert label that carries the value.

@@ -312,7 +312,26 @@ def _burn_description(slo: SLO, w: BurnWindow) -> str:
     return (
         f"{_subject(slo)}: {{{{ $value | humanizePercentage }}}} of requests took longer than {thr} to the "
         f"first token over the last {w.long} (and over {also}); SLO {slo.name}: {pct}% within {thr}. {tail}"
+        + _why(slo)
     )
+
+
+# The tail explainer's verdict (agent/analytics/explain.py, inferwatch_engine_tail_driver_ratio) on the node of the
+# model whose TTFT tail has the most dominant driver, and the link to that agent's explain view. A TTFT SLO is per
+# model across nodes, so the worst node is named; none when no node has spans or a confident driver.
+_TTFT_WHY = (
+    ' Why: {{ with printf "topk(1, inferwatch_engine_tail_driver_ratio{gen_ai_request_model=%q,quantity=\\"ttft\\",'
+    'window=\\"5m\\",phase!=\\"none\\"})" $labels.gen_ai_request_model | query }}{{ with . | first }}on '
+    "{{ .Labels.instance }} {{ .Labels.phase }} is {{ .Value | humanizePercentage }} of the TTFT P99-P50 gap"
+    '{{ if ne .Labels.attribute "none" }}, {{ .Labels.attribute }} separates the tail{{ end }}; explain: '
+    "http://{{ .Labels.instance }}/api/v1/explain?model={{ $labels.gen_ai_request_model | urlquery }}&format=text"
+    "{{ end }}{{ else }}no node names a dominant driver of the TTFT tail (or no spans){{ end }}."
+)
+
+
+def _why(slo: SLO) -> str:
+    """The one-line tail explanation for a latency SLO grouped by model; empty otherwise."""
+    return _TTFT_WHY if slo.kind != "availability" and "gen_ai_request_model" in slo.group_by else ""
 
 
 def _exhaustion(factor: Decimal) -> str:
@@ -371,7 +390,7 @@ def _fast_page_lines(slo: SLO, fp: FastPage, alerts_group: str) -> list[str]:
         "          description: "
         + _q(
             f"{_subject(slo)}: {{{{ $value | humanizePercentage }}}} {what} (page above {pct}%: a {burn.factor}x "
-            f"burn, the 30-day error budget gone in {burn.exhaustion}); SLO {slo.name}: {target}."
+            f"burn, the 30-day error budget gone in {burn.exhaustion}); SLO {slo.name}: {target}." + _why(slo)
         ),
         *links.annotation_lines(slo.alert, alerts_group, "          ", "critical"),
     ]

@@ -24,12 +24,13 @@ share of the requests, and the excess is significant: a binomial z of at least :
 
 **Verdict.** Only when the tail is a tail: at least :data:`MIN_REQUESTS` requests with the phases, P99/P50 of
 at least :data:`TAIL_RATIO_MIN` and P99 − P50 of at least :data:`TAIL_GAP_MIN_S`. Then the driver is the
-separating placement attribute (``dp_rank``, ``lora``, ``tenant``) if there is one and no phase holds
-:data:`PHASE_OVER_PLACEMENT` (90 %) of the gap, else the phase with at least :data:`DOMINANT_SHARE` of the gap (the
-separating attribute, if any, named beside it: "100 % of the gap is queue; dp_rank=1 is 49 % of requests and
-100 % of the tail" is a queue burst that one rank took); ``output_length`` is reported as the workload, never as
-a fault driver. Otherwise the answer is ``none`` ("no dominant driver"). The thresholds and their measured accuracy
-are in docs/explain.md (benchmarks/tail_explain.py).
+separating placement attribute (``dp_rank``, ``lora``, ``tenant``) if there is one and either no phase holds
+:data:`PHASE_OVER_PLACEMENT` (90 %) of the gap or the value's share of the tail is at least :data:`STRONG_LIFT` (3)
+times its share of the requests (a slow rank the balancer already avoids: 24 % of requests, 93 % of the tail);
+else the phase with at least :data:`DOMINANT_SHARE` of the gap, the separating attribute named beside it ("100 %
+of the gap is queue; dp_rank=1 is 49 % of requests and 100 % of the tail" is a queue burst that one rank took).
+``output_length`` is reported as the workload, never as a fault driver. Otherwise the answer is ``none`` ("no
+dominant driver"). The thresholds and their measured accuracy are in docs/explain.md (benchmarks/tail_explain.py).
 
 **Bounded records.** :class:`RequestRecords` keeps at most :data:`CAPACITY` requests for all models together,
 in columns (about :data:`RECORD_BYTES_MAX` bytes each at most: 7.7 MB in all; request ids are cut to
@@ -79,7 +80,8 @@ TAIL_RATIO_MIN = 3.0
 TAIL_GAP_MIN_S = 0.02
 DOMINANT_SHARE = 0.5
 ITL_SAMPLE = 4_096  # the window's median inter-token latency is read from at most this many requests
-PHASE_OVER_PLACEMENT = 0.9  # a phase with 90 % of the gap is the driver even where one rank holds the tail
+PHASE_OVER_PLACEMENT = 0.9  # a phase with 90 % of the gap is the driver even where one rank holds the tail ...
+STRONG_LIFT = 3.0  # ... unless the tail is 3x more concentrated on that value than its share of requests
 BEYOND_MIN = 0.25  # e2e beyond output length: a tail gap under a quarter of the e2e median is not material
 SEPARATOR_TAIL_SHARE = 0.6
 SEPARATOR_LIFT = 1.8
@@ -493,7 +495,7 @@ def _decompose(
         pass
     elif top_phase == "output_length" and shares[top_phase] >= DOMINANT_SHARE:
         reasons.append(f"{shares[top_phase]:.0%} of the gap is output length (the workload, not a fault)")
-    elif placement is not None and shares[top_phase] < PHASE_OVER_PLACEMENT:
+    elif placement is not None and (shares[top_phase] < PHASE_OVER_PLACEMENT or placement["lift"] >= STRONG_LIFT):
         driver = placement["attribute"]
     elif shares[top_phase] >= DOMINANT_SHARE:
         driver = top_phase

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 Attributes = tuple[tuple[str, str], ...]
+Exemplar = tuple[str, float, float]  # (trace id hex, observed value, Unix seconds)
 
 
 def attrs(mapping: Mapping[str, object] | None = None, **kwargs: object) -> Attributes:
@@ -39,6 +40,9 @@ class HistogramSample:
     sum: float
     count: float
     attributes: Attributes = ()
+    # Per bucket (same order as ``buckets``), the last request observed in it: (trace id hex, seconds, Unix time),
+    # or None; empty when the histogram keeps none. Written as OpenMetrics exemplars (exporters/prometheus.py).
+    exemplars: tuple[Exemplar | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

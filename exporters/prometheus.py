@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -23,7 +24,9 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.openmetrics.exposition import generate_latest as _openmetrics_latest
 from prometheus_client.registry import Collector as _PromCollector
+from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from agent import catalog
@@ -32,6 +35,7 @@ from agent.samples import AnySample, HistogramSample, Sample
 from agent.state import AgentState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 
 def _fmt_le(bound: float) -> str:
@@ -84,7 +88,11 @@ class StateCollector(_PromCollector):
         for values, s in series:
             if isinstance(s, HistogramSample):
                 assert isinstance(family, HistogramMetricFamily)
-                family.add_metric(list(values), [(_fmt_le(le), c) for le, c in s.buckets], s.sum)
+                buckets: list[Any] = [(_fmt_le(le), c) for le, c in s.buckets]
+                for i, ex in enumerate(s.exemplars[: len(buckets)]):
+                    if ex is not None:  # only the OpenMetrics format writes them
+                        buckets[i] = (*buckets[i], Exemplar({"trace_id": ex[0]}, ex[1], ex[2] or None))
+                family.add_metric(list(values), buckets, s.sum)
             elif isinstance(s, Sample) and isinstance(family, (GaugeMetricFamily, CounterMetricFamily)):
                 family.add_metric(list(values), float(s.value))
         return family
@@ -145,6 +153,15 @@ def render(state: AgentState) -> bytes:
                 labels = f"{{{','.join(parts)}}}" if parts else ""
                 out.append(f"{prom}{labels} {floatToGoString(s.value)}\n")
     return "".join(out).encode()
+
+
+def render_openmetrics(state: AgentState) -> bytes:
+    """The state in the OpenMetrics text format, with the latency histograms' exemplars (trace ids).
+
+    Served when the scraper asks for it (Prometheus does, first, in its Accept header) and the span receiver feeds
+    histograms (``receiver.emit_histograms``): through prometheus_client's registry, slower than :func:`render`.
+    """
+    return _openmetrics_latest(make_registry(state))
 
 
 def make_registry(state: AgentState) -> CollectorRegistry:

@@ -242,3 +242,70 @@ def test_agent_explains_spans_over_the_api_the_cli_and_metrics(tmp_path) -> None
         assert out.returncode == 0 and "TTFT: P99 TTFT" in out.stdout and "request_id" in out.stdout
         out = subprocess.run([*cli[:-1], "10m"], capture_output=True, text=True, cwd=ROOT, timeout=60)
         assert out.returncode == 2 and "window must be" in out.stderr
+
+
+@pytest.mark.integration
+def test_prometheus_stores_the_agents_exemplars_with_the_spans_trace_ids(tmp_path) -> None:
+    """Real Prometheus with exemplar storage scrapes the agent (OpenMetrics) and returns the spans' trace ids."""
+    rng = random.Random(9)
+    rows = [(rng.uniform(0, 0.05), rng.uniform(0.01, 0.5), 0, 0) for _ in range(60)]
+    req = _export(rows, rng)
+    sent = {span.trace_id.hex() for rs in req.resource_spans for ss in rs.scope_spans for span in ss.spans}
+    port, spans_port, prom_port = free_port(), free_port(), free_port()
+    env = {
+        "INFERWATCH_RECEIVER__ENABLED": "true",
+        "INFERWATCH_RECEIVER__EMIT_HISTOGRAMS": "true",
+        "INFERWATCH_RECEIVER__GRPC_ENDPOINT": "",
+        "INFERWATCH_RECEIVER__HTTP_ENDPOINT": f"127.0.0.1:{spans_port}",
+        "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap"),
+        "INFERWATCH_EVIDENCE__DIR": str(tmp_path / "evidence"),
+    }
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text(
+        "global: {scrape_interval: 1s}\n"
+        "scrape_configs:\n"
+        f"  - {{job_name: inferwatch-agent, static_configs: [{{targets: ['127.0.0.1:{port}']}}]}}\n"
+    )
+    prom = [
+        "prometheus",
+        f"--config.file={cfg}",
+        f"--storage.tsdb.path={tmp_path / 'prom-data'}",
+        f"--web.listen-address=127.0.0.1:{prom_port}",
+        "--enable-feature=exemplar-storage",
+    ]
+    with running([PYTHON, "-m", "agent", "run", "--port", str(port)], tmp_path / "agent.log", cwd=ROOT, env=env) as a:
+        base = f"http://127.0.0.1:{port}"
+        wait_http(f"{base}/healthz", proc=a)
+        r = httpx.post(
+            f"http://127.0.0.1:{spans_port}/v1/traces",
+            content=req.SerializeToString(),
+            headers={"Content-Type": "application/x-protobuf"},
+        )
+        assert r.status_code == 200
+        om = httpx.get(f"{base}/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        assert om.headers["content-type"].startswith("application/openmetrics-text") and om.text.endswith("# EOF\n")
+        assert '# {trace_id="' in om.text
+        plain = httpx.get(f"{base}/metrics")
+        assert plain.headers["content-type"].startswith("text/plain") and "trace_id" not in plain.text
+        prom_url = f"http://127.0.0.1:{prom_port}"
+        with running(prom, tmp_path / "prometheus.log") as p:
+            wait_http(f"{prom_url}/-/ready", timeout_s=60, proc=p, ok=lambda r: r.status_code == 200)
+            deadline = time.monotonic() + 30
+            got: set[str] = set()
+            while not got:
+                assert time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()[-2000:]
+                time.sleep(1.0)
+                now = time.time()
+                answer = httpx.get(
+                    f"{prom_url}/api/v1/query_exemplars",
+                    params={
+                        "query": "gen_ai_server_time_to_first_token_seconds_bucket",
+                        "start": now - 300,
+                        "end": now + 60,
+                    },
+                ).json()
+                assert answer["status"] == "success", answer
+                got = {e["labels"]["trace_id"] for s in answer["data"] for e in s["exemplars"]}
+            assert got <= sent  # every stored exemplar is a trace id the agent's spans really had
+            buckets = {s["seriesLabels"]["le"] for s in answer["data"]}
+            assert len(buckets) >= 2  # several buckets carry their own recent request

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import bisect
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from agent.catalog import genai
-from agent.samples import HistogramSample, RequestTiming, attrs
+from agent.samples import Exemplar, HistogramSample, RequestTiming, attrs
 
 DEFAULT_OPERATION = "chat"  # what an OpenAI-compatible server mostly serves; a span's gen_ai.operation.name wins
 DEFAULT_PROVIDER = "vllm"  # the engine that sends gen_ai.latency.* spans; a span's gen_ai.provider.name wins
@@ -67,27 +68,36 @@ def measurements(t: RequestTiming, options: GenAIOptions) -> list[Measurement]:
 
 
 class Histogram:
-    """Cumulative explicit-bucket histogram (``le`` semantics: a value equal to an edge is in that bucket)."""
+    """Cumulative explicit-bucket histogram (``le`` semantics: a value equal to an edge is in that bucket).
 
-    __slots__ = ("bounds", "count", "counts", "total")
+    Each bucket also keeps the last request observed in it that had a trace id (its exemplar: trace id, value,
+    Unix time), so a latency panel can link a bucket to a trace (issue 19).
+    """
+
+    __slots__ = ("bounds", "count", "counts", "exemplars", "total")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
+        self.exemplars: list[Exemplar | None] = [None] * (len(bounds) + 1)
         self.total = 0.0
         self.count = 0
 
-    def observe(self, v: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, v)] += 1
+    def observe(self, v: float, trace_id: str | None = None, at: float = 0.0) -> None:
+        i = bisect.bisect_left(self.bounds, v)
+        self.counts[i] += 1
         self.total += v
         self.count += 1
+        if trace_id:
+            self.exemplars[i] = (trace_id, v, at)
 
     def sample(self, name: str, attributes: tuple[tuple[str, str], ...]) -> HistogramSample:
         cum, buckets = 0, []
         for bound, c in zip((*self.bounds, math.inf), self.counts, strict=True):
             cum += c
             buckets.append((bound, float(cum)))
-        return HistogramSample(name, tuple(buckets), self.total, float(self.count), attributes)
+        exemplars = tuple(self.exemplars) if any(self.exemplars) else ()
+        return HistogramSample(name, tuple(buckets), self.total, float(self.count), attributes, exemplars)
 
 
 class ModelHistograms:
@@ -103,6 +113,7 @@ class ModelHistograms:
     def observe(self, t: RequestTiming) -> list[Measurement]:
         """Add one request; return its measurements (for a synchronous OTLP instrument)."""
         got = measurements(t, self.options)
+        now = time.time() if t.trace_id else 0.0
         for name, value, a in got:
             key = (name, 0.0, a)
             h = self.series.get(key)
@@ -111,7 +122,7 @@ class ModelHistograms:
                     self.dropped += 1
                     continue
                 h = self.series[key] = Histogram(genai.buckets(name, self.options.ttft_extra_buckets_s))
-            h.observe(value)
+            h.observe(value, t.trace_id, now)
         return got
 
     def samples(self, model: str) -> Iterator[HistogramSample]:

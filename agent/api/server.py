@@ -16,7 +16,7 @@ from agent.config import Settings
 from agent.redact import redact_url
 from agent.runbooks import Runbooks, to_html
 from agent.state import AgentState
-from exporters.prometheus import CONTENT_TYPE, render
+from exporters.prometheus import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, render, render_openmetrics
 
 Pull = Callable[[float], Awaitable[None]]  # Runner.pull_async: bring the due collections into this scrape
 
@@ -38,6 +38,9 @@ class MetricsEndpoint:
         self.pull = pull
         self.auth = auth
         self._headers = [(b"content-type", CONTENT_TYPE.encode())]
+        self._openmetrics_headers = [(b"content-type", OPENMETRICS_CONTENT_TYPE.encode())]
+        # Exemplars exist only on the histograms the span receiver feeds: OpenMetrics (and its slower path) only then
+        self._exemplars = settings.receiver.enabled and settings.receiver.emit_histograms
 
     def _allowed(self, scope: dict[str, Any]) -> bool:
         if self.auth.is_open("/metrics"):
@@ -55,8 +58,12 @@ class MetricsEndpoint:
         settings = self.settings
         if settings.collect_on_scrape:
             await self.pull(settings.scrape_wait_s)
-        body = render(self.state)
-        headers = [*self._headers, (b"content-length", str(len(body)).encode())]
+        accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
+        if self._exemplars and b"application/openmetrics-text" in accept:
+            body, head = render_openmetrics(self.state), self._openmetrics_headers
+        else:
+            body, head = render(self.state), self._headers
+        headers = [*head, (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body if scope["method"] == "GET" else b""})
 

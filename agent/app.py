@@ -55,6 +55,9 @@ class Agent:
             self.receiver = Receiver(settings.receiver, RecordingSink(self.analytics, self.explainer))
             processors.append(SpanAnalytics(self.analytics, self.state, self.explainer))  # on the runner's schedule
             self.state.add_source("receiver", self.receiver.samples)
+        from agent.analytics.series import SeriesBudget
+
+        processors.append(SeriesBudget(self.state, settings.series_budget))  # the agent's own series count
         # A processor runs on the host lane at the agent's interval and on every scrape (its input is in memory).
         processing = Schedule(settings.interval_s, min(settings.timeout_s, settings.interval_s), HOST_LANE, True)
         self.runner = Runner(

@@ -51,6 +51,9 @@ DEFAULT_LISTEN_PORT = 9435
 DEFAULT_MAX_PROCFS_READ_BYTES = 1 << 20
 DEFAULT_MAX_CPUINFO_READ_BYTES = 16 << 20
 DEFAULT_INTERVAL_S = 5.0
+# The agent's own /metrics series (docs/cardinality.md): 64 models (engine.max_models) at the measured ~370 series
+# per model (engine under traffic, spans and their histograms on) plus the node's own, with room for twice that.
+DEFAULT_SERIES_BUDGET = 50_000
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_INACTIVE_FILE_THRESHOLD_BYTES = 1 << 30  # 1 GiB; relative to the model size, see runbooks
 ENV_PREFIX = "INFERWATCH_"
@@ -428,6 +431,8 @@ class Settings(BaseSettings):
     listen_port: int = Field(default=DEFAULT_LISTEN_PORT, ge=0, le=65535)
     interval_s: float = Field(default=DEFAULT_INTERVAL_S, gt=0, le=3600)
     timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0, le=600)
+    # The agent's own /metrics series this node may hold before AgentSeriesBudgetExceeded (docs/cardinality.md).
+    series_budget: int = Field(default=DEFAULT_SERIES_BUDGET, ge=100, le=100_000_000)
     # A scrape of /metrics runs the collections due before the next scrape and waits for them (at most
     # scrape_wait_s): fresh values, and one wake-up per cycle instead of two (docs/collectors.md).
     collect_on_scrape: bool = True

@@ -63,4 +63,30 @@ METRICS = (
         "Always 1; carries the agent version and the node's configured environment.",
         ("version", "environment"),
     ),
+    # The agent's own cardinality (agent/analytics/series.py, docs/cardinality.md).
+    MetricSpec(
+        "inferwatch.agent.series",
+        Kind.GAUGE,
+        "{series}",
+        "Series in the agent's own /metrics (one per label set; a histogram one per bucket plus _sum and _count), "
+        "counted from the state one processing cycle old.",
+    ),
+    MetricSpec(
+        "inferwatch.agent.series.budget",
+        Kind.GAUGE,
+        "{series}",
+        "The configured series_budget; AgentSeriesBudgetExceeded fires while inferwatch_agent_series is above it.",
+    ),
+    MetricSpec(
+        "inferwatch.agent.series.models",
+        Kind.GAUGE,
+        "{model}",
+        "Models (gen_ai.request.model values) with at least one series in the agent's /metrics.",
+    ),
+    MetricSpec(
+        "inferwatch.agent.series.max_per_model",
+        Kind.GAUGE,
+        "{series}",
+        "The most series one model has in the agent's /metrics (docs/cardinality.md states the expected figure).",
+    ),
 )

@@ -1,0 +1,355 @@
+"""Ten times today's size: a vLLM exposition of 200 models x 2 data-parallel ranks with every family the agent reads.
+
+Run from the repository root: ``python benchmarks/engine_scale.py [--models 200] [--repeat 7] [--out FILE]``.
+
+The exposition is built with prometheus_client (as vLLM builds its own): the latency, token and request families
+of tests/engine_expo.py plus the issue-18 signal families with vLLM's names, labels and buckets (prefix cache,
+external prefix cache, cached prompt tokens, prompt tokens by source, speculative decoding with acceptance per
+position, the NIXL connector's transfer time, bytes and failures, requests waiting by reason, LoRA info). Then:
+
+1. **identical values**: every sample of every family the vLLM adapter reads, as inferwatch's reader returns it,
+   equals prometheus_client's parser's (names, labels, values), and so does every per-model figure derived;
+2. **ingest**: interleaved rounds of prometheus_client's ``text_string_to_metric_families`` (consumed to the end)
+   against the reader + vLLM adapter, cold (new reader) and warm (the collector's case); medians, ratio;
+3. **the agent as a process** (``python -m agent run``) scraping that exposition from a local HTTP server with
+   ``engine.max_models`` and ``engine.max_series`` raised to hold it: its RSS (VmRSS and peak VmHWM from
+   /proc) after several collections and scrapes, its own ``/metrics`` series in total and per model, and the
+   agent's self-metric ``inferwatch_agent_series`` against the count of lines in the same scrape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import http.server
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter as Tally
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+from prometheus_client import Counter, Gauge, Histogram  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from agent.engine.adapters import VLLM, KeyCache, read  # noqa: E402
+from agent.engine.exposition import Exposition  # noqa: E402
+from agent.engine.limits import EngineLimits  # noqa: E402
+from tests.engine_expo import VllmLike  # noqa: E402
+
+NIXL_TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)  # NixlPromMetrics
+NIXL_BYTES_BUCKETS = (1e6, 1e7, 1e8, 1e9)
+SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+WAIT_REASONS = ("capacity", "deferred")
+POSITIONS = ("0", "1", "2")  # --num-speculative-tokens 3
+
+
+class SignalsVllmLike(VllmLike):
+    """tests/engine_expo.py's vLLM plus the engine-signal families of vLLM v1 (engines.md §1.2-1.4, NIXL)."""
+
+    def restart(self) -> None:
+        super().restart()
+        r, ln = self.registry, ["model_name", "engine"]
+        c = {
+            n: Counter(f"vllm:{n}", n, ln, registry=r)
+            for n in (
+                "prompt_tokens_cached",
+                "prefix_cache_queries",
+                "prefix_cache_hits",
+                "external_prefix_cache_queries",
+                "external_prefix_cache_hits",
+                "spec_decode_num_drafts",
+                "spec_decode_num_draft_tokens",
+                "spec_decode_num_accepted_tokens",
+                "nixl_num_failed_transfers",
+            )
+        }
+        self.signal_counters = c
+        self.by_source = Counter("vllm:prompt_tokens_by_source", "By source.", [*ln, "source"], registry=r)
+        self.per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos", "Per pos.", [*ln, "position"], registry=r
+        )
+        self.waiting_by_reason = Gauge("vllm:num_requests_waiting_by_reason", "Waiting.", [*ln, "reason"], registry=r)
+        self.xfer = Histogram("vllm:nixl_xfer_time_seconds", "Xfer.", ln, buckets=NIXL_TIME_BUCKETS, registry=r)
+        self.xfer_bytes = Histogram("vllm:nixl_bytes_transferred", "Bytes.", ln, buckets=NIXL_BYTES_BUCKETS, registry=r)
+        self.lora = Gauge(
+            "vllm:lora_requests_info",
+            "LoRA.",
+            ["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+            registry=r,
+        )
+
+    def observe(self, requests: int, model: str | None = None, engine: str | None = None, slow: float = 1.0) -> None:
+        super().observe(requests, model, engine, slow)
+        rng = self.rng
+        for m in [model] if model else self.models:
+            for e in [engine] if engine else self.engines:
+                for counter in self.signal_counters.values():
+                    counter.labels(m, e).inc(rng.randint(0, 10_000))
+                for s in SOURCES:
+                    self.by_source.labels(m, e, s).inc(rng.randint(0, 10_000))
+                for p in POSITIONS:
+                    self.per_pos.labels(m, e, p).inc(rng.randint(0, 1000))
+                for reason in WAIT_REASONS:
+                    self.waiting_by_reason.labels(m, e, reason).set(rng.randint(0, 4))
+                for _ in range(requests):
+                    self.xfer.labels(m, e).observe(rng.lognormvariate(-3.5, 0.8))
+                    self.xfer_bytes.labels(m, e).observe(rng.uniform(1e5, 2e9))
+        self.lora.labels("4", "adapter-000,adapter-001", "adapter-002").set(time.time())
+
+
+def exposition(models: int, seed: int = 1) -> tuple[str, SignalsVllmLike]:
+    gen = SignalsVllmLike([f"org/model-{i:03d}" for i in range(models)], engines=2, seed=seed)
+    gen.observe(3)
+    return gen.text(), gen
+
+
+def baseline_samples(text: str, wanted: frozenset[str]) -> Exposition:
+    samples: dict[str, list] = {}
+    matched = 0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name in wanted:
+                samples.setdefault(s.name, []).append((tuple(s.labels.items()), s.value))
+                matched += 1
+    return Exposition(samples, 0, matched)
+
+
+def limits(series: int, models: int) -> EngineLimits:
+    return EngineLimits(max_series=series * 2, max_models=models * 2)
+
+
+def check_identical(text: str, lim: EngineLimits) -> tuple[int, int]:
+    """(samples compared, families): ours and prometheus_client's, equal sample by sample and per model."""
+    wanted = VLLM.wanted()
+    ours = VLLM.reader(lim).read(text)
+    theirs = baseline_samples(text, wanted)
+    assert set(ours.samples) == set(theirs.samples), set(ours.samples) ^ set(theirs.samples)
+    for name, series in theirs.samples.items():
+        a = sorted((tuple(sorted(lbl)), v) for lbl, v in ours.samples[name])
+        b = sorted((tuple(sorted(lbl)), v) for lbl, v in series)
+        assert a == b, f"samples of {name} differ"
+    ra, rb = read(VLLM, ours), read(VLLM, theirs)
+    assert ra.models.keys() == rb.models.keys()
+    for model in ra.models:
+        ma, mb = ra.models[model], rb.models[model]
+        assert ma.gauges == mb.gauges and ma.counters == mb.counters, model
+        assert ma.histograms == mb.histograms and ma.lora == mb.lora, model
+    return ours.matched, len(theirs.samples)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    gc.collect()
+    t0 = time.perf_counter()
+    result = fn()
+    elapsed = time.perf_counter() - t0
+    del result
+    return elapsed
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve(bodies: list[bytes]) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """Serve ``bodies`` in turn at /metrics (the engine under traffic: counters grow), then the last one."""
+    served = [0]
+    lock = threading.Lock()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path != "/metrics":  # the agent also asks /v1/models and /health: none here
+                self.send_error(404)
+                return
+            with lock:
+                body = bodies[min(served[0], len(bodies) - 1)]
+                served[0] += 1
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/metrics"
+
+
+def status_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def agent_run(url: str, series: int, models: int, scrapes: int) -> dict[str, object]:
+    """Start the agent on ``url``, scrape its /metrics ``scrapes`` times; RSS and its own series."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "INFERWATCH_ENGINE__METRICS_URL": url,
+        "INFERWATCH_ENGINE__KIND": "vllm",
+        "INFERWATCH_ENGINE__MAX_MODELS": str(models * 2),
+        "INFERWATCH_ENGINE__MAX_SERIES": str(series * 2),
+        "INFERWATCH_ENGINE__MAX_BYTES": str(256 << 20),
+        "INFERWATCH_ENGINE__TIMEOUT_S": "30",
+        "INFERWATCH_COLLECTORS__ENGINE__TIMEOUT_S": "30",
+        "INFERWATCH_SERIES_BUDGET": str(10_000_000),
+        "INFERWATCH_LOG_LEVEL": "warning",
+    }
+    cmd = [sys.executable, "-m", "agent", "run", "--port", str(port), "--interval", "5"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError(f"agent exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+            time.sleep(0.5)
+        text, scrape_s = "", []
+        for _ in range(scrapes):
+            t0 = time.perf_counter()
+            text = httpx.get(f"{base}/metrics", timeout=120).text
+            scrape_s.append(time.perf_counter() - t0)
+            time.sleep(1.0)
+        lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+        per_model: Tally[str] = Tally()
+        for ln in lines:
+            m = re.search(r'gen_ai_request_model="([^"]*)"', ln)
+            if m:
+                per_model[m.group(1)] += 1
+        models_by_count = Tally(per_model.values())
+        own = next(float(ln.split()[-1]) for ln in lines if ln.startswith("inferwatch_agent_series "))
+        return {
+            "rss_mib": round(status_kib(proc.pid, "VmRSS") / 1024, 1),
+            "peak_rss_mib": round(status_kib(proc.pid, "VmHWM") / 1024, 1),
+            "scrape_median_ms": round(statistics.median(scrape_s) * 1e3, 1),
+            "series": len(lines),
+            "self_metric_series": own,
+            "models_seen": len(per_model),
+            "series_per_model": {str(n): k for n, k in sorted(models_by_count.items())},
+            "models_with_few_series": sorted(m for m, n in per_model.items() if n < max(per_model.values())),
+            "series_not_per_model": len(lines) - sum(per_model.values()),
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", type=int, default=200)
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--scrapes", type=int, default=6)
+    ap.add_argument("--versions", type=int, default=4, help="exposition versions served in turn (traffic)")
+    ap.add_argument("--baseline-models", type=int, default=20, help="the same-run baseline: today's size")
+    ap.add_argument("--out", type=Path, help="write the figures as JSON")
+    args = ap.parse_args()
+    load_before = os.getloadavg()
+
+    text, gen = exposition(args.models)
+    samples = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    families = {ln.split()[2] for ln in text.splitlines() if ln.startswith("# TYPE ")}
+    lim = limits(len(samples), args.models)
+    matched, read_families = check_identical(text, lim)
+    print(
+        f"exposition: {len(samples)} series, {len(text) / 1e6:.1f} MB, {len(families)} families, "
+        f"{args.models} models x {len(gen.engines)} DP ranks"
+    )
+    print(f"read by the vLLM adapter: {read_families} families, {matched} samples, identical to prometheus_client's")
+
+    warm = VLLM.reader(lim)
+    warm_keys = KeyCache(VLLM.model_labels, "unknown")
+    read(VLLM, warm.read(text), keys=warm_keys)
+
+    def cold() -> object:
+        reader = VLLM.reader(lim)
+        return reader, read(VLLM, reader.read(text))
+
+    cases: list[tuple[str, Callable[[], object]]] = [
+        ("prometheus_client text_string_to_metric_families", lambda: list(text_string_to_metric_families(text))),
+        ("inferwatch reader + vLLM adapter, cold", cold),
+        ("inferwatch reader + vLLM adapter, warm", lambda: read(VLLM, warm.read(text), keys=warm_keys)),
+    ]
+    runs: dict[str, list[float]] = {name: [] for name, _ in cases}
+    for _ in range(args.repeat):  # interleaved: a noisy neighbour slows every case alike
+        for name, fn in cases:
+            runs[name].append(timed(fn))
+    base = statistics.median(runs[cases[0][0]])
+    figures = []
+    print(f"\n{'case':<52} {'median ms':>10} {'best ms':>9} {'x (median)':>11}")
+    for name, _ in cases:
+        med = statistics.median(runs[name])
+        figures.append({"case": name, "median_ms": round(med * 1e3, 1), "best_ms": round(min(runs[name]) * 1e3, 1)})
+        figures[-1]["speedup_median"] = round(base / med, 2)
+        print(f"{name:<52} {med * 1e3:>10.1f} {min(runs[name]) * 1e3:>9.1f} {base / med:>10.2f}x")
+    cases.clear()  # the readers' memory is not the agent's: let it go before the agent runs
+    gc.collect()
+
+    agents = {}
+    for label, n in (("baseline", args.baseline_models), ("scale", args.models)):
+        # versions of the exposition with more requests finished each time, served one per agent read
+        small, g = (text, gen) if n == args.models else exposition(n)
+        bodies = [small.encode()]
+        for _ in range(args.versions - 1):
+            g.observe(3)
+            bodies.append(g.text().encode())
+        n_series = len([ln for ln in small.splitlines() if ln and not ln.startswith("#")])
+        server, url = serve(bodies)
+        try:
+            agents[label] = {"models": n, "exposition_series": n_series, **agent_run(url, n_series, n, args.scrapes)}
+        finally:
+            server.shutdown()
+        del bodies, small, g
+        gc.collect()
+        print(f"\nagent process, {label} ({n} models, {n_series} series), after {args.scrapes} scrapes:")
+        print(json.dumps(agents[label]))
+    load_after = os.getloadavg()
+    print(f"load average before {load_before[0]:.1f}, after {load_after[0]:.1f} on {os.cpu_count()} CPUs")
+    if args.out:
+        doc = {
+            "models": args.models,
+            "ranks": len(gen.engines),
+            "series": len(samples),
+            "bytes": len(text),
+            "families": len(families),
+            "adapter_families": read_families,
+            "adapter_samples_identical": matched,
+            "repeat": args.repeat,
+            "ingest": figures,
+            "agent": agents,
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in load_after],
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -13,6 +13,9 @@ from agent.catalog.spec import Kind, MetricSpec
 MODEL = "gen_ai.request.model"
 # Values of the ``quantity`` attribute: the request phases whose latency the agent reports.
 QUANTITIES = ("ttft", "itl", "e2e", "queue", "prefill", "decode", "inference")
+# Engine histograms read for re-export only (not windowed into latency quantiles): the P/D KV-transfer time, as
+# ``inferwatch.engine.kv_transfer.duration``.
+REEXPORTED_ONLY = ("kv_transfer",)
 # The engines the catalog describes, in detection order; agent/engine/adapters.py has exactly one adapter per kind
 # (checked when it is imported), and config and the CLI take their choices from here.
 ENGINE_KINDS = ("vllm", "sglang", "tgi", "llamacpp", "trtllm")

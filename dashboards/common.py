@@ -44,6 +44,7 @@ class Target:
     legend: str = ""
     instant: bool = False
     fmt: str = "time_series"  # time_series | table | heatmap
+    exemplar: bool = False  # ask for the histogram's exemplars (trace ids of recent requests per bucket)
 
 
 @dataclass
@@ -118,6 +119,8 @@ def _targets(panel: Any, targets: Sequence[Target]) -> Any:
             q = q.format(PromQueryFormat.TABLE)
         elif t.fmt == "heatmap":
             q = q.format(PromQueryFormat.HEATMAP)
+        if t.exemplar:
+            q = q.exemplar(True)
         panel = panel.with_target(q)
     return panel
 
@@ -301,6 +304,33 @@ def job_variable() -> db.QueryVariable:
         "Pick one; both together would count everything twice.",
         include_all=False,
         multi=False,
+    )
+
+
+TRACE_URL_DEFAULT = "http://127.0.0.1:16686/trace/"  # Jaeger's trace page; the trace id is appended
+
+
+def trace_url_variable() -> cogbuilder.Builder[dm.VariableModel]:
+    """``$trace_url``: the trace backend's page for a trace, up to the id (exemplar data links append the id)."""
+    return (
+        db.TextBoxVariable("trace_url")
+        .label("Trace URL")
+        .description(
+            "Where an exemplar's trace opens: this text followed by the trace id. Jaeger: "
+            "http://jaeger:16686/trace/ ; Tempo: http://tempo:3200/api/traces/ ; any URL that ends where the "
+            "trace id goes."
+        )
+        .default_value(TRACE_URL_DEFAULT)
+    )
+
+
+def trace_link() -> db.DashboardLink:
+    """The data link of an exemplar: ``$trace_url`` followed by the exemplar's trace id (new tab)."""
+    return (
+        db.DashboardLink("Open trace ${__data.fields.trace_id}")
+        .type(dm.DashboardLinkType.LINK)
+        .url("${trace_url}${__data.fields.trace_id}")
+        .target_blank(True)
     )
 
 

@@ -13,6 +13,8 @@ from dashboards.common import (
     engine_variables,
     heatmap_panel,
     stat_panel,
+    trace_link,
+    trace_url_variable,
     ts,
     value_map,
 )
@@ -29,7 +31,7 @@ def build() -> dm.Dashboard:
         "inferwatch / Engine internals",
         "Where request time goes inside the engine (queue, prefill, decode, front-end), batch and KV-cache "
         "state, preemptions and the TTFT distribution.",
-        engine_variables(),
+        [*engine_variables(), trace_url_variable()],
     )
     b.row("Where time goes (agent analytics, 5-minute window)")
     b.add(
@@ -81,6 +83,36 @@ def build() -> dm.Dashboard:
             ],
         ),
         12,
+        9,
+    )
+
+    b.add(
+        ts(
+            "TTFT and request duration P99 from spans, with exemplars",
+            describe(
+                "P99 of time to first token and of request duration from the span receiver's histograms "
+                "(receiver.emit_histograms), with exemplars: each dot is a recent request in that latency bucket; "
+                "its link opens the trace ($trace_url followed by the trace id). inferwatch explain --model M "
+                "names the phase behind the tail (docs/explain.md).",
+                "TailLatencyRatioHigh",
+            ),
+            "s",
+            [
+                Target(
+                    f"histogram_quantile(0.99, sum by ({_BY}, le) "
+                    f"(rate(gen_ai_server_time_to_first_token_seconds_bucket{{{SEL_MODEL}}}[$__rate_interval])))",
+                    "TTFT P99 {{gen_ai_request_model}} @ {{instance}}",
+                    exemplar=True,
+                ),
+                Target(
+                    f"histogram_quantile(0.99, sum by ({_BY}, le) "
+                    f"(rate(gen_ai_server_request_duration_seconds_bucket{{{SEL_MODEL}}}[$__rate_interval])))",
+                    "duration P99 {{gen_ai_request_model}} @ {{instance}}",
+                    exemplar=True,
+                ),
+            ],
+        ).data_links([trace_link()]),
+        24,
         9,
     )
 

@@ -273,4 +273,247 @@ def build() -> dm.Dashboard:
         12,
         8,
     )
+    engine_signal_rows(b)
     return b.build()
+
+
+def _rec(name: str, legend: str, extra: str = "") -> Target:
+    """A recorded series of alerts/engine-signals.rules.yml (per node and model, summed over DP ranks)."""
+    return Target(f"{name}{{{SEL_MODEL}{extra}}}", legend + " {{gen_ai_request_model}} @ {{instance}}")
+
+
+def engine_signal_rows(b: Board) -> None:
+    """Issue 18: a row per signal family, from the recording rules of alerts/engine-signals.rules.yml."""
+    b.row("Prefix cache and tokens")
+    b.add(
+        ts(
+            "Prefix-cache hit ratio",
+            describe(
+                "Prompt tokens found in the prefix cache / prompt tokens looked up, over 1 and 5 minutes (vLLM's "
+                "prefix_cache_hits / queries; SGLang and TensorRT-LLM: cached / prompt tokens), and the external "
+                "(KV-connector) cache's ratio where there is one. A collapse against the same hour yesterday is a "
+                "prompt that stopped sharing its prefix, eviction, or prefix caching switched off.",
+                "PrefixCacheHitRatioCollapsed",
+            ),
+            "percentunit",
+            [
+                _rec("instance_model:inferwatch_engine_prefix_cache_hit:ratio_rate1m", "1m"),
+                _rec("instance_model:inferwatch_engine_prefix_cache_hit:ratio_rate5m", "5m"),
+                _rec("instance_model:inferwatch_engine_external_prefix_cache_hit:ratio_rate5m", "external 5m"),
+            ],
+            max_val=1,
+        ),
+        8,
+        8,
+    )
+    b.add(
+        ts(
+            "Tokens per second by type",
+            describe(
+                "Prompt, generation and cached prompt tokens per second (1m rate), summed over data-parallel "
+                "ranks. Cached tokens rising with prompt tokens flat is the prefix cache saving prefill work.",
+                None,
+            ),
+            "short",
+            [_rec("instance_model_type:inferwatch_engine_tokens:rate1m", "{{type}}")],
+        ),
+        8,
+        8,
+    )
+    b.add(
+        ts(
+            "Prompt tokens by source",
+            describe(
+                "Prompt tokens per second by where their KV came from (vLLM's prompt_tokens_by_source): "
+                "computed here, local prefix-cache hit, or pulled over a KV connector from another instance "
+                "(the decode side of a prefill/decode pair).",
+                "PrefixCacheHitRatioCollapsed",
+            ),
+            "short",
+            [_rec("instance_model_source:inferwatch_engine_prompt_tokens_by_source:rate5m", "{{source}}")],
+        ),
+        8,
+        8,
+    )
+    b.row("Preemption")
+    b.add(
+        ts(
+            "Preemptions per finished request, with KV usage",
+            describe(
+                "Preemptions per finished request over 5 minutes, beside the KV-cache usage: preemptions while the "
+                "cache is full are capacity (more KV memory, fewer sequences); preemptions with a half-empty cache "
+                "point elsewhere. Above 1, requests are preempted more than once on average (thrashing).",
+                "KVCacheSaturatedWithPreemptions",
+            ),
+            "short",
+            [
+                _rec("instance_model:inferwatch_engine_preemptions_per_request:ratio_rate5m", "per request"),
+                Target(
+                    f"inferwatch_engine_kv_cache_usage_ratio{{{SEL_MODEL}}}",
+                    "KV usage {{gen_ai_request_model}} @ {{instance}}",
+                ),
+            ],
+        ),
+        24,
+        8,
+    )
+    b.row("Speculative decoding")
+    b.add(
+        ts(
+            "Draft acceptance rate",
+            describe(
+                "Accepted / proposed draft tokens over 5 minutes (vLLM's spec_decode counters; SGLang's own "
+                "spec_accept_rate). A fall to a fraction of its usual level after a deploy is a draft that no "
+                "longer matches the target model.",
+                "SpecDecodeAcceptanceCollapsed",
+            ),
+            "percentunit",
+            [_rec("instance_model:inferwatch_engine_spec_decode_acceptance:ratio_rate5m", "acceptance")],
+            max_val=1,
+        ),
+        8,
+        8,
+    )
+    b.add(
+        ts(
+            "Mean acceptance length",
+            describe(
+                "Tokens produced per target-model step: 1 + accepted / drafts over 5 minutes (SGLang: its "
+                "spec_accept_length). Near 1, speculation saves no step and only costs draft compute.",
+                "SpecDecodeAcceptanceCollapsed",
+            ),
+            "short",
+            [_rec("instance_model:inferwatch_engine_spec_decode_acceptance_length:mean_rate5m", "length")],
+        ),
+        8,
+        8,
+    )
+    b.add(
+        ts(
+            "Acceptance by draft position",
+            describe(
+                "Share of drafts whose token at each position was accepted (vLLM's per-position counter / drafts). "
+                "Position 0 collapsing means the draft is wrong from its first token (a mismatch); only later "
+                "positions falling means harder text: speculate fewer tokens.",
+                "SpecDecodeAcceptanceCollapsed",
+            ),
+            "percentunit",
+            [
+                _rec(
+                    "instance_model_position:inferwatch_engine_spec_decode_acceptance:ratio_rate5m",
+                    "position {{position}}",
+                )
+            ],
+            max_val=1,
+        ),
+        8,
+        8,
+    )
+    b.row("LoRA adapters")
+    b.add(
+        ts(
+            "LoRA adapters running, waiting and slots",
+            describe(
+                "Adapters with requests in the batch and in the queue, and the adapter slots per batch (vLLM "
+                "--max-loras), from vLLM's lora_requests_info (its newest label set).",
+                "LoRARequestsWaitingForAdapterSlot",
+            ),
+            "short",
+            [
+                Target(
+                    f"inferwatch_engine_lora_adapters{{{SEL_MODEL}}}",
+                    "{{state}} {{gen_ai_request_model}} @ {{instance}}",
+                ),
+                Target(
+                    f"inferwatch_engine_lora_max_adapters{{{SEL_MODEL}}}",
+                    "slots {{gen_ai_request_model}} @ {{instance}}",
+                ),
+            ],
+        ),
+        12,
+        8,
+    )
+    b.add(
+        ts(
+            "Adapters waiting for a slot",
+            describe(
+                "Adapters whose requests wait while every slot is taken by other adapters: their requests queue "
+                "however idle the GPU is. Above 0 at every scrape for minutes pages.",
+                "LoRARequestsWaitingForAdapterSlot",
+            ),
+            "short",
+            [Target(f"inferwatch_engine_lora_blocked{{{SEL_MODEL}}}", "{{gen_ai_request_model}} @ {{instance}}")],
+        ),
+        12,
+        8,
+    )
+    b.row("Prefill/decode KV transfer and goodput")
+    b.add(
+        ts(
+            "KV-transfer time",
+            describe(
+                "Time to move a request's KV cache from the prefill to the decode instance: mean over 5 minutes "
+                "(vLLM's NIXL connector histogram, SGLang's own latency gauge) and P95 from the histogram.",
+                "GoodputBelowTarget",
+            ),
+            "s",
+            [
+                _rec("instance_model:inferwatch_engine_kv_transfer_duration_seconds:mean_rate5m", "mean"),
+                Target(
+                    f"histogram_quantile(0.95, sum by ({_BY}, le) (rate(inferwatch_engine_kv_transfer_duration_seconds"
+                    f"_bucket{{{SEL_MODEL}}}[$__rate_interval])))",
+                    "P95 {{gen_ai_request_model}} @ {{instance}}",
+                ),
+            ],
+        ),
+        6,
+        8,
+    )
+    b.add(
+        ts(
+            "KV-transfer share of TTFT",
+            describe(
+                "Mean KV-transfer time / mean TTFT: the prefill-to-decode handoff's share of time to first token on "
+                "the decode instance. A share that grows while prefill is unchanged is the transfer path (RDMA "
+                "link, UCX transports), not compute.",
+                "GoodputBelowTarget",
+            ),
+            "percentunit",
+            [_rec("instance_model:inferwatch_engine_kv_transfer_ttft_share:ratio_rate5m", "TTFT share")],
+        ),
+        6,
+        8,
+    )
+    b.add(
+        ts(
+            "KV-transfer throughput",
+            describe(
+                "Bytes per second moved by KV transfers (vLLM's NIXL connector), over 5 minutes. Divided by the "
+                "transfer time it is the link's effective bandwidth.",
+                "GoodputBelowTarget",
+            ),
+            "suffix:B/s",
+            [_rec("instance_model:inferwatch_engine_kv_transfer_bytes:rate5m", "bytes/s")],
+        ),
+        6,
+        8,
+    )
+    b.add(
+        ts(
+            "Goodput (bounded from histograms)",
+            describe(
+                "Share of requests that met TTFT <= 0.5 s and time per output token <= 0.1 s together. The "
+                "histograms bound it: at most the smaller of the two shares, at least their sum minus one. The "
+                "alert fires when even the upper bound is below the 90% objective.",
+                "GoodputBelowTarget",
+            ),
+            "percentunit",
+            [
+                _rec("instance_model:inferwatch_goodput:ratio_upper_rate5m", "upper"),
+                _rec("instance_model:inferwatch_goodput:ratio_lower_rate5m", "lower"),
+            ],
+            max_val=1,
+        ),
+        6,
+        8,
+    )

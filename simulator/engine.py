@@ -135,6 +135,8 @@ class EngineCore:
         self.prefix_hits = 0
         self.prompt_by_source = dict.fromkeys(SOURCES, 0)
         self.prompt_cached = 0
+        self.external_queries = 0  # KV-connector lookups (vLLM's external_prefix_cache_*), tokens
+        self.external_hits = 0
         self.reserved_blocks = 0  # taken away by kv_saturation
         k = self.features.num_speculative_tokens
         self.spec_drafts = 0
@@ -268,9 +270,11 @@ class EngineCore:
         rest = req.prompt_tokens - req.cached_tokens
         self.prompt_by_source["local_cache_hit"] += req.cached_tokens
         self.prompt_cached += req.cached_tokens
-        if self.features.kv_connector:
+        if self.features.kv_connector:  # the prefill instance has every prompt's KV: the connector finds it all
             self.prompt_by_source["external_kv_transfer"] += rest
             self.prompt_cached += rest
+            self.external_queries += rest
+            self.external_hits += rest
         else:
             self.prompt_by_source["local_compute"] += rest
 

@@ -97,8 +97,11 @@ class _PerEngine:
         self.gpu_cache_usage = m.gpu_cache_usage.labels(*lv) if m.gpu_cache_usage else None
         self.prefix_queries = m.prefix_queries.labels(*lv)
         self.prefix_hits = m.prefix_hits.labels(*lv)
-        for fam in (m.ext_prefix_queries, m.ext_prefix_hits, m.mm_queries, m.mm_hits):
+        for fam in (m.mm_queries, m.mm_hits):
             fam.labels(*lv)
+        self.ext_queries = m.ext_prefix_queries.labels(*lv)
+        self.ext_hits = m.ext_prefix_hits.labels(*lv)
+        self._ext_seen = (0, 0)
         self.preemptions = m.preemptions.labels(*lv)
         self.prompt_tokens = m.prompt_tokens.labels(*lv)
         self.generation_tokens = m.generation_tokens.labels(*lv)
@@ -162,6 +165,10 @@ class _PerEngine:
             if n != self._sources_seen[src]:
                 self.by_source[src].inc(n - self._sources_seen[src])
                 self._sources_seen[src] = n
+        if core.external_queries != self._ext_seen[0]:
+            self.ext_queries.inc(core.external_queries - self._ext_seen[0])
+            self.ext_hits.inc(core.external_hits - self._ext_seen[1])
+            self._ext_seen = (core.external_queries, core.external_hits)
         if core.prompt_cached != self._cached_seen:
             self.cached.inc(core.prompt_cached - self._cached_seen)
             self._cached_seen = core.prompt_cached

@@ -50,12 +50,20 @@ class Node:
     cpuinfo: str  # recorded /proc/cpuinfo in tests/fixtures/cpuinfo/ (the node's CPU)
     gpu: str | None  # NVML device name, None for CPU-only
     scenarios: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()  # simulator feature flags (vLLM's own), for the engine-signal panels (issue 18)
 
 
 # stream_usage_only gives the probe schema violations to count, error_burst HTTP errors (before the engine,
 # so TTFT is unaffected); both leave the timing model alone.
 NODES = (
-    Node("h100", "p5.48xlarge", "x86_amd_epyc_9654_zen4", "NVIDIA H100 80GB HBM3"),
+    # The decode side of a P/D pair with speculative decoding and two LoRA slots: the engine-signal panels' data.
+    Node(
+        "h100",
+        "p5.48xlarge",
+        "x86_amd_epyc_9654_zen4",
+        "NVIDIA H100 80GB HBM3",
+        flags=("--num-speculative-tokens", "3", "--max-loras", "2", "--kv-connector"),
+    ),
     Node(
         "a100", "p4d.24xlarge", "x86_cascadelake_xeon_platinum_8260m", "NVIDIA A100-SXM4-80GB", ("stream_usage_only",)
     ),
@@ -236,6 +244,7 @@ def full_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             cmd += ["--otlp-traces-endpoint", f"http://127.0.0.1:{http_port}/v1/traces"]
             for s in node.scenarios:
                 cmd += ["--scenario", s]
+            cmd += node.flags
             sim = es.enter_context(running(cmd, tmp / f"sim-{node.hardware}.log", cwd=ROOT))
             base = f"http://127.0.0.1:{sim_port}"
             env = _agent_env(

@@ -123,6 +123,8 @@ def test_healthy_signals(healthy: Run) -> None:
     }
     assert by["local_cache_hit"] == hits and by["local_compute"] == 0  # decode side of a P/D pair: pulled, not computed
     assert sum(by.values()) == queries
+    external = v(got, "inferwatch.engine.prefix_cache.queries", cache="external")
+    assert external == by["external_kv_transfer"] == v(got, "inferwatch.engine.prefix_cache.hits", cache="external")
     assert v(got, "inferwatch.engine.tokens", type="cached") == by["local_cache_hit"] + by["external_kv_transfer"]
     drafts = v(got, "inferwatch.engine.spec_decode.drafts")
     accepted = v(got, "inferwatch.engine.spec_decode.accepted_tokens")

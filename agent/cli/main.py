@@ -40,9 +40,9 @@ for module in (
 ):
     module.register(app)
 
-from agent.cli import grafana, matrix  # noqa: E402  (dash: grafana push, matrix)
+from agent.cli import drift, grafana, matrix  # noqa: E402  (dash: grafana push, matrix; drift)
 
-for module in (grafana, matrix):
+for module in (grafana, matrix, drift):
     module.register(app)
 
 

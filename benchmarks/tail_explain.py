@@ -36,6 +36,7 @@ import math
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -305,17 +306,104 @@ def cost(seed: int, repeats: int = 15) -> dict[str, Any]:
     }
 
 
+def llamacpp(seed: int, requests: int = 80) -> dict[str, Any]:
+    """The explainer on the real llama.cpp server's per-request timings (it emits no spans).
+
+    llama-server's ``/completion`` answers with ``timings`` (prompt_n, prompt_ms, predicted_n, predicted_ms); the
+    client measures e2e. So per request: prefill = prompt_ms, decode = predicted_ms, and queue = e2e − prefill −
+    decode is everything before the prompt is evaluated (HTTP, waiting for a free slot): llama.cpp does not tell
+    queue from front-end, so frontend is 0 by construction, and it has no data-parallel rank or preemption.
+    Two phases on the ``small`` generated model (tests/llamacpp_model.py), 2 slots: one client with 10 % long
+    prompts (prefill-driven), then 3 concurrent clients on short prompts (queue-driven: 2 slots, so one request in
+    three waits for a slot).
+    """
+    import threading
+
+    import httpx
+
+    from agent.samples import RequestTiming
+    from tests.llamacpp_model import PRESETS, cached
+    from tests.llamacpp_server import find_binary, llama_server
+
+    binary = find_binary()
+    if binary is None:
+        return {"error": "llama-server not built (scripts/build-llama-server.sh)"}
+    tmp = Path(tempfile.mkdtemp(prefix="tail-explain-"))
+    model = cached(tmp, PRESETS["small"])
+    rng = random.Random(seed)
+    out: dict[str, Any] = {}
+    with llama_server(binary, model, tmp / "llama.log", parallel=2, ctx=8192) as server:
+
+        def one(prompt_words: int, n_predict: int) -> RequestTiming:
+            prompt = " ".join(rng.choice(("alpha", "beta", "gamma", "delta")) for _ in range(prompt_words))
+            t0 = time.perf_counter()
+            r = httpx.post(
+                f"{server.url}/completion",
+                json={"prompt": prompt, "n_predict": n_predict, "cache_prompt": False, "ignore_eos": True},
+                timeout=120,
+            )
+            e2e = time.perf_counter() - t0
+            r.raise_for_status()
+            body = r.json()
+            tm = body["timings"]
+            prefill, decode = tm["prompt_ms"] / 1000, tm["predicted_ms"] / 1000
+            queue = max(0.0, e2e - prefill - decode)
+            return RequestTiming(
+                "llama.cpp",
+                {"queue": queue, "prefill": prefill, "ttft": queue + prefill, "decode": decode, "e2e": e2e},
+                int(tm["prompt_n"]),
+                int(tm["predicted_n"]),
+                f"{rng.getrandbits(128):032x}",
+                f"slot{body.get('id_slot', '?')}-{rng.getrandbits(32):08x}",
+                None,
+                (("slot", str(body.get("id_slot", "?"))),),
+            )
+
+        def phase(name: str, clients: int, make: Callable[[], tuple[int, int]]) -> None:
+            timings: list[RequestTiming] = []
+            lock = threading.Lock()
+
+            def worker() -> None:
+                for _ in range(requests // clients):
+                    words, n = make()
+                    t = one(words, n)
+                    with lock:
+                        timings.append(t)
+
+            threads = [threading.Thread(target=worker) for _ in range(clients)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(600)
+            records = RequestRecords()
+            records.add(timings, 100.0)
+            report = explain(records, "llama.cpp", 60.0, 100.0, top=3)
+            assert report is not None
+            out[name] = {
+                q: {k: d[k] for k in ("driver", "headline", "shares")} if d else None
+                for q, d in report["quantities"].items()
+            }
+            print(f"llama.cpp {name}: {report['quantities']['ttft']['headline']}", flush=True)
+
+        phase("long_prompts", 1, lambda: (250 if rng.random() < 0.1 else 5, 8))
+        phase("queue", 3, lambda: (5, 48))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=int, default=20, help="1-minute windows per scenario")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--skip-accuracy", action="store_true")
+    ap.add_argument("--llamacpp", action="store_true", help="also run on the real llama.cpp server's timings")
     args = ap.parse_args()
     out: dict[str, Any] = {"minutes": args.minutes, "seed": args.seed}
     if not args.skip_accuracy:
         out["accuracy"] = accuracy(args.minutes, args.seed)
     out["cost"] = cost(args.seed)
+    if args.llamacpp:
+        out["llamacpp"] = llamacpp(args.seed)
     print(json.dumps(out["cost"], indent=2))
     if "accuracy" in out:
         for k, v in out["accuracy"]["examples"].items():

@@ -355,6 +355,23 @@ def _bands(order: list[int], weights: list[float] | None, total: float) -> tuple
     return tail, mid
 
 
+def _bands_by_value(idx: list[int], values: list[float]) -> tuple[list[int], list[int], float, float]:
+    """(tail band, median band, P50, P99) of unweighted records: rank thresholds from a sort of the values alone.
+
+    Ties at a threshold all join the band (a band may hold a few more records than its share).
+    """
+    vals = sorted(values) if len(idx) == len(values) else sorted(_gather(idx, values))
+    n = len(vals)
+    k = max(MIN_TAIL, math.ceil(TAIL_BAND * n))
+    tail_from = vals[max(0, n - k)]
+    lo, hi = vals[int(MEDIAN_BAND[0] * n)], vals[max(int(MEDIAN_BAND[1] * n), 1) - 1]
+    tail = [j for j in idx if values[j] >= tail_from]
+    mid = [j for j in idx if lo <= values[j] <= hi]
+    p50 = vals[min(n - 1, max(0, math.ceil(0.5 * n) - 1))]
+    p99 = vals[min(n - 1, max(0, math.ceil(0.99 * n) - 1))]
+    return tail, mid, p50, p99
+
+
 def _mean(idx: list[int], col: list[float], weights: list[float] | None) -> float:
     if not idx:
         return 0.0
@@ -469,11 +486,15 @@ def _decompose(
         idx = [j for j, total in enumerate(map(sum, zip(*cols, strict=True))) if total == total]
     if not idx:
         return None
-    order = sorted(idx, key=values.__getitem__)
-    total = float(len(idx)) if weights is None else math.fsum(weights[j] for j in idx)
-    p50 = values[_quantile(order, weights, total, 0.5)]
-    p99 = values[_quantile(order, weights, total, 0.99)]
-    tail, mid = _bands(order, weights, total)
+    if weights is None:  # unweighted: thresholds from the sorted values (a plain float sort, no key), then filters
+        total = float(len(idx))
+        tail, mid, p50, p99 = _bands_by_value(idx, values)
+    else:
+        order = sorted(idx, key=values.__getitem__)
+        total = math.fsum(weights[j] for j in idx)
+        p50 = values[_quantile(order, weights, total, 0.5)]
+        p99 = values[_quantile(order, weights, total, 0.99)]
+        tail, mid = _bands(order, weights, total)
     gap = _mean(tail, values, weights) - _mean(mid, values, weights)
     shares = {
         p: (_mean(tail, phases[p], weights) - _mean(mid, phases[p], weights)) / gap if gap > 0 else 0.0 for p in names

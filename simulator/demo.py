@@ -212,7 +212,8 @@ class Demo:
         s, a = f"http://127.0.0.1:{self.sim_port}", f"http://127.0.0.1:{self.agent_port}"
         pids = " ".join(f"{c.name}={c.proc.pid}" for c in self.children if c.proc)
         self.echo(
-            "inferwatch demo is running — Ctrl-C stops everything\n"
+            f"inferwatch demo is running — open the node status page: {a}/   (Ctrl-C stops everything)\n"
+            f"  terminal    inferwatch top --agent {a}\n"
             f"  agent       {a}/api/v1/status   {a}/metrics\n"
             f"  simulator   {s}/v1/chat/completions   {s}/metrics (vLLM)   {s}/debug/runtime_profile\n"
             f"  load        {self.c.protocol} at {self.c.rate:g} req/s (Poisson), log {self.log_dir}/loadgen.log\n"

@@ -16,6 +16,7 @@ INFERWATCH_UPDATE_SCREENSHOT=1 also writes docs/img/status-page.png (the one the
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -49,6 +50,9 @@ MACHINE = "c7g.2xlarge"
 SIZES = {"desktop": (1280, 800), "phone": (390, 844)}
 SCREENSHOT = ROOT / "docs" / "img" / "status-page.png"
 BAD_IMPACTS = ("serious", "critical")
+# 30 % of requests stall 1.5 s before prefill (the default 0.55 s lands where a busy 2-core host's queueing can
+# smear the fast mode; 1.5 s keeps the two modes apart however loaded the machine is)
+STALL = "page_cache_pressure:fraction=0.3,extra_s=1.5"
 
 
 @dataclass
@@ -198,14 +202,30 @@ def _load_stable_page(stack: Stack, driver: WebDriver) -> tuple[dict[str, float]
     pytest.fail("the agent's /metrics never held still across one page load")
 
 
-def _modes(counts: list[float]) -> list[int]:
-    """Independent of the page's own: bars holding >= 5 % of requests with a bar under half the smaller between."""
-    total = sum(counts)
-    big = [i for i, c in enumerate(counts) if c >= 0.05 * total]
+def _bar_data(driver: WebDriver) -> list[tuple[float, float, float]]:
+    """(lower edge, upper edge, requests) of each drawn bar."""
+    return [
+        (float(b.get_attribute("data-ge") or 0), float((b.get_attribute("data-le") or "").replace("+Inf", "inf")),
+         float(b.get_attribute("data-count") or 0))
+        for b in _bars(driver)
+    ]  # fmt: skip
+
+
+def _modes(bars: list[tuple[float, float, float]]) -> list[int]:
+    """Independent of the page's own: requests per log-second (a bucket from 0 or to +Inf as wide as its
+    neighbour), peaks holding >= 5 % of requests, separate when the density between falls under a quarter of the
+    smaller."""
+    widths = [math.log(le / ge) if ge > 0 and math.isfinite(le) else None for ge, le, _ in bars]
+    for i, w in enumerate(widths):
+        if w is None:
+            widths[i] = next(x for x in (*widths[i + 1 :], *reversed(widths[:i])) if x is not None)
+    dens = [c / w for (_, _, c), w in zip(bars, widths, strict=True)]  # type: ignore[operator]
+    total = sum(c for _, _, c in bars)
+    big = [i for i, (_, _, c) in enumerate(bars) if c >= 0.05 * total]
     groups: list[int] = []
     for i in big:
-        if groups and min(counts[groups[-1] : i + 1]) > 0.5 * min(counts[groups[-1]], counts[i]):
-            if counts[i] > counts[groups[-1]]:
+        if groups and min(dens[groups[-1] : i + 1]) > 0.25 * min(dens[groups[-1]], dens[i]):
+            if dens[i] > dens[groups[-1]]:
                 groups[-1] = i
             continue
         groups.append(i)
@@ -262,32 +282,36 @@ def test_healthy_page_shows_what_the_api_reports(stack: Stack, browser: WebDrive
     sve = browser.find_element(By.CSS_SELECTOR, 'tr.feature[data-feature="sve"]')
     assert sve.get_attribute("data-missing") == "1" and "MISSING" in sve.text
     assert rows.get("cpu.features") == "fail"
-    # one mode while healthy
-    assert len(_modes([float(b.get_attribute("data-count") or 0) for b in _bars(browser)])) == 1
+    # healthy: the page names the modes its bars show, and no mass sits where the stall will put it (> 0.5 s)
+    bars = _bar_data(browser)
+    svg = browser.find_element(By.CSS_SELECTOR, f'section.model[data-model="{MODEL}"] svg.ttft-hist')
+    assert svg.get_attribute("data-modes") == str(len(_modes(bars)))
+    assert sum(c for _, le, c in bars if le > 0.5) < 0.05 * sum(c for _, _, c in bars), bars
     _shot(browser, stack, "healthy-desktop")
 
 
 def test_page_cache_pressure_shows_two_modes_and_the_finding(stack: Stack, browser: WebDriver) -> None:
-    r = httpx.post(stack.sim + "/control/scenario", json={"enable": "page_cache_pressure"},
+    r = httpx.post(stack.sim + "/control/scenario", json={"enable": STALL},
                    headers={"Authorization": "Bearer t"}, timeout=10)  # fmt: skip
     assert r.status_code == 200, r.text
-    stack.loadgen(200, rate=40, seed=2)
+    stack.loadgen(200, rate=30, seed=2)
     _size(browser, "desktop")
     deadline = time.monotonic() + 30
     rows: list[Any] = []
     while time.monotonic() < deadline:
         browser.get(stack.agent + "/")
         rows = browser.find_elements(By.CSS_SELECTOR, f'tr.finding[data-id="latency.bimodal/{MODEL}"]')
-        if rows and len(_modes([float(b.get_attribute("data-count") or 0) for b in _bars(browser)])) == 2:
+        if rows and len(_modes(_bar_data(browser))) == 2:
             break
         time.sleep(1)
-    assert rows, "no LatencyBimodal finding on the page"
-    counts = [float(b.get_attribute("data-count") or 0) for b in _bars(browser)]
-    les = [b.get_attribute("data-le") for b in _bars(browser)]
-    modes = _modes(counts)
-    assert len(modes) == 2, list(zip(les, counts, strict=True))
-    fast, slow = (float(les[i] or 0) for i in modes)
-    assert fast <= 0.25 and 0.5 <= slow <= 1.0  # ~30-100 ms and the 0.55 s stall on top
+    if not rows:
+        m = stack.get("/api/v1/overview").json()["models"]
+        pytest.fail(f"no LatencyBimodal finding on the page; bimodal 5m: {[x['bimodal_ttft_5m'] for x in m]}")
+    bars = _bar_data(browser)
+    modes = _modes(bars)
+    assert len(modes) == 2, bars
+    fast, slow = (bars[i][1] for i in modes)
+    assert fast <= 0.25 and 1.0 <= slow <= 2.5  # ~30-100 ms, and the 1.5 s stall on top of it
     svg = browser.find_element(By.CSS_SELECTOR, f'section.model[data-model="{MODEL}"] svg.ttft-hist')
     assert svg.get_attribute("data-modes") == "2" and "2 modes" in (svg.get_attribute("aria-label") or "")
     assert not _console_errors(browser)

@@ -1,10 +1,10 @@
 """``inferwatch top`` used as a person would: in a tmux terminal (send-keys, capture-pane) against the real agent
 beside the simulator.
 
-The simulator runs page_cache_pressure from the start. ``top`` is started before any request, so what the pane
-shows later was redrawn live: the model's row appears with the TTFT histogram's two modes, its numbers equal to
-the agent's /api/v1/overview as the status page formats them, and ``q`` quits with the terminal restored
-(exit status 0). ``--once`` without a token says why and exits 1.
+The simulator runs page_cache_pressure (30 % of requests stall 1.5 s) from the start. ``top`` is started before
+any request, so what the pane shows later was redrawn live: the model's block appears with the TTFT histogram's
+two modes, its numbers equal to the agent's /api/v1/overview as the status page formats them, and ``q`` quits with
+the terminal restored (exit status 0). ``--once`` without a token says why and exits 1.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ pytestmark = pytest.mark.integration
 
 TOKEN = "top-read-token-0123456789"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+STALL = "page_cache_pressure:fraction=0.3,extra_s=1.5"  # as tests/test_status_page.py: modes apart on a busy host
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]
     (tmp / "tokens").write_text(f"{TOKEN} read top\n")
     sim_port, agent_port, grpc_port, http_port = (free_port() for _ in range(4))
     sim_cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(sim_port), "--engines", "1", "--seed", "11",
-               "--model", MODEL, "--scenario", "page_cache_pressure"]  # fmt: skip
+               "--model", MODEL, "--scenario", STALL]  # fmt: skip
     env = {
         "INFERWATCH_API__TOKENS_FILE": str(tmp / "tokens"),
         "INFERWATCH_ENGINE__METRICS_URL": f"http://127.0.0.1:{sim_port}/metrics",
@@ -89,7 +90,7 @@ def test_top_runs_live_in_a_terminal_and_quits_on_q(agent: tuple[str, str], tmp_
         tmux("set-option", "-t", "top", "remain-on-exit", "on")
         tmux.wait(lambda t: "Models" in t and "Findings" in t)
         load = subprocess.run(
-            [PYTHON, "-m", "agent", "loadgen", "--url", sim, "--model", MODEL, "--count", "150", "--rate", "50",
+            [PYTHON, "-m", "agent", "loadgen", "--url", sim, "--model", MODEL, "--count", "150", "--rate", "30",
              "--seed", "3", "--prompt-tokens", "lognormal:256:0.3", "--output-tokens", "4", "--json"],
             cwd=ROOT, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
@@ -101,7 +102,7 @@ def test_top_runs_live_in_a_terminal_and_quits_on_q(agent: tuple[str, str], tmp_
         row = " / ".join(fmt_seconds(ttft[k]) for k in ("p50", "p95", "p99"))
         text = tmux.wait(lambda t: row in t, timeout_s=10)  # a redraw after the overview was read
         (tmp_path / "top-pane.txt").write_text(text)  # the artifact: what the person saw
-        assert "500 ms–750 ms" in text  # the slow mode: the 0.55 s stall on top of ~30-100 ms
+        assert "1.00 s–2.50 s" in text  # the slow mode: the 1.5 s stall on top of ~30-100 ms
         tmux("send-keys", "-t", "top", "q")
         deadline = time.monotonic() + 10
         while tmux("display-message", "-p", "-t", "top", "#{pane_dead}").strip() != "1":

@@ -31,6 +31,7 @@ from agent.state import AgentState, CollectorHealth
 
 HISTORY_STEP_S = 10.0  # one point per step per series: 360 points make the hour the line charts show
 HISTORY_POINTS = 360
+MAX_CHART_POINTS = 120  # drawn (and in /api/v1/overview) per line: 30 s apart over the hour
 HISTOGRAM_WINDOW_S = 300.0  # the TTFT histogram shows the last 5 minutes (the alerts' 5m window)
 MAX_SERIES = 256  # (model, quantity, source) line series kept; models past it are not charted
 MODEL = "gen_ai.request.model"
@@ -45,11 +46,12 @@ GOODPUT_TTFT_S = 0.5
 # (histogram prefill P99/P50 over 5m above 3, >= 50 requests).
 MIN_WINDOW_REQUESTS = 50
 TAIL_RATIO_MAX = 3.0
-# Modes of the drawn histogram: a bucket is a peak when it holds >= MODE_MIN_SHARE of the window's requests
-# and is a local maximum; two peaks are two modes when some bucket between them holds <= VALLEY_RATIO of the
-# smaller one (the text next to the chart says so, for readers who cannot see the bars).
+# Modes of the drawn histogram (density per log-second): a bucket is a peak when it holds >= MODE_MIN_SHARE of
+# the window's requests and is a local maximum; two peaks are two modes when the density between them falls to
+# <= VALLEY_RATIO of the smaller (a page-cache stall leaves ~0 there; queueing on a busy host makes shallow dips of
+# 0.3-0.5 next to the fast mode). The text next to the chart names them, for readers who cannot see the bars.
 MODE_MIN_SHARE = 0.05
-VALLEY_RATIO = 0.5
+VALLEY_RATIO = 0.25
 STATUS_ORDER = {"fail": 0, "warn": 1, "ok": 2, "skip": 3}
 STATUS_WORD = {"fail": "✖ FAIL", "warn": "▲ WARN", "ok": "✔ OK", "skip": "– SKIP"}
 MAX_EVIDENCE_CHARS = 160
@@ -155,37 +157,75 @@ class PageHistory:
 # --- the overview: what the page shows, as plain JSON-able values ---------------------------------------------
 
 
+_KEYED = ("quantity", "window", "source", "quantile")
+
+
 class _Index:
-    """The state's samples by name, read once per request."""
+    """The state's samples read once per request: by name, and per-model values by (name, model, quantity, window,
+    source, quantile) so each number on the page is one dict lookup."""
 
     def __init__(self, collections: Mapping[str, Collection]) -> None:
         self.by_name: dict[str, list[AnySample]] = {}
+        self.values: dict[tuple[str, ...], float] = {}
         for c in collections.values():
             for s in c.samples:
                 self.by_name.setdefault(s.name, []).append(s)
+                if isinstance(s, Sample) and s.name.startswith("inferwatch.engine."):
+                    a = dict(s.attributes)
+                    model = a.get(MODEL)
+                    if model is not None:
+                        key = (s.name, model, *(a.get(k, "") for k in _KEYED))
+                        self.values[key] = s.value
 
     def get(self, name: str) -> list[AnySample]:
         return self.by_name.get(name, [])
 
+    def value(
+        self, name: str, model: str, quantity: str = "", window: str = "", source: str = "", quantile: str = ""
+    ) -> float | None:
+        return _num(self.values.get((name, model, quantity, window, source, quantile)))
+
+
+def log_widths(bounds: list[float]) -> list[float]:
+    """ln(upper / lower) of each bucket (its width on a log axis); the first bucket (from 0) and ``+Inf`` take
+    their neighbour's width."""
+    w: list[float | None] = [
+        math.log(bounds[i] / bounds[i - 1]) if i and bounds[i - 1] > 0 and math.isfinite(bounds[i]) else None
+        for i in range(len(bounds))
+    ]
+    known = [x for x in w if x]
+    fallback = known[0] if known else 1.0
+    out: list[float] = []
+    for i, x in enumerate(w):
+        if x:
+            out.append(x)
+        else:
+            near = [w[j] for j in (i + 1, i - 1) if 0 <= j < len(w) and w[j]]
+            out.append(near[0] if near else fallback)  # type: ignore[arg-type]
+    return out
+
 
 def histogram_modes(bounds: list[float], counts: list[float]) -> list[int]:
-    """Indexes of the buckets that are modes (see :data:`MODE_MIN_SHARE`, :data:`VALLEY_RATIO`)."""
+    """Indexes of the buckets that are modes of the density on a log axis (count / log width: the engines'
+    buckets are unequal, 20 ms next to 150 ms wide, so raw counts show dips that are not there); a mode holds
+    >= :data:`MODE_MIN_SHARE` of the requests, and two are separate when the density between them falls to
+    <= :data:`VALLEY_RATIO` of the smaller."""
     total = sum(counts)
     if total <= 0:
         return []
+    d = [c / w for c, w in zip(counts, log_widths(bounds), strict=True)]
     floor = max(MODE_MIN_SHARE * total, 1.0)
     peaks = [
         i
         for i, c in enumerate(counts)
-        if c >= floor and (i == 0 or c > counts[i - 1]) and (i == len(counts) - 1 or c >= counts[i + 1])
+        if c >= floor and (i == 0 or d[i] > d[i - 1]) and (i == len(d) - 1 or d[i] >= d[i + 1])
     ]
     modes: list[int] = []
     for p in peaks:
         if modes:
             q = modes[-1]
-            valley = min(counts[q : p + 1])
-            if valley > VALLEY_RATIO * min(counts[q], counts[p]):
-                if counts[p] > counts[q]:
+            if min(d[q : p + 1]) > VALLEY_RATIO * min(d[q], d[p]):
+                if d[p] > d[q]:
                     modes[-1] = p
                 continue
         modes.append(p)
@@ -196,6 +236,21 @@ def _bucket_label(bounds: list[float], i: int) -> str:
     lo = 0.0 if i == 0 else bounds[i - 1]
     hi = bounds[i]
     return f"{fmt_seconds(lo)}–{fmt_seconds(hi)}" if math.isfinite(hi) else f"> {fmt_seconds(lo)}"
+
+
+def downsample(points: list[tuple[float, float | None, float | None, float | None]]) -> list[list[float | None]]:
+    """At most :data:`MAX_CHART_POINTS`: consecutive points merged, each quantile the group's maximum (a P99
+    spike stays visible), the time the group's last."""
+    size = max(1, math.ceil(len(points) / MAX_CHART_POINTS))
+    out: list[list[float | None]] = []
+    for i in range(0, len(points), size):
+        group = points[i : i + size]
+        row: list[float | None] = [group[-1][0]]
+        for k in (1, 2, 3):
+            vals = [p[k] for p in group if p[k] is not None]
+            row.append(max(vals) if vals else None)  # type: ignore[type-var]
+        out.append(row)
+    return out
 
 
 def _ttft_histogram(
@@ -232,22 +287,16 @@ def _ttft_histogram(
 
 def _latency(ix: _Index, model: str, quantity: str, window: str) -> dict[str, Any] | None:
     """P50/P95/P99 of one quantity, from the engine's histogram when it has one, else from spans."""
-    found: dict[str, dict[str, float]] = {}
-    for s in ix.get("inferwatch.engine.latency"):
-        if _attr(s, MODEL) == model and _attr(s, "quantity") == quantity and _attr(s, "window") == window:
-            found.setdefault(_attr(s, "source"), {})[_attr(s, "quantile")] = s.value  # type: ignore[union-attr]
+    name = "inferwatch.engine.latency"
     for source in ("histogram", "spans"):
-        qs = found.get(source)
-        if qs:
-            return {"source": source, "window": window, **{QUANTILE_KEYS[q]: _num(qs.get(q)) for q in CHART_QUANTILES}}
+        qs = {QUANTILE_KEYS[q]: ix.value(name, model, quantity, window, source, q) for q in CHART_QUANTILES}
+        if any(v is not None for v in qs.values()):
+            return {"source": source, "window": window, **qs}
     return None
 
 
 def _per_model_value(ix: _Index, name: str, model: str, **want: str) -> float | None:
-    for s in ix.get(name):
-        if isinstance(s, Sample) and _attr(s, MODEL) == model and all(_attr(s, k) == v for k, v in want.items()):
-            return _num(s.value)
-    return None
+    return ix.value(name, model, **want)
 
 
 def _signals(model: str, ix: _Index, sources: Iterable[str]) -> list[dict[str, Any]]:
@@ -436,7 +485,7 @@ def build_overview(state: AgentState, history: PageHistory, now: float | None = 
         lines = {}
         for q, cur in latency.items():
             src = cur["source"] if cur else "histogram"
-            lines[q] = [[t, *vals] for t, *vals in history.line(model, q, src)]
+            lines[q] = downsample(history.line(model, q, src))
         bimodal = {
             src: _per_model_value(
                 ix, "inferwatch.engine.latency.bimodal", model, quantity="ttft", window="5m", source=src
@@ -576,31 +625,36 @@ def _histogram_svg(model: str, h: dict[str, Any]) -> str:
         lo, hi = max(lo - 1, 0), min(hi + 1, len(counts) - 1)
     shown = range(lo, hi + 1)
     width, height, pad_b, pad_t = 360, 150, 34, 8
-    bw = width / len(shown)
-    top = max(counts[i] for i in shown) or 1.0
+    finite = [b if b is not None else math.inf for b in bounds]
+    widths = log_widths(finite)
+    dens = [c / w for c, w in zip(counts, widths, strict=True)]
+    scale = width / sum(widths[i] for i in shown)
+    top = max(dens[i] for i in shown) or 1.0
     modes = {m["index"] for m in h["modes"]}
     bars, labels = [], []
+    x = 0.0
     for n, i in enumerate(shown):
         c = counts[i]
-        bh = (height - pad_b - pad_t) * c / top
-        x = n * bw
+        bw = widths[i] * scale
+        bh = (height - pad_b - pad_t) * dens[i] / top
         le = bounds[i]
-        rng = f"≤ {fmt_seconds(le)}" if le is not None else "+Inf"
+        ge = bounds[i - 1] if i else 0.0
+        rng = f"{fmt_seconds(ge)}–{fmt_seconds(le)}" if le is not None else f"> {fmt_seconds(ge)}"
         cls = "bar mode" if i in modes else "bar"
         bars.append(
-            f'<rect class="{cls}" x="{x + 1:.1f}" y="{height - pad_b - bh:.1f}" width="{bw - 2:.1f}" '
-            f'height="{bh:.1f}" data-le="{"+Inf" if le is None else repr(le)}" data-count="{c:g}">'
+            f'<rect class="{cls}" x="{x + 0.5:.1f}" y="{height - pad_b - bh:.1f}" width="{max(bw - 1, 0.5):.1f}" '
+            f'height="{bh:.1f}" data-ge="{ge!r}" data-le="{"+Inf" if le is None else repr(le)}" data-count="{c:g}">'
             f"<title>{_e(rng)}: {c:g} requests{' (mode)' if i in modes else ''}</title></rect>"
         )
         if i in modes:
             bars.append(
                 f'<text x="{x + bw / 2:.1f}" y="{max(height - pad_b - bh - 2, 10):.1f}" text-anchor="middle">▼</text>'
             )
-        if n % 2 == 0 or len(shown) <= 8:
+        if le is not None and (n % 2 == 0 or len(shown) <= 8):
             labels.append(
-                f'<text x="{x + bw / 2:.1f}" y="{height - pad_b + 14}" text-anchor="middle">'
-                f"{_e(fmt_seconds(le) if le is not None else 'Inf')}</text>"
+                f'<text x="{x + bw:.1f}" y="{height - pad_b + 14}" text-anchor="middle">{_e(fmt_seconds(le))}</text>'
             )
+        x += bw
     mode_text = (
         f"{len(h['modes'])} modes: " + " and ".join(m["range"] for m in h["modes"])
         if len(h["modes"]) > 1
@@ -614,7 +668,8 @@ def _histogram_svg(model: str, h: dict[str, Any]) -> str:
         f'<line x1="0" y1="{height - pad_b}" x2="{width}" y2="{height - pad_b}" stroke="#1a1a1a"/>'
         + "".join(bars)
         + "".join(labels)
-        + f'<text x="{width / 2}" y="{height - 4}" text-anchor="middle">TTFT bucket upper edge</text></svg>'
+        + f'<text x="{width / 2}" y="{height - 4}" text-anchor="middle">TTFT, log scale; bar area = requests</text>'
+        + "</svg>"
         f'<p class="modes"><strong>{_e(mode_text)}</strong> <span class="muted">({_e(window)}, '
         f"{h['total']:g} requests; ▼ and red bars mark modes)</span></p>"
     )

@@ -599,6 +599,11 @@ def _headline(
     head = f"P99 {q} {_ms(p99)} vs P50 {_ms(p50)}: "
     if driver == NONE:
         return head + f"no dominant driver ({'; '.join(reasons)})"
+    if driver in PLACEMENT and sep is not None:
+        return head + (
+            f"{sep['attribute']}={sep['value']} is {sep['share_of_requests']:.0%} of requests and "
+            f"{sep['share_of_tail']:.0%} of the tail ({shares[top]:.0%} of the gap is {top})"
+        )
     text = head + f"{shares[top]:.0%} of the gap is {top}"
     if sep is not None:
         text += (
@@ -878,7 +883,20 @@ def render_text(report: Mapping[str, Any]) -> str:
     if rows:
         lines.append("")
         lines.append(f"slowest {len(rows)} by {report.get('slowest_by', 'ttft')}:")
-        head = ("request_id", "trace_id", "prompt", "gen", "queue", "prefill", "decode", "pre", "ttft", "e2e", "front")
+        head = (
+            "request_id",
+            "trace_id",
+            "prompt",
+            "gen",
+            "queue",
+            "prefill",
+            "decode",
+            "pre",
+            "ttft",
+            "e2e",
+            "front",
+            "labels",
+        )
         table = [head]
         for r in rows:
             table.append(
@@ -894,6 +912,7 @@ def render_text(report: Mapping[str, Any]) -> str:
                     _sec(r["ttft_s"]),
                     _sec(r["e2e_s"]),
                     _sec(r["frontend_gap_s"]),
+                    ",".join(f"{k}={v}" for k, v in sorted(r["labels"].items())) or "-",
                 )
             )
         widths = [max(len(row[c]) for row in table) for c in range(len(head))]

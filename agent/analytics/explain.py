@@ -58,8 +58,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from itertools import repeat
-from operator import add, itemgetter, mul
+from itertools import compress, repeat
+from operator import add, and_, ge, itemgetter, le, mul
 from typing import Any, Protocol
 
 from agent.catalog.engine import MODEL
@@ -365,35 +365,65 @@ def _bands_by_value(idx: list[int], values: list[float]) -> tuple[list[int], lis
     k = max(MIN_TAIL, math.ceil(TAIL_BAND * n))
     tail_from = vals[max(0, n - k)]
     lo, hi = vals[int(MEDIAN_BAND[0] * n)], vals[max(int(MEDIAN_BAND[1] * n), 1) - 1]
-    tail = [j for j in idx if values[j] >= tail_from]
-    mid = [j for j in idx if lo <= values[j] <= hi]
+    if len(idx) == len(values):  # every record: C-speed filters
+        tail = list(compress(idx, map(ge, values, repeat(tail_from))))
+        mid = list(compress(idx, map(and_, map(le, repeat(lo), values), map(ge, repeat(hi), values))))
+    else:
+        tail = [j for j in idx if values[j] >= tail_from]
+        mid = [j for j in idx if lo <= values[j] <= hi]
     p50 = vals[min(n - 1, max(0, math.ceil(0.5 * n) - 1))]
     p99 = vals[min(n - 1, max(0, math.ceil(0.99 * n) - 1))]
     return tail, mid, p50, p99
 
 
 def _mean(idx: list[int], col: list[float], weights: list[float] | None) -> float:
+    return _mean_of(_gather(idx, col) if idx else [], idx, weights)
+
+
+def _mean_of(vals: list[float], idx: list[int], weights: list[float] | None) -> float:
+    """The (weighted) mean of ``vals``, the values of records ``idx``."""
     if not idx:
         return 0.0
     if weights is None:
-        return math.fsum(_gather(idx, col)) / len(idx)
-    s = w = 0.0
-    for j in idx:
-        s += col[j] * weights[j]
-        w += weights[j]
-    return s / w if w else 0.0
+        return math.fsum(vals) / len(idx)
+    ws = _gather(idx, weights)
+    w = math.fsum(ws)
+    return math.fsum(v * x for v, x in zip(vals, ws, strict=True)) / w if w else 0.0
 
 
-def _phase_columns(win: Window) -> tuple[dict[str, list[float]], float | None]:
-    f, comp = win.f, win.i["completion"]
-    ttft, queue, prefill, decode = f["ttft"], f["queue"], f["prefill"], f["decode"]
-    step = max(1, len(comp) // ITL_SAMPLE)  # the median ITL from at most ~ITL_SAMPLE requests (every step-th)
-    itls = sorted([d / (c - 1) for d, c in zip(decode[::step], comp[::step], strict=True) if c > 1 and d == d])
-    itl_med = itls[len(itls) // 2] if itls else None
-    frontend = [a - b - c for a, b, c in zip(ttft, queue, prefill, strict=True)]
-    length = [0.0] * len(comp) if itl_med is None else [(c - 1) * itl_med if c > 1 else 0.0 for c in comp]
-    slow = [d - x for d, x in zip(decode, length, strict=True)]
-    return {"frontend": frontend, "queue": queue, "prefill": prefill, "decode": slow, "output_length": length}, itl_med
+class _Phases:
+    """A window's phases, computed only for the records asked for (the bands), not for the whole window."""
+
+    BASE = {  # the span values a phase is made of (a record without one of them has no such phase)
+        "frontend": ("ttft", "queue", "prefill"),
+        "queue": ("queue",),
+        "prefill": ("prefill",),
+        "decode": ("decode",),
+        "output_length": ("decode",),
+    }
+
+    def __init__(self, win: Window) -> None:
+        self.f, self.comp = win.f, win.i["completion"]
+        decode, comp = self.f["decode"], self.comp
+        step = max(1, len(comp) // ITL_SAMPLE)  # the median ITL from at most ~ITL_SAMPLE requests (every step-th)
+        itls = sorted([d / (c - 1) for d, c in zip(decode[::step], comp[::step], strict=True) if c > 1 and d == d])
+        self.itl_med = itls[len(itls) // 2] if itls else None
+
+    def at(self, name: str, idx: list[int]) -> list[float]:
+        f = self.f
+        if name in ("queue", "prefill"):
+            return _gather(idx, f[name])
+        if name == "frontend":
+            return [a - b - c for a, b, c in zip(*(_gather(idx, f[k]) for k in self.BASE[name]), strict=True)]
+        itl = self.itl_med
+        length = [0.0] * len(idx) if itl is None else [(c - 1) * itl if c > 1 else 0.0 for c in _gather(idx, self.comp)]
+        if name == "output_length":
+            return length
+        return [d - x for d, x in zip(_gather(idx, f["decode"]), length, strict=True)]  # decode beyond length
+
+    def length_all(self) -> list[float]:
+        itl = self.itl_med
+        return [0.0] * len(self.comp) if itl is None else [(c - 1) * itl if c > 1 else 0.0 for c in self.comp]
 
 
 def _group_keys(win: Window) -> tuple[list[int], dict[int, tuple[tuple[str, str], ...]]]:
@@ -475,11 +505,11 @@ def _decompose(
     quantity: str,
     values: list[float],
     names: tuple[str, ...],
-    phases: dict[str, list[float]],
+    phases: _Phases,
     weights: list[float] | None,
     groups: tuple[list[int], dict[int, tuple[tuple[str, str], ...]]],
 ) -> dict[str, Any] | None:
-    cols = [values, *(phases[p] for p in names)]
+    cols = [values, *(phases.f[k] for k in sorted({k for p in names for k in _Phases.BASE[p]}))]
     if all((t := sum(c)) == t for c in cols):  # no NaN anywhere (NaN != NaN): every record
         idx = list(range(len(values)))
     else:
@@ -497,7 +527,10 @@ def _decompose(
         tail, mid = _bands(order, weights, total)
     gap = _mean(tail, values, weights) - _mean(mid, values, weights)
     shares = {
-        p: (_mean(tail, phases[p], weights) - _mean(mid, phases[p], weights)) / gap if gap > 0 else 0.0 for p in names
+        p: (_mean_of(phases.at(p, tail), tail, weights) - _mean_of(phases.at(p, mid), mid, weights)) / gap
+        if gap > 0
+        else 0.0
+        for p in names
     }
     separators = _separators(groups, idx, tail, weights)
     ratio = p99 / p50 if p50 > 0 else math.inf
@@ -546,7 +579,7 @@ def _decompose(
 
 def _e2e(
     win: Window,
-    phases: dict[str, list[float]],
+    phases: _Phases,
     weights: list[float] | None,
     groups: tuple[list[int], dict[int, tuple[tuple[str, str], ...]]],
 ) -> dict[str, Any] | None:
@@ -555,7 +588,7 @@ def _e2e(
     raw = _decompose("e2e", e2e, PHASES["e2e"], phases, weights, groups)
     if raw is None or raw["dominant_phase"] != "output_length" or raw["dominant_share"] < DOMINANT_SHARE:
         return raw
-    excess = [a - b for a, b in zip(e2e, phases["output_length"], strict=True)]
+    excess = [a - b for a, b in zip(e2e, phases.length_all(), strict=True)]
     beyond = _decompose("e2e beyond output length", excess, PHASES["e2e"][:-1], phases, weights, groups)
     raw["beyond_output_length"] = beyond
     if beyond is not None:
@@ -633,7 +666,8 @@ def explain(
         return None
     sampled = win.f["weight"].count(1.0) != len(win)
     weights = win.f["weight"] if sampled else None
-    phases, itl_med = _phase_columns(win)
+    phases = _Phases(win)
+    itl_med = phases.itl_med
     groups = _group_keys(win)
     out: dict[str, Any] = {
         "model": model,
@@ -661,7 +695,7 @@ def _num(x: float) -> float | None:
     return round(x, 6) if x == x else None
 
 
-def _request_row(win: Window, phases: Mapping[str, list[float]], j: int) -> dict[str, Any]:
+def _request_row(win: Window, phases: _Phases, j: int) -> dict[str, Any]:
     f, i = win.f, win.i
     return {
         "request_id": win.requests[j],
@@ -675,7 +709,7 @@ def _request_row(win: Window, phases: Mapping[str, list[float]], j: int) -> dict
         "preemptions": i["preemptions"][j] if i["preemptions"][j] >= 0 else None,
         "ttft_s": _num(f["ttft"][j]),
         "e2e_s": _num(f["e2e"][j]),
-        "frontend_gap_s": _num(phases["frontend"][j]),
+        "frontend_gap_s": _num(phases.at("frontend", [j])[0]),
         "labels": dict(win.label_sets[win.labels[j]]),
     }
 

@@ -112,6 +112,11 @@ def test_demo_serves_then_sigint_leaves_no_child_behind(tmp_path: Path):
         assert set(pids) == {"simulator", "agent", "loadgen"}
         assert all(_alive(p) for p in pids.values())
         assert httpx.get(f"http://127.0.0.1:{agent_port}/healthz", timeout=5).status_code == 200
+        # the status page's URL comes first, and the page answers (loopback, no token: anonymous read)
+        first = banner.strip().splitlines()[0]
+        assert f"http://127.0.0.1:{agent_port}/ " in first, first
+        page = httpx.get(f"http://127.0.0.1:{agent_port}/", timeout=10)
+        assert page.status_code == 200 and "inferwatch status" in page.text
         sim = f"http://127.0.0.1:{sim_port}"
         deadline = time.monotonic() + 30
         served = 0.0

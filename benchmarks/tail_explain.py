@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import statistics
 import sys
@@ -295,6 +296,7 @@ def cost(seed: int, repeats: int = 15) -> dict[str, Any]:
         compute_s.append(time.process_time() - t0)
     assert report is not None
     return {
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "requests": len(reqs),
         "records": report["requests"],
         "explain_cpu_ms_median": 1000 * statistics.median(explain_s),

@@ -311,8 +311,7 @@ def _burn_description(slo: SLO, w: BurnWindow) -> str:
     thr = _threshold_text(slo)
     return (
         f"{_subject(slo)}: {{{{ $value | humanizePercentage }}}} of requests took longer than {thr} to the "
-        f"first token over the last {w.long} (and over {also}); SLO {slo.name}: {pct}% within {thr}. {tail}"
-        + _why(slo)
+        f"first token over the last {w.long} (and over {also}); SLO {slo.name}: {pct}% within {thr}. {tail}" + _why(slo)
     )
 
 

@@ -151,6 +151,7 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
+@pytest.mark.integration
 def test_cli_prices_on_real_prometheus(prom: str, tmp_path: Path) -> None:
     prices = tmp_path / "prices.yml"
     prices.write_text(PRICES)
@@ -177,6 +178,7 @@ def test_cli_prices_on_real_prometheus(prom: str, tmp_path: Path) -> None:
     assert first < next(i for i, x in enumerate(lines) if "p5.48xlarge" in x), "cheapest first"
 
 
+@pytest.mark.integration
 def test_dashboard_cost_panels_on_real_prometheus(prom: str) -> None:
     """Every panel of the matrix dashboard (the cost ones included) returns data; the cost and match panels'
     numbers equal the recorded rates' arithmetic and order the cells as the CLI does."""
@@ -217,6 +219,7 @@ def test_dashboard_cost_panels_on_real_prometheus(prom: str) -> None:
     assert set(grid) == set(price)
 
 
+@pytest.mark.integration
 def test_price_rules_file_is_yaml_prometheus_reads(prom: str) -> None:
     res = httpx.get(f"{prom}/api/v1/query", params={"query": PRICE_RECORD}).json()["data"]["result"]
     assert {(x["metric"]["machine_type"], x["metric"]["currency"]) for x in res} == {

@@ -147,3 +147,42 @@ def test_every_signal_sample_is_declared_with_its_attributes() -> None:
         for (name, attributes), _s in samples(fixture).items():
             spec = CATALOG[name]
             assert {k for k, _ in attributes} == set(spec.attributes), (name, attributes)
+
+
+def test_goodput_from_spans_is_exact_and_counts_both_targets_together() -> None:
+    from agent.analytics.latency import LatencyAnalytics
+    from agent.samples import RequestTiming
+
+    now = [1000.0]
+    la = LatencyAnalytics(clock=lambda: now[0])
+    timings = [
+        RequestTiming("m", {"ttft": 0.2, "decode": 0.9}, completion_tokens=10),  # good: 0.1 s/token exactly
+        RequestTiming("m", {"ttft": 0.7, "decode": 0.5}, completion_tokens=11),  # TTFT missed
+        RequestTiming("m", {"ttft": 0.3, "decode": 3.0}, completion_tokens=11),  # TPOT missed (0.3 s/token)
+        RequestTiming("m", {"ttft": 0.4}, completion_tokens=1),  # one token: nothing after the first to be slow
+        RequestTiming("m", {"ttft": 0.1}, completion_tokens=20),  # no decode time: not counted
+        RequestTiming("m", {"e2e": 1.0}),  # no TTFT: not counted
+    ]
+    la.record(timings)
+    assert la.goodput("m", "5m") == pytest.approx(2 / 4)
+    got = {
+        (s.name, dict(s.attributes)["window"]): s.value
+        for s in la.compute()
+        if s.name == "inferwatch.engine.goodput" and isinstance(s, Sample)
+    }
+    assert got == {("inferwatch.engine.goodput", "1m"): 0.5, ("inferwatch.engine.goodput", "5m"): 0.5}
+    now[0] += 120  # out of the 1m window, still in the 5m one
+    assert la.goodput("m", "1m") is None and la.goodput("m", "5m") == 0.5
+
+
+def test_goodput_rules_use_the_catalogs_targets() -> None:
+    import re
+
+    from agent.catalog.engine import GOODPUT_TPOT_TARGET_S, GOODPUT_TTFT_TARGET_S
+    from tests.conftest import ROOT
+
+    text = (ROOT / "alerts" / "engine-signals.rules.yml").read_text()
+    ttft = re.findall(r'gen_ai_server_time_to_first_token_seconds_bucket\{le="([^"]+)"\}', text)
+    tpot = re.findall(r'gen_ai_server_time_per_output_token_seconds_bucket\{le="([^"]+)"\}', text)
+    assert ttft == [str(GOODPUT_TTFT_TARGET_S)] and tpot == [str(GOODPUT_TPOT_TARGET_S)]
+    assert f"TTFT <= {GOODPUT_TTFT_TARGET_S:g} s and time per output token <= {GOODPUT_TPOT_TARGET_S:g} s" in text

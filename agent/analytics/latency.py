@@ -9,6 +9,8 @@ Input: :class:`RequestTiming` values (one per finished request, seconds). Output
 - ``inferwatch.engine.latency.bimodal`` / ``.bimodality`` (see :mod:`agent.analytics.bimodality`), from
   :data:`~agent.analytics.bimodality.MIN_SAMPLES` requests on, recomputed once per sub-window (sooner when
   the window has grown by a tenth since, :data:`REFIT_GROWTH`);
+- ``inferwatch.engine.goodput``: the exact share of requests with TTFT and time per output token both within the
+  catalog's goodput targets (``GOODPUT_*_TARGET_S``);
 - ``inferwatch.engine.frontend_gap``: mean of TTFT − (queue + prefill) over requests that carry all three,
   only for a (model, window) where the engine collector does not emit it from its histograms (the
   metric has no ``source`` attribute, so one producer per series);
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 
 from agent.analytics import bimodality, genai
 from agent.analytics.windows import WINDOWS_S, WindowedSketch, WindowedSum, log_bins, slot_of
-from agent.catalog.engine import MODEL, QUANTITIES
+from agent.catalog.engine import GOODPUT_TPOT_TARGET_S, GOODPUT_TTFT_TARGET_S, MODEL, QUANTITIES
 from agent.engine.board import Key, LatencyStats, latency_samples
 from agent.samples import UNKNOWN_MODEL, AnySample, Collection, RequestTiming, Sample, attrs
 
@@ -81,12 +83,30 @@ class WindowStats:
     mean_s: float | None = None
 
 
+def good(t: RequestTiming) -> float | None:
+    """1.0 when the request met both goodput targets (TTFT, time per output token), 0.0 when not, None when its
+    span lacks TTFT, or decode time for a request with more than one output token (not counted)."""
+    s = t.seconds
+    ttft = s.get("ttft")
+    if ttft is None:
+        return None
+    n = t.completion_tokens
+    if n is not None and n <= 1:
+        tpot = 0.0  # no token after the first: nothing to be slow at
+    elif n is None or "decode" not in s:
+        return None
+    else:
+        tpot = s["decode"] / (n - 1)
+    return 1.0 if ttft <= GOODPUT_TTFT_TARGET_S and tpot <= GOODPUT_TPOT_TARGET_S else 0.0
+
+
 class _Model:
-    __slots__ = ("gap", "histograms", "sketches")
+    __slots__ = ("gap", "good", "histograms", "sketches")
 
     def __init__(self, histograms: genai.GenAIOptions | None) -> None:
         self.sketches = {q: WindowedSketch() for q in QUANTITIES}
         self.gap = WindowedSum()
+        self.good = WindowedSum()  # per request: 1 met both goodput targets, 0 not
         self.histograms = genai.ModelHistograms(histograms) if histograms is not None else None
 
 
@@ -132,6 +152,9 @@ class LatencyAnalytics:
                         sk.add(v, now)
                 if "ttft" in s and "queue" in s and "prefill" in s:
                     m.gap.add(s["ttft"] - s["queue"] - s["prefill"], now)
+                g = good(t)
+                if g is not None:
+                    m.good.add(g, now)
                 if m.histograms is not None:
                     got = m.histograms.observe(t)
                     observer = self._observer
@@ -191,6 +214,15 @@ class LatencyAnalytics:
             total, count = m.gap.window(WINDOWS_S[window], self._clock())
         return total / count if count else None
 
+    def goodput(self, model: str, window: str) -> float | None:
+        """Share of the window's requests that met both goodput targets (exact); None without such requests."""
+        with self._lock:
+            m = self._models.get(model)
+            if m is None:
+                return None
+            total, count = m.good.window(WINDOWS_S[window], self._clock())
+        return total / count if count else None
+
     def compute(self, engine: EngineSeries | None = None) -> list[AnySample]:
         """Every catalog sample the analytics derive now (absent quantities stay absent); the runner's call.
 
@@ -231,6 +263,10 @@ class LatencyAnalytics:
                 gap = self.frontend_gap(name, window) if (label, window) not in engine.gaps else None
                 if gap is not None:
                     out.append(Sample("inferwatch.engine.frontend_gap", gap, attrs({MODEL: label, "window": window})))
+                gp = self.goodput(name, window)
+                if gp is not None:
+                    a = attrs({MODEL: label, "window": window, "source": SOURCE})
+                    out.append(Sample("inferwatch.engine.goodput", gp, a))
         self.published = published
         out.extend(hists)
         return out

@@ -16,6 +16,12 @@ QUANTITIES = ("ttft", "itl", "e2e", "queue", "prefill", "decode", "inference")
 # Engine histograms read for re-export only (not windowed into latency quantiles): the P/D KV-transfer time, as
 # ``inferwatch.engine.kv_transfer.duration``.
 REEXPORTED_ONLY = ("kv_transfer",)
+# Goodput targets (issue 18): a request is "good" when its TTFT and its time per output token (decode time /
+# (output tokens - 1)) are both within target. Bucket edges of vLLM's TTFT and ITL histograms, so the recording
+# rules of alerts/engine-signals.rules.yml bound the same figure from histograms (tests/test_engine_signals.py
+# checks that the rules use these values).
+GOODPUT_TTFT_TARGET_S = 0.5
+GOODPUT_TPOT_TARGET_S = 0.1
 # The engines the catalog describes, in detection order; agent/engine/adapters.py has exactly one adapter per kind
 # (checked when it is imported), and config and the CLI take their choices from here.
 ENGINE_KINDS = ("vllm", "sglang", "tgi", "llamacpp", "trtllm")
@@ -238,6 +244,15 @@ METRICS = (
         "{token}",
         "The engine's own rolling mean acceptance length (SGLang spec_accept_length).",
         _M,
+    ),
+    MetricSpec(
+        "inferwatch.engine.goodput",
+        Kind.GAUGE,
+        "1",
+        f"Share of the window's finished requests with TTFT <= {GOODPUT_TTFT_TARGET_S:g} s and time per output token "
+        f"<= {GOODPUT_TPOT_TARGET_S:g} s together, exact, from spans (source: spans); the recording rules bound it "
+        "from histograms where there are no spans.",
+        (MODEL, "window", "source"),
     ),
     MetricSpec(
         "inferwatch.engine.lora.adapters",

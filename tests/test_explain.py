@@ -12,6 +12,7 @@ import random
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -309,3 +310,23 @@ def test_prometheus_stores_the_agents_exemplars_with_the_spans_trace_ids(tmp_pat
             assert got <= sent  # every stored exemplar is a trace id the agent's spans really had
             buckets = {s["seriesLabels"]["le"] for s in answer["data"]}
             assert len(buckets) >= 2  # several buckets carry their own recent request
+
+
+def test_unnamed_spans_are_the_engines_one_model_and_the_metric_is_cached_per_sub_window() -> None:
+    """vLLM v1's spans name no model: the explainer reports them under the engine collector's one model."""
+    rng = random.Random(10)
+    clock = [100.0]
+    explainer = ex.TailExplainer(clock=lambda: clock[0])
+    reqs = [timing(rng) for _ in range(950)] + [timing(rng, queue=1.5) for _ in range(50)]
+    explainer.record([replace(t, model="unknown") for t in reqs])
+    report = explainer.explain("llama", 60.0, engine_models=["llama"])
+    assert report is not None and report["quantities"]["ttft"]["driver"] == "queue"
+    assert explainer.explain("llama", 60.0) is None  # without the engine's word the name is not guessed
+    first = explainer.samples(["llama"], {})
+    assert {dict(s.attributes)["gen_ai.request.model"] for s in first} == {"llama"}
+    clock[0] = 105.0
+    explainer.record([replace(timing(rng, frontend=2.0), model="unknown") for _ in range(100)])
+    assert explainer.samples(["llama"], {}) == first  # same 10 s sub-window: not recomputed
+    clock[0] = 110.0
+    later = {dict(s.attributes)["quantity"]: dict(s.attributes)["phase"] for s in explainer.samples(["llama"], {})}
+    assert later["ttft"] == "frontend"  # the next sub-window sees the front-end delay

@@ -800,6 +800,7 @@ class TailExplainer:
     def __init__(self, records: RequestRecords | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.records = records or RequestRecords()
         self.clock = clock
+        self._cached: tuple[tuple[int, tuple[str, ...]], list[Sample]] | None = None
 
     def record(self, timings: list[RequestTiming]) -> None:
         self.records.add(timings, self.clock())
@@ -823,8 +824,16 @@ class TailExplainer:
         return explain(self.records, first, window_s, self.clock(), top, by, aliases)
 
     def samples(self, engine_models: Sequence[str], published: Mapping[tuple[str, str, str], Any]) -> list[Sample]:
-        """``inferwatch.engine.tail.driver`` over :data:`METRIC_WINDOW` for every model with records in it."""
+        """``inferwatch.engine.tail.driver`` over :data:`METRIC_WINDOW` for every model with records in it.
+
+        Recomputed at most once per 10 s sub-window (a scrape pulls the processor forward; a 5-minute verdict
+        does not change faster), else the last samples are returned.
+        """
         now = self.clock()
+        slot = math.floor(now / SUB_WINDOW_S)
+        key = (slot, tuple(engine_models))
+        if self._cached is not None and self._cached[0] == key:
+            return list(self._cached[1])
         names = self.records.models()
         out: list[Sample] = []
         for name in names:
@@ -837,7 +846,8 @@ class TailExplainer:
             report = explain(self.records, name, WINDOW_SECONDS[METRIC_WINDOW], now, top=0)
             if report is not None:
                 out.extend(driver_samples(report, label, METRIC_WINDOW))
-        return out
+        self._cached = (key, out)
+        return list(out)
 
 
 class RecordingSink:

@@ -404,6 +404,7 @@ class _Phases:
 
     def __init__(self, win: Window) -> None:
         self.f, self.comp = win.f, win.i["completion"]
+        self._clean: dict[str, bool] = {}
         decode, comp = self.f["decode"], self.comp
         step = max(1, len(comp) // ITL_SAMPLE)  # the median ITL from at most ~ITL_SAMPLE requests (every step-th)
         itls = sorted([d / (c - 1) for d, c in zip(decode[::step], comp[::step], strict=True) if c > 1 and d == d])
@@ -421,12 +422,22 @@ class _Phases:
             return length
         return [d - x for d, x in zip(_gather(idx, f["decode"]), length, strict=True)]  # decode beyond length
 
+    def clean(self, column: str) -> bool:
+        """Whether a span column has no NaN (no record lacks it), summed once per window."""
+        got = self._clean.get(column)
+        if got is None:
+            got = self._clean[column] = (t := sum(self.f[column])) == t
+        return got
+
     def length_all(self) -> list[float]:
         itl = self.itl_med
         return [0.0] * len(self.comp) if itl is None else [(c - 1) * itl if c > 1 else 0.0 for c in self.comp]
 
 
-def _group_keys(win: Window) -> tuple[list[int], dict[int, tuple[tuple[str, str], ...]]]:
+_Groups = tuple[list[int], dict[int, tuple[tuple[str, str], ...]], dict[str, dict[int, float]]]
+
+
+def _group_keys(win: Window) -> _Groups:
     """Per record a code of its attribute values (prompt band, preempted, labels), and each code's (key, value)s.
 
     code = band + 8 x preempted + 32 x label set, band in -1 (no count) .. 3, preempted -1 (not known), 0 or 1:
@@ -447,21 +458,26 @@ def _group_keys(win: Window) -> tuple[list[int], dict[int, tuple[tuple[str, str]
         if pre >= 0:
             parts.append(("preempted", "yes" if pre else "no"))
         keys[code] = (*parts, *win.label_sets[lab])
-    return codes, keys
+    return codes, keys, {}
 
 
 def _separators(
-    groups: tuple[list[int], dict[int, tuple[tuple[str, str], ...]]],
+    groups: _Groups,
     idx: list[int],
     tail: list[int],
     weights: list[float] | None,
 ) -> list[dict[str, Any]]:
     """Every attribute value's share of the requests and of the tail band, best separator first."""
-    per_record, key_sets = groups
+    per_record, key_sets, cache = groups
     every: dict[int, float] = {}
     in_tail: dict[int, float] = {}
     if weights is None:
-        every = {k: float(c) for k, c in Counter(_gather(idx, per_record)).items()}
+        full = len(idx) == len(per_record)  # every record: the same counts for each quantity, counted once
+        if not full or "every" not in cache:
+            every = {k: float(c) for k, c in Counter(_gather(idx, per_record)).items()}
+            if full:
+                cache["every"] = every
+        every = cache["every"] if full else every
         in_tail = {k: float(c) for k, c in Counter(_gather(tail, per_record)).items()}
     else:
         for j in idx:
@@ -507,10 +523,11 @@ def _decompose(
     names: tuple[str, ...],
     phases: _Phases,
     weights: list[float] | None,
-    groups: tuple[list[int], dict[int, tuple[tuple[str, str], ...]]],
+    groups: _Groups,
 ) -> dict[str, Any] | None:
-    cols = [values, *(phases.f[k] for k in sorted({k for p in names for k in _Phases.BASE[p]}))]
-    if all((t := sum(c)) == t for c in cols):  # no NaN anywhere (NaN != NaN): every record
+    base = sorted({k for p in names for k in _Phases.BASE[p]})
+    cols = [values, *(phases.f[k] for k in base)]
+    if (t := sum(values)) == t and all(phases.clean(k) for k in base):  # no NaN anywhere (NaN != NaN): every record
         idx = list(range(len(values)))
     else:
         idx = [j for j, total in enumerate(map(sum, zip(*cols, strict=True))) if total == total]
@@ -581,7 +598,7 @@ def _e2e(
     win: Window,
     phases: _Phases,
     weights: list[float] | None,
-    groups: tuple[list[int], dict[int, tuple[tuple[str, str], ...]]],
+    groups: _Groups,
 ) -> dict[str, Any] | None:
     """e2e by phase; when output length holds most of its gap, the verdict is the one on the e2e beyond it."""
     e2e = win.f["e2e"]

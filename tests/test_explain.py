@@ -330,3 +330,17 @@ def test_unnamed_spans_are_the_engines_one_model_and_the_metric_is_cached_per_su
     clock[0] = 110.0
     later = {dict(s.attributes)["quantity"]: dict(s.attributes)["phase"] for s in explainer.samples(["llama"], {})}
     assert later["ttft"] == "frontend"  # the next sub-window sees the front-end delay
+
+
+def test_a_lora_adapter_or_a_tenant_that_holds_the_tail_is_named() -> None:
+    rng = random.Random(11)
+    base = [replace(timing(rng), labels=(("lora", "base"), ("tenant", "t1"))) for _ in range(800)]
+    slow = [
+        replace(timing(rng, queue=0.3, prefill=0.4), labels=(("lora", "sql-adapter"), ("tenant", "t1")))
+        for _ in range(60)
+    ]
+    fast = [replace(timing(rng), labels=(("lora", "sql-adapter"), ("tenant", "t1"))) for _ in range(140)]
+    t = explained(base + slow + fast)["quantities"]["ttft"]
+    assert t["driver"] == "lora" and t["attribute"] == "lora=sql-adapter"
+    assert "lora=sql-adapter is 20% of requests" in t["headline"]
+    assert all(s["attribute"] != "tenant" for s in t["separators"])  # one value for every request: no contrast

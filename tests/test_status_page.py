@@ -35,6 +35,10 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
+from agent.api.statuspage import PageHistory, build_overview, histogram_modes, render_page
+from agent.catalog.engine import TTFT_BUCKETS_S
+from agent.samples import Collection, HistogramSample, Sample, attrs
+from agent.state import AgentState, CollectorHealth
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.e2e.test_alert_pipeline import SVE_TOKENS
 from tests.procs import running, wait_http
@@ -340,3 +344,70 @@ def test_page_cache_pressure_shows_two_modes_and_the_finding(stack: Stack, brows
     assert browser.title.startswith("LatencyBimodal"), browser.title
     assert "## Meaning" in browser.find_element(By.TAG_NAME, "pre").text
     assert not _console_errors(browser)
+
+
+# --- the page's own logic, without a browser ---------------------------------------------------------------------
+
+
+def _counts(**by_le: float) -> list[float]:
+    """Per-bucket counts on vLLM's TTFT buckets (+Inf last), keyed like le_0_04=..."""
+    bounds = [*TTFT_BUCKETS_S, math.inf]
+    want = {float(k[3:].replace("_", ".")): v for k, v in by_le.items()}
+    return [want.get(b, 0.0) for b in bounds]
+
+
+def test_modes_read_the_density_not_the_raw_counts() -> None:
+    bounds = [*TTFT_BUCKETS_S, math.inf]
+    # a fast mode with a queueing tail: 0.08-0.1 (20 ms wide) holds fewer requests than 0.1-0.25 (150 ms wide),
+    # a dip in raw counts that is no dip in density: one mode
+    tail = _counts(le_0_04=150, le_0_06=60, le_0_08=25, le_0_1=8, le_0_25=20, le_0_5=3)
+    assert len(histogram_modes(bounds, tail)) == 1
+    # the same plus a page-cache stall at 1.5 s: two modes, the second where the stall is
+    stalled = _counts(le_0_04=150, le_0_06=60, le_0_08=25, le_0_1=8, le_0_25=20, le_0_5=3, le_2_5=80)
+    modes = histogram_modes(bounds, stalled)
+    assert [bounds[i] for i in modes] == [0.04, 2.5]
+    assert histogram_modes(bounds, [0.0] * len(bounds)) == []
+
+
+def _engine(models: list[str], ttft_count: float = 0.0) -> Collection:
+    samples: list[Sample | HistogramSample] = []
+    for m in models:
+        a = attrs({"gen_ai.request.model": m})
+        buckets = tuple((b, ttft_count if b >= 0.1 else 0.0) for b in (*TTFT_BUCKETS_S, math.inf))
+        samples.append(HistogramSample("gen_ai.server.time_to_first_token", buckets, 0.1 * ttft_count, ttft_count, a))
+        for q, v in (("0.5", 0.05), ("0.95", 0.09), ("0.99", 0.1)):
+            la = attrs({"gen_ai.request.model": m, "quantity": "ttft", "window": "1m", "source": "histogram",
+                        "quantile": q})  # fmt: skip
+            samples.append(Sample("inferwatch.engine.latency", v, la))
+        samples.append(Sample("inferwatch.engine.info", 1, attrs({"gen_ai.request.model": m, "engine": "vllm"})))
+    return Collection(samples=samples, details={"models": models})
+
+
+def test_history_is_bounded_in_series_and_points() -> None:
+    now = [1000.0]
+    history = PageHistory(clock=lambda: now[0], step_s=10, points=3, max_series=2)
+    for i in range(6):
+        history.on_collection("engine", _engine([f"m{k}" for k in range(5)], ttft_count=i))
+        now[0] += 10
+    assert len(history._lines) == 2 and len(history._buckets) == 2
+    assert all(len(v) == 3 for v in history._lines.values())
+    history.on_collection("cpu", _engine(["other"]))  # not a latency source: ignored
+    assert "other" not in history._seen
+
+
+def test_page_escapes_what_the_engine_names_and_renders_an_empty_state() -> None:
+    empty = AgentState()
+    page = render_page(build_overview(empty, PageHistory()))
+    assert "No engine model seen yet" in page and "<script" not in page
+    state = AgentState()
+    evil = '<script>alert(1)</script>"x'
+    state.record("engine", CollectorHealth("engine", 1.0, 1.0, runs=1, state="ok"), _engine([evil], 12))
+    history = PageHistory()
+    history.on_collection("engine", _engine([evil], 0))
+    ov = build_overview(state, history)
+    page = render_page(ov)
+    assert "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;&quot;x" in page
+    (m,) = ov["models"]
+    assert m["latency"]["ttft"] == {"source": "histogram", "window": "1m", "p50": 0.05, "p95": 0.09, "p99": 0.1}
+    assert m["ttft_histogram"]["total"] == 12 and m["ttft_histogram"]["goodput"]["ratio"] == 1.0
+    assert "explain?model=%3Cscript%3Ealert%281%29%3C%2Fscript%3E%22x&amp;format=text" in page

@@ -24,6 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+from urllib.parse import quote
 
 from agent import __version__
 from agent.samples import AnySample, Collection, Finding, HistogramSample, Sample
@@ -347,6 +348,33 @@ def _signals(model: str, ix: _Index, sources: Iterable[str]) -> list[dict[str, A
     return out
 
 
+def _prefix_hit_ratio(ix: _Index, model: str) -> float | None:
+    """Local prefix-cache hits / lookups since the engine started (the counters; rates are recording rules)."""
+    sums = {}
+    for name in ("inferwatch.engine.prefix_cache.hits", "inferwatch.engine.prefix_cache.queries"):
+        vals = [
+            s.value
+            for s in ix.get(name)
+            if isinstance(s, Sample) and _attr(s, MODEL) == model and _attr(s, "cache") in ("", "local")
+        ]
+        sums[name] = sum(vals) if vals else None
+    hits, queries = sums.values()
+    return hits / queries if hits is not None and queries else None
+
+
+def _tail_driver(ix: _Index, model: str) -> dict[str, Any] | None:
+    """The tail explainer's TTFT verdict over 5m (docs/explain.md): the phase behind the slowest 2 %."""
+    for s in ix.get("inferwatch.engine.tail.driver"):
+        if (
+            isinstance(s, Sample)
+            and _attr(s, MODEL) == model
+            and _attr(s, "quantity") == "ttft"
+            and _attr(s, "window") == "5m"
+        ):
+            return {"phase": _attr(s, "phase"), "attribute": _attr(s, "attribute"), "share": _num(s.value)}
+    return None
+
+
 def evidence_line(evidence: Mapping[str, object]) -> str:
     parts = []
     for k, v in evidence.items():
@@ -510,6 +538,8 @@ def build_overview(state: AgentState, history: PageHistory, now: float | None = 
                 "requests_running": _per_model_value(ix, "inferwatch.engine.requests.running", model),
                 "requests_waiting": _per_model_value(ix, "inferwatch.engine.requests.waiting", model),
                 "preemptions_total": _per_model_value(ix, "inferwatch.engine.preemptions", model),
+                "prefix_cache_hit_ratio": _prefix_hit_ratio(ix, model),
+                "tail_driver": _tail_driver(ix, model),
             }
         )
         signals += _signals(model, ix, sources)
@@ -716,6 +746,14 @@ def _legend() -> str:
     )
 
 
+def _driver(d: dict[str, Any] | None) -> str:
+    if d is None:
+        return "—"
+    share = f" ({d['share']:.0%} of the gap)" if d["share"] is not None else ""
+    attribute = f", tail requests share {_e(d['attribute'])}" if d["attribute"] not in ("", "none") else ""
+    return f"{_e(d['phase'] or 'none')}{share}{attribute}"
+
+
 def _model_card(m: dict[str, Any]) -> str:
     model = m["model"]
     rows = []
@@ -764,17 +802,26 @@ def _model_card(m: dict[str, Any]) -> str:
             else "not exposed",
         ),
         (
+            "prefix-cache hits (since start)",
+            _data(m["prefix_cache_hit_ratio"], f"{m['prefix_cache_hit_ratio']:.1%}")
+            if m["prefix_cache_hit_ratio"] is not None
+            else "not exposed",
+        ),
+        ("TTFT tail driver (5m)", _driver(m["tail_driver"])),
+        (
             "TTFT bimodal (5m)",
             ", ".join(f"{'yes ▲' if v == 1 else 'no'} ({_e(k)})" for k, v in m["bimodal_ttft_5m"].items()) or "—",
         ),
     ]
-    kv = "".join(f"<dt>{_e(k)}</dt><dd>{v}</dd>" for k, v in stats)
     hist = _histogram_svg(model, h) if h else '<p class="muted">The engine exposes no TTFT histogram.</p>'
     charts = "".join(
         f"<h4>{label} P50/P95/P99, last hour</h4>{_line_svg(model, q, m['history'][q])}"
         for q, label in (("ttft", "TTFT"), ("itl", "ITL"))
     )
     engine = f" <span class='muted'>({_e(m['engine'])})</span>" if m["engine"] else ""
+    explain = f"api/v1/explain?model={quote(model, safe='')}&amp;format=text"
+    stats.append(("why the tail is slow", f'<a href="{explain}" class="explain">tail explanation</a>'))
+    kv = "".join(f"<dt>{_e(k)}</dt><dd>{v}</dd>" for k, v in stats)
     return (
         f'<section class="card model" data-model="{_e(model)}" aria-label="model {_e(model)}">'
         f"<h3>{_e(model)}{engine}</h3>"

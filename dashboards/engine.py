@@ -502,15 +502,20 @@ def engine_signal_rows(b: Board) -> None:
         ts(
             "Goodput (bounded from histograms)",
             describe(
-                "Share of requests that met TTFT <= 0.5 s and time per output token <= 0.1 s together. The "
-                "histograms bound it: at most the smaller of the two shares, at least their sum minus one. The "
-                "alert fires when even the upper bound is below the 90% objective.",
+                "Share of requests that met TTFT <= 0.5 s and time per output token <= 0.1 s together: exact from "
+                "the agent's spans where it has them; the histograms only bound it (at most the smaller of the two "
+                "shares, at least their sum minus one). The alert reads the exact figure, else the upper bound, "
+                "against the 90% objective.",
                 "GoodputBelowTarget",
             ),
             "percentunit",
             [
-                _rec("instance_model:inferwatch_goodput:ratio_upper_rate5m", "upper"),
-                _rec("instance_model:inferwatch_goodput:ratio_lower_rate5m", "lower"),
+                Target(
+                    f'inferwatch_engine_goodput_ratio{{{SEL_MODEL}, window="5m"}}',
+                    "exact (spans) {{gen_ai_request_model}} @ {{instance}}",
+                ),
+                _rec("instance_model:inferwatch_goodput:ratio_upper_rate5m", "upper bound"),
+                _rec("instance_model:inferwatch_goodput:ratio_lower_rate5m", "lower bound"),
             ],
             max_val=1,
         ),

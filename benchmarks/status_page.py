@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent.api.statuspage import HISTORY_POINTS, HISTORY_STEP_S, PageHistory, build_overview, render_page  # noqa: E402
+from agent.api.statushtml import render_page  # noqa: E402
+from agent.api.statuspage import HISTORY_POINTS, HISTORY_STEP_S, PageHistory, build_overview  # noqa: E402
 from agent.app import Agent  # noqa: E402
 from agent.config import load_settings  # noqa: E402
 from exporters.prometheus import render as render_metrics  # noqa: E402

@@ -35,7 +35,8 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from agent.api.statuspage import PageHistory, build_overview, histogram_modes, render_page
+from agent.api.statushtml import render_page
+from agent.api.statuspage import PageHistory, build_overview, histogram_modes
 from agent.catalog.engine import TTFT_BUCKETS_S
 from agent.samples import Collection, HistogramSample, Sample, attrs
 from agent.state import AgentState, CollectorHealth

@@ -24,7 +24,8 @@ from agent.actions.profiles import ProfileBusyError
 from agent.analytics import explain
 from agent.api.auth import Authenticator
 from agent.api.services import ApiServices
-from agent.api.statuspage import PageHistory, build_overview, render_page
+from agent.api.statushtml import render_page
+from agent.api.statuspage import PageHistory, build_overview
 from agent.config import Settings
 from agent.errors import NoDataError, StorageError
 from agent.samples import UNKNOWN_MODEL, Finding, Sample, attrs
@@ -100,7 +101,7 @@ def install(app: FastAPI, settings: Settings, state: AgentState, services: ApiSe
 
     app.add_middleware(Authenticate, auth=auth)
 
-    # --- the node status page (agent/api/statuspage.py): built on request; the history is a state listener ---
+    # --- the node status page (agent/api/statuspage.py, statushtml.py): built on request; history: a listener ---
     history = PageHistory()
     state.add_listener(history.on_collection)
 

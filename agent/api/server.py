@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from agent.runbooks import Runbooks, to_html
 from agent.state import AgentState
 from exporters.prometheus import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, render, render_openmetrics
 
+log = logging.getLogger(__name__)
 Pull = Callable[[float], Awaitable[None]]  # Runner.pull_async: bring the due collections into this scrape
 
 
@@ -41,6 +43,7 @@ class MetricsEndpoint:
         self._openmetrics_headers = [(b"content-type", OPENMETRICS_CONTENT_TYPE.encode())]
         # Exemplars exist only on the histograms the span receiver feeds: OpenMetrics (and its slower path) only then
         self._exemplars = settings.receiver.enabled and settings.receiver.emit_histograms
+        self._openmetrics_failed = False  # logged once
 
     def _allowed(self, scope: dict[str, Any]) -> bool:
         if self.auth.is_open("/metrics"):
@@ -59,9 +62,15 @@ class MetricsEndpoint:
         if settings.collect_on_scrape:
             await self.pull(settings.scrape_wait_s)
         accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
+        body = None
         if self._exemplars and b"application/openmetrics-text" in accept:
-            body, head = render_openmetrics(self.state), self._openmetrics_headers
-        else:
+            try:
+                body, head = render_openmetrics(self.state), self._openmetrics_headers
+            except Exception:  # a family OpenMetrics refuses: the scrape still gets every value, as plain text
+                if not self._openmetrics_failed:
+                    log.warning("OpenMetrics exposition failed; answering in the text format", exc_info=True)
+                    self._openmetrics_failed = True
+        if body is None:
             body, head = render(self.state), self._headers
         headers = [*head, (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})

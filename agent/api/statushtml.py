@@ -360,7 +360,7 @@ def _node_html(ov: dict[str, Any]) -> str:
         for g in ov["gpus"]
     )
     gpu = (
-        '<div class="scroll" tabindex="0" role="region" aria-label="GPU state"><table><thead><tr>'
+        '<div class="scroll" tabindex="0" role="region" aria-label="GPU table"><table><thead><tr>'
         "<th scope='col'>GPU</th><th scope='col'>busy</th><th scope='col'>memory</th><th scope='col'>temp</th>"
         f"<th scope='col'>power</th><th scope='col'>throttled</th></tr></thead><tbody>{gpu_rows}</tbody></table></div>"
         if ov["gpus"]

@@ -415,3 +415,35 @@ def test_page_escapes_what_the_engine_names_and_renders_an_empty_state() -> None
     assert m["latency"]["ttft"] == {"source": "histogram", "window": "1m", "p50": 0.05, "p95": 0.09, "p99": 0.1}
     assert m["ttft_histogram"]["total"] == 12 and m["ttft_histogram"]["goodput"]["ratio"] == 1.0
     assert "explain?model=%3Cscript%3Ealert%281%29%3C%2Fscript%3E%22x&amp;format=text" in page
+
+
+def test_feature_table_marks_a_runtime_fallback() -> None:
+    """simd_fallback as the runtime's profile reports it (compiled for sve, its kernels run asimd only)."""
+    state = AgentState()
+    ok = CollectorHealth("x", 1.0, 1.0, runs=1, state="ok")
+    cpu = Collection(
+        samples=[
+            Sample("inferwatch.cpu.feature.present", 1, attrs(feature="sve")),
+            Sample("inferwatch.cpu.feature.present", 1, attrs(feature="asimd")),
+            Sample(
+                "inferwatch.cpu.feature.missing",
+                0,
+                attrs(feature="sve", cpu_model="Arm Neoverse-V1", detected_by="kernel"),
+            ),
+        ]
+    )
+    profile = Collection(
+        samples=[
+            Sample("inferwatch.runtime.profile.simd_inactive", 1, attrs(feature="sve")),
+            Sample("inferwatch.runtime.profile.simd_inactive", 0, attrs(feature="asimd")),
+        ]
+    )
+    state.record("cpu", ok, cpu)
+    state.record("runtime_profile", ok, profile)
+    ov = build_overview(state, PageHistory())
+    rows = {r["feature"]: r for r in ov["cpu_features"]}
+    assert rows["sve"]["runtime"] == "inactive" and not rows["sve"]["missing"] and rows["asimd"]["runtime"] == "active"
+    assert ov["cpu_features"][0]["feature"] == "sve"  # the fallback first
+    page = render_page(ov)
+    assert '<td data-runtime="inactive">✖ NOT IN USE (fallback)</td>' in page
+    assert "compiled for sve but its kernels do not use them" in page

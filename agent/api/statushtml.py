@@ -33,6 +33,9 @@ def _data(v: float | None, text: str) -> str:
     return f'<data value="{v!r}">{html.escape(text)}</data>'
 
 
+RUNTIME_WORD = {"": "—", "active": "✔ in use", "inactive": "✖ NOT IN USE (fallback)"}
+
+
 def _count(v: float | None) -> str:
     return _data(v, f"{v:g}") if v is not None else "—"
 
@@ -331,9 +334,11 @@ def _node_html(ov: dict[str, Any]) -> str:
             f'<tr class="feature{" missing" if r["missing"] else ""}" data-feature="{_e(r["feature"])}" '
             f'data-missing="{int(r["missing"])}"><td>{_e(r["feature"])}</td>'
             f"<td>{'expected' if r['expected'] else '—'}</td>"
-            f"<td>{_badge('fail') + ' ' if r['missing'] else ''}{_e(state)}</td><td>{_e(r['detected_by'])}</td></tr>"
+            f"<td>{_badge('fail') + ' ' if r['missing'] else ''}{_e(state)}</td><td>{_e(r['detected_by'])}</td>"
+            f'<td data-runtime="{_e(r["runtime"])}">{RUNTIME_WORD[r["runtime"]]}</td></tr>'
         )
     missing = [r["feature"] for r in ov["cpu_features"] if r["missing"]]
+    unused = [r["feature"] for r in ov["cpu_features"] if r["runtime"] == "inactive"]
     feat_summary = (
         f"<p><strong>✖ Expected for this CPU but missing: {_e(', '.join(missing))}</strong></p>"
         if missing
@@ -341,6 +346,11 @@ def _node_html(ov: dict[str, Any]) -> str:
         if ov["cpu_features"]
         else "<p class='muted'>No CPU feature data yet.</p>"
     )
+    if unused:
+        feat_summary += (
+            f"<p class='runtime-fallback'><strong>✖ The runtime was compiled for {_e(', '.join(unused))} but its "
+            "kernels do not use them (a silent fallback to a narrower path, ~20 % slower)</strong></p>"
+        )
     mem = ov["memory"]
     mem_rows = [
         ("page cache", mem.get("summary", "no reading")),
@@ -374,7 +384,8 @@ def _node_html(ov: dict[str, Any]) -> str:
         f"{feat_summary}"
         '<div class="scroll" tabindex="0" role="region" aria-label="CPU features"><table id="features"><thead><tr>'
         "<th scope='col'>feature</th><th scope='col'>this CPU model</th><th scope='col'>on this node</th>"
-        f"<th scope='col'>detected by</th></tr></thead><tbody>{''.join(feats)}</tbody></table></div></section>"
+        "<th scope='col'>detected by</th><th scope='col'>the runtime's kernels</th></tr></thead>"
+        f"<tbody>{''.join(feats)}</tbody></table></div></section>"
         f"<section class='card' aria-labelledby='h-mem'><h3 id='h-mem'>{mem_badge}Page cache and memory pressure</h3>"
         f"<dl class='kv'>{mem_kv}</dl></section>"
         f"<section class='card' aria-labelledby='h-gpu'><h3 id='h-gpu'>GPU state</h3>{gpu}</section>"

@@ -425,10 +425,13 @@ def _gpus(ix: _Index) -> list[dict[str, Any]]:
 
 
 def _features(ix: _Index) -> list[dict[str, Any]]:
+    """CPU features: expected for this CPU model, present on the node, and, where the runtime's profile says which
+    it was compiled for, whether its kernels use them (``runtime``: active | inactive, the silent fallback)."""
     present = {_attr(s, "feature"): bool(s.value) for s in ix.get("inferwatch.cpu.feature.present")}  # type: ignore[union-attr]
     missing = {_attr(s, "feature"): s for s in ix.get("inferwatch.cpu.feature.missing")}
+    inactive = {_attr(s, "feature"): bool(s.value) for s in ix.get("inferwatch.runtime.profile.simd_inactive")}  # type: ignore[union-attr]
     rows = []
-    for feature in sorted(set(present) | set(missing)):
+    for feature in sorted(set(present) | set(missing) | set(inactive)):
         m = missing.get(feature)
         expected = m is not None
         is_missing = bool(m.value) if isinstance(m, Sample) else False
@@ -439,9 +442,10 @@ def _features(ix: _Index) -> list[dict[str, Any]]:
                 "present": present.get(feature, not is_missing if expected else None),
                 "missing": is_missing,
                 "detected_by": _attr(m, "detected_by") if m is not None else "",
+                "runtime": "" if feature not in inactive else "inactive" if inactive[feature] else "active",
             }
         )
-    rows.sort(key=lambda r: (not r["missing"], not r["expected"], r["feature"]))
+    rows.sort(key=lambda r: (not r["missing"], r["runtime"] != "inactive", not r["expected"], r["feature"]))
     return rows
 
 

@@ -24,6 +24,7 @@ from agent.api.statuspage import (
     fmt_seconds,
     log_widths,
 )
+from agent.catalog.engine import GOODPUT_TPOT_TARGET_S
 
 
 def _data(v: float | None, text: str) -> str:
@@ -224,6 +225,12 @@ def _model_card(m: dict[str, Any]) -> str:
             )
             if good and good["ratio"] is not None
             else "—",
+        ),
+        (
+            f"goodput, exact (TTFT ≤ {fmt_seconds(GOODPUT_TTFT_S)}, TPOT ≤ {fmt_seconds(GOODPUT_TPOT_TARGET_S)}, 5m)",
+            _data(m["goodput_exact_5m"], f"{m['goodput_exact_5m']:.1%} (spans)")
+            if m["goodput_exact_5m"] is not None
+            else "no spans",
         ),
         (
             "KV-cache in use",

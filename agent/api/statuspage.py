@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from agent import __version__
+from agent.catalog.engine import GOODPUT_TTFT_TARGET_S
 from agent.samples import AnySample, Collection, Finding, HistogramSample, Sample
 from agent.state import AgentState, CollectorHealth
 
@@ -37,9 +38,10 @@ MODEL = "gen_ai.request.model"
 TTFT_HISTOGRAM = "gen_ai.server.time_to_first_token"
 CHART_QUANTILES = ("0.5", "0.95", "0.99")
 QUANTILE_KEYS = {"0.5": "p50", "0.95": "p95", "0.99": "p99"}
-# Goodput: the share of the window's requests whose first token came within the TTFT SLO's threshold
-# (alerts/slo.yml, ttft-500ms; a bucket edge of the engine's histogram).
-GOODPUT_TTFT_S = 0.5
+# Goodput from the histogram: the share of the window's requests whose first token came within the catalog's
+# goodput TTFT target (the ttft-500ms SLO of alerts/slo.yml; a bucket edge of the engine's histogram). Where spans
+# arrive, the exact figure (TTFT and time per output token both within target) is shown beside it.
+GOODPUT_TTFT_S = GOODPUT_TTFT_TARGET_S
 # The signals below mirror two alert rules (alerts/inferwatch.rules.yml) without their for:, so the page says
 # what the agent sees now: LatencyBimodal (5m and 1m TTFT verdicts, >= 50 requests in 5m) and TailLatencyRatioHigh
 # (histogram prefill P99/P50 over 5m above 3, >= 50 requests).
@@ -541,6 +543,7 @@ def build_overview(state: AgentState, history: PageHistory, now: float | None = 
                 "requests_waiting": _per_model_value(ix, "inferwatch.engine.requests.waiting", model),
                 "preemptions_total": _per_model_value(ix, "inferwatch.engine.preemptions", model),
                 "prefix_cache_hit_ratio": _prefix_hit_ratio(ix, model),
+                "goodput_exact_5m": ix.value("inferwatch.engine.goodput", model, window="5m", source="spans"),
                 "tail_driver": _tail_driver(ix, model),
             }
         )

@@ -114,5 +114,9 @@ begin "import contract"
 .venv/bin/lint-imports
 end
 begin "pytest"
-.venv/bin/python -m pytest "$@"
+# Three workers, each running whole files (module fixtures start their servers once), slow files first and at most
+# one cpu_heavy file at a time (tests/scheduling.py): most of the long files wait out real timings (a for:, a
+# window, Alertmanager's group_wait) at a fraction of a core, so they overlap. INFERWATCH_TEST_WORKERS=0 runs one
+# process; arguments after the script's name go to pytest as they are.
+.venv/bin/python -m pytest -n "${INFERWATCH_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@"
 end

@@ -12,7 +12,10 @@ ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 PYTHON = sys.executable
 
-pytest_plugins = ["tests.llamacpp_server"]  # llama-server fixtures: llama_bin, llama_models, llama_tiny
+pytest_plugins = [
+    "tests.llamacpp_server",  # llama-server fixtures: llama_bin, llama_models, llama_tiny
+    "tests.scheduling",  # xdist: slow files first, one cpu_heavy file at a time
+]
 
 
 def free_port() -> int:

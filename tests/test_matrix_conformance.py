@@ -49,7 +49,7 @@ def test_near_misses_catch_a_loosened_rule(tmp_path: Path) -> None:
         "no tolerance over the band": src.replace(
             "            1.1 * model_hardware:", "            1.0 * model_hardware:"
         ),
-        "traffic floor dropped": src.replace(">= 30\n", ">= 1\n"),
+        "traffic floor dropped": src.replace(">= 0.1\n", ">= 0.001\n"),
         "band from the mean of the nodes (not robust)": src.replace(
             "quantile without (instance) (0.5, quantile_over_time(0.9",
             "avg without (instance) (quantile_over_time(0.9",

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from agent.collectors.engine import TOKEN_TIME
-from agent.engine.adapters import ADAPTERS
+from agent.engine.adapters import ADAPTERS, FEATURE_QUANTITIES
 from agent.engine.fetch import EngineScrapeError
 from agent.engine.inspect import INSPECT_QUANTITIES
 from agent.redact import redact_text, redact_url
@@ -97,15 +97,20 @@ def _metrics_finding(kind: str, read: set[str]) -> Finding:
     """Are the families the engine's adapter maps exposed? None read: the agent gets nothing from this engine."""
     adapter = ADAPTERS[kind]
     mapped = {**adapter.histograms, **adapter.gauges, **adapter.counters}
-    missing = {q: [src.name for src in cands] for q, cands in mapped.items() if q not in read}
+    core = {q: cands for q, cands in mapped.items() if q not in FEATURE_QUANTITIES}
+    missing = {q: [src.name for src in cands] for q, cands in core.items() if q not in read}
     families = sorted({name for names in missing.values() for name in names})
-    evidence = {"missing": families, "quantities_missing": sorted(missing)}
+    features_off = sorted({FEATURE_QUANTITIES[q] for q in mapped if q in FEATURE_QUANTITIES and q not in read})
+    evidence = {"missing": families, "quantities_missing": sorted(missing), "features_not_exposed": features_off}
     if not read:
         return Finding("engine.metrics", "fail", f"no family the {kind} adapter maps has a sample", evidence)
+    off = f"; not exposed (feature off or an older engine): {', '.join(features_off)}" if features_off else ""
     if not missing:
-        return Finding("engine.metrics", "ok", f"all {len(mapped)} quantities the {kind} adapter maps read", evidence)
+        return Finding(
+            "engine.metrics", "ok", f"all {len(core)} core quantities the {kind} adapter maps read{off}", evidence
+        )
     listed = "; ".join(f"{q} ({' | '.join(names)})" for q, names in sorted(missing.items()))
-    return Finding("engine.metrics", "warn", f"not exposed by this {kind} engine: {listed}", evidence)
+    return Finding("engine.metrics", "warn", f"not exposed by this {kind} engine: {listed}{off}", evidence)
 
 
 def _quantities_finding(kind: str, read: set[str]) -> Finding:

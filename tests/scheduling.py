@@ -19,15 +19,17 @@ Without xdist (one process) the order is the same and a slot is always free.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOT_DIR = ROOT / "build" / "test-slots"
+COSTS = Path(__file__).resolve().parent / "file-costs.json"  # measured per file: wall and CPU seconds
 HEAVY_SLOT_WAIT_S = 1800.0
 POLL_S = 0.5
 
@@ -37,10 +39,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Files with a slow test first, each file's tests kept together and in their own order (a stable sort by
-    file: a file split in two would start its module fixtures twice)."""
+    """Files with a slow test first, then longest first by their measured wall time (tests/file-costs.json; a file
+    not measured yet counts as the median), each file's tests kept together and in their own order (a stable sort
+    by file: a file split in two would start its module fixtures twice)."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: 0 if item.path in slow_files else 1)
+    known = _known_costs()
+    default_wall = sorted(known.values())[len(known) // 2] if known else 0.0
+
+    def key(item: pytest.Item) -> tuple[int, float]:
+        rel = item.path.relative_to(ROOT).as_posix()
+        return (0 if item.path in slow_files else 1, -known.get(rel, default_wall))
+
+    items.sort(key=key)
 
 
 def _slots() -> int:
@@ -84,3 +94,61 @@ def _cpu_heavy_slot(request: pytest.FixtureRequest) -> Iterator[None]:
             fcntl.flock(held, fcntl.LOCK_UN)
         for h in handles:
             h.close()
+
+
+def _known_costs() -> dict[str, float]:
+    try:
+        data = json.loads(COSTS.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {f: float(v["wall_s"]) for f, v in data.get("files", {}).items()}
+
+
+_spent: dict[str, list[float]] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+    """With ``INFERWATCH_TEST_COSTS=DIR``: each file's wall and CPU seconds (this process and the children it
+    reaped: the servers a test starts), written per worker to DIR; ``python -m tests.scheduling DIR`` merges them
+    into tests/file-costs.json."""
+    if not os.environ.get("INFERWATCH_TEST_COSTS"):
+        yield
+        return
+    t0, c0 = time.monotonic(), _cpu_s()
+    yield
+    spent = _spent.setdefault(item.path.relative_to(ROOT).as_posix(), [0.0, 0.0])
+    spent[0] += time.monotonic() - t0
+    spent[1] += _cpu_s() - c0
+
+
+def _cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    out = os.environ.get("INFERWATCH_TEST_COSTS")
+    if not out or not _spent:
+        return
+    Path(out).mkdir(parents=True, exist_ok=True)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    (Path(out) / f"{worker}.json").write_text(json.dumps(_spent))
+
+
+def merge(directory: Path) -> dict[str, object]:
+    files: dict[str, dict[str, float]] = {}
+    for part in sorted(directory.glob("*.json")):
+        for f, (wall, cpu) in json.loads(part.read_text()).items():
+            files[f] = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
+    ordered = dict(sorted(files.items(), key=lambda kv: -kv[1]["wall_s"]))
+    return {
+        "note": "per test file, measured with INFERWATCH_TEST_COSTS under scripts/test.sh's workers; orders the run",
+        "files": ordered,
+    }
+
+
+if __name__ == "__main__":
+    import sys
+
+    COSTS.write_text(json.dumps(merge(Path(sys.argv[1])), indent=1) + "\n")

@@ -33,7 +33,7 @@ from tests.procs import running, wait_http
 from tests.test_cpu import machine_of
 from tests.tools import require
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.cpu_heavy]
 
 
 MODELS = ("meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct")

@@ -29,7 +29,7 @@ from tests.e2e.harness import Sink
 from tests.fleet import CATALOG, Fleet, NoiseEvent, Timings, faults, hardware_types, matrix, run_drill
 from tests.tools import require
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.cpu_heavy]
 
 NODES = ("p5-h100", "p4d-a100", "m7i-spr", "a3-h100")  # tests/fleet.py CATALOG
 NOSVE = "c7g-nosve"  # joins booted with arm64.nosve

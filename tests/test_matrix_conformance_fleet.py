@@ -26,7 +26,7 @@ from tests.procs import running, wait_http
 from tests.test_dashboards_data import _agent_env, _fake_procfs, _fake_sysfs
 from tests.tools import require
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.cpu_heavy]
 ALERT = "NodeOutsideConformanceBand"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 GPU = "NVIDIA H100 80GB HBM3"

@@ -41,7 +41,7 @@ from tests.procs import running, wait_http
 from tests.tools import require
 from tests.vmstack import instant, prometheus_agent, self_metric, victoria_metrics, vmagent, vmalert
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.cpu_heavy]
 
 MODEL = "sim-vm"
 FAKE_GPU = "NVIDIA H100 80GB HBM3"

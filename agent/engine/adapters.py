@@ -253,6 +253,27 @@ TRTLLM = Adapter(
 )
 
 ADAPTERS: dict[str, Adapter] = {a.kind: a for a in (VLLM, SGLANG, TGI, LLAMACPP, TRTLLM)}
+
+# Quantities an engine exposes only with a feature switched on (or from a given version): their absence is the
+# normal state of an engine without that feature, not a gap in what the agent reads (the doctor lists them apart).
+FEATURE_QUANTITIES: dict[str, str] = {
+    "cached_tokens": "prefix caching (newer versions count cached prompt tokens)",
+    "prefix_hits": "prefix caching",
+    "prefix_queries": "prefix caching",
+    "prompt_by_source": "prefix caching / KV connector (newer vLLM)",
+    "external_prefix_hits": "a KV connector with an external cache",
+    "external_prefix_queries": "a KV connector with an external cache",
+    "spec_accepted": "speculative decoding",
+    "spec_accepted_by_position": "speculative decoding",
+    "spec_draft_tokens": "speculative decoding",
+    "spec_drafts": "speculative decoding",
+    "spec_acceptance": "speculative decoding",
+    "spec_acceptance_length": "speculative decoding",
+    "kv_transfer": "disaggregated prefill/decode (KV transfer)",
+    "kv_transfer_bytes": "disaggregated prefill/decode (KV transfer)",
+    "kv_transfer_failures": "disaggregated prefill/decode (KV transfer)",
+    "kv_transfer_latency": "disaggregated prefill/decode (KV transfer)",
+}
 if tuple(ADAPTERS) != ENGINE_KINDS:  # one adapter per catalogued engine kind, in detection order
     raise ImportError(f"adapters {tuple(ADAPTERS)} do not match agent.catalog.engine.ENGINE_KINDS {ENGINE_KINDS}")
 

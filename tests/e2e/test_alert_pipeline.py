@@ -30,7 +30,7 @@ from tests.e2e.harness import ROUTING_KEY, Delivery, EngineReplay, Pipeline, Sin
 from tests.procs import running, wait_http
 from tests.test_cpu import machine_of
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.cpu_heavy]
 
 DELIVERY_TIMEOUT_S = 120.0  # generous: 2 shared cores; measured figures are 12-55 s
 MIN_OBSERVATION_S = 50.0  # a healthy node is watched at least this long (longest for: + ticket group_wait)

@@ -37,7 +37,7 @@ from tests.e2e.test_alert_pipeline import SimProc, _procfs, _start_agent, _start
 from tests.procs import running, wait_http
 from tests.tools import require
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.cpu_heavy]
 
 HEALTHY_S = 12.0  # healthy phase: several 5s (compressed 5m) windows of normal signals
 WAIT_S = 120.0  # bounded wait for every notification
@@ -174,10 +174,14 @@ def test_engine_signal_faults_notify_through_the_pipeline(tmp_path: Path) -> Non
             assert d.alert["labels"]["gen_ai_request_model"] == f.name
             assert agents[f.name].instance in d.alert["annotations"]["description"]
             assert d.alert["annotations"]["runbook_url"].endswith(f"/runbooks/{f.alert}")
+        # GoodputBelowTarget is a symptom: KV saturation, LoRA slot waits, a collapsed prefix cache (more prefill) and
+        # a collapsed acceptance (slower decode) all push requests past the TTFT/TPOT targets, so it may also reach
+        # the other faulted nodes (seen for one of them on a loaded machine). The healthy phase above proves it
+        # does not fire without a fault; the cause alerts must name only their own node.
         wrong = [
             (d.alertname, d.instance)
             for d in sink.snapshot()
-            if d.alertname in ALERTS
+            if d.alertname in ALERTS - {"GoodputBelowTarget"}
             and d.instance != next(agents[f.name].instance for f in FAULTS if f.alert == d.alertname)
         ]
         assert not wrong, f"notified for the wrong node: {wrong}"

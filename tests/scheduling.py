@@ -1,14 +1,15 @@
 """How the suite shares the machine when pytest-xdist runs it in several processes.
 
-scripts/test.sh runs ``pytest -n 3 --dist loadfile --no-loadscope-reorder``: each test file runs whole on one
+scripts/test.sh runs ``pytest -n 4 --dist loadfile --no-loadscope-reorder``: each test file runs whole on one
 worker (its module fixtures start their servers once), and files are handed out in collection order, which this
 plugin sorts:
 
 - ``@pytest.mark.slow`` files first (they take a minute or more of wall time, mostly real timings: a ``for:`` to
-  wait out, windows to fill), so that the long ones overlap each other and the short files fill the gaps, instead
-  of one long file starting last and running alone;
+  wait out, windows to fill), then the rest, each group longest first by the wall time measured per file in
+  tests/file-costs.json, so that the long ones overlap each other and the short files fill the gaps, instead of one
+  long file starting last and running alone;
 - ``@pytest.mark.cpu_heavy`` files (several agents, simulators under load and a TSDB: they need the CPUs to keep
-  their compressed timings) hold one of ``INFERWATCH_TEST_HEAVY_SLOTS`` (default 1) cross-process slots for as
+  their compressed timings) hold one of ``INFERWATCH_TEST_HEAVY_SLOTS`` (1 unless set; scripts/test.sh sets 2) cross-process slots for as
   long as the file runs, so two of them never run at once. A slot is an ``flock`` on a file under
   ``build/test-slots/``; the kernel frees it when a worker dies, so a crash cannot leave it taken. Waiting is
   bounded (``HEAVY_SLOT_WAIT_S``): past it the file fails with the reason instead of hanging the run.

@@ -9,10 +9,10 @@ plugin sorts:
   tests/file-costs.json, so that the long ones overlap each other and the short files fill the gaps, instead of one
   long file starting last and running alone;
 - ``@pytest.mark.cpu_heavy`` files (several agents, simulators under load and a TSDB: they need the CPUs to keep
-  their compressed timings) hold one of ``INFERWATCH_TEST_HEAVY_SLOTS`` (1 unless set; scripts/test.sh sets 2) cross-process slots for as
-  long as the file runs, so two of them never run at once. A slot is an ``flock`` on a file under
-  ``build/test-slots/``; the kernel frees it when a worker dies, so a crash cannot leave it taken. Waiting is
-  bounded (``HEAVY_SLOT_WAIT_S``): past it the file fails with the reason instead of hanging the run.
+  their compressed timings) hold one of ``INFERWATCH_TEST_HEAVY_SLOTS`` (1 unless set; scripts/test.sh sets 2)
+  cross-process slots for as long as the file runs, so no more of them run at once. A slot is an ``flock`` on a
+  file under ``build/test-slots/``; the kernel frees it when a worker dies, so a crash cannot leave it taken.
+  Waiting is bounded (``HEAVY_SLOT_WAIT_S``): past it the file fails with the reason instead of hanging the run.
 
 Without xdist (one process) the order is the same and a slot is always free.
 """

@@ -50,6 +50,21 @@ def _grid(value_field: str = "Value") -> dm.DataTransformerConfig:
     )
 
 
+def _add_grid_table(b: Board, title: str, text: str, runbook: str | None, unit: str, expr: str, width: int) -> None:
+    """A model × hardware grid: one instant query, its hardware label built, pivoted by ``groupingToMatrix``."""
+    b.add(
+        table_panel(
+            title,
+            describe(text, runbook),
+            unit,
+            [Target(_hardware_label(expr), instant=True, fmt="table")],
+            transformations=[_grid()],
+        ),
+        width,
+        9,
+    )
+
+
 def build() -> dm.Dashboard:
     b = Board(
         UID,
@@ -60,77 +75,65 @@ def build() -> dm.Dashboard:
         time_from="now-1h",
     )
     b.row("Matrix (one row per model, one column per hardware type)")
-    b.add(
-        table_panel(
-            "TTFT P95 by model × hardware",
-            describe(
-                "Each cell: P95 time to first token of the row's model on every node of the column's hardware "
-                "type (machine type / CPU model / GPU model; 'none' = CPU only), from the engine histograms "
-                "summed over those nodes by the recording rules (alerts/recording.rules.yml, 5 m rates averaged "
-                "over the dashboard's time range; fleet-wide, the job filter does not apply). "
-                "Read across a row: the same model should order "
-                "hardware the same way everywhere; a cell out of line is a node problem, not a model one.",
-                "LatencyRegressionAfterNodeChange",
-            ),
-            "s",
-            [Target(_hardware_label(ttft_p95_recorded(_WINDOW, _MODEL)), instant=True, fmt="table")],
-            transformations=[_grid()],
+    _add_grid_table(
+        b,
+        "TTFT P95 by model × hardware",
+        (
+            "Each cell: P95 time to first token of the row's model on every node of the column's hardware "
+            "type (machine type / CPU model / GPU model; 'none' = CPU only), from the engine histograms "
+            "summed over those nodes by the recording rules (alerts/recording.rules.yml, 5 m rates averaged "
+            "over the dashboard's time range; fleet-wide, the job filter does not apply). "
+            "Read across a row: the same model should order "
+            "hardware the same way everywhere; a cell out of line is a node problem, not a model one."
         ),
+        "LatencyRegressionAfterNodeChange",
+        "s",
+        ttft_p95_recorded(_WINDOW, _MODEL),
         24,
-        9,
     )
-    b.add(
-        table_panel(
-            "Generation tokens/s per node by model × hardware",
-            describe(
-                "Each cell: generated tokens per second per node, averaged over the nodes of the column's "
-                "hardware type, over the dashboard's time range. Throughput depends on load as well as "
-                "hardware: compare cells under similar request rates.",
-                None,
-            ),
-            "suffix: tok/s",
-            [Target(_hardware_label(tokens_recorded(_WINDOW, _MODEL)), instant=True, fmt="table")],
-            transformations=[_grid()],
+    _add_grid_table(
+        b,
+        "Generation tokens/s per node by model × hardware",
+        (
+            "Each cell: generated tokens per second per node, averaged over the nodes of the column's "
+            "hardware type, over the dashboard's time range. Throughput depends on load as well as "
+            "hardware: compare cells under similar request rates."
         ),
+        None,
+        "suffix: tok/s",
+        tokens_recorded(_WINDOW, _MODEL),
         24,
-        9,
     )
     b.row("Effective cost (needs the price rules: inferwatch prices FILE --rules, docs/matrix.md)")
-    b.add(
-        table_panel(
-            "Effective cost per million generated tokens by model × hardware",
-            describe(
-                "Each cell: the price per hour of one machine of the column's type (from the price rules that "
-                "`inferwatch prices FILE --rules` writes from your price file, in its currency) divided by the "
-                "generated tokens per hour per node measured on that hardware for the row's model. A cheaper "
-                "machine on which the model runs badly costs more per token. Empty: no price for the machine type "
-                "(load the price rules) or no tokens generated. Throughput depends on load as well as hardware: "
-                "compare cells under similar load. `inferwatch matrix --prices FILE` prints the same with a rank.",
-                None,
-            ),
-            "suffix: /MTok",
-            [Target(_hardware_label(cost_per_mtok_recorded(_WINDOW, _MODEL)), instant=True, fmt="table")],
-            transformations=[_grid()],
+    _add_grid_table(
+        b,
+        "Effective cost per million generated tokens by model × hardware",
+        (
+            "Each cell: the price per hour of one machine of the column's type (from the price rules that "
+            "`inferwatch prices FILE --rules` writes from your price file, in its currency) divided by the "
+            "generated tokens per hour per node measured on that hardware for the row's model. A cheaper "
+            "machine on which the model runs badly costs more per token. Empty: no price for the machine type "
+            "(load the price rules) or no tokens generated. Throughput depends on load as well as hardware: "
+            "compare cells under similar load. `inferwatch matrix --prices FILE` prints the same with a rank."
         ),
+        None,
+        "suffix: /MTok",
+        cost_per_mtok_recorded(_WINDOW, _MODEL),
         12,
-        9,
     )
-    b.add(
-        table_panel(
-            "Hardware match by model × hardware",
-            describe(
-                "Each cell: the generated tokens/s per node of the row's model on the column's hardware type "
-                "divided by the best hardware type's for that model (100 % = the best). A low match on hardware "
-                "expected to suit the model points at a node problem (a SIMD feature missing, a throttled GPU) "
-                "before a price one.",
-                "CPUFeatureMissing",
-            ),
-            "percentunit",
-            [Target(_hardware_label(hardware_match_recorded(_WINDOW, _MODEL)), instant=True, fmt="table")],
-            transformations=[_grid()],
+    _add_grid_table(
+        b,
+        "Hardware match by model × hardware",
+        (
+            "Each cell: the generated tokens/s per node of the row's model on the column's hardware type "
+            "divided by the best hardware type's for that model (100 % = the best). A low match on hardware "
+            "expected to suit the model points at a node problem (a SIMD feature missing, a throttled GPU) "
+            "before a price one."
         ),
+        "CPUFeatureMissing",
+        "percentunit",
+        hardware_match_recorded(_WINDOW, _MODEL),
         12,
-        9,
     )
     b.add(
         table_panel(

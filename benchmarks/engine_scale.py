@@ -43,8 +43,8 @@ from prometheus_client import Counter, Gauge, Histogram  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from agent.engine.adapters import VLLM, KeyCache, read  # noqa: E402
-from agent.engine.exposition import Exposition  # noqa: E402
 from agent.engine.limits import EngineLimits  # noqa: E402
+from benchmarks.exposition_ingest import check_identical  # noqa: E402
 from tests.engine_expo import VllmLike  # noqa: E402
 
 NIXL_TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)  # NixlPromMetrics
@@ -114,38 +114,8 @@ def exposition(models: int, seed: int = 1) -> tuple[str, SignalsVllmLike]:
     return gen.text(), gen
 
 
-def baseline_samples(text: str, wanted: frozenset[str]) -> Exposition:
-    samples: dict[str, list] = {}
-    matched = 0
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name in wanted:
-                samples.setdefault(s.name, []).append((tuple(s.labels.items()), s.value))
-                matched += 1
-    return Exposition(samples, 0, matched)
-
-
 def limits(series: int, models: int) -> EngineLimits:
     return EngineLimits(max_series=series * 2, max_models=models * 2)
-
-
-def check_identical(text: str, lim: EngineLimits) -> tuple[int, int]:
-    """(samples compared, families): ours and prometheus_client's, equal sample by sample and per model."""
-    wanted = VLLM.wanted()
-    ours = VLLM.reader(lim).read(text)
-    theirs = baseline_samples(text, wanted)
-    assert set(ours.samples) == set(theirs.samples), set(ours.samples) ^ set(theirs.samples)
-    for name, series in theirs.samples.items():
-        a = sorted((tuple(sorted(lbl)), v) for lbl, v in ours.samples[name])
-        b = sorted((tuple(sorted(lbl)), v) for lbl, v in series)
-        assert a == b, f"samples of {name} differ"
-    ra, rb = read(VLLM, ours), read(VLLM, theirs)
-    assert ra.models.keys() == rb.models.keys()
-    for model in ra.models:
-        ma, mb = ra.models[model], rb.models[model]
-        assert ma.gauges == mb.gauges and ma.counters == mb.counters, model
-        assert ma.histograms == mb.histograms and ma.lora == mb.lora, model
-    return ours.matched, len(theirs.samples)
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -86,9 +86,10 @@ def baseline_samples(text: str, wanted: frozenset[str]) -> Exposition:
     return Exposition(samples, 0, matched)
 
 
-def check_identical(text: str) -> int:
+def check_identical(text: str, lim: EngineLimits | None = None) -> tuple[int, int]:
+    """(samples compared, families): ours and prometheus_client's, equal sample by sample and per model."""
     wanted = VLLM.wanted()
-    ours = VLLM.reader(EngineLimits()).read(text)
+    ours = VLLM.reader(lim or EngineLimits()).read(text)
     theirs = baseline_samples(text, wanted)
     assert set(ours.samples) == set(theirs.samples), set(ours.samples) ^ set(theirs.samples)
     for name, series in theirs.samples.items():
@@ -100,8 +101,8 @@ def check_identical(text: str) -> int:
     for model in ra.models:
         ma, mb = ra.models[model], rb.models[model]
         assert ma.gauges == mb.gauges and ma.counters == mb.counters, model
-        assert ma.histograms == mb.histograms, model
-    return ours.matched
+        assert ma.histograms == mb.histograms and ma.lora == mb.lora, model
+    return ours.matched, len(theirs.samples)
 
 
 def revision_modules(rev: str, into: Path) -> ModuleType:
@@ -140,7 +141,7 @@ def main() -> None:
 
     text, gen = big_exposition(args.series)
     lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
-    matched = check_identical(text)
+    matched, _ = check_identical(text)
     print(f"exposition: {len(lines)} samples, {len(text) / 1e6:.2f} MB, {len(gen.models)} models x 2 engines")
     print(f"families used by the vLLM adapter: {matched} samples, identical to prometheus_client's (asserted)")
 

@@ -54,7 +54,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.alerting import RUNBOOKS_DIR, alert_names
 from tests.conftest import PYTHON, ROOT, free_port
-from tests.e2e.harness import Pipeline, Sink, pipeline
+from tests.e2e.harness import Pipeline, Sink, backfill_day_ago, pipeline
 from tests.e2e.test_alert_pipeline import GRAVITON3_CPUINFO, HEALTHY_MEMINFO, LOW_PAGECACHE_MEMINFO, SVE_TOKENS
 from tests.llamacpp_model import PRESETS, cached
 from tests.llamacpp_server import LlamaServer, find_avx2_binary, llama_server, serving
@@ -483,28 +483,9 @@ def _backfill_yesterday(metrics: str, instance: str, out: Path) -> None:
     node at ``instance`` ran OLD_KERNEL with half its TTFT P95 of now: LatencyRegressionAfterNodeChange's input."""
     info, p95 = _yesterday(metrics)
     assert info and p95, f"the crafted node exports no node_info or TTFT P95 yet:\n{metrics[-2000:]}"
-    now = time.time()
-    lines = []
-    for name, series in (("inferwatch_node_info", info), ("inferwatch_engine_latency_seconds", p95)):
-        lines.append(f"# TYPE {name} gauge")
-        for labels, value in series:
-            text = _labels({**labels, "instance": instance, "job": "inferwatch-agent"})
-            # A day ago, and 24 minutes ago for the rules, from 10 minutes before on: the later one ends 5.5
-            # minutes before now (an instant query looks 5 minutes back, so "now" never shows the old kernel;
-            # Prometheus appends nothing older than its newest block) and covers the rules' look-back for the
-            # next 23 minutes.
-            for ago, until in ((86400, 1800), (1440, 1440 - 330)):
-                lines += [f"{name}{{{text}}} {value} {now - ago + t:.3f}" for t in range(-600, until + 1, 15)]
-    out.mkdir(parents=True, exist_ok=True)
-    source = out.parent / "yesterday.om"
-    source.write_text("\n".join(lines) + "\n# EOF\n")
-    r = subprocess.run(
-        [require("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(source), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    families = {"inferwatch_node_info": info, "inferwatch_engine_latency_seconds": p95}
+    labels = {"instance": instance, "job": "inferwatch-agent"}
+    backfill_day_ago(out, {n: [(_labels({**ls, **labels}), v) for ls, v in ss] for n, ss in families.items()})
 
 
 NO_AVX512 = "needs an AVX-512 x86 CPU: only there is the AVX2-only build 'capable but unused'"

@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -34,6 +35,7 @@ import yaml
 from agent.alerts.profile import DEFAULT_FACTOR, render_file
 from tests.conftest import ROOT, free_port
 from tests.procs import running, wait_http
+from tests.tools import require
 
 MAX_BODY_BYTES = 1 << 20
 ROUTING_KEY = "e2e0123456789abcdef0123456789abc"  # 32 characters, like an Events v2 integration key
@@ -316,3 +318,28 @@ class EngineReplay:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def backfill_day_ago(out: Path, families: dict[str, list[tuple[str, float]]]) -> None:
+    """Write TSDB blocks into ``out`` (Prometheus's data directory, before it starts) holding each gauge series
+    (``{name: [(label text, value), ...]}``) a day ago, and 24 minutes ago for the rules compressed by 60 (their
+    ``offset 1d``), each from 10 minutes before on. The later one ends 5.5 minutes before now (an instant query
+    looks 5 minutes back, so "now" never shows the old value; Prometheus appends nothing older than its newest
+    block) and covers the rules' look-back for the next 23 minutes."""
+    now = time.time()
+    lines = []
+    for name, series in families.items():
+        lines.append(f"# TYPE {name} gauge")
+        for text, value in series:
+            for ago, until in ((86400, 1800), (1440, 1440 - 330)):
+                lines += [f"{name}{{{text}}} {value} {now - ago + t:.3f}" for t in range(-600, until + 1, 15)]
+    out.mkdir(parents=True, exist_ok=True)
+    source = out.parent / "yesterday.om"
+    source.write_text("\n".join(lines) + "\n# EOF\n")
+    r = subprocess.run(
+        [require("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(source), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

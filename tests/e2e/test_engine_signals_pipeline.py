@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +31,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PYTHON, ROOT
-from tests.e2e.harness import Delivery, Sink, pipeline
+from tests.e2e.harness import Delivery, Sink, backfill_day_ago, pipeline
 from tests.e2e.test_alert_pipeline import SimProc, _procfs, _start_agent, _start_simulator, _wait_generation_tokens
 from tests.procs import running, wait_http
-from tests.tools import require
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.cpu_heavy]
 
@@ -96,20 +94,7 @@ def _backfill_prefix_history(out: Path, instance: str, model: str) -> None:
     appends nothing older than its newest block) and covering the rules' look-back for the next 23 minutes."""
     name = "instance_model:inferwatch_engine_prefix_cache_hit:ratio_rate5m"
     labels = f'gen_ai_request_model="{model}",instance="{instance}",job="inferwatch-agent"'
-    now = time.time()
-    lines = [f"# TYPE {name} gauge"]
-    for ago, until in ((86400, 1800), (1440, 1440 - 330)):
-        lines += [f"{name}{{{labels}}} {YESTERDAY_HIT_RATIO} {now - ago + t:.3f}" for t in range(-600, until + 1, 15)]
-    source = out.parent / "yesterday.om"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    source.write_text("\n".join(lines) + "\n# EOF\n")
-    r = subprocess.run(
-        [require("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(source), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    backfill_day_ago(out, {name: [(labels, YESTERDAY_HIT_RATIO)]})
 
 
 def _load(stack: contextlib.ExitStack, tmp: Path, sim: SimProc, extra: tuple[str, ...]) -> None:

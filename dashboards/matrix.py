@@ -26,6 +26,13 @@ from dashboards.common import (
 )
 
 UID = "inferwatch-matrix"
+# The key columns of the tables with one line per model and hardware type, as the tables name them.
+_KEY_COLUMNS = {
+    "gen_ai_request_model": "Model",
+    "machine_type": "Machine type",
+    "cpu_model": "CPU model",
+    "hw_model": "GPU model",
+}
 # alerts/matrix.rules.yml's records (the conformance band)
 CONFORMANCE_P95 = "instance_model:inferwatch_conformance_p95_seconds:rate5m"
 CONFORMANCE_LOWER = "model_hardware:inferwatch_conformance_band_lower_seconds:1h"
@@ -159,10 +166,7 @@ def build() -> dm.Dashboard:
                 merge(),
                 organize(
                     {
-                        "gen_ai_request_model": "Model",
-                        "machine_type": "Machine type",
-                        "cpu_model": "CPU model",
-                        "hw_model": "GPU model",
+                        **_KEY_COLUMNS,
                         "Value #A": "Price per hour",
                         "Value #B": "Per MTok",
                         "Value #C": "Hardware match",
@@ -245,10 +249,7 @@ def build() -> dm.Dashboard:
                 merge(),
                 organize(
                     {
-                        "gen_ai_request_model": "Model",
-                        "machine_type": "Machine type",
-                        "cpu_model": "CPU model",
-                        "hw_model": "GPU model",
+                        **_KEY_COLUMNS,
                         "Value #C": "Nodes",
                         "Value #A": "TTFT P95",
                         "Value #B": "Tokens/s per node",

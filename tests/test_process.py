@@ -30,7 +30,15 @@ def fake_runtime(tmp_path: Path, marker: str) -> Iterator[Any]:
     cmd = [PYTHON, "-c", "import time, sys; time.sleep(120)", f"fake-runtime-{marker}"]
     with running(cmd, tmp_path / f"rt-{uuid.uuid4().hex[:6]}.log") as proc:
         deadline = time.monotonic() + 10  # until exec: before it, the child's cmdline is still pytest's
-        while time.monotonic() < deadline and cmd[-1] not in psutil.Process(proc.pid).cmdline():
+        while time.monotonic() < deadline:
+            # Seen once in a parallel run: the child gone (reaped, no output) before its exec was observed. Say
+            # how it ended rather than psutil's bare NoSuchProcess, so a recurrence can be traced.
+            assert proc.poll() is None, f"the fake runtime exited with {proc.returncode} before it ran (pid {proc.pid})"
+            try:
+                if cmd[-1] in psutil.Process(proc.pid).cmdline():
+                    break
+            except psutil.NoSuchProcess as exc:
+                raise AssertionError(f"the fake runtime (pid {proc.pid}) vanished: {exc}; poll={proc.poll()}") from exc
             time.sleep(0.01)
         yield proc
 

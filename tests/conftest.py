@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,6 +18,16 @@ pytest_plugins = [
     "tests.llamacpp_server",  # llama-server fixtures: llama_bin, llama_models, llama_tiny
     "tests.scheduling",  # xdist: slow files first, one cpu_heavy file at a time
 ]
+
+
+@pytest.fixture(autouse=True)
+def _psutil_procfs_restored() -> Iterator[None]:
+    """psutil reads one global procfs root, which an agent on a recorded tree points elsewhere (RuntimeLocator).
+    Put it back after every test: a later test in the same worker would otherwise find no process at all (seen
+    as NoSuchProcess for a test's own child, and "no process 1", once files ran in a new order on four workers)."""
+    saved = psutil.PROCFS_PATH
+    yield
+    psutil.PROCFS_PATH = saved
 
 
 def free_port() -> int:

@@ -34,7 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cpu_heavy]  # timing ratios: not beside the real-stack files
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 QWEN = "Qwen/Qwen2.5-0.5B-Instruct"

@@ -47,7 +47,7 @@ from tests.procs import running, wait_http
 from tests.test_dashboards_data import _fake_procfs, _fake_sysfs
 from tests.tools import require
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cpu_heavy]  # TTFT modes: not beside the real-stack files
 
 TOKEN = "page-read-token-0123456789"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

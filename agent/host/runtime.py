@@ -69,8 +69,9 @@ class RuntimeLocator:
 
     def _use_procfs(self) -> None:
         """Point psutil at ``--path.procfs`` on first use (not at construction: building the agent's
-        dependencies, e.g. for a test on a recorded tree, must not change psutil for everyone)."""
-        if str(self.procfs) != psutil.PROCFS_PATH and self.procfs != Path("/proc"):
+        dependencies, e.g. for a test on a recorded tree, must not change psutil for everyone). A locator on
+        /proc points it back: psutil's root is one global, and whoever uses it last must find its own tree."""
+        if str(self.procfs) != psutil.PROCFS_PATH:
             psutil.PROCFS_PATH = str(self.procfs)
 
     def find(self) -> psutil.Process:

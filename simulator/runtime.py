@@ -15,6 +15,7 @@ import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from simulator.config import SimConfig
@@ -28,13 +29,18 @@ HANG_POLL_S = 0.25
 _NO_PEER = threading.Event()  # never set: the peer rank of a hung collective never arrives
 
 
-def wait_for_collective(timeout_s: float) -> None:
+def wait_for_collective(still_hung: Callable[[], bool], each_poll: Callable[[], None]) -> None:
     """Where a hung engine step blocks: like a rank in an NCCL all-reduce whose peer never arrives.
 
     Runs in a worker thread (the event loop keeps answering /health and /metrics), so a py-spy dump of a hung
-    simulator names this function, as one of a wedged vLLM names the collective it waits in.
+    simulator names this function, as one of a wedged vLLM names the collective it waits in. It returns only when
+    the hang is cleared (polled every HANG_POLL_S in this thread): were it to return to the event loop between
+    polls, a dump on a starved machine could land while the thread sat idle in the executor's queue and name
+    nothing. ``each_poll`` lets the engine publish the stall (arrivals queue up) while the thread waits.
     """
-    _NO_PEER.wait(timeout_s)
+    while still_hung():
+        each_poll()
+        _NO_PEER.wait(HANG_POLL_S)
 
 
 LAG_PROBE_INTERVAL_S = 0.01
@@ -88,10 +94,17 @@ class EngineLoop:
         self.scenarios = scenarios
         self.wakeup = asyncio.Event()
         self.steps = 0
+        self._stopping = threading.Event()
 
     def submit(self, req: SimRequest) -> None:
         self.core.add(req)
         self.wakeup.set()
+
+    def _hung(self) -> bool:
+        if self._stopping.is_set():
+            return False
+        hang = self.scenarios.get("hang")
+        return hang is not None and hang.get("engine") in (-1, self.core.index)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -99,11 +112,18 @@ class EngineLoop:
         due: float | None = None
         core = self.core
         while True:
-            hang = self.scenarios.get("hang")
-            if hang is not None and hang.get("engine") in (-1, core.index):
+            if self._hung():
                 due = None
-                core.stalled(clock())
-                await asyncio.to_thread(wait_for_collective, HANG_POLL_S)
+
+                def publish_stall() -> None:  # from the waiting thread: the engine's state stays the loop's
+                    with contextlib.suppress(RuntimeError):  # the loop closed under it: nothing left to publish to
+                        loop.call_soon_threadsafe(lambda: core.stalled(clock()))
+
+                try:
+                    await asyncio.to_thread(wait_for_collective, self._hung, publish_stall)
+                except asyncio.CancelledError:  # shutting down: the waiting thread must end too, or exit waits on it
+                    self._stopping.set()
+                    raise
                 continue
             now = clock()
             start = due if due is not None and 0 <= now - due < DEADLINE_SLACK_S else now

@@ -47,6 +47,7 @@ class Agent:
             self.analytics = LatencyAnalytics(
                 max_models=rs.max_models,
                 histograms=rs.emit_histograms,
+                prompt_bands=rs.prompt_band_histograms,
                 genai_options=GenAIOptions(
                     rs.genai_operation_name, rs.genai_provider_name, tuple(rs.ttft_extra_buckets_s)
                 ),

@@ -216,6 +216,9 @@ class ReceiverSettings(_Section):
     (agent/catalog/genai.py): ``genai_operation_name`` and ``genai_provider_name`` stand in for a span without
     ``gen_ai.operation.name`` / ``gen_ai.provider.name``, and ``ttft_extra_buckets_s`` adds TTFT bucket edges
     above the conventions' last one (10 s) for long-context prefill (e.g. ``[20, 40, 80, 160]``).
+    ``prompt_band_histograms`` makes the spans feed TTFT and time-per-output-token histograms split by prompt-length
+    band (``inferwatch.engine.time_to_first_token`` / ``.time_per_output_token``, label ``prompt_band``), which the
+    conformance band compares per band (docs/matrix.md); independent of ``emit_histograms``.
     """
 
     enabled: bool = False
@@ -227,6 +230,7 @@ class ReceiverSettings(_Section):
     forward_timeout_s: float = Field(default=DEFAULT_RECEIVER_FORWARD_TIMEOUT_S, gt=0, le=300)
     max_models: int = Field(default=DEFAULT_RECEIVER_MAX_MODELS, ge=1, le=10_000)
     emit_histograms: bool = False
+    prompt_band_histograms: bool = False
     genai_operation_name: str = Field(default="chat", min_length=1, max_length=64)
     genai_provider_name: str = Field(default="vllm", min_length=1, max_length=64)
     ttft_extra_buckets_s: list[float] = Field(default_factory=list, max_length=MAX_TTFT_EXTRA_BUCKETS)

@@ -17,7 +17,9 @@ Input: :class:`RequestTiming` values (one per finished request, seconds). Output
 - optionally (``receiver.emit_histograms``) the cumulative ``gen_ai.server.*`` histograms exactly as the GenAI
   semantic conventions define them (:mod:`agent.analytics.genai`), for engines that have none of their own; each
   request's measurements also go to the observer (:meth:`LatencyAnalytics.set_observer`: the OTLP sink's
-  synchronous histograms, the SDK having no observable histogram).
+  synchronous histograms, the SDK having no observable histogram);
+- optionally (``receiver.prompt_band_histograms``) TTFT and time per output token per prompt-length band
+  (:mod:`agent.analytics.promptband`), for the conformance band per prompt band (Prometheus only).
 
 What the analytics need from the engine collector (the models it sees, the frontend_gap series it emits)
 comes in as :class:`EngineSeries`, read from the engine's last collection in the state; the two producers
@@ -37,6 +39,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from agent.analytics import bimodality, genai
+from agent.analytics.promptband import PromptBandHistograms
 from agent.analytics.windows import WINDOWS_S, WindowedSketch, WindowedSum, log_bins, slot_of
 from agent.catalog.engine import GOODPUT_TPOT_TARGET_S, GOODPUT_TTFT_TARGET_S, MODEL, QUANTITIES
 from agent.engine.board import Key, LatencyStats, latency_samples
@@ -101,13 +104,14 @@ def good(t: RequestTiming) -> float | None:
 
 
 class _Model:
-    __slots__ = ("gap", "good", "histograms", "sketches")
+    __slots__ = ("banded", "gap", "good", "histograms", "sketches")
 
-    def __init__(self, histograms: genai.GenAIOptions | None) -> None:
+    def __init__(self, histograms: genai.GenAIOptions | None, banded: PromptBandHistograms | None = None) -> None:
         self.sketches = {q: WindowedSketch() for q in QUANTITIES}
         self.gap = WindowedSum()
         self.good = WindowedSum()  # per request: 1 met both goodput targets, 0 not
         self.histograms = genai.ModelHistograms(histograms) if histograms is not None else None
+        self.banded = banded  # TTFT and TPOT per prompt band (receiver.prompt_band_histograms)
 
 
 class LatencyAnalytics:
@@ -119,10 +123,13 @@ class LatencyAnalytics:
         max_models: int = DEFAULT_MAX_MODELS,
         histograms: bool = False,
         genai_options: genai.GenAIOptions | None = None,
+        prompt_bands: bool = False,
     ) -> None:
         self._clock = clock
         self._max_models = max_models
         self._histograms = (genai_options or genai.GenAIOptions()) if histograms else None
+        self._ttft_extra = (genai_options or genai.GenAIOptions()).ttft_extra_buckets_s
+        self._prompt_bands = prompt_bands
         self._observer: Observer | None = None
         self._engine_models: tuple[str, ...] = ()  # the engine collector's models at the last compute
         self._lock = threading.Lock()
@@ -144,7 +151,8 @@ class LatencyAnalytics:
                     if len(self._models) >= self._max_models:
                         dropped += 1
                         continue
-                    m = self._models[t.model] = _Model(self._histograms)
+                    banded = PromptBandHistograms(self._ttft_extra) if self._prompt_bands else None
+                    m = self._models[t.model] = _Model(self._histograms, banded)
                 s = t.seconds
                 for q, v in s.items():
                     sk = m.sketches.get(q)
@@ -155,6 +163,8 @@ class LatencyAnalytics:
                 g = good(t)
                 if g is not None:
                     m.good.add(g, now)
+                if m.banded is not None:
+                    m.banded.observe(t)
                 if m.histograms is not None:
                     got = m.histograms.observe(t)
                     observer = self._observer
@@ -240,6 +250,9 @@ class LatencyAnalytics:
             self._engine_models = engine.models
             hists = [
                 s for name in names if (h := self._models[name].histograms) is not None for s in h.samples(shown[name])
+            ]
+            hists += [
+                s for name in names if (pb := self._models[name].banded) is not None for s in pb.samples(shown[name])
             ]
             live = {(n, q, w) for n in names for q in QUANTITIES for w in WINDOWS_S}
             for key in [k for k in self._bimodal_cache if k not in live]:

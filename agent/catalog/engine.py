@@ -8,9 +8,20 @@ a value comes from: ``histogram`` (interpolated from the engine's cumulative buc
 A quantity an engine does not expose is absent, never zero.
 """
 
+from agent.catalog.genai import SEMCONV_TPOT_BUCKETS_S, SEMCONV_TTFT_BUCKETS_S
 from agent.catalog.spec import Kind, MetricSpec
 
 MODEL = "gen_ai.request.model"
+# Span-derived latency split by prompt length (issue 21: the conformance band per prompt-length band). The bands are
+# the tail explainer's (agent.analytics.explain.PROMPT_BANDS, one definition; tests/test_prompt_band_histograms.py
+# checks that these names are its names): four values, so 4 series sets per model and metric. A request whose span
+# has no prompt token count is left out. PROMPT_BAND_ALL is the value the conformance rules give the unsplit
+# (engine) histograms, never emitted by the agent.
+PROMPT_BAND = "prompt_band"
+PROMPT_BAND_NAMES = "<=1k, 1k-4k, 4k-16k, >16k prompt tokens"
+PROMPT_BAND_ALL = "all"
+PROMPT_BAND_TTFT = "inferwatch.engine.time_to_first_token"
+PROMPT_BAND_TPOT = "inferwatch.engine.time_per_output_token"
 # Values of the ``quantity`` attribute: the request phases whose latency the agent reports.
 QUANTITIES = ("ttft", "itl", "e2e", "queue", "prefill", "decode", "inference")
 # Engine histograms read for re-export only (not windowed into latency quantiles): the P/D KV-transfer time, as
@@ -166,6 +177,26 @@ METRICS = (
         "prefill, decode) or none when no driver is confident, attribute the value that separates the tail "
         "(dp_rank=1, prompt_tokens=>16k) or none. From spans only.",
         (MODEL, "quantity", "window", "phase", "attribute", "source"),
+    ),
+    MetricSpec(
+        PROMPT_BAND_TTFT,
+        Kind.HISTOGRAM,
+        "s",
+        "Time to first token of successful requests by prompt length, from spans (receiver.prompt_band_histograms; "
+        f"{PROMPT_BAND}: {PROMPT_BAND_NAMES}): the conformance band's per-prompt-band TTFT (alerts/matrix.rules.yml). "
+        "Buckets as gen_ai.server.time_to_first_token's.",
+        (MODEL, PROMPT_BAND),
+        SEMCONV_TTFT_BUCKETS_S,
+    ),
+    MetricSpec(
+        PROMPT_BAND_TPOT,
+        Kind.HISTOGRAM,
+        "s",
+        "Time per output token after the first of successful requests by prompt length, from spans "
+        f"(receiver.prompt_band_histograms; {PROMPT_BAND}: {PROMPT_BAND_NAMES}): per request, as "
+        "gen_ai.server.time_per_output_token, with its buckets.",
+        (MODEL, PROMPT_BAND),
+        SEMCONV_TPOT_BUCKETS_S,
     ),
     MetricSpec("inferwatch.engine.requests.running", Kind.UPDOWNCOUNTER, "{request}", "Requests in the batch.", _M),
     MetricSpec("inferwatch.engine.requests.waiting", Kind.UPDOWNCOUNTER, "{request}", "Requests queued.", _M),

@@ -410,6 +410,22 @@ def test_summary_names_the_stuck_application_frame_not_the_event_loop() -> None:
         {"name": "wait_for_collective", "filename": "/app/simulator/runtime.py", "line": 37}]}  # fmt: skip
     assert top_frame([main, worker]) == "wait_for_collective (runtime.py:37)"
     assert top_frame([main]) == "serve (serve.py:40)"
+    # The dump landed while the event loop was running a callback (accepting a scrape): active and holding the
+    # GIL, it is still serving, and the waiting worker is where the hang is (seen in the runbook run under load).
+    accepting = {"thread_name": "MainThread", "active": True, "owns_gil": True, "frames": [
+        {"name": "Server.startup.<locals>.create_protocol", "filename": "/venv/uvicorn/server.py", "line": 125},
+        {"name": "BaseSelectorEventLoop._accept_connection2", "filename": f"{lib}/asyncio/selector_events.py",
+         "line": 208},
+        {"name": "_run_once", "filename": "(native)", "line": 0, "native": True},
+        {"name": "BaseEventLoop._run_once", "filename": f"{lib}/asyncio/base_events.py", "line": 1922},
+        {"name": "serve", "filename": "/app/simulator/serve.py", "line": 55}]}  # fmt: skip
+    assert top_frame([accepting, worker]) == "wait_for_collective (runtime.py:37)"
+    assert top_frame([accepting]) == "Server.startup.<locals>.create_protocol (server.py:125)"
+    # A thread stuck outside any event loop (an engine core's busy loop in a collective) still wins when active.
+    spinning = {"thread_name": "MainThread", "active": True, "frames": [
+        {"name": "all_reduce", "filename": "/venv/torch/distributed/distributed_c10d.py", "line": 2050},
+        {"name": "EngineCore.run_busy_loop", "filename": "/venv/vllm/v1/engine/core.py", "line": 300}]}  # fmt: skip
+    assert top_frame([spinning, worker]) == "all_reduce (distributed_c10d.py:2050)"
     bundle = {
         "meta": {"trigger": "hang", "reason": "r", "wall_s": 0.4, "cpu_s": {"total": 0.12}},
         "processes": [

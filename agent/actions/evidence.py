@@ -274,16 +274,19 @@ def _app_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
 def top_frame(threads: list[dict[str, Any]]) -> str | None:
     """Where the process is stuck: the innermost application frame of its most telling thread.
 
-    Threads idling in an event loop's selector or an executor's queue come last; then threads holding the GIL or
-    active; the main thread after the others (a server's main thread serves, its workers do the work).
+    Threads idling in an event loop's selector or an executor's queue come last; before them, threads running an
+    asyncio event loop's callbacks (a loop that runs callbacks is serving, not stuck: the hang this evidence is
+    for left /health answering, and a dump that lands while the loop accepts a scrape must not name that); then
+    threads holding the GIL or active; the main thread after the others (a server's main thread serves, its
+    workers do the work).
     """
 
-    def rank(t: dict[str, Any]) -> tuple[bool, bool, bool]:
+    def rank(t: dict[str, Any]) -> tuple[bool, bool, bool, bool]:
         frames = python_frames(t.get("frames") or []) or [{}]
-        idle = str(frames[0].get("name", "")).rsplit(".", 1)[-1] in IDLE_FRAMES or any(
-            str(f.get("name", "")).endswith("serve_forever") for f in frames
-        )
-        return (idle, not (t.get("active") or t.get("owns_gil")), t.get("thread_name") == "MainThread")
+        names = [str(f.get("name", "")) for f in frames]
+        idle = names[0].rsplit(".", 1)[-1] in IDLE_FRAMES or any(n.endswith("serve_forever") for n in names)
+        serving = any(n.rsplit(".", 1)[-1] == "_run_once" for n in names)
+        return (idle, serving, not (t.get("active") or t.get("owns_gil")), t.get("thread_name") == "MainThread")
 
     for t in sorted(threads, key=rank):
         f = _app_frame(t.get("frames") or [])

@@ -18,8 +18,14 @@ from tests.procs import running, stop, wait_http
 READ = "read-token-0123456789abcdef"
 SNAP = "snap-token-0123456789abcdef"
 PROF = "prof-token-0123456789abcdef"
-# The runtime: busy Python, with a non-Python child process (a runtime's helper, in its process tree).
-BUSY_LOOP = "import subprocess\nsubprocess.Popen(['sleep', '120'])\nwhile True:\n    sum(i * i for i in range(2000))\n"
+# The runtime: busy Python, with a non-Python child process (a runtime's helper, in its process tree). Busy a
+# fifth of the time (20 ms of work, 80 ms asleep): py-spy samples it as a running interpreter all the same, and
+# the test command's 2 shared cores are not spent on a spinning target for the module's ~50 s.
+BUSY_LOOP = (
+    "import subprocess, time\nsubprocess.Popen(['sleep', '120'])\nwhile True:\n"
+    "    t = time.monotonic()\n    while time.monotonic() - t < 0.02:\n        sum(i * i for i in range(2000))\n"
+    "    time.sleep(0.08)\n"
+)
 
 
 def hdr(token: str | None) -> dict[str, str]:

@@ -9,7 +9,7 @@ scenario       what is wrong                                                    
 healthy        nothing (12 req/s, prompts lognormal median 512, natural outputs)    ttft, e2e   none
 queue          arrival bursts above capacity (3 s at 50 req/s every 30 s)            ttft        queue
 prefill        a long-prompt mix (3 % of prompts 8k-16k tokens)                      ttft        prefill
-decode         KV cache saturated (gpu_memory_utilization 0.22): preemptions         e2e         decode
+decode         KV cache saturated (gpu_memory_utilization 0.22): preemptions         e2e, ttft   preemption
 slow_rank      data-parallel engine 1 steps 3x slower (scenario slow_rank)           ttft        dp_rank
 frontend       10 % of requests wait 0.4 s in the frontend (scenario frontend_delay) ttft        frontend
 page_cache     20 % of requests stall 0.55 s before prefill (page_cache_pressure)    ttft        prefill
@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from agent.analytics.explain import RecordingSink, RequestRecords, TailExplainer, explain
+from agent.analytics.explain import PREEMPTION, RecordingSink, RequestRecords, TailExplainer, explain
 from agent.analytics.latency import LatencyAnalytics
 from agent.receiver.intake import SpanIntake
 from simulator.engine import EngineCore, Recorder, SimRequest
@@ -89,7 +89,8 @@ CASES = (
     Case("healthy", "e2e", "none", steady(BASE_RATE)),
     Case("queue", "ttft", "queue", bursts),
     Case("prefill", "ttft", "prefill", steady(BASE_RATE), long_prompt_share=0.03),
-    Case("decode", "e2e", "decode", steady(BASE_RATE), gpu_memory_utilization=0.22),
+    Case("decode", "e2e", PREEMPTION, steady(BASE_RATE), gpu_memory_utilization=0.22),
+    Case("decode", "ttft", PREEMPTION, steady(BASE_RATE), gpu_memory_utilization=0.22),
     Case("slow_rank", "ttft", "dp_rank", steady(BASE_RATE), (make("slow_rank", {"engine": 1, "factor": 3.0}),)),
     Case("frontend", "ttft", "frontend", steady(BASE_RATE), (make("frontend_delay", {"fraction": 0.1}),)),
     Case("page_cache", "ttft", "prefill", steady(BASE_RATE), (make("page_cache_pressure"),)),
@@ -100,7 +101,8 @@ def arrivals(case: Case, seconds: float, seed: int) -> list[SimRequest]:
     """Poisson arrivals at ``case.rate(t)`` (thinning), prompts lognormal median 512, natural output lengths."""
     rng = random.Random(seed)
     peak = max(case.rate(t / 10) for t in range(int(seconds * 10)))
-    out, t, k = [], 0.0, 0
+    out: list[SimRequest] = []
+    t, k = 0.0, 0
     while True:
         t += rng.expovariate(peak)
         if t >= seconds:
@@ -227,10 +229,13 @@ def feed(
     return analytics, explainer
 
 
-def accuracy(minutes: int, seed: int) -> dict[str, Any]:
+def accuracy(minutes: int, seed: int, names: set[str] | None = None) -> dict[str, Any]:
     rows: dict[str, Counter[str]] = {}
     examples: dict[str, str] = {}
+    truths: dict[str, str] = {}
     for case in CASES:
+        if names and case.name not in names:
+            continue
         key = f"{case.name} ({case.quantity})"
         verdicts: Counter[str] = Counter()
         reqs = simulate(case, WARMUP_S + 60.0 * minutes, seed)
@@ -249,10 +254,28 @@ def accuracy(minutes: int, seed: int) -> dict[str, Any]:
 
         feed(reqs, seed, end_s, on_minute)
         rows[key] = verdicts
+        truths[key] = case.truth
         total = sum(verdicts.values())
         right = verdicts[case.truth]
         print(f"{key:22} truth {case.truth:9} right {right}/{total}  {dict(verdicts)}", flush=True)
-    return {"rows": {k: dict(v) for k, v in rows.items()}, "examples": examples}
+    return {"rows": {k: dict(v) for k, v in rows.items()}, "truths": truths, "examples": examples}
+
+
+def confusion_table(acc: dict[str, Any]) -> str:
+    """The confusion table as Markdown: a row per scenario, a column per driver named, the true one in bold."""
+    rows, truths = acc["rows"], acc["truths"]
+    drivers = ["none", "queue", "prefill", "decode", "frontend", PREEMPTION, "dp_rank"]
+    drivers += sorted({d for v in rows.values() for d in v} - set(drivers))
+    lines = [
+        "| scenario (quantity) | true driver | " + " | ".join(drivers) + " | right |",
+        "|---|---|" + "---|" * len(drivers) + "---|",
+    ]
+    for key, verdicts in rows.items():
+        truth = truths[key]
+        cells = [(f"**{verdicts[d]}**" if d == truth else str(verdicts[d])) if verdicts.get(d) else "" for d in drivers]
+        total = sum(verdicts.values())
+        lines.append(f"| {key} | {truth} | " + " | ".join(cells) + f" | {verdicts.get(truth, 0)}/{total} |")
+    return "\n".join(lines)
 
 
 def cost(seed: int, repeats: int = 15) -> dict[str, Any]:
@@ -398,12 +421,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--skip-accuracy", action="store_true")
+    ap.add_argument(
+        "--cases",
+        help="comma-separated scenario names to run (default: all): " + ", ".join(sorted({c.name for c in CASES})),
+    )
+    ap.add_argument("--cost-repeats", type=int, default=15, help="explain() calls timed in the cost part")
     ap.add_argument("--llamacpp", action="store_true", help="also run on the real llama.cpp server's timings")
     args = ap.parse_args()
     out: dict[str, Any] = {"minutes": args.minutes, "seed": args.seed}
     if not args.skip_accuracy:
-        out["accuracy"] = accuracy(args.minutes, args.seed)
-    out["cost"] = cost(args.seed)
+        out["accuracy"] = accuracy(args.minutes, args.seed, set(args.cases.split(",")) if args.cases else None)
+        print(confusion_table(out["accuracy"]), flush=True)
+    out["cost"] = cost(args.seed, args.cost_repeats)
     if args.llamacpp:
         out["llamacpp"] = llamacpp(args.seed)
     print(json.dumps(out["cost"], indent=2))

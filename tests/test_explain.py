@@ -109,7 +109,64 @@ def test_preempted_decode_drives_e2e_beyond_output_length() -> None:
     base = [timing(rng) for _ in range(900)]
     slow = [timing(rng, decode_per_token=0.05, preemptions=2) for _ in range(60)]
     e2e = explained(base + slow)["quantities"]["e2e"]
-    assert e2e["driver"] == "decode" and e2e["attribute"] == "preempted=yes"
+    assert e2e["driver"] == "preemption" and e2e["phase"] == "decode" and e2e["attribute"] == "preempted=yes"
+    assert "of the gap is decode under KV-cache preemptions: 6% of requests were preempted" in e2e["headline"]
+    # the same slow tokens without preemptions: decode, and no preemption named
+    plain = explained(base + [replace(t, preemptions=0) for t in slow])["quantities"]["e2e"]
+    assert plain["driver"] == "decode" and plain["preemption"] is None
+
+
+def test_queue_behind_preemptions_is_named_only_when_they_were_in_flight_together() -> None:
+    """vLLM preempts only when no KV block is free; the queue tail is theirs when it waited beside them."""
+    rng = random.Random(12)
+    records = ex.RequestRecords()
+    records.add([timing(rng) for _ in range(500)], 50.0)
+    records.add([timing(rng, preemptions=1) for _ in range(30)], 50.0)  # 5 % preempted, ending at 50 s
+    records.add([timing(rng) for _ in range(450)], 99.0)
+    records.add([timing(rng, queue=rng.uniform(1.0, 2.0)) for _ in range(30)], 51.0)  # queued while they ran
+    report = ex.explain(records, MODEL, 60.0, 100.0)
+    assert report is not None
+    t = report["quantities"]["ttft"]
+    assert t["driver"] == "preemption" and t["phase"] == "queue" and t["attribute"] == "preempted=yes"
+    assert t["preemption"]["tail_in_flight_with_preempted"] == 1.0
+    assert "of the gap is queue under KV-cache preemptions" in t["headline"]
+    # the same burst 40 s after the preemptions (they were over by then): an arrival burst, queue
+    records = ex.RequestRecords()
+    records.add([timing(rng) for _ in range(500)], 50.0)
+    records.add([timing(rng, preemptions=1) for _ in range(30)], 50.0)
+    records.add([timing(rng) for _ in range(450)], 99.0)
+    records.add([timing(rng, queue=rng.uniform(1.0, 2.0)) for _ in range(30)], 95.0)
+    report = ex.explain(records, MODEL, 60.0, 100.0)
+    assert report is not None
+    t = report["quantities"]["ttft"]
+    assert t["driver"] == "queue" and t["preemption"] is None
+    # two preempted requests in a thousand are not a saturated cache
+    few = [timing(rng) for _ in range(950)] + [timing(rng, preemptions=1) for _ in range(2)]
+    t = explained(few + [timing(rng, queue=rng.uniform(1.0, 2.0)) for _ in range(30)])["quantities"]["ttft"]
+    assert t["driver"] == "queue"
+
+
+def test_a_rank_slower_per_token_is_named_even_when_its_tail_shows_as_queue() -> None:
+    rng = random.Random(13)
+    fast = [timing(rng) for _ in range(740)]
+    # rank 1 takes a quarter of the requests, decodes 3x slower and queues; its tail share is under 3x its share
+    slow = [timing(rng, rank=1, decode_per_token=0.03) for _ in range(230)]
+    slow += [timing(rng, rank=1, queue=rng.uniform(0.5, 1.0), decode_per_token=0.03) for _ in range(12)]
+    fast += [timing(rng, queue=rng.uniform(0.5, 1.0)) for _ in range(8)]
+    t = explained(fast + slow)["quantities"]["ttft"]
+    assert t["shares"]["queue"] > 0.9 and t["separators"][0]["lift"] < ex.STRONG_LIFT
+    assert t["driver"] == "dp_rank" and t["attribute"] == "dp_rank=1"
+    assert t["slow_placement"]["itl_ratio"] == pytest.approx(3.0, rel=0.1)
+    assert "3.0x slower per output token" in t["headline"]
+    # a burst that one rank happened to take, its tokens at the others' pace: queue, the rank named beside it
+    burst = [timing(rng, rank=1) for _ in range(480)]
+    burst += [timing(rng, rank=1, queue=rng.uniform(0.5, 1.0)) for _ in range(20)]
+    t = explained([timing(rng) for _ in range(500)] + burst)["quantities"]["ttft"]
+    assert t["driver"] == "queue" and t["slow_placement"] is None and t["attribute"] == "dp_rank=1"
+    # a slow rank does not take the blame for a front-end delay
+    front = [timing(rng) for _ in range(660)] + [timing(rng, frontend=0.6) for _ in range(90)]
+    t = explained(front + [timing(rng, rank=1, decode_per_token=0.03) for _ in range(250)])["quantities"]["ttft"]
+    assert t["driver"] == "frontend"
 
 
 def test_records_are_bounded_and_sampled_above_the_budget_keeping_the_slow_ones() -> None:

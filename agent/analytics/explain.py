@@ -59,7 +59,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from itertools import compress, repeat
-from operator import add, and_, ge, itemgetter, le, mul
+from operator import add, and_, ge, gt, itemgetter, le, mul
 from typing import Any, Protocol
 
 from agent.catalog.engine import MODEL
@@ -83,6 +83,13 @@ ITL_SAMPLE = 4_096  # the window's median inter-token latency is read from at mo
 PHASE_OVER_PLACEMENT = 0.9  # a phase with 90 % of the gap is the driver even where one rank holds the tail ...
 STRONG_LIFT = 3.0  # ... unless the tail is 3x more concentrated on that value than its share of requests
 BEYOND_MIN = 0.25  # e2e beyond output length: a tail gap under a quarter of the e2e median is not material
+SLOW_PLACEMENT_FACTOR = 1.5  # a rank (adapter, tenant) whose median ITL is 1.5x the rest's is slow hardware ...
+SLOW_PLACEMENT_MIN = 20  # ... judged on at least 20 requests with tokens on each side
+ENGINE_PHASES = ("queue", "prefill", "decode")  # what a slow rank or a full KV cache can lengthen (not the frontend)
+PREEMPTED_MIN_SHARE = 0.01  # preemptions explain an engine phase when >= 1 % of the window's requests were preempted,
+PREEMPTED_MIN = 3  # at least 3 of them, ...
+PREEMPT_IN_FLIGHT = 0.5  # ... and (queue) half the tail band was in flight beside a preempted request, or
+PREEMPT_LIFT = 1.8  # (prefill, decode) preempted requests are 1.8x more common in the tail
 SEPARATOR_TAIL_SHARE = 0.6
 SEPARATOR_LIFT = 1.8
 SEPARATOR_Z = 3.0
@@ -93,6 +100,7 @@ PLACEMENT = ("dp_rank", "lora", "tenant")
 QUANTITIES = ("ttft", "e2e")
 PHASES = {"ttft": ("frontend", "queue", "prefill"), "e2e": ("frontend", "queue", "prefill", "decode", "output_length")}
 NONE = "none"
+PREEMPTION = "preemption"  # the driver named when KV-cache preemptions explain an engine phase
 METRIC_WINDOW = "5m"  # the window of inferwatch.engine.tail.driver (the alerts' window)
 WINDOW_SECONDS = {"1m": 60.0, "5m": 300.0}
 _NAN = math.nan
@@ -403,12 +411,82 @@ class _Phases:
     }
 
     def __init__(self, win: Window) -> None:
+        self.win = win
         self.f, self.comp = win.f, win.i["completion"]
         self._clean: dict[str, bool] = {}
         decode, comp = self.f["decode"], self.comp
-        step = max(1, len(comp) // ITL_SAMPLE)  # the median ITL from at most ~ITL_SAMPLE requests (every step-th)
+        self._step = step = max(1, len(comp) // ITL_SAMPLE)  # median ITLs from at most ~ITL_SAMPLE requests
         itls = sorted([d / (c - 1) for d, c in zip(decode[::step], comp[::step], strict=True) if c > 1 and d == d])
         self.itl_med = itls[len(itls) // 2] if itls else None
+        self._slow: list[dict[str, Any] | None] = []  # computed once, on first use
+        self._preempted: tuple[list[float], list[float]] | None = None
+
+    def slow_placement(self) -> dict[str, Any] | None:
+        """The placement value (``dp_rank``, ``lora``, ``tenant``) whose requests' median ITL is at least
+        :data:`SLOW_PLACEMENT_FACTOR` times the other requests' (the slowest such), or None.
+
+        Service speed, not queueing: a rank that took a burst queues, but its tokens come at the others' pace; a
+        slow GPU (throttled, a bad link, a noisy neighbour) is slower per token for every request it serves.
+        """
+        if self._slow:
+            return self._slow[0]
+        win, step = self.win, self._step
+        found: dict[str, Any] | None = None
+        labels = win.labels[::step]
+        if len(set(labels)) > 1:
+            by: dict[int, list[float]] = {}
+            for d, c, lab in zip(self.f["decode"][::step], self.comp[::step], labels, strict=True):
+                if c > 1 and d == d:
+                    by.setdefault(lab, []).append(d / (c - 1))
+            values: dict[tuple[str, str], list[int]] = {}
+            for lab in by:
+                for key in win.label_sets[lab]:
+                    if key[0] in PLACEMENT:
+                        values.setdefault(key, []).append(lab)
+            for (attr, value), labs in values.items():
+                inside = sorted(x for lab in labs for x in by[lab])
+                rest = sorted(x for lab in by if lab not in labs for x in by[lab])
+                if len(inside) < SLOW_PLACEMENT_MIN or len(rest) < SLOW_PLACEMENT_MIN:
+                    continue
+                mine, theirs = inside[len(inside) // 2], rest[len(rest) // 2]
+                slower = theirs > 0 and mine >= SLOW_PLACEMENT_FACTOR * theirs
+                if slower and (found is None or mine / theirs > found["itl_ratio"]):
+                    found = {
+                        "attribute": attr,
+                        "value": value,
+                        "itl_ratio": round(mine / theirs, 2),
+                        "median_itl_s": mine,
+                        "others_median_itl_s": theirs,
+                    }
+        self._slow.append(found)
+        return found
+
+    def in_flight_with_preempted(self, idx: list[int]) -> float:
+        """The share of records ``idx`` in flight (arrival to end) while some preempted request was.
+
+        A record's end is its intake stamp and its arrival that minus its e2e; records are in stamp order, so the
+        preempted ones' ends are sorted and the earliest arrival from each one on answers an overlap by bisection.
+        """
+        if self._preempted is None:
+            win = self.win
+            t, e2e, pre = win.f["t"], win.f["e2e"], win.i["preemptions"]
+            mine = list(compress(range(len(pre)), map(gt, pre, repeat(0))))
+            ends = _gather(mine, t) if mine else []
+            lasted = _gather(mine, e2e) if mine else []
+            starts = [end - (d if d == d else 0.0) for end, d in zip(ends, lasted, strict=True)]
+            for k in range(len(starts) - 2, -1, -1):  # earliest arrival from k on
+                starts[k] = min(starts[k], starts[k + 1])
+            self._preempted = (ends, starts)
+        ends, earliest = self._preempted
+        if not ends or not idx:
+            return 0.0
+        t, e2e = self.win.f["t"], self.win.f["e2e"]
+        hits = 0
+        for j in idx:
+            start = t[j] - (e2e[j] if e2e[j] == e2e[j] else 0.0)
+            k = _bisect_left(ends, start)
+            hits += k < len(ends) and earliest[k] <= t[j]
+        return hits / len(idx)
 
     def at(self, name: str, idx: list[int]) -> list[float]:
         f = self.f
@@ -561,11 +639,21 @@ def _decompose(
     top_phase = max(shares, key=shares.__getitem__)
     placement = next((s for s in separators if s["separates"] and s["attribute"] in PLACEMENT), None)
     separator = next((s for s in separators if s["separates"]), None)
+    engine = top_phase in ENGINE_PHASES and not reasons
+    slow = phases.slow_placement() if engine else None
+    preemption = _preemption(phases, separators, top_phase, shares[top_phase], tail, total) if engine else None
     driver = NONE
     if reasons:
         pass
     elif top_phase == "output_length" and shares[top_phase] >= DOMINANT_SHARE:
         reasons.append(f"{shares[top_phase]:.0%} of the gap is output length (the workload, not a fault)")
+    elif slow is not None:  # slower per token on one rank: the rank, whichever engine phase its tail shows as
+        key = (slow["attribute"], slow["value"])
+        seen = next((s for s in separators if (s["attribute"], s["value"]) == key), None)
+        placement = {"share_of_requests": 0.0, "share_of_tail": 0.0, **(seen or {}), **slow}
+        driver = placement["attribute"]
+    elif preemption is not None:  # the KV cache is full: requests wait for blocks or are recomputed
+        driver = PREEMPTION
     elif placement is not None and (shares[top_phase] < PHASE_OVER_PLACEMENT or placement["lift"] >= STRONG_LIFT):
         driver = placement["attribute"]
     elif shares[top_phase] >= DOMINANT_SHARE:
@@ -573,6 +661,8 @@ def _decompose(
     else:
         reasons.append(f"no phase holds {DOMINANT_SHARE:.0%} of the gap (largest: {top_phase} {shares[top_phase]:.0%})")
     shown = placement or separator
+    if driver == PREEMPTION and preemption is not None:
+        shown = preemption
     return {
         "requests": round(total),
         "p50_s": p50,
@@ -590,7 +680,9 @@ def _decompose(
         "attribute": _attr_text(shown) if driver != NONE else NONE,
         "confident": driver != NONE,
         "why_not": "; ".join(reasons) if driver == NONE else None,
-        "headline": _headline(quantity, p50, p99, shares, top_phase, driver, shown, reasons),
+        "slow_placement": slow,
+        "preemption": preemption,
+        "headline": _headline(quantity, p50, p99, shares, top_phase, driver, shown, reasons, placement),
     }
 
 
@@ -627,6 +719,31 @@ def _e2e(
     return raw
 
 
+def _preemption(
+    phases: _Phases, separators: list[dict[str, Any]], top: str, share: float, tail: list[int], total: float
+) -> dict[str, Any] | None:
+    """The evidence that KV-cache preemptions explain an engine phase holding the gap, or None.
+
+    vLLM preempts a running request only when no KV block is free (it is recomputed from the head of the queue),
+    and while blocks are short no waiting request is admitted. So when at least :data:`PREEMPTED_MIN_SHARE` of
+    the window's requests were preempted: a *queue* tail is explained when at least :data:`PREEMPT_IN_FLIGHT` of
+    the tail band was in flight beside a preempted request (waiting for blocks, or behind the re-queued); a
+    *prefill* or *decode* tail (the recomputation is charged to the preempted request itself) when preempted
+    requests are at least :data:`PREEMPT_LIFT` times more common in the tail than in the window.
+    """
+    if share < DOMINANT_SHARE:
+        return None
+    yes = next((s for s in separators if s["attribute"] == "preempted" and s["value"] == "yes"), None)
+    if yes is None or yes["share_of_requests"] < PREEMPTED_MIN_SHARE:
+        return None
+    if yes["share_of_requests"] * total < PREEMPTED_MIN:
+        return None
+    in_flight = phases.in_flight_with_preempted(tail)
+    if in_flight < PREEMPT_IN_FLIGHT if top == "queue" else yes["lift"] < PREEMPT_LIFT:
+        return None
+    return {**yes, "tail_in_flight_with_preempted": round(in_flight, 4)}
+
+
 def _attr_text(sep: Mapping[str, Any] | None) -> str:
     return f"{sep['attribute']}={sep['value']}" if sep else NONE
 
@@ -644,16 +761,35 @@ def _headline(
     driver: str,
     sep: Mapping[str, Any] | None,
     reasons: list[str],
+    placement: Mapping[str, Any] | None = None,
 ) -> str:
     q = {"ttft": "TTFT", "e2e": "e2e"}.get(quantity, quantity)
     head = f"P99 {q} {_ms(p99)} vs P50 {_ms(p50)}: "
     if driver == NONE:
         return head + f"no dominant driver ({'; '.join(reasons)})"
     if driver in PLACEMENT and sep is not None:
+        slow = (
+            f" and {sep['itl_ratio']:.1f}x slower per output token (median ITL {_ms(sep['median_itl_s'])} vs "
+            f"{_ms(sep['others_median_itl_s'])})"
+            if "itl_ratio" in sep
+            else ""
+        )
         return head + (
             f"{sep['attribute']}={sep['value']} is {sep['share_of_requests']:.0%} of requests and "
-            f"{sep['share_of_tail']:.0%} of the tail ({shares[top]:.0%} of the gap is {top})"
+            f"{sep['share_of_tail']:.0%} of the tail{slow} ({shares[top]:.0%} of the gap is {top})"
         )
+    if driver == PREEMPTION and sep is not None:
+        text = head + (
+            f"{shares[top]:.0%} of the gap is {top} under KV-cache preemptions: {sep['share_of_requests']:.0%} of "
+            f"requests were preempted, {sep['share_of_tail']:.0%} of the tail, and "
+            f"{sep['tail_in_flight_with_preempted']:.0%} of the tail was in flight beside a preempted request"
+        )
+        if placement is not None:
+            text += (
+                f"; {placement['attribute']}={placement['value']} is {placement['share_of_requests']:.0%} of"
+                f" requests and {placement['share_of_tail']:.0%} of the tail"
+            )
+        return text
     text = head + f"{shares[top]:.0%} of the gap is {top}"
     if sep is not None:
         text += (

@@ -185,16 +185,18 @@ def build() -> dm.Dashboard:
     )
     b.row("Conformance band (alerts/matrix.rules.yml)")
     node_p95 = f"{CONFORMANCE_P95}{{{_MODEL}}}"
-    cell = "on (gen_ai_request_model, quantity, machine_type, cpu_model, hw_model)"
+    cell = "on (gen_ai_request_model, quantity, prompt_band, machine_type, cpu_model, hw_model)"
     b.add(
         table_panel(
             "Nodes against their hardware type's conformance band",
             describe(
-                "One line per node, model and quantity (TTFT, ITL): the node's P95 over the last 5 minutes, the "
-                "band its hardware type's nodes keep for that model (median over the type's nodes of each node's "
-                "10th-90th percentile of its 5m P95 over the last hour) and the P95 over the band's upper edge "
-                "(over 1.1 with two peers inside fires NodeOutsideConformanceBand). Sort by 'Over upper edge'. "
-                "No prompt-length band: the engine histograms are not split by prompt length.",
+                "One line per node, model, prompt band and quantity (TTFT, ITL): the node's P95 over the last 5 "
+                "minutes, the band its hardware type's nodes keep for that model and prompt band (median over the "
+                "type's nodes of each node's 10th-90th percentile of its 5m P95 over the last hour) and the P95 over "
+                "the band's upper edge (over 1.1 with two peers inside fires NodeOutsideConformanceBand). Sort by "
+                "'Over upper edge'. Prompt band: <=1k, 1k-4k, 4k-16k or >16k prompt tokens where the agents export "
+                "the span histograms split by prompt length (receiver.prompt_band_histograms), else 'all' (the "
+                "engine's histograms, not split: a node fed longer prompts reads slower).",
                 "NodeOutsideConformanceBand",
             ),
             "s",
@@ -211,6 +213,7 @@ def build() -> dm.Dashboard:
                         "instance": "Node",
                         "gen_ai_request_model": "Model",
                         "quantity": "Quantity",
+                        "prompt_band": "Prompt band",
                         "machine_type": "Machine type",
                         "cpu_model": "CPU model",
                         "hw_model": "GPU model",

@@ -49,7 +49,19 @@ def test_near_misses_catch_a_loosened_rule(tmp_path: Path) -> None:
         "no tolerance over the band": src.replace(
             "            1.1 * model_hardware:", "            1.0 * model_hardware:"
         ),
-        "traffic floor dropped": src.replace(">= 0.1\n", ">= 0.001\n"),
+        "traffic floor dropped (unsplit path)": src.replace(">= 0.1,\n", ">= 0.001,\n"),
+        "traffic floor per prompt band dropped": src.replace(">= 0.1\n", ">= 0.001\n"),
+        "unsplit record kept beside the prompt bands": src.replace(
+            "unless on (instance, gen_ai_request_model) inferwatch_engine_time_to_first_token_seconds_count",
+            "unless on (instance, gen_ai_request_model) absent_series_name",
+        ),
+        "ITL unsplit record kept beside the prompt bands": src.replace(
+            "unless on (instance, gen_ai_request_model) inferwatch_engine_time_per_output_token_seconds_count",
+            "unless on (instance, gen_ai_request_model) absent_series_name",
+        ),
+        "bands merged (prompt_band dropped from the split P95)": src.replace(
+            "sum by (instance, gen_ai_request_model, prompt_band, le)", "sum by (instance, gen_ai_request_model, le)"
+        ),
         "band from the mean of the nodes (not robust)": src.replace(
             "quantile without (instance) (0.5, quantile_over_time(0.9",
             "avg without (instance) (quantile_over_time(0.9",
@@ -146,7 +158,10 @@ def test_one_slowed_node_of_three_is_flagged_with_its_band_and_finding(fleet: tu
     assert {a["labels"]["instance"] for a in firing} == {instances[SLOW]}, firing
     labels, text = firing[0]["labels"], firing[0]["annotations"]["description"]
     assert (labels["machine_type"], labels["hw_model"], labels["quantity"]) == (MACHINE, "none", "ttft")
-    assert text.startswith(f"{MACHINE} node {instances[SLOW]} ({MODEL}): TTFT P95 492.5ms vs band 297.5ms–297.5ms")
+    assert labels["prompt_band"] == "all"  # engine histograms only: not split by prompt length
+    assert text.startswith(
+        f"{MACHINE} node {instances[SLOW]} ({MODEL}, all prompt lengths): TTFT P95 492.5ms vs band 297.5ms–297.5ms"
+    )
     assert "(2 same-type peers inside it)" in text
     assert text.endswith("Likely reason: SIMD feature missing: sve (CPUFeatureMissing)."), text
 

@@ -33,6 +33,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from agent.catalog.engine import ENGINE_KINDS
 from agent.errors import ConfigError
 from agent.redact import redact_text, secret_name
+from agent.userfiles import read_text_bounded
 
 log = logging.getLogger(__name__)
 
@@ -598,17 +599,7 @@ def read_yaml(
 ) -> dict[str, Any]:
     """The config file's top-level mapping; ConfigError when it is over ``max_bytes``, holds more than
     ``max_aliases`` YAML aliases, or is not a UTF-8 YAML mapping."""
-    try:
-        with path.open("rb") as f:
-            raw = f.read(max_bytes + 1)
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
-    if len(raw) > max_bytes:
-        raise ConfigError(f"config file {path} is over {max_bytes} bytes ({CONFIG_MAX_BYTES_ENV}); refused")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"config file {path} is not UTF-8 (invalid byte at offset {exc.start})") from None
+    text = read_text_bounded(path, max_bytes, "config file", f" ({CONFIG_MAX_BYTES_ENV})")
     loader = _BoundedLoader(text)  # a SafeLoader subclass (what yaml.load does, with the alias cap set)
     loader.max_aliases = max_aliases
     try:

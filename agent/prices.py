@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from agent.errors import ConfigError
+from agent.userfiles import read_text_bounded
 
 PRICE_RECORD = "machine_type:inferwatch_price_per_hour:config"
 PRICE_RULE_GROUP = "inferwatch-prices"
@@ -85,18 +86,7 @@ def parse_prices(text: str, source: str = "price file") -> PriceTable:
 
 
 def load_prices(path: Path) -> PriceTable:
-    try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_PRICE_FILE_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"price file {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_PRICE_FILE_BYTES:
-        raise ConfigError(f"price file {path}: larger than {MAX_PRICE_FILE_BYTES} bytes")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"price file {path}: not UTF-8") from None
-    return parse_prices(text, f"price file {path}")
+    return parse_prices(read_text_bounded(path, MAX_PRICE_FILE_BYTES, "price file"), f"price file {path}")
 
 
 def price_rules(table: PriceTable, source: str = "") -> str:

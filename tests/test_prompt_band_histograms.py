@@ -107,7 +107,7 @@ def test_bands_are_the_tail_explainers() -> None:
     edges = [*explain.PROMPT_BANDS, explain.PROMPT_BANDS[-1] + 1]
     assert tuple(explain.prompt_band(e) for e in edges) == promptband.BANDS
     assert f"{', '.join(promptband.BANDS)} prompt tokens" == engine.PROMPT_BAND_NAMES
-    for name in (engine.PROMPT_BAND_TTFT, engine.PROMPT_BAND_TPOT):
+    for name in (promptband.TTFT, promptband.TPOT):
         spec = catalog.get(name)
         assert spec.attributes == (engine.MODEL, engine.PROMPT_BAND)
         assert engine.PROMPT_BAND_NAMES in spec.description
@@ -160,7 +160,7 @@ def test_series_are_bounded_by_the_bands() -> None:
         RequestTiming("m", {"ttft": 0.01 * (i % 50), "e2e": 1.0}, prompt_tokens=i * 37, completion_tokens=5)
         for i in range(5000)
     )
-    hists = [s for s in analytics.compute() if s.name in (engine.PROMPT_BAND_TTFT, engine.PROMPT_BAND_TPOT)]
+    hists = [s for s in analytics.compute() if s.name in (promptband.TTFT, promptband.TPOT)]
     assert len(hists) == 2 * len(promptband.BANDS)
     assert {dict(s.attributes)[engine.PROMPT_BAND] for s in hists} == set(promptband.BANDS)
     state = AgentState()  # docs/cardinality.md: 35 series per band (TTFT 16 + 3, TPOT 13 + 3), 140 in all

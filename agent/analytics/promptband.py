@@ -20,9 +20,11 @@ from collections.abc import Iterator
 from agent.analytics import genai
 from agent.analytics.explain import PROMPT_BANDS, prompt_band
 from agent.catalog import genai as semconv
-from agent.catalog.engine import MODEL, PROMPT_BAND, PROMPT_BAND_TPOT, PROMPT_BAND_TTFT
+from agent.catalog.engine import MODEL, PROMPT_BAND
 from agent.samples import HistogramSample, RequestTiming, attrs
 
+TTFT = "inferwatch.engine.time_to_first_token"
+TPOT = "inferwatch.engine.time_per_output_token"
 BANDS = (*(prompt_band(edge) for edge in PROMPT_BANDS), prompt_band(PROMPT_BANDS[-1] + 1))
 
 
@@ -41,15 +43,15 @@ class PromptBandHistograms:
         band = prompt_band(t.prompt_tokens)
         ttft = t.seconds.get("ttft")
         if ttft is not None:
-            self._histogram(PROMPT_BAND_TTFT, band).observe(ttft)
+            self._histogram(TTFT, band).observe(ttft)
         tpot = genai.per_output_token(t)
         if tpot is not None:
-            self._histogram(PROMPT_BAND_TPOT, band).observe(tpot)
+            self._histogram(TPOT, band).observe(tpot)
 
     def _histogram(self, metric: str, band: str) -> genai.Histogram:
         h = self.series.get((metric, band))
         if h is None:  # at most 2 x len(BANDS): the band comes from a fixed list
-            semconv_name = semconv.TTFT if metric == PROMPT_BAND_TTFT else semconv.TPOT
+            semconv_name = semconv.TTFT if metric == TTFT else semconv.TPOT
             h = self.series[(metric, band)] = genai.Histogram(semconv.buckets(semconv_name, self.ttft_extra_buckets_s))
         return h
 

@@ -20,8 +20,6 @@ MODEL = "gen_ai.request.model"
 PROMPT_BAND = "prompt_band"
 PROMPT_BAND_NAMES = "<=1k, 1k-4k, 4k-16k, >16k prompt tokens"
 PROMPT_BAND_ALL = "all"
-PROMPT_BAND_TTFT = "inferwatch.engine.time_to_first_token"
-PROMPT_BAND_TPOT = "inferwatch.engine.time_per_output_token"
 # Values of the ``quantity`` attribute: the request phases whose latency the agent reports.
 QUANTITIES = ("ttft", "itl", "e2e", "queue", "prefill", "decode", "inference")
 # Engine histograms read for re-export only (not windowed into latency quantiles): the P/D KV-transfer time, as
@@ -179,7 +177,7 @@ METRICS = (
         (MODEL, "quantity", "window", "phase", "attribute", "source"),
     ),
     MetricSpec(
-        PROMPT_BAND_TTFT,
+        "inferwatch.engine.time_to_first_token",
         Kind.HISTOGRAM,
         "s",
         "Time to first token of successful requests by prompt length, from spans (receiver.prompt_band_histograms; "
@@ -189,7 +187,7 @@ METRICS = (
         SEMCONV_TTFT_BUCKETS_S,
     ),
     MetricSpec(
-        PROMPT_BAND_TPOT,
+        "inferwatch.engine.time_per_output_token",
         Kind.HISTOGRAM,
         "s",
         "Time per output token after the first of successful requests by prompt length, from spans "

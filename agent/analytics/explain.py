@@ -33,7 +33,7 @@ of the gap is queue; dp_rank=1 is 49 % of requests and 100 % of the tail" is a q
 dominant driver"). The thresholds and their measured accuracy are in docs/explain.md (benchmarks/tail_explain.py).
 
 **Bounded records.** :class:`RequestRecords` keeps at most :data:`CAPACITY` requests for all models together,
-in columns (about :data:`RECORD_BYTES_MAX` bytes each at most: 7.7 MB in all; request ids are cut to
+in columns (about :data:`RECORD_BYTES_MAX` bytes each at most: 7.8 MB in all; request ids are cut to
 :data:`MAX_REQUEST_ID_CHARS`), for :data:`HORIZON_S` (the 5m window). Sampling rule above the bound: each 10 s
 sub-window may keep :data:`SUB_WINDOW_BUDGET` requests (115 req/s); when the previous sub-window received more,
 a request is kept 1 in k (k = ceil(received / budget), systematic by arrival order) with weight k, except that a
@@ -57,9 +57,8 @@ from bisect import bisect_left as _bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from itertools import compress, repeat
-from operator import add, and_, ge, gt, itemgetter, le, mul
+from operator import and_, ge, gt, itemgetter, le, sub
 from typing import Any, Protocol
 
 from agent.catalog.engine import MODEL
@@ -71,10 +70,11 @@ SUB_WINDOW_S = 10.0
 SUB_WINDOW_BUDGET = 1_152  # 30 sub-windows x 1152 = 34 560, the rest of CAPACITY is for the always-kept slow ones
 MAX_REQUEST_ID_CHARS = 64
 MAX_LABEL_SETS = 4_096  # distinct (dp_rank, lora, tenant) combinations kept; beyond that they read "other"
-RECORD_BYTES_MAX = 209  # 7 doubles + 3 int32 + 16-byte trace id + 2 uint16 + a list slot + a 64-char str
+RECORD_BYTES_MAX = 211  # 7 doubles + 3 int32 + 16-byte trace id + uint16 + uint32 + a list slot + a 64-char str
 TAIL_BAND = 0.02
 MIN_TAIL = 5
 MEDIAN_BAND = (0.40, 0.60)
+MEDIAN_BAND_SAMPLE = 1_024  # above this many records in the median band, its means come from every k-th record
 MIN_REQUESTS = 50
 TAIL_RATIO_MIN = 3.0
 TAIL_GAP_MIN_S = 0.02
@@ -84,7 +84,8 @@ PHASE_OVER_PLACEMENT = 0.9  # a phase with 90 % of the gap is the driver even wh
 STRONG_LIFT = 3.0  # ... unless the tail is 3x more concentrated on that value than its share of requests
 BEYOND_MIN = 0.25  # e2e beyond output length: a tail gap under a quarter of the e2e median is not material
 SLOW_PLACEMENT_FACTOR = 1.5  # a rank (adapter, tenant) whose median ITL is 1.5x the rest's is slow hardware ...
-SLOW_PLACEMENT_MIN = 20  # ... judged on at least 20 requests with tokens on each side
+SLOW_PLACEMENT_MIN = 20  # ... judged on at least 20 requests with tokens on each side,
+SLOW_PLACEMENT_SAMPLE = 1_024  # read from at most ~1,024 of the window's requests (every k-th)
 ENGINE_PHASES = ("queue", "prefill", "decode")  # what a slow rank or a full KV cache can lengthen (not the frontend)
 PREEMPTED_MIN_SHARE = 0.01  # preemptions explain an engine phase when >= 1 % of the window's requests were preempted,
 PREEMPTED_MIN = 3  # at least 3 of them, ...
@@ -104,6 +105,7 @@ PREEMPTION = "preemption"  # the driver named when KV-cache preemptions explain 
 METRIC_WINDOW = "5m"  # the window of inferwatch.engine.tail.driver (the alerts' window)
 WINDOW_SECONDS = {"1m": 60.0, "5m": 300.0}
 _NAN = math.nan
+LIST_COLUMNS = frozenset(("ttft", "e2e", "queue", "prefill", "decode", "completion"))
 
 
 class _Sink(Protocol):
@@ -143,7 +145,7 @@ class RequestRecords:
         self._f = {c: array("d", z) for c in ("t", "ttft", "e2e", "queue", "prefill", "decode", "weight")}
         self._i = {c: array("i", [-1] * capacity) for c in ("prompt", "completion", "preemptions")}
         self._model = array("H", [0] * capacity)
-        self._label = array("H", [0] * capacity)
+        self._code = array("I", [0] * capacity)  # attribute code (:func:`_code`): label set, band, preempted
         self._trace = bytearray(16 * capacity)
         self._request: list[str | None] = [None] * capacity
         self._models: dict[str, int] = {}
@@ -223,7 +225,8 @@ class RequestRecords:
                 lab = self._labels.setdefault((("labels", "other"),), len(self._label_sets))
                 if lab == len(self._label_sets):
                     self._label_sets.append((("labels", "other"),))
-        self._label[i] = lab
+        p = ints["prompt"][i]
+        self._code[i] = _code(_bisect_left(PROMPT_BANDS, p) if p >= 0 else -1, ints["preemptions"][i], lab)
         tid = bytes.fromhex(t.trace_id) if t.trace_id and len(t.trace_id) == 32 else bytes(16)
         self._trace[16 * i : 16 * i + 16] = tid
         self._request[i] = t.request_id[:MAX_REQUEST_ID_CHARS] if t.request_id else None
@@ -267,12 +270,19 @@ class RequestRecords:
                     out.extend(col[lo:hi])
                 return out
 
-            f = {c: take(a) for c, a in self._f.items()}
-            ints = {c: take(a) for c, a in self._i.items()}
-            labels = take(self._label)
+            def copy(col: array[Any]) -> array[Any]:  # a memcpy; for the columns read by index or not at all
+                out = col[0:0]
+                for lo, hi in segs:
+                    out += col[lo:hi]
+                return out
+
+            # lists (boxed once) for the columns every quantity sorts, sums or filters; arrays for the rest
+            f: dict[str, Sequence[float]] = {c: (take if c in LIST_COLUMNS else copy)(a) for c, a in self._f.items()}
+            ints: dict[str, Sequence[int]] = {c: (take if c in LIST_COLUMNS else copy)(a) for c, a in self._i.items()}
+            codes = take(self._code)
             requests = take(self._request)
             traces = b"".join(bytes(self._trace[16 * lo : 16 * hi]) for lo, hi in segs)
-            model = take(self._model)
+            model = copy(self._model)
             label_sets = list(self._label_sets)
         if not wanted:
             keep: list[int] | None = []
@@ -283,14 +293,14 @@ class RequestRecords:
         if keep is not None:
             f = {c: [v[j] for j in keep] for c, v in f.items()}
             ints = {c: [v[j] for j in keep] for c, v in ints.items()}
-            labels = [labels[j] for j in keep]
+            codes = [codes[j] for j in keep]
             requests = [requests[j] for j in keep]
             traces = b"".join(traces[16 * j : 16 * j + 16] for j in keep)
-        return Window(f, ints, labels, label_sets, traces, requests, now, covered, window_s)
+        return Window(f, ints, codes, label_sets, traces, requests, now, covered, window_s)
 
     def memory_bytes(self) -> int:
         """What the ring's columns hold, in bytes (request id strings counted as stored)."""
-        columns: list[array[Any]] = [*self._f.values(), *self._i.values(), self._model, self._label]
+        columns: list[array[Any]] = [*self._f.values(), *self._i.values(), self._model, self._code]
         fixed = sum(a.itemsize * len(a) for a in columns)
         ids = sum(49 + len(r) for r in self._request if r is not None)
         return fixed + len(self._trace) + 8 * self.capacity + ids
@@ -300,9 +310,9 @@ class RequestRecords:
 class Window:
     """One model's records over one window, as columns (NaN / -1 where the span had no value)."""
 
-    f: dict[str, list[float]]  # t (stamp), ttft, e2e, queue, prefill, decode, weight
-    i: dict[str, list[int]]  # prompt, completion, preemptions
-    labels: list[int]  # index into label_sets
+    f: dict[str, Sequence[float]]  # t (stamp), ttft, e2e, queue, prefill, decode, weight
+    i: dict[str, Sequence[int]]  # prompt, completion, preemptions
+    codes: list[int]  # per record its attribute code (:func:`_code`); code >> 5 indexes label_sets
     label_sets: list[tuple[tuple[str, str], ...]]
     traces: bytes  # 16 bytes a record
     requests: list[str | None]
@@ -318,7 +328,7 @@ class Window:
         return raw.hex() if any(raw) else None
 
 
-def _gather(idx: list[int], col: list[Any]) -> list[Any]:
+def _gather(idx: Sequence[int], col: Sequence[Any]) -> list[Any]:
     """``[col[j] for j in idx]`` at C speed."""
     if len(idx) == 1:
         return [col[idx[0]]]
@@ -363,10 +373,13 @@ def _bands(order: list[int], weights: list[float] | None, total: float) -> tuple
     return tail, mid
 
 
-def _bands_by_value(idx: list[int], values: list[float]) -> tuple[list[int], list[int], float, float]:
+def _bands_by_value(idx: list[int], values: Sequence[float]) -> tuple[list[int], list[int], float, float]:
     """(tail band, median band, P50, P99) of unweighted records: rank thresholds from a sort of the values alone.
 
-    Ties at a threshold all join the band (a band may hold a few more records than its share).
+    Ties at a threshold all join the band (a band may hold a few more records than its share). Above
+    :data:`MEDIAN_BAND_SAMPLE` records in the median band, it is read from every k-th record (systematic, by stamp
+    order; the thresholds stay exact): its means are the baseline the tail is compared with, and ~1,000 records
+    give them to well under a percent of the gap at a fifth of the cost.
     """
     vals = sorted(values) if len(idx) == len(values) else sorted(_gather(idx, values))
     n = len(vals)
@@ -375,7 +388,9 @@ def _bands_by_value(idx: list[int], values: list[float]) -> tuple[list[int], lis
     lo, hi = vals[int(MEDIAN_BAND[0] * n)], vals[max(int(MEDIAN_BAND[1] * n), 1) - 1]
     if len(idx) == len(values):  # every record: C-speed filters
         tail = list(compress(idx, map(ge, values, repeat(tail_from))))
-        mid = list(compress(idx, map(and_, map(le, repeat(lo), values), map(ge, repeat(hi), values))))
+        step = max(1, math.ceil((MEDIAN_BAND[1] - MEDIAN_BAND[0]) * n / MEDIAN_BAND_SAMPLE))
+        some, vs = (idx[::step], values[::step]) if step > 1 else (idx, values)
+        mid = list(compress(some, map(and_, map(le, repeat(lo), vs), map(ge, repeat(hi), vs))))
     else:
         tail = [j for j in idx if values[j] >= tail_from]
         mid = [j for j in idx if lo <= values[j] <= hi]
@@ -384,7 +399,7 @@ def _bands_by_value(idx: list[int], values: list[float]) -> tuple[list[int], lis
     return tail, mid, p50, p99
 
 
-def _mean(idx: list[int], col: list[float], weights: list[float] | None) -> float:
+def _mean(idx: list[int], col: Sequence[float], weights: list[float] | None) -> float:
     return _mean_of(_gather(idx, col) if idx else [], idx, weights)
 
 
@@ -415,11 +430,12 @@ class _Phases:
         self.f, self.comp = win.f, win.i["completion"]
         self._clean: dict[str, bool] = {}
         decode, comp = self.f["decode"], self.comp
-        self._step = step = max(1, len(comp) // ITL_SAMPLE)  # median ITLs from at most ~ITL_SAMPLE requests
+        step = max(1, len(comp) // ITL_SAMPLE)  # median ITLs from at most ~ITL_SAMPLE requests
         itls = sorted([d / (c - 1) for d, c in zip(decode[::step], comp[::step], strict=True) if c > 1 and d == d])
         self.itl_med = itls[len(itls) // 2] if itls else None
         self._slow: list[dict[str, Any] | None] = []  # computed once, on first use
         self._preempted: tuple[list[float], list[float]] | None = None
+        self.tails: dict[str, list[int]] = {}  # quantity -> its tail band, when that band is over every record
 
     def slow_placement(self) -> dict[str, Any] | None:
         """The placement value (``dp_rank``, ``lora``, ``tenant``) whose requests' median ITL is at least
@@ -430,9 +446,9 @@ class _Phases:
         """
         if self._slow:
             return self._slow[0]
-        win, step = self.win, self._step
+        win, step = self.win, max(1, len(self.comp) // SLOW_PLACEMENT_SAMPLE)
         found: dict[str, Any] | None = None
-        labels = win.labels[::step]
+        labels = [c >> 5 for c in win.codes[::step]]
         if len(set(labels)) > 1:
             by: dict[int, list[float]] = {}
             for d, c, lab in zip(self.f["decode"][::step], self.comp[::step], labels, strict=True):
@@ -493,12 +509,15 @@ class _Phases:
         if name in ("queue", "prefill"):
             return _gather(idx, f[name])
         if name == "frontend":
-            return [a - b - c for a, b, c in zip(*(_gather(idx, f[k]) for k in self.BASE[name]), strict=True)]
+            return list(
+                map(sub, map(sub, _gather(idx, f["ttft"]), _gather(idx, f["queue"])), _gather(idx, f["prefill"]))
+            )
         itl = self.itl_med
-        length = [0.0] * len(idx) if itl is None else [(c - 1) * itl if c > 1 else 0.0 for c in _gather(idx, self.comp)]
+        comp = _gather(idx, self.comp)
+        length = [0.0] * len(idx) if itl is None else [(c - 1) * itl if c > 1 else 0.0 for c in comp]
         if name == "output_length":
             return length
-        return [d - x for d, x in zip(_gather(idx, f["decode"]), length, strict=True)]  # decode beyond length
+        return list(map(sub, _gather(idx, f["decode"]), length))  # decode beyond length
 
     def clean(self, column: str) -> bool:
         """Whether a span column has no NaN (no record lacks it), summed once per window."""
@@ -508,29 +527,28 @@ class _Phases:
         return got
 
     def length_all(self) -> list[float]:
+        """Every record's output length in seconds ((generated tokens - 1) x the median ITL; 0 for <= 1 token)."""
         itl = self.itl_med
-        return [0.0] * len(self.comp) if itl is None else [(c - 1) * itl if c > 1 else 0.0 for c in self.comp]
+        if itl is None:
+            return [0.0] * len(self.comp)
+        return [(c - 1) * itl if c > 1 else 0.0 for c in self.comp]  # a comprehension beats a chain of maps here
 
 
 _Groups = tuple[list[int], dict[int, tuple[tuple[str, str], ...]], dict[str, dict[int, float]]]
 
 
-def _group_keys(win: Window) -> _Groups:
-    """Per record a code of its attribute values (prompt band, preempted, labels), and each code's (key, value)s.
+def _code(band: int, preemptions: int, label: int) -> int:
+    """A record's attribute values in one int, computed when it is recorded: (band + 1) + 8 x (preempted + 1) +
+    32 x label set, band -1 (no prompt count) .. 3, preempted -1 (not known), 0 or 1."""
+    return band + 1 + 8 * (min(preemptions, 1) + 1) + 32 * label
 
-    code = band + 8 x preempted + 32 x label set, band in -1 (no count) .. 3, preempted -1 (not known), 0 or 1:
-    built with C-speed maps, as the explainer must stay within its CPU budget at 30 000 records.
-    """
-    prompt = win.i["prompt"]
-    bands = list(map(partial(_bisect_left, PROMPT_BANDS), prompt))
-    if prompt and min(prompt) < 0:
-        bands = [b if p >= 0 else -1 for b, p in zip(bands, prompt, strict=True)]
-    pre8 = map(mul, map(min, win.i["preemptions"], repeat(1)), repeat(8))
-    codes = list(map(add, map(add, bands, pre8), map(mul, win.labels, repeat(32))))
+
+def _group_keys(win: Window) -> _Groups:
+    """Per record its attribute code (kept in the ring, :func:`_code`) and each code's (key, value)s."""
+    codes = win.codes
     keys: dict[int, tuple[tuple[str, str], ...]] = {}
     for code in set(codes):
-        r = code + 9
-        lab, rem = divmod(r, 32)
+        lab, rem = divmod(code, 32)
         pre, band = rem // 8 - 1, rem % 8 - 1
         parts = [] if band < 0 else [("prompt_tokens", _BAND_NAMES[band])]
         if pre >= 0:
@@ -597,7 +615,7 @@ def _separators(
 
 def _decompose(
     quantity: str,
-    values: list[float],
+    values: Sequence[float],
     names: tuple[str, ...],
     phases: _Phases,
     weights: list[float] | None,
@@ -620,6 +638,8 @@ def _decompose(
         p50 = values[_quantile(order, weights, total, 0.5)]
         p99 = values[_quantile(order, weights, total, 0.99)]
         tail, mid = _bands(order, weights, total)
+    if len(idx) == len(values):  # every record is ranked: the tail band holds the slowest ones (ties included)
+        phases.tails[quantity] = tail
     gap = _mean(tail, values, weights) - _mean(mid, values, weights)
     shares = {
         p: (_mean_of(phases.at(p, tail), tail, weights) - _mean_of(phases.at(p, mid), mid, weights)) / gap
@@ -697,7 +717,7 @@ def _e2e(
     raw = _decompose("e2e", e2e, PHASES["e2e"], phases, weights, groups)
     if raw is None or raw["dominant_phase"] != "output_length" or raw["dominant_share"] < DOMINANT_SHARE:
         return raw
-    excess = [a - b for a, b in zip(e2e, phases.length_all(), strict=True)]
+    excess = list(map(sub, e2e, phases.length_all()))
     beyond = _decompose("e2e beyond output length", excess, PHASES["e2e"][:-1], phases, weights, groups)
     raw["beyond_output_length"] = beyond
     if beyond is not None:
@@ -818,7 +838,7 @@ def explain(
     if not len(win):
         return None
     sampled = win.f["weight"].count(1.0) != len(win)
-    weights = win.f["weight"] if sampled else None
+    weights = list(win.f["weight"]) if sampled else None
     phases = _Phases(win)
     itl_med = phases.itl_med
     groups = _group_keys(win)
@@ -837,7 +857,9 @@ def explain(
     }
     values = win.f[by]
     rows = max(0, min(top, MAX_TOP))
-    candidates = range(len(values)) if (t := sum(values)) == t else [j for j, v in enumerate(values) if v == v]
+    candidates: Sequence[int] = phases.tails.get(by, ())
+    if len(candidates) < rows:  # a small window, or records without the phases: rank them all
+        candidates = range(len(values)) if (t := sum(values)) == t else [j for j, v in enumerate(values) if v == v]
     slowest = heapq.nlargest(rows, candidates, key=values.__getitem__) if rows else []
     out["slowest_by"] = by
     out["slowest"] = [_request_row(win, phases, j) for j in slowest]
@@ -863,7 +885,7 @@ def _request_row(win: Window, phases: _Phases, j: int) -> dict[str, Any]:
         "ttft_s": _num(f["ttft"][j]),
         "e2e_s": _num(f["e2e"][j]),
         "frontend_gap_s": _num(phases.at("frontend", [j])[0]),
-        "labels": dict(win.label_sets[win.labels[j]]),
+        "labels": dict(win.label_sets[win.codes[j] >> 5]),
     }
 
 

@@ -1,4 +1,4 @@
-"""The CPU analysis over 97 real cpuinfo dumps (tests/fixtures/cpuinfo/corpus/) against a golden table.
+"""The CPU analysis over the real cpuinfo dumps (tests/fixtures/cpuinfo/corpus/) against a golden table.
 
 Update switch, after a deliberate change: ``python -m tests.cpu_corpus --update`` (or
 ``INFERWATCH_UPDATE_GOLDEN=1 pytest tests/test_cpu_corpus.py``) rewrites verdicts.tsv and the table in
@@ -142,6 +142,8 @@ def _corpus_finding(tmp_path: Path, name: str) -> Finding:
         ("eessi_GCP-axion", "Arm Neoverse-V2"),  # Google Axion: the same core, not Graviton4 nor Grace
         ("eessi_AWS-awslinux-graviton2", "Arm Neoverse-N1"),
         ("eessi_AWS-awslinux-graviton3", "Arm Neoverse-V1"),
+        # Azure Cobalt 100 as its source states, no DMI there: the core, never "Cobalt 100" nor "Yitian 710"
+        ("arm-learning-paths_azure-cobalt100-d4ps_v6", "Arm Neoverse-N2"),
     ],
 )
 def test_real_cloud_and_board_dumps_without_dmi_are_named_by_their_core(tmp_path: Path, name: str, core: str) -> None:
@@ -207,6 +209,18 @@ def test_x86_cpuid_read_flags_are_told_apart_from_kernel_gated(tmp_path: Path) -
     )
     assert gated.status == "fail" and gated.evidence["missing_kernel_gated"] == ["amx_tile"]
     assert gated.evidence["missing_cpuid_read"] == ["avx512_vnni"]
+
+
+@pytest.mark.parametrize("name", ["archspec_linux-rhel9-graniterapids", "eessi_AWS-Rocky9-6975PC"])
+def test_real_granite_rapids_passes_with_amx_and_fails_without(tmp_path: Path, name: str) -> None:
+    """Bare metal (Xeon 6972P) and an AWS VM (Xeon 6975P-C): named Granite Rapids, AMX expected and present."""
+    text = _dump(name).cpuinfo.read_text()
+    real = cpu_feature_verdict(read_cpu_capability(_procfs(tmp_path / "a", text, "x86_64"), tmp_path))
+    assert real.status == "ok" and "(Granite Rapids)" in real.summary, real.summary
+    no_amx = cpu_feature_verdict(
+        read_cpu_capability(_procfs(tmp_path / "b", _drop(text, "amx_int8"), "x86_64"), tmp_path)
+    )
+    assert no_amx.status == "fail" and no_amx.evidence["missing_kernel_gated"] == ["amx_int8"]
 
 
 def test_the_architecture_comes_from_the_kernel(tmp_path: Path) -> None:

@@ -117,6 +117,14 @@ def test_product_names_need_dmi_evidence() -> None:
     assert identify(n2).name == "Arm Neoverse-N2"
     assert identify(n2, Dmi("Alibaba Cloud", "Alibaba Cloud ECS")).name == "Alibaba Yitian 710 (Arm Neoverse-N2)"
     assert identify(n2, Dmi("Microsoft Corporation", "Virtual Machine")).name == "Azure Cobalt 100 (Arm Neoverse-N2)"
+    # The real Graviton4 and Cobalt 100 dumps get their product name only with the DMI their clouds show.
+    g4 = parse_cpuinfo(_dump("ecaz_graviton4-m8g.2xlarge").cpuinfo.read_text(), "aarch64")
+    assert identify(g4).name == "Arm Neoverse-V2"
+    assert identify(g4, Dmi("Amazon EC2", "m8g.2xlarge")).name == "AWS Graviton4 (Arm Neoverse-V2)"
+    cobalt = parse_cpuinfo(_dump("arm-learning-paths_azure-cobalt100-d4ps_v6").cpuinfo.read_text(), "aarch64")
+    assert (
+        identify(cobalt, Dmi("Microsoft Corporation", "Virtual Machine")).name == "Azure Cobalt 100 (Arm Neoverse-N2)"
+    )
     v1 = parse_cpuinfo(_dump("archspec_linux-amazon-neoverse_v1").cpuinfo.read_text(), "aarch64")
     assert identify(v1, Dmi("Amazon EC2", "c7g.8xlarge")).name == "AWS Graviton3 (Arm Neoverse-V1)"
     assert identify(v1, Dmi("Amazon EC2", "hpc7g.16xlarge")).name == "AWS Graviton3E (Arm Neoverse-V1)"
@@ -144,6 +152,8 @@ def _corpus_finding(tmp_path: Path, name: str) -> Finding:
         ("eessi_AWS-awslinux-graviton3", "Arm Neoverse-V1"),
         # Azure Cobalt 100 as its source states, no DMI there: the core, never "Cobalt 100" nor "Yitian 710"
         ("arm-learning-paths_azure-cobalt100-d4ps_v6", "Arm Neoverse-N2"),
+        # AWS Graviton4 (m8g.2xlarge) as its source states, all 8 blocks, no DMI there: the core
+        ("ecaz_graviton4-m8g.2xlarge", "Arm Neoverse-V2"),
     ],
 )
 def test_real_cloud_and_board_dumps_without_dmi_are_named_by_their_core(tmp_path: Path, name: str, core: str) -> None:

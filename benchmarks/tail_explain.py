@@ -31,6 +31,7 @@ Run: ``.venv/bin/python benchmarks/tail_explain.py [--minutes 20] [--json out.js
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -278,15 +279,36 @@ def confusion_table(acc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def cost(seed: int, repeats: int = 15) -> dict[str, Any]:
-    """5 minutes at 100 req/s recorded; explain(5m) CPU time against LatencyAnalytics.compute() on the same data."""
+def cost(seed: int, repeats: int = 15, previous: Path | None = None) -> dict[str, Any]:
+    """5 minutes at 100 req/s recorded; explain(5m) CPU time against LatencyAnalytics.compute() on the same data.
+
+    ``previous``: another build's explain.py (``git show REV:agent/analytics/explain.py > FILE``), fed the same
+    requests and timed in the same rounds, with its verdicts and quantiles beside this build's.
+    """
     rng = random.Random(seed)
     case = Case("cost", "ttft", "none", steady(100.0))
     base = arrivals(case, 300.0, seed)
     clock = VirtualClock()
     analytics = LatencyAnalytics(clock=clock)
     explainer = TailExplainer(RequestRecords(), clock=clock)
-    intake = SpanIntake(RecordingSink(analytics, explainer))
+    sink: Any = RecordingSink(analytics, explainer)
+    prev: Any = None
+    if previous is not None:
+        spec = importlib.util.spec_from_file_location("previous_explain", previous)
+        assert spec is not None and spec.loader is not None
+        prev = sys.modules["previous_explain"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+        spec.loader.exec_module(prev)
+        prev_records = prev.RequestRecords()
+        inner = sink
+
+        class Tee:
+            def record(self, timings: Any) -> int:
+                batch = list(timings)
+                prev_records.add(batch, clock.now)
+                return int(inner.record(batch))
+
+        sink = Tee()
+    intake = SpanIntake(sink)
     # Synthetic phases (no simulation needed for cost): lognormal queue/prefill/decode per request.
     reqs = []
     for r in base:
@@ -308,22 +330,38 @@ def cost(seed: int, repeats: int = 15) -> dict[str, Any]:
         t0 = time.process_time()
         intake.handle(payload, "grpc")
         t_ingest += time.process_time() - t0
-    explain_s, compute_s = [], []
+    explain_s, compute_s, prev_s = [], [], []
+    prev_report = None
     for _ in range(repeats):
         t0 = time.process_time()
         report = explain(explainer.records, MODEL, 300.0, clock.now, top=10)
         explain_s.append(time.process_time() - t0)
+        if prev is not None:
+            t0 = time.process_time()
+            prev_report = prev.explain(prev_records, MODEL, 300.0, clock.now, top=10)
+            prev_s.append(time.process_time() - t0)
         analytics._bimodal_cache.clear()  # the baseline pays its bimodality fit as on a new sub-window
         t0 = time.process_time()
         analytics.compute()
         compute_s.append(time.process_time() - t0)
     assert report is not None
-    return {
+    out: dict[str, Any] = {}
+    if prev_report is not None:
+        out["previous_explain_cpu_ms_median"] = 1000 * statistics.median(prev_s)
+        out["previous_agrees"] = {
+            q: {
+                k: (report["quantities"][q][k], prev_report["quantities"][q][k])
+                for k in ("driver", "p50_s", "p99_s", "dominant_share")
+            }
+            for q in ("ttft", "e2e")
+        }
+    return out | {
         "load_average_1m": round(os.getloadavg()[0], 2),
         "requests": len(reqs),
         "records": report["requests"],
         "explain_cpu_ms_median": 1000 * statistics.median(explain_s),
         "explain_cpu_ms_max": 1000 * max(explain_s),
+        "explain_cpu_ms_min": 1000 * min(explain_s),
         "baseline_compute_cpu_ms_median": 1000 * statistics.median(compute_s),
         "intake_cpu_us_per_request": 1e6 * t_ingest / len(reqs),
         "records_bytes": explainer.records.memory_bytes(),
@@ -425,6 +463,7 @@ def main() -> None:
         "--cases",
         help="comma-separated scenario names to run (default: all): " + ", ".join(sorted({c.name for c in CASES})),
     )
+    ap.add_argument("--previous", type=Path, help="another build's explain.py, timed beside this one (cost part)")
     ap.add_argument("--cost-repeats", type=int, default=15, help="explain() calls timed in the cost part")
     ap.add_argument("--llamacpp", action="store_true", help="also run on the real llama.cpp server's timings")
     args = ap.parse_args()
@@ -432,7 +471,7 @@ def main() -> None:
     if not args.skip_accuracy:
         out["accuracy"] = accuracy(args.minutes, args.seed, set(args.cases.split(",")) if args.cases else None)
         print(confusion_table(out["accuracy"]), flush=True)
-    out["cost"] = cost(args.seed, args.cost_repeats)
+    out["cost"] = cost(args.seed, args.cost_repeats, args.previous)
     if args.llamacpp:
         out["llamacpp"] = llamacpp(args.seed)
     print(json.dumps(out["cost"], indent=2))

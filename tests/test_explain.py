@@ -6,7 +6,9 @@ agent on 127.0.0.1 and reads ``/api/v1/explain``, ``inferwatch explain`` and ``/
 
 from __future__ import annotations
 
+import bisect
 import json
+import math
 import os
 import random
 import subprocess
@@ -167,6 +169,21 @@ def test_a_rank_slower_per_token_is_named_even_when_its_tail_shows_as_queue() ->
     front = [timing(rng) for _ in range(660)] + [timing(rng, frontend=0.6) for _ in range(90)]
     t = explained(front + [timing(rng, rank=1, decode_per_token=0.03) for _ in range(250)])["quantities"]["ttft"]
     assert t["driver"] == "frontend"
+
+
+def test_large_windows_keep_the_tail_band_and_p99_exact() -> None:
+    """Above 8,192 records the middle of the ranking is sampled; the tail band and P99 stay exact."""
+    rng = random.Random(14)
+    values = [rng.lognormvariate(0.0, 1.0) for _ in range(20_000)]
+    idx = list(range(len(values)))
+    tail, mid, p50, p99 = ex._bands_by_value(idx, values)
+    ranked = sorted(values)
+    k = math.ceil(ex.TAIL_BAND * len(values))
+    assert sorted(values[j] for j in tail) == ranked[-k:]
+    assert p99 == ranked[math.ceil(0.99 * len(values)) - 1]
+    assert abs(bisect.bisect_left(ranked, p50) / len(values) - 0.5) < 0.01  # P50 from the sample: rank within 1 %
+    assert 0 < len(mid) <= 2 * ex.MEDIAN_BAND_SAMPLE
+    assert all(ranked[int(0.38 * len(ranked))] <= values[j] <= ranked[int(0.62 * len(ranked))] for j in mid)
 
 
 def test_records_are_bounded_and_sampled_above_the_budget_keeping_the_slow_ones() -> None:

@@ -388,11 +388,24 @@ def _bands_by_value(idx: list[int], values: Sequence[float]) -> tuple[list[int],
     """
     n = len(idx)
     k = max(MIN_TAIL, math.ceil(TAIL_BAND * n))
+    full = len(idx) == len(values)
+    tail: list[int] | None = None
     if n > EXACT_SORT_MAX:  # the top k exactly (tail band, P99), the middle from a sorted systematic sample
-        every = values if len(idx) == len(values) else _gather(idx, values)
-        top = heapq.nlargest(k, every)
-        tail_from, p99 = top[-1], top[n - math.ceil(0.99 * n)]
+        every = values if full else _gather(idx, values)
         vals = sorted(every[:: math.ceil(n / QUANTILE_SAMPLE)])
+        m = len(vals)
+        # every record at or above a guard well below the k-th largest (the sample's top 2k/n, less a margin),
+        # then the exact top k among them; should the sample mislead, a full partial selection
+        guard = vals[max(0, m - 1 - math.ceil(2 * k * m / n) - 8)]
+        cand = list(compress(idx, map(ge, values, repeat(guard)))) if full else []
+        above = n - math.ceil(0.99 * n)  # records above P99
+        if len(cand) >= k:
+            top = sorted(_gather(cand, values))
+            tail_from, p99 = top[len(top) - k], top[len(top) - 1 - above]
+            tail = [j for j in cand if values[j] >= tail_from]
+        else:
+            top = heapq.nlargest(k, every)
+            tail_from, p99 = top[-1], top[above]
     else:
         vals = sorted(values) if len(idx) == len(values) else sorted(_gather(idx, values))
         tail_from = vals[max(0, n - k)]
@@ -400,8 +413,9 @@ def _bands_by_value(idx: list[int], values: Sequence[float]) -> tuple[list[int],
     m = len(vals)
     lo, hi = vals[int(MEDIAN_BAND[0] * m)], vals[max(int(MEDIAN_BAND[1] * m), 1) - 1]
     p50 = vals[min(m - 1, max(0, math.ceil(0.5 * m) - 1))]
-    if len(idx) == len(values):  # every record: C-speed filters
-        tail = list(compress(idx, map(ge, values, repeat(tail_from))))
+    if full:  # every record: C-speed filters
+        if tail is None:
+            tail = list(compress(idx, map(ge, values, repeat(tail_from))))
         step = max(1, math.ceil((MEDIAN_BAND[1] - MEDIAN_BAND[0]) * n / MEDIAN_BAND_SAMPLE))
         some, vs = (idx[::step], values[::step]) if step > 1 else (idx, values)
         mid = list(compress(some, map(and_, map(le, repeat(lo), vs), map(ge, repeat(hi), vs))))

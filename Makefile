@@ -12,6 +12,9 @@
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Bytecode cached under build/ even where the environment says not to write it (scripts/test.sh says why).
+unexport PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX ?= $(CURDIR)/build/pycache
 TESTS ?=
 PROMTOOL ?= promtool
 

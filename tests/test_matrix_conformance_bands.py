@@ -40,7 +40,8 @@ pytestmark = pytest.mark.integration
 ALERT = "NodeOutsideConformanceBand"
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 MACHINE, CPU = "c7g.16xlarge", "Neoverse-V1"
-# node: ((short prompts/s, long prompts/s), long prompts' TTFT s)
+# node: ((short prompts/s, long prompts/s), long prompts' TTFT s). TPOT (e2e - TTFT) / 9 = 0.04 s everywhere,
+# inside one bucket (0.025, 0.05], not at an edge: no ITL difference.
 NODES = {"a": ((30, 1), 3.0), "b": ((6, 12), 3.0), "c": ((30, 1), 8.0)}
 SHORT, LONG = (512, 0.3), (20_000, None)
 DEADLINE_S = 60.0
@@ -65,14 +66,18 @@ class _Node:
                 due = int(elapsed * rate)
                 ttft = ttft if ttft is not None else self.slow_ttft
                 timings += [
-                    RequestTiming(MODEL, {"ttft": ttft, "e2e": ttft + 0.45}, prompt_tokens=prompt, completion_tokens=10)
+                    RequestTiming(MODEL, {"ttft": ttft, "e2e": ttft + 0.36}, prompt_tokens=prompt, completion_tokens=10)
                 ] * (due - self.fed[i])
                 self.fed[i] = due
             self.analytics.record(timings)
             state = AgentState()
             state.register(CollectorHealth("spans", 15.0, 5.0))
             state.record("spans", CollectorHealth("spans", 15.0, 5.0), Collection(samples=self.analytics.compute()))
-        return render(state).decode() + f'inferwatch_node_info{{machine_type="{MACHINE}",cpu_model="{CPU}"}} 1\n'
+        return render(state).decode() + (  # what the agent's other collectors add (the dashboard's variables read them)
+            'inferwatch_agent_info{version="test"} 1\n'
+            f'inferwatch_engine_info{{engine="vllm",gen_ai_request_model="{MODEL}"}} 1\n'
+            f'inferwatch_node_info{{machine_type="{MACHINE}",cpu_model="{CPU}"}} 1\n'
+        )
 
 
 def _route(node: _Node) -> Any:
@@ -154,3 +159,26 @@ def test_slow_on_long_prompts_is_flagged_in_that_band_more_long_prompts_is_not(
         f"{MACHINE} node {instances['c']} ({MODEL}, prompts >16k tokens): TTFT P95 9.875s vs band 4.875s–4.875s"
     ), text
     assert "(2 same-type peers inside it)" in text and text.endswith("(compare its load with its peers')."), text
+
+
+def test_band_panel_shows_each_prompt_band(fleet: tuple[str, dict[str, str]]) -> None:
+    """The matrix dashboard's conformance table, as Grafana resolves it: one line per node, quantity and prompt band
+    (its joins keep the bands apart: no many-to-many match error), the slow node's >16k TTFT over its upper edge."""
+    from dashboards import load_all
+    from dashboards.prove import Prover
+
+    url, instances = fleet
+    prover = Prover(url, rate_interval="10s", range_="20s")
+    try:
+        out = [o for o in prover.prove(load_all()["inferwatch-matrix"]) if o.query.panel.startswith("Nodes against")]
+    finally:
+        prover.close()
+    assert len(out) == 4, out
+    assert all(o.ok for o in out), [(o.query.ref_id, o.series, o.error, o.resolved) for o in out if not o.ok]
+    over = {
+        (x["metric"]["instance"], x["metric"]["quantity"], x["metric"]["prompt_band"]): float(x["value"][1])
+        for x in _query(url, out[3].resolved)
+    }
+    assert len(over) == 3 * 2 * 2, over
+    assert over.pop((instances["c"], "ttft", ">16k")) == pytest.approx(9.875 / 4.875, rel=0.01)
+    assert all(r == pytest.approx(1.0, rel=0.01) for r in over.values()), over

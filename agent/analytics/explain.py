@@ -552,12 +552,12 @@ class _Phases:
             got = self._clean[column] = (t := sum(self.f[column])) == t
         return got
 
-    def length_all(self) -> list[float]:
-        """Every record's output length in seconds ((generated tokens - 1) x the median ITL; 0 for <= 1 token)."""
+    def beyond_length(self, values: Sequence[float]) -> list[float]:
+        """``values`` less each record's output length ((generated tokens - 1) x the median ITL; 0 for <= 1 token)."""
         itl = self.itl_med
         if itl is None:
-            return [0.0] * len(self.comp)
-        return [(c - 1) * itl if c > 1 else 0.0 for c in self.comp]  # a comprehension beats a chain of maps here
+            return list(values)
+        return [v - (c - 1) * itl if c > 1 else v for v, c in zip(values, self.comp, strict=True)]
 
 
 _Groups = tuple[Sequence[int], dict[int, tuple[tuple[str, str], ...]], dict[str, dict[int, float]]]
@@ -743,7 +743,7 @@ def _e2e(
     raw = _decompose("e2e", e2e, PHASES["e2e"], phases, weights, groups)
     if raw is None or raw["dominant_phase"] != "output_length" or raw["dominant_share"] < DOMINANT_SHARE:
         return raw
-    excess = list(map(sub, e2e, phases.length_all()))
+    excess = phases.beyond_length(e2e)
     beyond = _decompose("e2e beyond output length", excess, PHASES["e2e"][:-1], phases, weights, groups)
     raw["beyond_output_length"] = beyond
     if beyond is not None:

@@ -16,6 +16,7 @@ by the same factor, which a quantile ignores).
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,16 +43,24 @@ class HistogramWindow:
     Internally the per-scrape increments are accumulated into a running total that never resets
     (bound → increase since the first scrape, plus ``_sum`` and ``_count``), and a copy is kept per
     scrape time; a window's increase is then one subtraction of two of them, whatever its length.
+
+    The copies are one flat array of doubles, a row per scrape time (``_sum``, ``_count``, then one
+    column per bound in the order the bounds first came): ~160 bytes a scrape for vLLM's buckets, where a
+    dict per scrape took ~1.5 kB (a model's 7 quantities at a 5 s interval keep 61 scrapes each).
     """
 
     def __init__(self, horizon_s: float = HORIZON_S) -> None:
         self.horizon_s = horizon_s
         self._last: dict[Labels, Histogram] = {}
         self._last_t: float | None = None
-        self._acc: dict[float, float] = {}
+        self._acc: dict[float, float] = {}  # bound → increase since the first scrape (the running total)
         self._acc_sum = 0.0
         self._acc_count = 0.0
-        self._marks: deque[tuple[float, dict[float, float], float, float]] = deque()  # (t, acc, sum, count)
+        self._cols: dict[float, int] = {}  # bound → its column (after _sum and _count), in the order of _acc
+        self._since: list[int] = []  # per column: the number of the first scrape whose total holds the bound
+        self._times = array("d")  # the time of each scrape kept, oldest first
+        self._rows = array("d")  # per scrape kept: its running total (sum, count, then a value per column)
+        self._first = 0  # the number of the oldest scrape kept (scrapes are numbered from 0)
 
     @property
     def last_time(self) -> float | None:
@@ -70,28 +79,58 @@ class HistogramWindow:
                     acc[bound] = acc.get(bound, 0.0) + c
                 self._acc_sum += step.sum
                 self._acc_count += step.count
-        self._marks.append((t, dict(self._acc), self._acc_sum, self._acc_count))
+        self._mark(t)
         self._last = dict(series)
         self._last_t = t
-        while len(self._marks) > 1 and self._marks[0][0] < t - self.horizon_s - EDGE_S:
-            self._marks.popleft()
+        width = 2 + len(self._cols)
+        while len(self._times) > 1 and self._times[0] < t - self.horizon_s - EDGE_S:
+            del self._times[0]
+            del self._rows[:width]
+            self._first += 1
+
+    def _mark(self, t: float) -> None:
+        """Keep the running total as of the scrape at ``t`` (a new bound adds a column, 0 in the older rows)."""
+        cols, acc = self._cols, self._acc
+        number = self._first + len(self._times)
+        if len(cols) != len(acc):  # bounds met for the first time (acc only grows): widen the rows
+            old = 2 + len(cols)
+            for bound in acc:
+                if bound not in cols:
+                    cols[bound] = len(cols)
+                    self._since.append(number)
+            width = 2 + len(cols)
+            rows = array("d", bytes(8 * width * len(self._times)))
+            for i in range(len(self._times)):
+                rows[i * width : i * width + old] = self._rows[i * old : (i + 1) * old]
+            self._rows = rows
+        self._times.append(t)
+        self._rows.append(self._acc_sum)
+        self._rows.append(self._acc_count)
+        self._rows.extend(acc.values())  # in column order: the columns follow acc's insertion order
 
     def window(self, window_s: float, at: float | None = None) -> Histogram | None:
         """Summed increase over ``[at - window_s, at]`` (default: the latest scrape); None without two scrapes."""
         if self._last_t is None:
             return None
         at = self._last_t if at is None else at
-        times = [m[0] for m in self._marks]
+        times = self._times
         end = bisect.bisect_right(times, at + EDGE_S) - 1
         begin = bisect.bisect_left(times, at - window_s - EDGE_S)
         if end < 0 or begin >= end:
             return None
-        _, acc_end, sum_end, count_end = self._marks[end]
-        _, acc_begin, sum_begin, count_begin = self._marks[begin]
-        buckets = tuple(sorted((b, c - acc_begin.get(b, 0.0)) for b, c in acc_end.items()))
+        width = 2 + len(self._cols)
+        row_end, row_begin = end * width, begin * width
+        rows, since, present = self._rows, self._since, self._first + end
+        buckets = tuple(
+            sorted(
+                (b, rows[row_end + 2 + i] - rows[row_begin + 2 + i])
+                for b, i in self._cols.items()
+                if since[i] <= present
+            )
+        )
         if not buckets:
             return None
-        return Histogram(buckets, sum_end - sum_begin, count_end - count_begin)
+        return Histogram(buckets, rows[row_end] - rows[row_begin], rows[row_end + 1] - rows[row_begin + 1])
 
     def current(self) -> Histogram | None:
         """The latest cumulative histogram summed over series."""

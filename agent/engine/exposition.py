@@ -13,11 +13,12 @@ rejects the scrape. Rejections are :class:`ExpositionError` with a 1-based line 
 
 Hot path of the engine collector: a node serving many models or LoRA adapters exposes tens of
 thousands of series per scrape, and the adapter needs a few families. So the reader keeps a cache
-keyed by the text before the value (``name{labels}``): a line seen in an earlier scrape costs one
-split, one dict lookup and one ``float``. A new head of the common shape (``name{a="x",...} value``)
-is checked piece by piece, each piece cached by its text: the name, the label block, each ``a="x"``
-pair (so a new block of known pairs costs a split and a few lookups); any other shape goes through the
-full line parser. Only wanted samples are stored (``_created`` ones only when asked for).
+keyed by the text before the value (``name{labels}``), up to :data:`MAX_HEADS` heads: a line seen in
+an earlier scrape costs one split, one dict lookup and one ``float``. A head not cached, of the common
+shape (``name{a="x",...} value``), is checked piece by piece, each piece cached by its text: the name,
+the label block, each ``a="x"`` pair (so a known block costs a slice and a lookup more, a new block of
+known pairs a split and a few lookups); any other shape goes through the full line parser. Only
+wanted samples are stored (``_created`` ones only when asked for).
 
 Memory: what a burst of series cached (a read far longer than the next, or caches much larger than
 the series read) is dropped, and the next read begins by handing the freed memory back to the OS
@@ -404,7 +405,12 @@ _NONNEG = {
 _SCRAPE_NONNEG = {"counter": ("", "_total"), "summary": ("_count",)}
 
 
-MAX_UNKEPT_HEADS = 20_000  # heads of series not kept (other families, dropped models) cached per reader
+MAX_UNKEPT_HEADS = 20_000  # per read: lines of families not read checked for duplicates (by their text)
+# Heads (``name{labels}``) cached per reader, whole: beyond, a line is read through the caches of its name and of
+# its label text (what a cold read of known series does). At 200 models x 2 ranks of vLLM (127k series) that
+# is as fast as a cache of every head (the smaller tables stay in the CPU caches) and 25 MB smaller (each
+# cached head holds its text and an entry: ~300 bytes); below the bound, every head is cached as before.
+MAX_HEADS = 16_384
 MAX_DROPPED_MODELS_COUNTED = 65_536  # distinct dropped models counted per read (beyond: a lower bound)
 
 
@@ -433,6 +439,7 @@ class ReadPass:
         "seen_ts",
         "typed_hist",
         "types",
+        "unkept",
     )
 
     def __init__(self, om: bool) -> None:
@@ -442,7 +449,8 @@ class ReadPass:
         self.nonneg: set[str] = set()
         self.typed_hist: set[str] = set()  # histogram/summary families whose le/quantile must be numbers
         self.sampled: set[str] = set()
-        self.seen: set[int | str] = set()  # series ids, or head texts (_BY_TEXT; at most MAX_UNKEPT_HEADS)
+        self.seen: set[int | str] = set()  # series ids, or head texts (_BY_TEXT; see ExpositionReader.feed)
+        self.unkept = 0  # lines of names not wanted whose text was added to ``seen`` (at most MAX_UNKEPT_HEADS)
         self.seen_ts: set[tuple[int, float]] = set()
         self.last_name = ""
         self.lines = 0
@@ -459,15 +467,16 @@ class ExpositionReader:
     the format, reject what Prometheus' scrape rejects or what makes a reading wrong — one series
     twice (``duplicate_series``), a negative counter or summary count (``negative_value``); off, the
     reader accepts exactly what the reference parsers accept (the conformance tests). Keep one
-    reader per target: its head cache is what makes repeated scrapes cheap.
+    reader per target: its caches (heads up to :data:`MAX_HEADS`, then names and label texts) are
+    what make repeated scrapes cheap.
 
     ``model_labels`` with ``limits``: the first ``limits.max_models`` distinct models (the first of
     these labels present, in order; none: one model) among the wanted samples, in exposition order,
     are kept; samples of the others are checked line by line but neither kept nor cached (so a
     flood of model names costs no memory per series) and their models are counted
-    (``Exposition.models_dropped``). Heads of series that are not kept are cached up to
-    :data:`MAX_UNKEPT_HEADS`; past it they are checked line by line, without the duplicate check
-    (their values are not used).
+    (``Exposition.models_dropped``). Lines of families not read are checked for duplicates by their
+    text: those whose head is cached, and up to :data:`MAX_UNKEPT_HEADS` more per read; past that they
+    are checked line by line, without the duplicate check (their values are not used).
 
     A body can be read in one piece (:meth:`read`) or as it arrives (:meth:`begin`, :meth:`feed` with
     the complete lines of each chunk, :meth:`end`), with the same checks.
@@ -492,7 +501,6 @@ class ExpositionReader:
         # series (the name's identity and the label set's canonical id); bad bound: "le" or "quantile" when
         # that label is not a number (an error in a histogram/summary)
         self._heads: dict[str, _Head] = {}
-        self._unkept = 0  # cached heads of names not wanted
         self._unkept_entries: dict[str, _Head] = {}  # name not wanted → the entry its heads share (see feed)
         # interned label tuples (the adapters memoise by identity) → (labels, bad bound, canonical id, model)
         self._labels: dict[Labels, _Info] = {}
@@ -575,8 +583,8 @@ class ExpositionReader:
         self._open_lines = None
 
     def _cached(self) -> int:
-        """Entries of the largest cache (heads, label pairs, label texts of names not read, names)."""
-        return max(len(self._heads), len(self._pairs), len(self._raw_unkept), len(self._names))
+        """Entries of the largest cache (heads, label texts, label pairs, label texts of names not read, names)."""
+        return max(len(self._heads), len(self._raw), len(self._pairs), len(self._raw_unkept), len(self._names))
 
     def feed(self, p: ReadPass, lines: list[str]) -> None:
         """Read complete lines (no ``\\n``) of the body read by ``p``, in order; raise ExpositionError.
@@ -682,22 +690,23 @@ class ExpositionReader:
                 if keep and canon >= 0:
                     # one int per series: the name is one object per reader (``_names``), the label set one id
                     sid = base | canon
-                    if plain:
+                    if plain and len(heads) < MAX_HEADS:
                         heads[head] = (name, labels, sid, keep, bad, model)
-                elif not keep and plain and self._unkept < MAX_UNKEPT_HEADS:
-                    # a family not read: its head is cached with an entry shared by the family (no labels, no
-                    # id); its series is the head's text (the same line twice is a duplicate; its labels in
-                    # another order are not seen)
+                elif not keep and plain and p.unkept < MAX_UNKEPT_HEADS:
+                    # a family not read: its series is the head's text (the same line twice is a duplicate; its
+                    # labels in another order are not seen); its head is cached with an entry shared by the
+                    # family (no labels, no id)
                     sid = _BY_TEXT
-                    self._unkept += 1
-                    entry = unkept_entries.get(name) if bad is None else None
-                    if entry is None:
-                        entry = (name, (), _BY_TEXT, False, bad, None)
-                        if bad is None:
-                            unkept_entries[name] = entry
-                    heads[head] = entry
+                    p.unkept += 1
+                    if len(heads) < MAX_HEADS:
+                        entry = unkept_entries.get(name) if bad is None else None
+                        if entry is None:
+                            entry = (name, (), _BY_TEXT, False, bad, None)
+                            if bad is None:
+                                unkept_entries[name] = entry
+                        heads[head] = entry
                 else:
-                    sid = -1  # not cached: a dropped model, or past MAX_UNKEPT_HEADS
+                    sid = -1  # not checked for duplicates: a dropped model, or past MAX_UNKEPT_HEADS in this read
             if keep and model not in kept:
                 if len(kept) < cap:
                     kept.add(model)
@@ -750,7 +759,6 @@ class ExpositionReader:
         self._release_due = self._release_due or large
         self.generation += 1
         self._heads.clear()
-        self._unkept = 0
         self._unkept_entries.clear()
         self._labels.clear()
         self._raw.clear()
@@ -766,7 +774,7 @@ class ExpositionReader:
         """(labels interned, bad bound, canonical id, model) of the labels of a head parse_line read.
 
         Interned and cached for a wanted name; for a name not wanted, not interned (canonical id
-        ``_UNKEPT``: the head may be cached alone, up to :data:`MAX_UNKEPT_HEADS`); for a model
+        ``_UNKEPT``: the head may be cached alone, up to :data:`MAX_HEADS`); for a model
         past ``max_models``, nothing (-1)."""
         wanted = name in self.wanted
         hit = self._labels.get(labels) if wanted else None

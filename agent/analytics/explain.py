@@ -23,8 +23,13 @@ tail when it holds at least :data:`SEPARATOR_TAIL_SHARE` of the tail, at least :
 share of the requests, and the excess is significant: a binomial z of at least :data:`SEPARATOR_Z`.
 
 **Verdict.** Only when the tail is a tail: at least :data:`MIN_REQUESTS` requests with the phases, P99/P50 of
-at least :data:`TAIL_RATIO_MIN` and P99 − P50 of at least :data:`TAIL_GAP_MIN_S`. Then the driver is the
-separating placement attribute (``dp_rank``, ``lora``, ``tenant``) if there is one and either no phase holds
+at least :data:`TAIL_RATIO_MIN` and P99 − P50 of at least :data:`TAIL_GAP_MIN_S`. When the largest phase is an
+engine phase (queue, prefill, decode), first a *slow placement*: a ``dp_rank`` / ``lora`` / ``tenant`` value whose
+requests' median ITL is at least :data:`SLOW_PLACEMENT_FACTOR` times the others' is the driver (a sick rank is
+slower per token; one that took a burst is not); then *preemption*: with at least :data:`PREEMPTED_MIN_SHARE` of
+the requests preempted, a queue tail in flight beside them or a prefill/decode tail over-representing them is the
+KV cache's (vLLM preempts only when no block is free, and admits nothing while blocks are short). Then the driver
+is the separating placement attribute (``dp_rank``, ``lora``, ``tenant``) if there is one and either no phase holds
 :data:`PHASE_OVER_PLACEMENT` (90 %) of the gap or the value's share of the tail is at least :data:`STRONG_LIFT` (3)
 times its share of the requests (a slow rank the balancer already avoids: 24 % of requests, 93 % of the tail);
 else the phase with at least :data:`DOMINANT_SHARE` of the gap, the separating attribute named beside it ("100 %

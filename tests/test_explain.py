@@ -132,6 +132,8 @@ def test_queue_behind_preemptions_is_named_only_when_they_were_in_flight_togethe
     assert t["driver"] == "preemption" and t["phase"] == "queue" and t["attribute"] == "preempted=yes"
     assert t["preemption"]["tail_in_flight_with_preempted"] == 1.0
     assert "of the gap is queue under KV-cache preemptions" in t["headline"]
+    metric = {dict(x.attributes)["quantity"]: dict(x.attributes) for x in ex.driver_samples(report, MODEL, "5m")}
+    assert metric["ttft"]["phase"] == "queue" and metric["ttft"]["attribute"] == "preempted=yes"  # the alert text
     # the same burst 40 s after the preemptions (they were over by then): an arrival burst, queue
     records = ex.RequestRecords()
     records.add([timing(rng) for _ in range(500)], 50.0)

@@ -167,8 +167,20 @@ def status_kib(pid: int, field: str) -> int:
     raise KeyError(field)
 
 
-def agent_run(url: str, series: int, models: int, scrapes: int) -> dict[str, object]:
-    """Start the agent on ``url``, scrape its /metrics ``scrapes`` times; RSS and its own series."""
+ENGINE_DONE = 'inferwatch_collector_last_success_timestamp_seconds{collector="engine"}'
+
+
+def engine_collections(text: str) -> float | None:
+    """When the engine collector last succeeded, as the agent's own /metrics says (None: not yet)."""
+    for ln in text.splitlines():
+        if ln.startswith(ENGINE_DONE):
+            return float(ln.split()[-1])
+    return None
+
+
+def agent_run(url: str, series: int, models: int, collections: int) -> dict[str, object]:
+    """Start the agent on ``url``, scrape its /metrics a second apart until the engine collector has succeeded
+    ``collections`` times (each a read of the exposition's next version); RSS and its own series."""
     port = free_port()
     env = {
         **os.environ,
@@ -196,11 +208,15 @@ def agent_run(url: str, series: int, models: int, scrapes: int) -> dict[str, obj
             if proc.poll() is not None:
                 raise RuntimeError(f"agent exited: {proc.stderr.read().decode() if proc.stderr else ''}")
             time.sleep(0.5)
-        text, scrape_s = "", []
-        for _ in range(scrapes):
+        text, scrape_s, done = "", [], set[float]()
+        deadline = time.monotonic() + 60 * collections
+        while len(done) < collections and time.monotonic() < deadline:
             t0 = time.perf_counter()
             text = httpx.get(f"{base}/metrics", timeout=120).text
             scrape_s.append(time.perf_counter() - t0)
+            last = engine_collections(text)
+            if last is not None:
+                done.add(last)
             time.sleep(1.0)
         lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
         per_model: Tally[str] = Tally()
@@ -213,6 +229,8 @@ def agent_run(url: str, series: int, models: int, scrapes: int) -> dict[str, obj
         return {
             "rss_mib": round(status_kib(proc.pid, "VmRSS") / 1024, 1),
             "peak_rss_mib": round(status_kib(proc.pid, "VmHWM") / 1024, 1),
+            "engine_collections": len(done),
+            "scrapes": len(scrape_s),
             "scrape_median_ms": round(statistics.median(scrape_s) * 1e3, 1),
             "series": len(lines),
             "self_metric_series": own,
@@ -234,7 +252,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--scrapes", type=int, default=6)
+    ap.add_argument("--collections", type=int, default=6, help="engine collections before the RSS is read")
     ap.add_argument("--versions", type=int, default=4, help="exposition versions served in turn (traffic)")
     ap.add_argument("--baseline-models", type=int, default=20, help="the same-run baseline: today's size")
     ap.add_argument("--out", type=Path, help="write the figures as JSON")
@@ -291,12 +309,16 @@ def main() -> None:
         n_series = len([ln for ln in small.splitlines() if ln and not ln.startswith("#")])
         server, url = serve(bodies)
         try:
-            agents[label] = {"models": n, "exposition_series": n_series, **agent_run(url, n_series, n, args.scrapes)}
+            agents[label] = {
+                "models": n,
+                "exposition_series": n_series,
+                **agent_run(url, n_series, n, args.collections),
+            }
         finally:
             server.shutdown()
         del bodies, small, g
         gc.collect()
-        print(f"\nagent process, {label} ({n} models, {n_series} series), after {args.scrapes} scrapes:")
+        print(f"\nagent process, {label} ({n} models, {n_series} series), after {args.collections} engine collections:")
         print(json.dumps(agents[label]))
     load_after = os.getloadavg()
     print(f"load average before {load_before[0]:.1f}, after {load_after[0]:.1f} on {os.cpu_count()} CPUs")

@@ -51,6 +51,7 @@ from agent.catalog.engine import MODEL
 from agent.collectors.base import BaseCollector, CollectContext, Collection
 from agent.engine.adapters import DEFAULT_MODEL, QUANTITIES, EngineReading, ModelReading
 from agent.engine.board import Key, LatencyBoard, LatencyStats, latency_samples
+from agent.engine.exposition import release_freed_memory
 from agent.engine.fetch import REASONS, EngineScrapeError, fetch_into
 from agent.engine.hang import HangDetector, RankVerdict
 from agent.engine.histogram import sum_histograms
@@ -98,6 +99,9 @@ MODEL_LEN_RETRY_S = 300.0  # after no answer (or none with a length), asked agai
 MODEL_LEN_MIN_GAP_S = 60.0  # an engine that flaps up and down is asked at most once a minute
 MODEL_LEN_PATHS = {"llamacpp": "/props"}  # every other engine: the OpenAI-compatible /v1/models
 MODEL_LEN_REASONS = ("connect", "timeout", "http_status", "too_large", "not_json", "absent")
+# A collection that read a body larger than this hands the memory it freed back to the OS when it ends (4 MiB:
+# ~40k series of vLLM; 20 models x 2 ranks expose 1.2 MB).
+RELEASE_AFTER_BYTES = 4 << 20
 TOKEN_TIME = {"prefill": ("prompt_seconds", "prompt_tokens"), "decode": ("generation_seconds", "generation_tokens")}
 
 
@@ -370,8 +374,21 @@ class EngineCollector(BaseCollector):
         self._len_errors = dict.fromkeys(MODEL_LEN_REASONS, 0)
         self._len_failing = False
         self._engine_mark: tuple[frozenset[str], float] | None = None  # models and token total of the last scrape
+        self._read_bytes = 0  # the size of the body the collection under way read
 
     def collect(self) -> Collection:
+        """One scrape of the engine; after a body over :data:`RELEASE_AFTER_BYTES`, once everything the read held
+        is let go (the body's pieces, the parsed samples, the reading), the memory it freed goes back to the OS
+        (``malloc_trim``: 0.2-2 ms against the read's second or more): else glibc keeps it, and the
+        agent's RSS stays near the read's peak (at 200 models x 2 ranks, 183 MB against 150 MB)."""
+        self._read_bytes = 0
+        try:
+            return self._collect()
+        finally:
+            if self._read_bytes > RELEASE_AFTER_BYTES:
+                release_freed_memory()
+
+    def _collect(self) -> Collection:
         url = self.cfg.metrics_url
         if not url:
             raise NoDataError(
@@ -383,6 +400,7 @@ class EngineCollector(BaseCollector):
         try:  # parsed while it streams in: the body is never held (a limit stops the fetch at once)
             stream = self.parser.stream()
             size = fetch_into(self._client, url, self.cfg.timeout_s, self.cfg.max_bytes, stream, self.limits.max_series)
+            self._read_bytes = size
             reading = stream.finish()
         except EngineScrapeError as exc:
             self._engine_mark = None  # the next scrape that succeeds may be of a restarted engine

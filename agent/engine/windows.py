@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agent.engine.exposition import Labels
-from agent.engine.histogram import Histogram, counter_increase, histogram_increase, sum_histograms
+from agent.engine.histogram import Histogram, counter_increase, sum_histograms
 
 WINDOWS_S: dict[str, float] = {"1m": 60.0, "5m": 300.0}
 HORIZON_S = max(WINDOWS_S.values())
@@ -51,7 +51,8 @@ class HistogramWindow:
 
     def __init__(self, horizon_s: float = HORIZON_S) -> None:
         self.horizon_s = horizon_s
-        self._last: dict[Labels, Histogram] = {}
+        # the last scrape per series: (bounds, counts, sum, count), the bounds one tuple for the series that share them
+        self._last: dict[Labels, _Last] = {}
         self._last_t: float | None = None
         self._acc: dict[float, float] = {}  # bound → increase since the first scrape (the running total)
         self._acc_sum = 0.0
@@ -71,7 +72,8 @@ class HistogramWindow:
         if self._last_t is not None and t <= self._last_t:
             return
         if self._last_t is not None:
-            increases = [histogram_increase(self._last[k], h) for k, h in series.items() if k in self._last]
+            last = self._last
+            increases = [_increase(last[k], h) for k, h in series.items() if k in last]
             step = sum_histograms(increases)
             if step is not None:
                 acc = self._acc
@@ -80,7 +82,7 @@ class HistogramWindow:
                 self._acc_sum += step.sum
                 self._acc_count += step.count
         self._mark(t)
-        self._last = dict(series)
+        self._last = self._keep(series)
         self._last_t = t
         width = 2 + len(self._cols)
         while len(self._times) > 1 and self._times[0] < t - self.horizon_s - EDGE_S:
@@ -134,7 +136,35 @@ class HistogramWindow:
 
     def current(self) -> Histogram | None:
         """The latest cumulative histogram summed over series."""
-        return sum_histograms(self._last.values())
+        return sum_histograms(
+            Histogram(tuple(zip(bounds, counts, strict=True)), total, count)
+            for bounds, counts, total, count in self._last.values()
+        )
+
+    def _keep(self, series: Mapping[Labels, Histogram]) -> dict[Labels, _Last]:
+        """The scrape's histograms as the next update needs them: ~250 bytes a series instead of ~1.6 kB."""
+        out: dict[Labels, _Last] = {}
+        shared: tuple[float, ...] | None = None
+        for k, h in series.items():
+            bounds = tuple(b for b, _ in h.buckets)
+            if bounds == shared:
+                bounds = shared
+            elif shared is None:
+                shared = bounds
+            out[k] = (bounds, array("d", [c for _, c in h.buckets]), h.sum, h.count)
+        return out
+
+
+_Last = tuple[tuple[float, ...], "array[float]", float, float]  # a series' last scrape: bounds, counts, sum, count
+
+
+def _increase(prev: _Last, cur: Histogram) -> Histogram:
+    """:func:`~agent.engine.histogram.histogram_increase` from a series' last scrape as the window keeps it."""
+    bounds, counts, total, count = prev
+    before = dict(zip(bounds, counts, strict=True))
+    # A bound the previous scrape did not have is a new series: its first value is not an increase.
+    buckets = tuple((bound, counter_increase(before[bound], c)) for bound, c in cur.buckets if bound in before)
+    return Histogram(buckets, counter_increase(total, cur.sum), counter_increase(count, cur.count))
 
 
 class CounterWindow:

@@ -31,9 +31,11 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 from collections import Counter as Tally
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -248,6 +250,35 @@ def agent_run(url: str, series: int, models: int, collections: int) -> dict[str,
             proc.wait()
 
 
+def live_breakdown(bodies: list[bytes], series: int, models: int, collections: int) -> dict[str, float]:
+    """The engine collector in this process (as the agent runs it) over ``bodies`` served in turn: the memory its
+    objects hold between collections (tracemalloc, after ``collections`` of them), MB by source file."""
+    from agent.collectors.engine import EngineCollector
+    from agent.config import Settings
+    from agent.wiring import collect_context
+
+    server, url = serve(bodies)
+    engine: dict[str, Any] = {"metrics_url": url, "kind": "vllm", "max_models": models * 2, "max_series": series * 2}
+    settings = Settings.model_validate({"engine": {**engine, "max_bytes": 256 << 20, "timeout_s": 120}})
+    try:
+        collector = EngineCollector(collect_context(settings))
+        tracemalloc.start()
+        for _ in range(collections):
+            collector.collect()
+            gc.collect()
+        snap = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+    finally:
+        server.shutdown()
+    by_file = Tally[str]()
+    for stat in snap.statistics("filename"):
+        name = stat.traceback[0].filename
+        if name.startswith(str(ROOT / "agent")):
+            by_file[str(Path(name).relative_to(ROOT))] += stat.size
+    del collector
+    return {name: round(size / 1e6, 2) for name, size in by_file.most_common() if size >= 50_000}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=int, default=200)
@@ -256,6 +287,9 @@ def main() -> None:
     ap.add_argument("--versions", type=int, default=4, help="exposition versions served in turn (traffic)")
     ap.add_argument("--baseline-models", type=int, default=20, help="the same-run baseline: today's size")
     ap.add_argument("--out", type=Path, help="write the figures as JSON")
+    ap.add_argument(
+        "--live", action="store_true", help="also the collector's live memory by source file (tracemalloc, slow)"
+    )
     args = ap.parse_args()
     load_before = os.getloadavg()
 
@@ -299,6 +333,7 @@ def main() -> None:
     gc.collect()
 
     agents = {}
+    live: dict[str, float] = {}
     for label, n in (("baseline", args.baseline_models), ("scale", args.models)):
         # versions of the exposition with more requests finished each time, served one per agent read
         small, g = (text, gen) if n == args.models else exposition(n)
@@ -307,6 +342,10 @@ def main() -> None:
             g.observe(3)
             bodies.append(g.text().encode())
         n_series = len([ln for ln in small.splitlines() if ln and not ln.startswith("#")])
+        if args.live and label == "scale":
+            live = live_breakdown(bodies, n_series, n, args.collections)
+            print(f"\nthe engine collector's live memory after {args.collections} collections (MB by file):")
+            print(json.dumps(live))
         server, url = serve(bodies)
         try:
             agents[label] = {
@@ -334,6 +373,7 @@ def main() -> None:
             "repeat": args.repeat,
             "ingest": figures,
             "agent": agents,
+            "collector_live_mb_by_file": live if args.live else None,
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in load_after],
             "cpus": os.cpu_count(),

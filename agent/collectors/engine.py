@@ -103,6 +103,8 @@ MODEL_LEN_REASONS = ("connect", "timeout", "http_status", "too_large", "not_json
 # ~40k series of vLLM; 20 models x 2 ranks expose 1.2 MB).
 RELEASE_AFTER_BYTES = 4 << 20
 TOKEN_TIME = {"prefill": ("prompt_seconds", "prompt_tokens"), "decode": ("generation_seconds", "generation_tokens")}
+# the counters whose increases over a window are asked (token_time): the only ones a CounterWindow keeps per scrape
+WINDOWED_COUNTERS = frozenset(name for pair in TOKEN_TIME.values() for name in pair)
 
 
 class EngineTimeline:
@@ -121,7 +123,7 @@ class EngineTimeline:
                 key = (model, quantity)
                 live.add(key)
                 self._hist.setdefault(key, HistogramWindow()).update(t, series)
-            flat = {name: sum(dims.values()) for name, dims in m.counters.items()}
+            flat = {name: sum(dims.values()) for name, dims in m.counters.items() if name in WINDOWED_COUNTERS}
             self._counters.setdefault(model, CounterWindow()).update(t, flat)
         for key in set(self._hist) - live:  # the model or family is gone (restart with other flags)
             del self._hist[key]

@@ -407,9 +407,9 @@ _SCRAPE_NONNEG = {"counter": ("", "_total"), "summary": ("_count",)}
 
 MAX_UNKEPT_HEADS = 20_000  # per read: lines of families not read checked for duplicates (by their text)
 # Heads (``name{labels}``) cached per reader, whole: beyond, a line is read through the caches of its name and of
-# its label text (what a cold read of known series does). At 200 models x 2 ranks of vLLM (127k series) that
-# is as fast as a cache of every head (the smaller tables stay in the CPU caches) and 25 MB smaller (each
-# cached head holds its text and an entry: ~300 bytes); below the bound, every head is cached as before.
+# its label text (what a cold read of known series does). At 200 models x 2 ranks of vLLM (127k series) the
+# warm read is ~20 % slower than with every head cached and ~25 MB smaller (each cached head holds its text and
+# an entry: ~300 bytes); below the bound, every head is cached as before (docs/benchmarks.md, "Engine scale").
 MAX_HEADS = 16_384
 MAX_DROPPED_MODELS_COUNTED = 65_536  # distinct dropped models counted per read (beyond: a lower bound)
 

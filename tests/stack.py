@@ -74,16 +74,24 @@ def native_prometheus_config(
 
 @contextlib.contextmanager
 def prometheus(
-    tmp: Path, targets: Mapping[str, Sequence[str]], *, interval: str = "1s", extra_rule_files: Sequence[Path] = ()
+    tmp: Path,
+    targets: Mapping[str, Sequence[str]],
+    *,
+    interval: str = "1s",
+    extra_rule_files: Sequence[Path] = (),
+    rule_files: Sequence[Path] | None = None,
 ) -> Iterator[str]:
-    """Start Debian's Prometheus on a free port with the native config; yield its base URL."""
+    """Start Debian's Prometheus on a free port with the native config; yield its base URL.
+
+    ``rule_files`` replaces the shipped rule files (a test's own rendering of one of them, say)."""
     binary = prometheus_binary()
     if binary is None:
         raise RuntimeError("prometheus is not installed (scripts/test.sh installs Debian's prometheus)")
+    cfg = native_prometheus_config(targets, interval=interval, extra_rule_files=extra_rule_files)
+    if rule_files is not None:
+        cfg["rule_files"] = [str(p) for p in rule_files]
     cfg_path = tmp / "prometheus.yml"
-    cfg_path.write_text(
-        yaml.safe_dump(native_prometheus_config(targets, interval=interval, extra_rule_files=extra_rule_files))
-    )
+    cfg_path.write_text(yaml.safe_dump(cfg))
     check = subprocess.run(["promtool", "check", "config", str(cfg_path)], capture_output=True, text=True, timeout=60)
     if check.returncode != 0:
         raise RuntimeError(f"promtool rejected the native config: {check.stdout}{check.stderr}")

@@ -24,7 +24,6 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from agent.alerts.profile import render_file
 from agent.analytics.latency import LatencyAnalytics
@@ -32,8 +31,6 @@ from agent.samples import Collection, RequestTiming
 from agent.state import AgentState, CollectorHealth
 from exporters.prometheus import render
 from tests.alerting import ALERTS_DIR
-from tests.conftest import free_port
-from tests.procs import running, wait_http
 from tests.tools import require
 
 pytestmark = pytest.mark.integration
@@ -94,7 +91,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[
     from tests import engine_server as es
     from tests import stack
 
-    binary = require("prometheus")
+    require("prometheus")  # a failure, not a skip, when the test command did not install it
     tmp = tmp_path_factory.mktemp("conformance-bands")
     rules = tmp / "matrix.rules.yml"
     rules.write_text(render_file(ALERTS_DIR / "matrix.rules.yml", 60))
@@ -102,15 +99,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[
     with contextlib.ExitStack() as ctx:
         servers = {n: ctx.enter_context(es.EngineServer({"/metrics": _route(_Node(n, started))})) for n in NODES}
         instances = {n: f"127.0.0.1:{s.port}" for n, s in servers.items()}
-        cfg = stack.native_prometheus_config({"inferwatch-agent": list(instances.values())}, interval="1s")
-        cfg["rule_files"] = [str(rules)]
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        cmd = [binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}"]
-        proc = ctx.enter_context(running([*cmd, f"--web.listen-address=127.0.0.1:{port}"], tmp / "prometheus.log"))
-        wait_http(f"{url}/-/ready", timeout_s=60, proc=proc, ok=lambda r: r.status_code == 200)
-        yield url, instances
+        targets = {"inferwatch-agent": list(instances.values())}
+        yield ctx.enter_context(stack.prometheus(tmp, targets, rule_files=[rules])), instances
 
 
 def _query(url: str, q: str) -> list[dict[str, Any]]:

@@ -18,7 +18,6 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from agent.alerts.profile import render_file
 from tests.conftest import PYTHON, ROOT, free_port
@@ -47,7 +46,7 @@ def _load(base: str, stop: threading.Event) -> None:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
-    binary = require("prometheus")
+    require("prometheus")  # a failure, not a skip, when the test command did not install it
     tmp = tmp_path_factory.mktemp("conformance-fleet")
     rules = tmp / "matrix.rules.yml"
     rules.write_text(render_file(ROOT / "alerts" / "matrix.rules.yml", 60))
@@ -84,14 +83,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[
                 threads.append(threading.Thread(target=_load, args=(base, stop), daemon=True))
         from tests import stack
 
-        cfg = stack.native_prometheus_config({"inferwatch-agent": list(instances.values())}, interval="1s")
-        cfg["rule_files"] = [str(rules)]
-        (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        cmd = [binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}"]
-        proc = ctx.enter_context(running([*cmd, f"--web.listen-address=127.0.0.1:{port}"], tmp / "prometheus.log"))
-        wait_http(f"{url}/-/ready", timeout_s=60, proc=proc, ok=lambda r: r.status_code == 200)
+        url = ctx.enter_context(
+            stack.prometheus(tmp, {"inferwatch-agent": list(instances.values())}, rule_files=[rules])
+        )
         for t in threads:
             t.start()
         try:

@@ -167,7 +167,10 @@ def _start_agent(
     stack: contextlib.ExitStack, tmp: Path, name: str, procfs: Path, *extra: str, env: dict[str, str] | None = None
 ) -> AgentProc:
     port = free_port()
-    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5", "--path.procfs", str(procfs)]
+    # One collection a second (the profile's scrape interval): at 0.5 s eleven agents beside the suite's other heavy
+    # files starved each other, an engine read timed out, and EngineDown (for: 45s, 0.75 s in the profile) reached
+    # the evidence webhook for a healthy node (seen in a fresh run).
+    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "1", "--path.procfs", str(procfs)]
     proc = stack.enter_context(running([*cmd, *extra], tmp / f"agent-{name}.log", cwd=ROOT, env=env))
     return AgentProc(name, port, procfs, proc)
 

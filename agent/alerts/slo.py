@@ -13,7 +13,7 @@ Either kind may add a ``fast_page``: a plain error-ratio alert over one short wi
 minutes, before the 1 h burn window has filled (after an hour of clean traffic the 1 h window needs 8.6 minutes
 of a total outage to pass 14.4x). With its own ``alert`` name it is a separate alert (an availability SLO's
 EngineErrorRateHigh); without one it is the SLO's own burn alert with ``long`` = ``short`` = its window and
-``burn_rate`` = its ratio / the budget (the TTFT SLO's 40x page over 5m), so routing and runbook are the SLO's.
+``burn_rate`` = its ratio / the budget (the TTFT SLO's 30x page over 5m), so routing and runbook are the SLO's.
 
 Numbers are printed as written in the spec (decimal arithmetic: an objective of 0.999 gives an error budget of
 ``0.001``, never ``0.000999…``).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import signal
+import sys
 from pathlib import Path
 
 import typer
@@ -48,6 +49,18 @@ def _stop_requested(signum: int, _frame: object) -> None:
     logging.getLogger(__name__).info("received %s: stopping", signal.Signals(signum).name)
 
 
+def block_unused_imports() -> None:
+    """Keep the agent process from importing what it never runs.
+
+    The agent runs on threads and asyncio, never under trio, but httpcore imports trio whenever it is installed
+    (selenium pulls it in, and with it ~14 MB of RSS) to tell the two apart. A None in sys.modules makes that
+    import fail and httpcore falls back as it does without trio (as agent/__init__.py does for httpx._main).
+    Called by :func:`serve`, not at import: a process that also drives trio (a test with selenium) imports the
+    agent too. setdefault: a process that already imported trio keeps it.
+    """
+    sys.modules.setdefault("trio", None)  # type: ignore[arg-type]
+
+
 def serve(settings: object) -> None:
     from agent import quietserver
     from agent.app import Agent
@@ -55,6 +68,7 @@ def serve(settings: object) -> None:
     from agent.errors import ConfigError
 
     assert isinstance(settings, Settings)
+    block_unused_imports()
     # uvicorn re-raises SIGTERM/SIGINT once its server has stopped; with the default handlers that kills
     # the process before agent.stop() (no OTLP flush). These handlers let the re-raise return instead.
     for sig in (signal.SIGTERM, signal.SIGINT):

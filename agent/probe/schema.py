@@ -11,9 +11,10 @@ import json
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
+if TYPE_CHECKING:
+    import jsonschema
 
 SCHEMA_DIR = Path(__file__).with_name("schemas")
 SCHEMA_FILES = {"openai": "openai_chat_chunk.json", "anthropic": "anthropic_event.json"}
@@ -49,6 +50,10 @@ class Violation:
 
 @cache
 def _validator(protocol: str) -> jsonschema.protocols.Validator:
+    # Imported on the first probe, not with the agent: jsonschema and its referencing stack are ~12 MB of RSS
+    # that an agent without a probe URL never uses (docs/benchmarks.md, "Engine scale").
+    import jsonschema
+
     schema = json.loads((SCHEMA_DIR / SCHEMA_FILES[protocol]).read_text())
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)

@@ -304,6 +304,8 @@ EVIDENCE_QUERIES = {
     "max prefill P99/P50 (5m window)": (
         'max(max_over_time(inferwatch_engine_latency_tail_ratio{{quantity="prefill",window="5m"}}[{w}s]))'
     ),
+    # The TTFT SLO's fast page pages above 0.3 (for: 30s): how close healthy traffic came to it.
+    "max TTFT SLO error ratio (5m)": 'max(max_over_time(slo:sli_error:ratio_rate5m{{slo="ttft-500ms"}}[{w}s]))',
     "SIMD verdict samples": "sum(count_over_time(inferwatch_runtime_simd_used[{w}s]))",
     "SIMD verdict max (0: never used)": "max(max_over_time(inferwatch_runtime_simd_used[{w}s]))",
     "runtime restarts seen": "max(max_over_time(inferwatch_runtime_restarts_total[{w}s]))",

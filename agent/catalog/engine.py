@@ -173,7 +173,8 @@ METRICS = (
         "The tail explainer's verdict (docs/explain.md): the largest phase's share of the gap between the slowest "
         "2 % and the median band of the quantity (ttft or e2e) over the window; phase is the driver (frontend, queue, "
         "prefill, decode) or none when no driver is confident, attribute the value that separates the tail "
-        "(dp_rank=1, prompt_tokens=>16k) or none. From spans only.",
+        "(dp_rank=1, prompt_tokens=>16k; a rank served slower per token, dp_rank=1 with the largest phase; a tail "
+        "under KV-cache preemptions, preempted=yes) or none. From spans only.",
         (MODEL, "quantity", "window", "phase", "attribute", "source"),
     ),
     MetricSpec(

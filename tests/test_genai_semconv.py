@@ -31,12 +31,11 @@ from agent.analytics.latency import LatencyAnalytics
 from agent.catalog import genai
 from agent.catalog.spec import Kind
 from agent.config import ReceiverSettings
-from agent.receiver import Receiver
-from agent.samples import Collection
-from agent.state import AgentState, CollectorHealth
+from agent.state import AgentState
 from exporters.otlp import OTLPExporter
 from exporters.prometheus import render
 from tests.conftest import ROOT
+from tests.spanintake import received
 
 FIXTURES = ROOT / "tests" / "fixtures" / "semconv-genai"
 SERVER_METRICS = (
@@ -148,16 +147,10 @@ def exported(request: pytest.FixtureRequest) -> Iterator[tuple[tuple[float, ...]
     state = AgentState()
     otlp = OTLPExporter(state, Resource.create({}), readers=[reader], ttft_extra_buckets_s=extra)
     analytics.set_observer(otlp.record_genai)
-    receiver = Receiver(settings, analytics)
-    receiver.start()
     try:
-        assert receiver.http_port is not None
-        _spans(receiver.http_port)
-        state.register(CollectorHealth("spans", 15.0, 5.0))
-        state.record("spans", CollectorHealth("spans", 15.0, 5.0), Collection(samples=analytics.compute()))
-        yield extra, reader.get_metrics_data(), render(state).decode()
+        with received(settings, analytics, _spans, state):
+            yield extra, reader.get_metrics_data(), render(state).decode()
     finally:
-        receiver.stop()
         otlp.shutdown()
 
 

@@ -25,10 +25,10 @@ from agent.analytics.genai import GenAIOptions
 from agent.analytics.latency import LatencyAnalytics
 from agent.catalog import engine
 from agent.config import ReceiverSettings
-from agent.receiver import Receiver
 from agent.samples import Collection, RequestTiming
 from agent.state import AgentState, CollectorHealth
 from exporters.prometheus import render
+from tests.spanintake import received
 
 TTFT = "inferwatch_engine_time_to_first_token_seconds"
 TPOT = "inferwatch_engine_time_per_output_token_seconds"
@@ -73,17 +73,9 @@ def _exposition(banded: bool, histograms: bool) -> dict[str, Any]:
     analytics = LatencyAnalytics(
         histograms=histograms, prompt_bands=banded, genai_options=GenAIOptions(ttft_extra_buckets_s=(20.0, 40.0))
     )
-    state = AgentState()
-    receiver = Receiver(settings, analytics)
-    receiver.start()
-    try:
-        assert receiver.http_port is not None
-        _spans(receiver.http_port)
-        state.register(CollectorHealth("spans", 15.0, 5.0))
-        state.record("spans", CollectorHealth("spans", 15.0, 5.0), Collection(samples=analytics.compute()))
-    finally:
-        receiver.stop()
-    return {f.name: f for f in text_string_to_metric_families(render(state).decode())}
+    with received(settings, analytics, _spans) as state:
+        text = render(state).decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
 
 
 @pytest.fixture(scope="module")

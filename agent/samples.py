@@ -15,11 +15,27 @@ Attributes = tuple[tuple[str, str], ...]
 Exemplar = tuple[str, float, float]  # (trace id hex, observed value, Unix seconds)
 
 
+# Attribute pairs are few and repeat in every collection (a model's name in each of its ~120 samples): each is one
+# shared tuple, up to this many distinct pairs (past it, new pairs are not shared). At 200 models the engine
+# collection's samples hold ~89k pairs: ~5 MB as tuples of their own (docs/benchmarks.md, "Engine scale").
+MAX_SHARED_PAIRS = 16_384
+_PAIRS: dict[tuple[str, str], tuple[str, str]] = {}
+
+
 def attrs(mapping: Mapping[str, object] | None = None, **kwargs: object) -> Attributes:
-    """Build a canonical (sorted, stringified) attribute tuple."""
+    """Build a canonical (sorted, stringified) attribute tuple; its pairs are shared (see :data:`MAX_SHARED_PAIRS`)."""
     merged: dict[str, object] = dict(mapping or {})
     merged.update(kwargs)
-    return tuple(sorted((str(k), str(v)) for k, v in merged.items()))
+    shared = _PAIRS
+    out = []
+    for k, v in merged.items():
+        pair = (str(k), str(v))
+        hit = shared.get(pair)
+        if hit is None:
+            hit = shared.setdefault(pair, pair) if len(shared) < MAX_SHARED_PAIRS else pair
+        out.append(hit)
+    out.sort()
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)

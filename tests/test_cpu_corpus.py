@@ -233,6 +233,37 @@ def test_real_granite_rapids_passes_with_amx_and_fails_without(tmp_path: Path, n
     assert no_amx.status == "fail" and no_amx.evidence["missing_kernel_gated"] == ["amx_int8"]
 
 
+def _add_flags(text: str, *tokens: str) -> str:
+    """Append flag tokens to every x86 flags line (the inverse of tests.test_cpu._drop)."""
+    lines = text.splitlines()
+    out = [f"{line} {' '.join(tokens)}" if line.partition(":")[0].strip() == "flags" else line for line in lines]
+    return "\n".join(out) + "\n"
+
+
+def test_real_emerald_rapids_guest_without_amx_fails_and_names_the_hypervisor(tmp_path: Path) -> None:
+    """A KVM guest on a Xeon Platinum 8575C (Emerald Rapids, model 207): its hypervisor passes AVX-512 and
+    avx512_bf16 through but no AMX, avx512_fp16 or avx_vnni. AMX is expected and kernel-gated, so the gate fails;
+    the only cause the file shows is the virtual machine (the hypervisor flag), and no kernel age is claimed
+    (the recorded file has no kernel release). The same file with the hidden flags put back passes."""
+    name = "f25-devops-intro_xeon-8575c-kvm"
+    real = _corpus_finding(tmp_path / "real", name)
+    assert real.status == "fail", real.summary
+    assert real.summary.startswith("Intel(R) Xeon(R) Platinum 8575C (Emerald Rapids)"), real.summary
+    assert real.evidence["x86_family_model_stepping"] == "6/207/2" and real.evidence["logical_cpus"] == 4
+    assert real.evidence["missing_kernel_gated"] == ["amx_bf16", "amx_int8", "amx_tile"]
+    assert real.evidence["missing_cpuid_read"] == ["avx512_fp16", "avx_vnni"]
+    hints = real.evidence["hints"]
+    assert isinstance(hints, list) and len(hints) == 1 and hints[0].startswith("this is a virtual machine"), hints
+    assert "product_evidence" not in real.evidence and "dmi" not in real.evidence
+    text = _dump(name).cpuinfo.read_text()
+    amx = _add_flags(text, "amx_bf16", "amx_tile", "amx_int8")
+    with_amx = cpu_feature_verdict(read_cpu_capability(_procfs(tmp_path / "amx", amx, "x86_64"), tmp_path))
+    assert with_amx.status == "warn" and with_amx.evidence["missing_kernel_gated"] == [], with_amx.summary
+    full = _add_flags(amx, "avx512_fp16", "avx_vnni")
+    whole = cpu_feature_verdict(read_cpu_capability(_procfs(tmp_path / "full", full, "x86_64"), tmp_path))
+    assert whole.status == "ok" and "(Emerald Rapids)" in whole.summary, whole.summary
+
+
 def test_the_architecture_comes_from_the_kernel(tmp_path: Path) -> None:
     """The same file read for two kernels: the kernel decides, not the lines (arch file, then uname)."""
     text = _dump("util-linux_loongarch-loongson_3a5000_hv").cpuinfo.read_text()

@@ -176,7 +176,11 @@ class ExpositionStream:
         if last.strip(_BLANK):
             n = self._pass.lines + 1
             raise EngineScrapeError("truncated", f"line {n}: no newline at the end of the input: {last[:120]!r}")
-        return self.parser._map(self._kind, self._reader.end(self._pass))
+        expo = self._reader.end(self._pass)
+        # the read's own sets (series ids of the duplicate check: one int each, 127k at 200 models) go before the
+        # reading is made, so what the collection keeps is allocated where they were (less memory held after it)
+        self._pass = None
+        return self.parser._map(self._kind, expo)
 
     def _release(self, final: bool) -> None:
         """Read the held bytes once the engine is known (else keep holding, up to engine.max_bytes)."""

@@ -99,9 +99,10 @@ MODEL_LEN_RETRY_S = 300.0  # after no answer (or none with a length), asked agai
 MODEL_LEN_MIN_GAP_S = 60.0  # an engine that flaps up and down is asked at most once a minute
 MODEL_LEN_PATHS = {"llamacpp": "/props"}  # every other engine: the OpenAI-compatible /v1/models
 MODEL_LEN_REASONS = ("connect", "timeout", "http_status", "too_large", "not_json", "absent")
-# A collection that read a body larger than this hands the memory it freed back to the OS when it ends (4 MiB:
-# ~40k series of vLLM; 20 models x 2 ranks expose 1.2 MB).
-RELEASE_AFTER_BYTES = 4 << 20
+# A collection that read a body larger than this hands the memory it freed back to the OS when it ends (512 KiB:
+# ~5k series of vLLM; 20 models x 2 ranks expose 1.2 MB). Was 4 MiB: an agent at 50 models (3 MB) kept ~12 MB
+# more (99.4 against 87.5 MB after 6 collections, docs/benchmarks.md "Engine scale"); malloc_trim costs 0.2-2 ms.
+RELEASE_AFTER_BYTES = 512 << 10
 TOKEN_TIME = {"prefill": ("prompt_seconds", "prompt_tokens"), "decode": ("generation_seconds", "generation_tokens")}
 # the counters whose increases over a window are asked (token_time): the only ones a CounterWindow keeps per scrape
 WINDOWED_COUNTERS = frozenset(name for pair in TOKEN_TIME.values() for name in pair)

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import bisect
 from array import array
-from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from agent.engine.exposition import Labels
 from agent.engine.histogram import Histogram, counter_increase, sum_histograms
@@ -27,14 +25,6 @@ from agent.engine.histogram import Histogram, counter_increase, sum_histograms
 WINDOWS_S: dict[str, float] = {"1m": 60.0, "5m": 300.0}
 HORIZON_S = max(WINDOWS_S.values())
 EDGE_S = 1e-6  # a sample exactly on the window's start is inside it, whatever the float rounding of T - W
-
-
-@dataclass(frozen=True, slots=True)
-class _Step:
-    start: float  # timestamp of the earlier scrape (seconds)
-    end: float
-    hist: Histogram | None
-    values: Mapping[str, float]
 
 
 class HistogramWindow:
@@ -188,33 +178,69 @@ def _increase(prev: _Last, cur: Histogram) -> Histogram:
 
 
 class CounterWindow:
-    """Reset-aware increments of named cumulative counters (llama.cpp's seconds and token totals)."""
+    """Reset-aware increments of named cumulative counters (llama.cpp's seconds and token totals).
+
+    The steps are arrays (their start and end times, and per name its increase in each step, with whether the step
+    has it): ~50 bytes a step for vLLM's token counters, where an object and a dict per step took ~440 bytes (at 200
+    models x 61 scrapes in a 5 m window ~5 MB). A window sums the steps' increases in the same order as before.
+    """
 
     def __init__(self, horizon_s: float = HORIZON_S) -> None:
         self.horizon_s = horizon_s
         self._last: dict[str, float] = {}
         self._last_t: float | None = None
-        self._steps: deque[_Step] = deque()
+        self._starts = array("d")  # per step kept, oldest first: the time of its earlier scrape
+        self._ends = array("d")
+        self._values: dict[str, array[float]] = {}  # name → its increase per step (0 where the step has none)
+        self._has: dict[str, bytearray] = {}  # name → per step: 1 if the step has an increase of it
 
     def update(self, t: float, values: Mapping[str, float]) -> None:
         if self._last_t is not None and t > self._last_t:
             inc = {k: counter_increase(self._last[k], v) for k, v in values.items() if k in self._last}
-            self._steps.append(_Step(self._last_t, t, None, inc))
+            self._step(self._last_t, t, inc)
         if self._last_t is None or t > self._last_t:
             self._last = dict(values)
             self._last_t = t
-        _expire(self._steps, t - self.horizon_s)
+        self._expire(t - self.horizon_s)
+
+    def _step(self, start: float, end: float, inc: dict[str, float]) -> None:
+        n = len(self._starts)
+        self._starts.append(start)
+        self._ends.append(end)
+        for name in inc:
+            if name not in self._values:  # a name met for the first time: no increase in the older steps
+                self._values[name] = array("d", bytes(8 * n))
+                self._has[name] = bytearray(n)
+        for name, column in self._values.items():
+            v = inc.get(name)
+            column.append(0.0 if v is None else v)
+            self._has[name].append(1 if name in inc else 0)
+
+    def _expire(self, oldest: float) -> None:
+        starts = self._starts
+        drop = 0
+        while drop < len(starts) and starts[drop] < oldest:
+            drop += 1
+        if not drop:
+            return
+        del starts[:drop]
+        del self._ends[:drop]
+        for name in list(self._values):
+            del self._values[name][:drop]
+            has = self._has[name]
+            del has[:drop]
+            if 1 not in has:  # no step in the window has it any more
+                del self._values[name], self._has[name]
 
     def increase(self, name: str, window_s: float, at: float | None = None) -> float | None:
         """Increase of ``name`` over ``[at - window_s, at]``; None when no step in the window has it."""
         at = self._last_t if at is None else at
         if at is None:
             return None
+        values = self._values.get(name)
+        if values is None:
+            return None
+        has, starts, ends = self._has[name], self._starts, self._ends
         start = at - window_s - EDGE_S
-        found = [s.values[name] for s in self._steps if s.start >= start and s.end <= at and name in s.values]
+        found = [values[i] for i in range(len(starts)) if starts[i] >= start and ends[i] <= at and has[i]]
         return sum(found) if found else None
-
-
-def _expire(steps: deque[_Step], oldest: float) -> None:
-    while steps and steps[0].start < oldest:
-        steps.popleft()

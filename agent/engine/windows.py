@@ -34,9 +34,11 @@ class HistogramWindow:
     (bound → increase since the first scrape, plus ``_sum`` and ``_count``), and a copy is kept per
     scrape time; a window's increase is then one subtraction of two of them, whatever its length.
 
-    The copies are one flat array of doubles, a row per scrape time (``_sum``, ``_count``, then one
-    column per bound in the order the bounds first came): ~160 bytes a scrape for vLLM's buckets, where a
-    dict per scrape took ~1.2 kB (a model's 7 quantities at a 5 s interval keep 61 scrapes each).
+    The copies are one flat array, a row per scrape time (``_count``, then one column per bound in the order
+    the bounds first came), and the ``_sum`` of each in an array of doubles: ~90 bytes a scrape for vLLM's
+    buckets, where a dict per scrape took ~1.2 kB (a model's 7 quantities at a 5 s interval keep 61 scrapes
+    each). The rows are single-precision floats while every value stored is one exactly (counts below 2**24),
+    else doubles from then on: a value read back is always the double that was computed.
     """
 
     def __init__(self, horizon_s: float = HORIZON_S) -> None:
@@ -49,9 +51,10 @@ class HistogramWindow:
         self._cols: dict[float, int] = _NO_COLUMNS
         self._since = array("q")  # per column: the number of the first scrape whose total holds the bound
         self._times = array("d")  # the time of each scrape kept, oldest first
-        # per scrape kept: its running total (sum, count, then a value per column); the last row is the running
-        # total itself (the increase since the first scrape), which the next scrape's increase is added to
-        self._rows = array("d")
+        # per scrape kept: its running total (count, then a value per column; the sum in _sums); the last row is
+        # the running total itself (the increase since the first scrape), which the next scrape's increase is added to
+        self._rows = array("f")
+        self._sums = array("d")
         self._first = 0  # the number of the oldest scrape kept (scrapes are numbered from 0)
 
     @property
@@ -69,9 +72,10 @@ class HistogramWindow:
         self._mark(t, step)
         self._last = self._keep(series)
         self._last_t = t
-        width = 2 + len(self._cols)
+        width = 1 + len(self._cols)
         while len(self._times) > 1 and self._times[0] < t - self.horizon_s - EDGE_S:
             del self._times[0]
+            del self._sums[0]
             del self._rows[:width]
             self._first += 1
 
@@ -81,27 +85,29 @@ class HistogramWindow:
         cols = self._cols
         number = self._first + len(self._times)
         if step is not None and any(bound not in cols for bound, _ in step.buckets):  # bounds met for the first time
-            old = 2 + len(cols)
+            old = 1 + len(cols)
             order = [*cols, *(bound for bound, _ in step.buckets if bound not in cols)]
             cols = self._cols = _columns(tuple(order))
-            self._since.extend([number] * (len(cols) + 2 - old))
-            width = 2 + len(cols)
-            rows = array("d", bytes(8 * width * len(self._times)))
+            self._since.extend([number] * (len(cols) + 1 - old))
+            width = 1 + len(cols)
+            zeros = bytes(self._rows.itemsize * width * len(self._times))
+            wider = array("f", zeros) if self._rows.typecode == "f" else array("d", zeros)
             for i in range(len(self._times)):
-                rows[i * width : i * width + old] = self._rows[i * old : (i + 1) * old]
-            self._rows = rows
-        width = 2 + len(cols)
+                wider[i * width : i * width + old] = self._rows[i * old : (i + 1) * old]
+            self._rows = wider
+        width = 1 + len(cols)
         rows = self._rows
-        if self._times:
-            rows.extend(rows[-width:])  # the running total so far
-        else:
-            rows.extend([0.0] * width)
+        total = rows[-width:].tolist() if self._times else [0.0] * width  # the running total so far
+        total_sum = self._sums[-1] if self._times else 0.0
         if step is not None:
-            at = len(rows) - width
-            rows[at] += step.sum
-            rows[at + 1] += step.count
+            total_sum += step.sum
+            total[0] += step.count
             for bound, c in step.buckets:
-                rows[at + 2 + cols[bound]] += c
+                total[1 + cols[bound]] += c
+        if rows.typecode == "f" and not _single(total):  # from now on, doubles (the values stay as computed)
+            rows = self._rows = array("d", rows)
+        rows.extend(total)
+        self._sums.append(total_sum)
         self._times.append(t)
 
     def window(self, window_s: float, at: float | None = None) -> Histogram | None:
@@ -114,19 +120,20 @@ class HistogramWindow:
         begin = bisect.bisect_left(times, at - window_s - EDGE_S)
         if end < 0 or begin >= end:
             return None
-        width = 2 + len(self._cols)
+        width = 1 + len(self._cols)
         row_end, row_begin = end * width, begin * width
         rows, since, present = self._rows, self._since, self._first + end
         buckets = tuple(
             sorted(
-                (b, rows[row_end + 2 + i] - rows[row_begin + 2 + i])
+                (b, rows[row_end + 1 + i] - rows[row_begin + 1 + i])
                 for b, i in self._cols.items()
                 if since[i] <= present
             )
         )
         if not buckets:
             return None
-        return Histogram(buckets, rows[row_end] - rows[row_begin], rows[row_end + 1] - rows[row_begin + 1])
+        sums = self._sums
+        return Histogram(buckets, sums[end] - sums[begin], rows[row_end] - rows[row_begin])
 
     def current(self) -> Histogram | None:
         """The latest cumulative histogram summed over series."""
@@ -150,6 +157,15 @@ class HistogramWindow:
 
 
 _Last = tuple[tuple[float, ...], "array[float]", float, float]  # a series' last scrape: bounds, counts, sum, count
+
+
+def _single(values: list[float]) -> bool:
+    """Every value is one a single-precision float holds exactly (read back, the same double)."""
+    try:
+        return array("f", values).tolist() == values
+    except OverflowError:
+        return False
+
 
 # Column maps by the order their bounds came in: every window of an engine's quantity has the same (at 200 models
 # x 7 quantities, 1,400 windows share a handful). Bounded: past MAX_SHARED_COLUMNS orders, a window keeps its own.

@@ -145,3 +145,16 @@ def test_caches_of_a_burst_of_series_are_given_back() -> None:
     assert len(reader._heads) == 0 and keys.size <= 3
     parser.parse(gauges(3).encode())
     assert len(reader._heads) == 3  # a steady target keeps its warm cache
+
+
+def test_an_exposition_past_the_head_bound_caches_no_head() -> None:
+    """Past MAX_HEADS lines, the heads cached would cover a small share of the read: none is kept, the same reading."""
+    parser = EngineParser("auto", "unknown", EngineLimits(max_models=4, max_series=100_000))
+    first = parser.parse(ranks(30_000).encode())
+    reader = parser._readers["vllm"]
+    assert len(reader._heads) == MAX_HEADS  # the first read cannot know
+    again = parser.parse(ranks(30_000).encode())
+    assert len(reader._heads) == 0 and again == first
+    parser.parse(ranks(MAX_HEADS // 2).encode())  # smaller again: the read after it caches every head
+    parser.parse(ranks(MAX_HEADS // 2).encode())
+    assert len(reader._heads) == MAX_HEADS // 2

@@ -410,6 +410,8 @@ MAX_UNKEPT_HEADS = 20_000  # per read: lines of families not read checked for du
 # its label text (what a cold read of known series does). At 200 models x 2 ranks of vLLM (127k series) the
 # warm read is ~20 % slower than with every head cached and ~25 MB smaller (each cached head holds its text and
 # an entry: ~300 bytes); below the bound, every head is cached as before (docs/benchmarks.md, "Engine scale").
+# A reader whose last read had more lines than the bound caches no head at all: the 16,384 it would hold cover
+# a small share of such a read (13 % at 200 models) for ~4 MB (agent at 50 models: 86-87 -> 82.6 MB).
 MAX_HEADS = 16_384
 MAX_DROPPED_MODELS_COUNTED = 65_536  # distinct dropped models counted per read (beyond: a lower bound)
 
@@ -467,8 +469,8 @@ class ExpositionReader:
     the format, reject what Prometheus' scrape rejects or what makes a reading wrong — one series
     twice (``duplicate_series``), a negative counter or summary count (``negative_value``); off, the
     reader accepts exactly what the reference parsers accept (the conformance tests). Keep one
-    reader per target: its caches (heads up to :data:`MAX_HEADS`, then names and label texts) are
-    what make repeated scrapes cheap.
+    reader per target: its caches (heads up to :data:`MAX_HEADS`, none once a read has more lines; then
+    names and label texts) are what make repeated scrapes cheap.
 
     ``model_labels`` with ``limits``: the first ``limits.max_models`` distinct models (the first of
     these labels present, in order; none: one model) among the wanted samples, in exposition order,
@@ -518,6 +520,7 @@ class ExpositionReader:
         self.generation = 0  # caches dropped so far (Exposition.generation)
         self._release_due = False  # release_freed_memory() when the next read begins (a burst is over)
         self._last_lines = 0  # lines of the last read
+        self._head_room = MAX_HEADS  # heads cached at most: MAX_HEADS, or none after a read of more lines
         self._open_lines: int | None = None  # lines of the read under way (None: none), as of its last feed
 
     def read(self, text: str, openmetrics: bool | None = None) -> Exposition:
@@ -546,6 +549,10 @@ class ExpositionReader:
         self._open_lines = 0
         if len(self._heads) >= MAX_LABEL_CACHE_ENTRIES or len(self._canon) >= MAX_LABEL_CACHE_ENTRIES:
             self.clear()
+        self._head_room = 0 if self._last_lines > MAX_HEADS else MAX_HEADS
+        if not self._head_room and self._heads:  # the exposition outgrew the head cache: its lines go by their parts
+            self._heads.clear()
+            self._unkept_entries.clear()
         if self._release_due:  # by now the read that made it due has let go of all it held (body, lines)
             self._release_due = False
             release_freed_memory()
@@ -601,6 +608,7 @@ class ExpositionReader:
         last_name = p.last_name
         series = out.get(last_name)  # the kept samples of last_name
         cap = self.max_models
+        room = self._head_room
         rules = self.scrape_rules
         names, wanted = self._plain_names, self.wanted
         raw_kept, raw_unkept, unkept_entries = self._raw, self._raw_unkept, self._unkept_entries
@@ -690,7 +698,7 @@ class ExpositionReader:
                 if keep and canon >= 0:
                     # one int per series: the name is one object per reader (``_names``), the label set one id
                     sid = base | canon
-                    if plain and len(heads) < MAX_HEADS:
+                    if plain and len(heads) < room:
                         heads[head] = (name, labels, sid, keep, bad, model)
                 elif not keep and plain and p.unkept < MAX_UNKEPT_HEADS:
                     # a family not read: its series is the head's text (the same line twice is a duplicate; its
@@ -698,7 +706,7 @@ class ExpositionReader:
                     # family (no labels, no id)
                     sid = _BY_TEXT
                     p.unkept += 1
-                    if len(heads) < MAX_HEADS:
+                    if len(heads) < room:
                         entry = unkept_entries.get(name) if bad is None else None
                         if entry is None:
                             entry = (name, (), _BY_TEXT, False, bad, None)

@@ -180,12 +180,20 @@ def engine_collections(text: str) -> float | None:
     return None
 
 
-def agent_run(url: str, series: int, models: int, collections: int) -> dict[str, object]:
+def agent_run(url: str, series: int, models: int, collections: int, pycache: Path | None = None) -> dict[str, object]:
     """Start the agent on ``url``, scrape its /metrics a second apart until the engine collector has succeeded
-    ``collections`` times (each a read of the exposition's next version); RSS and its own series."""
+    ``collections`` times (each a read of the exposition's next version); RSS and its own series.
+
+    ``pycache``: the agent imports its modules' bytecode from there (``PYTHONPYCACHEPREFIX``, writing what is
+    missing), as the image's agent imports the bytecode pip compiled at install; else as the environment says
+    (with ``PYTHONDONTWRITEBYTECODE=1`` and no bytecode installed, every start compiles its imports from source,
+    which leaves the compiler's memory in the process: ~4 MB at 50 models)."""
     port = free_port()
+    env = {k: v for k, v in os.environ.items() if pycache is None or k != "PYTHONDONTWRITEBYTECODE"}
+    if pycache is not None:
+        env["PYTHONPYCACHEPREFIX"] = str(pycache)
     env = {
-        **os.environ,
+        **env,
         "INFERWATCH_ENGINE__METRICS_URL": url,
         "INFERWATCH_ENGINE__KIND": "vllm",
         "INFERWATCH_ENGINE__MAX_MODELS": str(models * 2),
@@ -290,6 +298,11 @@ def main() -> None:
     ap.add_argument(
         "--live", action="store_true", help="also the collector's live memory by source file (tracemalloc, slow)"
     )
+    ap.add_argument(
+        "--pycache",
+        type=Path,
+        help="the agents import bytecode cached in this folder (PYTHONPYCACHEPREFIX), as the image's agent does",
+    )
     args = ap.parse_args()
     load_before = os.getloadavg()
 
@@ -351,7 +364,7 @@ def main() -> None:
             agents[label] = {
                 "models": n,
                 "exposition_series": n_series,
-                **agent_run(url, n_series, n, args.collections),
+                **agent_run(url, n_series, n, args.collections, args.pycache),
             }
         finally:
             server.shutdown()
@@ -374,6 +387,9 @@ def main() -> None:
             "ingest": figures,
             "agent": agents,
             "collector_live_mb_by_file": live if args.live else None,
+            "collections": args.collections,
+            "agent_bytecode": f"cached in {args.pycache}" if args.pycache else "as the environment says",
+            "agent_dont_write_bytecode": os.environ.get("PYTHONDONTWRITEBYTECODE") if not args.pycache else None,
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in load_after],
             "cpus": os.cpu_count(),

@@ -438,6 +438,7 @@ class ReadPass:
         "out",
         "sampled",
         "seen",
+        "seen_by_name",
         "seen_ts",
         "typed_hist",
         "types",
@@ -451,15 +452,21 @@ class ReadPass:
         self.nonneg: set[str] = set()
         self.typed_hist: set[str] = set()  # histogram/summary families whose le/quantile must be numbers
         self.sampled: set[str] = set()
-        self.seen: set[int | str] = set()  # series ids, or head texts (_BY_TEXT; see ExpositionReader.feed)
+        self.seen: set[str] = set()  # head texts of families not read (_BY_TEXT; see ExpositionReader.feed)
+        # per name: the canonical ids of its label sets read (ints the reader's caches hold: none made per line)
+        self.seen_by_name: dict[str, set[int]] = {}
         self.unkept = 0  # lines of names not wanted whose text was added to ``seen`` (at most MAX_UNKEPT_HEADS)
-        self.seen_ts: set[tuple[int, float]] = set()
+        self.seen_ts: set[tuple[int, float]] = set()  # (series id: the name's identity and the label set's id, ts)
         self.last_name = ""
         self.lines = 0
         self.kept: set[str | None] = set()  # models whose samples are kept (None: no model label)
         self.dropped: set[int] = set()  # hashes of the models past max_models
         self.om = om
         self.last_lineno = -1  # the number of the body's last line, when known (whole-text reads)
+
+    def series(self) -> int:
+        """Series read so far (those checked for duplicates)."""
+        return len(self.seen) + len(self.seen_ts) + sum(map(len, self.seen_by_name.values()))
 
 
 class ExpositionReader:
@@ -499,9 +506,9 @@ class ExpositionReader:
         self.model_labels = model_labels
         self.max_models: float = limits.max_models if limits is not None else math.inf
         self._short_labels = min(limits.max_label_value_bytes, limits.max_label_bytes) if limits is not None else 0
-        # "name{labels}" → (name, labels, series id, wanted, bad bound, model); series id: one int per distinct
-        # series (the name's identity and the label set's canonical id); bad bound: "le" or "quantile" when
-        # that label is not a number (an error in a histogram/summary)
+        # "name{labels}" → (name, labels, series id, wanted, bad bound, model); series id: the label set's
+        # canonical id (a series is the name, one object per reader, and that id: ReadPass.seen_by_name);
+        # bad bound: "le" or "quantile" when that label is not a number (an error in a histogram/summary)
         self._heads: dict[str, _Head] = {}
         self._unkept_entries: dict[str, _Head] = {}  # name not wanted → the entry its heads share (see feed)
         # interned label tuples (the adapters memoise by identity) → (labels, bad bound, canonical id, model)
@@ -565,7 +572,7 @@ class ExpositionReader:
         the next read's differs, so a memo of these tuples (adapters.KeyCache) is dropped then too.
         """
         generation = self.generation
-        if self._cached() > STALE_CACHE_FACTOR * (len(p.seen) + len(p.seen_ts)) + STALE_CACHE_SLACK:
+        if self._cached() > STALE_CACHE_FACTOR * p.series() + STALE_CACHE_SLACK:
             self.clear()  # most of the cache is gone (a burst of series ended): give the memory back
         self._ended(p.lines)
         return Exposition(p.out, p.lines, sum(map(len, p.out.values())), p.types, len(p.dropped), generation)
@@ -573,7 +580,7 @@ class ExpositionReader:
     def abandon(self, p: ReadPass) -> None:
         """A read that failed: give back what it cached if most of the cache is its own (as :meth:`end`)."""
         cached = self._cached()
-        if cached > STALE_CACHE_FACTOR * (len(p.seen) + len(p.seen_ts)) + STALE_CACHE_SLACK or (
+        if cached > STALE_CACHE_FACTOR * p.series() + STALE_CACHE_SLACK or (
             cached > STALE_CACHE_SLACK and p.lines > STALE_CACHE_SLACK
         ):
             self.clear()
@@ -604,8 +611,9 @@ class ExpositionReader:
         # first. OpenMetrics bodies are read without it (their lines are judged by parse_line).
         heads = self._heads if not om else {}
         out, types, nonneg, typed_hist, sampled = p.out, p.types, p.nonneg, p.typed_hist, p.sampled
-        seen, seen_ts, kept = p.seen, p.seen_ts, p.kept
+        seen, seen_ts, kept, seen_by_name = p.seen, p.seen_ts, p.kept, p.seen_by_name
         last_name = p.last_name
+        family_seen = seen_by_name.get(last_name)  # the label set ids of last_name read so far
         series = out.get(last_name)  # the kept samples of last_name
         cap = self.max_models
         room = self._head_room
@@ -614,7 +622,7 @@ class ExpositionReader:
         raw_kept, raw_unkept, unkept_entries = self._raw, self._raw_unkept, self._unkept_entries
         # "name{" of the last new plain head with labels, and its name: the next new heads are most often of
         # the same family (a prefix test instead of a search, a slice and a lookup)
-        run, run_name, run_len, run_base = "\n", "", 1, 0
+        run, run_name, run_len = "\n", "", 1
         for line in lines:
             head, _, val = line.rpartition(" ")
             hit = heads.get(head)
@@ -642,7 +650,7 @@ class ExpositionReader:
                 if not om:
                     known: str | None
                     if head.startswith(run) and head[-1] == "}":  # the family of the line before
-                        known, raw, base = run_name, head[run_len:-1], run_base
+                        known, raw = run_name, head[run_len:-1]
                     else:
                         brace = head.find("{")
                         if brace == -1:
@@ -654,11 +662,9 @@ class ExpositionReader:
                         known = names.get(text)
                         if known is None and _METRIC_NAME.fullmatch(text) is not None:
                             known = self._name(text)
-                        if known is not None:
-                            base = id(known) << 32
-                            if raw is not None:
-                                run, run_name, run_base = known + "{", known, base
-                                run_len = len(run)
+                        if known is not None and raw is not None:
+                            run, run_name = known + "{", known
+                            run_len = len(run)
                     if known is not None:
                         name = known
                         try:  # parse_float, inline
@@ -690,14 +696,13 @@ class ExpositionReader:
                         raise self._error(p, lines, line, str(exc), exc.reason) from None
                     name, value, ts = parsed.name, parsed.value, parsed.timestamp
                     name = self._names.get(name) or self._name(name)
-                    base = id(name) << 32
                     keep = name in wanted
                     info = self._info_of(p, lines, line, name, parsed.labels)
                     plain = parsed.plain and not om
                 labels, bad, canon, model = info
                 if keep and canon >= 0:
-                    # one int per series: the name is one object per reader (``_names``), the label set one id
-                    sid = base | canon
+                    # the series is the name (one object per reader: ``_names``) and the label set's id
+                    sid = canon
                     if plain and len(heads) < room:
                         heads[head] = (name, labels, sid, keep, bad, model)
                 elif not keep and plain and p.unkept < MAX_UNKEPT_HEADS:
@@ -726,6 +731,9 @@ class ExpositionReader:
                 sampled.add(name)
                 last_name = name
                 series = out.get(name)
+                family_seen = seen_by_name.get(name)
+                if family_seen is None:
+                    family_seen = seen_by_name[name] = set()
             if bad is not None and name in typed_hist and _bound_error(bad, types.get(name)) is not None:
                 raise self._error(p, lines, line, f"{_bound_error(bad, types.get(name))} label is not a number")
             if value < 0 and name in nonneg:
@@ -734,11 +742,13 @@ class ExpositionReader:
                 )
             if sid >= 0:
                 if ts is None:
-                    if sid in seen and rules:
+                    assert family_seen is not None  # made when the name's first line came
+                    if sid in family_seen and rules:
                         raise self._error(p, lines, line, "duplicate series", "duplicate_series")
-                    seen.add(sid)
+                    family_seen.add(sid)
                 else:
-                    ts_key = (sid, math.floor(ts * 1e9 + 1e-6) if om else ts)  # OM: nanoseconds, as client_python
+                    # OM: nanoseconds, as client_python
+                    ts_key = (id(name) << 32 | sid, math.floor(ts * 1e9 + 1e-6) if om else ts)
                     if ts_key in seen_ts:
                         if rules:
                             raise self._error(p, lines, line, "duplicate series (same timestamp)", "duplicate_series")

@@ -112,11 +112,16 @@ def data_span_query(window: str, selector: str = "") -> str:
     """Seconds from the earliest TTFT-count or token sample within ``window`` to now (a subquery of
     ``timestamp()``; each step sees the latest sample at or before it, so the earliest is the data's start;
     data younger than one step: the latest samples' age)."""
-    step = max(1, round(window_seconds(window) / SPAN_POINTS))
+    step = _span_step_s(window)
     sel = _sel('__name__=~"gen_ai_server_time_to_first_token_seconds_count|inferwatch_engine_tokens_total"', selector)
     # The subquery only sees data at its aligned steps: data younger than one step has none there, so the
     # latest samples' own timestamps stand in (the data is then at most a step old: still "shorter").
     return f"(time() - min(min_over_time(timestamp({sel})[{window}:{step}s]))) or (time() - min(timestamp({sel})))"
+
+
+def _span_step_s(window: str) -> int:
+    """The data-span subquery's step: the span it reports can be short by up to one step."""
+    return max(1, round(window_seconds(window) / SPAN_POINTS))
 
 
 def data_span_s(prom: PrometheusClient, window: str, selector: str = "") -> float | None:
@@ -126,8 +131,12 @@ def data_span_s(prom: PrometheusClient, window: str, selector: str = "") -> floa
 
 
 def short_window(window: str, span_s: float | None) -> str | None:
-    """A window the data does cover, when ``window`` is longer than the data (else None)."""
-    if span_s is None or span_s >= WINDOW_COVERAGE_RATIO * window_seconds(window):
+    """A window the data does cover, when ``window`` is longer than the data (else None).
+
+    The span is read at the subquery's steps, so it can be short by one step (at a 5 s window, one step is a fifth of
+    it: data that covered the window read as 4 s, seen on a loaded machine); that step counts as covered.
+    """
+    if span_s is None or span_s + _span_step_s(window) >= WINDOW_COVERAGE_RATIO * window_seconds(window):
         return None
     return f"{int(span_s // 60)}m" if span_s >= 120 else f"{max(int(span_s), 1)}s"
 

@@ -23,6 +23,7 @@ from agent.matrix import (
     Matrix,
     nodes_query,
     nodes_recorded,
+    short_window,
     to_csv,
     to_json,
     to_markdown,
@@ -198,6 +199,15 @@ def test_window_validation() -> None:
     for bad in ("1 hour", "", "5m]) or vector(1", "-1h"):
         with pytest.raises(ValueError):
             validate_window(bad)
+
+
+def test_short_window_allows_the_span_query_its_step() -> None:
+    # A 5 s window is read at 1 s steps: data that covers it can read as 4 s (CI-like load, stop 26), not short.
+    assert short_window("5s", 4.0) is None
+    assert short_window("5s", 3.0) == "3s"
+    assert short_window("1h", 180.0) == "3m"  # issue 15's case: 3 minutes of data under the 1 h default
+    assert short_window("1h", 3234.0) is None  # 1 h is read at 7 s steps: 3,234 s + 7 s covers 90 %
+    assert short_window("1h", None) is None
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:

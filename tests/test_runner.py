@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import ClassVar
@@ -12,7 +13,7 @@ from agent.collectors import Schedule
 from agent.collectors.base import BaseCollector, CollectContext
 from agent.config import load_settings
 from agent.errors import NoDataError
-from agent.runner import Runner
+from agent.runner import STANDBY_GAP_RATIO, Runner
 from agent.samples import Collection, Sample, attrs
 from agent.state import AgentState
 from agent.wiring import collect_context
@@ -362,25 +363,40 @@ def test_scrapes_at_the_interval_drive_the_runs_and_the_scheduler_stands_by() ->
     runner._dispatch = counting_dispatch  # type: ignore[method-assign]
     runner.start()
 
-    async def scrapes_then_silence() -> tuple[int, int, int, int]:
+    async def driven_phase() -> tuple[int, int, float]:
+        """10 scrapes at the interval: (collector calls, scheduler wakes, the longest gap between scrapes)."""
+        calls, wakes = len(collector.calls), len(dispatches)
+        starts: list[float] = []
+        for _ in range(10):  # 2 s of scrapes at the interval
+            starts.append(time.monotonic())
+            await runner.pull_async(0.5)
+            await asyncio.sleep(0.2)
+        longest = max(b - a for a, b in itertools.pairwise(starts))
+        return len(collector.calls) - calls, len(dispatches) - wakes, longest
+
+    async def scrapes_then_silence() -> tuple[list[tuple[int, int, float]], int]:
         for _ in range(5):  # scrapes begin: the scheduler is told to stand by
             await runner.pull_async(0.5)
             await asyncio.sleep(0.2)
-        calls, wakes = len(collector.calls), len(dispatches)
-        for _ in range(10):  # 2 s of scrapes at the interval
-            await runner.pull_async(0.5)
-            await asyncio.sleep(0.2)
-        driven_calls, driven_wakes = len(collector.calls) - calls, len(dispatches) - wakes
+        # A scrape that came later than STANDBY_GAP_RATIO gaps (a starved test process on a loaded machine) rightly
+        # hands the runs back to the scheduler, which then wakes: up to three phases for one whose scrapes kept time.
+        phases = []
+        for _ in range(3):
+            phases.append(await driven_phase())
+            if phases[-1][2] <= STANDBY_GAP_RATIO * 0.2:
+                break
         calls = len(collector.calls)
         await asyncio.sleep(1.5)  # the scrapes stop; the loop's fallback timer (2.5 gaps) hands back the runs
-        return driven_calls, driven_wakes, len(collector.calls) - calls, len(dispatches)
+        return phases, len(collector.calls) - calls
 
     try:
-        driven_calls, driven_wakes, after_calls, _ = asyncio.run(scrapes_then_silence())
+        phases, after_calls = asyncio.run(scrapes_then_silence())
     finally:
         runner.stop()
+    driven_calls, driven_wakes, longest = phases[-1]
+    assert longest <= STANDBY_GAP_RATIO * 0.2, f"no phase of scrapes at the interval in 3 tries: {phases}"
     assert driven_calls >= 8  # every scrape collected (pulled), ...
-    assert driven_wakes == 0  # ... and the scheduler slept through them
+    assert driven_wakes == 0, phases  # ... and the scheduler slept through them
     assert after_calls >= 3  # then timed runs again, without scrapes
 
 

@@ -125,6 +125,11 @@ def test_product_names_need_dmi_evidence() -> None:
     assert (
         identify(cobalt, Dmi("Microsoft Corporation", "Virtual Machine")).name == "Azure Cobalt 100 (Arm Neoverse-N2)"
     )
+    # The real Yitian 710 (a g8y VM): its core alone, Alibaba's product name only with Alibaba's DMI.
+    yitian = parse_cpuinfo(_dump("arm-socs-table_yitian-710-g8y").cpuinfo.read_text(), "aarch64")
+    assert identify(yitian).name == "Arm Neoverse-N2" and yitian.logical_cpus == 4
+    assert identify(yitian, Dmi("Alibaba Cloud", "Alibaba Cloud ECS")).name == "Alibaba Yitian 710 (Arm Neoverse-N2)"
+    assert identify(yitian, Dmi("Microsoft Corporation", "Virtual Machine")).name != "Alibaba Yitian 710 (Arm Neoverse-N2)"
     v1 = parse_cpuinfo(_dump("archspec_linux-amazon-neoverse_v1").cpuinfo.read_text(), "aarch64")
     assert identify(v1, Dmi("Amazon EC2", "c7g.8xlarge")).name == "AWS Graviton3 (Arm Neoverse-V1)"
     assert identify(v1, Dmi("Amazon EC2", "hpc7g.16xlarge")).name == "AWS Graviton3E (Arm Neoverse-V1)"
@@ -152,6 +157,8 @@ def _corpus_finding(tmp_path: Path, name: str) -> Finding:
         ("eessi_AWS-awslinux-graviton3", "Arm Neoverse-V1"),
         # Azure Cobalt 100 as its source states, no DMI there: the core, never "Cobalt 100" nor "Yitian 710"
         ("arm-learning-paths_azure-cobalt100-d4ps_v6", "Arm Neoverse-N2"),
+        # Alibaba Yitian 710 (a g8y VM) as its source states, spaces for tabs as pasted, no DMI: the core
+        ("arm-socs-table_yitian-710-g8y", "Arm Neoverse-N2"),
         # AWS Graviton4 (m8g.2xlarge) as its source states, all 8 blocks, no DMI there: the core
         ("ecaz_graviton4-m8g.2xlarge", "Arm Neoverse-V2"),
     ],

@@ -129,7 +129,8 @@ def test_product_names_need_dmi_evidence() -> None:
     yitian = parse_cpuinfo(_dump("arm-socs-table_yitian-710-g8y").cpuinfo.read_text(), "aarch64")
     assert identify(yitian).name == "Arm Neoverse-N2" and yitian.logical_cpus == 4
     assert identify(yitian, Dmi("Alibaba Cloud", "Alibaba Cloud ECS")).name == "Alibaba Yitian 710 (Arm Neoverse-N2)"
-    assert identify(yitian, Dmi("Microsoft Corporation", "Virtual Machine")).name != "Alibaba Yitian 710 (Arm Neoverse-N2)"
+    azure = Dmi("Microsoft Corporation", "Virtual Machine")
+    assert identify(yitian, azure).name == "Azure Cobalt 100 (Arm Neoverse-N2)"
     v1 = parse_cpuinfo(_dump("archspec_linux-amazon-neoverse_v1").cpuinfo.read_text(), "aarch64")
     assert identify(v1, Dmi("Amazon EC2", "c7g.8xlarge")).name == "AWS Graviton3 (Arm Neoverse-V1)"
     assert identify(v1, Dmi("Amazon EC2", "hpc7g.16xlarge")).name == "AWS Graviton3E (Arm Neoverse-V1)"

@@ -403,6 +403,36 @@ def test_history_is_bounded_in_series_and_points() -> None:
     assert "other" not in history._seen
 
 
+def test_history_keeps_points_and_baselines_as_they_came() -> None:
+    """The compact store (flat arrays) gives back what was kept: points in order with None for a missing quantile,
+    the oldest buckets within the 5-minute window, and no baseline across a change of bounds."""
+    now = [1000.0]
+    history = PageHistory(clock=lambda: now[0], step_s=10, points=4, max_series=8)
+    for i in range(6):
+        history.on_collection("engine", _engine(["m"], ttft_count=10 * i))
+        now[0] += 10
+    points = history.line("m", "ttft", "histogram")
+    assert [p[0] for p in points] == [1020.0, 1030.0, 1040.0, 1050.0]  # the last 4, oldest first
+    assert all(p[1:] == (0.05, 0.09, 0.1) for p in points)
+    t, buckets = history.baseline("m", 1050.0 + 0.0) or (None, ())
+    assert t == 1000.0 and buckets == _engine(["m"], ttft_count=0).samples[0].buckets  # type: ignore[union-attr]
+    t, buckets = history.baseline("m", 1340.0) or (None, ())
+    assert t == 1040.0 and buckets == _engine(["m"], ttft_count=40).samples[0].buckets  # type: ignore[union-attr]
+    assert history.baseline("m", 2000.0) is None and history.baseline("other", 1050.0) is None
+    # a quantile the collection lacks is None, not 0 or NaN
+    la = attrs(
+        {"gen_ai.request.model": "m", "quantity": "ttft", "window": "1m", "source": "histogram", "quantile": "0.5"}
+    )
+    history.on_collection("engine", Collection(samples=[Sample("inferwatch.engine.latency", 0.2, la)]))
+    assert history.line("m", "ttft", "histogram")[-1] == (1060.0, 0.2, None, None)
+    # other bounds (the engine restarted with other buckets): the ring starts again
+    now[0] += 10
+    other = HistogramSample("gen_ai.server.time_to_first_token", ((1.0, 5.0), (math.inf, 6.0)), 1.0, 6.0,
+                            attrs({"gen_ai.request.model": "m"}))  # fmt: skip
+    history.on_collection("engine", Collection(samples=[other], details={"models": ["m"]}))
+    assert history.baseline("m", 1070.0) == (1070.0, ((1.0, 5.0), (math.inf, 6.0)))
+
+
 def test_page_escapes_what_the_engine_names_and_renders_an_empty_state() -> None:
     empty = AgentState()
     page = render_page(build_overview(empty, PageHistory()))

@@ -6,7 +6,9 @@ findings) and the runner's health record; the agent's own CPU time and peak RSS 
 What it keeps: :class:`PageHistory`, a state listener (like the snapshot store) that keeps, once per
 :data:`HISTORY_STEP_S`, the TTFT/ITL P50/P95/P99 of every model (one hour: :data:`HISTORY_POINTS`) and the
 engine's cumulative TTFT buckets (the last :data:`HISTOGRAM_WINDOW_S`, so the page draws the window's
-histogram, not the one since the engine started). Memory is bounded by :data:`MAX_SERIES`.
+histogram, not the one since the engine started). Memory is bounded by :data:`MAX_SERIES`: kept in flat
+arrays (a line's whole hour allocated when it starts), 200 models take ~4.8 MB (as tuples an hour took ~28 MB;
+docs/benchmarks.md, "Engine scale").
 
 Nothing is computed on the collection path beyond that copy: the page and ``/api/v1/overview`` are built when
 requested (:func:`build_overview`, then :func:`agent.api.statushtml.render_page`; cost in docs/benchmarks.md,
@@ -20,7 +22,7 @@ import math
 import resource
 import threading
 import time
-from collections import deque
+from array import array
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -86,8 +88,8 @@ class PageHistory:
         self._lock = threading.Lock()
         self._last: dict[str, float] = {}
         self._seen: set[str] = set()  # models of the engine's collections already kept once
-        self._lines: dict[tuple[str, str, str], deque[tuple[float, float | None, float | None, float | None]]] = {}
-        self._buckets: dict[str, deque[tuple[float, tuple[tuple[float, float], ...]]]] = {}
+        self._lines: dict[tuple[str, str, str], _Line] = {}
+        self._buckets: dict[str, _BucketRing] = {}
         self._keep_buckets = int(HISTOGRAM_WINDOW_S / step_s) + 2
 
     def on_collection(self, name: str, collection: Collection) -> None:
@@ -122,36 +124,112 @@ class PageHistory:
                 if line is None:
                     if len(self._lines) >= self.max_series:
                         continue
-                    line = self._lines[key] = deque(maxlen=self.points)
-                line.append((now, *(qs.get(q) for q in CHART_QUANTILES)))  # type: ignore[arg-type]
+                    line = self._lines[key] = _Line(self.points)
+                line.append(now, *(qs.get(q) for q in CHART_QUANTILES))
             for model, buckets in hists.items():
                 ring = self._buckets.get(model)
                 if ring is None:
                     if len(self._buckets) >= self.max_series:
                         continue
-                    ring = self._buckets[model] = deque(maxlen=self._keep_buckets)
-                ring.append((now, buckets))
+                    ring = self._buckets[model] = _BucketRing(self._keep_buckets)
+                ring.append(now, buckets)
             horizon = now - self.step_s * self.points
-            for stale in [k for k, v in self._lines.items() if v and v[-1][0] < horizon]:
+            for stale in [k for k, v in self._lines.items() if v.last_time < horizon]:
                 del self._lines[stale]
-            for gone in [m for m, v in self._buckets.items() if v and v[-1][0] < horizon]:
+            for gone in [m for m, v in self._buckets.items() if v.last_time < horizon]:
                 del self._buckets[gone]
 
     def line(
         self, model: str, quantity: str, source: str
     ) -> list[tuple[float, float | None, float | None, float | None]]:
         with self._lock:
-            return list(self._lines.get((model, quantity, source), ()))
+            line = self._lines.get((model, quantity, source))
+            return line.points_kept() if line is not None else []
 
     def baseline(self, model: str, now: float) -> tuple[float, tuple[tuple[float, float], ...]] | None:
         """The oldest kept TTFT buckets of ``model`` within :data:`HISTOGRAM_WINDOW_S` of ``now``."""
         with self._lock:
             ring = self._buckets.get(model)
-            if not ring:
-                return None
-            for t, buckets in ring:
-                if now - t <= HISTOGRAM_WINDOW_S:
-                    return t, buckets
+            return ring.oldest_within(now - HISTOGRAM_WINDOW_S) if ring is not None else None
+
+
+def _stored(v: float | None) -> float:
+    return math.nan if v is None else v
+
+
+def _read(v: float) -> float | None:
+    return None if v != v else v
+
+
+class _Line:
+    """One chart line: its last ``points`` points (time, P50, P95, P99) in a ring of doubles allocated whole when the
+    line is made, a missing quantile (and a NaN, which a chart cannot draw either) kept as NaN and read back as None:
+    32 bytes a point, where a tuple of floats in a deque took ~180 (at 200 models an hour of lines held ~13 MB, now
+    2.9 MB), and the memory a line will hold is taken at once (an agent's size after its first minutes is its size
+    after an hour)."""
+
+    __slots__ = ("_count", "_next", "_points", "_values")
+
+    def __init__(self, points: int) -> None:
+        self._values = array("d", bytes(32 * points))
+        self._points = points
+        self._next = 0  # the slot the next point goes to
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def last_time(self) -> float:
+        return self._values[4 * ((self._next - 1) % self._points)] if self._count else math.inf
+
+    def append(self, t: float, p50: float | None, p95: float | None, p99: float | None) -> None:
+        i = 4 * self._next
+        self._values[i : i + 4] = array("d", (t, _stored(p50), _stored(p95), _stored(p99)))
+        self._next = (self._next + 1) % self._points
+        self._count = min(self._count + 1, self._points)
+
+    def points_kept(self) -> list[tuple[float, float | None, float | None, float | None]]:
+        """Oldest first."""
+        v, n = self._values, self._points
+        first = (self._next - self._count) % n
+        slots = (4 * ((first + k) % n) for k in range(self._count))
+        return [(v[i], _read(v[i + 1]), _read(v[i + 2]), _read(v[i + 3])) for i in slots]
+
+
+class _BucketRing:
+    """A model's cumulative TTFT buckets at its last ``keep`` steps: the bounds once, the counts of each step in one
+    flat array of doubles (8 bytes a bucket a step, where a tuple of (bound, count) tuples took ~100). Bounds that
+    change (the engine restarted with others) start the ring again: counts under other bounds are no baseline."""
+
+    __slots__ = ("_bounds", "_counts", "_keep", "_times")
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._bounds: tuple[float, ...] = ()
+        self._times = array("d")
+        self._counts = array("d")
+
+    @property
+    def last_time(self) -> float:
+        return self._times[-1] if self._times else math.inf
+
+    def append(self, t: float, buckets: tuple[tuple[float, float], ...]) -> None:
+        bounds = tuple(b for b, _ in buckets)
+        if bounds != self._bounds:
+            self._bounds = bounds
+            del self._times[:], self._counts[:]
+        self._times.append(t)
+        self._counts.extend(c for _, c in buckets)
+        if len(self._times) > self._keep:
+            del self._times[0], self._counts[: len(bounds)]
+
+    def oldest_within(self, since: float) -> tuple[float, tuple[tuple[float, float], ...]] | None:
+        """The oldest step at or after ``since``, as (time, buckets); None if there is none."""
+        width = len(self._bounds)
+        for i, t in enumerate(self._times):
+            if t >= since:
+                return t, tuple(zip(self._bounds, self._counts[i * width : (i + 1) * width], strict=True))
         return None
 
 

@@ -455,3 +455,21 @@ def test_the_agent_hands_its_receivers_finished_spans_to_the_evidence_store(tmp_
 
     assert "receiver is off" in spans_of(False)["absent"]
     assert "received no request span since the agent started" in spans_of(True)["absent"]  # read from the receiver
+
+
+def test_kept_scrapes_give_back_each_rank_as_it_came(tmp_path: Path) -> None:
+    """The last SCRAPES_KEPT engine scrapes are kept as tuples (memory) and given back as the dicts that came, in
+    order; a rank with other keys than the first is kept as it is."""
+    store = _store(tmp_path, os.getpid())
+    first = {"model": "m", "rank": "0", "running": 1.0, "waiting": 0.0, "stall_s": 0.0, "stalled": False}
+    odd = {"model": "m", "rank": "1", "note": "other keys"}
+    for i in range(14):
+        ranks = [{**first, "stall_s": float(i)}, odd]
+        store.on_record("engine", Collection(details={"engine": {"kind": "vllm"}, "hang": ranks}))
+    scrapes = store.scrapes()
+    assert len(scrapes) == 12  # SCRAPES_KEPT
+    assert [s["ranks"][0]["stall_s"] for s in scrapes] == [float(i) for i in range(2, 14)]
+    assert all(s["ranks"] == [{**first, "stall_s": s["ranks"][0]["stall_s"]}, odd] for s in scrapes)
+    assert all(s["engine"] == {"kind": "vllm"} and s["at"] > 0 for s in scrapes)
+    store.on_record("engine", Collection(details={}))  # a scrape without hang verdicts
+    assert store.scrapes()[-1]["ranks"] == []

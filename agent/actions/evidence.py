@@ -552,7 +552,11 @@ class EvidenceStore:
         self._lock = threading.Lock()
         self._capture_lock = threading.Lock()
         self._ring: FileRing | None = None
-        self._scrapes: deque[dict[str, Any]] = deque(maxlen=SCRAPES_KEPT)
+        # per scrape: (time, engine, the ranks' keys, each rank's values in that order): a tuple a rank, where a
+        # dict took ~250 bytes more (at 200 models x 2 ranks, 12 scrapes held ~1.2 MB more); dicts again in scrapes()
+        self._scrapes: deque[tuple[float, Any, tuple[str, ...], list[tuple[Any, ...] | dict[str, Any]]]] = deque(
+            maxlen=SCRAPES_KEPT
+        )
         self._hung: set[tuple[str, str]] = set()
         self._last_by_pid: dict[int, tuple[float, str]] = {}
         self._threads: list[threading.Thread] = []
@@ -582,8 +586,10 @@ class EvidenceStore:
             return
         if name != ENGINE_SOURCE:
             return
-        ranks = [dict(r) for r in collection.details.get("hang", [])]
-        self._scrapes.append({"at": time.time(), "engine": collection.details.get("engine"), "ranks": ranks})
+        ranks = collection.details.get("hang", [])
+        keys = tuple(ranks[0]) if ranks else ()
+        rows = [tuple(r.values()) if tuple(r) == keys else dict(r) for r in ranks]  # a rank of other keys: as it is
+        self._scrapes.append((time.time(), collection.details.get("engine"), keys, rows))
         hung = {
             (str(f.evidence.get("model")), str(f.evidence.get("rank"))): f
             for f in collection.findings
@@ -595,6 +601,17 @@ class EvidenceStore:
         if onset and self.cfg.enabled and self.cfg.on_hang:
             first = hung[sorted(onset)[0]]
             self.trigger_async("hang", first.summary, alertnames=(HANG_ALERT,), finding=dict(first.evidence))
+
+    def scrapes(self) -> list[dict[str, Any]]:
+        """The engine scrapes kept, oldest first: ``{"at", "engine", "ranks": [the rank's hang verdict dict]}``."""
+        return [
+            {
+                "at": at,
+                "engine": engine,
+                "ranks": [dict(zip(keys, r, strict=True)) if isinstance(r, tuple) else dict(r) for r in rows],
+            }
+            for at, engine, keys, rows in list(self._scrapes)
+        ]
 
     def on_alerts(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """An Alertmanager webhook: a capture for its firing critical alerts for this node (``evidence.instances``;
@@ -710,7 +727,7 @@ class EvidenceStore:
                 "time_limit_s": self.cfg.time_limit_s,
             },
             "processes": processes,
-            "engine": {"scrapes": list(self._scrapes)},
+            "engine": {"scrapes": self.scrapes()},
             "runtime_profile": self._runtime_profile(),
             "gpus": nvml_state(self.nvml),
             "spans": self._spans(),
@@ -771,10 +788,10 @@ class EvidenceStore:
         try:
             recent = self._recent_spans() if self._recent_spans is not None else None
         except Exception as exc:
-            out = spans_section(list(self._scrapes), self._probe, [])
+            out = spans_section(self.scrapes(), self._probe, [])
             out["recent_finished"] = {"absent": f"reading the receiver's spans failed: {exc}"}
             return out
-        return spans_section(list(self._scrapes), self._probe, recent)
+        return spans_section(self.scrapes(), self._probe, recent)
 
     def _runtime_profile(self) -> dict[str, Any]:
         try:

@@ -32,14 +32,53 @@ import math
 import platform
 import re
 import sys
-from collections.abc import Container
+from array import array
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from agent.engine.limits import EngineLimits, label_limit_error
 from agent.errors import SourceFormatError
 
 Labels = tuple[tuple[str, str], ...]
-Series = list[tuple[Labels, float]]
+
+
+class Series:
+    """A family's kept samples in the order read: the label tuples in a list and the values in an array of doubles
+    (16 bytes a sample, where a ``(labels, value)`` tuple and its float took ~96: at 200 models x 2 ranks the
+    83k samples the vLLM adapter reads held ~7.4 MB while the adapter read them, ~1.3 MB now). Iterates, indexes
+    and compares as the list of ``(labels, value)`` pairs it stands for (the values exactly as read)."""
+
+    __slots__ = ("labels", "values")
+
+    def __init__(self, pairs: Iterable[tuple[Labels, float]] = ()) -> None:
+        self.labels: list[Labels] = []
+        self.values = array("d")
+        for labels, value in pairs:
+            self.append(labels, value)
+
+    def append(self, labels: Labels, value: float) -> None:
+        self.labels.append(labels)
+        self.values.append(value)
+
+    def __iter__(self) -> Iterator[tuple[Labels, float]]:
+        return zip(self.labels, self.values, strict=True)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[Labels, float]:
+        return self.labels[i], self.values[i]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Series | list):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the list it stands for
+
+    def __repr__(self) -> str:
+        return f"Series({list(self)!r})"
+
 
 REASONS = (
     "parse",
@@ -138,7 +177,8 @@ class Exposition:
     generation: int = 0
 
     def get(self, name: str) -> Series:
-        return self.samples.get(name, [])
+        got = self.samples.get(name)
+        return got if got is not None else Series()
 
 
 class Everything:
@@ -761,8 +801,9 @@ class ExpositionReader:
             # else: not kept and not cached: no duplicate check (its values are not used)
             if keep:
                 if series is None:
-                    series = out[name] = []
-                series.append((labels, value))
+                    series = out[name] = Series()
+                series.labels.append(labels)
+                series.values.append(value)
         p.last_name = last_name
         p.lines += len(lines)
         self._open_lines = p.lines

@@ -11,10 +11,19 @@ position, the NIXL connector's transfer time, bytes and failures, requests waiti
    equals prometheus_client's parser's (names, labels, values), and so does every per-model figure derived;
 2. **ingest**: interleaved rounds of prometheus_client's ``text_string_to_metric_families`` (consumed to the end)
    against the reader + vLLM adapter, cold (new reader) and warm (the collector's case); medians, ratio;
-3. **the agent as a process** (``python -m agent run``) scraping that exposition from a local HTTP server with
-   ``engine.max_models`` and ``engine.max_series`` raised to hold it: its RSS (VmRSS and peak VmHWM from
-   /proc) after several collections and scrapes, its own ``/metrics`` series in total and per model, and the
-   agent's self-metric ``inferwatch_agent_series`` against the count of lines in the same scrape.
+3. **the agent as a process** (``python -m agent run``, a 5 s interval) reading that exposition from a local HTTP
+   server with ``engine.max_models`` and ``engine.max_series`` raised to hold it. The engine is under steady
+   traffic: every read gets the next version of the exposition (more requests finished), made while the agent
+   waits. ``/metrics`` is scraped every 15 s, as Prometheus does in production; the engine collections are
+   counted from ``/api/v1/status`` each second. Its RSS (VmRSS, and the peak VmHWM, from /proc) after
+   ``--early`` collections and after ``--collections`` (the default 80: past 5 minutes, every window and ring
+   holds all it will hold), its own ``/metrics`` series in total and per model, and the self-metric
+   ``inferwatch_agent_series`` against the count of lines in the same scrape.
+
+   ``--runtime-venv DIR``: the agent runs from a virtual environment holding only its runtime dependencies, as the
+   image installs them (``requirements.lock``, then this checkout's wheel, bytecode compiled by pip), from a
+   folder outside the checkout. The development venv also holds the test dependencies, and some of them change
+   the agent: selenium brings trio, which httpcore imports when the agent makes its HTTP client (~5 MB).
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import tracemalloc
@@ -162,6 +172,53 @@ def serve(bodies: list[bytes]) -> tuple[http.server.ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}/metrics"
 
 
+class LiveExposition:
+    """An engine under steady traffic at /metrics: each read gets the next version of the exposition (``gen`` with
+    ``requests`` more finished per model and rank), made in a thread while the agent waits for its next read."""
+
+    def __init__(self, gen: SignalsVllmLike, requests: int = 3) -> None:
+        self.gen, self.requests = gen, requests
+        self.body = gen.text().encode()
+        self.reads = 0
+        self._served = threading.Event()
+        self._stop = threading.Event()
+        threading.Thread(target=self._produce, daemon=True).start()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path != "/metrics":  # the agent also asks /v1/models and /health: none here
+                    self.send_error(404)
+                    return
+                body = outer.body
+                outer.reads += 1
+                outer._served.set()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+
+    def _produce(self) -> None:
+        while not self._stop.is_set():
+            if not self._served.wait(0.5):
+                continue
+            self._served.clear()
+            self.gen.observe(self.requests)
+            self.body = self.gen.text().encode()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.server.shutdown()
+
+
 def status_kib(pid: int, field: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -169,25 +226,32 @@ def status_kib(pid: int, field: str) -> int:
     raise KeyError(field)
 
 
-ENGINE_DONE = 'inferwatch_collector_last_success_timestamp_seconds{collector="engine"}'
+def engine_collections(base: str) -> int:
+    """The engine collector's successful runs so far, as the agent's status API says."""
+    status = httpx.get(f"{base}/api/v1/status", timeout=60).json()
+    engine = next(c for c in status["collectors"] if c["name"] == "engine")
+    return int(engine["runs"] - engine["errors"])
 
 
-def engine_collections(text: str) -> float | None:
-    """When the engine collector last succeeded, as the agent's own /metrics says (None: not yet)."""
-    for ln in text.splitlines():
-        if ln.startswith(ENGINE_DONE):
-            return float(ln.split()[-1])
-    return None
+def agent_run(
+    url: str,
+    series: int,
+    models: int,
+    collections: int,
+    early: int = 6,
+    pycache: Path | None = None,
+    python: Path | None = None,
+    scrape_s: float = 15.0,
+) -> dict[str, object]:
+    """Start the agent on ``url``; count its engine collections each second and scrape its /metrics every
+    ``scrape_s`` until ``collections`` have succeeded: its RSS after ``early`` and after ``collections``, and its own
+    series.
 
-
-def agent_run(url: str, series: int, models: int, collections: int, pycache: Path | None = None) -> dict[str, object]:
-    """Start the agent on ``url``, scrape its /metrics a second apart until the engine collector has succeeded
-    ``collections`` times (each a read of the exposition's next version); RSS and its own series.
-
-    ``pycache``: the agent imports its modules' bytecode from there (``PYTHONPYCACHEPREFIX``, writing what is
-    missing), as the image's agent imports the bytecode pip compiled at install; else as the environment says
-    (with ``PYTHONDONTWRITEBYTECODE=1`` and no bytecode installed, every start compiles its imports from source,
-    which leaves the compiler's memory in the process: ~4 MB at 50 models)."""
+    ``python``: the interpreter of a runtime-only venv (see ``--runtime-venv``), run from outside the checkout so it
+    imports the installed package. ``pycache``: the agent imports its modules' bytecode from there
+    (``PYTHONPYCACHEPREFIX``, writing what is missing), as the image's agent imports the bytecode pip compiled at
+    install; else as the environment says (with ``PYTHONDONTWRITEBYTECODE=1`` and no bytecode installed, every start
+    compiles its imports from source, which leaves the compiler's memory in the process: ~4 MB at 50 models)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if pycache is None or k != "PYTHONDONTWRITEBYTECODE"}
     if pycache is not None:
@@ -204,8 +268,9 @@ def agent_run(url: str, series: int, models: int, collections: int, pycache: Pat
         "INFERWATCH_SERIES_BUDGET": str(10_000_000),
         "INFERWATCH_LOG_LEVEL": "warning",
     }
-    cmd = [sys.executable, "-m", "agent", "run", "--port", str(port), "--interval", "5"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    cmd = [str(python or sys.executable), "-m", "agent", "run", "--port", str(port), "--interval", "5"]
+    cwd = Path(tempfile.gettempdir()) if python is not None else ROOT
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
@@ -218,16 +283,24 @@ def agent_run(url: str, series: int, models: int, collections: int, pycache: Pat
             if proc.poll() is not None:
                 raise RuntimeError(f"agent exited: {proc.stderr.read().decode() if proc.stderr else ''}")
             time.sleep(0.5)
-        text, scrape_s, done = "", [], set[float]()
+        text, scrape_ms, rss = "", [], {}
+        done, next_scrape = 0, 0.0
         deadline = time.monotonic() + 60 * collections
-        while len(done) < collections and time.monotonic() < deadline:
-            t0 = time.perf_counter()
-            text = httpx.get(f"{base}/metrics", timeout=120).text
-            scrape_s.append(time.perf_counter() - t0)
-            last = engine_collections(text)
-            if last is not None:
-                done.add(last)
+        while done < collections and time.monotonic() < deadline:
+            if time.monotonic() >= next_scrape:
+                t0 = time.perf_counter()
+                text = httpx.get(f"{base}/metrics", timeout=120).text
+                scrape_ms.append((time.perf_counter() - t0) * 1e3)
+                next_scrape = time.monotonic() + scrape_s
+            n = engine_collections(base)
+            if n != done and n not in rss:
+                rss[n] = round(status_kib(proc.pid, "VmRSS") / 1024, 1)
+            done = n
             time.sleep(1.0)
+        if done < collections:
+            raise RuntimeError(f"only {done} of {collections} engine collections in {60 * collections} s")
+        at_early = rss.get(early, rss[min(rss, key=lambda k: abs(k - early))])
+        text = httpx.get(f"{base}/metrics", timeout=120).text
         lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
         per_model: Tally[str] = Tally()
         for ln in lines:
@@ -236,12 +309,16 @@ def agent_run(url: str, series: int, models: int, collections: int, pycache: Pat
                 per_model[m.group(1)] += 1
         models_by_count = Tally(per_model.values())
         own = next(float(ln.split()[-1]) for ln in lines if ln.startswith("inferwatch_agent_series "))
+        late = [v for k, v in sorted(rss.items()) if k > collections - 10]
         return {
             "rss_mib": round(status_kib(proc.pid, "VmRSS") / 1024, 1),
             "peak_rss_mib": round(status_kib(proc.pid, "VmHWM") / 1024, 1),
-            "engine_collections": len(done),
-            "scrapes": len(scrape_s),
-            "scrape_median_ms": round(statistics.median(scrape_s) * 1e3, 1),
+            f"rss_mib_after_{early}": at_early,
+            "rss_mib_last_10_collections": [min(late), max(late)],
+            "rss_mib_by_collection": rss,
+            "engine_collections": done,
+            "scrapes": len(scrape_ms),
+            "scrape_median_ms": round(statistics.median(scrape_ms), 1),
             "series": len(lines),
             "self_metric_series": own,
             "models_seen": len(per_model),
@@ -256,6 +333,20 @@ def agent_run(url: str, series: int, models: int, collections: int, pycache: Pat
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def runtime_venv(folder: Path) -> Path:
+    """A venv with the agent's runtime dependencies only, as the image installs them (``requirements.lock`` with
+    its hashes, then this checkout's wheel, no dependency resolution); made if missing, the package reinstalled from
+    this checkout each time. Returns its interpreter."""
+    python = folder / "bin" / "python"
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps"]
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True)
+        subprocess.run([*pip, "--require-hashes", "-r", str(ROOT / "requirements.lock")], check=True)
+    subprocess.run([*pip, "--force-reinstall", str(ROOT)], check=True, cwd=tempfile.gettempdir())
+    subprocess.run([str(python), "-m", "pip", "check"], check=True, stdout=subprocess.DEVNULL)
+    return python
 
 
 def live_breakdown(bodies: list[bytes], series: int, models: int, collections: int) -> dict[str, float]:
@@ -291,8 +382,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--collections", type=int, default=6, help="engine collections before the RSS is read")
-    ap.add_argument("--versions", type=int, default=4, help="exposition versions served in turn (traffic)")
+    ap.add_argument(
+        "--collections",
+        type=int,
+        default=80,
+        help="engine collections of each agent (80: past its 5 m windows and rings)",
+    )
+    ap.add_argument("--early", type=int, default=6, help="also the RSS after this many collections")
+    ap.add_argument("--scrape-s", type=float, default=15.0, help="the agent's /metrics is scraped this often")
+    ap.add_argument("--versions", type=int, default=4, help="--live: exposition versions served in turn")
     ap.add_argument("--baseline-models", type=int, default=20, help="the same-run baseline: today's size")
     ap.add_argument("--out", type=Path, help="write the figures as JSON")
     ap.add_argument(
@@ -303,7 +401,14 @@ def main() -> None:
         type=Path,
         help="the agents import bytecode cached in this folder (PYTHONPYCACHEPREFIX), as the image's agent does",
     )
+    ap.add_argument(
+        "--runtime-venv",
+        type=Path,
+        help="run the agents from a venv in this folder with only the runtime dependencies, as the image (made if "
+        "missing; the package reinstalled from this checkout)",
+    )
     args = ap.parse_args()
+    python = runtime_venv(args.runtime_venv.resolve()) if args.runtime_venv else None
     load_before = os.getloadavg()
 
     text, gen = exposition(args.models)
@@ -348,29 +453,30 @@ def main() -> None:
     agents = {}
     live: dict[str, float] = {}
     for label, n in (("baseline", args.baseline_models), ("scale", args.models)):
-        # versions of the exposition with more requests finished each time, served one per agent read
         small, g = (text, gen) if n == args.models else exposition(n)
-        bodies = [small.encode()]
-        for _ in range(args.versions - 1):
-            g.observe(3)
-            bodies.append(g.text().encode())
         n_series = len([ln for ln in small.splitlines() if ln and not ln.startswith("#")])
         if args.live and label == "scale":
-            live = live_breakdown(bodies, n_series, n, args.collections)
-            print(f"\nthe engine collector's live memory after {args.collections} collections (MB by file):")
+            bodies = [small.encode()]
+            for _ in range(args.versions - 1):  # versions with more requests finished, one per read
+                g.observe(3)
+                bodies.append(g.text().encode())
+            live = live_breakdown(bodies, n_series, n, args.early)
+            del bodies
+            print(f"\nthe engine collector's live memory after {args.early} collections (MB by file):")
             print(json.dumps(live))
-        server, url = serve(bodies)
+        engine = LiveExposition(g)
         try:
             agents[label] = {
                 "models": n,
                 "exposition_series": n_series,
-                **agent_run(url, n_series, n, args.collections, args.pycache),
+                **agent_run(engine.url, n_series, n, args.collections, args.early, args.pycache, python, args.scrape_s),
+                "exposition_versions_read": engine.reads,
             }
         finally:
-            server.shutdown()
-        del bodies, small, g
+            engine.close()
+        del small, g, engine
         gc.collect()
-        print(f"\nagent process, {label} ({n} models, {n_series} series), after {args.collections} engine collections:")
+        print(f"\nagent process, {label} ({n} models, {n_series} series), {args.collections} engine collections:")
         print(json.dumps(agents[label]))
     load_after = os.getloadavg()
     print(f"load average before {load_before[0]:.1f}, after {load_after[0]:.1f} on {os.cpu_count()} CPUs")
@@ -388,7 +494,16 @@ def main() -> None:
             "agent": agents,
             "collector_live_mb_by_file": live if args.live else None,
             "collections": args.collections,
-            "agent_bytecode": f"cached in {args.pycache}" if args.pycache else "as the environment says",
+            "early": args.early,
+            "scrape_s": args.scrape_s,
+            "agent_install": "runtime-only venv (requirements.lock + this checkout's wheel), as the image"
+            if args.runtime_venv
+            else "this checkout, in the interpreter running the benchmark",
+            "agent_bytecode": f"cached in {args.pycache}"
+            if args.pycache
+            else "compiled by pip at install"
+            if args.runtime_venv
+            else "as the environment says",
             "agent_dont_write_bytecode": os.environ.get("PYTHONDONTWRITEBYTECODE") if not args.pycache else None,
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in load_after],

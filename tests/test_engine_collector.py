@@ -9,10 +9,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.collectors.engine import EngineCollector
+from agent.collectors.engine import EngineCollector, keep_sums, reading_samples
 from agent.config import Settings
 from agent.engine.board import LatencyBoard
 from agent.engine.fetch import EngineScrapeError
+from agent.engine.scrape import EngineParser
 from agent.errors import NoDataError
 from agent.runner import validate
 from agent.samples import HistogramSample, Sample
@@ -389,3 +390,17 @@ def test_a_run_the_runner_gave_up_on_does_not_set_up_when_it_ends() -> None:
         finally:
             slow.release.set()
             c.close()
+
+
+def test_keep_sums_changes_no_sample_made_from_the_reading() -> None:
+    """The collector replaces each histogram's per-rank series by their sum once the windows and the hang detector
+    have read them (memory): every sample made from the reading after that is the one made before."""
+    gen = VllmLike(["m1", "m2"], engines=3, seed=17)
+    gen.observe(40)
+    reading = EngineParser("vllm").parse(gen.text().encode())
+    assert all(len(series) == 3 for m in reading.models.values() for series in m.histograms.values())
+    before = reading_samples(reading)
+    keep_sums(reading)
+    assert all(len(series) == 1 for m in reading.models.values() for series in m.histograms.values())
+    after = reading_samples(reading)
+    assert after == before and any(isinstance(s, HistogramSample) for s in after)

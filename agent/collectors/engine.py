@@ -178,6 +178,18 @@ def frontend_gap(stats: dict[Key, LatencyStats], model: str, window: str) -> flo
     return ttft - (queue + prefill)
 
 
+def keep_sums(reading: EngineReading) -> None:
+    """Replace each histogram's series by their sum (under no labels), once the windows and the hang detector have
+    read them: the samples made from a reading need the sums only. At 200 models x 2 ranks the series' buckets are
+    ~6 MB of (bound, count) tuples; let go here, the collection's samples are made in their place instead of beside
+    them."""
+    for m in reading.models.values():
+        for quantity, series in m.histograms.items():
+            if len(series) > 1:
+                total = sum_histograms(series.values())
+                m.histograms[quantity] = {(): total} if total is not None else {}
+
+
 def reading_samples(reading: EngineReading) -> list[AnySample]:
     """Instant samples of one reading: info, gauges, counters and re-exported cumulative histograms."""
     out: list[AnySample] = []
@@ -433,13 +445,14 @@ class EngineCollector(BaseCollector):
             else:
                 log.info("engine models back within engine.max_models=%d", self.limits.max_models)
         self.timeline.update(now, reading)
+        self._model_len_step(now, reading)
+        verdicts = self.hang.update(now, reading)
+        keep_sums(reading)  # the per-series histograms are read: what is left to do needs their sums only
         stats = self.timeline.stats()
         self.board.replace("histogram", stats)
         self.board.set_models("histogram", reading.models)
         samples: list[AnySample] = reading_samples(reading)
         samples.extend(self.timeline.derived_samples(stats))
-        self._model_len_step(now, reading)
-        verdicts = self.hang.update(now, reading)
         health = self._health() if any(v.stalled for v in verdicts) else "not_probed"
         samples.extend(hang_samples(verdicts, health))
         findings = hang_findings(verdicts, health, self.health_url)

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agent.api.statushtml import render_page  # noqa: E402
-from agent.api.statuspage import HISTORY_POINTS, HISTORY_STEP_S, PageHistory, build_overview  # noqa: E402
+from agent.api.statuspage import HISTORY_POINTS, HISTORY_S, HISTORY_STEP_S, PageHistory, build_overview  # noqa: E402
 from agent.app import Agent  # noqa: E402
 from agent.config import load_settings  # noqa: E402
 from exporters.prometheus import render as render_metrics  # noqa: E402
@@ -125,9 +125,9 @@ def main() -> None:
         state = agent.state
         collections = state.collections()
         # an hour of history from the agent's own collections, at a simulated clock
-        clock = [time.time() - HISTORY_STEP_S * HISTORY_POINTS]
+        clock = [time.time() - HISTORY_S]
         history = PageHistory(clock=lambda: clock[0])
-        for _ in range(HISTORY_POINTS):
+        for _ in range(int(HISTORY_S / HISTORY_STEP_S)):
             for name in ("engine", "spans"):
                 if name in collections:
                     history.on_collection(name, collections[name])

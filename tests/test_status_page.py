@@ -393,7 +393,7 @@ def _engine(models: list[str], ttft_count: float = 0.0) -> Collection:
 
 def test_history_is_bounded_in_series_and_points() -> None:
     now = [1000.0]
-    history = PageHistory(clock=lambda: now[0], step_s=10, points=3, max_series=2)
+    history = PageHistory(clock=lambda: now[0], step_s=10, points=3, max_series=2, chart_step_s=10)
     for i in range(6):
         history.on_collection("engine", _engine([f"m{k}" for k in range(5)], ttft_count=i))
         now[0] += 10
@@ -407,7 +407,7 @@ def test_history_keeps_points_and_baselines_as_they_came() -> None:
     """The compact store (flat arrays) gives back what was kept: points in order with None for a missing quantile,
     the oldest buckets within the 5-minute window, and no baseline across a change of bounds."""
     now = [1000.0]
-    history = PageHistory(clock=lambda: now[0], step_s=10, points=4, max_series=8)
+    history = PageHistory(clock=lambda: now[0], step_s=10, points=4, max_series=8, chart_step_s=10)
     for i in range(6):
         history.on_collection("engine", _engine(["m"], ttft_count=10 * i))
         now[0] += 10
@@ -431,6 +431,32 @@ def test_history_keeps_points_and_baselines_as_they_came() -> None:
                             attrs({"gen_ai.request.model": "m"}))  # fmt: skip
     history.on_collection("engine", Collection(samples=[other], details={"models": ["m"]}))
     assert history.baseline("m", 1070.0) == (1070.0, ((1.0, 5.0), (math.inf, 6.0)))
+
+
+def test_history_keeps_a_point_per_chart_step_with_each_quantiles_maximum() -> None:
+    """Copies every 10 s, a point per 30 s of the clock: the slot's last time and each quantile's maximum (a P99
+    spike in one copy stays), a quantile missing from every copy None; an hour is 120 points."""
+    now = [990.0]  # a 30 s slot starts here
+    history = PageHistory(clock=lambda: now[0])
+    assert history.points == 120 and history.chart_step_s == 30 and history.step_s == 10
+
+    def copy(p50: float, p99: float | None) -> Collection:
+        out = []
+        for q, v in (("0.5", p50), ("0.99", p99)):
+            if v is not None:
+                la = {"gen_ai.request.model": "m", "quantity": "ttft", "window": "1m", "source": "histogram"}
+                out.append(Sample("inferwatch.engine.latency", v, attrs(la, quantile=q)))
+        return Collection(samples=out)
+
+    for p50, p99 in ((0.1, 0.5), (0.2, 3.0), (0.15, None), (0.1, 0.4)):  # 990, 1000, 1010 | 1020
+        history.on_collection("engine", copy(p50, p99))
+        now[0] += 10
+    assert history.line("m", "ttft", "histogram") == [(1010.0, 0.2, None, 3.0), (1020.0, 0.1, None, 0.4)]
+    for _ in range(400):  # past the hour: 120 points, the oldest gone
+        history.on_collection("engine", copy(0.1, 0.2))
+        now[0] += 10
+    points = history.line("m", "ttft", "histogram")
+    assert len(points) == 120 and points[-1][0] == now[0] - 10 and points[0][0] >= now[0] - 3600
 
 
 def test_page_escapes_what_the_engine_names_and_renders_an_empty_state() -> None:

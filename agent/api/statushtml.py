@@ -15,8 +15,8 @@ from typing import Any
 from urllib.parse import quote
 
 from agent.api.statuspage import (
+    CHART_STEP_S,
     GOODPUT_TTFT_S,
-    HISTORY_STEP_S,
     STATUS_WORD,
     TAIL_RATIO_MAX,
     fmt_age,
@@ -151,9 +151,7 @@ def _line_svg(model: str, quantity: str, points: list[list[Any]]) -> str:
     label_q = {"ttft": "TTFT", "itl": "ITL"}[quantity]
     pts = [p for p in points if any(v is not None for v in p[1:])]
     if len(pts) < 2:
-        return (
-            f'<p class="muted">{label_q} history: collecting (one point per {HISTORY_STEP_S:g} s, one hour kept).</p>'
-        )
+        return f'<p class="muted">{label_q} history: collecting (one point per {CHART_STEP_S:g} s, one hour kept).</p>'
     width, height, pad = 360, 110, 18
     t0, t1 = pts[0][0], pts[-1][0]
     top = max(v for p in pts for v in p[1:] if v is not None) or 1.0

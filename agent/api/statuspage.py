@@ -3,11 +3,12 @@
 
 What it reads: the state's latest collections (engine timing, span analytics, CPU features, page cache, GPUs,
 findings) and the runner's health record; the agent's own CPU time and peak RSS from ``getrusage`` (no /proc).
-What it keeps: :class:`PageHistory`, a state listener (like the snapshot store) that keeps, once per
-:data:`HISTORY_STEP_S`, the TTFT/ITL P50/P95/P99 of every model (one hour: :data:`HISTORY_POINTS`) and the
+What it keeps: :class:`PageHistory`, a state listener (like the snapshot store) that copies, once per
+:data:`HISTORY_STEP_S`, the TTFT/ITL P50/P95/P99 of every model (a point per :data:`CHART_STEP_S`, each quantile
+the maximum of the point's copies; an hour: :data:`HISTORY_POINTS`) and the
 engine's cumulative TTFT buckets (the last :data:`HISTOGRAM_WINDOW_S`, so the page draws the window's
 histogram, not the one since the engine started). Memory is bounded by :data:`MAX_SERIES`: kept in flat
-arrays (a line's whole hour allocated when it starts), 200 models take ~4.8 MB (as tuples an hour took ~28 MB;
+arrays (a line's whole hour allocated when it starts), 200 models take ~2.7 MB (as tuples an hour took ~28 MB;
 docs/benchmarks.md, "Engine scale").
 
 Nothing is computed on the collection path beyond that copy: the page and ``/api/v1/overview`` are built when
@@ -31,8 +32,10 @@ from agent.catalog.engine import GOODPUT_TTFT_TARGET_S
 from agent.samples import AnySample, Collection, Finding, HistogramSample, Sample
 from agent.state import AgentState, CollectorHealth
 
-HISTORY_STEP_S = 10.0  # one point per step per series: 360 points make the hour the line charts show
-HISTORY_POINTS = 360
+HISTORY_STEP_S = 10.0  # the quantiles and TTFT buckets are copied once per step (and when a model first shows)
+CHART_STEP_S = 30.0  # a line keeps one point per 30 s of the clock: each quantile the slot's maximum (a spike stays)
+HISTORY_S = 3600.0  # the hour the line charts show
+HISTORY_POINTS = int(HISTORY_S / CHART_STEP_S)  # 120 points a line
 MAX_CHART_POINTS = 120  # drawn (and in /api/v1/overview) per line: 30 s apart over the hour
 HISTOGRAM_WINDOW_S = 300.0  # the TTFT histogram shows the last 5 minutes (the alerts' 5m window)
 MAX_SERIES = 256  # (model, quantity, source) line series kept; models past it are not charted
@@ -80,10 +83,12 @@ class PageHistory:
         step_s: float = HISTORY_STEP_S,
         points: int = HISTORY_POINTS,
         max_series: int = MAX_SERIES,
+        chart_step_s: float = CHART_STEP_S,
     ) -> None:
         self._clock = clock
         self.step_s = step_s
         self.points = points
+        self.chart_step_s = chart_step_s
         self.max_series = max_series
         self._lock = threading.Lock()
         self._last: dict[str, float] = {}
@@ -124,7 +129,7 @@ class PageHistory:
                 if line is None:
                     if len(self._lines) >= self.max_series:
                         continue
-                    line = self._lines[key] = _Line(self.points)
+                    line = self._lines[key] = _Line(self.points, self.chart_step_s)
                 line.append(now, *(qs.get(q) for q in CHART_QUANTILES))
             for model, buckets in hists.items():
                 ring = self._buckets.get(model)
@@ -133,7 +138,7 @@ class PageHistory:
                         continue
                     ring = self._buckets[model] = _BucketRing(self._keep_buckets)
                 ring.append(now, buckets)
-            horizon = now - self.step_s * self.points
+            horizon = now - self.chart_step_s * self.points
             for stale in [k for k, v in self._lines.items() if v.last_time < horizon]:
                 del self._lines[stale]
             for gone in [m for m, v in self._buckets.items() if v.last_time < horizon]:
@@ -162,17 +167,19 @@ def _read(v: float) -> float | None:
 
 
 class _Line:
-    """One chart line: its last ``points`` points (time, P50, P95, P99) in a ring of doubles allocated whole when the
-    line is made, a missing quantile (and a NaN, which a chart cannot draw either) kept as NaN and read back as None:
-    32 bytes a point, where a tuple of floats in a deque took ~180 (at 200 models an hour of lines held ~13 MB, now
-    2.9 MB), and the memory a line will hold is taken at once (an agent's size after its first minutes is its size
-    after an hour)."""
+    """One chart line: a point per ``slot_s`` of the clock, its last ``points`` of them, each the time of the slot's
+    last copy and P50, P95, P99 each the maximum of the slot's copies (so a spike stays), in a ring of doubles
+    allocated whole when the line is made; a missing quantile (and a NaN, which a chart cannot draw either) kept as NaN
+    and read back as None. 32 bytes a point, 120 points an hour: where a tuple of floats per 10 s copy in a deque took
+    ~180 bytes (at 200 models an hour of lines held ~13 MB, now ~1 MB), and the memory a line will hold is taken at
+    once (an agent's size after its first minutes is its size after an hour)."""
 
-    __slots__ = ("_count", "_next", "_points", "_values")
+    __slots__ = ("_count", "_next", "_points", "_slot_s", "_values")
 
-    def __init__(self, points: int) -> None:
+    def __init__(self, points: int, slot_s: float) -> None:
         self._values = array("d", bytes(32 * points))
         self._points = points
+        self._slot_s = slot_s
         self._next = 0  # the slot the next point goes to
         self._count = 0
 
@@ -184,8 +191,18 @@ class _Line:
         return self._values[4 * ((self._next - 1) % self._points)] if self._count else math.inf
 
     def append(self, t: float, p50: float | None, p95: float | None, p99: float | None) -> None:
+        values = self._values
+        new = (_stored(p50), _stored(p95), _stored(p99))
+        last = self.last_time
+        if self._count and math.floor(t / self._slot_s) == math.floor(last / self._slot_s) and t >= last:
+            i = 4 * ((self._next - 1) % self._points)  # the same slot: merged into its point
+            values[i] = t
+            for k, v in enumerate(new, start=i + 1):
+                if v == v and not values[k] >= v:  # NaN (missing) never wins; the larger value does
+                    values[k] = v
+            return
         i = 4 * self._next
-        self._values[i : i + 4] = array("d", (t, _stored(p50), _stored(p95), _stored(p99)))
+        values[i : i + 4] = array("d", (t, *new))
         self._next = (self._next + 1) % self._points
         self._count = min(self._count + 1, self._points)
 

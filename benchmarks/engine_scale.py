@@ -391,7 +391,7 @@ def main() -> None:
     ap.add_argument("--early", type=int, default=6, help="also the RSS after this many collections")
     ap.add_argument("--scrape-s", type=float, default=15.0, help="the agent's /metrics is scraped this often")
     ap.add_argument("--versions", type=int, default=4, help="--live: exposition versions served in turn")
-    ap.add_argument("--baseline-models", type=int, default=20, help="the same-run baseline: today's size")
+    ap.add_argument("--baseline-models", type=int, default=20, help="the same-run baseline: today's size (0: none)")
     ap.add_argument("--out", type=Path, help="write the figures as JSON")
     ap.add_argument(
         "--live", action="store_true", help="also the collector's live memory by source file (tracemalloc, slow)"
@@ -453,6 +453,8 @@ def main() -> None:
     agents = {}
     live: dict[str, float] = {}
     for label, n in (("baseline", args.baseline_models), ("scale", args.models)):
+        if n <= 0:  # --baseline-models 0: the scale agent only
+            continue
         small, g = (text, gen) if n == args.models else exposition(n)
         n_series = len([ln for ln in small.splitlines() if ln and not ln.startswith("#")])
         if args.live and label == "scale":

@@ -8,7 +8,7 @@ import pytest
 
 from agent.collectors.engine import EngineCollector
 from agent.config import Settings
-from agent.engine.exposition import MAX_HEADS, MAX_LABEL_TEXTS
+from agent.engine.exposition import MAX_HEADS
 from agent.engine.fetch import EngineScrapeError
 from agent.engine.limits import EngineLimits, SampleLineCounter, count_sample_lines
 from agent.engine.scrape import EngineParser
@@ -140,8 +140,7 @@ def test_caches_of_a_burst_of_series_are_given_back() -> None:
     parser = EngineParser("auto", "unknown", EngineLimits(max_models=4))
     parser.parse(ranks(30_000).encode())
     reader, keys = parser._readers["vllm"], parser._keys["vllm"]
-    assert len(reader._heads) == MAX_HEADS and len(reader._raw) == MAX_LABEL_TEXTS  # heads, label texts: bounds
-    assert len(reader._labels) == 30_000  # every label set kept (its canonical id)
+    assert len(reader._heads) == MAX_HEADS and len(reader._raw) == 30_000  # heads up to the bound
     parser.parse(gauges(3).encode())  # the engine is back to three models
     assert len(reader._heads) == 0 and keys.size <= 3
     parser.parse(gauges(3).encode())

@@ -453,10 +453,6 @@ MAX_UNKEPT_HEADS = 20_000  # per read: lines of families not read checked for du
 # A reader whose last read had more lines than the bound caches no head at all: the 16,384 it would hold cover
 # a small share of such a read (13 % at 200 models) for ~4 MB (agent at 50 models: 86-87 -> 82.6 MB).
 MAX_HEADS = 16_384
-# Label texts of wanted names cached (the common head's text → its label set): each ~140 bytes with its entry. Past
-# the bound a text is split into its pairs (cached) each time and its label set found by them (~1 us a line): at
-# 200 models x 2 ranks the 21.6k texts held ~3 MB, and a warm read takes ~15 % longer without most of them.
-MAX_LABEL_TEXTS = 4_096
 MAX_DROPPED_MODELS_COUNTED = 65_536  # distinct dropped models counted per read (beyond: a lower bound)
 
 
@@ -641,15 +637,8 @@ class ExpositionReader:
         self._open_lines = None
 
     def _cached(self) -> int:
-        """Entries of the largest cache (heads, label texts and sets, pairs, texts of names not read, names)."""
-        return max(
-            len(self._heads),
-            len(self._raw),
-            len(self._labels),
-            len(self._pairs),
-            len(self._raw_unkept),
-            len(self._names),
-        )
+        """Entries of the largest cache (heads, label texts, label pairs, label texts of names not read, names)."""
+        return max(len(self._heads), len(self._raw), len(self._pairs), len(self._raw_unkept), len(self._names))
 
     def feed(self, p: ReadPass, lines: list[str]) -> None:
         """Read complete lines (no ``\\n``) of the body read by ``p``, in order; raise ExpositionError.
@@ -921,9 +910,8 @@ class ExpositionReader:
                     key = labels if n < 2 or (n == 3 and labels[0] < labels[1] < labels[2]) else _sorted(labels)
                     canon = self._canon.setdefault(key, len(self._canon))
                     info = self._labels[labels] = (labels, bad, canon, model)
-                    if len(self._raw) < MAX_LABEL_TEXTS:
-                        self._raw[raw] = info
-            elif len(self._raw) < MAX_LABEL_TEXTS:
+                    self._raw[raw] = info
+            else:
                 self._raw[raw] = info
             if fresh and len(self._pairs) + len(fresh) <= MAX_LABEL_PAIRS:  # pairs of a label set kept
                 self._pairs.update(fresh)

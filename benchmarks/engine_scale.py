@@ -145,19 +145,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def serve(bodies: list[bytes]) -> tuple[http.server.ThreadingHTTPServer, str]:
-    """Serve ``bodies`` in turn at /metrics (the engine under traffic: counters grow), then the last one."""
-    served = [0]
-    lock = threading.Lock()
+def serve_metrics(next_body: Callable[[], bytes]) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """An engine's /metrics on 127.0.0.1: each GET answers ``next_body()``; the server and its URL."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path != "/metrics":  # the agent also asks /v1/models and /health: none here
                 self.send_error(404)
                 return
-            with lock:
-                body = bodies[min(served[0], len(bodies) - 1)]
-                served[0] += 1
+            body = next_body()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
@@ -172,6 +168,20 @@ def serve(bodies: list[bytes]) -> tuple[http.server.ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}/metrics"
 
 
+def serve(bodies: list[bytes]) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """Serve ``bodies`` in turn at /metrics (the engine under traffic: counters grow), then the last one."""
+    served = [0]
+    lock = threading.Lock()
+
+    def next_body() -> bytes:
+        with lock:
+            body = bodies[min(served[0], len(bodies) - 1)]
+            served[0] += 1
+        return body
+
+    return serve_metrics(next_body)
+
+
 class LiveExposition:
     """An engine under steady traffic at /metrics: each read gets the next version of the exposition (``gen`` with
     ``requests`` more finished per model and rank), made in a thread while the agent waits for its next read."""
@@ -183,28 +193,13 @@ class LiveExposition:
         self._served = threading.Event()
         self._stop = threading.Event()
         threading.Thread(target=self._produce, daemon=True).start()
-        outer = self
+        self.server, self.url = serve_metrics(self._next_body)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path != "/metrics":  # the agent also asks /v1/models and /health: none here
-                    self.send_error(404)
-                    return
-                body = outer.body
-                outer.reads += 1
-                outer._served.set()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+    def _next_body(self) -> bytes:
+        body = self.body
+        self.reads += 1
+        self._served.set()
+        return body
 
     def _produce(self) -> None:
         while not self._stop.is_set():

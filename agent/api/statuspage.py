@@ -75,7 +75,8 @@ def _num(v: float | None) -> float | None:
 
 
 class PageHistory:
-    """Listener on the state (:meth:`AgentState.add_listener`): one point per model and step, an hour of them."""
+    """Listener on the state (:meth:`AgentState.add_listener`): a copy per model and step, a chart point per
+    ``chart_step_s``, an hour of them."""
 
     def __init__(
         self,

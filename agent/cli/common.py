@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import typer
 
 from agent.config import Settings, load_settings
 from agent.errors import ConfigError
+from agent.userfiles import read_text_bounded
 
 EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 _SWITCH = re.compile(r"^--(no-)?collector\.([a-z0-9_]+)$")
@@ -18,6 +20,24 @@ _SWITCH = re.compile(r"^--(no-)?collector\.([a-z0-9_]+)$")
 ConfigOpt = typer.Option(None, "--config", "-c", help="YAML configuration file (or INFERWATCH_CONFIG).")
 ProcfsOpt = typer.Option(None, "--path.procfs", help="procfs root to read (default /proc).")
 SysfsOpt = typer.Option(None, "--path.sysfs", help="sysfs root to read (default /sys).")
+
+
+TOKEN_ENV = "INFERWATCH_TOKEN"
+MAX_TOKEN_FILE_BYTES = 64 * 1024  # a bearer token is a line; a bigger file is the wrong file
+
+
+def read_token(token_file: Path | None, command: str) -> str:
+    """The API token of ``--token-file`` (stripped), else ``$INFERWATCH_TOKEN``, else "".
+
+    A file that is missing, unreadable, a directory, over 64 KiB or not UTF-8 is the user's mistake: one line
+    naming the file and the reason on stderr, exit 2 (never a traceback)."""
+    if token_file is None:
+        return os.environ.get(TOKEN_ENV, "")
+    try:
+        return read_text_bounded(token_file, MAX_TOKEN_FILE_BYTES, "--token-file").strip()
+    except ConfigError as exc:
+        typer.echo(f"inferwatch {command}: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def collector_switches(extra: list[str]) -> dict[str, dict[str, bool]]:

@@ -31,6 +31,12 @@ def register(app: typer.Typer) -> None:
         """Start the simulator, the load generator and the agent; print where to look; stop all on Ctrl-C."""
         from simulator.demo import Demo, DemoConfig
 
+        if log_dir is not None:
+            try:
+                log_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                typer.echo(f"inferwatch demo: cannot use --log-dir {log_dir}: {exc.strerror or exc}", err=True)
+                raise typer.Exit(2) from None
         config = DemoConfig(
             sim_port=sim_port, agent_port=agent_port, otlp_grpc_port=otlp_port, otlp_http_port=otlp_http_port,
             hardware=hardware, model=model, engines=engines, rate=rate, protocol=protocol,

@@ -8,7 +8,6 @@ refused, 2 usage error.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import httpx
 import typer
 
-from agent.cli.common import ConfigOpt, build_settings
+from agent.cli.common import ConfigOpt, build_settings, read_token
 
 AgentOpt = typer.Option(None, "--agent", help="Read from this agent's API (http://host:9435) instead of this node.")
 TokenFileOpt = typer.Option(None, "--token-file", help="File holding a token with the evidence scope.")
@@ -24,7 +23,7 @@ API_TIMEOUT_S = 15.0
 
 
 def _api(agent: str, path: str, token_file: Path | None) -> Any:
-    token = token_file.read_text().strip() if token_file else os.environ.get("INFERWATCH_TOKEN", "")
+    token = read_token(token_file, "evidence")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         r = httpx.get(agent.rstrip("/") + path, headers=headers, timeout=API_TIMEOUT_S)

@@ -9,7 +9,6 @@ ids (docs/explain.md). Exit 0 shown, 1 the agent refused or has nothing for the 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -17,6 +16,7 @@ import httpx
 import typer
 
 from agent.analytics.explain import DEFAULT_TOP, MAX_TOP, QUANTITIES, parse_window, render_text
+from agent.cli.common import read_token
 
 DEFAULT_AGENT = "http://127.0.0.1:9435"
 API_TIMEOUT_S = 15.0
@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             typer.echo(f"inferwatch explain: {exc}", err=True)
             raise typer.Exit(2) from None
-        token = token_file.read_text().strip() if token_file else os.environ.get("INFERWATCH_TOKEN", "")
+        token = read_token(token_file, "explain")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         params = {"window": window, "top": str(top), "by": by} | ({"model": model} if model else {})
         url = f"{agent.rstrip('/')}/api/v1/explain?{urlencode(params)}"

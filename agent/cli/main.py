@@ -53,4 +53,15 @@ def version() -> None:
 
 
 def main() -> None:
-    app()
+    """Run the command; an error the agent raises on purpose (agent.errors) ends in one line, never a traceback.
+
+    Commands catch what they expect themselves; this is the net under them, so a user's mistake that reaches
+    library code (a bad value, an unreadable file) still reads as one message: exit 2 for configuration, else 1.
+    """
+    from agent.errors import ConfigError, InferwatchError
+
+    try:
+        app()
+    except InferwatchError as exc:
+        typer.echo(f"inferwatch: {exc}", err=True)
+        raise SystemExit(2 if isinstance(exc, ConfigError) else 1) from None

@@ -10,7 +10,6 @@ quits; ``--once`` prints one frame and exits (exit 1 when the agent cannot be re
 from __future__ import annotations
 
 import contextlib
-import os
 import select
 import sys
 import time
@@ -163,7 +162,9 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.live import Live
 
-        token = token_file.read_text().strip() if token_file else os.environ.get("INFERWATCH_TOKEN", "")
+        from agent.cli.common import read_token
+
+        token = read_token(token_file, "top")
         console = Console()
         if once:
             try:

@@ -179,6 +179,8 @@ class Demo:
         try:
             sim.start(self.cwd)
             _wait_http(f"http://127.0.0.1:{self.sim_port}/health", sim, START_TIMEOUT_S)
+            if sim.proc is not None:  # the runtime the agent watches (process, SIMD, binary check) is the simulator
+                agent.env.setdefault("INFERWATCH_RUNTIME__PID", str(sim.proc.pid))
             agent.start(self.cwd)
             _wait_http(f"http://127.0.0.1:{self.agent_port}/healthz", agent, START_TIMEOUT_S)
             load.start(self.cwd)

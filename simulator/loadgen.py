@@ -319,6 +319,21 @@ async def run_load(
     return summarize(spec, results, progress)
 
 
+def load_failed(summary: dict[str, Any], max_error_ratio: float | None = None) -> str:
+    """Why a run counts as failed ("" when it does not): every request failed, so nothing was measured, or the
+    share of failed requests (dropped ones included) is above ``max_error_ratio``. A run that sent nothing did not
+    fail."""
+    requests, errors = int(summary["requests"]), int(summary["errors"])
+    if not requests:
+        return ""
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(summary["error_types"].items()))
+    if summary["ok"] == 0:
+        return f"every request failed ({requests}: {kinds})"
+    if max_error_ratio is not None and errors / requests > max_error_ratio:
+        return f"{errors} of {requests} requests failed, above --max-error-ratio {max_error_ratio:g} ({kinds})"
+    return ""
+
+
 def summary_table(summary: dict[str, Any]) -> Any:
     """A rich Table of the summary (count, errors, P50/P95/P99 of TTFT, ITL, e2e)."""
     from rich.table import Table

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from simulator.loadgen import Dist, LoadSpec, percentile
+from simulator.loadgen import Dist, LoadSpec, load_failed, percentile
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
 
@@ -36,12 +36,41 @@ def test_distributions_and_bounds():
     assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0 and percentile([], 99) is None
 
 
-def _loadgen(url: str, *args: str) -> dict:
+def _loadgen(url: str, *args: str, code: int = 0) -> dict:
     out = subprocess.run(
         [PYTHON, "-m", "agent", "loadgen", "--url", url, "--json", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
+    assert out.returncode == code and "Traceback" not in out.stderr, out.stderr[-2000:]
     return json.loads(out.stdout)
+
+
+def test_loadgen_fails_when_every_request_failed() -> None:
+    """Nothing answered (a closed port): the summary still prints, and the exit status says the run failed."""
+    r = subprocess.run(
+        [PYTHON, "-m", "agent", "loadgen", "--url", f"http://127.0.0.1:{free_port()}", "--count", "4", "--rate", "50",
+         "--timeout", "5", "--no-progress"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "ok 0  errors 4" in r.stdout and "inferwatch loadgen: every request failed (4: " in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_load_failed_rule() -> None:
+    def summary(ok: int, errors: int) -> dict:
+        return {
+            "requests": ok + errors,
+            "ok": ok,
+            "errors": errors,
+            "error_types": {"http_500": errors} if errors else {},
+        }
+
+    assert load_failed(summary(0, 9)) == "every request failed (9: http_500 9)"
+    assert load_failed(summary(0, 0)) == ""  # nothing sent: nothing failed
+    assert load_failed(summary(1, 9)) == ""  # default: only a run with no success fails
+    assert "above --max-error-ratio 0.5" in load_failed(summary(4, 6), 0.5)
+    assert load_failed(summary(5, 5), 0.5) == "" and load_failed(summary(10, 0), 0.0) == ""
 
 
 @pytest.mark.parametrize("protocol", ["chat", "completions", "messages"])
@@ -60,14 +89,14 @@ def test_loadgen_measures_client_side_latency(tmp_path: Path, protocol: str):
             httpx.post(
                 url + "/control/scenario", json={"enable": "hardware_mismatch"}, headers={"Authorization": "Bearer t"}
             )
-            bad = _loadgen(url, "--rate", "50", "--count", "5")
+            bad = _loadgen(url, "--rate", "50", "--count", "5", code=1)
             assert bad["ok"] == 0 and bad["error_types"] == {"http_400:hardware_mismatch": 5}
             httpx.post(
                 url + "/control/scenario",
                 json={"scenarios": ["stream_usage_only"]},
                 headers={"Authorization": "Bearer t"},
             )
-            empty = _loadgen(url, "--rate", "50", "--count", "5", "--output-tokens", "3")
+            empty = _loadgen(url, "--rate", "50", "--count", "5", "--output-tokens", "3", code=1)
             assert empty["error_types"] == {"empty_stream": 5}
 
 
@@ -145,6 +174,12 @@ def test_demo_serves_then_sigint_leaves_no_child_behind(tmp_path: Path):
                 time.sleep(1)
         print(f"demo: agent /metrics complete {time.monotonic() - started:.1f} s after start")
         assert seen == set(need), sorted(set(need) - seen)
+        # The demo hands the simulator's PID to its agent: the process collector watches that runtime.
+        status = httpx.get(f"http://127.0.0.1:{agent_port}/api/v1/status", timeout=10).json()
+        process = next(c for c in status["collectors"] if c["name"] == "process")
+        assert process["state"] == "ok", process
+        assert re.search(r"^inferwatch_runtime_up\{[^}]*\} 1\.0$", text, re.M), "the runtime is not up"
+        assert "no runtime process configured" not in (tmp_path / "logs" / "agent.log").read_text()
         os.kill(demo.pid, signal.SIGINT)
         assert demo.wait(30) == 0
     assert not [name for name, pid in pids.items() if _alive(pid)], pids

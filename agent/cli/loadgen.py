@@ -29,6 +29,13 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Seed of arrivals and lengths."),
         timeout: float = typer.Option(60.0, "--timeout", help="Per-request timeout, seconds."),
         max_in_flight: int = typer.Option(2000, "--max-in-flight", help="Arrivals beyond this are dropped, counted."),
+        max_error_ratio: float | None = typer.Option(
+            None,
+            "--max-error-ratio",
+            min=0.0,
+            max=1.0,
+            help="Exit 1 when more than this share of the requests failed (default: only when all of them did).",
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print only the summary as JSON."),
         progress: bool | None = typer.Option(
             None, "--progress/--no-progress", help="Live progress (default: on a TTY)."
@@ -36,12 +43,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Send open-loop streaming load and print client-side TTFT/ITL/e2e percentiles.
 
-        Bounded by --count or --duration (default --count 100).
+        Bounded by --count or --duration (default --count 100). Exit 0 when the load ran, 1 when every request
+        failed (nothing measured: wrong URL, model or protocol, a server down) or more than --max-error-ratio of
+        them did, 2 on a usage error, 130 when interrupted. The summary is printed either way.
         """
         from rich.console import Console
         from rich.live import Live
 
-        from simulator.loadgen import Dist, LoadSpec, Progress, run_load, summary_line, summary_table
+        from simulator.loadgen import Dist, LoadSpec, Progress, load_failed, run_load, summary_line, summary_table
 
         try:
             spec = LoadSpec(
@@ -91,3 +100,7 @@ def register(app: typer.Typer) -> None:
         else:
             console.print(summary_table(summary))
             console.print(summary_line(summary), soft_wrap=True)
+        failed = load_failed(summary, max_error_ratio)
+        if failed:
+            typer.echo(f"inferwatch loadgen: {failed}", err=True)
+            raise typer.Exit(1)

@@ -85,6 +85,9 @@ class Agent:
             lambda: [Sample("inferwatch.evidence.captures", n, attrs(outcome=k)) for k, n in deps.evidence.counts()],
         )
         self.registry = make_registry(self.state)
+        if deps.alertpush.enabled:  # critical findings straight to Alertmanager (agent/actions/alertpush.py)
+            self.state.add_listener(deps.alertpush.on_record)
+            self.state.add_source("alertpush", deps.alertpush.samples)
         self.otlp: Any = None
         self.otlp_logs: Any = None
         self._started = False
@@ -126,6 +129,7 @@ class Agent:
             self.receiver.start()  # raises ConfigError when an endpoint cannot be bound
         self.runner.start()
         if self.deps.binary.state is not None:
+        self.deps.alertpush.start()
             self.deps.binary.start()
         log.info("agent started: collectors %s", ", ".join(c.name for c in self.runner.collectors) or "(none)")
 
@@ -136,6 +140,7 @@ class Agent:
             self._stopped = True
         self.runner.stop()
         self.deps.evidence.wait(self.settings.evidence.time_limit_s)
+        self.deps.alertpush.stop()
         self.deps.binary.stop()
         if self.receiver is not None:
             self.receiver.stop()

@@ -158,6 +158,10 @@ ENGINE_KIND_CHOICES = ("auto", *ENGINE_KINDS)  # the catalogued engines, one ada
 
 DEFAULT_HANG_MIN_STALL_S = 30.0  # a working engine emits a token every few 10 ms while it has requests
 DEFAULT_HANG_MAX_STALL_S = 600.0  # the longest prefill the allowance may wait for
+# No token for this long with >= 2 requests running (or some waiting and none running) is a hang without waiting for
+# the allowance (agent/engine/hang.py): a long prefill cannot explain it; a GC pause or slow step is far shorter.
+DEFAULT_HANG_FAST_STALL_S = 6.0
+DEFAULT_ENGINE_INTERVAL_S = 2.0  # the engine collector's cadence: a fast-path hang is seen <= 2 s + 6 s after it starts
 
 
 class EngineSettings(_Section):
@@ -181,6 +185,7 @@ class EngineSettings(_Section):
     max_model_len: int = Field(default=0, ge=0, le=100_000_000)  # 0: ask the engine (/v1/models, llama.cpp /props)
     hang_min_stall_s: float = Field(default=DEFAULT_HANG_MIN_STALL_S, gt=0, le=3600)
     hang_max_stall_s: float = Field(default=DEFAULT_HANG_MAX_STALL_S, gt=0, le=86400)
+    hang_fast_stall_s: float = Field(default=DEFAULT_HANG_FAST_STALL_S, ge=0, le=3600)  # 0: the allowance only
 
     @field_validator("metrics_url", "health_url")
     @classmethod
@@ -411,6 +416,59 @@ class BinarySettings(_Section):
     interval_s: float = Field(default=DEFAULT_BINARY_INTERVAL_S, gt=0, le=86400)
 
 
+DEFAULT_ALERTMANAGER_TIMEOUT_S = 2.0  # one POST to one Alertmanager
+DEFAULT_ALERTMANAGER_RESEND_S = 60.0  # Prometheus's --rules.alert.resend-delay
+PushedAlert = Literal["EngineHungButHealthy", "EngineDown", "RuntimeHardwareMismatch", "CPUFeatureMissing"]
+PUSHED_ALERTS: tuple[PushedAlert, ...] = (
+    "EngineHungButHealthy",
+    "EngineDown",
+    "RuntimeHardwareMismatch",
+    "CPUFeatureMissing",
+)
+
+
+class AlertmanagerSettings(_Section):
+    """Push of the agent's critical node-local findings straight to Alertmanager (agent/actions/alertpush.py).
+
+    Off while ``urls`` is empty. Each URL is one Alertmanager (``http://am-0:9093``; the agent POSTs to
+    ``/api/v2/alerts`` on every one, as Prometheus does, never through a load balancer). The labels must be those
+    the Prometheus rule gives the same alert so that both copies are one alert: ``instance`` and ``job`` of this
+    agent's scrape target as Prometheus names them after relabeling, and ``labels`` for every other label the
+    target or Prometheus adds (its ``global.external_labels``, e.g. ``runbook_base``, ``dashboard_base``).
+    """
+
+    urls: list[str] = Field(default_factory=list)
+    instance: str | None = None  # required with urls: the `instance` label of this agent's scrape target
+    job: str = "inferwatch-agent"
+    labels: dict[str, str] = Field(default_factory=dict)
+    alerts: list[PushedAlert] = Field(default_factory=lambda: list(PUSHED_ALERTS))
+    timeout_s: float = Field(default=DEFAULT_ALERTMANAGER_TIMEOUT_S, gt=0, le=60)
+    resend_s: float = Field(default=DEFAULT_ALERTMANAGER_RESEND_S, ge=1, le=3600)
+    bearer_token_file: Path | None = None
+    username: str | None = None  # basic auth, with password_file
+    password_file: Path | None = None
+
+    @field_validator("urls")
+    @classmethod
+    def _http_urls(cls, v: list[str]) -> list[str]:
+        for url in v:
+            http_url(url)
+        return v
+
+    @model_validator(mode="after")
+    def _complete(self) -> AlertmanagerSettings:
+        if self.urls and not self.instance:
+            raise ValueError(
+                "alertmanager.instance must be set with alertmanager.urls: the instance label Prometheus gives this "
+                "agent's scrape target (e.g. node-a:9435), so pushed alerts and the rules' are one alert"
+            )
+        if self.bearer_token_file is not None and (self.username or self.password_file):
+            raise ValueError("alertmanager: bearer_token_file or username/password_file, not both")
+        if bool(self.username) != (self.password_file is not None):
+            raise ValueError("alertmanager: username and password_file go together")
+        return self
+
+
 class RunbooksSettings(_Section):
     """Base URL of the runbook links (no trailing slash); ``/runbooks/<AlertName>`` on the agent by default."""
 
@@ -454,6 +512,7 @@ class Settings(BaseSettings):
     engine: EngineSettings = EngineSettings()
     receiver: ReceiverSettings = ReceiverSettings()
     runbooks: RunbooksSettings = RunbooksSettings()
+    alertmanager: AlertmanagerSettings = AlertmanagerSettings()
 
     runtime_profile: RuntimeProfileSettings = RuntimeProfileSettings()
     probe: ProbeSettings = ProbeSettings()

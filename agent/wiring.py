@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from agent.actions.alertpush import AlertPusher
 from agent.actions.binary import BinaryCheck, binary_configured
 from agent.actions.evidence import EvidenceStore
 from agent.actions.profiles import ProfileManager
@@ -49,6 +50,7 @@ class Deps:
     snapshots: SnapshotStore
     profiles: ProfileManager
     evidence: EvidenceStore
+    alertpush: AlertPusher  # off (no thread, no sends) unless alertmanager.urls is set
 
     def collect_context(self) -> CollectContext:
         return self.sources
@@ -94,6 +96,7 @@ def build_deps(
         snapshots=SnapshotStore(settings, reader),
         profiles=ProfileManager(settings, PidScope(locator)),
         evidence=EvidenceStore(settings, locator, reader, sources.nvml),
+        alertpush=AlertPusher(settings.alertmanager, state, settings.runbooks.base_url),
     )
 
 

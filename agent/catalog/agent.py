@@ -4,6 +4,14 @@ from agent.catalog.spec import Kind, MetricSpec
 
 METRICS = (
     MetricSpec(
+        "inferwatch.alertpush.sends",
+        Kind.COUNTER,
+        "{request}",
+        "POSTs of the agent's critical findings to an Alertmanager (alertmanager.urls), by outcome: ok, "
+        "http_status (an answer other than 200) or error (no answer).",
+        ("outcome",),
+    ),
+    MetricSpec(
         "inferwatch.evidence.captures",
         Kind.COUNTER,
         "{bundle}",

@@ -27,7 +27,7 @@ from agent.collectors.probe import ProbeCollector
 from agent.collectors.process import ProcessCollector
 from agent.collectors.runtime_profile import RuntimeProfileCollector
 from agent.collectors.simd import SimdCollector
-from agent.config import DEFAULT_PROBE_INTERVAL_S, DEFAULT_PROFILE_INTERVAL_S, Settings
+from agent.config import DEFAULT_ENGINE_INTERVAL_S, DEFAULT_PROBE_INTERVAL_S, DEFAULT_PROFILE_INTERVAL_S, Settings
 from agent.host.nvml import NVML_ABSENT_RETRY_S
 from agent.host.runtime import engine_port
 
@@ -88,7 +88,13 @@ REGISTRY: dict[str, Entry] = {
         Entry(CPUCollector, interval_s=lambda s: DEFAULT_CPU_INTERVAL_S),
         Entry(ProcessCollector, configured=_runtime_configured),
         Entry(GPUCollector, absent_retry_s=NVML_ABSENT_RETRY_S),
-        Entry(EngineCollector, lane=None, configured=lambda s: bool(s.engine.metrics_url)),
+        Entry(
+            EngineCollector,
+            lane=None,
+            configured=lambda s: bool(s.engine.metrics_url),
+            # hang detection's fast path needs two readings 6 s apart soon after the last token (agent/engine/hang.py)
+            interval_s=lambda s: min(s.interval_s, DEFAULT_ENGINE_INTERVAL_S),
+        ),
         Entry(
             RuntimeProfileCollector,
             enabled=lambda s: bool(s.runtime_profile.url),

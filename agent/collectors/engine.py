@@ -365,7 +365,12 @@ class EngineCollector(BaseCollector):
         self.parser = EngineParser(cfg.kind, cfg.model_name or DEFAULT_MODEL, self.limits)
         self.timeline = EngineTimeline()
         self.board = LatencyBoard()  # its own latest stats per (model, quantity, window); shared with no one
-        self.hang = HangDetector(cfg.hang_min_stall_s, cfg.max_model_len, max_stall_s=cfg.hang_max_stall_s)
+        self.hang = HangDetector(
+            cfg.hang_min_stall_s,
+            cfg.max_model_len,
+            max_stall_s=cfg.hang_max_stall_s,
+            fast_stall_s=cfg.hang_fast_stall_s,
+        )
         self.health_url = health_url(cfg.metrics_url, cfg.health_url)
         injected = ctx.engine_http
         self._own_client = injected is None
@@ -635,9 +640,10 @@ def hang_findings(verdicts: list[RankVerdict], health: str, url: str) -> list[Fi
                 HANG_FINDING,
                 "fail",
                 f"engine rank {v.rank} of {v.model}: {v.running:.0f} running, {v.waiting:.0f} waiting, no token for "
-                f"{v.stall_s:.0f}s (allowance {v.allowance_s:.0f}s); /health {health}",
+                f"{v.stall_s:.0f}s ({'fast path' if v.fast else 'allowance'} {v.allowance_s:.0f}s); /health {health}",
                 {**hang_dict(v), "health": health, "health_url": url},
                 HANG_RUNBOOK,
             )
         )
     return out
+        "fast": v.fast,

@@ -8,13 +8,23 @@ while busy, 0 while idle or progressing.
 
 A stall is a hang once it passes the rank's **allowance**: the longest silence a working engine can show. A
 single prefill emits nothing until it completes (vLLM counts prompt tokens of *completed* prefills), so the
-allowance is ``max(min_stall_s, prefill_safety × max_model_len × prefill seconds per token)``, capped at
-``max_stall_s``: the per-token prefill time comes from the engine's own numbers (the prefill-phase histogram's
-sum over the prompt token counter, or llama.cpp's prompt seconds over its prompt tokens). ``max_model_len`` is
+allowance is ``max(floor, prefill_safety × max_model_len × prefill seconds per token)``, capped at
+``max_stall_s``, where the floor is ``fast_stall_s`` (``min_stall_s`` with the fast path off): the per-token
+prefill time comes from the engine's own numbers (the prefill-phase histogram's sum over the prompt token counter, or
+llama.cpp's prompt seconds over its prompt tokens). ``max_model_len`` is
 the configured one, else what the engine reports (:meth:`HangDetector.learn`, fed by the collector from vLLM's
 ``GET /v1/models`` or llama.cpp's ``GET /props``); while neither is known only ``min_stall_s`` applies. Idle
 engines, restarts and a full KV cache that still admits and finishes requests are never stalled: the first has
 nothing in it, the others move a counter.
+
+**Fast path** (``fast_stall_s``, 6 s by default; 0 turns it off): a rank is stalled sooner than its allowance when it
+cannot be in the one case the allowance covers, a long prefill. That case leaves one request running with no token
+(the prefill's) and others, if any, waiting behind the token budget; it never leaves two requests running with no
+token, because a chunked prefill is scheduled after the running decodes (vLLM v1, SGLang and the simulator put the
+decodes first in each step's token budget), so with two or more running the counters move at every step. So: no
+token for ``fast_stall_s`` while the rank has **two or more requests running**, or **requests waiting and none
+running** (nothing admitted at all), is a hang. One request running and no token stays on the allowance. A pause
+shorter than ``fast_stall_s`` (a GC pause, a slow step) is not one; an idle rank never is.
 
 Pure and clock-free: :meth:`HangDetector.update` takes the time. The ``/health`` probe is the collector's.
 """
@@ -24,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from agent.config import DEFAULT_HANG_MAX_STALL_S, DEFAULT_HANG_MIN_STALL_S
+from agent.config import DEFAULT_HANG_FAST_STALL_S, DEFAULT_HANG_MAX_STALL_S, DEFAULT_HANG_MIN_STALL_S
 from agent.engine.adapters import EngineReading, ModelReading
 from agent.engine.histogram import sum_histograms
 
@@ -33,7 +43,8 @@ DEFAULT_PREFILL_SAFETY = 2.0  # the per-token estimate is a mean; a long prompt'
 
 @dataclass(frozen=True, slots=True)
 class RankVerdict:
-    """One rank's state after a scrape. Times in seconds; ``stalled`` = ``stall_s >= allowance_s``;
+    """One rank's state after a scrape. Times in seconds; ``stalled``: ``stall_s >= allowance_s``, or the fast path
+    (``fast``: ``stall_s >= fast_stall_s`` with a request mix a long prefill cannot explain, see the module);
     ``max_model_len`` (tokens) is the one the allowance used, 0 while unknown."""
 
     model: str
@@ -45,6 +56,7 @@ class RankVerdict:
     stalled: bool
     prefill_s_per_token: float | None
     max_model_len: int = 0
+    fast: bool = False
 
 
 @dataclass
@@ -76,8 +88,10 @@ class HangDetector:
         max_model_len: int = 0,
         prefill_safety: float = DEFAULT_PREFILL_SAFETY,
         max_stall_s: float = DEFAULT_HANG_MAX_STALL_S,
+        fast_stall_s: float = DEFAULT_HANG_FAST_STALL_S,
     ) -> None:
         self.min_stall_s = min_stall_s
+        self.fast_stall_s = fast_stall_s  # 0: off
         self.max_model_len = max_model_len  # configured (tokens); 0: the engine's own, once learnt
         self.learnt: dict[str, int] = {}
         self.prefill_safety = prefill_safety
@@ -100,11 +114,20 @@ class HangDetector:
         return self.learnt.get(model) or max(self.learnt.values(), default=0)
 
     def allowance(self, per_token_s: float | None, model: str = "") -> float:
+        """Seconds: ``min_stall_s`` while the length or the prefill speed is unknown; once both are known, the
+        longest prefill itself (at least ``fast_stall_s`` when the fast path is on, else ``min_stall_s``)."""
         max_model_len = self.model_len(model)
         if per_token_s is None or max_model_len <= 0:
             return self.min_stall_s
         prefill = self.prefill_safety * max_model_len * per_token_s
-        return min(self.max_stall_s, max(self.min_stall_s, prefill))
+        floor = min(self.fast_stall_s, self.min_stall_s) if self.fast_stall_s > 0 else self.min_stall_s
+        return min(self.max_stall_s, max(floor, prefill))
+
+    def fast(self, stall_s: float, running: float, waiting: float) -> bool:
+        """The fast path: no token for ``fast_stall_s`` with two or more running, or some waiting and none running."""
+        if self.fast_stall_s <= 0 or stall_s < self.fast_stall_s:
+            return False
+        return running >= 2 or (running <= 0 and waiting > 0)
 
     def update(self, t: float, reading: EngineReading) -> list[RankVerdict]:
         out: list[RankVerdict] = []
@@ -131,9 +154,12 @@ class HangDetector:
                 elif track.busy_since is None:
                     track.busy_since = t
                 stall = t - max(track.progress_at, track.busy_since) if track.busy_since is not None else 0.0
-                stalled = stall >= allowance
+                fast = self.fast(stall, running, waiting)
+                stalled = stall >= allowance or fast
                 out.append(
-                    RankVerdict(model, rank, running, waiting, stall, allowance, stalled, per_token, max_model_len)
+                    RankVerdict(
+                        model, rank, running, waiting, stall, allowance, stalled, per_token, max_model_len, fast
+                    )
                 )
         for key in set(self._tracks) - live:  # the model or rank is gone (restart with other flags)
             del self._tracks[key]

@@ -2,8 +2,9 @@
 
 Every alert's ``runbook_url`` is ``<runbook_base>/<AlertName>`` (agent/alerts/links.py). By default that base is
 the agent's own ``/runbooks``, which is exactly what is unreachable when AgentDown (or any alert about the agent)
-fires. This process serves the same files, the same way (``GET /runbooks/<AlertName>`` as ``text/markdown``, or
-HTML with ``?format=html`` / ``Accept: text/html``; ``GET /runbooks`` as a JSON index; ``/healthz``), from a
+fires. This process serves the same files, the same way (``GET /runbooks/<AlertName>`` as an HTML page rendered
+from the Markdown, or the Markdown with ``?format=md`` / ``Accept: text/markdown``; ``GET /runbooks`` as a JSON
+index; ``/healthz``), from a
 separate process that reads nothing but the runbook directory: point ``runbook_base`` at it and every link
 resolves whatever state the agent, the engine or the node's collectors are in.
 
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's p
 
 from small_http import QuietHandler, serve
 
-from agent.runbooks import Runbooks, to_html
+from agent.runbooks import HTML_TYPE, MARKDOWN_TYPE, Runbooks, to_html, wants_markdown
 
 DEFAULT_PORT = 9436  # next to the agent's 9435
 
@@ -51,10 +52,10 @@ def handler(runbooks: Runbooks, base_url: str | None = None) -> type[BaseHTTPReq
                 text = runbooks.read(name)
                 if text is None:
                     self.send_body(404, text_plain, f"no runbook {name!r}\n".encode())
-                elif parse_qs(url.query).get("format") == ["html"] or "text/html" in self.headers.get("Accept", ""):
-                    self.send_body(200, "text/html; charset=utf-8", to_html(name, text).encode())
+                elif wants_markdown((parse_qs(url.query).get("format") or [None])[0], self.headers.get("Accept", "")):
+                    self.send_body(200, MARKDOWN_TYPE, text.encode())
                 else:
-                    self.send_body(200, "text/markdown; charset=utf-8", text.encode())
+                    self.send_body(200, HTML_TYPE, to_html(name, text).encode())
             else:
                 self.send_body(404, text_plain, b"not found\n")
 

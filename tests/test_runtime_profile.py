@@ -50,6 +50,7 @@ def test_available_profile_is_redacted_stored_and_gauged(rt, tmp_path) -> None:
     assert v[("inferwatch.runtime.profile.value", (("field", "gpu_memory_used_bytes"),))] == 123456789
     assert v[("inferwatch.runtime.profile.value", (("field", "num_running_requests"),))] == 3
     assert [f.id for f in col.findings] == ["runtime_profile.available"]
+    assert col.findings[0].runbook == ""  # nothing to do: no runbook link on the status page
     (entry,) = FileRing(tmp_path / "snap", 3, 1 << 20).entries()
     snap = json.loads(entry.path.read_text())
     assert snap["profile"]["engine"] == "fake"
@@ -97,6 +98,7 @@ def test_bad_profiles_are_counted_errors(rt, tmp_path, mode, reason) -> None:
     assert ("inferwatch.runtime.profile.available", ()) not in v
     (f,) = col.findings
     assert f.id == "runtime_profile.fetch" and f.status == "fail" and f.evidence["reason"] == reason
+    assert f.runbook == "RuntimeProfileUnavailable"  # a served runbook: the status page links runbooks/<name>
 
 
 def test_ring_is_bounded_by_count_and_bytes(tmp_path) -> None:

@@ -15,7 +15,7 @@ from agent.api.routes import finding_dict, install
 from agent.api.services import ApiServices
 from agent.config import Settings
 from agent.redact import redact_url
-from agent.runbooks import Runbooks, to_html
+from agent.runbooks import MARKDOWN_TYPE, Runbooks, to_html, wants_markdown
 from agent.state import AgentState
 from exporters.prometheus import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, render, render_openmetrics
 
@@ -110,9 +110,14 @@ def create_api(settings: Settings, state: AgentState, services: ApiServices) -> 
 
     runbooks = Runbooks.load()
 
+    # runbooks.base_url when set; else this agent's own /runbooks, as the request reached it (host and port the
+    # agent serves on, not the default's 9435).
+    runbooks_base_set = "base_url" in settings.runbooks.model_fields_set
+
     @app.get("/runbooks")
-    def runbook_index() -> dict[str, Any]:
-        base = redact_url(settings.runbooks.base_url)  # an open path: never a credential in a link
+    def runbook_index(request: Request) -> dict[str, Any]:
+        base = settings.runbooks.base_url if runbooks_base_set else f"{str(request.base_url).rstrip('/')}/runbooks"
+        base = redact_url(base)  # an open path: never a credential in a link
         return {"runbooks": [{"alert": n, "url": f"{base}/{n}"} for n in runbooks.names()]}
 
     @app.get("/runbooks/{name}")
@@ -120,10 +125,9 @@ def create_api(settings: Settings, state: AgentState, services: ApiServices) -> 
         text = runbooks.read(name)
         if text is None:
             return PlainTextResponse(f"no runbook named {name[:128]!r}\n", status_code=404)
-        wants_html = format == "html" or (format is None and "text/html" in request.headers.get("accept", ""))
-        if wants_html:
-            return HTMLResponse(to_html(name, text))
-        return Response(text, media_type="text/markdown; charset=utf-8")
+        if wants_markdown(format, request.headers.get("accept", "")):
+            return Response(text, media_type=MARKDOWN_TYPE)
+        return HTMLResponse(to_html(name, text))
 
     install(app, settings, state, services)
     return app

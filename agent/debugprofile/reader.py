@@ -31,9 +31,9 @@ from agent.samples import Finding
 
 log = logging.getLogger(__name__)
 MAX_GAUGE_FIELDS = 64
-DOCS = "docs/diagnostics.md#runtime-profile"
-# Runbooks are named after the alerts that watch the same signal (alerts/inferwatch.rules.yml).
-RUNBOOK_EMPTY = "RuntimeProfileUnavailable"
+# Runbooks are named after the alerts that watch the same signal (alerts/inferwatch.rules.yml); the status page
+# links a finding's runbook as runbooks/<name>, so a finding names a served runbook or none.
+RUNBOOK_EMPTY = "RuntimeProfileUnavailable"  # an empty profile, and a profile the agent could not fetch
 RUNBOOK_PRODUCTION = "DebugProfileEnabledInProduction"
 ENABLE_HINT = (
     "debug mode is only read at runtime start: restart the runtime with its debug profile enabled "
@@ -205,7 +205,8 @@ class ProfileReader:
         env = self.settings.node.environment
         if last.outcome == "error":
             ev["reason"] = last.reason
-            return [Finding("runtime_profile.fetch", "fail", f"runtime_profile fetch failed: {last.message}", ev, DOCS)]
+            summary = f"runtime_profile fetch failed: {last.message}"
+            return [Finding("runtime_profile.fetch", "fail", summary, ev, RUNBOOK_EMPTY)]
         if last.outcome == "empty":
             return [
                 Finding(
@@ -223,7 +224,6 @@ class ProfileReader:
                 "ok",
                 f"debug profile available ({last.fields} fields, {last.redacted} redacted)",
                 ev,
-                DOCS,
             )
         ]
         if env == "production":

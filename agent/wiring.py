@@ -87,6 +87,7 @@ def build_deps(
         engine_http=engine_http,
         read_limits=ReadLimits.of(settings.read_limits, LimitHits()),
     )
+    evidence = EvidenceStore(settings, locator, reader, sources.nvml)
     return Deps(
         settings=settings,
         state=state,
@@ -95,8 +96,8 @@ def build_deps(
         binary=BinaryCheck(settings, locator, state if binary_configured(settings) else None),
         snapshots=SnapshotStore(settings, reader),
         profiles=ProfileManager(settings, PidScope(locator)),
-        evidence=EvidenceStore(settings, locator, reader, sources.nvml),
-        alertpush=AlertPusher(settings.alertmanager, state, settings.runbooks.base_url),
+        evidence=evidence,
+        alertpush=AlertPusher(settings.alertmanager, state, settings.runbooks.base_url, on_fire=evidence.on_alerts),
     )
 
 

@@ -112,6 +112,12 @@ class EngineLoop:
         due: float | None = None
         core = self.core
         while True:
+            block = self.scenarios.get("loop_block")
+            if block is not None:  # deliberately blocks the event loop: a blocking call in the API server's loop
+                self.scenarios.disable("loop_block")
+                time.sleep(block.get("seconds"))
+                due = None
+                continue
             if self._hung():
                 due = None
 

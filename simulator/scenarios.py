@@ -19,6 +19,7 @@ page_cache_pressure:fraction=0.3``) and as ``{"name": ..., "params": {...}}`` on
 | slow_kv_transfer | KV transfers of the P/D pair (``--kv-connector``) take ``factor`` times longer | factor (50) |
 | frontend_delay | a ``fraction`` of requests waits ``extra_s`` before the queue | fraction (0.2), extra_s (0.4) |
 | slow_rank | data-parallel engine ``engine`` steps ``factor`` times slower | engine (1), factor (3.0) |
+| loop_block | the event loop blocks once for ``seconds``: nothing answers, /health included | seconds (30) |
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ DEFAULTS: dict[str, dict[str, float]] = {
     "slow_kv_transfer": {"factor": 50.0},
     "frontend_delay": {"fraction": 0.2, "extra_s": 0.4},
     "slow_rank": {"engine": 1, "factor": 3.0},
+    "loop_block": {"seconds": 30.0},
 }
 _BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
     ("simd_fallback", "factor"): (0.1, 100.0),
@@ -59,6 +61,7 @@ _BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
     ("frontend_delay", "extra_s"): (0.0, 600.0),
     ("slow_rank", "engine"): (0, 255),
     ("slow_rank", "factor"): (0.1, 100.0),
+    ("loop_block", "seconds"): (0.1, 600.0),
 }
 
 

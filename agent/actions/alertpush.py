@@ -13,6 +13,9 @@ As Prometheus sends (prometheus ``rules/alerting.go``, ``notifier``): every firi
 the rule's static ``summary``, a description from the agent's own values, and the links the rule generates
 (``runbook_url``, ``dashboard_url``, ``evidence_url``: agent/alerts/links.py), built from the same bases.
 
+Each alert that starts firing is also handed to ``on_fire`` (the composition root passes the evidence store's
+webhook handler: the bundle an Alertmanager webhook would start, without waiting for Alertmanager).
+
 Runs in a thread of its own: a state listener wakes it after every collection of a collector that feeds a pushed
 alert, so a POST never delays a collection. Failures are logged once when they start and once when they end, and
 counted (``inferwatch.alertpush.sends{outcome}``).
@@ -30,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -174,8 +178,10 @@ class AlertPusher:
         runbooks_base: str = DEFAULT_RUNBOOKS_BASE_URL,
         client: httpx.Client | None = None,
         clock: Callable[[], float] = time.time,
+        on_fire: Callable[[Mapping[str, Any]], object] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.on_fire = on_fire  # told of each alert that starts firing, as Alertmanager's webhook would tell it
         self.state = state
         self.clock = clock
         self.rules = [RULES[a] for a in cfg.alerts]
@@ -400,10 +406,16 @@ class AlertPusher:
                 elif now - alert.sent_at >= self.cfg.resend_s:
                     batch.append(alert)
             payload = [self._postable(a, now) for a in batch]
+            started = [p for a, p in zip(batch, payload, strict=True) if a.sent_at == float("-inf")]
             for a in batch:
                 a.sent_at = now
         if payload:
             self._send(payload)
+        if started and self.on_fire is not None:  # e.g. the evidence capture (what the webhook would start)
+            try:
+                self.on_fire({"alerts": [{**p, "status": "firing"} for p in started]})
+            except Exception:
+                log.exception("alert push: the on_fire action failed")
             self.sent.append((now, payload))
             del self.sent[:-100]
         return payload

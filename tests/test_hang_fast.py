@@ -1,0 +1,180 @@
+"""The hang detector's fast path at the engine collector's cadence (2 s), on the simulator's scheduler in virtual time.
+
+A hang is found within 10 s of its start: a rank with two or more requests running, or requests waiting and none
+running, and no token for ``fast_stall_s`` (6 s). The look-alikes give **0** hang verdicts, each checked to really
+look like one to a naive rule (no token for longer than the detection window, or a queue that never empties):
+a saturated engine (queue deep, tokens advancing), a single 100k-token prefill longer than the window (alone,
+with requests queued behind it, and beside decoding requests), a pause shorter than the window (a GC pause) and a
+model load (the engine down, then back with a burst), and an idle engine (no requests: nothing to be hung on).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.collectors import schedule
+from agent.config import DEFAULT_ENGINE_INTERVAL_S, DEFAULT_HANG_FAST_STALL_S, Settings
+from agent.engine.hang import HangDetector
+from tests.hang_sim import Scraper, VirtualEngine
+
+EVERY_S = DEFAULT_ENGINE_INTERVAL_S
+DETECT_S = 10.0  # issue 34: the agent knows within 10 s of the hang's start
+
+
+def _scraper(e: VirtualEngine, **kw: float) -> Scraper:
+    return Scraper(e, HangDetector(**kw))  # type: ignore[arg-type]
+
+
+def _run(s: Scraper, seconds: float) -> None:
+    s.run(seconds, every_s=EVERY_S)
+
+
+def _stalled(s: Scraper, since: float = 0.0) -> list[tuple[float, str]]:
+    return [(t, v.rank) for t, vs in s.history for v in vs if v.stalled and t >= since]
+
+
+def test_the_engine_collector_runs_every_2_s_by_default() -> None:
+    settings = Settings.model_validate({"engine": {"metrics_url": "http://e:8000/metrics"}})
+    assert schedule("engine", settings).interval_s == 2.0
+    assert DEFAULT_HANG_FAST_STALL_S + EVERY_S <= DETECT_S
+
+
+@pytest.mark.parametrize("phase", [0.0, 0.7, 1.3, 1.9])  # where in the 2 s cycle the hang starts
+def test_a_busy_hang_is_found_within_10_s(phase: float) -> None:
+    e = VirtualEngine("h100", 8.0)
+    s = _scraper(e)
+    for _ in range(24):
+        e.submit(512, 4000)
+    _run(s, 30)
+    e.advance(e.now + phase)
+    e.hung.add(0)
+    start = e.now
+    _run(s, 30)
+    found = _stalled(s, start)
+    assert found, "never stalled"
+    assert found[0][0] - start <= DETECT_S
+    assert all(v.fast for _t, vs in s.history if _t >= found[0][0] for v in vs if v.stalled)
+
+
+def test_one_rank_of_a_data_parallel_engine_is_found_within_10_s_and_only_it() -> None:
+    e = VirtualEngine("h100", 8.0, engines=2)
+    s = _scraper(e)
+    for _ in range(40):
+        e.submit(512, 4000)
+    _run(s, 30)
+    e.hung.add(1)
+    start = e.now
+    _run(s, 30)
+    found = _stalled(s, start)
+    assert found and found[0][0] - start <= DETECT_S
+    assert {rank for _t, rank in found} == {"1"}
+
+
+def test_a_hang_that_begins_idle_is_found_within_10_s_of_the_first_request() -> None:
+    e = VirtualEngine("h100", 8.0)
+    s = _scraper(e)
+    _run(s, 20)
+    e.hung.add(0)
+    e.submit(128, 16)
+    start = e.now
+    _run(s, 30)
+    found = _stalled(s, start)
+    assert found and found[0][0] - start <= DETECT_S
+
+
+def test_saturation_queue_deep_tokens_advancing_is_not_a_hang() -> None:
+    e = VirtualEngine("l40s", 8.0)
+    s = _scraper(e)
+    for _ in range(800):
+        e.submit(2000, 800)
+    _run(s, 300)
+    waiting = [v.waiting for _t, vs in s.history for v in vs]
+    assert min(waiting) > 100  # the look-alike: a queue that never empties for 5 minutes
+    assert _stalled(s) == []
+
+
+@pytest.mark.parametrize("queued", [0, 6])
+def test_a_single_100k_token_prefill_longer_than_the_window_is_not_a_hang(queued: int) -> None:
+    """On a CPU profile the prefill takes minutes: one running, ``queued`` waiting behind its token budget, no token
+    — what a hang of one request looks like. The allowance (2 x the maximum length at the engine's own prefill
+    speed) covers it; the fast path does not apply to one running request."""
+    e = VirtualEngine("graviton3-cpu", 8.0, max_model_len=131072)
+    s = _scraper(e, max_model_len=131072)
+    for _ in range(3):
+        e.submit(256, 8)  # a little history: the engine's prefill seconds per token
+    _run(s, 30)
+    e.submit(100_000, 4)
+    e.advance(e.now + 1.0)
+    for _ in range(queued):
+        e.submit(256, 64)
+    _run(s, 240)
+    assert s.max_stall() > 10 * DETECT_S  # the look-alike: no token for minutes with requests in
+    assert max(v.waiting for _t, vs in s.history for v in vs) == queued
+    assert _stalled(s) == []
+
+
+def test_a_100k_token_prefill_beside_decoding_requests_is_not_a_hang() -> None:
+    e = VirtualEngine("l40s", 8.0, max_model_len=131072)
+    s = _scraper(e, max_model_len=131072)
+    for _ in range(4):
+        e.submit(256, 6000)  # decoding for minutes
+    _run(s, 20)
+    e.submit(100_000, 4)
+    _run(s, 120)
+    assert max(v.running for _t, vs in s.history for v in vs) >= 2
+    assert _stalled(s) == []
+
+
+def test_a_pause_shorter_than_the_window_is_not_a_hang() -> None:
+    """A GC pause (or one slow step) with the batch running: 4 s without a token, then it goes on."""
+    e = VirtualEngine("h100", 8.0)
+    s = _scraper(e)
+    for _ in range(24):
+        e.submit(512, 4000)
+    _run(s, 20)
+    for _ in range(5):
+        e.hung.add(0)
+        e.advance(e.now + 1.0)  # off the 2 s grid: the pause spans scrapes
+        _run(s, 4)
+        e.hung.discard(0)
+        _run(s, 10)
+    assert s.max_stall() >= 2 * EVERY_S  # the look-alike: scrapes in a row without a token while busy
+    assert _stalled(s) == []
+
+
+def test_a_model_load_is_not_a_hang() -> None:
+    """The engine restarts: down while it loads (no reading), then back with a burst queued at once."""
+    e = VirtualEngine("h100", 8.0, engines=2)
+    s = _scraper(e)
+    for _ in range(40):
+        e.submit(512, 2000)
+    _run(s, 20)
+    e.advance(e.now + 90)  # loading: every read fails, the detector is fed nothing
+    e.restart()
+    for _ in range(200):
+        e.submit(512, 2000)
+    _run(s, 120)
+    assert _stalled(s) == []
+
+
+def test_an_idle_engine_is_not_hung() -> None:
+    """Idle is told apart by the engine's own gauges: nothing running and nothing waiting is never stalled, however
+    long no token comes."""
+    e = VirtualEngine("h100", 8.0)
+    s = _scraper(e)
+    _run(s, 600)
+    assert all(v.running == 0 and v.waiting == 0 for _t, vs in s.history for v in vs)
+    assert _stalled(s) == [] and s.max_stall() == 0
+
+
+def test_fast_path_off_keeps_the_allowance() -> None:
+    e = VirtualEngine("h100", 8.0)
+    s = _scraper(e, fast_stall_s=0)
+    for _ in range(24):
+        e.submit(512, 4000)
+    _run(s, 20)
+    e.hung.add(0)
+    start = e.now
+    _run(s, 60)
+    found = _stalled(s, start)
+    assert found and 30.0 <= found[0][0] - start <= 30.0 + EVERY_S

@@ -511,7 +511,7 @@ def links_with_agent_stopped(services: Mapping[str, Service]) -> dict[str, Any]:
     for name in names:
         try:
             status, text = http(f"{base}/{name}")
-            links[name] = [status, text[:200]]
+            links[name] = [status, text[:2000]]  # the page past its <head>: the H1
         except OSError as exc:
             links[name] = [None, str(exc)]
     out["links"] = links

@@ -62,10 +62,12 @@ from bisect import bisect_left as _bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import compress, repeat
 from operator import and_, ge, gt, itemgetter, le, sub
 from typing import Any, Protocol
 
+from agent.analytics.failures import ModelFailures
 from agent.catalog.engine import MODEL
 from agent.samples import UNKNOWN_MODEL, RequestTiming, Sample, attrs
 
@@ -337,9 +339,9 @@ class Window:
 
 
 def _gather(idx: Sequence[int], col: Sequence[Any]) -> list[Any]:
-    """``[col[j] for j in idx]`` at C speed."""
-    if len(idx) == 1:
-        return [col[idx[0]]]
+    """``[col[j] for j in idx]`` at C speed (``itemgetter`` takes no empty index list)."""
+    if len(idx) <= 1:
+        return [col[idx[0]]] if idx else []
     return list(itemgetter(*idx)(col))
 
 
@@ -360,7 +362,8 @@ def _bands(order: list[int], weights: list[float] | None, total: float) -> tuple
     if weights is None:
         n = len(order)
         k = max(MIN_TAIL, math.ceil(TAIL_BAND * n))
-        return order[max(0, n - k) :], order[int(MEDIAN_BAND[0] * n) : max(int(MEDIAN_BAND[1] * n), 1)]
+        first = int(MEDIAN_BAND[0] * n)
+        return order[max(0, n - k) :], order[first : max(int(MEDIAN_BAND[1] * n), first + 1)]
     tail: list[int] = []
     acc = 0.0
     for j in reversed(order):
@@ -417,7 +420,9 @@ def _bands_by_value(idx: list[int], values: Sequence[float]) -> tuple[list[int],
         tail_from = vals[max(0, n - k)]
         p99 = vals[min(n - 1, max(0, math.ceil(0.99 * n) - 1))]
     m = len(vals)
-    lo, hi = vals[int(MEDIAN_BAND[0] * m)], vals[max(int(MEDIAN_BAND[1] * m), 1) - 1]
+    # the band's ranks [40 %, 60 %), never empty: with 3 records int(0.4 m) = int(0.6 m) = 1, the middle one
+    lo_rank = int(MEDIAN_BAND[0] * m)
+    lo, hi = vals[lo_rank], vals[max(int(MEDIAN_BAND[1] * m) - 1, lo_rank)]
     p50 = vals[min(m - 1, max(0, math.ceil(0.5 * m) - 1))]
     if full:  # every record: C-speed filters
         if tail is None:
@@ -1008,6 +1013,7 @@ class TailExplainer:
         self.records = records or RequestRecords()
         self.clock = clock
         self._cached: tuple[tuple[int, tuple[str, ...]], list[Sample]] | None = None
+        self.failures = ModelFailures("explain")  # models whose verdict raised: left out, counted
 
     def record(self, timings: list[RequestTiming]) -> None:
         self.records.add(timings, self.clock())
@@ -1043,18 +1049,24 @@ class TailExplainer:
             return list(self._cached[1])
         names = self.records.models()
         out: list[Sample] = []
-        for name in names:
+        for name in names:  # one model at a time: a model whose records break the explainer loses its verdict, alone
             label = name
             if name == UNKNOWN_MODEL and len(engine_models) == 1 and engine_models[0] not in names:
                 label = engine_models[0]
-            ttft, e2e = (published.get((label, q, METRIC_WINDOW)) for q in QUANTITIES)
-            if ttft is not None and e2e is not None:
-                self.records.slow[name] = (ttft.quantiles[0.95], e2e.quantiles[0.95])
-            report = explain(self.records, name, WINDOW_SECONDS[METRIC_WINDOW], now, top=0)
-            if report is not None:
-                out.extend(driver_samples(report, label, METRIC_WINDOW))
+            got = self.failures.run(name, partial(self._verdict, name, label, published, now))
+            out.extend(got or ())
+        self.failures.keep(names)
         self._cached = (key, out)
         return list(out)
+
+    def _verdict(
+        self, name: str, label: str, published: Mapping[tuple[str, str, str], Any], now: float
+    ) -> list[Sample]:
+        ttft, e2e = (published.get((label, q, METRIC_WINDOW)) for q in QUANTITIES)
+        if ttft is not None and e2e is not None:
+            self.records.slow[name] = (ttft.quantiles[0.95], e2e.quantiles[0.95])
+        report = explain(self.records, name, WINDOW_SECONDS[METRIC_WINDOW], now, top=0)
+        return driver_samples(report, label, METRIC_WINDOW) if report is not None else []
 
 
 class RecordingSink:

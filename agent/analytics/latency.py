@@ -37,8 +37,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 
 from agent.analytics import bimodality, genai
+from agent.analytics.failures import ModelFailures
 from agent.analytics.promptband import PromptBandHistograms
 from agent.analytics.windows import WINDOWS_S, WindowedSketch, WindowedSum, log_bins, slot_of
 from agent.catalog.engine import GOODPUT_TPOT_TARGET_S, GOODPUT_TTFT_TARGET_S, MODEL, QUANTITIES
@@ -137,6 +139,7 @@ class LatencyAnalytics:
         self._bimodal_cache: dict[tuple[str, str, str], tuple[int, float, bimodality.Bimodality | None]] = {}
         self.rejected_models = 0  # requests dropped because max_models distinct models were already tracked
         self.published: dict[Key, LatencyStats] = {}  # the last computation's stats (source="spans")
+        self.failures = ModelFailures("latency")  # models whose step raised: left out of that cycle, counted
 
     def record(self, timings: Iterable[RequestTiming]) -> int:
         """Add finished requests; return how many were dropped (too many distinct models)."""
@@ -242,47 +245,62 @@ class LatencyAnalytics:
         """
         engine = engine or EngineSeries()
         now = self._clock()
-        out: list[AnySample] = []
         with self._lock:
             self._evict_idle(now)
             names = sorted(self._models)
             shown = {name: display_name(name, names, engine.models) for name in names}
             self._engine_models = engine.models
-            hists = [
-                s for name in names if (h := self._models[name].histograms) is not None for s in h.samples(shown[name])
-            ]
-            hists += [
-                s for name in names if (pb := self._models[name].banded) is not None for s in pb.samples(shown[name])
-            ]
             live = {(n, q, w) for n in names for q in QUANTITIES for w in WINDOWS_S}
             for key in [k for k in self._bimodal_cache if k not in live]:
                 del self._bimodal_cache[key]
         published: dict[tuple[str, str, str], LatencyStats] = {}
-        for name in names:
-            label = shown[name]
-            for window in WINDOWS_S:
-                for q in QUANTITIES:
-                    st = self.window_stats(name, q, window)
-                    if st is None:
-                        continue
-                    stats = LatencyStats(st.quantiles, st.count, SOURCE, st.mean_s)
-                    published[(label, q, window)] = stats
-                    out.extend(latency_samples(label, q, window, stats))
-                    if st.bimodality is not None:
-                        a = attrs({MODEL: label, "quantity": q, "window": window, "source": SOURCE})
-                        b = st.bimodality
-                        out.append(Sample("inferwatch.engine.latency.bimodal", 1.0 if b.bimodal else 0.0, a))
-                        out.append(Sample("inferwatch.engine.latency.bimodality", b.statistic, a))
-                gap = self.frontend_gap(name, window) if (label, window) not in engine.gaps else None
-                if gap is not None:
-                    out.append(Sample("inferwatch.engine.frontend_gap", gap, attrs({MODEL: label, "window": window})))
-                gp = self.goodput(name, window)
-                if gp is not None:
-                    a = attrs({MODEL: label, "window": window, "source": SOURCE})
-                    out.append(Sample("inferwatch.engine.goodput", gp, a))
+        out: list[AnySample] = []
+        hists: list[AnySample] = []
+        for name in names:  # one model at a time: a model whose records break a step loses its series, alone
+            got = self.failures.run(name, partial(self._model_samples, name, shown[name], engine))
+            if got is not None:
+                out.extend(got[0])
+                hists.extend(got[1])
+                published.update(got[2])
+        self.failures.keep(names)
         self.published = published
         out.extend(hists)
         return out
+
+    def _model_samples(
+        self, name: str, label: str, engine: EngineSeries
+    ) -> tuple[list[AnySample], list[AnySample], dict[Key, LatencyStats]]:
+        """One model's samples: (windowed quantiles and what derives from them, histograms, published stats)."""
+        with self._lock:
+            m = self._models.get(name)
+            hists: list[AnySample] = []
+            if m is not None and m.histograms is not None:
+                hists.extend(m.histograms.samples(label))
+            if m is not None and m.banded is not None:
+                hists.extend(m.banded.samples(label))
+        out: list[AnySample] = []
+        published: dict[Key, LatencyStats] = {}
+        for window in WINDOWS_S:
+            for q in QUANTITIES:
+                st = self.window_stats(name, q, window)
+                if st is None:
+                    continue
+                stats = LatencyStats(st.quantiles, st.count, SOURCE, st.mean_s)
+                published[(label, q, window)] = stats
+                out.extend(latency_samples(label, q, window, stats))
+                if st.bimodality is not None:
+                    a = attrs({MODEL: label, "quantity": q, "window": window, "source": SOURCE})
+                    b = st.bimodality
+                    out.append(Sample("inferwatch.engine.latency.bimodal", 1.0 if b.bimodal else 0.0, a))
+                    out.append(Sample("inferwatch.engine.latency.bimodality", b.statistic, a))
+            gap = self.frontend_gap(name, window) if (label, window) not in engine.gaps else None
+            if gap is not None:
+                out.append(Sample("inferwatch.engine.frontend_gap", gap, attrs({MODEL: label, "window": window})))
+            gp = self.goodput(name, window)
+            if gp is not None:
+                a = attrs({MODEL: label, "window": window, "source": SOURCE})
+                out.append(Sample("inferwatch.engine.goodput", gp, a))
+        return out, hists, published
 
 
 def display_name(model: str, tracked: Iterable[str] = (), engine_models: tuple[str, ...] = ()) -> str:

@@ -31,8 +31,10 @@ class SpanAnalytics:
     def collect(self) -> Collection:
         engine = EngineSeries.of(self.state.collections().get(ENGINE))
         samples = self.analytics.compute(engine)
+        samples.extend(self.analytics.failures.samples())
         if self.explainer is not None:  # the tail verdict the alerts quote (inferwatch.engine.tail.driver)
             samples.extend(self.explainer.samples(engine.models, self.analytics.published))
+            samples.extend(self.explainer.failures.samples())
         return Collection(samples=samples)
 
     def close(self) -> None:

@@ -49,6 +49,14 @@ METRICS = (
         ("collector", "reason"),
     ),
     MetricSpec(
+        "inferwatch.analytics.errors",
+        Kind.COUNTER,
+        "{error}",
+        "Span analytics steps that raised for one model (stage: latency, explain); that model's series are left "
+        "out of the cycle, the other models' are kept (agent/analytics/failures.py).",
+        ("stage",),
+    ),
+    MetricSpec(
         "inferwatch.collector.last_success_timestamp",
         Kind.GAUGE,
         "s",
@@ -63,6 +71,15 @@ METRICS = (
         "pressure/memory; limit: the setting, read_limits.max_file_bytes or read_limits.max_cpuinfo_bytes). "
         "The collector reading it fails that run; the engine's own limits are inferwatch_engine_limit_hits_total.",
         ("source", "limit"),
+    ),
+    MetricSpec(
+        "inferwatch.http.retries",
+        Kind.COUNTER,
+        "{request}",
+        "Idempotent requests to a source (source: engine) sent a second time because the server closed the "
+        "reused keep-alive connection under the first before answering (agent/httpclient.py). The second try "
+        "is the one that counts: a failing one fails the collection.",
+        ("source",),
     ),
     MetricSpec(
         "inferwatch.agent.info",

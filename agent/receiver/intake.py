@@ -42,7 +42,7 @@ REJECT_REASONS = (
     "bad_method",
     "not_found",
 )
-VALUE_REASONS = ("not_a_number", "out_of_range", "too_many_models")
+VALUE_REASONS = ("not_a_number", "out_of_range", "too_many_models", "end_before_start", "too_long")
 RECENT_SPANS_KEPT = 32  # the last finished requests kept for an evidence bundle
 
 

@@ -28,6 +28,15 @@ sees.
 
 A value that is not a finite number in [0, :data:`MAX_LATENCY_S`] is left out and counted.
 
+**Timestamps.** The analytics use the spans' latency attributes (durations the engine measured) and window them by
+the time the agent *received* them, never by the span's own start and end: a client whose clock is minutes or
+centuries off (a skewed clock, a container without NTP) still reports valid durations, and they are used. A span's
+start and end are checked for consistency only, both in nanoseconds (``fixed64``, so never negative): a span whose
+end precedes its start (``end_before_start``), or that lasts more than :data:`MAX_LATENCY_S` (``too_long``: a day,
+the bound of any latency; 1970 to 2500 is not a request), contradicts its own attributes and is left out and
+counted in ``inferwatch.receiver.values.rejected{reason}``. A start or end of 0 means "unknown" in OTLP; such a span
+is used (its attributes carry the latencies) and its evidence shows no start or end.
+
 For the tail explainer (:mod:`agent.analytics.explain`) a timing also carries the span's trace id (hex), its
 ``gen_ai.request.id`` and, when the span has them, the attributes that can separate a tail (:data:`LABEL_KEYS`:
 data-parallel rank, LoRA adapter, tenant) and the request's preemption count (:data:`PREEMPTION_KEYS`). Stock vLLM
@@ -53,6 +62,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from agent.samples import UNKNOWN_MODEL, RequestTiming
 
 MAX_LATENCY_S = 86_400.0  # a day: anything longer is not a request latency
+MAX_SPAN_NS = int(MAX_LATENCY_S) * 10**9  # a span lasting longer than the longest latency is not a request's
 MAX_MODEL_NAME_CHARS = 256
 
 LATENCY_KEYS: dict[str, str] = {
@@ -216,6 +226,14 @@ def extract(req: ExportTraceServiceRequest) -> Extracted:
                         provider_old = kv.value.string_value[:MAX_LABEL_CHARS] or None
                 if not seconds:
                     continue
+                start, end = span.start_time_unix_nano, span.end_time_unix_nano
+                if start and end:  # 0 is "unknown": nothing to check
+                    if end < start:
+                        invalid["end_before_start"] += 1
+                        continue
+                    if end - start > MAX_SPAN_NS:
+                        invalid["too_long"] += 1
+                        continue
                 decode_s = seconds.get("decode")
                 if decode_s is not None and completion is not None and completion > 1:
                     seconds["itl"] = decode_s / (completion - 1)

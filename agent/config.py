@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import re
 import reprlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -96,6 +97,16 @@ DEPRECATED_TIMING = {("runtime_profile", "interval_s"): "runtime_profile", ("pro
 class PathSettings(_Section):
     procfs: Path = Path("/proc")
     sysfs: Path = Path("/sys")
+    # The kernel architecture (``uname -m``: x86_64, aarch64, armv7l ...) of a recorded procfs tree. None: the
+    # running kernel's when procfs is its own, else what the tree records or its cpuinfo says (agent/host/machine.py).
+    machine: str | None = None
+
+    @field_validator("machine")
+    @classmethod
+    def _uname_machine(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[a-z][a-z0-9_]{0,31}", v := v.strip().lower()):
+            raise ValueError("must be a `uname -m` name such as x86_64, aarch64, armv7l, s390x, ppc64le, riscv64")
+        return v
 
 
 class ReadLimitSettings(_Section):
@@ -186,6 +197,8 @@ class EngineSettings(_Section):
     hang_min_stall_s: float = Field(default=DEFAULT_HANG_MIN_STALL_S, gt=0, le=3600)
     hang_max_stall_s: float = Field(default=DEFAULT_HANG_MAX_STALL_S, gt=0, le=86400)
     hang_fast_stall_s: float = Field(default=DEFAULT_HANG_FAST_STALL_S, ge=0, le=3600)  # 0: the allowance only
+    # The engine's name in GET /engines/{name}/ready (agent/api/readiness.py)
+    name: str = Field(default="default", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
     @field_validator("metrics_url", "health_url")
     @classmethod
@@ -469,6 +482,18 @@ class AlertmanagerSettings(_Section):
         return self
 
 
+DEFAULT_READINESS_MAX_AGE_S = 10.0  # five engine reads at the 2 s cadence
+
+
+class ReadinessSettings(_Section):
+    """``GET /engines/{name}/ready`` (agent/api/readiness.py): 503 when the engine's last successful read is older
+    than ``max_age_s``; with ``shed_waiting`` > 0, also once that many requests wait (load shedding, off by
+    default: a saturated engine serves)."""
+
+    max_age_s: float = Field(default=DEFAULT_READINESS_MAX_AGE_S, gt=0, le=3600)
+    shed_waiting: int = Field(default=0, ge=0, le=1_000_000)
+
+
 class RunbooksSettings(_Section):
     """Base URL of the runbook links (no trailing slash); ``/runbooks/<AlertName>`` on the agent by default."""
 
@@ -513,6 +538,7 @@ class Settings(BaseSettings):
     receiver: ReceiverSettings = ReceiverSettings()
     runbooks: RunbooksSettings = RunbooksSettings()
     alertmanager: AlertmanagerSettings = AlertmanagerSettings()
+    readiness: ReadinessSettings = ReadinessSettings()
 
     runtime_profile: RuntimeProfileSettings = RuntimeProfileSettings()
     probe: ProbeSettings = ProbeSettings()

@@ -56,9 +56,12 @@ class DoctorRequest:
     engine_url: str | None = None  # runtime base URL: engine checks, and the streaming probe once
 
 
-def doctor_overrides(engine_url: str | None, profile_url: str | None) -> dict[str, object]:
-    """Settings overrides for the flags: the probe (every protocol) and runtime_profile point at the runtime."""
+def doctor_overrides(engine_url: str | None, profile_url: str | None, machine: str | None = None) -> dict[str, object]:
+    """Settings overrides for the flags: the probe (every protocol) and runtime_profile point at the runtime;
+    ``--machine`` states the architecture of a recorded procfs tree."""
     out: dict[str, object] = {}
+    if machine:
+        out["path"] = {"machine": machine}
     if engine_url:
         base, metrics_url = split_url(engine_url)
         out["probe"] = {"url": base, "protocols": list(PROTOCOLS)}
@@ -101,7 +104,9 @@ def check_require(deps: Deps, require: Sequence[str]) -> list[Finding]:
     s = deps.settings
     try:
         src = deps.sources
-        cap = read_cpu_capability(src.procfs, src.sysfs, s.cpu.expect_features, src.cpu_probe, limits=src.read_limits)
+        cap = read_cpu_capability(
+            src.procfs, src.sysfs, s.cpu.expect_features, src.cpu_probe, s.path.machine, src.read_limits
+        )
     except NoDataError as exc:
         return [Finding("cpu.require", "fail", f"cannot check required CPU features: {exc}", {"hint": exc.hint})]
     return [require_verdict(cap, list(require))]
@@ -211,7 +216,28 @@ def exit_code(findings: list[Finding]) -> int:
     return 1 if any(f.status == "fail" for f in findings) else 0
 
 
+def machine_of(findings: list[Finding]) -> dict[str, object] | None:
+    """The architecture the CPU checks read the procfs tree as, and its source (None when cpuinfo was not read)."""
+    for f in findings:
+        ev = f.evidence
+        if f.id == "cpu.features" and "arch_source" in ev:
+            return {k: ev[k] for k in ("machine", "arch", "arch_source", "arch_evidence") if k in ev}
+    return None
+
+
+def machine_line(findings: list[Finding]) -> str:
+    """One line under the doctor's table: which architecture the tree was read as, and why."""
+    m = machine_of(findings)
+    if m is None:
+        return "architecture: not read (see the cpu check)"
+    return f"architecture: {m.get('machine') or m.get('arch')} ({m['arch_source']}: {m.get('arch_evidence', '')})"
+
+
 def as_json(findings: list[Finding]) -> dict[str, object]:
     from agent.api.routes import finding_dict
 
-    return {"checks": [finding_dict(f) for f in findings]}
+    out: dict[str, object] = {"checks": [finding_dict(f) for f in findings]}
+    machine = machine_of(findings)
+    if machine is not None:
+        out["machine"] = machine
+    return out

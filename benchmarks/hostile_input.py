@@ -87,6 +87,7 @@ class Case:
     body: Callable[[], bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
     procfs: str | None = None  # "cpuinfo": 50 MB of real blocks; "meminfo": a link to /dev/zero
+    cpuinfo_bytes: int = HOSTILE_CPUINFO_BYTES  # the hostile cpuinfo's size (real blocks repeated)
 
 
 CASES: dict[str, Case] = {
@@ -107,6 +108,8 @@ CASES: dict[str, Case] = {
     ),
     "4MiB_label_value": Case(lambda: long_label(4 << 20)),
     "50MB_cpuinfo": Case(procfs="cpuinfo"),
+    # under the 16 MiB read_limits.max_cpuinfo_bytes: read, so its parse must stay bounded in memory (issue 31)
+    "10MB_cpuinfo": Case(procfs="cpuinfo", cpuinfo_bytes=10_000_000),
     "meminfo_dev_zero": Case(procfs="meminfo"),
 }
 CONFIG_CASES = ("config_rejected_clean", "yaml_alias_bomb", "64MiB_config")
@@ -121,14 +124,14 @@ def replace(path: Path, make: Callable[[Path], object]) -> None:
     os.replace(tmp, path)
 
 
-def procfs_phase(root: Path, what: str, hostile: bool) -> None:
-    """Make ``root``'s ``what`` (cpuinfo or meminfo) hostile or clean again."""
+def procfs_phase(root: Path, what: str, hostile: bool, cpuinfo_bytes: int = HOSTILE_CPUINFO_BYTES) -> None:
+    """Make ``root``'s ``what`` (cpuinfo of ``cpuinfo_bytes``, or meminfo) hostile or clean again."""
     if what == "cpuinfo":
         blocks = CPUINFO.read_bytes()
 
         def write(tmp: Path) -> None:
             with tmp.open("wb") as f:
-                for _ in range(HOSTILE_CPUINFO_BYTES // len(blocks) + 1 if hostile else 1):
+                for _ in range(cpuinfo_bytes // len(blocks) + 1 if hostile else 1):
                     f.write(blocks)
 
         replace(root / "cpuinfo", write)
@@ -250,7 +253,7 @@ def run_case(name: str, case: Case, clean: bytes, phase_s: float) -> dict:
         for phase, body in (("clean", clean), ("hostile", hostile), ("recovered", clean)):
             Body.data = body
             if procfs is not None and case.procfs is not None and phase != "clean":
-                procfs_phase(procfs, case.procfs, hostile=phase == "hostile")
+                procfs_phase(procfs, case.procfs, hostile=phase == "hostile", cpuinfo_bytes=case.cpuinfo_bytes)
             end = time.monotonic() + phase_s
             while time.monotonic() < end:
                 st = status_kb(proc.pid)
@@ -279,7 +282,7 @@ def run_case(name: str, case: Case, clean: bytes, phase_s: float) -> dict:
     return {
         "case": name,
         "body_bytes": len(hostile),
-        "procfs": {"cpuinfo": f"{HOSTILE_CPUINFO_BYTES} bytes", "meminfo": "-> /dev/zero"}.get(case.procfs or ""),
+        "procfs": {"cpuinfo": f"{case.cpuinfo_bytes} bytes", "meminfo": "-> /dev/zero"}.get(case.procfs or ""),
         "settings": extra,
         "baseline_mb": round(base, 1),
         "hostile_peak_mb": round(peak, 1),

@@ -1,9 +1,12 @@
 """The CPU analysis over every real cpuinfo dump in tests/fixtures/cpuinfo/corpus/: one verdict row per dump.
 
-Each dump is read as the doctor and the ``cpu`` collector read a host: a procfs tree holding the dump as
-``cpuinfo`` and the source machine's architecture as ``sys/kernel/arch`` (what the kernel says, never a
-guess from the file), a sysfs tree holding ``<name>.dmi/`` where the source has DMI data, then
-:func:`~agent.host.cpucap.read_cpu_capability` and :func:`~agent.host.cpucap.cpu_feature_verdict`.
+Each dump is read as the doctor and the ``cpu`` collector read a recorded tree: a procfs tree holding the
+dump as ``cpuinfo`` and nothing that names the architecture (no ``sys/kernel/arch``, no ``uname``), so it is
+inferred from the dump's own layout (:mod:`agent.host.machine`), as for any dump from another machine; a
+sysfs tree holding ``<name>.dmi/`` where the source has DMI data; then
+:func:`~agent.host.cpucap.read_cpu_capability` and :func:`~agent.host.cpucap.cpu_feature_verdict`. The
+``machine`` column is the architecture it was read as; tests/test_cpu_corpus.py checks it against the
+source's own (SOURCES.tsv).
 
 The rows are compared with ``verdicts.tsv`` (golden) by tests/test_cpu_corpus.py, and rendered into the
 table in docs/doctor.md between the markers below. After a deliberate change, regenerate both::
@@ -20,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.host.cpucap import cpu_feature_verdict, read_cpu_capability
+from agent.host.cpucap import CpuCapability, cpu_feature_verdict, read_cpu_capability
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "fixtures" / "cpuinfo" / "corpus"
@@ -57,19 +60,23 @@ def dumps() -> list[Dump]:
 
 
 def verdict(dump: Dump) -> tuple[str, ...]:
-    """(name, machine, status, cpu model, missing features) for one dump, read through the doctor's path."""
-    with tempfile.TemporaryDirectory() as tmp:
-        procfs, sysfs = Path(tmp) / "proc", Path(tmp) / "sys"
-        (procfs / "sys" / "kernel").mkdir(parents=True)
-        shutil.copyfile(dump.cpuinfo, procfs / "cpuinfo")
-        (procfs / "sys" / "kernel" / "arch").write_text(dump.machine + "\n")
-        if dump.dmi.is_dir():
-            shutil.copytree(dump.dmi, sysfs / "class" / "dmi" / "id")
-        cap = read_cpu_capability(procfs, sysfs)
-        finding = cpu_feature_verdict(cap)
+    """(name, machine read as, status, cpu model, missing features) for one dump, through the doctor's path."""
+    cap = capability(dump)
+    finding = cpu_feature_verdict(cap)
     missing = finding.evidence.get("missing", [])
     assert isinstance(missing, list)
-    return (dump.name, dump.machine, finding.status, cap.cpu_model, " ".join(missing))
+    return (dump.name, cap.info.machine, finding.status, cap.cpu_model, " ".join(missing))
+
+
+def capability(dump: Dump) -> CpuCapability:
+    """The dump read as a recorded tree: its cpuinfo (and DMI), nothing that names the architecture."""
+    with tempfile.TemporaryDirectory() as tmp:
+        procfs, sysfs = Path(tmp) / "proc", Path(tmp) / "sys"
+        procfs.mkdir()
+        shutil.copyfile(dump.cpuinfo, procfs / "cpuinfo")
+        if dump.dmi.is_dir():
+            shutil.copytree(dump.dmi, sysfs / "class" / "dmi" / "id")
+        return read_cpu_capability(procfs, sysfs)
 
 
 def verdicts() -> list[tuple[str, ...]]:

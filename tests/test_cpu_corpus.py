@@ -76,17 +76,21 @@ def _dump(name: str) -> cpu_corpus.Dump:
     ["util-linux_s390-lpar", "util-linux_sparc64", "pytorch-cpuinfo_raspberrypi", "util-linux_armv7"],
 )
 def test_doctor_gate_passes_unknown_layouts(tmp_path: Path, name: str) -> None:
-    """The real CLI: s390x, sparc64 and old ARM layouts are an 'unknown CPU' skip, exit 0, no SourceFormatError."""
+    """The real CLI on the recorded dump alone (no sys/kernel/arch: read as the machine its cpuinfo says, never
+    as this one): s390x, sparc64 and old ARM layouts are an 'unknown CPU' skip, exit 0, no SourceFormatError,
+    and never an x86 "family None model None"."""
     d = _dump(name)
     procfs = tmp_path / "proc"
-    (procfs / "sys" / "kernel").mkdir(parents=True)
+    procfs.mkdir()
     (procfs / "cpuinfo").write_bytes(d.cpuinfo.read_bytes())
-    (procfs / "sys" / "kernel" / "arch").write_text(d.machine + "\n")
     cmd = [PYTHON, "-m", "agent", "doctor", "--json", "--path.procfs", str(procfs), "--path.sysfs", str(tmp_path)]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
-    checks = {c["id"]: c for c in json.loads(r.stdout)["checks"]}
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    doc = json.loads(r.stdout)
+    checks = {c["id"]: c for c in doc["checks"]}
     cpu = checks["cpu.features"]
     assert cpu["status"] == "skip" and cpu["summary"].startswith("unknown CPU"), cpu
+    assert "None" not in cpu["summary"] and f"({d.machine} kernel)" in cpu["summary"], cpu["summary"]
+    assert doc["machine"]["machine"] == d.machine and doc["machine"]["arch_source"] == "inferred from cpuinfo"
     assert "SourceFormatError" not in r.stdout + r.stderr
 
 
@@ -140,9 +144,8 @@ def _corpus_finding(tmp_path: Path, name: str) -> Finding:
     """The verdict for one corpus dump, read with its own DMI tree where the source has one."""
     d = _dump(name)
     procfs, sysfs = tmp_path / "proc", tmp_path / "sys"
-    (procfs / "sys" / "kernel").mkdir(parents=True)
-    (procfs / "cpuinfo").write_bytes(d.cpuinfo.read_bytes())
-    (procfs / "sys" / "kernel" / "arch").write_text(d.machine + "\n")
+    procfs.mkdir(parents=True)
+    (procfs / "cpuinfo").write_bytes(d.cpuinfo.read_bytes())  # no sys/kernel/arch: read as the dump says
     if d.dmi.is_dir():
         shutil.copytree(d.dmi, sysfs / "class" / "dmi" / "id")
     return cpu_feature_verdict(read_cpu_capability(procfs, sysfs))
@@ -272,33 +275,95 @@ def test_real_emerald_rapids_guest_without_amx_fails_and_names_the_hypervisor(tm
     assert whole.status == "ok" and "(Emerald Rapids)" in whole.summary, whole.summary
 
 
-def test_the_architecture_comes_from_the_kernel(tmp_path: Path) -> None:
-    """The same file read for two kernels: the kernel decides, not the lines (arch file, then uname)."""
+@pytest.mark.parametrize("dump", cpu_corpus.dumps(), ids=lambda d: d.name)
+def test_a_recorded_dump_is_read_as_its_own_machine(dump: cpu_corpus.Dump) -> None:
+    """Every dump, alone in a tree with nothing that names the architecture, is read as the machine its source
+    documents (SOURCES.tsv's ``machine``: the source's naming, not this code), inferred from the dump's layout."""
+    cap = cpu_corpus.capability(dump)
+    assert cap.arch_source == "inferred from cpuinfo" and cap.arch_evidence, cap.arch_source
+    assert cap.info.machine == dump.machine, (cap.info.machine, cap.arch_evidence)
+    assert "None" not in cap.cpu_model
+
+
+def test_every_architecture_of_the_corpus_is_inferred() -> None:
+    """The parametrized test above covers each architecture the corpus has (one dump at least per machine)."""
+    assert {d.machine for d in cpu_corpus.dumps()} == {
+        "x86_64", "aarch64", "armv6l", "armv7l", "s390x", "ppc", "ppc64", "ppc64le", "riscv64", "loongarch64",
+        "sparc64",
+    }  # fmt: skip
+
+
+class _Probe:
+    """The live-kernel boundary of a machine whose kernel is ``arch`` and whose boot id is ``boot``."""
+
+    def __init__(self, arch: str, boot: str) -> None:
+        self.arch, self.boot = arch, boot
+
+    def machine(self) -> str:
+        return self.arch
+
+    def boot_id(self) -> str:
+        return self.boot
+
+    def arch_prctl_get(self, code: int) -> int:
+        raise OSError(22, "no")
+
+    def sve_get_vl(self) -> int:
+        raise OSError(22, "no")
+
+
+def test_the_architecture_sources_and_their_order(tmp_path: Path) -> None:
+    """given > the running kernel (the tree is its own) > recorded (sys/kernel/arch, uname) > the cpuinfo's layout."""
     text = _dump("util-linux_loongarch-loongson_3a5000_hv").cpuinfo.read_text()
     procfs = _procfs(tmp_path, text, "loongarch64")
-    assert read_cpu_capability(procfs, tmp_path).info.arch == "loongarch64"
+    cap = read_cpu_capability(procfs, tmp_path)
+    assert (cap.info.arch, cap.arch_source, cap.arch_evidence) == (
+        "loongarch64",
+        "recorded uname",
+        "<procfs>/sys/kernel/arch",
+    )
     (procfs / "sys" / "kernel" / "arch").unlink()
+    cap = read_cpu_capability(procfs, tmp_path)
+    assert cap.info.arch == "loongarch64" and cap.arch_source == "inferred from cpuinfo", cap.arch_source
+    # The tree of the running kernel (its boot_id is the probe's): uname -m of that kernel.
+    boot = "5b1d3c1e-0000-4000-8000-000000000031"
+    (procfs / "sys" / "kernel" / "random").mkdir(parents=True)
+    (procfs / "sys" / "kernel" / "random" / "boot_id").write_text(boot + "\n")
+    cap = read_cpu_capability(procfs, tmp_path, probe=_Probe("loongarch64", boot))
+    assert cap.info.arch == "loongarch64" and cap.arch_source == "running kernel", cap.arch_source
+    # Another kernel's boot: the running kernel says nothing about this tree.
+    cap = read_cpu_capability(procfs, tmp_path, probe=_Probe("x86_64", "another-boot"))
+    assert cap.info.machine == "loongarch64" and cap.arch_source == "inferred from cpuinfo"
+    # A recorded `uname -a` (the convention agent/host/machine.py documents).
+    uname_a = "Linux node7 6.6.0 #1 SMP PREEMPT Mon Jan 1 00:00:00 UTC 2024 loongarch64 GNU/Linux\n"
+    (procfs / "uname").write_text(uname_a)
+    cap = read_cpu_capability(procfs, tmp_path, probe=_Probe("x86_64", "another-boot"))
+    assert cap.info.machine == "loongarch64" and (cap.arch_source, cap.arch_evidence) == (
+        "recorded uname",
+        "<procfs>/uname",
+    )
+    # Given: it wins, and agrees with the file.
+    cap = read_cpu_capability(procfs, tmp_path, machine="loongarch64")
+    assert cap.arch_source == "given"
 
-    class Probe:
-        def machine(self) -> str:
-            return "loongarch64"
 
-        def boot_id(self) -> str:
-            return ""
-
-        def arch_prctl_get(self, code: int) -> int:
-            raise OSError(22, "no")
-
-        def sve_get_vl(self) -> int:
-            raise OSError(22, "no")
-
-    cap = read_cpu_capability(procfs, tmp_path, probe=Probe())
-    assert cap.info.arch == "loongarch64" and cap.arch_source == "uname"
-    # the caller's machine wins: read for an x86 kernel it is an unknown x86 model, never "aarch64"
-    other = read_cpu_capability(procfs, tmp_path, machine="x86_64")
-    assert other.info.arch == "x86_64" and not other.identity.known and other.arch_source == "given"
-    with pytest.raises(SourceFormatError):  # and for an arm64 kernel a file without ARM lines is an error
+def test_sources_that_disagree_are_an_error_naming_both(tmp_path: Path) -> None:
+    """A LoongArch cpuinfo said to be x86_64 (given, or a recorded sys/kernel/arch) is never read as either."""
+    text = _dump("util-linux_loongarch-loongson_3a5000_hv").cpuinfo.read_text()
+    procfs = _procfs(tmp_path, text, "x86_64")
+    with pytest.raises(SourceFormatError, match=r"contradictory: x86_64 \(recorded uname.*loongarch64 \(inferred"):
+        read_cpu_capability(procfs, tmp_path)
+    (procfs / "sys" / "kernel" / "arch").unlink()
+    with pytest.raises(SourceFormatError, match=r"contradictory: x86_64 \(given.*loongarch64 \(inferred"):
+        read_cpu_capability(procfs, tmp_path, machine="x86_64")
+    # and for an arm64 kernel a file without ARM lines is an error
+    with pytest.raises(SourceFormatError):
         parse_cpuinfo("no colon here\nbogus line\n", "aarch64")
+    # a cpuinfo of no known layout, in a tree that records nothing: say how to state it
+    (procfs / "cpuinfo").write_text("processor\t: 0\nsomething\t: else\n")
+    with pytest.raises(SourceFormatError, match="state it with --machine"):
+        read_cpu_capability(procfs, tmp_path)
+    assert read_cpu_capability(procfs, tmp_path, machine="alpha").info.arch == "alpha"
 
 
 def test_every_dump_parses_for_every_kernel() -> None:

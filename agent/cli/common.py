@@ -20,6 +20,13 @@ _SWITCH = re.compile(r"^--(no-)?collector\.([a-z0-9_]+)$")
 ConfigOpt = typer.Option(None, "--config", "-c", help="YAML configuration file (or INFERWATCH_CONFIG).")
 ProcfsOpt = typer.Option(None, "--path.procfs", help="procfs root to read (default /proc).")
 SysfsOpt = typer.Option(None, "--path.sysfs", help="sysfs root to read (default /sys).")
+MachineOpt = typer.Option(
+    None,
+    "--machine",
+    metavar="ARCH",
+    help="Kernel architecture (uname -m: x86_64, aarch64, armv7l ...) of a recorded --path.procfs tree "
+    "(default: the running kernel's for the live /proc, else recorded in the tree or inferred from its cpuinfo).",
+)
 
 
 TOKEN_ENV = "INFERWATCH_TOKEN"
@@ -69,7 +76,7 @@ def build_settings(
     merged: dict[str, Any] = dict(overrides or {})
     paths = {k: v for k, v in (("procfs", procfs), ("sysfs", sysfs)) if v is not None}
     if paths:
-        merged["path"] = paths
+        merged["path"] = {**merged.get("path", {}), **paths}
     switches = collector_switches(extra)
     if switches:
         merged["collectors"] = switches

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from agent.cli.common import ConfigOpt, ProcfsOpt, SysfsOpt, build_settings
+from agent.cli.common import ConfigOpt, MachineOpt, ProcfsOpt, SysfsOpt, build_settings
 from agent.samples import Finding
 
 
@@ -17,6 +17,7 @@ def register(app: typer.Typer) -> None:
         config: Path | None = ConfigOpt,
         procfs: Path | None = ProcfsOpt,
         sysfs: Path | None = SysfsOpt,
+        machine: str | None = MachineOpt,
         require: list[str] = typer.Option([], "--require", help="CPU feature that must be present (repeatable)."),
         as_json: bool = typer.Option(False, "--json", help='Print {"checks": [...]} as JSON.'),
         engine_url: str | None = typer.Option(
@@ -33,7 +34,7 @@ def register(app: typer.Typer) -> None:
         from agent.errors import ConfigError
         from agent.wiring import build_deps
 
-        settings = build_settings(config, procfs, sysfs, [], doc.doctor_overrides(engine_url, profile_url))
+        settings = build_settings(config, procfs, sysfs, [], doc.doctor_overrides(engine_url, profile_url, machine))
         if not settings.path.procfs.is_dir():
             typer.echo(f"inferwatch: procfs root {settings.path.procfs} is not a directory", err=True)
             raise typer.Exit(2)
@@ -47,6 +48,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(doc.as_json(findings), indent=2, sort_keys=False, default=str))
         else:
             _print_table(findings)
+            typer.echo(doc.machine_line(findings))
         raise typer.Exit(doc.exit_code(findings))
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from agent.cli.common import EXTRA_ARGS, ConfigOpt, ProcfsOpt, SysfsOpt, build_settings, setup_logging
+from agent.cli.common import EXTRA_ARGS, ConfigOpt, MachineOpt, ProcfsOpt, SysfsOpt, build_settings, setup_logging
 
 
 def register(app: typer.Typer) -> None:
@@ -20,6 +20,7 @@ def register(app: typer.Typer) -> None:
         config: Path | None = ConfigOpt,
         procfs: Path | None = ProcfsOpt,
         sysfs: Path | None = SysfsOpt,
+        machine: str | None = MachineOpt,
         listen_address: str | None = typer.Option(
             None, "--listen-address", help="Address to bind (default 127.0.0.1)."
         ),
@@ -40,6 +41,8 @@ def register(app: typer.Typer) -> None:
             overrides["interval_s"] = interval
         if environment is not None:
             overrides["node"] = {"environment": environment}
+        if machine is not None:
+            overrides["path"] = {"machine": machine}
         settings = build_settings(config, procfs, sysfs, ctx.args, overrides)
         setup_logging(settings.log_level)
         serve(settings)

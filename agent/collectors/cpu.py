@@ -37,6 +37,7 @@ class CPUCollector(BaseCollector):
             self.ctx.sysfs,
             self.ctx.settings.cpu.expect_features,
             self.ctx.cpu_probe,
+            machine=self.ctx.settings.path.machine,
             limits=self.ctx.read_limits,
         )
         info = cap.info

@@ -1,8 +1,8 @@
 """The node's CPU capability: identity, features present / expected / missing, and why one may be missing.
 
-Reads ``<procfs>/cpuinfo`` for the kernel's architecture (``machine`` when given, else
-``<procfs>/sys/kernel/arch``, else the running kernel's ``uname -m`` through the probe or
-:func:`platform.machine`), ``<procfs>/sys/kernel/osrelease``, ``<procfs>/cmdline``,
+Reads ``<procfs>/cpuinfo`` for the kernel's architecture (:mod:`agent.host.machine`: ``machine`` when
+given, the running kernel's when the tree is its own, else what the tree recorded or what its cpuinfo's
+layout says; ``arch_source`` names which), ``<procfs>/sys/kernel/osrelease``, ``<procfs>/cmdline``,
 ``<procfs>/sys/abi/sve_default_vector_length`` (bytes), ``<procfs>/self/auxv`` (AT_HWCAP/AT_HWCAP2,
 :mod:`agent.host.hwcap`), ``<procfs>/sys/kernel/random/boot_id`` and
 ``<sysfs>/class/dmi/id/{product_name,sys_vendor,board_vendor}``; when procfs is the running kernel's, also
@@ -19,16 +19,16 @@ note (``skip``), never a failure.
 
 from __future__ import annotations
 
-import platform
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.errors import SourceFormatError
-from agent.host.cpuinfo import LAYOUT_BLOCKS, CpuInfo, read_cpuinfo
+from agent.host.cpuinfo import LAYOUT_BLOCKS, CpuInfo, cpuinfo_of, scan_file
 from agent.host.cpumodels import CpuIdentity, Dmi, identify, kernel_gated
 from agent.host.cpuprobe import CpuProbe, LiveKernel, read_live
 from agent.host.hwcap import Hwcaps, compare, read_hwcaps
+from agent.host.machine import resolve
 from agent.host.procfs import DEFAULT_READ_LIMITS, ReadLimits
 from agent.samples import Finding
 
@@ -57,7 +57,8 @@ class CpuCapability:
     hwcap_error: str = ""  # auxv present but unreadable as pairs
     live: LiveKernel | None = None  # the running kernel's answers; None when procfs is not its tree
     live_note: str = ""  # why ``live`` is None ("" when no probe was given)
-    arch_source: str = ""  # where the architecture came from: "given", "<procfs>/sys/kernel/arch", "uname"
+    arch_source: str = ""  # where the architecture came from: agent.host.machine.SOURCES
+    arch_evidence: str = ""  # what that source read ("<procfs>/sys/kernel/arch", "Features: asimd fp ...")
     dmi: Dmi = field(default_factory=Dmi)
 
     @property
@@ -86,16 +87,6 @@ def kernel_version(release: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def kernel_machine(procfs: Path, probe: CpuProbe | None = None, machine: str | None = None) -> tuple[str, str]:
-    """(the kernel's ``uname -m``, where it came from): given, the tree's ``sys/kernel/arch``, or uname."""
-    if machine:
-        return machine, "given"
-    recorded = _read(procfs / "sys" / "kernel" / "arch", 64)
-    if recorded:
-        return recorded, "<procfs>/sys/kernel/arch"
-    return (probe.machine() if probe is not None else platform.machine()), "uname"
-
-
 def read_dmi(sysfs: Path) -> Dmi:
     dmi = sysfs / "class" / "dmi" / "id"
     return Dmi(_read(dmi / "sys_vendor", 256), _read(dmi / "product_name", 256), _read(dmi / "board_vendor", 256))
@@ -111,10 +102,11 @@ def read_cpu_capability(
 ) -> CpuCapability:
     """Read everything above; ``probe`` (the live-kernel boundary) is consulted only when given.
 
-    ``machine``: the kernel's ``uname -m`` for a recorded tree; by default :func:`kernel_machine`.
+    ``machine``: the kernel's ``uname -m`` for a recorded tree; by default :func:`agent.host.machine.resolve`.
     """
-    arch_machine, arch_source = kernel_machine(procfs, probe, machine)
-    info = read_cpuinfo(procfs, arch_machine, limits)
+    sections = scan_file(procfs, limits)
+    arch = resolve(procfs, sections, probe, machine)
+    info = cpuinfo_of(sections, arch.machine)
     dmi = read_dmi(sysfs)
     product, vendor = dmi.product_name, dmi.sys_vendor
     identity = identify(info, dmi)
@@ -142,7 +134,8 @@ def read_cpu_capability(
         hwcap_error=hwcap_error,
         live=live,
         live_note=live_note,
-        arch_source=arch_source,
+        arch_source=arch.source,
+        arch_evidence=arch.evidence,
         dmi=dmi,
     )
 
@@ -259,7 +252,9 @@ def _evidence(cap: CpuCapability) -> dict[str, object]:
         "kernel_release": cap.kernel_release,
     }
     if cap.arch_source:
+        ev["machine"] = info.machine
         ev["arch_source"] = cap.arch_source
+        ev["arch_evidence"] = cap.arch_evidence
     if info.layout != LAYOUT_BLOCKS:
         ev["cpuinfo_layout"] = info.layout
     dmi = {k: cap.dmi.field(k) for k in ("sys_vendor", "product_name", "board_vendor") if cap.dmi.field(k)}

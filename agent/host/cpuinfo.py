@@ -1,8 +1,9 @@
 """/proc/cpuinfo: ``key : value`` lines (tabs or spaces before the colon), read for the kernel's architecture.
 
-The architecture is the kernel's (``uname -m``, or ``<procfs>/sys/kernel/arch``), passed in by the
-caller: which lines a file has says nothing reliable about it (LoongArch prints a ``Features`` line and
-is not arm64; a 32-bit ARM kernel on a Cortex-A72 prints ``CPU part 0xd08`` like a 64-bit one).
+The architecture is the kernel's ``uname -m``, passed in by the caller (:mod:`agent.host.machine` decides
+it for a procfs tree: given, the running kernel's, a recorded one, or inferred from this file's layout as a
+whole). A single line says nothing reliable about it (LoongArch prints a ``Features`` line and is not
+arm64; a 32-bit ARM kernel on a Cortex-A72 prints ``CPU part 0xd08`` like a 64-bit one).
 
 - x86 (``x86_64``, ``i686``): one block per logical CPU (``processor``, ``vendor_id``, ``cpu family``,
   ``model``, ``model name``, ``stepping``, ``flags``).
@@ -16,10 +17,16 @@ Flags are exact tokens; the node's flags are the **intersection** over every pro
 on heterogeneous CPUs (big.LITTLE) a runtime can only rely on what every core has. A file with nothing
 recognisable is a :class:`~agent.errors.SourceFormatError` only on x86 and arm64, where the kernel's
 layout is known; elsewhere the result is an unknown CPU.
+
+The file is read a line at a time (:meth:`agent.host.procfs.ReadLimits.lines`) into :class:`Sections`,
+which keeps the first block, the lines outside blocks, counts and running intersections, never the
+blocks: a 10 MB cpuinfo (7,200 blocks) costs about one block of memory, not a copy per parsing step.
 """
 
 from __future__ import annotations
 
+import io
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,23 +91,94 @@ def _int(value: str | None) -> int | None:
         return None
 
 
-def _sections(text: str) -> tuple[list[dict[str, str]], dict[str, str], int]:
-    """(processor blocks, lines outside any block (first value wins), count of 'processor' lines)."""
-    blocks: list[dict[str, str]] = []
-    common: dict[str, str] = {}
+_FLAG_KEYS = ("flags", "Features", "features", "cpucaps")
+_CORE_KEYS = ("CPU implementer", "CPU part", "CPU variant")
+_NAME_KEYS = ("model name", "Model Name", "cpu model", "cpu", "uarch", "Processor", "machine")
+_COUNT_KEYS = ("# processors", "ncpus active", "ncpus probed")
+_X86_KEYS = ("vendor_id", "cpu family", "model", "stepping")
+# Lines the readers below and the architecture inference (agent.host.machine) look at; every other line is
+# dropped as it is read, so a section holds a few dozen values whatever the file holds.
+KEPT_KEYS = frozenset(
+    {"processor", *_FLAG_KEYS, *_CORE_KEYS, *_NAME_KEYS, *_COUNT_KEYS, *_X86_KEYS}
+    | {"CPU architecture", "CPU Family", "ISA", "isa", "type", "platform", "revision", "timebase", "MMU", "hart"}
+    | {"system type"}
+)
+MAX_CORE_TYPES = 64  # distinct (implementer, part, variant) kept: SoCs have up to ~4 core types
+
+
+def _tokens(raw: str | None) -> frozenset[str]:
+    return frozenset(raw.split()) if raw is not None else frozenset()
+
+
+class Sections:
+    """A cpuinfo read once, line by line, into what the readers need, in memory bounded by one block.
+
+    Kept: the first processor block, the lines outside any block (``common``, first value wins), the counts,
+    per flag key the intersection of every block's tokens (a block without the key takes ``common``'s,
+    as the lines an old ARM kernel prints once apply to every CPU) and the distinct ARM core triples.
+    Blocks themselves are not kept, and a block whose flags line repeats the previous one (the usual case:
+    every CPU of a socket prints the same line) costs no set operation.
+    """
+
+    def __init__(self) -> None:
+        self.first: dict[str, str] = {}  # the first processor block (KEPT_KEYS only)
+        self.common: dict[str, str] = {}
+        self.blocks = 0  # processor blocks
+        self.processors = 0  # 'processor' lines
+        self._flags: dict[str, frozenset[str]] = {}  # key -> intersection over the blocks that print it
+        self._last: dict[str, str] = {}  # key -> the previous block's raw value (repeats are skipped)
+        self._lacking: set[str] = set()  # flag keys some block does not print
+        self._cores: dict[tuple[str | None, ...], None] = {}  # raw (implementer, part, variant), first seen first
+
+    def _block(self, block: dict[str, str]) -> None:
+        if not self.blocks:
+            self.first = block
+        self.blocks += 1
+        for key in _FLAG_KEYS:
+            raw = block.get(key)
+            if raw is None:
+                self._lacking.add(key)
+            elif self._last.get(key) != raw:
+                self._last[key] = raw
+                tokens = _tokens(raw)
+                self._flags[key] = self._flags[key] & tokens if key in self._flags else tokens
+        if len(self._cores) < MAX_CORE_TYPES:
+            self._cores.setdefault(tuple(block.get(k) for k in _CORE_KEYS), None)
+
+    def _outside(self, lines: dict[str, str]) -> None:
+        for k, v in lines.items():
+            self.common.setdefault(k, v)
+
+    def flags(self, key: str, from_common: bool = True) -> frozenset[str]:
+        """Tokens of ``key`` every block reports (a block without it: ``common``'s when ``from_common``)."""
+        parts = [self._flags[key]] if key in self._flags else []
+        if key in self._lacking:
+            parts.append(_tokens(self.common.get(key)) if from_common else frozenset())
+        return frozenset.intersection(*parts) if parts else frozenset()
+
+    def core_triples(self) -> list[tuple[str | None, ...]]:
+        """Each block's (implementer, part, variant), a missing one taken from ``common``, first seen first."""
+        out: dict[tuple[str | None, ...], None] = {}
+        for triple in self._cores:
+            resolved = (v if v is not None else self.common.get(k) for k, v in zip(_CORE_KEYS, triple, strict=True))
+            out.setdefault(tuple(resolved))
+        return list(out)
+
+
+def scan(lines: Iterable[str]) -> Sections:
+    """Blocks are separated by blank lines or start at a ``processor`` line; other sections are ``common``."""
+    sec = Sections()
     current: dict[str, str] = {}
-    processors = 0
 
     def close() -> None:
         nonlocal current
         if "processor" in current:
-            blocks.append(current)
+            sec._block(current)
         else:
-            for k, v in current.items():
-                common.setdefault(k, v)
+            sec._outside(current)
         current = {}
 
-    for line in text.splitlines():
+    for line in lines:
         if not line.strip():
             close()
             continue
@@ -109,16 +187,16 @@ def _sections(text: str) -> tuple[list[dict[str, str]], dict[str, str], int]:
             continue
         key = key.strip()
         if key == "processor":
-            processors += 1
+            sec.processors += 1
             if "processor" in current:  # blocks without a blank line between them
                 close()
             elif current:  # lines before the first 'processor' of a section: the old 'Processor :' header
-                for k, v in current.items():
-                    common.setdefault(k, v)
+                sec._outside(current)
                 current = {}
-        current[key] = value.strip()
+        if key in KEPT_KEYS:
+            current[key] = value.strip()
     close()
-    return blocks, common, processors
+    return sec
 
 
 IMPLEMENTERS: dict[int, str] = {
@@ -138,34 +216,32 @@ IMPLEMENTERS: dict[int, str] = {
 _ARM_KEYS = ("CPU implementer", "CPU part", "Features", "Processor")
 
 
-def _tokens(raw: str | None) -> frozenset[str]:
-    return frozenset(raw.split()) if raw is not None else frozenset()
-
-
-def _arm(blocks: list[dict[str, str]], common: dict[str, str], processors: int, arch: str, machine: str) -> CpuInfo:
+def _arm(sec: Sections, arch: str, machine: str) -> CpuInfo:
     layout = LAYOUT_BLOCKS
-    if not blocks:
+    common = sec.common
+    if not sec.blocks:
         if not any(k in common for k in _ARM_KEYS):
             raise SourceFormatError("cpuinfo has no 'processor' block and no ARM CPU lines")
-        blocks, layout = [common], LAYOUT_NO_PROCESSOR
-    merged = [{**common, **b} for b in blocks]  # lines printed once (old kernels) apply to every CPU
-    flags = frozenset.intersection(*(_tokens(b.get("Features")) for b in merged))
+        layout = LAYOUT_NO_PROCESSOR
+        flags = _tokens(common.get("Features"))
+        triples = [tuple(common.get(k) for k in _CORE_KEYS)]
+    else:  # lines printed once (old kernels) apply to every CPU
+        flags, triples = sec.flags("Features"), sec.core_triples()
     seen: dict[CoreType, None] = {}
-    for b in merged:
-        impl, part = _int(b.get("CPU implementer")), _int(b.get("CPU part"))
+    for impl_text, part_text, variant_text in triples:
+        impl, part = _int(impl_text), _int(part_text)
         if impl is not None and part is not None:
-            seen.setdefault(CoreType(impl, part, _int(b.get("CPU variant")) or 0), None)
+            seen.setdefault(CoreType(impl, part, _int(variant_text) or 0), None)
     cores = tuple(seen)
     vendor = IMPLEMENTERS.get(cores[0].implementer, f"0x{cores[0].implementer:02x}") if cores else ""
     name = common.get("Processor", "") if arch == "arm" else ""
-    return CpuInfo(arch, vendor, name, None, None, None, cores, flags, max(processors, 1), layout, machine)
+    return CpuInfo(arch, vendor, name, None, None, None, cores, flags, max(sec.processors, 1), layout, machine)
 
 
-def _x86(blocks: list[dict[str, str]], arch: str, machine: str) -> CpuInfo:
-    if not blocks:
+def _x86(sec: Sections, arch: str, machine: str) -> CpuInfo:
+    if not sec.blocks:
         raise SourceFormatError("cpuinfo has no 'processor' block")
-    flags = frozenset.intersection(*(_tokens(b.get("flags")) for b in blocks))
-    first = blocks[0]
+    first = sec.first
     return CpuInfo(
         arch=arch,
         vendor=first.get("vendor_id", ""),
@@ -174,53 +250,57 @@ def _x86(blocks: list[dict[str, str]], arch: str, machine: str) -> CpuInfo:
         model=_int(first.get("model")),
         stepping=_int(first.get("stepping")),
         core_types=(),
-        flags=flags,
-        logical_cpus=len(blocks),
+        flags=sec.flags("flags", from_common=False),
+        logical_cpus=sec.blocks,
         machine=machine,
     )
 
 
-_NAME_KEYS = ("model name", "Model Name", "cpu model", "cpu", "uarch", "Processor", "machine")
-_FLAG_KEYS = ("flags", "Features", "features", "cpucaps")
-_COUNT_KEYS = ("# processors", "ncpus active", "ncpus probed")
-
-
-def _other(blocks: list[dict[str, str]], common: dict[str, str], arch: str, machine: str) -> CpuInfo:
+def _other(sec: Sections, arch: str, machine: str) -> CpuInfo:
     """Architectures without a reader: what a layout shares (a name, flags, a CPU count), never an error."""
-    first = {**common, **(blocks[0] if blocks else {})}
+    common = sec.common
+    first = {**common, **sec.first}
     name = next((" ".join(first[k].split()) for k in _NAME_KEYS if first.get(k)), "")
     key = next((k for k in _FLAG_KEYS if k in first), None)
-    if blocks and key is not None:
-        flags = frozenset.intersection(*(_tokens({**common, **b}.get(key)) for b in blocks))
+    if sec.blocks and key is not None:
+        flags = sec.flags(key)
     else:
         flags = _tokens(first.get(key)) if key is not None else frozenset()
-    count = len(blocks)
+    count = sec.blocks
     if not count:
         count = next((n for k in _COUNT_KEYS if (n := _int(common.get(k))) is not None and n > 0), 0)
-    layout = LAYOUT_BLOCKS if blocks else LAYOUT_OTHER
+    layout = LAYOUT_BLOCKS if sec.blocks else LAYOUT_OTHER
     vendor = first.get("vendor_id", "")
     return CpuInfo(arch, vendor, name, None, None, None, (), flags, count, layout, machine)
 
 
-def parse_cpuinfo(text: str, machine: str) -> CpuInfo:
-    """Parse a /proc/cpuinfo text written by a kernel whose ``uname -m`` is ``machine``.
+def cpuinfo_of(sec: Sections, machine: str) -> CpuInfo:
+    """The scanned file read as the kernel whose ``uname -m`` is ``machine`` writes it.
 
     Raises SourceFormatError only for x86 and arm64 files with no block the kernel would print.
     """
     arch = normalise_arch(machine)
-    blocks, common, processors = _sections(text)
     if arch in X86:
-        return _x86(blocks, "x86_64" if arch == "x86_64" else arch, machine)
+        return _x86(sec, "x86_64" if arch == "x86_64" else arch, machine)
     if arch in ("aarch64", "arm"):
-        return _arm(blocks, common, processors, arch, machine)
-    return _other(blocks, common, arch, machine)
+        return _arm(sec, arch, machine)
+    return _other(sec, arch, machine)
+
+
+def parse_cpuinfo(text: str, machine: str) -> CpuInfo:
+    """Parse a /proc/cpuinfo text written by a kernel whose ``uname -m`` is ``machine`` (see :func:`cpuinfo_of`)."""
+    return cpuinfo_of(scan(io.StringIO(text)), machine)
+
+
+def scan_file(procfs: Path, limits: ReadLimits = DEFAULT_READ_LIMITS) -> Sections:
+    """``<procfs>/cpuinfo`` (at most ``limits.max_cpuinfo_bytes``), scanned a line at a time."""
+    path = procfs / "cpuinfo"
+    try:
+        return scan(limits.lines(path, "cpuinfo", cpuinfo=True))
+    except FileNotFoundError:
+        raise NoDataError(f"{path} does not exist", hint="point --path.procfs at the host's /proc") from None
 
 
 def read_cpuinfo(procfs: Path, machine: str, limits: ReadLimits = DEFAULT_READ_LIMITS) -> CpuInfo:
     """``<procfs>/cpuinfo`` (at most ``limits.max_cpuinfo_bytes``) as the kernel of ``machine`` writes it."""
-    path = procfs / "cpuinfo"
-    try:
-        text = limits.text(path, "cpuinfo", cpuinfo=True)
-    except FileNotFoundError:
-        raise NoDataError(f"{path} does not exist", hint="point --path.procfs at the host's /proc") from None
-    return parse_cpuinfo(text, machine)
+    return cpuinfo_of(scan_file(procfs, limits), machine)

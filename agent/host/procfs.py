@@ -10,6 +10,11 @@ the setting to raise. The limits are settings (``read_limits.max_file_bytes``,
 ``inferwatch.source.limit_hits{source,limit}`` (:class:`LimitHits`, built once by the composition root)
 and logged once per file and limit. ``FileNotFoundError`` and other ``OSError`` propagate, so callers keep
 mapping absence to :class:`~agent.errors.NoDataError` as before.
+
+A byte limit alone does not bound memory: a 10 MB cpuinfo read whole, decoded and split into lines and
+dicts held ~150 MB at once. So a large file (cpuinfo) is read with :meth:`ReadLimits.lines`, one line at a
+time, each line at most :data:`MAX_LINE_BYTES`: the reader keeps what it needs of each line and the file
+costs one line of memory plus the reader's buffer.
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.config import DEFAULT_MAX_CPUINFO_READ_BYTES, DEFAULT_MAX_PROCFS_READ_BYTES, ReadLimitSettings
-from agent.errors import ReadLimitError
+from agent.errors import ReadLimitError, SourceFormatError
 from agent.samples import AnySample, Sample, attrs
 
 log = logging.getLogger(__name__)
@@ -30,6 +36,9 @@ MAX_PROCFS_READ_BYTES = DEFAULT_MAX_PROCFS_READ_BYTES  # the defaults, by their 
 MAX_CPUINFO_READ_BYTES = DEFAULT_MAX_CPUINFO_READ_BYTES
 FILE_LIMIT = "read_limits.max_file_bytes"  # values of the ``limit`` attribute: the setting that bounds the read
 CPUINFO_LIMIT = "read_limits.max_cpuinfo_bytes"
+# One line of a procfs text file: the longest real ones are x86 cpuinfo ``flags``/``bugs`` lines, ~2 KiB with
+# every AVX-512 and AMX flag (tests/fixtures/cpuinfo): 64 KiB is 30 times that.
+MAX_LINE_BYTES = 64 << 10
 
 
 class LimitHits:
@@ -74,6 +83,21 @@ class ReadLimits:
                 self.hits.add(source, setting, exc)
             raise
 
+    def lines(self, path: Path, source: str, cpuinfo: bool = False) -> Iterator[str]:
+        """``path``'s lines (ASCII, undecodable bytes replaced, without the line end), read one at a time.
+
+        The same byte limit as :meth:`text` (ReadLimitError, counted, once the total passes it); a line longer
+        than :data:`MAX_LINE_BYTES` is skipped unkept and, at the end, a SourceFormatError: no procfs text
+        file has one, so the file is not what it is named.
+        """
+        limit, setting = (self.max_cpuinfo_bytes, CPUINFO_LIMIT) if cpuinfo else (self.max_file_bytes, FILE_LIMIT)
+        try:
+            yield from bounded_lines(path, limit, setting)
+        except ReadLimitError as exc:
+            if self.hits is not None:
+                self.hits.add(source, setting, exc)
+            raise
+
 
 DEFAULT_READ_LIMITS = ReadLimits()
 
@@ -88,10 +112,38 @@ def read_bounded(path: Path, limit: int = MAX_PROCFS_READ_BYTES, setting: str = 
         data = None if os.fstat(fh.fileno()).st_size > limit else fh.read(limit + 1)
     if data is not None and len(data) <= limit:
         return data
-    raise ReadLimitError(
+    raise _too_large(path, limit, setting)
+
+
+def _too_large(path: Path, limit: int, setting: str) -> ReadLimitError:
+    return ReadLimitError(
         f"{path} is larger than {limit} bytes: not a procfs file (read limit; raise {setting} if it is real)",
         setting,
     )
+
+
+def bounded_lines(path: Path, limit: int = MAX_PROCFS_READ_BYTES, setting: str = FILE_LIMIT) -> Iterator[str]:
+    """:func:`read_bounded`'s bytes as lines, one at a time (see :meth:`ReadLimits.lines`)."""
+    total = number = too_long = 0
+    with path.open("rb") as fh:
+        if os.fstat(fh.fileno()).st_size > limit:
+            raise _too_large(path, limit, setting)
+        while raw := fh.readline(MAX_LINE_BYTES + 1):
+            total += len(raw)
+            number += 1
+            if total > limit:
+                raise _too_large(path, limit, setting)
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                too_long = too_long or number
+                while raw and not raw.endswith(b"\n"):  # the rest of the line, counted, never kept
+                    raw = fh.readline(MAX_LINE_BYTES)
+                    total += len(raw)
+                    if total > limit:
+                        raise _too_large(path, limit, setting)
+                continue
+            yield raw.decode("ascii", errors="replace").rstrip("\r\n")
+    if too_long:
+        raise SourceFormatError(f"{path}: line {too_long} is longer than {MAX_LINE_BYTES} bytes: not a procfs file")
 
 
 def read_text(path: Path, limit: int = MAX_PROCFS_READ_BYTES) -> str:

@@ -13,7 +13,14 @@ if [ ! -x .venv/bin/python ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
   fi
+  echo "== creating the virtual environment .venv ($(python3 --version 2>&1))"
   python3 -m venv .venv
 fi
+# pip -q prints nothing while it works (~30 s when the dependencies are there already, a few minutes the first time):
+# say what runs, and how long it took.
+echo "== installing inferwatch and its dependencies into .venv (pip install -e .; the first time takes a few minutes)"
+start=$(date +%s)
 .venv/bin/python -m pip install -q --disable-pip-version-check -e .
+echo "== installed inferwatch $(.venv/bin/inferwatch version) in $(($(date +%s) - start)) s"
+echo "== starting inferwatch demo: the simulator, the load generator and the agent (Ctrl-C stops them)"
 exec .venv/bin/inferwatch demo "$@"

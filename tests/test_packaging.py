@@ -1,31 +1,52 @@
-"""The sdist and the wheel carry every asset, and an installed wheel serves them (issue 12).
+"""The user's path: the built wheel, installed into a fresh venv outside the checkout, works as the checkout does.
 
-Built the standard way (``python -m build``: the sdist, then the wheel from that sdist, each in an isolated
-build environment) from a copy of the checkout, so no build/ or egg-info lands in the checkout and a stale
-build/lib cannot leak into the wheel. The wheel is installed with its dependencies into a fresh venv
-outside the checkout (no --system-site-packages, no PYTHONPATH, cwd elsewhere), which also catches a runtime
-import of a package that only the test extra provides; that install is most of this test's time (about 50 s
-on the 2-core machine, dependencies from pip's cache or PyPI).
+Issues 12 and 31. The sdist and the wheel are built the standard way (``python -m build``: the sdist, then the
+wheel from that sdist, each in an isolated build environment) from a copy of the checkout, so no build/ or
+egg-info lands in the checkout and a stale build/lib cannot leak into the wheel. The wheel is installed with its
+dependencies into one fresh venv per module (no --system-site-packages, no PYTHONPATH, cwd a temp directory),
+with uv from its cache (``--offline``; from PyPI only when the cache lacks something), else with pip; that also
+catches a runtime import of a package that only the test extra provides.
+
+From that install, every test runs ``inferwatch`` as a user does and fails on any traceback:
+
+- every file of the packages (code and data) is in the wheel, and ``agent`` imports from the venv's site-packages;
+- every command's ``--help``, and each command's main path against the simulator started from the install (probe,
+  engine inspect, loadgen, drift, simd, profile, doctor, top, explain, evidence, assets, prices, grafana push);
+- ``inferwatch run`` with every collector on the simulator: every collector runs, none fails;
+- ``inferwatch demo`` for about a minute: no collector fails, every runbook link of the status page resolves;
+- the container image's command (Dockerfile ENTRYPOINT + CMD and ENV) and the DaemonSet's (args, env, mounts,
+  ConfigMap and token Secret of deploy/kubernetes/base) as written, adapted only to 127.0.0.1, free ports and
+  temp paths.
+
+Where the outcome depends on this machine rather than on the package (doctor's checks, py-spy's ptrace, a matrix
+query without Prometheus), the same command runs from the checkout too and the two must agree.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import time
 import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import typer.main
 import yaml
 
+from agent.cli.main import app as checkout_app
 from tests.alerting import alert_names, run_tool
 from tests.conftest import PYTHON, ROOT, free_port
+from tests.grafana_fake import FakeGrafana
 from tests.procs import running, wait_http
 from tests.test_assets import repository_assets
 from tests.tools import require
@@ -35,6 +56,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 VERSION = "0.1.0"
 BUILD_TIMEOUT_S = 300
 INSTALL_TIMEOUT_S = 480
+START_TIMEOUT_S = 90  # an agent's /readyz (every collector ran once) on a loaded 2-core machine
+DEMO_S = 60
+UV = ROOT / ".venv" / "bin" / "uv"
+PACKAGES = ("agent", "exporters", "simulator", "dashboards")
 COPY_IGNORE = shutil.ignore_patterns(
     ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache",
     ".hypothesis", "tmp",
@@ -55,10 +80,28 @@ def package_paths() -> dict[str, Path]:
     return out
 
 
+def package_files() -> dict[str, Path]:
+    """Every file the packages hold in the checkout (code and data, the asset symlinks followed) by wheel path."""
+    out: dict[str, Path] = {}
+    for package in PACKAGES:
+        for directory, dirs, files in os.walk(ROOT / package, followlinks=True):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in files:
+                if not name.endswith((".pyc", ".pyo")):
+                    path = Path(directory) / name
+                    out[path.relative_to(ROOT).as_posix()] = path
+    return out
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment with nothing that points Python at the checkout or its venv."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "INFERWATCH_"))}
     return {**env, **extra}
+
+
+def no_traceback(r: subprocess.CompletedProcess[str], what: str) -> None:
+    out = r.stdout + r.stderr
+    assert "Traceback (most recent call last)" not in out, f"{what}: a traceback\n{out[-4000:]}"
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +119,129 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     sdists, wheels = sorted(out.glob("*.tar.gz")), sorted(out.glob("*.whl"))
     assert len(sdists) == 1 and len(wheels) == 1, sorted(p.name for p in out.iterdir())
     return {"sdist": sdists[0], "wheel": wheels[0]}
+
+
+@dataclass(frozen=True)
+class Install:
+    """The wheel installed in ``venv``; commands run from ``cwd`` (outside the checkout) with ``env``."""
+
+    venv: Path
+    cwd: Path
+    env: dict[str, str]
+
+    @property
+    def python(self) -> str:
+        return str(self.venv / "bin" / "python")
+
+    @property
+    def inferwatch(self) -> str:
+        return str(self.venv / "bin" / "inferwatch")
+
+    def run(
+        self, *args: str, timeout: float = 120, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """``inferwatch ARGS`` from the install; fails the test on a traceback."""
+        r = subprocess.run(
+            [self.inferwatch, *args], cwd=self.cwd, env={**self.env, **(env or {})},
+            capture_output=True, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+        no_traceback(r, f"inferwatch {' '.join(args)} (install)")
+        return r
+
+
+def from_checkout(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    r = subprocess.run(
+        [PYTHON, "-m", "agent", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False,
+        env=clean_env(),
+    )  # fmt: skip
+    no_traceback(r, f"inferwatch {' '.join(args)} (checkout)")
+    return r
+
+
+@pytest.fixture(scope="module")
+def installed(dist: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Install:
+    base = tmp_path_factory.mktemp("install")
+    venv, elsewhere, home = base / "venv", base / "elsewhere", base / "home"
+    elsewhere.mkdir()
+    home.mkdir()
+    installer_env = clean_env()  # the real HOME: uv's and pip's caches
+    t0 = time.monotonic()
+    if UV.is_file():
+        subprocess.run([str(UV), "venv", "-q", "--python", sys.executable, str(venv)], cwd=elsewhere,
+                       env=installer_env, check=True, timeout=120)  # fmt: skip
+        cmd = [str(UV), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), str(dist["wheel"])]
+        install = subprocess.run([*cmd, "--offline"], cwd=elsewhere, env=installer_env, capture_output=True,
+                                 text=True, timeout=INSTALL_TIMEOUT_S, check=False)  # fmt: skip
+        if install.returncode != 0:  # something missing from the cache: from PyPI
+            install = subprocess.run(cmd, cwd=elsewhere, env=installer_env, capture_output=True, text=True,
+                                     timeout=INSTALL_TIMEOUT_S, check=False)  # fmt: skip
+    else:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], cwd=elsewhere, env=installer_env, check=True,
+                       timeout=120)  # fmt: skip
+        install = subprocess.run(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(dist["wheel"])],
+            cwd=elsewhere, env=installer_env, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False,
+        )  # fmt: skip
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    print(f"venv + wheel install with dependencies: {time.monotonic() - t0:.1f} s")
+    return Install(venv, elsewhere, clean_env(HOME=str(home)))
+
+
+@dataclass(frozen=True)
+class Sim:
+    url: str
+    pid: int
+
+
+@pytest.fixture(scope="module")
+def sim(installed: Install, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
+    """The simulator, started from the install (debug profile on; spans to a receiver that is not up yet)."""
+    port, log = free_port(), tmp_path_factory.mktemp("sim") / "sim.log"
+    cmd = [installed.inferwatch, "simulate", "--port", str(port), "--debug-profile", "--control-token", "t"]
+    with running(cmd, log, cwd=installed.cwd, env=installed.env) as proc:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/health", timeout_s=60, proc=proc)
+        yield Sim(url, proc.pid)
+    assert "Traceback" not in log.read_text(errors="replace"), log.read_text(errors="replace")[-4000:]
+
+
+def collectors(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in status["collectors"]}
+
+
+def failing(status: dict[str, Any]) -> dict[str, str]:
+    """Collectors failing, with their last error: failed and never succeeded, or failed in half their runs or more.
+
+    A file missing from the wheel fails a collector on every run; one timeout on a loaded machine does not count.
+    """
+    return {
+        name: f"{c['state']} runs={c['runs']} errors={c['errors']}: {c['last_error']}"
+        for name, c in collectors(status).items()
+        if (c["state"] == "failed" and c["last_success_at"] is None) or (c["errors"] and 2 * c["errors"] >= c["runs"])
+    }
+
+
+def wait_ready(base: str, proc: subprocess.Popen[bytes], log: Path, headers: dict[str, str] | None = None) -> None:
+    """Until /readyz says every collector has run once (bounded); the log's tail on failure."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
+        try:
+            if httpx.get(f"{base}/readyz", headers=headers, timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{base}/readyz not ready in {START_TIMEOUT_S} s\n{log.read_text(errors='replace')[-4000:]}")
+
+
+def log_problems(log: Path) -> list[str]:
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text, f"{log.name}: a traceback\n{text[-4000:]}"
+    return [line for line in text.splitlines() if " ERROR " in line or "no runtime process configured" in line]
+
+
+# --- what the wheel holds ---------------------------------------------------------------------------------------
 
 
 def test_sdist_carries_every_asset_as_a_file(dist: dict[str, Path]) -> None:
@@ -102,64 +268,365 @@ def test_wheel_carries_every_asset(dist: dict[str, Path]) -> None:
         assert shipped == {n for n in package_paths() if n.startswith("agent/_assets/")}, "unexpected extra files"
 
 
-def test_installed_wheel_serves_runbooks_metrics_and_exports(dist: dict[str, Path], tmp_path: Path) -> None:
-    venv, elsewhere = tmp_path / "venv", tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    env = clean_env(HOME=str(tmp_path / "home"))
-    t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], cwd=elsewhere, env=env, check=True, timeout=120)
-    py, inferwatch = venv / "bin" / "python", venv / "bin" / "inferwatch"
-    install = subprocess.run(
-        [str(py), "-m", "pip", "install", "-q", str(dist["wheel"])],
-        cwd=elsewhere, env={**env, "HOME": os.environ.get("HOME", "/root")},  # pip's cache, not the agent's home
-        capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False,
-    )  # fmt: skip
-    assert install.returncode == 0, install.stderr[-3000:]
-    print(f"venv + wheel install with dependencies: {time.monotonic() - t0:.1f} s")
+def test_wheel_carries_every_file_of_the_packages(dist: dict[str, Path]) -> None:
+    """Code and data: a file the code reads beside itself (the probe's JSON Schemas) must be package data."""
+    expected = package_files()
+    assert "agent/probe/schemas/openai_chat_chunk.json" in expected
+    with zipfile.ZipFile(dist["wheel"]) as whl:
+        names = set(whl.namelist())
+        missing = sorted(set(expected) - names)
+        assert not missing, f"the wheel lacks files the packages hold (pyproject.toml package-data): {missing}"
+        for rel, source in expected.items():
+            if not rel.endswith(".py"):
+                assert whl.read(rel) == source.read_bytes(), rel
 
+
+def test_agent_imports_from_the_install_only(installed: Install) -> None:
     probe = subprocess.run(
-        [str(py), "-c", "import agent, json, sys; print(json.dumps([agent.__file__, sys.path]))"],
-        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60, check=True,
+        [installed.python, "-c", "import agent, json, sys; print(json.dumps([agent.__file__, sys.path]))"],
+        cwd=installed.cwd, env=installed.env, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     agent_file, sys_path = json.loads(probe.stdout)
-    assert Path(agent_file).is_relative_to(venv), f"agent imported from {agent_file}, not the installed wheel"
+    site = next(installed.venv.glob("lib/python3*/site-packages"))
+    assert Path(agent_file).is_relative_to(site), f"agent imported from {agent_file}, not the installed wheel"
     assert not [p for p in sys_path if p and Path(p).resolve().is_relative_to(ROOT)], sys_path
 
+
+# --- every command ------------------------------------------------------------------------------------------------
+
+HELP_SCRIPT = """
+import json, typer.main
+from typer.testing import CliRunner
+from agent.cli.main import app
+def walk(group, prefix=()):
+    for name, cmd in sorted(group.commands.items()):
+        yield (*prefix, name)
+        if hasattr(cmd, "commands"):  # a group (typer vendors its own click: no isinstance)
+            yield from walk(cmd, (*prefix, name))
+root, out = typer.main.get_command(app), {}
+for path in walk(root):
+    r = CliRunner().invoke(app, [*path, "--help"])
+    error = None if r.exception is None or isinstance(r.exception, SystemExit) else repr(r.exception)
+    out[" ".join(path)] = [r.exit_code, error, r.output]
+print(json.dumps(out))
+"""
+
+
+def command_paths(group: Any, prefix: tuple[str, ...] = ()) -> list[str]:
+    out: list[str] = []
+    for name, cmd in sorted(group.commands.items()):
+        out.append(" ".join((*prefix, name)))
+        if hasattr(cmd, "commands"):
+            out += command_paths(cmd, (*prefix, name))
+    return out
+
+
+def test_every_command_helps_from_the_install(installed: Install) -> None:
+    r = subprocess.run([installed.python, "-c", HELP_SCRIPT], cwd=installed.cwd, env=installed.env,
+                       capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-4000:]
+    helped = json.loads(r.stdout)
+    expected = command_paths(typer.main.get_command(checkout_app))
+    assert sorted(helped) == sorted(expected) and len(expected) >= 20, sorted(set(expected) ^ set(helped))
+    for path, (code, error, output) in helped.items():
+        assert code == 0 and error is None and "Usage: " in output, (path, code, error, output[-500:])
+    top = installed.run("--help")
+    assert top.returncode == 0 and "Commands" in top.stdout
+    assert installed.run("version").stdout.strip() == VERSION
+
+
+def test_assets_export_from_the_install(installed: Install, tmp_path: Path) -> None:
     exported = tmp_path / "exported"
-    r = subprocess.run(
-        [str(inferwatch), "assets", "export", str(exported)],
-        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+    r = installed.run("assets", "export", str(exported))
     assert r.returncode == 0, r.stdout + r.stderr
     for rel, source in repository_assets().items():
         assert (exported / rel).read_bytes() == source.read_bytes(), rel
     rules = sorted((exported / "rules").glob("*.yml"))
     checked = run_tool(require("promtool"), "check", "rules", *rules)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    shipped_alerts = sorted(
-        {
-            rule["alert"]
-            for path in rules
-            for group in yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]
-            for rule in group["rules"]
-            if "alert" in rule
-        }
-    )
-    assert len(shipped_alerts) >= 15 and set(shipped_alerts) == alert_names()
+    shipped_alerts = {
+        rule["alert"]
+        for path in rules
+        for group in yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
+    assert len(shipped_alerts) >= 15 and shipped_alerts == alert_names()
+    listed = installed.run("assets", "list")
+    assert listed.returncode == 0 and len(listed.stdout.splitlines()) == len(repository_assets()), listed.stdout
+    shown = installed.run("assets", "show", "EngineDown")
+    assert shown.returncode == 0 and shown.stdout == (ROOT / "runbooks" / "EngineDown.md").read_text(), shown.stderr
 
-    port = free_port()
-    cmd = [str(inferwatch), "run", "--port", str(port), "--interval", "5"]
-    with running(cmd, tmp_path / "agent.log", cwd=elsewhere, env={**env, "PYTHONPATH": ""}) as proc:
+
+def test_engine_side_commands_from_the_install(installed: Install, sim: Sim, tmp_path: Path) -> None:
+    """probe, engine inspect, loadgen, drift, simd and profile against the simulator the install started."""
+    r = installed.run("probe", "--url", sim.url)
+    assert r.returncode == 0 and re.search(r"result\s+OK", r.stdout), r.stdout + r.stderr
+    r = installed.run("engine", "inspect", "--metrics-url", f"{sim.url}/metrics")
+    assert r.returncode == 0 and "vllm" in r.stdout, r.stdout + r.stderr
+    r = installed.run("loadgen", "--url", sim.url, "--count", "6", "--rate", "20", "--output-tokens", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["ok"] == 6, r.stdout
+    r = installed.run("drift", "--endpoint", f"a={sim.url}", "--endpoint", f"b={sim.url}", "--max-tokens", "4")
+    assert r.returncode == 0 and "no drift" in r.stdout, r.stdout + r.stderr
+    r = installed.run("simd", "--pid", str(sim.pid), "--window", "1")
+    assert r.returncode == 0 and f"pid {sim.pid}" in r.stdout, r.stdout + r.stderr
+    # py-spy needs ptrace on the simulator: whatever this machine allows, the install must do what the checkout does
+    args = ("profile", "--pid", str(sim.pid), "--duration", "1")
+    ours = installed.run(*args, "-o", str(tmp_path / "install.json"), timeout=180)
+    theirs = from_checkout(*args, "-o", str(tmp_path / "checkout.json"), timeout=180)
+    assert ours.returncode == theirs.returncode, (ours.stderr, theirs.stderr)
+    if ours.returncode == 0:
+        assert json.loads((tmp_path / "install.json").read_text())["$schema"].startswith("https://www.speedscope.app")
+
+
+def test_doctor_from_the_install_agrees_with_the_checkout(installed: Install, sim: Sim) -> None:
+    """Every collector once, as the agent runs them, plus the engine, probe and profile checks."""
+    args = ("doctor", "--engine-url", sim.url, "--profile-url", f"{sim.url}/debug/runtime_profile", "--json")
+    ours, theirs = installed.run(*args, timeout=180), from_checkout(*args, timeout=180)
+    verdicts = [{c["id"]: c["status"] for c in json.loads(r.stdout)["checks"]} for r in (ours, theirs)]
+    assert verdicts[0] == verdicts[1] and ours.returncode == theirs.returncode, (verdicts, ours.stderr)
+    for check in ("engine.reachable", "runtime_profile.available", "probe.openai", "probe.anthropic"):
+        assert verdicts[0].get(check) == "ok", (check, verdicts[0])
+
+
+def test_run_serves_every_collector_from_the_install(installed: Install, sim: Sim, tmp_path: Path) -> None:
+    """``inferwatch run`` with every collector pointed at the simulator; then the commands that read an agent."""
+    port, grpc, http_port = free_port(), free_port(), free_port()
+    env = {
+        "INFERWATCH_ENGINE__METRICS_URL": f"{sim.url}/metrics",
+        "INFERWATCH_RUNTIME_PROFILE__URL": f"{sim.url}/debug/runtime_profile",
+        "INFERWATCH_PROBE__URL": sim.url,
+        "INFERWATCH_RUNTIME__PID": str(sim.pid),
+        "INFERWATCH_RECEIVER__ENABLED": "true",
+        "INFERWATCH_RECEIVER__GRPC_ENDPOINT": f"127.0.0.1:{grpc}",
+        "INFERWATCH_RECEIVER__HTTP_ENDPOINT": f"127.0.0.1:{http_port}",
+    }
+    log = tmp_path / "agent.log"
+    cmd = [installed.inferwatch, "run", "--port", str(port), "--interval", "5"]
+    with running(cmd, log, cwd=installed.cwd, env={**installed.env, **env}) as proc:
         base = f"http://127.0.0.1:{port}"
-        wait_http(f"{base}/healthz", timeout_s=60, proc=proc)
-        for name in shipped_alerts:
-            r = httpx.get(f"{base}/runbooks/{name}", timeout=10)
-            assert r.status_code == 200, f"{name}: {r.status_code} {r.text[:200]}"
-            assert r.text == (ROOT / "runbooks" / f"{name}.md").read_text(encoding="utf-8"), name
+        wait_ready(base, proc, log)
+        status = httpx.get(f"{base}/api/v1/status", timeout=10).json()
+        states = {name: c["state"] for name, c in collectors(status).items()}
+        assert not failing(status), failing(status)
+        for name in ("engine", "probe", "runtime_profile", "process", "spans", "cpu"):
+            assert states.get(name) == "ok", (name, states)
         metrics = httpx.get(f"{base}/metrics", timeout=10)
-        assert metrics.status_code == 200 and "# TYPE " in metrics.text
+        assert metrics.status_code == 200 and re.search(r"^inferwatch_engine_up\{[^}]*\} 1\.0$", metrics.text, re.M)
+        for name in sorted(alert_names()):
+            page = httpx.get(f"{base}/runbooks/{name}", timeout=10)
+            assert page.status_code == 200 and f"<h1>{name}</h1>" in page.text, (name, page.status_code)
+            md = httpx.get(f"{base}/runbooks/{name}?format=md", timeout=10)
+            assert md.text == (ROOT / "runbooks" / f"{name}.md").read_text(encoding="utf-8"), name
+        index = httpx.get(f"{base}/runbooks", timeout=10).json()["runbooks"]
+        assert {e["alert"] for e in index} == alert_names()
+        assert all(e["url"] == f"{base}/runbooks/{e['alert']}" for e in index), index[:2]
 
-    demo = subprocess.run(
-        [str(inferwatch), "demo", "--help"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60
-    )
-    assert demo.returncode == 0 and "--sim-port" in demo.stdout, demo.stdout + demo.stderr
+        r = installed.run("top", "--once", "--agent", base)
+        assert r.returncode == 0, r.stdout + r.stderr
+        # spans: the simulator sends none to this agent, so explain says there is nothing (exit 1, one line)
+        r = installed.run("explain", "--agent", base)
+        assert r.returncode in (0, 1) and (r.returncode == 0 or len(r.stderr.strip().splitlines()) == 1), r.stderr
+        r = installed.run("evidence", "list")  # this node's ring, under the install's HOME
+        assert r.returncode == 0, r.stderr
+        assert not failing(httpx.get(f"{base}/api/v1/status", timeout=10).json())
+    assert not log_problems(log)
+
+
+def test_operator_commands_from_the_install(installed: Install, tmp_path: Path) -> None:
+    """prices, grafana push (the shipped dashboards, to the suite's Grafana API stand-in) and matrix."""
+    r = installed.run("prices", str(ROOT / "deploy" / "prices.example.yml"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    grafana = FakeGrafana().start()
+    try:
+        r = installed.run("grafana", "push", "--url", grafana.url, "--token", grafana.token, "--folder", "LLM serving")
+        assert r.returncode == 0 and r.stdout.count("created") == 4, r.stdout + r.stderr
+    finally:
+        grafana.stop()
+    # No Prometheus with a day of the agent's series here: the install must fail as the checkout does, in one line.
+    args = ("matrix", "--prometheus", f"http://127.0.0.1:{free_port()}", "--timeout", "5")
+    ours, theirs = installed.run(*args), from_checkout(*args)
+    assert ours.returncode == theirs.returncode != 0 and ours.stderr.strip().count("\n") == 0, ours.stderr
+
+
+def test_demo_runs_a_minute_from_the_install(installed: Install, tmp_path: Path) -> None:
+    ports = {flag: free_port() for flag in ("--sim-port", "--agent-port", "--otlp-port", "--otlp-http-port")}
+    logs = tmp_path / "logs"
+    cmd = [installed.inferwatch, "demo", "--duration", str(DEMO_S), "--log-dir", str(logs), "--rate", "10"]
+    cmd += [str(x) for pair in ports.items() for x in pair]
+    out = tmp_path / "demo.out"
+    base = f"http://127.0.0.1:{ports['--agent-port']}"
+    with running(cmd, out, cwd=installed.cwd, env=installed.env) as demo:
+        wait_ready(base, demo, out)
+        page = httpx.get(f"{base}/", timeout=10).text  # the status page: every runbook link it shows is served
+        for name in set(re.findall(r'href="runbooks/([^"]+)"', page)):
+            assert httpx.get(f"{base}/runbooks/{name}", timeout=10).status_code == 200, name
+        top = installed.run("top", "--once", "--agent", base)
+        assert top.returncode == 0, top.stderr
+        explained = False
+        last: dict[str, Any] = {}
+        while demo.poll() is None:
+            try:
+                last = httpx.get(f"{base}/api/v1/status", timeout=10).json()
+            except httpx.HTTPError:
+                break  # the demo is stopping its children
+            assert not failing(last), failing(last)
+            if not explained:  # the simulator's spans reach the agent's receiver within ~30 s
+                explained = installed.run("explain", "--agent", base, "--window", "1m").returncode == 0
+            time.sleep(2)
+        assert demo.wait(DEMO_S + 60) == 0, out.read_text(errors="replace")[-4000:]
+    assert explained, "explain never had spans from the demo"
+    assert collectors(last)["process"]["state"] == "ok", collectors(last)["process"]
+    problems = log_problems(out) + [p for log in sorted(logs.glob("*.log")) for p in log_problems(log)]
+    assert not problems, problems
+
+
+# --- the container image's and the DaemonSet's commands -------------------------------------------------------
+
+
+def dockerfile_final_stage() -> tuple[list[str], dict[str, str]]:
+    """The final stage's ENTRYPOINT + CMD (exec form) and ENV."""
+    text = (ROOT / "Dockerfile").read_text(encoding="utf-8").replace("\\\n", " ")
+    final = text.rsplit("\nFROM ", 1)[1]
+    entry = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", final, re.M).group(1))  # type: ignore[union-attr]
+    cmd = json.loads(re.search(r"^CMD (\[.*\])$", final, re.M).group(1))  # type: ignore[union-attr]
+    env: dict[str, str] = {}
+    for line in re.findall(r"^ENV (.+)$", final, re.M):
+        env |= dict(re.findall(r"(\w+)=(\S+)", line))
+    return entry + cmd, env
+
+
+def adapt(argv: list[str], python: str, port: int) -> list[str]:
+    """The command as written, on 127.0.0.1 and a free port, with the venv's python."""
+    out = [python if a == "python" else a for a in argv]
+    out = ["127.0.0.1" if a == "0.0.0.0" else a for a in out]
+    if "--port" in out:
+        out[out.index("--port") + 1] = str(port)
+    else:
+        out += ["--port", str(port)]
+    return out
+
+
+def test_container_image_command_from_the_install(installed: Install, sim: Sim, tmp_path: Path) -> None:
+    argv, image_env = dockerfile_final_stage()
+    assert argv[:4] == ["python", "-m", "agent", "run"], argv
+    port = free_port()
+    env = {k: (str(tmp_path / k.lower()) if v.startswith("/") else v) for k, v in image_env.items()}  # its paths
+    env["INFERWATCH_ENGINE__METRICS_URL"] = f"{sim.url}/metrics"  # what docker-compose.yml sets: the runtime
+    log = tmp_path / "image.log"
+    with running(adapt(argv, installed.python, port), log, cwd=installed.cwd, env={**installed.env, **env}) as proc:
+        base = f"http://127.0.0.1:{port}"
+        wait_ready(base, proc, log)
+        status = httpx.get(f"{base}/api/v1/status", timeout=10).json()
+        assert not failing(status), failing(status)
+        assert collectors(status)["engine"]["state"] == "ok"
+        assert httpx.get(f"{base}/runbooks/AgentDown", timeout=10).status_code == 200
+    assert not [p for p in log_problems(log) if "no runtime process configured" not in p]
+
+
+def test_daemonset_command_from_the_install(installed: Install, sim: Sim, tmp_path: Path) -> None:
+    """deploy/kubernetes/base as the kubelet would run it: the image's ENTRYPOINT with the DaemonSet's args, its
+    env (Downward API values stood in), its mounts (hostPath /proc and /sys, the ConfigMap, the token Secret,
+    the emptyDirs) as directories here."""
+    base_dir = ROOT / "deploy" / "kubernetes" / "base"
+    ds = yaml.safe_load((base_dir / "daemonset.yaml").read_text(encoding="utf-8"))
+    pod = ds["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    configmap = yaml.safe_load((base_dir / "configmap.yaml").read_text(encoding="utf-8"))
+    token = "ds-test-token-0123456789"  # the agent refuses tokens under 16 characters
+    mounts: dict[str, Path] = {}
+    for m in container["volumeMounts"]:
+        volume = volumes[m["name"]]
+        if "hostPath" in volume:
+            mounts[m["mountPath"]] = Path(volume["hostPath"]["path"])
+            continue
+        here = tmp_path / m["name"]
+        here.mkdir()
+        if "configMap" in volume:
+            for key, value in configmap["data"].items():
+                (here / key).write_text(value, encoding="utf-8")
+        elif "secret" in volume:
+            (here / "tokens").write_text(f"{token} read,evidence test\n", encoding="utf-8")
+        mounts[m["mountPath"]] = here
+    fields = {"spec.nodeName": "node-a", "metadata.name": "inferwatch-agent-x1", "metadata.namespace": "inferwatch",
+              "status.hostIP": "127.0.0.1"}  # fmt: skip
+    env: dict[str, str] = {}
+    for e in container["env"]:
+        value = fields[e["valueFrom"]["fieldRef"]["fieldPath"]] if "valueFrom" in e else e["value"]
+        value = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], value)
+        for mount_path, here in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+            if value == mount_path or value.startswith(mount_path + "/"):
+                value = str(here) + value[len(mount_path) :]
+                break
+        env[e["name"]] = value
+    assert env["INFERWATCH_ENGINE__METRICS_URL"] == "http://127.0.0.1:8000/metrics"
+    env["INFERWATCH_ENGINE__METRICS_URL"] = f"{sim.url}/metrics"  # the node's engine port: the simulator's here
+    entrypoint, _ = dockerfile_final_stage()
+    argv = adapt(entrypoint[:3] + container["args"], installed.python, free_port())
+    port = int(argv[argv.index("--port") + 1])
+    log = tmp_path / "daemonset.log"
+    with running(argv, log, cwd=installed.cwd, env={**installed.env, **env}) as proc:
+        base, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"}
+        wait_ready(base, proc, log)  # the DaemonSet's readinessProbe: an open path
+        assert httpx.get(f"{base}/api/v1/status", timeout=10).status_code in (401, 403)  # the Secret's token is needed
+        status = httpx.get(f"{base}/api/v1/status", headers=auth, timeout=10).json()
+        assert not failing(status), failing(status)
+        assert collectors(status)["engine"]["state"] == "ok"
+        assert httpx.get(f"{base}/metrics", timeout=10).status_code == 200
+        token_file = tmp_path / "token"
+        token_file.write_text(token + "\n", encoding="utf-8")
+        r = installed.run("evidence", "list", "--agent", base, "--token-file", str(token_file))
+        assert r.returncode == 0, r.stderr
+    assert not log_problems(log)
+
+
+# --- scripts/run.sh ---------------------------------------------------------------------------------------------
+
+
+def test_run_sh_says_what_it_does_while_it_installs(tmp_path: Path) -> None:
+    """scripts/run.sh in a copy of the checkout: a line before the ~30 s pip step, one after it, then the demo.
+
+    The copy's .venv is made beforehand with the dependencies from uv's cache, so the pip step is what a second
+    run of the script costs (pip resolving, and building the editable install)."""
+    src = tmp_path / "checkout"
+    shutil.copytree(ROOT, src, symlinks=True, ignore=COPY_IGNORE)
+    env = clean_env()
+    if UV.is_file():
+        subprocess.run([str(UV), "venv", "-q", "--seed", "--python", sys.executable, str(src / ".venv")], cwd=src,
+                       env=env, check=True, timeout=120)  # fmt: skip
+        deps = _project_dependencies()
+        pre = subprocess.run([str(UV), "pip", "install", "-q", "--offline", "--python", str(src / ".venv/bin/python"),
+                              *deps], cwd=src, env=env, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S,
+                             check=False)  # fmt: skip
+        print(f"dependencies from uv's cache: rc {pre.returncode}")  # else pip fetches them: slower, still correct
+    ports = [str(x) for flag in ("--sim-port", "--agent-port", "--otlp-port", "--otlp-http-port")
+             for x in (flag, free_port())]  # fmt: skip
+    cmd = ["bash", str(src / "scripts" / "run.sh"), "--duration", "3", "--log-dir", str(tmp_path / "logs"), *ports]
+    t0 = time.monotonic()
+    lines: list[tuple[float, str]] = []
+    with subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True) as proc:  # fmt: skip
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:  # ends when the demo exits (--duration 3)
+                lines.append((time.monotonic() - t0, line.rstrip()))
+            code = proc.wait(INSTALL_TIMEOUT_S)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+    text = "\n".join(f"{t:6.1f} {line}" for t, line in lines)
+    assert code == 0 and "Traceback" not in text, text[-4000:]
+    said = [line for _, line in lines if line.startswith("== ")]
+    assert said[0].startswith("== installing inferwatch and its dependencies into .venv"), text
+    assert lines[0][0] < 15, f"the first line came {lines[0][0]:.0f} s after the start\n{text}"
+    assert re.match(rf"== installed inferwatch {VERSION} in \d+ s$", said[1]), text
+    assert said[2].startswith("== starting inferwatch demo"), text
+    assert any("inferwatch demo is running" in line for _, line in lines), text
+
+
+def _project_dependencies() -> list[str]:
+    import tomllib
+
+    return list(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"])

@@ -46,12 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.conftest import PYTHON, free_port  # noqa: E402
 from tests.e2e.harness import Sink, pipeline  # noqa: E402
-from tests.e2e.test_alert_pipeline import (  # noqa: E402
-    SimProc,
-    _start_loadgen,
-    _start_simulator,
-    _wait_generation_tokens,
-)
+from tests.e2e.test_alert_pipeline import SimProc, _start_simulator, _wait_generation_tokens  # noqa: E402
 from tests.procs import running, wait_http  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "hang_push.json"
@@ -209,7 +204,9 @@ def main() -> int:
         pair = _start_simulator(stack, work, "llama-pair", "--engines", "2")
         for sim in (single, pair):
             wait_http(f"{sim.url}/health", proc=sim.proc, timeout_s=60)
-            _start_loadgen(stack, work, sim, 4)
+            loadgen = [PYTHON, "-m", "agent", "loadgen", "--url", sim.url, "--rate", "4", "--duration", "7200"]
+            loadgen += ["--output-tokens", "32", "--timeout", "600", "--seed", "6", "--no-progress"]
+            stack.enter_context(running(loadgen, work / f"loadgen-{sim.model}.log", cwd=ROOT))
             _wait_generation_tokens(sim.url, 120)
         runbook_base = "http://127.0.0.1:9436/runbooks"
         pl = stack.enter_context(pipeline(work / "pipeline", sink, [], runbook_base, production=True))

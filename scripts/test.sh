@@ -75,6 +75,7 @@ command -v kubectl >/dev/null 2>&1 || need_apt+=(kubernetes-client)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)  # status page test: headless Chromium through Selenium
 command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)  # `inferwatch top` test: a terminal a person would use
+command -v haproxy >/dev/null 2>&1 || need_apt+=(haproxy)  # readiness test: a real load balancer ejects a hung replica
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "   installing Debian packages: ${need_apt[*]}"
   $SUDO apt-get update -qq

@@ -178,3 +178,18 @@ def test_fast_path_off_keeps_the_allowance() -> None:
     _run(s, 60)
     found = _stalled(s, start)
     assert found and 30.0 <= found[0][0] - start <= 30.0 + EVERY_S
+
+
+def test_a_lone_decoding_request_that_stops_is_found_within_10_s() -> None:
+    """One request running, mid-stream: at its last progress the same request was in and decoding (the generation
+    counter rose, nothing finished or was preempted), so it is no prefill and the fast path applies."""
+    e = VirtualEngine("h100", 8.0)
+    s = _scraper(e)
+    e.submit(256, 8000)
+    _run(s, 20)
+    e.hung.add(0)
+    start = e.now
+    _run(s, 30)
+    found = _stalled(s, start)
+    assert found and found[0][0] - start <= DETECT_S
+    assert s.history[-1][1][0].running == 1 and s.history[-1][1][0].fast

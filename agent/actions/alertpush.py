@@ -97,8 +97,9 @@ RULES: dict[str, PushRule] = {
             "inferwatch-engine",
         ),
         # inferwatch_engine_up == 0 for 45s. A /metrics that accepts the connection and never answers (a stopped
-        # or wedged process) is paged after 10 s; a refused one (a restart loading its model) after the rule's 45 s.
-        PushRule("EngineDown", (("inferwatch.engine.up", {}, _eq(0)),), None, 45.0, "inferwatch-engine", 0.0, 10.0),
+        # or wedged process: every read times out) is paged after 6 s, as a hang; a refused one (a restart loading
+        # its model) after the rule's 45 s.
+        PushRule("EngineDown", (("inferwatch.engine.up", {}, _eq(0)),), None, 45.0, "inferwatch-engine", 0.0, 6.0),
         PushRule(
             "RuntimeHardwareMismatch",
             (

@@ -4,8 +4,10 @@ Scopes by route (see :mod:`agent.api.auth`): ``read`` for the status page ``/`` 
 ``/api/v1/status``, ``/api/v1/findings``,
 ``GET /api/v1/binary`` and anything not listed; ``snapshots`` for ``/api/v1/snapshots*``; ``profile``
 for ``/api/v1/profiles*`` and ``POST /api/v1/binary``; ``evidence`` for ``/api/v1/evidence*`` and the
-Alertmanager webhook ``POST /api/v1/alertmanager``. Paths in ``api.open_paths`` (default
-``/metrics``, ``/healthz``, ``/readyz``) need no token. 401 = no valid token, 403 = token lacks scope.
+Alertmanager webhook ``POST /api/v1/alertmanager``; ``read`` for ``GET /engines/{name}/ready`` too (add
+``/engines/*`` to ``api.open_paths`` for a load balancer or probe that sends no token). Paths in
+``api.open_paths`` (default ``/metrics``, ``/healthz``, ``/readyz``) need no token. 401 = no valid token,
+403 = token lacks scope.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from agent.actions.evidence import render_text
 from agent.actions.profiles import ProfileBusyError
 from agent.analytics import explain
 from agent.api.auth import Authenticator
+from agent.api.readiness import readiness
 from agent.api.services import ApiServices
 from agent.api.statushtml import render_page
 from agent.api.statuspage import PageHistory, build_overview
@@ -117,6 +120,12 @@ def install(app: FastAPI, settings: Settings, state: AgentState, services: ApiSe
     @app.get("/api/v1/findings")
     def findings() -> list[dict[str, Any]]:
         return [finding_dict(f) for f in state.findings()]
+
+    # --- whether an engine serves (agent/api/readiness.py): from the state, on the event loop, never the engine ---
+    @app.get("/engines/{name}/ready")
+    async def engine_ready(name: str) -> JSONResponse:
+        code, body = readiness(settings, state, name)
+        return JSONResponse(body, status_code=code)
 
     # --- runtime_profile snapshots ---
     @app.get("/api/v1/snapshots", response_model=None)

@@ -22,9 +22,12 @@ cannot be in the one case the allowance covers, a long prefill. That case leaves
 (the prefill's) and others, if any, waiting behind the token budget; it never leaves two requests running with no
 token, because a chunked prefill is scheduled after the running decodes (vLLM v1, SGLang and the simulator put the
 decodes first in each step's token budget), so with two or more running the counters move at every step. So: no
-token for ``fast_stall_s`` while the rank has **two or more requests running**, or **requests waiting and none
-running** (nothing admitted at all), is a hang. One request running and no token stays on the allowance. A pause
-shorter than ``fast_stall_s`` (a GC pause, a slow step) is not one; an idle rank never is.
+token for ``fast_stall_s`` while the rank has **two or more requests running**, **requests waiting and none
+running** (nothing admitted at all), or **the requests that were decoding at its last progress still running** (the
+same number running, and no request of the model finished or preempted since; at that progress the generation
+counter rose with the same requests in: a decoding request, not a prefill) is a hang. One request running that may
+be a prefill stays on the allowance. A pause shorter than ``fast_stall_s`` (a GC pause, a slow step) is not one; an
+idle rank never is.
 
 Pure and clock-free: :meth:`HangDetector.update` takes the time. The ``/health`` probe is the collector's.
 """
@@ -64,6 +67,9 @@ class _Track:
     tokens: tuple[float, float]
     progress_at: float
     busy_since: float | None
+    running: float = 0.0  # at the last reading
+    events: float = 0.0  # the model's requests finished + preempted, at the last reading
+    decoding: tuple[float, float] | None = None  # (running, events) at the last progress, if those were decoding
 
 
 def prefill_seconds_per_token(m: ModelReading) -> float | None:
@@ -123,17 +129,19 @@ class HangDetector:
         floor = min(self.fast_stall_s, self.min_stall_s) if self.fast_stall_s > 0 else self.min_stall_s
         return min(self.max_stall_s, max(floor, prefill))
 
-    def fast(self, stall_s: float, running: float, waiting: float) -> bool:
-        """The fast path: no token for ``fast_stall_s`` with two or more running, or some waiting and none running."""
+    def fast(self, stall_s: float, running: float, waiting: float, decoding: bool = False) -> bool:
+        """The fast path: no token for ``fast_stall_s`` with two or more running, some waiting and none running, or
+        the requests that were decoding still in (``decoding``)."""
         if self.fast_stall_s <= 0 or stall_s < self.fast_stall_s:
             return False
-        return running >= 2 or (running <= 0 and waiting > 0)
+        return running >= 2 or (running <= 0 and waiting > 0) or (decoding and running >= 1)
 
     def update(self, t: float, reading: EngineReading) -> list[RankVerdict]:
         out: list[RankVerdict] = []
         live: set[tuple[str, str]] = set()
         for model, m in sorted(reading.models.items()):
             per_token = prefill_seconds_per_token(m)
+            events = sum(m.counters.get("finished", {}).values()) + sum(m.counters.get("preemptions", {}).values())
             allowance = self.allowance(per_token, model)
             max_model_len = self.model_len(model)
             for rank, q in sorted(m.ranks.items()):
@@ -146,15 +154,18 @@ class HangDetector:
                 busy = running > 0 or waiting > 0
                 track = self._tracks.get(key)
                 if track is None:
-                    track = self._tracks[key] = _Track(tokens, t, t if busy else None)
+                    track = self._tracks[key] = _Track(tokens, t, t if busy else None, running, events)
                 elif tokens != track.tokens:  # moved (up: progress; down: a restart)
+                    same = running >= 1 and running == track.running and events == track.events
+                    track.decoding = (running, events) if same and tokens[1] > track.tokens[1] else None
                     track.tokens, track.progress_at = tokens, t
+                track.running, track.events = running, events
                 if not busy:
                     track.busy_since = None
                 elif track.busy_since is None:
                     track.busy_since = t
                 stall = t - max(track.progress_at, track.busy_since) if track.busy_since is not None else 0.0
-                fast = self.fast(stall, running, waiting)
+                fast = self.fast(stall, running, waiting, track.decoding == (running, events))
                 stalled = stall >= allowance or fast
                 out.append(
                     RankVerdict(

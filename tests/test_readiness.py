@@ -1,0 +1,112 @@
+"""``GET /engines/{name}/ready`` from the agent state: each reason, load shedding, auth, and its cost.
+
+The state is filled the way the runner fills it (:meth:`AgentState.record` with a collector health and a
+collection); the endpoint is served by the agent's real ASGI app through httpx's ASGI transport.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from agent.api.readiness import readiness
+from agent.config import Settings
+from agent.samples import Collection, Finding
+from agent.state import AgentState, CollectorHealth, next_health
+
+ENGINE_URL = "http://127.0.0.1:8000/metrics"
+
+
+def _settings(**extra: Any) -> Settings:
+    return Settings.model_validate({"engine": {"metrics_url": ENGINE_URL}, **extra})
+
+
+def _ranks(running: float, waiting: float) -> list[dict[str, Any]]:
+    return [{"model": "m", "rank": "0", "running": running, "waiting": waiting, "stall_s": 0.0}]
+
+
+def _record(state: AgentState, outcome: str = "ok", findings: tuple[Finding, ...] = (), waiting: float = 0.0) -> None:
+    prev = state.health().get("engine") or CollectorHealth("engine", 2.0, 2.0)
+    health = next_health(prev, outcome, 0.01, time.time(), "connect: refused" if outcome != "ok" else None)
+    collection = Collection([], list(findings), {"hang": _ranks(1, waiting)}) if outcome == "ok" else None
+    state.record("engine", health, collection)
+
+
+def _hung() -> Finding:
+    return Finding("engine_hung", "fail", "engine rank 0 of m: no token for 7s", {"model": "m", "rank": "0"})
+
+
+def test_reasons_in_order() -> None:
+    s, state = _settings(), AgentState()
+    state.register(CollectorHealth("engine", 2.0, 2.0))
+    assert readiness(s, state, "default")[1]["reason"] == "pending"
+    _record(state)
+    assert readiness(s, state, "default") == (200, readiness(s, state, "default")[1])
+    assert readiness(s, state, "default")[1]["ready"] is True
+    _record(state, findings=(_hung(),))
+    code, body = readiness(s, state, "default")
+    assert (code, body["reason"], body["ranks"]) == (503, "hung", [{"model": "m", "rank": "0"}])
+    _record(state, "exception")
+    code, body = readiness(s, state, "default")
+    assert (code, body["reason"], body["detail"]) == (503, "down", "connect: refused")
+    _record(state)
+    assert readiness(s, state, "default")[0] == 200
+    assert readiness(s, state, "default", now=time.time() + 60)[1]["reason"] == "stale"
+    probe_fail = Finding("probe.openai.error", "fail", "openai probe failed (timeout): no token in 10s", {})
+    state.record("probe", CollectorHealth("probe", 30, 10, runs=1, state="ok"), Collection([], [probe_fail], {}))
+    assert readiness(s, state, "default")[1]["reason"] == "probe_failed"
+    assert readiness(s, state, "other")[0] == 404
+
+
+def test_saturated_is_ready_unless_load_shedding_is_asked_for() -> None:
+    state = AgentState()
+    _record(state, waiting=500)
+    assert readiness(_settings(), state, "default")[0] == 200
+    code, body = readiness(_settings(readiness={"shed_waiting": 100}), state, "default")
+    assert (code, body["reason"]) == (503, "saturated")
+    assert readiness(_settings(readiness={"shed_waiting": 1000}), state, "default")[0] == 200
+
+
+def test_no_engine_configured() -> None:
+    code, body = readiness(Settings(), AgentState(), "default")
+    assert (code, body["reason"]) == (503, "not_configured")
+
+
+def test_answered_from_the_state_within_5_ms() -> None:
+    s, state = _settings(), AgentState()
+    _record(state, findings=(_hung(),))
+    times = []
+    for _ in range(2000):
+        t = time.perf_counter()
+        readiness(s, state, "default")
+        times.append(time.perf_counter() - t)
+    assert statistics.median(times) < 0.005  # typically ~10 µs: a dict lookup under the state's lock
+
+
+@pytest.mark.parametrize(
+    ("api", "token", "expected"),
+    [
+        ({}, None, 503),  # no token configured: loopback-only agent, anonymous read
+        ({"tokens": [{"token": "t" * 20, "scopes": ["read"]}]}, None, 401),  # tokens: a probe must send one ...
+        ({"tokens": [{"token": "t" * 20, "scopes": ["read"]}]}, "t" * 20, 503),
+        # ... or the user opens the path for a load balancer that sends none
+        ({"tokens": [{"token": "t" * 20, "scopes": ["read"]}], "open_paths": ["/engines/*"]}, None, 503),
+    ],
+)
+async def test_served_by_the_agent_app_with_its_auth(api: dict[str, Any], token: str | None, expected: int) -> None:
+    from agent.app import Agent
+
+    settings = _settings(api=api, collectors={"cpu": {"enabled": False}})
+    agent = Agent(settings)
+    _record(agent.state, findings=(_hung(),))
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    transport = httpx.ASGITransport(app=agent.asgi())
+    async with httpx.AsyncClient(transport=transport, base_url="http://agent") as c:
+        r = await c.get("/engines/default/ready", headers=headers)
+    assert r.status_code == expected, r.text
+    if expected == 503:
+        assert r.json()["reason"] == "hung"

@@ -21,7 +21,7 @@ PROMTOOL ?= promtool
 # Order matters: the dashboards name alerts (checked against the rule files), the link generator reads the
 # dashboards' variables, the SLO generator calls the link generator, and the Kubernetes manifests copy the rules
 # and dashboards they produce.
-GENERATORS := agent.catalog.docs dashboards.generate agent.alerts.links agent.alerts.slo deploy.kubernetes.generate
+GENERATORS := agent.catalog.docs dashboards.generate agent.alerts.links agent.alerts.slo deploy.kubernetes.generate agent.engine.coverage
 
 .PHONY: all test lint fmt types generate check-generated rules
 

@@ -11,7 +11,7 @@ from tests.conftest import FIXTURES, PYTHON, ROOT
 from tests.engine_expo import VllmLike
 
 ENGINES = FIXTURES / "engines"
-KEYS = {"p50", "p90", "p95", "p99", "count", "source"}
+KEYS = {"p50", "p90", "p95", "p99", "count", "sum", "source"}
 
 
 def inspect(*args: str) -> subprocess.CompletedProcess[str]:
@@ -26,7 +26,9 @@ def test_json_from_a_file() -> None:
     doc = json.loads(out.stdout)
     assert doc["engine"] == "vllm"
     model = doc["models"]["Qwen/Qwen2.5-7B-Instruct"]
-    assert set(model) == {"ttft", "itl", "e2e", "queue", "prefill", "decode", "ttft_p99_p50_ratio"}
+    assert set(model) == {"ttft", "itl", "e2e", "queue", "prefill", "decode", "ttft_p99_p50_ratio", "values", "derived"}
+    assert doc["release_range"] == "v1 >= 0.11 (inter_token_latency)" and doc["schema"] == "vllm-v1-itl"
+    assert model["derived"] == {}  # every timing quantity has its histogram
     for quantity in ("ttft", "itl", "e2e", "queue", "prefill", "decode"):
         assert set(model[quantity]) == KEYS and model[quantity]["source"] == "histogram"
         assert model[quantity]["p50"] <= model[quantity]["p90"] <= model[quantity]["p95"] <= model[quantity]["p99"]
@@ -76,11 +78,14 @@ def test_url_table_output_and_absent_quantities() -> None:
 def test_engine_without_histograms() -> None:
     out = inspect("--metrics-file", str(ENGINES / "llamacpp-synthetic-a.prom"), "--json", "--model-name", "tiny")
     doc = json.loads(out.stdout)
-    assert doc == {
-        "engine": "llamacpp",
-        "models": {"tiny": {"ttft_p99_p50_ratio": None}},
-        "absent": {"tiny": ["ttft", "itl", "e2e", "queue", "prefill", "decode"]},
-    }
+    assert doc["engine"] == "llamacpp" and doc["schema"] == "llamacpp-counters"
+    assert doc["absent"] == {"tiny": ["ttft", "itl", "e2e", "queue", "prefill", "decode"]}
+    model = doc["models"]["tiny"]
+    assert set(model) == {"ttft_p99_p50_ratio", "values", "derived"} and model["ttft_p99_p50_ratio"] is None
+    # the file's counters: 2 s for 1000 prompt tokens, 10 s for 500 generated ones
+    assert model["derived"] == {"prefill": 2 / 1000, "itl": 10 / 500}
+    assert doc["coverage"]["prefill"] == doc["coverage"]["itl"] == "derived (mean only)"
+    assert model["values"]["running"] == 2 and model["values"]["waiting"] == 1
 
 
 def test_usage_and_bad_input_exit_codes(tmp_path) -> None:

@@ -250,6 +250,8 @@ EVIDENCE: dict[str, list[Evidence]] = {
     "SpecDecodeAcceptanceCollapsed": [r"no speculative-decoding families"],
     "LoRARequestsWaitingForAdapterSlot": [r"no LoRA info"],
     "GoodputBelowTarget": [r"^vllm:time_to_first_token_seconds_count\{", r"no KV-transfer families"],
+    # no fault: the simulator's schema as the agent recognises it, and the same read by engine inspect
+    "EngineSchemaShrank": [r'^inferwatch_engine_schema_info\{.*engine="vllm"', r"^release: .*schema: vllm-"],
 }
 # Nothing but the variables block runs here: PromQL only, or every shell block needs what CI lacks.
 PROMQL_ONLY = {"GPUThrottling", "GPUDecodeMemoryBound"}

@@ -59,6 +59,7 @@ GROUP_DASHBOARDS = {
     "inferwatch-latency": SLO_DASHBOARD,
     "inferwatch-engine": "inferwatch-engine",
     "inferwatch-engine-signals": "inferwatch-engine",  # alerts/engine-signals.rules.yml (issue 18)
+    "inferwatch-engine-schema": "inferwatch-engine",  # alerts/engine-schema.rules.yml (issue 36)
     "inferwatch-runtime": "inferwatch-node",
     "inferwatch-hygiene": "inferwatch-node",
     "inferwatch-simd": "inferwatch-node",

@@ -328,6 +328,16 @@ def _node_html(ov: dict[str, Any]) -> str:
         ("GPUs", ", ".join(g["model"] for g in ov["gpus"]) or "none seen"),
         ("environment", n["environment"]),
     ]
+    es = ov.get("engine_schema")
+    if es:  # what the engine collector recognised (docs/engine.md, "Engine releases and schemas")
+        ident.append(
+            (
+                "engine release",
+                f"{es['engine']}: {es['release_range']} (schema {es['schema']}); "
+                f"{es['quantities_recognised']:.0f} quantities mapped or derived, "
+                f"{es['unmapped_families']:.0f} engine families not read",
+            )
+        )
     kv = "".join(f"<dt>{_e(k)}</dt><dd class='node-{_e(k.split()[0].lower())}'>{_e(v)}</dd>" for k, v in ident)
     feats = []
     for r in ov["cpu_features"]:

@@ -653,10 +653,28 @@ def build_overview(state: AgentState, history: PageHistory, now: float | None = 
         "gpus": _gpus(ix),
         "cpu_features": _features(ix),
         "memory": _memory(ix, findings),
+        "engine_schema": _engine_schema(ix),
         "models": models,
         "findings": all_findings,
         "collectors": [_health(h, now) for h in sorted(state.health().values(), key=lambda h: h.name)],
         "agent": agent_usage(state.started_at, now),
+    }
+
+
+def _engine_schema(ix: _Index) -> dict[str, Any] | None:
+    """The release range and schema the engine collector recognised, with how many claimed quantities it maps or
+    derives and how many of the engine's families it does not read (docs/engine.md); None before a good scrape."""
+    info = next(iter(ix.get("inferwatch.engine.schema.info")), None)
+    if info is None:
+        return None
+    recognised = next(iter(ix.get("inferwatch.engine.quantities.recognised")), None)
+    unmapped = next(iter(ix.get("inferwatch.engine.unmapped_families")), None)
+    return {
+        "engine": _attr(info, "engine"),
+        "release_range": _attr(info, "release_range"),
+        "schema": _attr(info, "schema"),
+        "quantities_recognised": recognised.value if isinstance(recognised, Sample) else None,
+        "unmapped_families": unmapped.value if isinstance(unmapped, Sample) else None,
     }
 
 

@@ -33,7 +33,7 @@ GOODPUT_TTFT_TARGET_S = 0.5
 GOODPUT_TPOT_TARGET_S = 0.1
 # The engines the catalog describes, in detection order; agent/engine/adapters.py has exactly one adapter per kind
 # (checked when it is imported), and config and the CLI take their choices from here.
-ENGINE_KINDS = ("vllm", "sglang", "tgi", "llamacpp", "trtllm")
+ENGINE_KINDS = ("vllm", "sglang", "tgi", "llamacpp", "trtllm", "dynamo", "litellm")
 _M = (MODEL,)
 _Q = (MODEL, "quantity", "window", "source")
 
@@ -385,6 +385,30 @@ METRICS = (
         "Scrapes of the engine that hit a limit (limit: sample_limit, label_value_length_limit, label_bytes_limit "
         "reject the scrape; max_models drops the models past engine.max_models). See docs/engine.md.",
         ("limit",),
+    ),
+    MetricSpec(
+        "inferwatch.engine.schema.info",
+        Kind.GAUGE,
+        "",
+        "Always 1: the release range and exposition schema the agent recognised in the engine's /metrics "
+        "(agent/catalog/engine_schemas.py; release_range and schema are 'unrecognised' when no schema matched).",
+        ("engine", "release_range", "schema"),
+    ),
+    MetricSpec(
+        "inferwatch.engine.quantities.recognised",
+        Kind.GAUGE,
+        "{quantity}",
+        "How many of the quantities the project claims (TTFT, ITL, e2e, queue, prefill, decode, inference, tokens, "
+        "running, waiting, KV and prefix cache, preemptions, speculative decoding, LoRA) the last good scrape mapped "
+        "or derived; a drop after a restart or upgrade is the EngineSchemaShrank alert.",
+        ("engine",),
+    ),
+    MetricSpec(
+        "inferwatch.engine.unmapped_families",
+        Kind.GAUGE,
+        "{family}",
+        "Families of the engine's own prefix that the last good scrape declared and no adapter source reads.",
+        ("engine",),
     ),
     MetricSpec(
         "inferwatch.engine.models.dropped",

@@ -121,6 +121,17 @@ def _print(result: dict[str, Any], reading: EngineReading, delta: bool) -> None:
     console = Console(width=140)
     basis = "increase since the baseline" if delta else "cumulative buckets"
     console.print(f"engine: [bold]{result['engine']}[/]   quantiles from {basis} (seconds)")
+    console.print(
+        f"release: {result['release_range']}   schema: {result['schema']}   "
+        f"unmapped families: {result['unmapped_families']}",
+        soft_wrap=True,
+        markup=False,
+    )
+    by_status: dict[str, list[str]] = {}
+    for quantity, status in result["coverage"].items():
+        by_status.setdefault(status, []).append(quantity)
+    for status in ("mapped", "derived (mean only)", "not exposed"):
+        console.print(f"  {status}: {', '.join(by_status.get(status, [])) or '-'}", soft_wrap=True, markup=False)
     for model, m in sorted(reading.models.items()):
         table = Table(title=f"model {model}")
         for col in ("quantity", "p50", "p90", "p95", "p99", "count", "source"):
@@ -128,7 +139,9 @@ def _print(result: dict[str, Any], reading: EngineReading, delta: bool) -> None:
         entry = result["models"].get(model, {})
         for quantity in INSPECT_QUANTITIES:
             e = entry.get(quantity)
-            if e is None:
+            if e is None and quantity in entry.get("derived", {}):
+                table.add_row(quantity, "mean only", "", "", "", "", "counters")
+            elif e is None:
                 table.add_row(quantity, "absent", "", "", "", "", "")
             else:
                 quantiles = (_fmt(e[k]) for k in ("p50", "p90", "p95", "p99"))
@@ -139,3 +152,6 @@ def _print(result: dict[str, Any], reading: EngineReading, delta: bool) -> None:
         ratio = entry.get("ttft_p99_p50_ratio")
         others = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(m.gauges.items())) or "none"
         console.print(f"  TTFT P99/P50: {_fmt(ratio)}   gauges: {others}")
+        for quantity, mean in entry.get("derived", {}).items():
+            unit = "token" if quantity in ("prefill", "itl") and result["engine"] == "llamacpp" else "request"
+            console.print(f"  {quantity} mean (from counters, no quantile): {_fmt(mean)} s per {unit}", markup=False)

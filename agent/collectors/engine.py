@@ -195,7 +195,24 @@ def reading_samples(reading: EngineReading) -> list[AnySample]:
     out: list[AnySample] = []
     for model, m in sorted(reading.models.items()):
         out.extend(_model_samples(reading.kind, model, m))
+    out.extend(schema_samples(reading))
     return out
+
+
+def schema_samples(reading: EngineReading) -> list[AnySample]:
+    """What the agent recognised of the engine's schema: the release range and schema (an info gauge), how many
+    claimed quantities it maps or derives, and how many of the engine's own families it does not read."""
+    r = reading.recognition
+    e = attrs(engine=reading.kind)
+    return [
+        Sample(
+            "inferwatch.engine.schema.info",
+            1,
+            attrs(engine=reading.kind, release_range=r.release_range, schema=r.schema),
+        ),
+        Sample("inferwatch.engine.quantities.recognised", reading.recognised(), e),
+        Sample("inferwatch.engine.unmapped_families", r.unmapped_families, e),
+    ]
 
 
 def _model_samples(kind: str, model: str, m: ModelReading) -> list[AnySample]:
@@ -467,6 +484,12 @@ class EngineCollector(BaseCollector):
             "series_read": reading.series,
             "bytes": size,
             "models_dropped": dropped,
+            "schema": {
+                "release_range": reading.recognition.release_range,
+                "schema": reading.recognition.schema,
+                "recognised": reading.recognised(),
+                "unmapped_families": reading.recognition.unmapped_families,
+            },
             "quantities": {
                 model: sorted(set(m.histograms) | set(m.gauges) | set(m.counters))
                 for model, m in sorted(reading.models.items())
@@ -626,6 +649,7 @@ def hang_dict(v: RankVerdict) -> dict[str, object]:
         "stalled": v.stalled,
         "prefill_s_per_token": v.prefill_s_per_token,
         "max_model_len": v.max_model_len,
+        "fast": v.fast,
     }
 
 
@@ -646,4 +670,3 @@ def hang_findings(verdicts: list[RankVerdict], health: str, url: str) -> list[Fi
             )
         )
     return out
-        "fast": v.fast,

@@ -18,6 +18,16 @@ import math
 from dataclasses import dataclass, field
 
 from agent.catalog.engine import ENGINE_KINDS, QUANTITIES  # noqa: F401  (QUANTITIES re-exported)
+from agent.catalog.engine_schemas import (
+    COVERAGE,
+    COVERAGE_KEYS,
+    DERIVED,
+    DERIVED_MEANS,
+    MAPPED,
+    NOT_EXPOSED,
+    UNRECOGNISED,
+    schemas_of,
+)
 from agent.engine.exposition import Exposition, ExpositionReader, Labels, parse_float
 from agent.engine.histogram import Histogram
 from agent.engine.limits import EngineLimits
@@ -124,8 +134,9 @@ VLLM = Adapter(
         # engine signals (issue 18): all in tokens unless named otherwise, summed over DP ranks
         "cached_tokens": _v("vllm:prompt_tokens_cached_total"),
         "prompt_by_source": _v("vllm:prompt_tokens_by_source_total", dimension="source"),
-        "prefix_queries": _v("vllm:prefix_cache_queries_total"),
-        "prefix_hits": _v("vllm:prefix_cache_hits_total"),
+        # renamed with PR #18354 (gpu_prefix_cache_* deprecated in 0.10; both side by side in 0.10.0)
+        "prefix_queries": _v("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+        "prefix_hits": _v("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
         "external_prefix_queries": _v("vllm:external_prefix_cache_queries_total"),
         "external_prefix_hits": _v("vllm:external_prefix_cache_hits_total"),
         "spec_drafts": _v("vllm:spec_decode_num_drafts_total"),
@@ -211,12 +222,22 @@ LLAMACPP = Adapter(
 
 TRTLLM = Adapter(
     "trtllm",
-    ("trtllm_", "trtllm:", "nv_trt_llm_", "nv_llm_", "nv_inference_"),  # nv_inference_*: Triton core
+    # trtllm-serve (trtllm_, trtllm: under Dynamo, unprefixed in PR #5785 and NIM), its PyTorch backend (pytrtllm:),
+    # Triton's TensorRT-LLM backend (nv_trt_llm_, nv_llm_) and Triton core (nv_inference_*, any backend)
+    ("trtllm_", "trtllm:", "pytrtllm:", "time_to_first_token_seconds", "nv_trt_llm_", "nv_llm_", "nv_inference_"),
     ("model_name", "model"),
     histograms={
-        "ttft": _s("trtllm_time_to_first_token_seconds", "trtllm:time_to_first_token_seconds"),
-        "itl": _s("trtllm_time_per_output_token_seconds", "trtllm:time_per_output_token_seconds"),
-        "e2e": _s("trtllm_e2e_request_latency_seconds", "trtllm:e2e_request_latency_seconds"),
+        "ttft": _s(
+            "trtllm_time_to_first_token_seconds", "trtllm:time_to_first_token_seconds", "time_to_first_token_seconds"
+        ),
+        "itl": _s(
+            "trtllm_time_per_output_token_seconds",
+            "trtllm:time_per_output_token_seconds",
+            "time_per_output_token_seconds",
+        ),
+        "e2e": _s(
+            "trtllm_e2e_request_latency_seconds", "trtllm:e2e_request_latency_seconds", "e2e_request_latency_seconds"
+        ),
         "queue": _s("trtllm_request_queue_time_seconds", "trtllm:request_queue_time_seconds"),
         "prefill": _s("trtllm_request_prefill_time_seconds", "trtllm:request_prefill_time_seconds"),
         "decode": _s("trtllm_request_decode_time_seconds", "trtllm:request_decode_time_seconds"),
@@ -224,35 +245,87 @@ TRTLLM = Adapter(
     },
     gauges={
         "running": (
-            *_s("trtllm_num_requests_running", "trtllm:num_requests_running"),
+            *_s("trtllm_num_requests_running", "trtllm:num_requests_running", "pytrtllm:num_requests_running"),
             Source("nv_trt_llm_request_metrics", match=(("request_type", "scheduled"),)),
+            Source("num_requests_running"),  # NIM (unprefixed, as PR #5785)
         ),
         "waiting": (
-            *_s("trtllm_num_requests_waiting", "trtllm:num_requests_waiting"),
+            *_s("trtllm_num_requests_waiting", "trtllm:num_requests_waiting", "pytrtllm:num_requests_waiting"),
             Source("nv_trt_llm_request_metrics", match=(("request_type", "waiting"),)),
             Source("nv_inference_pending_request_count"),  # Triton core: requests queued in the server
+            Source("num_requests_waiting"),
         ),
         "kv_usage": (
             *_s("trtllm_kv_cache_utilization", "trtllm:kv_cache_utilization"),
             Source("nv_trt_llm_kv_cache_block_metrics", match=(("kv_cache_block_type", "fraction"),)),
+            Source("gpu_cache_usage_perc"),
         ),
     },
     counters={
-        "prompt_tokens": _s("trtllm_prompt_tokens_total", "trtllm:prompt_tokens_total", "nv_llm_input_token_len_sum"),
+        "prompt_tokens": _s(
+            "trtllm_prompt_tokens_total",
+            "trtllm:prompt_tokens_total",
+            "pytrtllm:prompt_tokens_total",
+            "nv_llm_input_token_len_sum",
+            "prompt_tokens_total",
+        ),
         "generation_tokens": _s(
-            "trtllm_generation_tokens_total", "trtllm:generation_tokens_total", "nv_llm_output_token_len_sum"
+            "trtllm_generation_tokens_total",
+            "trtllm:generation_tokens_total",
+            "pytrtllm:generation_tokens_total",
+            "nv_llm_output_token_len_sum",
+            "generation_tokens_total",
         ),
         "cached_tokens": _s("trtllm_prompt_cached_tokens_total", "trtllm:prompt_cached_tokens_total"),
         "finished": (
             *_s("trtllm_request_success_total", "trtllm:request_success_total", dimension="finished_reason"),
             *_s("trtllm_request_error_total", "trtllm:request_error_total", fixed="error"),
+            Source("pytrtllm:request_completed_total", fixed="success"),
+            Source("pytrtllm:request_failed_total", fixed="error"),
             Source("nv_inference_request_success", fixed="success"),  # Triton core, any backend
             Source("nv_inference_request_failure", fixed="error"),
+        ),
+        # Triton core's cumulative microsecond counters: means per request over a window (DERIVED_MEANS)
+        # (or, with --metrics-config counter_latencies=false summary_latencies=true, the summaries' _sum and _count;
+        # their quantiles cover Triton's own sliding window and are not read)
+        "requests": _s("nv_inference_request_success", "nv_inference_request_summary_us_count"),
+        "e2e_seconds": _s("nv_inference_request_duration_us", "nv_inference_request_summary_us_sum", scale=1e-6),
+        "queue_seconds": _s("nv_inference_queue_duration_us", "nv_inference_queue_summary_us_sum", scale=1e-6),
+        "inference_seconds": _s(
+            "nv_inference_compute_infer_duration_us", "nv_inference_compute_infer_summary_us_sum", scale=1e-6
         ),
     },
 )
 
-ADAPTERS: dict[str, Adapter] = {a.kind: a for a in (VLLM, SGLANG, TGI, LLAMACPP, TRTLLM)}
+DYNAMO = Adapter(
+    "dynamo",
+    ("dynamo_frontend_",),
+    ("model",),
+    histograms={
+        "ttft": _s("dynamo_frontend_time_to_first_token_seconds"),
+        "itl": _s("dynamo_frontend_inter_token_latency_seconds"),
+        "e2e": _s("dynamo_frontend_request_duration_seconds"),
+    },
+    # queued_requests counts from HTTP entry to the first token (prefill included): not a queue, not mapped
+    gauges={"running": _s("dynamo_frontend_inflight_requests")},
+    counters={"generation_tokens": _s("dynamo_frontend_output_tokens_total")},
+)
+
+LITELLM = Adapter(
+    "litellm",
+    ("litellm_",),
+    ("requested_model", "model"),  # the name the client asked for, else the upstream deployment's
+    histograms={
+        "ttft": _s("litellm_llm_api_time_to_first_token_metric"),  # streaming requests only
+        "e2e": _s("litellm_request_total_latency_metric"),
+    },
+    counters={
+        "prompt_tokens": _s("litellm_input_tokens_metric_total", "litellm_input_tokens_total"),
+        "generation_tokens": _s("litellm_output_tokens_metric_total", "litellm_output_tokens_total"),
+    },
+)
+
+ADAPTERS: dict[str, Adapter] = {a.kind: a for a in (VLLM, SGLANG, TGI, LLAMACPP, TRTLLM, DYNAMO, LITELLM)}
 
 # Quantities an engine exposes only with a feature switched on (or from a given version): their absence is the
 # normal state of an engine without that feature, not a gap in what the agent reads (the doctor lists them apart).
@@ -367,12 +440,90 @@ class ModelReading:
     lora: LoraState | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Recognition:
+    """Which release range and schema of the engine an exposition matches (agent/catalog/engine_schemas.py),
+    and how many of the engine's own families it declares that no adapter source reads."""
+
+    release_range: str = UNRECOGNISED
+    schema: str = UNRECOGNISED
+    unmapped_families: int = 0
+
+
 @dataclass
 class EngineReading:
     kind: str
     models: dict[str, ModelReading]
     series: int  # samples read
     models_dropped: int = 0  # distinct models past max_models, left out of ``models``
+    recognition: Recognition = field(default_factory=Recognition)
+
+    def coverage(self) -> dict[str, str]:
+        """Per COVERAGE quantity: ``mapped``, ``derived (mean only)`` or ``not exposed``, over every model."""
+        return {
+            q: max((quantity_status(m, q) for m in self.models.values()), key=_RANK.__getitem__, default=NOT_EXPOSED)
+            for q in COVERAGE
+        }
+
+    def recognised(self) -> int:
+        """How many COVERAGE quantities are mapped or derived (the figure the schema-shrink alert compares)."""
+        return sum(1 for status in self.coverage().values() if status != NOT_EXPOSED)
+
+
+_RANK = {NOT_EXPOSED: 0, DERIVED: 1, MAPPED: 2}
+
+
+def quantity_status(m: ModelReading, quantity: str) -> str:
+    """``mapped`` when a source of the quantity was read for the model, ``derived (mean only)`` when both of
+    its DERIVED_MEANS counters were, else ``not exposed``."""
+    if quantity == "lora":
+        return MAPPED if m.lora is not None else NOT_EXPOSED
+    keys = COVERAGE_KEYS.get(quantity, (quantity,))
+    if any(k in m.histograms or k in m.gauges or k in m.counters for k in keys):
+        return MAPPED
+    pair = DERIVED_MEANS.get(quantity)
+    if pair is not None and all(k in m.counters for k in pair):
+        return DERIVED
+    return NOT_EXPOSED
+
+
+def derived_mean(m: ModelReading, quantity: str) -> float | None:
+    """The cumulative mean behind a ``derived (mean only)`` quantity: total seconds / total count since the
+    engine started (seconds per request or per token), None when the count is 0 or a counter is missing."""
+    pair = DERIVED_MEANS.get(quantity)
+    if pair is None or not all(k in m.counters for k in pair):
+        return None
+    seconds, count = (sum(m.counters[k].values()) for k in pair)
+    return seconds / count if count > 0 else None
+
+
+_SUFFIXES = ("_bucket", "_sum", "_count", "_created")
+
+
+def recognise(adapter: Adapter, expo: Exposition) -> Recognition:
+    """The first schema of the engine whose conditions the exposition's families and labels meet; and the
+    engine's own families (by the adapter's prefixes) that no source of the adapter reads."""
+    declared = set(expo.types)
+    for name in expo.samples:
+        declared.add(name)
+        for suffix in _SUFFIXES:
+            if name.endswith(suffix):
+                declared.add(name[: -len(suffix)])
+                break
+    families = frozenset(f[4:] if f.startswith("ray_vllm:") else f for f in declared)
+    labels = frozenset(k for series in expo.samples.values() for k, _ in (series.labels[0] if len(series) else ()))
+    found = next((s for s in schemas_of(adapter.kind) if s.matches(families, labels)), None)
+    wanted = adapter.wanted()
+    unmapped = sum(
+        1
+        for f in expo.types
+        if f.startswith(adapter.prefixes)
+        and not f.endswith("_created")  # a counter's creation time, declared as a gauge of its own by old clients
+        and not any(f + sfx in wanted for sfx in ("", "_total", *_SUFFIXES))
+    )
+    if found is None:
+        return Recognition(unmapped_families=unmapped)
+    return Recognition(found.release_range, found.schema, unmapped)
 
 
 class ReadingError(SourceFormatError):
@@ -566,7 +717,9 @@ def read(
         only = next(iter(models)) if len(models) == 1 else default_model
         if only in models or len(models) < cap:
             model(only).lora = lora
-    return EngineReading(adapter.kind, models, expo.matched, len(dropped) + expo.models_dropped)
+    return EngineReading(
+        adapter.kind, models, expo.matched, len(dropped) + expo.models_dropped, recognise(adapter, expo)
+    )
 
 
 def _read_ranks(adapter: Adapter, expo: Exposition, keys: KeyCache, models: dict[str, ModelReading]) -> None:

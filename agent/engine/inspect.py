@@ -1,8 +1,12 @@
-"""One-shot view of an exposition: detected engine, models, quantities present and absent, quantiles.
+"""One-shot view of an exposition: detected engine, release range and schema, models, quantities present and
+absent, quantiles, and the means a release without histograms allows.
 
 Quantiles come from the cumulative buckets summed over data-parallel ranks, or — with a baseline
 exposition taken earlier from the same engine — from the per-series increase since the baseline
 (reset-aware, as Prometheus's ``increase``). Seconds throughout; ``source`` is ``histogram``.
+A quantity *derived (mean only)* (llama.cpp's and Triton's cumulative seconds counters) has a mean:
+total seconds over total tokens or requests since the engine started, or over the increase since the
+baseline. Gauges and counters (summed over data-parallel ranks and dimensions) are given as read.
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ import math
 from typing import Any
 
 from agent.catalog.engine import QUANTITIES
-from agent.engine.adapters import ADAPTERS, EngineReading
+from agent.catalog.engine_schemas import DERIVED, DERIVED_MEANS
+from agent.engine.adapters import ADAPTERS, EngineReading, ModelReading, quantity_status
 from agent.engine.histogram import Histogram
 from agent.engine.scrape import stats_from_histogram
 from agent.engine.windows import HistogramWindow
@@ -21,8 +26,9 @@ _KEYS = {0.5: "p50", 0.9: "p90", 0.95: "p95", 0.99: "p99"}
 
 
 def inspect(current: EngineReading, baseline: EngineReading | None = None) -> dict[str, Any]:
-    """``{"engine", "models": {MODEL: {QUANTITY: {p50, p90, p95, p99, count, source}, "ttft_p99_p50_ratio"}},
-    "absent": {MODEL: [QUANTITY, ...]}}``."""
+    """``{"engine", "release_range", "schema", "unmapped_families", "coverage": {QUANTITY: status},
+    "models": {MODEL: {QUANTITY: {p50, p90, p95, p99, count, sum, source}, "ttft_p99_p50_ratio", "values": {NAME: v},
+    "derived": {QUANTITY: mean}}}, "absent": {MODEL: [QUANTITY, ...]}}``."""
     if baseline is not None and baseline.kind != current.kind:
         raise ValueError(f"baseline is a {baseline.kind} exposition, the current one a {current.kind} exposition")
     models: dict[str, Any] = {}
@@ -48,12 +54,13 @@ def inspect(current: EngineReading, baseline: EngineReading | None = None) -> di
                 window.update(0.0, series)
                 hist = window.current()
             stats = stats_from_histogram(hist)
-            if stats is None:
-                entry[quantity] = {**dict.fromkeys(_KEYS.values()), "count": 0.0, "source": "histogram"}
+            if stats is None or hist is None:
+                entry[quantity] = {**dict.fromkeys(_KEYS.values()), "count": 0.0, "sum": None, "source": "histogram"}
                 continue
             entry[quantity] = {
                 **{_KEYS[q]: v for q, v in stats.quantiles.items()},
                 "count": stats.count,
+                "sum": hist.sum if hist.sum == hist.sum else None,  # NaN: the engine gave no _sum
                 "source": stats.source,
             }
         ttft = entry.get("ttft")
@@ -61,9 +68,40 @@ def inspect(current: EngineReading, baseline: EngineReading | None = None) -> di
         if ttft and ttft["p50"] and ttft["p99"] is not None and ttft["p50"] > 0:
             ratio = ttft["p99"] / ttft["p50"]
         entry["ttft_p99_p50_ratio"] = ratio
+        entry["values"] = _values(m)
+        before = baseline.models.get(model) if baseline is not None else None
+        entry["derived"] = {q: _mean(m, before, q) for q in DERIVED_MEANS if quantity_status(m, q) == DERIVED}
         models[model] = entry
         absent[model] = missing
-    return {"engine": current.kind, "models": models, "absent": absent}
+    r = current.recognition
+    return {
+        "engine": current.kind,
+        "release_range": r.release_range,
+        "schema": r.schema,
+        "unmapped_families": r.unmapped_families,
+        "coverage": current.coverage(),
+        "models": models,
+        "absent": absent,
+    }
+
+
+def _values(m: ModelReading) -> dict[str, float]:
+    """The model's gauges and counters as read (counters summed over ranks and dimensions)."""
+    out = dict(m.gauges)
+    out.update((name, sum(dims.values())) for name, dims in m.counters.items())
+    return dict(sorted(out.items()))
+
+
+def _mean(m: ModelReading, before: ModelReading | None, quantity: str) -> float | None:
+    """Seconds per token or request: the DERIVED_MEANS quotient of the counters, over their increase since the
+    baseline when there is one (a counter lower than its baseline restarted: all of it is increase)."""
+    seconds, count = DERIVED_MEANS[quantity]
+    totals = []
+    for name in (seconds, count):
+        now = sum(m.counters[name].values())
+        then = sum(before.counters.get(name, {}).values()) if before is not None else 0.0
+        totals.append(now - then if now >= then else now)
+    return totals[0] / totals[1] if totals[1] > 0 else None
 
 
 def _zero(h: Histogram) -> Histogram:

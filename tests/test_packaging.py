@@ -511,8 +511,15 @@ def adapt(argv: list[str], python: str, port: int) -> list[str]:
 def test_container_image_command_from_the_install(installed: Install, sim: Sim, tmp_path: Path) -> None:
     argv, image_env = dockerfile_final_stage()
     assert argv[:4] == ["python", "-m", "agent", "run"], argv
-    port = free_port()
     env = {k: (str(tmp_path / k.lower()) if v.startswith("/") else v) for k, v in image_env.items()}  # its paths
+    # Exactly as written (0.0.0.0, no token): refused before it binds, in one line that says what to set.
+    bare = subprocess.run(
+        [installed.python, *argv[1:], "--port", "0"], cwd=installed.cwd, env={**installed.env, **env},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    no_traceback(bare, "the image's command as written")
+    assert bare.returncode == 2 and "api.tokens" in bare.stderr and bare.stderr.count("\n") == 1, bare.stderr
+    port = free_port()
     env["INFERWATCH_ENGINE__METRICS_URL"] = f"{sim.url}/metrics"  # what docker-compose.yml sets: the runtime
     log = tmp_path / "image.log"
     with running(adapt(argv, installed.python, port), log, cwd=installed.cwd, env={**installed.env, **env}) as proc:

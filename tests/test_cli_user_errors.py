@@ -7,6 +7,7 @@ file is read, and refused, before any request.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -97,3 +98,13 @@ def test_an_error_raised_on_purpose_below_the_cli_is_one_line(tmp_path: Path) ->
         )
         assert r.returncode == code, (r.stdout, r.stderr)
         assert r.stderr == "inferwatch: the thing the user got wrong\n", r.stderr
+
+
+@pytest.mark.parametrize("kind", ["no such directory", "a directory"])
+def test_profile_with_a_bad_output_is_one_line_and_exit_2(kind: str, tmp_path: Path) -> None:
+    """Refused before py-spy runs (it would record for --duration, then fail with its own backtrace)."""
+    output = tmp_path / "missing" / "p.json" if kind == "no such directory" else tmp_path
+    r = _run(["profile", "--pid", str(os.getpid()), "--duration", "1", "--output", str(output)], tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.startswith(f"inferwatch profile: cannot write --output {output}: "), r.stderr
+    assert "Traceback" not in r.stderr and "backtrace" not in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -5,6 +5,7 @@ Exit 0 written, 1 py-spy could not record (permission, not Python, no such pid),
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -48,6 +49,12 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"inferwatch: {exc}", err=True)
                 raise typer.Exit(2) from None
         out = output or Path(f"profile-{pid}{pyspy.FORMATS[fmt]}")
+        # A bad --output is the user's mistake: say so before py-spy records for --duration and fails with its own
+        # multi-line backtrace.
+        if out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
+            why = "is a directory" if out.is_dir() else f"{out.parent} is not a writable directory"
+            typer.echo(f"inferwatch profile: cannot write --output {out}: {why}", err=True)
+            raise typer.Exit(2)
         try:
             exe = pyspy.resolve_executable(settings.profiling.py_spy)
             typer.echo(f"recording pid {pid} for {duration:g}s at {rate} Hz ({fmt}) ...", err=True)

@@ -27,7 +27,7 @@ def test_json_from_a_file() -> None:
     assert doc["engine"] == "vllm"
     model = doc["models"]["Qwen/Qwen2.5-7B-Instruct"]
     assert set(model) == {"ttft", "itl", "e2e", "queue", "prefill", "decode", "ttft_p99_p50_ratio", "values", "derived"}
-    assert doc["release_range"] == "v1 >= 0.11 (inter_token_latency)" and doc["schema"] == "vllm-v1-itl"
+    assert doc["schema"] == "vllm-v1-current"  # ITL, no deprecated TPOT or gpu_cache_usage_perc
     assert model["derived"] == {}  # every timing quantity has its histogram
     for quantity in ("ttft", "itl", "e2e", "queue", "prefill", "decode"):
         assert set(model[quantity]) == KEYS and model[quantity]["source"] == "histogram"

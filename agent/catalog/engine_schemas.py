@@ -70,7 +70,19 @@ SCHEMAS: tuple[Schema, ...] = (
     Schema(
         "vllm", "vllm-mixed", "mixed: V0 and V1 families in one exposition", any_of=VLLM_V0_ONLY, and_any_of=VLLM_V1_NEW
     ),
-    Schema("vllm", "vllm-v1-itl", "v1 >= 0.11 (inter_token_latency)", any_of=("vllm:inter_token_latency_seconds",)),
+    Schema(
+        "vllm",
+        "vllm-v1-current",
+        "v1 >= 0.12 (inter_token_latency; deprecated names gone or hidden)",
+        any_of=("vllm:inter_token_latency_seconds",),
+        none_of=("vllm:time_per_output_token_seconds", "vllm:gpu_cache_usage_perc"),
+    ),
+    Schema(
+        "vllm",
+        "vllm-v1-itl",
+        "v1 0.10.1 - 0.11 (inter_token_latency beside deprecated names)",
+        any_of=("vllm:inter_token_latency_seconds",),
+    ),
     Schema("vllm", "vllm-v1-kv", "v1 0.9 - 0.10 (kv_cache_usage_perc)", any_of=VLLM_V1_NEW),
     Schema(
         "vllm",

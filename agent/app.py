@@ -77,6 +77,7 @@ class Agent:
         self.state.add_source("snapshots", deps.snapshots.samples)
         if self.ctx.read_limits.hits is not None:
             self.state.add_source("read_limits", self.ctx.read_limits.hits.samples)
+        self.state.add_source("http_retries", self.ctx.http_retries.samples)  # agent/httpclient.py
         self.state.add_listener(deps.evidence.on_record)  # a capture the moment the hang finding turns on
         if self.receiver is not None:  # a bundle lists the last finished requests' spans
             deps.evidence.attach_spans(self.receiver.recent_spans)

@@ -14,7 +14,7 @@ that exports its own health (the engine's ``up``) reports it as it reports a fai
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
 
@@ -26,6 +26,7 @@ from agent.host.cpuprobe import CpuProbe
 from agent.host.nvml import NVMLClient
 from agent.host.procfs import DEFAULT_READ_LIMITS, ReadLimits
 from agent.host.runtime import RuntimeLocator
+from agent.httpclient import RetryCounts
 from agent.samples import Collection
 
 
@@ -45,6 +46,8 @@ class CollectContext:
     locator: RuntimeLocator
     profile_reader: ProfileReader
     engine_http: httpx.Client | None = None  # None: the engine collector opens (and closes) its own
+    # requests sent again after a keep-alive connection closed under them (agent/httpclient.py), by source
+    http_retries: RetryCounts = field(default_factory=RetryCounts, compare=False)
     read_limits: ReadLimits = DEFAULT_READ_LIMITS  # bytes per procfs/sysfs read, and where hits are counted
 
 

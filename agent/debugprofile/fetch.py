@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from agent.errors import CollectorError
+from agent.httpclient import http_client
 from agent.redact import redact_text, redact_url
 
 FETCH_REASONS = ("timeout", "connect", "http_status", "oversized", "not_json")
@@ -41,7 +42,8 @@ def fetch_json(
     deadline = time.monotonic() + timeout_s
     shown = redact_url(url)  # what messages say: never the URL's credentials
     own = client is None
-    http = client or httpx.Client(timeout=httpx.Timeout(timeout_s), follow_redirects=False)
+    # a client of its own per fetch: its one GET opens the connection, so nothing is retried or counted here
+    http = client or http_client("runtime_profile", timeout=httpx.Timeout(timeout_s), trust_env=True)
     try:
         with http.stream("GET", url, headers=headers, timeout=timeout_s) as r:
             if r.status_code != 200:

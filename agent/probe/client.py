@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from agent.httpclient import http_client
 from agent.probe.schema import OrderChecker, Violation, validate_payload
 from agent.probe.sse import SSEParser
 from agent.redact import redact_text, redact_url
@@ -240,7 +241,9 @@ def run_probe(
     if protocol == "anthropic":
         headers["anthropic-version"] = ANTHROPIC_VERSION
     own = client is None
-    http = client or httpx.Client(timeout=httpx.Timeout(timeout_s), follow_redirects=False)
+    # a client of its own per probe: its first request (GET /v1/models, or the POST) opens the connection, and a
+    # POST is never sent twice, so nothing here is retried or counted; it keeps the agent's keep-alive expiry
+    http = client or http_client("probe", timeout=httpx.Timeout(timeout_s), trust_env=True)
     if model is None:
         model = discover_model(http, url, timeout_s) or FALLBACK_MODEL
     body = request_body(protocol, model, prompt, max_tokens)

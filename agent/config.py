@@ -453,7 +453,10 @@ class AlertmanagerSettings(_Section):
     urls: list[str] = Field(default_factory=list)
     instance: str | None = None  # required with urls: the `instance` label of this agent's scrape target
     job: str = "inferwatch-agent"
-    labels: dict[str, str] = Field(default_factory=dict)
+    # Labels the scrape adds to every series of this agent besides instance and job (relabeling: node, pod,
+    # namespace ... as a ServiceMonitor adds them); a rule's by (...) drops them as it drops them from the series.
+    target_labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)  # Prometheus's external labels: on every alert it sends
     alerts: list[PushedAlert] = Field(default_factory=lambda: list(PUSHED_ALERTS))
     timeout_s: float = Field(default=DEFAULT_ALERTMANAGER_TIMEOUT_S, gt=0, le=60)
     resend_s: float = Field(default=DEFAULT_ALERTMANAGER_RESEND_S, ge=1, le=3600)

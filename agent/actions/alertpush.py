@@ -2,10 +2,11 @@
 
 The Prometheus path to a page is scrape → evaluation → ``for:`` → group wait: about a minute and a half for a hung
 engine. The agent knows within seconds, so it sends the same alert itself, with the **same label set** the shipped
-rule produces — ``alertname``, ``severity``, the rule's labels from the agent's own series (all of them, or the
-rule's ``by (...)``), ``instance`` and ``job`` as Prometheus names this agent's target, and Prometheus's external
-labels (``alertmanager.labels``) — so Alertmanager (which identifies an alert by its label set) holds one alert
-for both copies: one page, one resolution. The rule stays as the backstop for an agent that is itself gone.
+rule produces — ``alertname``, ``severity``, the rule's labels from the agent's own series and its target
+(``instance``, ``job`` and ``alertmanager.target_labels`` as Prometheus's relabeling names them; all of them, or the
+rule's ``by (...)``), and Prometheus's external labels (``alertmanager.labels``) — so Alertmanager (which
+identifies an alert by its label set) holds one alert for both copies: one page, one resolution. The rule stays as
+the backstop for an agent that is itself gone.
 
 As Prometheus sends (prometheus ``rules/alerting.go``, ``notifier``): every firing alert is re-sent every
 ``resend_s`` with ``endsAt = now + 4 × resend_s``; a resolved one is sent with ``endsAt = now`` and re-sent for
@@ -263,7 +264,7 @@ class AlertPusher:
         return out
 
     def _labels(self, rule: PushRule, series_labels: Mapping[str, str]) -> dict[str, str]:
-        labels = {**series_labels, "instance": self.instance, "job": self.cfg.job}
+        labels = {**series_labels, **self.cfg.target_labels, "instance": self.instance, "job": self.cfg.job}
         if rule.by is not None:
             labels = {k: v for k, v in labels.items() if k in rule.by}
         labels = {k: v for k, v in labels.items() if v != ""}

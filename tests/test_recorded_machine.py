@@ -222,3 +222,33 @@ def test_an_endless_or_one_line_cpuinfo_is_refused_in_bounded_memory(tmp_path: P
     finally:
         tracemalloc.stop()
     assert peak < MAX_PARSE_PEAK_BYTES, f"peak {peak / 1e6:.1f} MB"
+
+
+def test_the_small_procfs_files_are_read_in_bounded_memory_too(tmp_path: Path) -> None:
+    """1 MiB (the file limit) of distinct fields: meminfo and memory.stat are refused past 4,096 fields, vmstat
+    keeps only the counters it reports, PSI only ``some``/``full``; each read a line at a time. Whole-text
+    parses that kept every field peaked at 12.5 (meminfo) and 13.6 MB (vmstat, memory.stat)."""
+    from agent.host.cgroup import parse_memory_stat
+    from agent.host.meminfo import read_meminfo
+    from agent.host.pressure import read_pressure
+    from agent.host.procfs import DEFAULT_READ_LIMITS
+    from agent.host.vmstat import read_vmstat
+
+    def fill(name: str, line: str) -> Path:
+        unit = len(line.format(i=0))
+        (tmp_path / name).write_text("".join(line.format(i=i) for i in range((1 << 20) // unit - 1)))
+        return tmp_path / name
+
+    fill("meminfo", "K{i:07d}: {i:07d} kB\n")
+    with pytest.raises(SourceFormatError, match="more than 4096 fields"):
+        _, peak = _peak(lambda: read_meminfo(tmp_path))
+    fill("vmstat", "pgmajfault_x{i:07d} 1\n")
+    counters, peak = _peak(lambda: read_vmstat(tmp_path))
+    assert counters == {"pgmajfault": (1 << 20) // 22 - 1} and peak < MAX_PARSE_PEAK_BYTES, peak
+    stat = fill("memory.stat", "f{i:07d} 1\n")
+    with pytest.raises(SourceFormatError, match="more than 4096 fields"):
+        parse_memory_stat(DEFAULT_READ_LIMITS.lines(stat, "memory.stat"))
+    psi = fill("memory.pressure", "k{i:07d} avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    psi.write_text(psi.read_text() + "some avg10=1.00 avg60=0.00 avg300=0.00 total=5\n")
+    lines, peak = _peak(lambda: read_pressure(psi))
+    assert set(lines) == {"some"} and peak < MAX_PARSE_PEAK_BYTES, peak  # type: ignore[arg-type]

@@ -7,12 +7,13 @@ both places are tried. A v1-only host has no ``0::`` line and is reported as abs
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.errors import NoDataError
+from agent.errors import NoDataError, SourceFormatError
 from agent.host.pressure import PressureLine, read_pressure
-from agent.host.procfs import DEFAULT_READ_LIMITS, ReadLimits
+from agent.host.procfs import DEFAULT_READ_LIMITS, MAX_FIELDS, ReadLimits, text_lines
 
 SIZE_FIELDS = ("anon", "file", "inactive_file", "active_file", "shmem", "file_mapped", "file_dirty")
 EVENT_FIELDS = ("workingset_refault_file", "pgmajfault", "pgscan", "pgsteal")
@@ -29,14 +30,13 @@ class CgroupMemory:
 def cgroup_v2_path(procfs: Path, pid: int, limits: ReadLimits = DEFAULT_READ_LIMITS) -> str:
     path = procfs / str(pid) / "cgroup"
     try:
-        text = limits.text(path, "cgroup")
+        for line in limits.lines(path, "cgroup"):
+            if line.startswith("0::"):
+                return line[3:].strip() or "/"
     except OSError as exc:
         raise NoDataError(
             f"{path} cannot be read ({exc.strerror})", hint="run the agent in the host PID namespace"
         ) from None
-    for line in text.splitlines():
-        if line.startswith("0::"):
-            return line[3:].strip() or "/"
     raise NoDataError(
         f"process {pid} is in no cgroup v2 hierarchy", hint="boot with cgroup v2 (systemd.unified_cgroup_hierarchy=1)"
     )
@@ -45,12 +45,15 @@ def cgroup_v2_path(procfs: Path, pid: int, limits: ReadLimits = DEFAULT_READ_LIM
 _MAX_DIGITS = 40  # a u64 counter has 20; longer is not a counter (and int() refuses over 4300 digits)
 
 
-def parse_memory_stat(text: str) -> dict[str, int]:
+def parse_memory_stat(text: str | Iterable[str]) -> dict[str, int]:
+    """Every ``name value`` field of a memory.stat text (or its lines); at most MAX_FIELDS."""
     out: dict[str, int] = {}
-    for line in text.splitlines():
+    for line in text_lines(text):
         parts = line.split()
         if len(parts) == 2 and parts[1].isascii() and parts[1].isdigit() and len(parts[1]) <= _MAX_DIGITS:
             out[parts[0]] = int(parts[1])
+            if len(out) > MAX_FIELDS:
+                raise SourceFormatError(f"memory.stat has more than {MAX_FIELDS} fields: not a memory.stat")
     return out
 
 
@@ -61,7 +64,7 @@ def read_cgroup_memory(procfs: Path, sysfs: Path, pid: int, limits: ReadLimits =
         directory = base / rel if rel else base
         stat_file = directory / "memory.stat"
         try:
-            stat = parse_memory_stat(limits.text(stat_file, "memory.stat"))
+            stat = parse_memory_stat(limits.lines(stat_file, "memory.stat"))
         except OSError:
             continue
         try:

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from agent.errors import NoDataError, SourceFormatError
-from agent.host.procfs import DEFAULT_READ_LIMITS, ReadLimits
+from agent.host.procfs import DEFAULT_READ_LIMITS, MAX_FIELDS, ReadLimits, text_lines
 
 KIB = 1024
 _LEGACY_ROWS = frozenset({"total", "Mem", "Swap"})
 
 
-def parse_meminfo(text: str) -> dict[str, int]:
-    """Return every field of a /proc/meminfo text; ``kB`` values in bytes."""
+def parse_meminfo(text: str | Iterable[str]) -> dict[str, int]:
+    """Return every field of a /proc/meminfo text (or its lines); ``kB`` values in bytes; at most MAX_FIELDS."""
     out: dict[str, int] = {}
-    for lineno, line in enumerate(text.splitlines(), 1):
+    for lineno, line in enumerate(text_lines(text), 1):
         if not line.strip():
             continue
         key, sep, rest = line.partition(":")
@@ -30,6 +31,8 @@ def parse_meminfo(text: str) -> dict[str, int]:
         if len(parts) > 1 and parts[1].lower() == "kb":
             value *= KIB
         out[key] = value
+        if len(out) > MAX_FIELDS:
+            raise SourceFormatError(f"meminfo has more than {MAX_FIELDS} fields: not a meminfo")
     if "MemTotal" not in out:
         raise SourceFormatError("meminfo has no MemTotal field")
     return out
@@ -38,7 +41,7 @@ def parse_meminfo(text: str) -> dict[str, int]:
 def read_meminfo(procfs: Path, limits: ReadLimits = DEFAULT_READ_LIMITS) -> dict[str, int]:
     path = procfs / "meminfo"
     try:
-        return parse_meminfo(limits.text(path, "meminfo"))
+        return parse_meminfo(limits.lines(path, "meminfo"))
     except FileNotFoundError:
         raise NoDataError(f"{path} does not exist", hint="point --path.procfs at the host's /proc") from None
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.errors import NoDataError, SourceFormatError
-from agent.host.procfs import DEFAULT_READ_LIMITS, ReadLimits
+from agent.host.procfs import DEFAULT_READ_LIMITS, ReadLimits, text_lines
+
+PSI_KINDS = ("some", "full")  # the kinds a kernel writes (cpu.pressure has "full" since 5.13)
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,9 +22,10 @@ class PressureLine:
     total_seconds: float
 
 
-def parse_pressure(text: str) -> dict[str, PressureLine]:
+def parse_pressure(text: str | Iterable[str]) -> dict[str, PressureLine]:
+    """The ``some`` and ``full`` lines of a PSI text (or its lines); any other kind is checked, not kept."""
     out: dict[str, PressureLine] = {}
-    for line in text.splitlines():
+    for line in text_lines(text):
         words = line.split()
         if not words:
             continue
@@ -33,7 +37,7 @@ def parse_pressure(text: str) -> dict[str, PressureLine]:
                 raise SourceFormatError(f"pressure line {line!r}: {word!r} is not key=value")
             fields[k] = v
         try:
-            out[kind] = PressureLine(
+            value = PressureLine(
                 avg10=float(fields["avg10"]) / 100.0,
                 avg60=float(fields["avg60"]) / 100.0,
                 avg300=float(fields["avg300"]) / 100.0,
@@ -41,6 +45,8 @@ def parse_pressure(text: str) -> dict[str, PressureLine]:
             )
         except (KeyError, ValueError) as exc:
             raise SourceFormatError(f"pressure line {line!r}: {exc}") from None
+        if kind in PSI_KINDS:
+            out[kind] = value
     if "some" not in out:
         raise SourceFormatError("pressure file has no 'some' line")
     return out
@@ -48,7 +54,9 @@ def parse_pressure(text: str) -> dict[str, PressureLine]:
 
 def read_pressure(path: Path, limits: ReadLimits = DEFAULT_READ_LIMITS) -> dict[str, PressureLine]:
     try:
-        text = limits.text(path, f"pressure/{path.name}" if path.parent.name == "pressure" else path.name)
+        return parse_pressure(
+            limits.lines(path, f"pressure/{path.name}" if path.parent.name == "pressure" else path.name)
+        )
     except FileNotFoundError:
         raise NoDataError(
             f"{path} does not exist: this kernel has no PSI",
@@ -57,4 +65,3 @@ def read_pressure(path: Path, limits: ReadLimits = DEFAULT_READ_LIMITS) -> dict[
         ) from None
     except OSError as exc:  # EOPNOTSUPP when PSI is compiled in but disabled
         raise NoDataError(f"{path} cannot be read ({exc.strerror})", hint="boot with psi=1") from None
-    return parse_pressure(text)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +39,14 @@ CPUINFO_LIMIT = "read_limits.max_cpuinfo_bytes"
 # One line of a procfs text file: the longest real ones are x86 cpuinfo ``flags``/``bugs`` lines, ~2 KiB with
 # every AVX-512 and AMX flag (tests/fixtures/cpuinfo): 64 KiB is 30 times that.
 MAX_LINE_BYTES = 64 << 10
+# Fields one small procfs/sysfs file may have: meminfo has ~55, memory.stat ~70, vmstat ~180 (of which the
+# agent keeps a few). 4,096 is twenty times any real one; past it the file is refused, not kept.
+MAX_FIELDS = 4096
+
+
+def text_lines(text: str | Iterable[str]) -> Iterable[str]:
+    """A parser's input as lines: a whole text (tests, recorded strings) or :meth:`ReadLimits.lines`."""
+    return text.splitlines() if isinstance(text, str) else text
 
 
 class LimitHits:

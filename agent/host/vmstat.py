@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from agent.errors import NoDataError
-from agent.host.procfs import DEFAULT_READ_LIMITS, ReadLimits
+from agent.host.procfs import DEFAULT_READ_LIMITS, ReadLimits, text_lines
 
 # Modern name -> prefixes whose zoned/old variants are summed into it.
 EVENTS: dict[str, tuple[str, ...]] = {
@@ -19,37 +20,41 @@ EVENTS: dict[str, tuple[str, ...]] = {
 }
 
 
-def parse_vmstat(text: str) -> dict[str, int]:
-    raw: dict[str, int] = {}
-    for line in text.splitlines():
+def _counts_for(event: str, key: str) -> bool:
+    """Whether counter ``key`` is ``event`` under another name: zoned (pgscan_direct_normal, allocstall_movable)
+    or the old single one (workingset_refault)."""
+    for prefix in EVENTS[event]:
+        zoned = key.startswith(prefix + "_") and not key.endswith("_throttle")
+        if key == prefix or (zoned and not key.startswith("workingset_refault_anon")):
+            return True
+    return False
+
+
+def parse_vmstat(text: str | Iterable[str]) -> dict[str, int]:
+    """The :data:`EVENTS` counters of a /proc/vmstat text (or its lines): the modern counter where the kernel
+    has it, else the sum of its zoned/old variants. Summed as read; no other counter is kept."""
+    exact: dict[str, int] = {}
+    sums: dict[str, int] = {}
+    for line in text_lines(text):
         parts = line.split()
-        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
-            try:
-                raw[parts[0]] = int(parts[1])
-            except ValueError:  # digits int() does not take ("²"), or more than Python's 4300-digit limit
-                continue
-    out: dict[str, int] = {}
-    for event, prefixes in EVENTS.items():
-        if event in raw:
-            out[event] = raw[event]
+        if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
             continue
-        total, found = 0, False
-        for key, value in raw.items():
-            for prefix in prefixes:
-                # zoned: pgscan_direct_normal, allocstall_movable; old single: workingset_refault
-                zoned = key.startswith(prefix + "_") and not key.endswith("_throttle")
-                if key == prefix or (zoned and not key.startswith("workingset_refault_anon")):
-                    total += value
-                    found = True
+        key = parts[0]
+        for event in EVENTS:
+            if key == event or _counts_for(event, key):
+                try:
+                    value = int(parts[1])
+                except ValueError:  # digits int() does not take ("²"), or more than Python's 4300-digit limit
                     break
-        if found:
-            out[event] = total
-    return out
+                if key == event:
+                    exact[event] = value
+                sums[event] = sums.get(event, 0) + value
+    return {event: exact.get(event, sums[event]) for event in EVENTS if event in sums}
 
 
 def read_vmstat(procfs: Path, limits: ReadLimits = DEFAULT_READ_LIMITS) -> dict[str, int]:
     path = procfs / "vmstat"
     try:
-        return parse_vmstat(limits.text(path, "vmstat"))
+        return parse_vmstat(limits.lines(path, "vmstat"))
     except FileNotFoundError:
         raise NoDataError(f"{path} does not exist", hint="point --path.procfs at the host's /proc") from None

@@ -166,3 +166,47 @@ def test_the_collector_exports_the_schema_and_its_shrink_after_an_upgrade() -> N
         count = [s for s in collection.samples if s.name == "inferwatch.engine.quantities.recognised"]
         assert [s.value for s in count] == [len(w["mapped"]) + len(w["derived"])]  # type: ignore[arg-type]
         assert collection.details["schema"]["release_range"] == w["release_range"]
+
+
+def test_the_collector_exports_triton_means_per_request_over_the_window() -> None:
+    """Triton core's cumulative microsecond counters become means per request over the window: the capture, then
+    the same server 3 requests later with 3 s more of request time and 0.3 s more of queue (1 s and 0.1 s each)."""
+    from agent.collectors.engine import EngineCollector
+    from agent.config import Settings
+    from agent.wiring import collect_context
+    from tests import engine_server as es
+
+    first = (ENGINES / "triton-core-durations-datadog.prom").read_text()
+    later = (
+        first.replace(
+            'nv_inference_request_success{model="densenet_onnx",version="1"} 3',
+            'nv_inference_request_success{model="densenet_onnx",version="1"} 6',
+        )
+        .replace(
+            'duration_us{model="densenet_onnx",version="1"} 1327965',
+            'duration_us{model="densenet_onnx",version="1"} 4327965',
+        )
+        .replace(
+            'queue_duration_us{model="densenet_onnx",version="1"} 145',
+            'queue_duration_us{model="densenet_onnx",version="1"} 300145',
+        )
+    )
+    assert later.count("4327965") == 1 and "300145" in later and "} 6\n" in later
+    clock = iter((1000.0, 1015.0))
+    with es.EngineServer({"/metrics": es.body(first)}) as srv:
+        settings = Settings(engine={"metrics_url": srv.url("/metrics"), "timeout_s": 30})
+        c = EngineCollector(collect_context(settings), clock=lambda: next(clock))
+        try:
+            c.collect()
+            srv.routes["/metrics"] = es.body(later)
+            second = c.collect()
+        finally:
+            c.close()
+    means = {
+        (dict(s.attributes)["quantity"], dict(s.attributes)["window"]): s.value
+        for s in second.samples
+        if s.name == "inferwatch.engine.latency.mean" and dict(s.attributes)["gen_ai.request.model"] == "densenet_onnx"
+    }
+    assert means[("e2e", "1m")] == pytest.approx(1.0) and means[("e2e", "5m")] == pytest.approx(1.0)
+    assert means[("queue", "1m")] == pytest.approx(0.1)
+    assert means[("inference", "1m")] == 0.0  # its counter did not move while 3 requests succeeded

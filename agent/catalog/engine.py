@@ -387,6 +387,15 @@ METRICS = (
         ("limit",),
     ),
     MetricSpec(
+        "inferwatch.engine.latency.mean",
+        Kind.GAUGE,
+        "s",
+        "Mean of a quantity the engine exposes only as cumulative counters (docs/engine.md, derived, mean only): "
+        "seconds per request for Triton's e2e, queue and inference (its _duration_us counters over its successes), "
+        "per token for llama.cpp's prefill and itl, over the window. No quantile can be made of it.",
+        (MODEL, "quantity", "window"),
+    ),
+    MetricSpec(
         "inferwatch.engine.schema.info",
         Kind.GAUGE,
         "",

@@ -48,6 +48,7 @@ import httpx
 from agent import catalog
 from agent.catalog import genai
 from agent.catalog.engine import MODEL
+from agent.catalog.engine_schemas import DERIVED_MEANS
 from agent.collectors.base import BaseCollector, CollectContext, Collection
 from agent.engine.adapters import DEFAULT_MODEL, QUANTITIES, EngineReading, ModelReading
 from agent.engine.board import Key, LatencyBoard, LatencyStats, latency_samples
@@ -60,7 +61,6 @@ from agent.engine.scrape import EngineParser, stats_from_histogram
 from agent.engine.windows import WINDOWS_S, CounterWindow, HistogramWindow
 from agent.errors import NoDataError
 from agent.samples import AnySample, Finding, HistogramSample, Sample, attrs
-from agent.httpclient import http_client
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +105,9 @@ MODEL_LEN_REASONS = ("connect", "timeout", "http_status", "too_large", "not_json
 # more (99.4 against 87.5 MB after 6 collections, docs/benchmarks.md "Engine scale"); malloc_trim costs 0.2-2 ms.
 RELEASE_AFTER_BYTES = 512 << 10
 TOKEN_TIME = {"prefill": ("prompt_seconds", "prompt_tokens"), "decode": ("generation_seconds", "generation_tokens")}
-# the counters whose increases over a window are asked (token_time): the only ones a CounterWindow keeps per scrape
-WINDOWED_COUNTERS = frozenset(name for pair in TOKEN_TIME.values() for name in pair)
+# the counters whose increases over a window are asked (token_time, and the means of quantities an engine exposes
+# only as cumulative counters: DERIVED_MEANS): the only ones a CounterWindow keeps per scrape
+WINDOWED_COUNTERS = frozenset(name for pair in (*TOKEN_TIME.values(), *DERIVED_MEANS.values()) for name in pair)
 
 
 class EngineTimeline:
@@ -163,6 +164,17 @@ class EngineTimeline:
                                 "inferwatch.engine.token_time",
                                 d_secs / d_toks,
                                 attrs({MODEL: model}, phase=phase, window=wname),
+                            )
+                        )
+                for quantity, (secs, count) in DERIVED_MEANS.items():  # Triton per request, llama.cpp per token
+                    d_secs = counters.increase(secs, seconds)
+                    d_count = counters.increase(count, seconds)
+                    if d_secs is not None and d_count:
+                        out.append(
+                            Sample(
+                                "inferwatch.engine.latency.mean",
+                                d_secs / d_count,
+                                attrs({MODEL: model}, quantity=quantity, window=wname),
                             )
                         )
         return out
@@ -392,7 +404,7 @@ class EngineCollector(BaseCollector):
         self.health_url = health_url(cfg.metrics_url, cfg.health_url)
         injected = ctx.engine_http
         self._own_client = injected is None
-        self._client: httpx.Client = injected or http_client("engine", ctx.http_retries)
+        self._client: httpx.Client = injected or httpx.Client(follow_redirects=False, trust_env=False)
         self._lock = threading.Lock()
         self._up: float | None = None
         self._kind: str = cfg.kind if cfg.kind != "auto" else "unknown"

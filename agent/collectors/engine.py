@@ -60,6 +60,7 @@ from agent.engine.limits import LIMITS, EngineLimits
 from agent.engine.scrape import EngineParser, stats_from_histogram
 from agent.engine.windows import WINDOWS_S, CounterWindow, HistogramWindow
 from agent.errors import NoDataError
+from agent.httpclient import http_client
 from agent.samples import AnySample, Finding, HistogramSample, Sample, attrs
 
 log = logging.getLogger(__name__)
@@ -404,7 +405,7 @@ class EngineCollector(BaseCollector):
         self.health_url = health_url(cfg.metrics_url, cfg.health_url)
         injected = ctx.engine_http
         self._own_client = injected is None
-        self._client: httpx.Client = injected or httpx.Client(follow_redirects=False, trust_env=False)
+        self._client: httpx.Client = injected or http_client("engine", ctx.http_retries)
         self._lock = threading.Lock()
         self._up: float | None = None
         self._kind: str = cfg.kind if cfg.kind != "auto" else "unknown"

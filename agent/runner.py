@@ -5,8 +5,10 @@ parameter); this module adds the threads. One scheduler thread; collectors run o
 :class:`Runner`), so a hang is detected by the timeout without blocking anyone else. A hung call is never
 started twice: the collector stays "failed (hung)" until that call returns. A scrape can pull due runs
 forward (:meth:`Runner.pull`). Samples are checked against the catalog before they reach the state; a
-collector that returns garbage fails, it does not break a sink. State changes are logged once (failed → ok →
-absent), never per cycle. A failure the runner decides itself (``timeout``, ``hung``) is told to the collector
+collector that returns garbage fails, it does not break a sink. A failure is logged when it starts (one error
+line) and when it ends (recovered, or no data), never per cycle: while it lasts, only a cause not yet logged in it
+adds a line (:func:`failure_cause`; a timeout is one cause, whichever deadline cut the run). A failure the runner
+decides itself (``timeout``, ``hung``) is told to the collector
 (:meth:`~agent.collectors.base.BaseCollector.run_failed`), so health it exports itself (``engine.up``) is true.
 """
 
@@ -77,6 +79,24 @@ STANDBY_GAP_RATIO = 1.5
 STANDBY_FALLBACK_GAPS = 2.5  # no scrape for this many gaps: the scheduler takes the timed runs back
 STANDBY_SAFETY_S = 60.0  # a standing-by scheduler still looks once a minute (should the loop have died)
 RUNNER_FAILURES = ("timeout", "hung")  # outcomes the runner records without the collector having raised them
+MAX_LOGGED_CAUSES = 8  # causes logged within one failure; past them, the failure's other causes are only counted
+
+
+def failure_cause(exc: BaseException) -> str:
+    """What a failure is logged under: the ``reason`` an error carries (an engine scrape's ``timeout``,
+    ``connect``, ``http_status``...), else its type. The runner's own ``timeout`` and ``hung`` are ``timeout``,
+    so a source cut sometimes by its own deadline and sometimes by the runner's is one failure, not two."""
+    reason = getattr(exc, "reason", None)
+    return reason if isinstance(reason, str) and reason else type(exc).__name__
+
+
+@dataclass
+class _Failure:
+    """A collector's failure in progress: since when, how many failed runs, which causes were logged."""
+
+    since: float
+    runs: int = 0
+    causes: set[str] = field(default_factory=set)
 
 
 @dataclass(eq=False)
@@ -158,6 +178,7 @@ class Runner:
         self._standby = False
         self._fallback: asyncio.TimerHandle | None = None  # that timer; touched on the loop's thread only
         self._waiters: list[tuple[list[tuple[_Slot, int]], Callable[[], None]]] = []  # pull_async's scrapes
+        self._failures: dict[str, _Failure] = {}  # collectors failing now, by name (logged once per cause)
         for c in self.collectors:
             plan = (schedules or {}).get(c.name) or schedule(c.name, settings)
             interval, timeout, lane = plan.interval_s, plan.timeout_s, plan.lane
@@ -387,8 +408,8 @@ class Runner:
                 # The scheduler is not woken: at worst it wakes at this call's deadline and finds nothing to do.
 
     @staticmethod
-    def _call(slot: _Slot) -> tuple[tuple[Collection | None, str, str | None, str | None], float | None]:
-        """Run one collection: ((collection, outcome, message, hint), seconds before the next call if absent).
+    def _call(slot: _Slot) -> tuple[tuple[Collection | None, str, str | None, str | None, str | None], float | None]:
+        """Run one collection: ((collection, outcome, message, hint, cause), seconds before the next call if absent).
 
         The delay is the schedule's, as the registry declares it: inf for an absence only configuration can
         end (nothing configured to watch: the status keeps the hint), ``absent_retry_s`` for one that
@@ -399,19 +420,20 @@ class Runner:
         """
         collector = slot.collector
         try:
-            return (run_collection(collector), "ok", None, None), None
+            return (run_collection(collector), "ok", None, None, None), None
         except NoDataError as exc:
             message = redact_text(str(exc.args[0] if exc.args else exc))
             try:
                 absent = validate(Collection(samples=list(exc.samples))) if exc.samples else Collection()
             except CatalogError as bad:
-                return (None, "bad_sample", redact_text(str(bad)), None), None
+                return (None, "bad_sample", redact_text(str(bad)), None, "bad_sample"), None
             hint = redact_text(exc.hint)
-            return (absent, "absent", message, hint), math.inf if slot.absence_final else slot.absent_retry_s
+            return (absent, "absent", message, hint, None), math.inf if slot.absence_final else slot.absent_retry_s
         except CatalogError as exc:
-            return (None, "bad_sample", redact_text(str(exc)), None), None
+            return (None, "bad_sample", redact_text(str(exc)), None, "bad_sample"), None
         except Exception as exc:
-            return (None, "exception", redact_text(f"{type(exc).__name__}: {exc}"), None), None
+            message = redact_text(f"{type(exc).__name__}: {exc}")
+            return (None, "exception", message, None, failure_cause(exc)), None
 
     def _finish(
         self,
@@ -421,10 +443,13 @@ class Runner:
         outcome: str,
         message: str | None = None,
         hint: str | None = None,
+        cause: str | None = None,
     ) -> None:
+        """Under the lock: record one run's outcome; ``cause`` (a failure's, :func:`failure_cause`) is what it is
+        logged under (the runner's own ``timeout`` and ``hung``: ``timeout``)."""
         prev = self.state.health_of(collector.name)
         health = next_health(prev, outcome, self._clock() - started, time.time(), message, hint)
-        self._log_transition(prev, health, message, hint)
+        self._log_outcome(prev, health, message, hint, cause or ("timeout" if outcome in RUNNER_FAILURES else outcome))
         self.state.record(collector.name, health, collection)
         if outcome in RUNNER_FAILURES:  # the collector did not raise this one; health it exports must say so too
             hook = getattr(collector, "run_failed", None)  # BaseCollector's; a bare processor may not have it
@@ -434,14 +459,31 @@ class Runner:
                 except Exception:  # a collector's bug must not stop the scheduler
                     log.debug("collector %s: run_failed(%s) failed", collector.name, outcome, exc_info=True)
 
-    @staticmethod
-    def _log_transition(prev: CollectorHealth, new: CollectorHealth, message: str | None, hint: str | None) -> None:
-        changed = prev.state != new.state or (new.state == "failed" and prev.error_reason != new.error_reason)
-        if not changed:
-            return
+    def _log_outcome(
+        self, prev: CollectorHealth, new: CollectorHealth, message: str | None, hint: str | None, cause: str
+    ) -> None:
+        """Under the lock: one error line when a failure starts, one line when it ends (recovered, or no data);
+        in between, a line only for a cause not yet logged in this failure (a flapping cause logs nothing)."""
+        failure = self._failures.get(new.name)
         if new.state == "failed":
-            log.error("collector %s failing (%s): %s", new.name, new.error_reason, message)
-        elif new.state == "absent":
+            if failure is None:
+                failure = self._failures[new.name] = _Failure(self._clock())
+                log.error("collector %s failing (%s): %s", new.name, cause, message)
+            elif cause not in failure.causes and len(failure.causes) < MAX_LOGGED_CAUSES:
+                log.error("collector %s still failing, now also (%s): %s", new.name, cause, message)
+            failure.causes.add(cause)
+            failure.runs += 1
+            return
+        if failure is not None:
+            del self._failures[new.name]
+            lasted = f"after {failure.runs} failed runs in {self._clock() - failure.since:.0f}s"
+            causes = ", ".join(sorted(failure.causes))
+            if new.state == "absent":
+                note = f" (hint: {hint})" if hint else ""
+                log.warning("collector %s: no data %s (%s): %s%s", new.name, lasted, causes, message, note)
+            else:
+                log.info("collector %s recovered %s (%s)", new.name, lasted, causes)
+        elif new.state == "absent" and prev.state != "absent":
             log.warning("collector %s: no data: %s%s", new.name, message, f" (hint: {hint})" if hint else "")
-        elif prev.state in ("failed", "absent"):
+        elif new.state == "ok" and prev.state == "absent":
             log.info("collector %s recovered", new.name)

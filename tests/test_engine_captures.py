@@ -210,3 +210,36 @@ def test_the_collector_exports_triton_means_per_request_over_the_window() -> Non
     assert means[("e2e", "1m")] == pytest.approx(1.0) and means[("e2e", "5m")] == pytest.approx(1.0)
     assert means[("queue", "1m")] == pytest.approx(0.1)
     assert means[("inference", "1m")] == 0.0  # its counter did not move while 3 requests succeeded
+
+
+def test_the_status_page_shows_the_recognised_release() -> None:
+    """The engine collector's collection of a real capture, put in the agent state, on the status page."""
+    from agent.api.statushtml import render_page
+    from agent.api.statuspage import PageHistory, build_overview
+    from agent.collectors.engine import EngineCollector
+    from agent.config import Settings
+    from agent.state import AgentState, CollectorHealth
+    from agent.wiring import collect_context
+    from tests import engine_server as es
+
+    name = "vllm-0.10.0-prodstack-617.prom"
+    want = expected(name)
+    with es.EngineServer({"/metrics": es.body((ENGINES / name).read_text())}) as srv:
+        settings = Settings(engine={"metrics_url": srv.url("/metrics"), "timeout_s": 30})
+        c = EngineCollector(collect_context(settings))
+        try:
+            collection = c.collect()
+        finally:
+            c.close()
+    state = AgentState()
+    state.record("engine", CollectorHealth("engine", 1.0, 1.0, runs=1, state="ok"), collection)
+    ov = build_overview(state, PageHistory())
+    assert ov["engine_schema"] == {
+        "engine": "vllm",
+        "release_range": want["release_range"],
+        "schema": want["schema"],
+        "quantities_recognised": len(want["mapped"]) + len(want["derived"]),  # type: ignore[arg-type]
+        "unmapped_families": 0,  # the two _created gauges are counters' timestamps, the rest is read
+    }
+    page = render_page(ov)
+    assert "vllm: v1 0.9 - 0.10 (kv_cache_usage_perc) (schema vllm-v1-kv); 2 quantities mapped or derived" in page

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.errors import ReadLimitError
+from agent.errors import SourceFormatError
 from agent.host.procfs import DEFAULT_READ_LIMITS, ReadLimits
 
 
@@ -58,18 +58,19 @@ def cpu_capability(procfs: Path, limits: ReadLimits = DEFAULT_READ_LIMITS) -> di
     """The SIMD features an inference runtime cares about, from ``/proc/cpuinfo`` (empty if unreadable)."""
     wanted = ("avx", "avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "f16c", "fma")
     wanted_arm = ("asimd", "sve", "sve2", "bf16", "i8mm", "asimddp")
-    try:
-        text = limits.text(procfs / "cpuinfo", "cpuinfo", cpuinfo=True)
-    except (OSError, ReadLimitError):
-        return {}
     flags: set[str] = set()
     model = ""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key in ("flags", "Features") and not flags:
-            flags = set(value.split())
-        elif key == "model name" and not model:
-            model = value.strip()
+    try:  # a line at a time, to the first block's flags and model name: never the whole file in memory
+        for line in limits.lines(procfs / "cpuinfo", "cpuinfo", cpuinfo=True):
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("flags", "Features") and not flags:
+                flags = set(value.split())
+            elif key == "model name" and not model:
+                model = value.strip()
+            if flags and (model or key == "Features"):
+                break
+    except (OSError, SourceFormatError):
+        return {}
     present = sorted(f for f in (*wanted, *wanted_arm) if f in flags)
     return {"model": model, "features": present, "cpus": os.cpu_count()}

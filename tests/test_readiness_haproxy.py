@@ -68,6 +68,19 @@ def haproxy_config(front: int, sock: Path, servers: list[tuple[str, int, int]]) 
     return "\n".join(lines) + "\n"
 
 
+def test_the_shipped_example_is_valid_and_checks_as_this_test_does() -> None:
+    """deploy/haproxy/haproxy.cfg: accepted by HAProxy, with this test's check (path, expectation, timing)."""
+    example = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
+    text = example.read_text()
+    r = subprocess.run([haproxy_binary(), "-c", "-f", str(example)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ours = haproxy_config(8080, Path("/run/haproxy/admin.sock"), [])
+    for line in ours.splitlines():
+        if "http-check" in line or "option httpchk" in line:
+            assert line.strip().replace("Host agent", "Host inferwatch-agent") in text, line
+    assert text.count(f"inter {int(CHECK_INTER_S * 1000 // 1000)}s fall 1 rise 2") == 2
+
+
 def stat(sock: Path) -> dict[str, dict[str, str]]:
     """``show stat`` over the runtime API: each server's row by name (status, stot = sessions sent to it)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

@@ -25,6 +25,7 @@ from agent.collectors.engine import TOKEN_TIME
 from agent.engine.adapters import ADAPTERS, FEATURE_QUANTITIES
 from agent.engine.fetch import EngineScrapeError
 from agent.engine.inspect import INSPECT_QUANTITIES
+from agent.httpclient import http_client
 from agent.redact import redact_text, redact_url
 from agent.samples import Collection, Finding
 
@@ -130,7 +131,7 @@ def _quantities_finding(kind: str, read: set[str]) -> Finding:
 
 
 def _load(base_url: str, stop: threading.Event) -> None:
-    with httpx.Client() as c:
+    with http_client("doctor", trust_env=True) as c:
         while not stop.is_set():
             try:
                 c.post(f"{base_url}/completion", json={"prompt": "doctor", "n_predict": 32}, timeout=10)

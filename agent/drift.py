@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 
 from agent.errors import ConfigError, InferwatchError
+from agent.httpclient import http_client
 from agent.redact import redact_url
 
 APIS = ("openai", "anthropic")
@@ -243,7 +244,7 @@ def run_prompts(
     if max_tokens < 1 or top_logprobs < 0 or top_logprobs > 20:
         raise ConfigError("max_tokens must be >= 1 and top_logprobs between 0 and 20")
     own = client is None
-    c = client or httpx.Client(timeout=timeout_s)
+    c = client or http_client("drift", timeout=timeout_s, trust_env=True)
     try:
         if model is None:
             if ep.api == "anthropic":

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import typer
 
 from agent.config import DEFAULT_ENGINE_MAX_BYTES, ENGINE_KIND_CHOICES
@@ -18,6 +17,7 @@ from agent.engine.fetch import fetch, read_file
 from agent.engine.inspect import INSPECT_QUANTITIES, inspect
 from agent.engine.scrape import EngineParser
 from agent.errors import CollectorError
+from agent.httpclient import http_client
 from agent.redact import redact_text
 
 DEFAULT_INSPECT_TIMEOUT_S = 5.0
@@ -73,7 +73,7 @@ def register(app: typer.Typer) -> None:
 
 def _load(parser: EngineParser, url: str | None, path: Path | None, timeout_s: float) -> EngineReading:
     if url is not None:
-        with httpx.Client(trust_env=False) as client:
+        with http_client("engine") as client:
             return parser.parse(fetch(client, url, timeout_s, DEFAULT_ENGINE_MAX_BYTES))
     assert path is not None
     return parser.parse(read_file(path, DEFAULT_ENGINE_MAX_BYTES))

@@ -92,9 +92,10 @@ class Forwarder:
 
     def _sender(self) -> tuple[Callable[[bytes], None], Callable[[], None]]:
         if self.kind == "http":
-            import httpx
+            from agent.httpclient import http_client
 
-            client = httpx.Client(timeout=self.timeout_s)
+            # a POST is never sent twice; idle connections are let go first by the client (KEEPALIVE_EXPIRY_S)
+            client = http_client("receiver_forward", timeout=self.timeout_s, trust_env=True)
             headers = {"Content-Type": "application/x-protobuf"}
 
             def send_http(payload: bytes) -> None:

@@ -58,10 +58,12 @@ def rows(corpus: Path) -> list[tuple[str, str, str, str, dict[str, str]]]:
 def _names(sources: tuple[Source, ...]) -> str:
     seen: list[str] = []
     for s in sources:
-        label = s.name + "".join(f"{{{k}={v}}}" for k, v in s.match)
+        label = f"`{s.name}" + "".join(f"{{{k}={v}}}" for k, v in s.match) + "`"
+        if s.scale != 1.0:
+            label += f" ×{s.scale:g}"  # to the canonical unit: seconds, ratio
         if label not in seen:
             seen.append(label)
-    return ", ".join(f"`{n}`" for n in seen)
+    return ", ".join(seen)
 
 
 def render(corpus: Path = DEFAULT_CORPUS) -> str:
@@ -71,16 +73,23 @@ def render(corpus: Path = DEFAULT_CORPUS) -> str:
         cells = " | ".join(MARK[coverage[q]] for q in COVERAGE)
         lines.append(f"| {kind} | {release} | `{name}` | {capture} | {cells} |")
     lines += ["", "Families each quantity is read from, first present wins (derived: seconds / count counters):", ""]
-    lines += ["| engine | quantity | families, in the order tried |", "|---|---|---|"]
+    lines += ["| engine | quantity | kind | families, in the order tried (×: factor to seconds or ratio) |"]
+    lines += ["|---|---|---|---|"]
     for kind, adapter in ADAPTERS.items():
-        groups = {**adapter.histograms, **adapter.gauges, **adapter.counters}
         for quantity in COVERAGE:
-            if quantity in groups:
-                lines.append(f"| {kind} | {quantity} | {_names(groups[quantity])} |")
-            elif quantity in DERIVED_MEANS and all(k in adapter.counters for k in DERIVED_MEANS[quantity]):
+            for group, sources in (
+                ("histogram", adapter.histograms),
+                ("gauge", adapter.gauges),
+                ("counter", adapter.counters),
+            ):
+                if quantity in sources:
+                    lines.append(f"| {kind} | {quantity} | {group} | {_names(sources[quantity])} |")
+                    break
+            # the mean a release without the histogram allows (Triton beside trtllm-serve in one adapter)
+            if quantity in DERIVED_MEANS and all(k in adapter.counters for k in DERIVED_MEANS[quantity]):
                 secs, count = DERIVED_MEANS[quantity]
                 pair = f"{_names(adapter.counters[secs])} / {_names(adapter.counters[count])}"
-                lines.append(f"| {kind} | {quantity} (mean only) | {pair} |")
+                lines.append(f"| {kind} | {quantity} | mean only | {pair} |")
     lines += ["", END]
     return "\n".join(lines)
 

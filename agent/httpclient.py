@@ -1,13 +1,14 @@
-"""The HTTP client the agent reads its sources with (engine /metrics, the probe, the runtime profile): one factory.
+"""The HTTP clients the agent reads its sources with (engine /metrics, the probe, the runtime profile): one factory.
 
 A server closes a keep-alive connection once it has been idle for its own timeout (uvicorn, and so vLLM, SGLang
 and trtllm-serve: 5 s; llama.cpp's server and Node: 5 s; gunicorn: 2 s). A client that keeps idle connections
 as long, or longer, and asks at about that interval sometimes sends its request on a connection the server is
 closing at that moment: the request fails with no answer (httpx ``RemoteProtocolError`` "Server disconnected
 without sending a response", ``ReadError`` "Connection reset by peer", ``WriteError`` "Broken pipe") on a
-healthy server — at the agent's 5 s interval against uvicorn, about one collection in 70 with httpx's
-default 5 s expiry. httpcore's pool already drops an idle connection whose socket it finds closed when it
-hands it out; the race is a close that crosses the request in flight. Two settings close it:
+healthy server: at the agent's 5 s interval against uvicorn with httpx's default 5 s expiry, about one
+collection in 200 (docs/benchmarks.md, "Keep-alive race"). httpcore's pool already drops an idle connection
+whose socket it finds closed when it hands it out; the race is a close that crosses the request in flight.
+Two settings close it:
 
 - :data:`KEEPALIVE_EXPIRY_S`: idle connections are dropped by the client first, below every common server
   keep-alive (at the default 5 s interval the engine's connection is never reused across collections);

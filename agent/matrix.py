@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, replace
 import httpx
 
 from agent.errors import InferwatchError
+from agent.httpclient import http_client
 from agent.prices import PRICE_RECORD, PriceTable
 from agent.redact import redact_url
 
@@ -187,7 +188,7 @@ class PrometheusClient:
     def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, client: httpx.Client | None = None) -> None:
         self.url = url.rstrip("/")
         self.shown = redact_url(self.url)  # what messages say: never the URL's credentials
-        self._client = client or httpx.Client(timeout=timeout_s)
+        self._client = client or http_client("prometheus", timeout=timeout_s, trust_env=True)
 
     def query(self, expr: str) -> list[dict[str, object]]:
         try:

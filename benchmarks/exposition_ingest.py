@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from agent.engine.adapters import VLLM, KeyCache, read  # noqa: E402
-from agent.engine.exposition import Exposition  # noqa: E402
+from agent.engine.exposition import Exposition, Series  # noqa: E402
 from agent.engine.limits import EngineLimits  # noqa: E402
 from tests.engine_expo import big_exposition  # noqa: E402
 
@@ -76,12 +76,12 @@ def cold_ingest(text: str) -> tuple[object, object]:
 
 
 def baseline_samples(text: str, wanted: frozenset[str]) -> Exposition:
-    samples: dict[str, list] = {}
+    samples: dict[str, Series] = {}
     matched = 0
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name in wanted:
-                samples.setdefault(s.name, []).append((tuple(s.labels.items()), s.value))
+                samples.setdefault(s.name, Series()).append(tuple(s.labels.items()), s.value)
                 matched += 1
     return Exposition(samples, 0, matched)
 

@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.engine.adapters import EngineReading
 from agent.engine.fetch import EngineScrapeError
 from agent.engine.histogram import sum_histograms
+from agent.engine.limits import EngineLimits
 from agent.engine.scrape import EngineParser
 from tests.conftest import FIXTURES
 
@@ -252,10 +253,19 @@ def test_unknown_engine_with_valid_text_names_the_prefixes_seen() -> None:
     ],
 )
 def test_scrape_rules_reject_with_a_named_reason(text: str, reason: str) -> None:
-    with pytest.raises(EngineScrapeError) as err:
-        EngineParser().parse(text.encode())
+    with pytest.raises(EngineScrapeError) as err:  # strict: the verdict on the line
+        EngineParser(limits=EngineLimits(max_bad_lines=0)).parse(text.encode())
     assert err.value.reason == reason, str(err.value)
     assert "line " in str(err.value) or reason == "parse"
+    # tolerant (the default): the line is dropped and counted; when nothing the adapter reads is left, the scrape
+    # fails with the same reason
+    parser = EngineParser()
+    try:
+        parser.parse(text.encode())
+    except EngineScrapeError as exc:  # nothing left; or an le no number in a family without TYPE (the mapping's)
+        assert exc.reason == reason
+    else:
+        assert parser.dropped_lines()[reason] == 1 and parser.problems[0][0] == reason
 
 
 def test_valid_corners_the_old_reader_refused_or_dropped() -> None:

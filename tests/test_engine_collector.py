@@ -122,10 +122,7 @@ BAD = {
         ),
         "parse",
     ),
-    "duplicate": (
-        es.body('vllm:num_requests_running{model_name="m"} 5\nvllm:num_requests_running{model_name="m"} -7\n'),
-        "duplicate_series",
-    ),
+    # a duplicate series: its second line is dropped and counted, the rest read (tests/test_engine_bad_lines.py)
     "type-conflict": (
         es.body("# TYPE vllm:num_requests_running gauge\n# TYPE vllm:num_requests_running counter\n"),
         "type_conflict",
@@ -297,6 +294,9 @@ class _SlowParse:
         self.slow = threading.Event()
         self.release = threading.Event()
         self.waiting = threading.Event()
+
+    def dropped_lines(self) -> dict[str, int]:
+        return self.parser.dropped_lines()  # type: ignore[attr-defined,no-any-return]
 
     def stream(self) -> object:
         inner = self.parser.stream()  # type: ignore[attr-defined]

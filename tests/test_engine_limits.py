@@ -131,8 +131,12 @@ def test_samples_of_dropped_models_are_checked_not_cached() -> None:
     assert sorted(reading.models) == ["m0000", "m0001", "m0002", "m0003"] and reading.models_dropped == 29_996
     reader = parser._readers["vllm"]
     assert len(reader._heads) == 4 and len(reader._labels) == 4 and len(reader._canon) == 4
-    with pytest.raises(EngineScrapeError) as err:  # a dropped model's lines are still checked
-        parser.parse((gauges(30_000) + 'vllm:num_requests_running{model_name="x"} one\n').encode())
+    # a dropped model's lines are still checked: a bad one is dropped and counted (strict: the scrape fails)
+    parser.parse((gauges(30_000) + 'vllm:num_requests_running{model_name="x"} one\n').encode())
+    assert parser.dropped_lines()["parse"] == 1 and "line 30002" in parser.problems[0][1]
+    strict = EngineParser("auto", "unknown", EngineLimits(max_models=4, max_bad_lines=0))
+    with pytest.raises(EngineScrapeError) as err:
+        strict.parse((gauges(30_000) + 'vllm:num_requests_running{model_name="x"} one\n').encode())
     assert err.value.reason == "parse" and "line 30002" in str(err.value)
 
 

@@ -81,12 +81,19 @@ def test_multibyte_characters_cut_by_a_chunk_and_a_late_engine_family() -> None:
 @pytest.mark.parametrize("size", [1, 5, 1 << 16])
 @pytest.mark.usefixtures("hold")
 def test_errors_are_the_same_in_chunks(body: bytes, reason: str, where: str, size: int) -> None:
+    strict = EngineLimits(max_bad_lines=0)
     with pytest.raises(EngineScrapeError) as whole:
-        EngineParser().parse(body)
+        EngineParser(limits=strict).parse(body)
     with pytest.raises(EngineScrapeError) as err:
-        streamed(body, size)
+        streamed(body, size, EngineParser(limits=strict))
     assert err.value.reason == whole.value.reason == reason
     assert where in str(err.value), str(err.value)
+    # tolerant (the default): a bad line is dropped with the same words, whole or in chunks
+    if reason in ("parse", "duplicate_series"):
+        whole_parser, chunked = EngineParser(), EngineParser()
+        assert streamed(body, size, chunked) == whole_parser.parse(body)
+        assert chunked.problems == whole_parser.problems and chunked.problems[0][0] == reason
+        assert where in chunked.problems[0][1]
 
 
 def test_a_limit_stops_the_read_at_the_line_that_breaks_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -387,6 +387,15 @@ METRICS = (
         ("limit",),
     ),
     MetricSpec(
+        "inferwatch.engine.series.dropped",
+        Kind.COUNTER,
+        "{line}",
+        "Lines of the engine's /metrics dropped with a problem of their own, the rest of the scrape kept (reason: "
+        "parse, duplicate_series, type_conflict, negative_value, openmetrics; agent/engine/exposition.py). Past "
+        "1,000 in one scrape, or when nothing else is left, the scrape fails with that reason instead.",
+        ("reason",),
+    ),
+    MetricSpec(
         "inferwatch.engine.latency.mean",
         Kind.GAUGE,
         "s",

@@ -617,6 +617,8 @@ class EngineCollector(BaseCollector):
                 Sample("inferwatch.engine.scrape.errors", n, attrs(reason=reason)) for reason, n in self._errors.items()
             )
             out.extend(Sample("inferwatch.engine.limit_hits", n, attrs(limit=k)) for k, n in self._limit_hits.items())
+            dropped_lines = self.parser.dropped_lines()  # bad lines dropped, the rest of their scrape kept
+            out.extend(Sample("inferwatch.engine.series.dropped", n, attrs(reason=k)) for k, n in dropped_lines.items())
             if self._models_dropped is not None:
                 out.append(Sample("inferwatch.engine.models.dropped", self._models_dropped, attrs()))
             return out

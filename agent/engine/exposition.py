@@ -4,12 +4,20 @@ Conformance: the text format as prometheus/common's ``expfmt`` text parser reads
 UTF-8 names: ``{"a.b",label="x"} 1``, ``# TYPE "a.b" counter``), and OpenMetrics 1.0 as
 client_python's OpenMetrics parser reads it when the body ends with ``# EOF``. The cases, their
 sources and expected outcomes are in ``tests/fixtures/expfmt/`` (see its SOURCE.md). Every line is
-checked, not only the wanted ones: a malformed line anywhere rejects the exposition, as Prometheus
-rejects the scrape. Rejections are :class:`ExpositionError` with a 1-based line number and a
+checked, not only the wanted ones. Problems are :class:`ExpositionError` with a 1-based line number and a
 ``reason`` (:data:`REASONS`): ``parse`` (syntax), ``duplicate_series`` (one series twice),
 ``type_conflict`` (a second TYPE or HELP line, or TYPE after the family's samples),
 ``negative_value`` (a counter, a histogram bucket or count, a summary count going below zero),
 ``openmetrics`` (an OpenMetrics rule on families: grouping, ``_total``, buckets, units, ``# EOF``).
+
+Strict or tolerant. Without ``limits`` (the conformance tests, ``scrape_rules=False``) a problem anywhere
+rejects the exposition, as Prometheus rejects the scrape. With ``limits`` (the engine collector, ``engine
+inspect``) one bad line costs that line, not the scrape: a line with a problem of :data:`DROPPABLE` reasons is
+dropped and counted (``Exposition.dropped``, and :attr:`ExpositionReader.dropped` for the reader's life:
+``inferwatch.engine.series.dropped{reason}``), the first few problems are kept as the strict check words them
+(``Exposition.problems``), every other line is read, and an OpenMetrics family rule broken is reported the same
+way with the family's samples kept. Past ``limits.max_bad_lines`` dropped lines, or on a problem that is no
+line's alone (a label limit, a body cut short: no newline or no ``# EOF`` at the end), the read fails as before.
 
 Hot path of the engine collector: a node serving many models or LoRA adapters exposes tens of
 thousands of series per scrape, and the adapter needs a few families. So the reader keeps a cache
@@ -28,6 +36,7 @@ the series read) is dropped, and the next read begins by handing the freed memor
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 import platform
 import re
@@ -40,6 +49,7 @@ from agent.engine.limits import EngineLimits, label_limit_error
 from agent.errors import SourceFormatError
 
 Labels = tuple[tuple[str, str], ...]
+log = logging.getLogger(__name__)
 
 
 class Series:
@@ -89,6 +99,10 @@ REASONS = (
     "label_value_length_limit",  # with limits: a label value over EngineLimits.max_label_value_bytes
     "label_bytes_limit",  # with limits: one series' labels over EngineLimits.max_label_bytes
 )
+# What a tolerant read (limits given) drops with the line, instead of failing: a line's own problems. The label
+# limits are not among them (Prometheus' label_limit rejects the scrape, and they bound what a read holds).
+DROPPABLE = ("parse", "duplicate_series", "type_conflict", "negative_value", "openmetrics")
+PROBLEMS_KEPT = 5  # problems of a read worded with their line number (finding it costs a pass over the lines)
 MAX_LABEL_CACHE_ENTRIES = 200_000  # a bound on memory when series churn (each entry ~ one series)
 # After a read, caches holding more than this many times the series read (plus the slack) are dropped.
 STALE_CACHE_FACTOR = 2
@@ -148,11 +162,14 @@ class ExpositionError(SourceFormatError):
     ``reason`` is one of :data:`REASONS`, so the collector can count rejections by cause.
     """
 
-    def __init__(self, message: str, lineno: int, last: bool = False, reason: str = "parse") -> None:
+    def __init__(
+        self, message: str, lineno: int, last: bool = False, reason: str = "parse", line: str | None = None
+    ) -> None:
         super().__init__(message)
         self.lineno = lineno
         self.last = last
         self.reason = reason
+        self.line = line  # the line object itself, when a reader raised it (a tolerant read drops it)
 
 
 class _LineError(ValueError):
@@ -175,6 +192,9 @@ class Exposition:
     # which of its reader's caches the label tuples come from: it changes when the reader drops its caches
     # (so memos keyed by those tuples, as adapters.KeyCache, know theirs are stale)
     generation: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)  # reason → lines dropped by a tolerant read
+    # the first PROBLEMS_KEPT of them: (reason, the strict read's words for it)
+    problems: list[tuple[str, str]] = field(default_factory=list)
 
     def get(self, name: str) -> Series:
         got = self.samples.get(name)
@@ -467,6 +487,8 @@ class ReadPass:
     """The state of one read while its lines arrive (all of them at once, or chunk by chunk)."""
 
     __slots__ = (
+        "bad",
+        "bad_ids",
         "dropped",
         "helps",
         "kept",
@@ -476,6 +498,7 @@ class ReadPass:
         "nonneg",
         "om",
         "out",
+        "problems",
         "sampled",
         "seen",
         "seen_by_name",
@@ -503,6 +526,9 @@ class ReadPass:
         self.dropped: set[int] = set()  # hashes of the models past max_models
         self.om = om
         self.last_lineno = -1  # the number of the body's last line, when known (whole-text reads)
+        self.bad: dict[str, int] = {}  # reason → lines a tolerant read dropped
+        self.bad_ids: set[int] = set()  # id() of each line dropped (an OpenMetrics body's family check skips them)
+        self.problems: list[tuple[str, str]] = []  # the first PROBLEMS_KEPT: (reason, words with the line number)
 
     def series(self) -> int:
         """Series read so far (those checked for duplicates)."""
@@ -545,6 +571,9 @@ class ExpositionReader:
         self.limits = limits  # label limits, checked once per distinct label set (never on a cached head)
         self.model_labels = model_labels
         self.max_models: float = limits.max_models if limits is not None else math.inf
+        self.max_bad_lines = limits.max_bad_lines if limits is not None else 0  # 0: strict (see the module doc)
+        self.dropped: dict[str, int] = dict.fromkeys(DROPPABLE, 0)  # lines dropped, by reason, over the reader's life
+        self._dropping = False  # the last read dropped lines (logged once when that starts and once when it ends)
         self._short_labels = min(limits.max_label_value_bytes, limits.max_label_bytes) if limits is not None else 0
         # "name{labels}" → (name, labels, series id, wanted, bad bound, model); series id: the label set's
         # canonical id (a series is the name, one object per reader, and that id: ReadPass.seen_by_name);
@@ -579,7 +608,20 @@ class ExpositionReader:
             p = self.begin(om=True)
             p.last_lineno = len(lines)
             self.feed(p, lines)
-            check_openmetrics(lines, expo_line_parser=parse_line)
+            if self.max_bad_lines and (lines[-1] if lines[-1] else lines[-2:][0]) != "# EOF":
+                n = len(lines)  # a body cut short is no exposition (the family check below may stop before it)
+                raise ExpositionError(f"line {n}: no '# EOF' at the end of an OpenMetrics body", n, True)
+            while True:  # a tolerant read: the lines dropped are skipped, a line or family rule broken is reported
+                try:
+                    check_openmetrics(lines, expo_line_parser=parse_line, skip=p.bad_ids)
+                    break
+                except ExpositionError as exc:
+                    cut = exc.last and exc.reason == "parse"  # a body cut short (no # EOF) is no exposition
+                    if not self.max_bad_lines or cut or (exc.line is None and exc.reason != "openmetrics"):
+                        raise
+                    self._drop(p, exc)
+                    if exc.reason == "openmetrics":  # a family rule: its samples were read, the rule is reported
+                        break
             return self.end(p)
         if lines[-1].strip(_BLANK):
             n = len(lines)
@@ -615,7 +657,18 @@ class ExpositionReader:
         if self._cached() > STALE_CACHE_FACTOR * p.series() + STALE_CACHE_SLACK:
             self.clear()  # most of the cache is gone (a burst of series ended): give the memory back
         self._ended(p.lines)
-        return Exposition(p.out, p.lines, sum(map(len, p.out.values())), p.types, len(p.dropped), generation)
+        if bool(p.bad) != self._dropping:  # logged once when it starts, once when it ends
+            self._dropping = bool(p.bad)
+            if p.bad:
+                counts = ", ".join(f"{n} {reason}" for reason, n in sorted(p.bad.items()))
+                log.warning(
+                    "engine exposition: bad lines dropped, the rest read (%s); first: %s", counts, p.problems[0][1]
+                )
+            else:
+                log.info("engine exposition: no bad line any more")
+        return Exposition(
+            p.out, p.lines, sum(map(len, p.out.values())), p.types, len(p.dropped), generation, p.bad, p.problems
+        )
 
     def abandon(self, p: ReadPass) -> None:
         """A read that failed: give back what it cached if most of the cache is its own (as :meth:`end`)."""
@@ -644,8 +697,42 @@ class ExpositionReader:
         """Read complete lines (no ``\\n``) of the body read by ``p``, in order; raise ExpositionError.
 
         ``lines`` are distinct objects (as ``str.split`` makes them): a line's identity finds its number
-        for an error.
+        for an error. A tolerant reader (``limits.max_bad_lines``) drops a line with a problem of
+        :data:`DROPPABLE` reasons, counts it and reads on from the next line.
         """
+        if not self.max_bad_lines:
+            self._feed(p, lines, iter(lines))
+            return
+        rest = iter(lines)  # a failed pass has consumed the bad line: the next one reads on from there
+        while True:
+            try:
+                self._feed(p, lines, rest)
+                return
+            except ExpositionError as exc:
+                if exc.reason not in DROPPABLE or exc.line is None:
+                    raise
+                self._drop(p, exc)
+
+    def _drop(self, p: ReadPass, exc: ExpositionError) -> None:
+        """Count the line ``exc`` names as dropped (or raise ``exc``: past max_bad_lines)."""
+        dropped = sum(p.bad.values())
+        if dropped >= self.max_bad_lines:
+            raise ExpositionError(
+                f"{exc} (and {dropped} bad lines before it: over engine limit max_bad_lines={self.max_bad_lines})",
+                exc.lineno,
+                exc.last,
+                exc.reason,
+                exc.line,
+            ) from None
+        p.bad[exc.reason] = p.bad.get(exc.reason, 0) + 1
+        self.dropped[exc.reason] = self.dropped.get(exc.reason, 0) + 1
+        if len(p.problems) < PROBLEMS_KEPT:
+            p.problems.append((exc.reason, str(exc)))
+        if exc.line is not None:
+            p.bad_ids.add(id(exc.line))
+
+    def _feed(self, p: ReadPass, lines: list[str], rest: Iterator[str]) -> None:
+        """:meth:`feed`'s pass over ``rest`` (an iterator over ``lines``), to its end or to the first bad line."""
         om = p.om
         # The head cache holds only plain sample heads (never a comment or a blank line), so it is asked
         # first. OpenMetrics bodies are read without it (their lines are judged by parse_line).
@@ -663,7 +750,7 @@ class ExpositionReader:
         # "name{" of the last new plain head with labels, and its name: the next new heads are most often of
         # the same family (a prefix test instead of a search, a slice and a lookup)
         run, run_name, run_len = "\n", "", 1
-        for line in lines:
+        for line in rest:
             head, _, val = line.rpartition(" ")
             hit = heads.get(head)
             if hit is not None:
@@ -960,10 +1047,15 @@ class ExpositionReader:
 
     @staticmethod
     def _error(p: ReadPass, lines: list[str], line: str, why: str, reason: str = "parse") -> ExpositionError:
-        # Line numbers are only computed on the error path (never in the loop).
-        index = next((i + 1 for i, candidate in enumerate(lines) if candidate is line), 0)
-        lineno = p.lines + index
-        return ExpositionError(f"line {lineno}: {why}: {line[:120]!r}", lineno, lineno == p.last_lineno, reason)
+        # Line numbers are only computed on the error path (never in the loop), and only for the problems worded
+        # (a tolerant read past PROBLEMS_KEPT of them counts the rest: no pass over the lines for each)
+        if len(p.problems) < PROBLEMS_KEPT:
+            index = next((i + 1 for i, candidate in enumerate(lines) if candidate is line), 0)
+            lineno = p.lines + index
+            message = f"line {lineno}: {why}: {line[:120]!r}"
+        else:
+            lineno, message = 0, f"{why}: {line[:120]!r}"
+        return ExpositionError(message, lineno, lineno == p.last_lineno, reason, line)
 
 
 def _sorted(labels: Labels) -> Labels:

@@ -7,6 +7,11 @@ the scrape, reason ``sample_limit``, counted before any line is parsed, while th
 ``max_models`` is a cap like the span path's: the first models are kept, the rest dropped and
 counted (``inferwatch.engine.models.dropped``); it never fails the scrape. Every hit is counted in
 ``inferwatch.engine.limit_hits{limit}``. Sizes are UTF-8 bytes.
+
+``max_bad_lines``: a line that breaks the format (a syntax error, a duplicate series, a second TYPE line,
+a negative counter) is dropped and counted in ``inferwatch.engine.series.dropped{reason}``, the rest of the
+scrape kept (agent/engine/exposition.py); past this many in one scrape the scrape fails with that line's
+reason, as before: a body that is mostly garbage is not an exposition. 0 makes every bad line fail the scrape.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from agent.config import (  # the named defaults live with the settings
     EngineSettings,
 )
 
+DEFAULT_ENGINE_MAX_BAD_LINES = 1_000  # lines dropped per scrape before the scrape fails (see the module doc)
 LIMIT_REASONS = ("sample_limit", "label_value_length_limit", "label_bytes_limit")
 LIMITS = (*LIMIT_REASONS, "max_models")  # values of the ``limit`` attribute of limit_hits
 
@@ -33,6 +39,7 @@ class EngineLimits:
     max_label_value_bytes: int = DEFAULT_ENGINE_MAX_LABEL_VALUE_BYTES
     max_label_bytes: int = DEFAULT_ENGINE_MAX_LABEL_BYTES
     max_models: int = DEFAULT_ENGINE_MAX_MODELS
+    max_bad_lines: int = DEFAULT_ENGINE_MAX_BAD_LINES
 
     @classmethod
     def of(cls, cfg: EngineSettings) -> EngineLimits:

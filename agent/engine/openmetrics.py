@@ -13,7 +13,7 @@ exemplars only on buckets and counters, info and stateset values. A violation ra
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 from agent.engine.exposition import ExpositionError, Labels, _LineError, metric_name_at
@@ -58,17 +58,23 @@ class _Family:
         self.group_ts: float | None = None
 
 
-def check_openmetrics(lines: list[str], expo_line_parser: Callable[..., Any]) -> None:
-    """Raise ExpositionError for the first OpenMetrics rule ``lines`` (the body split on ``\\n``) break."""
+def check_openmetrics(lines: list[str], expo_line_parser: Callable[..., Any], skip: Container[int] = ()) -> None:
+    """Raise ExpositionError for the first OpenMetrics rule ``lines`` (the body split on ``\\n``) break.
+
+    ``skip``: the ``id()`` of lines a tolerant read dropped (they are not there). An error at a line carries it
+    (``ExpositionError.line``); one about a whole family does not.
+    """
     if lines and lines[-1] == "":
         lines = lines[:-1]
     seen_names: set[str] = set()
     fam: _Family | None = None
     eof = False
     for lineno, line in enumerate(lines, 1):
+        if skip and id(line) in skip:
+            continue
 
         def fail(why: str, reason: str = "openmetrics", lineno: int = lineno, line: str = line) -> ExpositionError:
-            return ExpositionError(f"line {lineno}: {why}: {line[:120]!r}", lineno, lineno == len(lines), reason)
+            return ExpositionError(f"line {lineno}: {why}: {line[:120]!r}", lineno, lineno == len(lines), reason, line)
 
         if eof:
             raise fail("text after # EOF")

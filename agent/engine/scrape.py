@@ -22,6 +22,7 @@ from agent.engine.adapters import (
 )
 from agent.engine.board import QUANTILES, LatencyStats
 from agent.engine.exposition import (
+    DROPPABLE,
     STALE_CACHE_FACTOR,
     STALE_CACHE_SLACK,
     Exposition,
@@ -48,6 +49,15 @@ class EngineParser:
         self.limits = limits if limits is not None else EngineLimits()
         self._readers: dict[str, ExpositionReader] = {}
         self._keys: dict[str, KeyCache] = {}
+        self.problems: list[tuple[str, str]] = []  # the last read's dropped lines: (reason, where and why), a few
+
+    def dropped_lines(self) -> dict[str, int]:
+        """Lines of the engine's expositions dropped with a problem of their own, by reason, since the start."""
+        out = dict.fromkeys(DROPPABLE, 0)
+        for reader in list(self._readers.values()):  # a status read from another thread: no dict to iterate
+            for reason, n in list(reader.dropped.items()):
+                out[reason] = out.get(reason, 0) + n
+        return out
 
     def parse(self, body: bytes) -> EngineReading:
         """Read a whole body (a file, ``engine inspect``); a body ending in ``# EOF`` is read as OpenMetrics."""
@@ -83,6 +93,9 @@ class EngineParser:
 
     def _map(self, kind: str, expo: Exposition) -> EngineReading:
         adapter = ADAPTERS[kind]
+        self.problems = expo.problems
+        if expo.matched == 0 and expo.problems:  # every line the adapter reads was dropped: the first one says why
+            raise EngineScrapeError(*expo.problems[0])
         if expo.matched == 0:
             raise EngineScrapeError("not_prometheus", f"no {kind} families this adapter reads in the response")
         keys = self._keys.get(kind)

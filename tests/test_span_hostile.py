@@ -341,3 +341,16 @@ def test_issue_case_over_http_keeps_every_models_series_on_metrics(tmp_path) -> 
         errors = {s.labels["stage"]: s.value for s in fams["inferwatch_analytics_errors"].samples}
         assert errors == {"latency": 0.0, "explain": 0.0}
     assert b"Traceback" not in (tmp_path / "agent.log").read_bytes()
+
+
+def test_records_past_the_horizon_let_go_of_their_request_ids() -> None:
+    """The soak's slope (issue 31): at a low rate the ring was overwritten only after hours, holding every request
+    id string until then; now what is older than the 5-minute horizon is let go when the next requests arrive."""
+    records = RequestRecords()
+    for step in range(40):  # 20 minutes at one request every 30 s
+        records.add([RequestTiming("m", {"ttft": 0.1, "e2e": 1.0}, request_id=f"cmpl-{step:064d}")], 30.0 * step)
+    held = sum(r is not None for r in records._request)
+    assert held == 11  # 300 s of records at one per 30 s, both ends in
+    assert records.models() == ["m"]
+    report = explain(records, "m", 300.0, 30.0 * 39)
+    assert report is not None and report["requests"] == 11

@@ -176,6 +176,7 @@ class RequestRecords:
 
     def add(self, timings: Iterable[RequestTiming], now: float) -> None:
         with self._lock:
+            self._expire(now)
             slot = math.floor(now / SUB_WINDOW_S)
             if slot != self._slot:
                 self._received_prev = self._received if slot == self._slot + 1 else 0
@@ -239,10 +240,23 @@ class RequestRecords:
         self._trace[16 * i : 16 * i + 16] = tid
         self._request[i] = t.request_id[:MAX_REQUEST_ID_CHARS] if t.request_id else None
 
+    def _expire(self, now: float) -> None:
+        """Let go of the records older than :data:`HORIZON_S` (their request id strings): at a low request rate the
+        ring would otherwise be overwritten only after hours, its memory growing until then."""
+        n, cap, t, requests = self._size, self.capacity, self._f["t"], self._request
+        start, cut = (self._next - n) % cap, now - HORIZON_S
+        while n and t[start] < cut:
+            requests[start] = None
+            start = start + 1 if start + 1 < cap else 0
+            n -= 1
+        self._size = n
+
     def models(self) -> list[str]:
         """The models with records kept (any age up to the horizon)."""
         with self._lock:
-            present = set(self._model[: self._size])  # the ring fills from slot 0
+            present: set[int] = set()
+            for lo, hi in self._segments(-math.inf):  # the live slots: one or two runs of the ring
+                present.update(self._model[lo:hi])
             return sorted(self._model_names[m] for m in present if m < len(self._model_names))
 
     def _segments(self, cut: float) -> list[tuple[int, int]]:

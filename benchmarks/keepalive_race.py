@@ -8,7 +8,7 @@ against it, every agent the real runner (:class:`agent.runner.Runner`) running t
 - ``old``: the client the engine collector built before issue 31 (``httpx.Client(follow_redirects=False,
   trust_env=False)``: idle connections kept 5 s, httpx's default; no retry);
 - ``retry_only``: :func:`agent.httpclient.http_client` with the old 5 s expiry (the retry alone);
-- ``new``: :func:`agent.httpclient.http_client` as the agent builds it (1.5 s expiry and the retry).
+- ``new``: :func:`agent.httpclient.http_client` as the agent builds it (``KEEPALIVE_EXPIRY_S`` and the retry).
 
 For each arm: collections, failed collections (each one a collection with ``engine_up`` 0 on a healthy engine)
 by message, requests sent again (``inferwatch_http_retries_total``), the requests the server answered and the

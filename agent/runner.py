@@ -79,7 +79,7 @@ STANDBY_GAP_RATIO = 1.5
 STANDBY_FALLBACK_GAPS = 2.5  # no scrape for this many gaps: the scheduler takes the timed runs back
 STANDBY_SAFETY_S = 60.0  # a standing-by scheduler still looks once a minute (should the loop have died)
 RUNNER_FAILURES = ("timeout", "hung")  # outcomes the runner records without the collector having raised them
-MAX_LOGGED_CAUSES = 8  # causes logged within one failure; past them, the failure's other causes are only counted
+MAX_LOGGED_CAUSES = 8  # causes logged (and kept) within one failure; past them, further causes are only counted
 
 
 def failure_cause(exc: BaseException) -> str:
@@ -469,9 +469,10 @@ class Runner:
             if failure is None:
                 failure = self._failures[new.name] = _Failure(self._clock())
                 log.error("collector %s failing (%s): %s", new.name, cause, message)
+                failure.causes.add(cause)
             elif cause not in failure.causes and len(failure.causes) < MAX_LOGGED_CAUSES:
                 log.error("collector %s still failing, now also (%s): %s", new.name, cause, message)
-            failure.causes.add(cause)
+                failure.causes.add(cause)
             failure.runs += 1
             return
         if failure is not None:

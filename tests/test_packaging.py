@@ -352,6 +352,16 @@ def test_assets_export_from_the_install(installed: Install, tmp_path: Path) -> N
         if "alert" in rule
     }
     assert len(shipped_alerts) >= 15 and shipped_alerts == alert_names()
+    # docs/deploy.md: regenerate the SLO rules from the exported spec with the installed generator
+    regenerated = tmp_path / "slo.rules.yml"
+    r = subprocess.run(
+        [installed.python, "-m", "agent.alerts.slo", "--spec", str(exported / "slo.yml"), "--out", str(regenerated)],
+        cwd=installed.cwd, env=installed.env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    no_traceback(r, "python -m agent.alerts.slo (install)")
+    assert r.returncode == 0, r.stderr
+    body = regenerated.read_text(encoding="utf-8").split("\n", 1)[1]  # line 1 names the spec it was made from
+    assert body == (exported / "rules" / "slo.rules.yml").read_text(encoding="utf-8").split("\n", 1)[1]
     listed = installed.run("assets", "list")
     assert listed.returncode == 0 and len(listed.stdout.splitlines()) == len(repository_assets()), listed.stdout
     shown = installed.run("assets", "show", "EngineDown")

@@ -25,6 +25,7 @@ import httpx
 STOP_GRACE_S = 10.0
 START_TIMEOUT_S = 60.0
 LOADGEN_CHUNK_S = 3600.0  # one loadgen run; restarted while the demo lives
+USAGE_EXIT = 2  # a child's exit status for arguments it refuses
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -192,6 +193,9 @@ class Demo:
                         self.echo(f"inferwatch demo: {child.name} exited; last log lines:\n{child.tail()}")
                         return 1
                 if not load.alive():
+                    if load.proc is not None and load.proc.returncode == USAGE_EXIT:  # restarting cannot help
+                        self.echo(f"inferwatch demo: loadgen refused its arguments; last log lines:\n{load.tail()}")
+                        return 1
                     load.start(self.cwd)
                 time.sleep(0.2)
             return 0

@@ -108,3 +108,20 @@ def test_profile_with_a_bad_output_is_one_line_and_exit_2(kind: str, tmp_path: P
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert r.stderr.startswith(f"inferwatch profile: cannot write --output {output}: "), r.stderr
     assert "Traceback" not in r.stderr and "backtrace" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--rate", "-1"], "--rate must be > 0"),
+        (["--hardware", "nope"], "unknown --hardware 'nope'"),
+        (["--protocol", "nope"], "--protocol must be one of"),
+        (["--scenario", "nope"], "unknown scenario 'nope'"),
+    ],
+)
+def test_demo_refuses_bad_values_before_it_starts_anything(args: list[str], says: str, tmp_path: Path) -> None:
+    """Else the child that refuses it writes to its own log (the load generator: once per restart)."""
+    r = _run(["demo", *args, "--duration", "1", "--log-dir", str(tmp_path / "logs")], tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith(f"inferwatch demo: {says}"), (r.stdout, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and "stopped" not in r.stdout + r.stderr
+    assert not (tmp_path / "logs").exists() or not list((tmp_path / "logs").iterdir())  # no child ran

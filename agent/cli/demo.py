@@ -30,7 +30,23 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Start the simulator, the load generator and the agent; print where to look; stop all on Ctrl-C."""
         from simulator.demo import Demo, DemoConfig
+        from simulator.profiles import PROFILES
+        from simulator.scenarios import ScenarioError, parse
 
+        # The children would each refuse a bad value in their own log (the load generator over and over, as the
+        # demo restarts it): refuse it here, in one line, before anything starts.
+        try:
+            if hardware not in PROFILES:
+                raise ValueError(f"unknown --hardware {hardware!r} (known: {', '.join(PROFILES)})")
+            if not rate > 0 or engines < 1:
+                raise ValueError("--rate must be > 0 and --engines >= 1")
+            if protocol not in ("chat", "completions", "messages"):
+                raise ValueError("--protocol must be one of chat, completions, messages")
+            for spec in scenario or ():
+                parse(spec)
+        except (ScenarioError, ValueError) as exc:
+            typer.echo(f"inferwatch demo: {exc}", err=True)
+            raise typer.Exit(2) from None
         if log_dir is not None:
             try:
                 log_dir.mkdir(parents=True, exist_ok=True)

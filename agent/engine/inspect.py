@@ -28,7 +28,8 @@ _KEYS = {0.5: "p50", 0.9: "p90", 0.95: "p95", 0.99: "p99"}
 def inspect(current: EngineReading, baseline: EngineReading | None = None) -> dict[str, Any]:
     """``{"engine", "release_range", "schema", "unmapped_families", "coverage": {QUANTITY: status},
     "models": {MODEL: {QUANTITY: {p50, p90, p95, p99, count, sum, source}, "ttft_p99_p50_ratio", "values": {NAME: v},
-    "derived": {QUANTITY: mean}}}, "absent": {MODEL: [QUANTITY, ...]}}``."""
+    "derived": {QUANTITY: mean}, "lora": {running, waiting, max_lora, blocked} (vLLM with LoRA only)}},
+    "absent": {MODEL: [QUANTITY, ...]}}``."""
     if baseline is not None and baseline.kind != current.kind:
         raise ValueError(f"baseline is a {baseline.kind} exposition, the current one a {current.kind} exposition")
     models: dict[str, Any] = {}
@@ -71,6 +72,14 @@ def inspect(current: EngineReading, baseline: EngineReading | None = None) -> di
         entry["values"] = _values(m)
         before = baseline.models.get(model) if baseline is not None else None
         entry["derived"] = {q: _mean(m, before, q) for q in DERIVED_MEANS if quantity_status(m, q) == DERIVED}
+        if m.lora is not None:  # vLLM's lora_requests_info, its newest label set: adapter counts, not names
+            lora = m.lora
+            entry["lora"] = {
+                "running": len(lora.running),
+                "waiting": len(lora.waiting),
+                "max_lora": lora.max_lora,
+                "blocked": lora.blocked,
+            }
         models[model] = entry
         absent[model] = missing
     r = current.recognition

@@ -5,8 +5,8 @@ and trtllm-serve: 5 s; llama.cpp's server and Node: 5 s; gunicorn: 2 s). A clien
 as long, or longer, and asks at about that interval sometimes sends its request on a connection the server is
 closing at that moment: the request fails with no answer (httpx ``RemoteProtocolError`` "Server disconnected
 without sending a response", ``ReadError`` "Connection reset by peer", ``WriteError`` "Broken pipe") on a
-healthy server: at the agent's 5 s interval against uvicorn with httpx's default 5 s expiry, about one
-collection in 200 (docs/benchmarks.md, "Keep-alive race"). httpcore's pool already drops an idle connection
+healthy server: at a 5 s interval against uvicorn with httpx's default 5 s expiry, one collection in 120 to 240
+(docs/benchmarks.md, "Keep-alive race"). httpcore's pool already drops an idle connection
 whose socket it finds closed when it hands it out; the race is a close that crosses the request in flight.
 Two settings close it:
 

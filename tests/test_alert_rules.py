@@ -116,9 +116,15 @@ def test_every_metric_named_in_a_rule_is_in_the_catalog() -> None:
     # up: the scrape's own series; ALERTS: Prometheus's series of pending/firing alerts, only for alerts of this pack
     # http_requests_total: vLLM's own HTTP metrics (prometheus_fastapi_instrumentator), scraped by Prometheus from
     # the engine for the availability SLO; the vLLM-exact simulator's recorded exposition must carry it
-    engine_native = {"http_requests_total"}
+    # vllm:inter_token_latency_seconds_*: per data-parallel rank (label engine), which the agent sums away;
+    # DataParallelRankSlow reads them from the engine's job
+    engine_native = {
+        "http_requests_total",
+        "vllm:inter_token_latency_seconds_sum",
+        "vllm:inter_token_latency_seconds_count",
+    }
     recorded = (ROOT / "tests" / "fixtures" / "sim" / "vllm-sim-dp2-a.prom").read_text()
-    assert all(re.search(rf"^{n}\{{", recorded, re.M) for n in engine_native)
+    assert all(re.search(rf"^{re.escape(n)}\{{", recorded, re.M) for n in engine_native)
     known = prometheus_series_names() | {"up", "ALERTS"} | engine_native
     records = {r["record"] for r in load_rules() if "record" in r}
     seen: set[str] = set()

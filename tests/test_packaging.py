@@ -28,9 +28,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import zipfile
 from collections.abc import Iterator
@@ -476,7 +478,8 @@ def test_demo_runs_a_minute_from_the_install(installed: Install, tmp_path: Path)
         assert top.returncode == 0, top.stderr
         explained = False
         last: dict[str, Any] = {}
-        while demo.poll() is None:
+        deadline = time.monotonic() + DEMO_S + 30
+        while demo.poll() is None and time.monotonic() < deadline:
             try:
                 last = httpx.get(f"{base}/api/v1/status", timeout=10).json()
             except httpx.HTTPError:
@@ -628,14 +631,21 @@ def test_run_sh_says_what_it_does_while_it_installs(tmp_path: Path) -> None:
     lines: list[tuple[float, str]] = []
     with subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           start_new_session=True) as proc:  # fmt: skip
-        assert proc.stdout is not None
-        try:
-            for line in proc.stdout:  # ends when the demo exits (--duration 3)
+        stdout = proc.stdout
+        assert stdout is not None
+
+        def read() -> None:  # each line with the time it came; ends at EOF (the script and the demo exited)
+            for line in stdout:
                 lines.append((time.monotonic() - t0, line.rstrip()))
-            code = proc.wait(INSTALL_TIMEOUT_S)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            code = proc.wait(INSTALL_TIMEOUT_S)  # pip's step and a 3 s demo
         finally:
             if proc.poll() is None:
-                os.killpg(proc.pid, 9)
+                os.killpg(proc.pid, signal.SIGKILL)
+        reader.join(30)
     text = "\n".join(f"{t:6.1f} {line}" for t, line in lines)
     assert code == 0 and "Traceback" not in text, text[-4000:]
     said = [line for _, line in lines if line.startswith("== ") and not line.startswith("== creating")]  # no uv

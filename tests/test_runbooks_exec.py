@@ -250,6 +250,11 @@ EVIDENCE: dict[str, list[Evidence]] = {
     "SpecDecodeAcceptanceCollapsed": [r"no speculative-decoding families"],
     "LoRARequestsWaitingForAdapterSlot": [r"no LoRA info"],
     "GoodputBelowTarget": [r"^vllm:time_to_first_token_seconds_count\{", r"no KV-transfer families"],
+    # Named causes (issue 33): this stack has one rank and no KV connector; the blocks read its vLLM exposition.
+    "KVTransferSlow": [r"no KV-transfer families"],
+    "DataParallelRankSlow": [r"^vllm:inter_token_latency_seconds_sum\{"],
+    "FrontendDelayHigh": [r"^vllm:request_queue_time_seconds_sum\{", r"^vllm:request_prefill_time_seconds_sum\{"],
+    "EngineHangRecovering": [r"^\["],
     # no fault: the simulator's schema as the agent recognises it, and the same read by engine inspect
     "EngineSchemaShrank": [r'^inferwatch_engine_schema_info\{.*engine="vllm"', r"^release: .*schema: vllm-"],
 }

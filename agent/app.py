@@ -85,10 +85,10 @@ class Agent:
             "evidence",
             lambda: [Sample("inferwatch.evidence.captures", n, attrs(outcome=k)) for k, n in deps.evidence.counts()],
         )
-        self.registry = make_registry(self.state)
         if deps.alertpush.enabled:  # critical findings straight to Alertmanager (agent/actions/alertpush.py)
             self.state.add_listener(deps.alertpush.on_record)
             self.state.add_source("alertpush", deps.alertpush.samples)
+        self.registry = make_registry(self.state)
         self.otlp: Any = None
         self.otlp_logs: Any = None
         self._started = False
@@ -129,8 +129,8 @@ class Agent:
         if self.receiver is not None:
             self.receiver.start()  # raises ConfigError when an endpoint cannot be bound
         self.runner.start()
-        if self.deps.binary.state is not None:
         self.deps.alertpush.start()
+        if self.deps.binary.state is not None:
             self.deps.binary.start()
         log.info("agent started: collectors %s", ", ".join(c.name for c in self.runner.collectors) or "(none)")
 
@@ -140,8 +140,8 @@ class Agent:
                 return
             self._stopped = True
         self.runner.stop()
-        self.deps.evidence.wait(self.settings.evidence.time_limit_s)
         self.deps.alertpush.stop()
+        self.deps.evidence.wait(self.settings.evidence.time_limit_s)
         self.deps.binary.stop()
         if self.receiver is not None:
             self.receiver.stop()

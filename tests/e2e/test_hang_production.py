@@ -89,7 +89,7 @@ def test_hang_pages_within_two_minutes_with_its_evidence(tmp_path: Path) -> None
         assert "stuck in wait_for_collective (runtime.py:" in bundle["meta"]["summary"]
         assert bundle["meta"]["wall_s"] <= 10 and bundle["meta"]["cpu_s"]["total"] > 0
         assert bundle["runtime_profile"].get("meta", {}).get("id"), "no runtime_profile snapshot in the bundle"
-        assert any(r["stall_s"] >= 30 for s in bundle["engine"]["scrapes"] for r in s["ranks"])
+        assert any(r["stalled"] for s in bundle["engine"]["scrapes"] for r in s["ranks"])  # the hang, as it was seen
         # the same page reached the agent's webhook and was folded into that bundle (rate limit per process)
         deadline = time.monotonic() + 30
         limited = 'inferwatch_evidence_captures_total{outcome="rate_limited"} 0.0'

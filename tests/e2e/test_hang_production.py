@@ -1,9 +1,10 @@
 """The simulator's ``hang`` through agent → Prometheus → Alertmanager → PagerDuty sink at production timings.
 
-Production timings: the shipped rules unscaled (``for: 30s``), Prometheus scraping and evaluating every 15 s with its
-default resend delay, the shipped Alertmanager routes (critical ``group_wait: 10s``), the agent with its defaults
-(hang allowance 30 s). The hang is switched on while loadgen keeps sending; measured: seconds from the switch to
-the page at the sink (printed, and written to ``$INFERWATCH_HANG_REPORT`` for benchmarks/alert_time_to_page.py).
+Production timings: the shipped rules unscaled (``for: 30s``), Prometheus scraping and evaluating every 15 s with
+its default resend delay, the shipped Alertmanager routes (critical ``group_wait: 10s``), the agent with its
+defaults (hang fast path 6 s, the engine read every 2 s; no push: the rule path). The hang is switched on while
+loadgen keeps sending; measured: seconds from the switch to the page at the sink (printed, and written to
+``$INFERWATCH_HANG_REPORT`` for benchmarks/alert_time_to_page.py).
 
 Checked as well: the agent captured an evidence bundle on its own the moment its finding turned on, whose py-spy
 stacks name the simulator function the hung step blocks in (``wait_for_collective``); the page carries the

@@ -347,9 +347,10 @@ METRICS = (
         "inferwatch.engine.stall.allowance",
         Kind.GAUGE,
         "s",
-        "The longest stall a working rank can show: max(engine.hang_min_stall_s, 2 × max_model_len × "
-        "prefill seconds per token), capped at engine.hang_max_stall_s; max_model_len is engine.max_model_len, or "
-        "what the engine reports (/v1/models, llama.cpp /props) when that is 0.",
+        "The longest stall a working rank can show: 2 × max_model_len × prefill seconds per token, at least "
+        "engine.hang_fast_stall_s, capped at engine.hang_max_stall_s; engine.hang_min_stall_s while the length or "
+        "the speed is unknown; max_model_len is engine.max_model_len, or what the engine reports (/v1/models, "
+        "llama.cpp /props) when that is 0. A stall no prefill explains is a hang after engine.hang_fast_stall_s.",
         (MODEL, "rank"),
     ),
     MetricSpec(

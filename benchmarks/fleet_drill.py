@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import shutil
 import signal
 import sys
@@ -64,6 +66,19 @@ ASSIGN = {  # simd_missing last: its node boots (~30 s here) before it joins
     "error_burst": "m7i-spr",
     "simd_fallback": "m7i-spr",
     "simd_missing": "c7g-nosve",
+}
+# issue 33: each engine-signal fault and named cause on its own node with the engine feature it needs (spec decode,
+# LoRA, a KV connector, two data-parallel ranks), and a hang whose backlog must not page again after it recovers.
+# Run with --set issue33 (these nodes only, on Prometheus by default: compose's stack).
+ISSUE33 = {
+    "prefix_cache_collapse": "p5-prefix",
+    "spec_decode_collapse": "p5-spec",
+    "kv_saturation": "p5-kv",
+    "lora_slot_exhaustion": "p5-lora",
+    "slow_kv_transfer": "p5-pd",
+    "slow_rank": "p5-dp",
+    "frontend_delay": "p5-frontend",
+    "hang": "p5-hang",
 }
 NOISE_ROLES = {
     "load_a": "p5-h100",
@@ -107,7 +122,16 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     ap.add_argument("--faults", help="comma-separated subset of the faults (only their nodes run; no noise)")
     ap.add_argument("--results", type=Path, default=RESULTS, help="where the JSON goes")
+    ap.add_argument("--set", choices=("fleet", "issue33"), default="fleet", help="which faults and nodes")
+    ap.add_argument(
+        "--backend",
+        choices=("vm", "prometheus"),
+        help="vm: vmagent → VictoriaMetrics ← vmalert; prometheus: one Prometheus as compose runs it "
+        "(default: vm for --set fleet, prometheus for --set issue33)",
+    )
     args = ap.parse_args()
+    if args.set == "issue33":
+        return run_issue33(args)
     missing = [b for b in BINARIES if shutil.which(b) is None]
     if missing:
         raise SystemExit(f"not installed: {missing} (Debian: victoria-metrics prometheus-alertmanager)")
@@ -192,5 +216,108 @@ def main() -> int:
     return 0
 
 
+ISSUE33_RESULTS = ROOT / "benchmarks" / "results" / "fleet_drill_issue33.json"
+
+
+def run_issue33(args: argparse.Namespace) -> int:
+    """The issue-33 set: every node of ISSUE33 at once (its own simulator, agent and loadgen, as compose wires one),
+    a healthy phase, every fault at once, then recovery; Prometheus (or vmalert) with the shipped rules and routes
+    unchanged at 15 s, started empty: no history."""
+    backend = args.backend or "prometheus"
+    needed = ("prometheus", "promtool", "prometheus-alertmanager") if backend == "prometheus" else BINARIES
+    missing = [b for b in needed if shutil.which(b) is None]
+    if missing:
+        raise SystemExit(f"not installed: {missing}")
+    binaries = {b: str(shutil.which(b)) for b in BINARIES if shutil.which(b)}
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    tmp = Path(tempfile.mkdtemp(prefix="fleet-drill-33-"))
+    print(f"work directory {tmp}", flush=True)
+    started = time.time()
+
+    def log(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    assign = dict(ISSUE33)
+    if args.faults:
+        assign = {k: v for k, v in assign.items() if k in args.faults.split(",")}
+    nodes = tuple(dict.fromkeys(assign.values()))
+    rules = sorted((ROOT / "alerts").glob("*.rules.yml"))
+    with Sink() as sink:
+        fleet = Fleet(tmp, sink, Timings(), [CATALOG[n] for n in nodes])
+        fleet.backend = backend
+        with fleet.running(nodes, rules, binaries):
+            log(f"fleet up ({backend}): {fleet.vm}, Alertmanager {fleet.alertmanager}")
+            result = run_drill(
+                fleet, args.healthy_s, [], faults(assign), args.deliver_timeout, args.resolve_timeout, args.hold, log
+            )
+    data = {
+        "what": "issue 33 drill at production timings (benchmarks/fleet_drill.py --set issue33)",
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "wall_s": round(time.time() - started),
+        "machine": f"{platform.node()} ({os.cpu_count()} CPUs, {platform.machine()}), load average at the end "
+        f"{os.getloadavg()[0]:.1f}",
+        "backend": backend,
+        "timings": "scrape 15s, evaluation 15s, alerts/*.rules.yml unchanged, shipped alertmanager.yml (receivers at "
+        "a local sink), agents at 15s, loadgen 2 req/s per node, prompts lognormal:512:0.6, 32 output tokens, "
+        "no history (empty storage at start)",
+        "command": " ".join(["benchmarks/fleet_drill.py", *sys.argv[1:]]),
+        "nodes": {n: {"model": CATALOG[n].model, "sim_args": list(CATALOG[n].sim_args)} for n in nodes},
+        **result_json(result),
+    }
+    print(json.dumps(data, indent=2))
+    print(issue33_table(data))
+    if not args.smoke:
+        out = args.results if args.results != RESULTS else ISSUE33_RESULTS
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=2) + "\n")
+        print(f"wrote {out}")
+    if not args.keep:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def issue33_table(data: dict[str, Any]) -> str:
+    """The docs/alerts.md table of an issue-33 run: per scenario, what reached a person and when."""
+    rows = [
+        f"Run {data['started_utc']} on {data['machine']}; {data['backend']}; healthy phase "
+        f"{data['healthy_phase_s'] / 60:.0f} min with {len(data['healthy_deliveries'])} deliveries other than "
+        f"Watchdog. Command: `.venv/bin/python {data['command']}`.",
+        "",
+        "| scenario | node | expected alert → receiver | injection → delivery | ≤ target | repeats | "
+        "recovery → resolved | also delivered for this node |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for f in data["faults"]:
+        met = "no (never)" if f["delivered_s"] is None else ("yes" if f["delivered_s"] <= f["target_s"] else "no")
+        rows.append(
+            f"| `{f['fault']}` | {f['node']} | {f['alertname']} → {f['receiver']} | {_fmt(f['delivered_s'])} | "
+            f"{met} (≤ {_fmt(f['target_s'])}) | {f.get('repeats', 0)} | {_fmt(f['resolved_s'])} | "
+            f"{', '.join(f['other_deliveries']) or '—'} |"
+        )
+    return "\n".join(rows)
+
+
+DOC = ROOT / "docs" / "alerts.md"
+BEGIN, END = "<!-- drill-table:begin (benchmarks/fleet_drill.py --doc) -->", "<!-- drill-table:end -->"
+
+
+def write_doc(results: Path = ISSUE33_RESULTS, doc: Path = DOC) -> None:
+    """Replace the table between the markers of docs/alerts.md with the one of the last run's JSON."""
+    text = doc.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{doc}: no drill-table markers")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    table = issue33_table(json.loads(results.read_text()))
+    doc.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--doc"]:
+        write_doc()
+        sys.exit(0)
     sys.exit(main())

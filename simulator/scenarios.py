@@ -13,7 +13,7 @@ page_cache_pressure:fraction=0.3``) and as ``{"name": ..., "params": {...}}`` on
 | hang | engines (or rank ``engine``) produce no tokens; arrivals queue; ``/health`` answers 200 | engine (-1: all) |
 | error_burst | a ``rate`` of requests fails with HTTP ``status`` | rate (0.3), status (500) |
 | prefix_cache_collapse | a ``fraction`` of requests has a cache-busting prefix: prefix hits collapse | fraction (1.0) |
-| kv_saturation | a ``fraction`` of the KV blocks stays usable: KV usage ~1, a preemption storm | fraction (0.05) |
+| kv_saturation | ``fraction`` of KV blocks, at most ``blocks``, usable: queue, preempts | fraction (.05), blocks (64) |
 | spec_decode_collapse | a draft position is accepted with probability ``acceptance`` (else 0.8) | acceptance (0.1) |
 | lora_slot_exhaustion | the traffic names ``adapters`` distinct LoRA adapters (> ``--max-loras``) | adapters (8) |
 | slow_kv_transfer | KV transfers of the P/D pair (``--kv-connector``) take ``factor`` times longer | factor (50) |
@@ -37,7 +37,7 @@ DEFAULTS: dict[str, dict[str, float]] = {
     "hang": {"engine": -1},
     "error_burst": {"rate": 0.3, "status": 500},
     "prefix_cache_collapse": {"fraction": 1.0},
-    "kv_saturation": {"fraction": 0.05},
+    "kv_saturation": {"fraction": 0.05, "blocks": 64},
     "spec_decode_collapse": {"acceptance": 0.1},
     "lora_slot_exhaustion": {"adapters": 8},
     "slow_kv_transfer": {"factor": 50.0},
@@ -54,6 +54,7 @@ _BOUNDS: dict[tuple[str, str], tuple[float, float]] = {
     ("error_burst", "status"): (500, 599),
     ("prefix_cache_collapse", "fraction"): (0.0, 1.0),
     ("kv_saturation", "fraction"): (0.001, 1.0),
+    ("kv_saturation", "blocks"): (0, 10_000_000),
     ("spec_decode_collapse", "acceptance"): (0.0, 1.0),
     ("lora_slot_exhaustion", "adapters"): (1, 1024),
     ("slow_kv_transfer", "factor"): (1.0, 10000.0),

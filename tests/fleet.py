@@ -26,11 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 from tests.conftest import FIXTURES, PYTHON, ROOT, free_port
 from tests.e2e.harness import Delivery, Sink, alertmanager
 from tests.e2e.test_alert_pipeline import HEALTHY_MEMINFO, LOW_PAGECACHE_MEMINFO, SVE_TOKENS, _procfs
 from tests.procs import running, wait_http
+from tests.stack import native_prometheus_config
 from tests.test_dashboards_data import _fake_sysfs
 from tests.vmstack import reload_vmagent, victoria_metrics, vmagent, vmalert
 
@@ -129,6 +131,47 @@ CATALOG: dict[str, NodeSpec] = {
             sim_args=(*PROFILE, "--scenario", "debug_disabled"),  # debug_in_production switches debug_disabled off
             runtime_profile=True,
         ),
+        # issue 33: one engine feature per node (compose's load, its own model so a model-level alert names the node)
+        NodeSpec("p5-prefix", "h100", "p5.48xlarge", "x86_amd_epyc_9654_zen4", H100, "acme/prefix-8B-Instruct"),
+        NodeSpec(
+            "p5-spec",
+            "h100",
+            "p5.48xlarge",
+            "x86_amd_epyc_9654_zen4",
+            H100,
+            "acme/spec-8B-Instruct",
+            sim_args=("--num-speculative-tokens", "3"),
+        ),
+        NodeSpec("p5-kv", "h100", "p5.48xlarge", "x86_amd_epyc_9654_zen4", H100, "acme/kv-8B-Instruct"),
+        NodeSpec(
+            "p5-lora",
+            "h100",
+            "p5.48xlarge",
+            "x86_amd_epyc_9654_zen4",
+            H100,
+            "acme/lora-8B-Instruct",
+            sim_args=("--max-loras", "1", "--lora-adapters", "1"),  # 8 adapters under the fault: 1 slot contended
+        ),
+        NodeSpec(
+            "p5-pd",
+            "h100",
+            "p5.48xlarge",
+            "x86_amd_epyc_9654_zen4",
+            H100,
+            "acme/pd-8B-Instruct",
+            sim_args=("--kv-connector",),
+        ),
+        NodeSpec(
+            "p5-dp",
+            "h100",
+            "p5.48xlarge",
+            "x86_amd_epyc_9654_zen4",
+            H100,
+            "acme/dp-8B-Instruct",
+            sim_args=("--engines", "2"),
+        ),
+        NodeSpec("p5-frontend", "h100", "p5.48xlarge", "x86_amd_epyc_9654_zen4", H100, "acme/frontend-8B-Instruct"),
+        NodeSpec("p5-hang", "h100", "p5.48xlarge", "x86_amd_epyc_9654_zen4", H100, "acme/hang-8B-Instruct"),
         NodeSpec("c7g-joiner", "graviton3-cpu", "c7g.8xlarge", "graviton3_neoverse_v1", None, QWEN05, **GRAVITON_LOAD),
         NodeSpec(
             "c7g-nosve",
@@ -303,6 +346,8 @@ class Fleet:
         self.members: list[str] = []  # nodes vmagent scrapes now
         self.ever: set[str] = set()  # nodes vmagent has scraped at some point
         self.vm = self.vmagent = self.vmalert = self.alertmanager = ""
+        self.backend = "vm"  # or "prometheus": one Prometheus scrapes, stores and evaluates (compose's stack)
+        self._prom_rules: list[str] = []
 
     def __getitem__(self, name: str) -> FleetNode:
         return self.nodes[name]
@@ -316,12 +361,53 @@ class Fleet:
         self.nodes[name].start()
         self.members.append(name)
         self.ever.add(name)
-        reload_vmagent(self.tmp, self.vmagent, self.targets(), self.timings.scrape)
+        self._reload()
+
+    def _reload(self) -> None:
+        if self.backend == "prometheus":
+            self._write_prometheus_config()
+            httpx.post(f"{self.vm}/-/reload", timeout=30).raise_for_status()
+        else:
+            reload_vmagent(self.tmp, self.vmagent, self.targets(), self.timings.scrape)
+
+    def _write_prometheus_config(self) -> Path:
+        """deploy/prometheus.yml (tests/stack.py's native rendering) with this fleet's targets, the drill's interval
+        for scrape and evaluation, the rule files and this Alertmanager."""
+        cfg = native_prometheus_config(
+            self.targets(), interval=self.timings.scrape, alertmanager=self.alertmanager.removeprefix("http://")
+        )
+        cfg["rule_files"] = self._prom_rules
+        for job in cfg["scrape_configs"]:  # the shipped timeout (10 s default), not the interval
+            job.pop("scrape_timeout", None)
+        path = self.tmp / "prometheus.yml"
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    @contextlib.contextmanager
+    def _prometheus(self, rule_files: Sequence[Path]) -> Iterator[str]:
+        self._prom_rules = [str(p) for p in rule_files]
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        path = self._write_prometheus_config()
+        check = subprocess.run(["promtool", "check", "config", str(path)], capture_output=True, text=True, timeout=60)
+        if check.returncode != 0:
+            raise RuntimeError(f"promtool rejected the drill's Prometheus config: {check.stdout}{check.stderr}")
+        cmd = [
+            "prometheus",
+            f"--config.file={path}",
+            f"--storage.tsdb.path={self.tmp / 'prom-data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--web.external-url={url}",
+            "--web.enable-lifecycle",
+        ]
+        with running(cmd, self.tmp / "prometheus.log") as proc:
+            wait_http(f"{url}/-/ready", timeout_s=60, proc=proc, ok=lambda r: r.status_code == 200)
+            yield url
 
     def leave(self, name: str) -> None:
         """A node is drained: it leaves service discovery first, then its processes stop."""
         self.members.remove(name)
-        reload_vmagent(self.tmp, self.vmagent, self.targets(), self.timings.scrape)
+        self._reload()
         self.nodes[name].close()
 
     @contextlib.contextmanager
@@ -334,6 +420,11 @@ class Fleet:
                 self.nodes[name].start()
                 self.members.append(name)
                 self.ever.add(name)
+            if self.backend == "prometheus":
+                self.alertmanager = es.enter_context(alertmanager(self.tmp / "alertmanager", self.sink))
+                self.vm = self.vmalert = es.enter_context(self._prometheus(rule_files))
+                yield self
+                return
             self.vm = es.enter_context(victoria_metrics(self.tmp, binaries["victoria-metrics"]))
             self.vmagent = es.enter_context(
                 vmagent(self.tmp, binaries["vmagent"], self.targets(), [f"{self.vm}/api/v1/write"], self.timings.scrape)
@@ -497,6 +588,49 @@ def faults(assign: dict[str, str]) -> list[Fault]:
         "simd_fallback": lambda n: _fault(
             "simd_fallback", n, "RuntimeSIMDFallback", "ticket", OTHER_S, _scenario(n, "simd_fallback")
         ),
+        # issue 33: the engine signals and the named causes, each on a node with the engine feature it needs
+        "prefix_cache_collapse": lambda n: _fault(
+            "prefix_cache_collapse",
+            n,
+            "PrefixCacheHitRatioCollapsed",
+            "ticket",
+            OTHER_S,
+            _scenario(n, "prefix_cache_collapse"),
+        ),
+        "spec_decode_collapse": lambda n: _fault(
+            "spec_decode_collapse",
+            n,
+            "SpecDecodeAcceptanceCollapsed",
+            "ticket",
+            OTHER_S,
+            _scenario(n, "spec_decode_collapse"),
+        ),
+        "kv_saturation": lambda n: _fault(
+            "kv_saturation", n, "KVCacheSaturatedWithPreemptions", "ticket", OTHER_S, _scenario(n, "kv_saturation")
+        ),
+        "lora_slot_exhaustion": lambda n: _fault(
+            "lora_slot_exhaustion",
+            n,
+            "LoRARequestsWaitingForAdapterSlot",
+            "ticket",
+            OTHER_S,
+            _scenario(n, "lora_slot_exhaustion"),
+        ),
+        "slow_kv_transfer": lambda n: _fault(
+            "slow_kv_transfer", n, "KVTransferSlow", "ticket", OTHER_S, _scenario(n, "slow_kv_transfer")
+        ),
+        "slow_rank": lambda n: _fault(
+            "slow_rank",
+            n,
+            "DataParallelRankSlow",
+            "ticket",
+            OTHER_S,
+            _scenario(n, "slow_rank"),
+            instance=lambda f, n=n: f[n].engine_instance,
+        ),
+        "frontend_delay": lambda n: _fault(
+            "frontend_delay", n, "FrontendDelayHigh", "ticket", OTHER_S, _scenario(n, "frontend_delay")
+        ),
     }
     return [catalog[name](node) for name, node in assign.items()]
 
@@ -562,6 +696,16 @@ class FaultResult:
     recovered_at: float | None = None
     resolved_s: float | None = None  # recovery → resolved delivery
     other_deliveries: list[str] = field(default_factory=list)  # other alerts delivered about this node
+    repeats: int = 0  # firing deliveries of its own alert after the first
+
+
+def _model_of(d: Delivery) -> str:
+    """The delivered alert's model label (webhook: the alert's labels; PagerDuty: custom_details.labels)."""
+    model = (d.alert.get("labels") or {}).get("gen_ai_request_model", "")
+    if not model:
+        pairs = d.body.get("payload", {}).get("custom_details", {}).get("labels", "").split()
+        model = dict(p.split("=", 1) for p in pairs if "=" in p).get("gen_ai_request_model", "")
+    return model
 
 
 def _fired(d: Delivery) -> bool:
@@ -691,10 +835,13 @@ def run_drill(
             f"{d.alertname}@{d.receiver}"
             for d in snap
             if d.t >= t_fault
-            and (d.instance in (node.instance, node.engine_instance))
+            and (d.instance in (node.instance, node.engine_instance) or _model_of(d) == node.model)
             and (d.alertname, d.receiver) not in own
+            and _fired(d)
         }
         results[fault.name].other_deliveries = sorted(others)
+        mine = [d for d in snap if d.t >= results[fault.name].injected_at and _fired(d) and fault.matches(d, fleet)]
+        results[fault.name].repeats = max(0, len(mine) - 1)  # a repeat notification of the same episode
     return DrillResult(
         healthy_s, done_noise, healthy, list(results.values()), fault_phase, round(watchdog.t - start, 1)
     )

@@ -157,6 +157,21 @@ def test_kv_saturation_preemption_storm() -> None:
     assert core.reserved_blocks > 0.9 * core.total_blocks
 
 
+def test_kv_saturation_queues_at_compose_load() -> None:
+    """At 2 req/s and 32 output tokens (compose's load) the default scenario must still starve the scheduler of
+    blocks: requests queue for them (a 5 % cache of an H100 alone would hold dozens of these requests)."""
+
+    def mean_queue_s(text: str) -> float:
+        f = {f.name: f for f in text_string_to_metric_families(text)}["vllm:request_queue_time_seconds"]
+        vals = {s.name: s.value for s in f.samples if not s.name.endswith("_bucket")}
+        return vals["vllm:request_queue_time_seconds_sum"] / vals["vllm:request_queue_time_seconds_count"]
+
+    core, _g, text = simulate("kv_saturation", n=300, rate=2.0)
+    _c, _g, healthy = simulate(n=300, rate=2.0)
+    assert core.total_blocks - core.reserved_blocks == 64
+    assert mean_queue_s(text) > 20 * max(mean_queue_s(healthy), 0.001)
+
+
 def test_slow_kv_transfer() -> None:
     _c, _g, text = simulate("slow_kv_transfer", factor=50, n=100)
 

@@ -229,7 +229,9 @@ class ReceiverSettings(_Section):
 
     An endpoint is ``host:port``; ``None`` turns that transport off. ``forward_endpoint`` sends every
     accepted export request on untouched: ``http(s)://host:port[/v1/traces]`` for OTLP/HTTP, otherwise
-    ``[grpc://]host:port`` for OTLP/gRPC. ``emit_histograms`` makes the spans feed the
+    ``[grpc://]host:port`` for OTLP/gRPC; ``forward_phase_spans`` adds a request of phase child spans (queue,
+    prefill, decode) after each one with engine request spans (agent/receiver/phases.py). ``emit_histograms``
+    makes the spans feed the
     ``gen_ai.server.*`` histograms (for engines without their own, e.g. TGI or llama.cpp); leave it off
     when the engine collector already emits them. They follow the OpenTelemetry GenAI semantic conventions
     (agent/catalog/genai.py): ``genai_operation_name`` and ``genai_provider_name`` stand in for a span without
@@ -244,6 +246,7 @@ class ReceiverSettings(_Section):
     grpc_endpoint: str | None = DEFAULT_RECEIVER_GRPC_ENDPOINT
     http_endpoint: str | None = DEFAULT_RECEIVER_HTTP_ENDPOINT
     forward_endpoint: str | None = None
+    forward_phase_spans: bool = True
     max_message_bytes: int = Field(default=DEFAULT_RECEIVER_MAX_MESSAGE_BYTES, ge=1024, le=256 << 20)
     forward_queue_requests: int = Field(default=DEFAULT_RECEIVER_FORWARD_QUEUE_REQUESTS, ge=1, le=100_000)
     forward_timeout_s: float = Field(default=DEFAULT_RECEIVER_FORWARD_TIMEOUT_S, gt=0, le=300)
@@ -508,6 +511,46 @@ class RunbooksSettings(_Section):
         if not v.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return v.rstrip("/")
+
+
+DEFAULT_DISCOVERY_FILE_MAX_BYTES = 4 << 20  # a file_sd file of thousands of targets is well under 1 MiB
+DEFAULT_DISCOVERY_WATCH_TIMEOUT_S = 300  # the API server ends each watch after this; the agent re-watches
+
+
+class DiscoveryTargetSettings(_Section):
+    """One engine written in the settings file (agent/discovery/static.py)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,252}$")
+    kind: str = "auto"
+    metrics_url: str
+    health_url: str | None = None
+    profile_url: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("metrics_url", "health_url", "profile_url")
+    @classmethod
+    def _http(cls, v: str | None) -> str | None:
+        return http_url(v)
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        return EngineSettings._known_kind(v)
+
+
+class DiscoverySettings(_Section):
+    """Where the engine targets come from (agent/discovery/, docs/kubernetes.md "Discovery"): a static list, a
+    ``file_sd``-shaped file, and engine pods on this node from the Kubernetes API. Not yet a field of
+    :class:`Settings`: the multi-engine wiring (issue 35) adds it with the collectors it feeds."""
+
+    targets: list[DiscoveryTargetSettings] = Field(default_factory=list)
+    file: Path | None = None
+    file_max_bytes: int = Field(default=DEFAULT_DISCOVERY_FILE_MAX_BYTES, gt=0, le=1 << 30)
+    kubernetes: bool = False
+    node_name: str | None = None  # the Downward API's spec.nodeName (NODE_NAME in the DaemonSet)
+    namespaces: list[str] = Field(default_factory=list)  # empty: every namespace (needs the ClusterRole)
+    image_fallback: bool = True  # pods without inferwatch.io/scrape found by their engine image
+    watch_timeout_s: int = Field(default=DEFAULT_DISCOVERY_WATCH_TIMEOUT_S, ge=10, le=3600)
 
 
 class Settings(BaseSettings):

@@ -239,7 +239,11 @@ def test_forwarding_reaches_a_second_receiver_untouched(scheme: str) -> None:
         target = f"127.0.0.1:{downstream.grpc_port}" if scheme == "grpc" else f"http://127.0.0.1:{downstream.http_port}"
         upstream = Receiver(
             ReceiverSettings(
-                enabled=True, grpc_endpoint="127.0.0.1:0", http_endpoint="127.0.0.1:0", forward_endpoint=target
+                enabled=True,
+                grpc_endpoint="127.0.0.1:0",
+                http_endpoint="127.0.0.1:0",
+                forward_endpoint=target,
+                forward_phase_spans=False,  # the phase children's own requests: tests/test_phase_spans.py
             ),
             LatencyAnalytics(),
         )

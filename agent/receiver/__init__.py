@@ -34,7 +34,10 @@ class Receiver:
         if settings.forward_endpoint:
             try:
                 forwarder = Forwarder(
-                    settings.forward_endpoint, settings.forward_queue_requests, settings.forward_timeout_s
+                    settings.forward_endpoint,
+                    settings.forward_queue_requests,
+                    settings.forward_timeout_s,
+                    settings.forward_phase_spans,
                 )
             except ValueError as exc:
                 raise ConfigError(f"receiver.forward_endpoint: {exc}") from None

@@ -5,6 +5,10 @@ request and counts it), the sender posts the exact ``ExportTraceServiceRequest``
 Target: ``http(s)://host:port[/path]`` → OTLP/HTTP protobuf (path defaults to ``/v1/traces``);
 ``grpc://host:port`` or ``host:port`` → OTLP/gRPC, insecure. No retries: a failed send is counted and
 the request is dropped, so a dead downstream costs one timeout per request at most and never memory.
+
+With ``phase_spans`` (the default) each request that holds engine request spans is followed by a second one with
+their phase children (:mod:`agent.receiver.phases`), so a trace view shows queue, prefill and decode as bars; the
+original request is still sent as the exact bytes received.
 """
 
 from __future__ import annotations
@@ -41,9 +45,10 @@ def parse_target(endpoint: str) -> tuple[str, str]:
 class Forwarder:
     """Bounded, non-blocking forwarding. ``start``/``stop`` are idempotent; ``stop`` is bounded."""
 
-    def __init__(self, endpoint: str, max_queued: int, timeout_s: float) -> None:
+    def __init__(self, endpoint: str, max_queued: int, timeout_s: float, phase_spans: bool = True) -> None:
         self.kind, self.target = parse_target(endpoint)
         self.timeout_s = timeout_s
+        self.phase_spans = phase_spans
         self._queue: queue.Queue[bytes] = queue.Queue(maxsize=max_queued)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent.receiver.forward import Forwarder
+from agent.receiver.phases import phase_request
 from agent.receiver.spans import SpanRef, decode, extract, span_ref
 from agent.samples import RequestTiming, Sample, attrs
 
@@ -99,6 +100,10 @@ class SpanIntake:
         dropped = self.analytics.record(got.timings) if got.timings else 0
         if self.forwarder is not None:
             self.forwarder.submit(payload)
+            if self.forwarder.phase_spans and got.timings:
+                children = phase_request(req)
+                if children is not None:
+                    self.forwarder.submit(children)
         now, first = self.wall_clock(), max(0, len(got.timings) - RECENT_SPANS_KEPT)
         recent = [
             FinishedSpan(now, t, span_ref(span))

@@ -18,6 +18,13 @@ Finally ``inferwatch matrix`` (raw and --recorded) reads the fleet storage.
     .venv/bin/python benchmarks/fleet_drill.py --faults bimodal --healthy-s 120 --results FILE   # a subset, no noise
 
 Writes benchmarks/results/fleet_drill.json (not with --smoke) and prints the docs/benchmarks.md table.
+
+``--set issue33``: the engine-signal faults and named causes (ISSUE33), one node per engine feature, on one
+Prometheus as compose runs it (``--backend vm`` for vmalert), started empty; writes
+benchmarks/results/fleet_drill_issue33.json, and ``--doc`` turns its last run into the table of docs/alerts.md:
+
+    .venv/bin/python benchmarks/fleet_drill.py --set issue33 --healthy-s 1800 --hold 120   # ~50 min
+    .venv/bin/python benchmarks/fleet_drill.py --doc
 """
 
 from __future__ import annotations

@@ -7,10 +7,15 @@ alert than the case it claims to run.
 
 from __future__ import annotations
 
+import importlib.util
+import json
+from pathlib import Path
+
 import yaml
 
 from simulator.scenarios import DEFAULTS, parse
 from tests.alerting import ALERTS_DIR, alert_names, rule_test_files
+from tests.conftest import ROOT
 from tests.fleet import faults
 
 MAPPING = yaml.safe_load((ALERTS_DIR / "scenarios.yml").read_text())
@@ -45,3 +50,52 @@ def test_drill_faults_expect_the_alert_of_their_case() -> None:
     for name, case in drilled.items():
         fault = by_name[name]
         assert fault.alertname == case["alert"], f"drill fault {name}: {fault.alertname} != {case['alert']}"
+
+
+def test_drill_table_is_generated_from_the_last_run(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("fleet_drill", ROOT / "benchmarks" / "fleet_drill.py")
+    assert spec is not None and spec.loader is not None
+    drill = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(drill)
+    run = {
+        "started_utc": "2026-12-06T23:37:00Z",
+        "machine": "host (2 CPUs, x86_64), load average at the end 8.0",
+        "backend": "prometheus",
+        "healthy_phase_s": 1800.0,
+        "healthy_deliveries": [],
+        "command": "benchmarks/fleet_drill.py --set issue33",
+        "faults": [
+            {
+                "fault": "slow_rank",
+                "node": "p5-dp",
+                "alertname": "DataParallelRankSlow",
+                "receiver": "ticket",
+                "delivered_s": 138.0,
+                "target_s": 240.0,
+                "repeats": 0,
+                "resolved_s": None,
+                "other_deliveries": ["LatencyBimodal@ticket"],
+            },
+            {
+                "fault": "kv_saturation",
+                "node": "p5-kv",
+                "alertname": "KVCacheSaturatedWithPreemptions",
+                "receiver": "ticket",
+                "delivered_s": None,
+                "target_s": 240.0,
+                "repeats": 0,
+                "resolved_s": None,
+                "other_deliveries": [],
+            },
+        ],
+    }
+    results, doc = tmp_path / "run.json", tmp_path / "alerts.md"
+    results.write_text(json.dumps(run))
+    doc.write_text(f"before\n{drill.BEGIN}\nold table\n{drill.END}\nafter\n")
+    drill.write_doc(results, doc)
+    text = doc.read_text()
+    assert "old table" not in text and text.startswith("before\n") and text.endswith("after\n")
+    assert "Run 2026-12-06T23:37:00Z on host (2 CPUs" in text and "30 min with 0 deliveries" in text
+    assert "| `slow_rank` | p5-dp | DataParallelRankSlow → ticket | 2.3 min | yes (≤ 4.0 min) | 0 | — |" in text
+    assert "LatencyBimodal@ticket" in text
+    assert "| `kv_saturation` | p5-kv | KVCacheSaturatedWithPreemptions → ticket | — | no (never)" in text

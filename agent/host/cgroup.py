@@ -7,6 +7,7 @@ both places are tried. A v1-only host has no ``0::`` line and is reported as abs
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,3 +78,62 @@ def read_cgroup_memory(procfs: Path, sysfs: Path, pid: int, limits: ReadLimits =
         hint="enable the memory controller for the runtime's cgroup (cgroup v2), "
         "or point --path.sysfs at the host's /sys",
     )
+
+
+# -- Kubernetes containers: which pod and container a process is in ------------------------------------------
+#
+# kubelet names a container's cgroup (pkg/kubelet/cm/cgroup_manager_linux.go; SystemdPathPrefixOfRuntime):
+#   cgroupfs driver: /kubepods[/burstable|/besteffort]/pod<uid>/<container id>
+#   systemd driver:  /kubepods.slice[/kubepods-<qos>.slice]/kubepods[-<qos>]-pod<uid, '-' as '_'>.slice/
+#                    <cri-containerd|crio|docker>-<container id>.scope
+# Guaranteed pods have no QoS level. Container ids are 64 hex digits. CRI-O's monitor (crio-conmon-<id>.scope) is
+# not the container and does not match.
+
+_POD_SYSTEMD = re.compile(
+    r"kubepods(?:-(?P<qos>burstable|besteffort))?-pod(?P<uid>[0-9a-fA-F_]{32,36})\.slice/"
+    r"(?P<runtime>cri-containerd|crio|docker)-(?P<id>[0-9a-f]{64})\.scope(?:/|$)"
+)
+_POD_CGROUPFS = re.compile(
+    r"/kubepods(?:/(?P<qos>burstable|besteffort))?/pod(?P<uid>[0-9a-fA-F-]{32,36})/(?P<id>[0-9a-f]{64})(?:/|$)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PodCgroup:
+    """A Kubernetes container's cgroup: its pod's UID (with dashes), its container id, the pod's QoS level
+    (``guaranteed`` when the path has none) and the runtime the systemd scope names (``""`` under cgroupfs)."""
+
+    pod_uid: str
+    container_id: str
+    qos: str
+    runtime: str
+
+
+def parse_pod_cgroup(path: str) -> PodCgroup | None:
+    """The pod and container of a cgroup path (either driver), None when the path is not a pod container's."""
+    m = _POD_SYSTEMD.search(path)
+    if m is not None:
+        uid = m["uid"].replace("_", "-").lower()
+        return PodCgroup(uid, m["id"], m["qos"] or "guaranteed", m["runtime"])
+    m = _POD_CGROUPFS.search(path)
+    if m is not None:
+        return PodCgroup(m["uid"].lower(), m["id"], m["qos"] or "guaranteed", "")
+    return None
+
+
+def process_pod_cgroup(procfs: Path, pid: int, limits: ReadLimits = DEFAULT_READ_LIMITS) -> PodCgroup | None:
+    """The pod container ``pid`` is in, from ``<procfs>/<pid>/cgroup``: the v2 line or any v1 hierarchy's line.
+    None when it is in none (a host process) or gone; NoDataError when the file cannot be read otherwise."""
+    path = procfs / str(pid) / "cgroup"
+    try:
+        for line in limits.lines(path, "cgroup"):
+            parts = line.split(":", 2)
+            if len(parts) == 3 and (found := parse_pod_cgroup(parts[2])) is not None:
+                return found
+    except (FileNotFoundError, ProcessLookupError):  # gone meanwhile
+        return None
+    except OSError as exc:
+        raise NoDataError(
+            f"{path} cannot be read ({exc.strerror})", hint="run the agent in the host PID namespace"
+        ) from None
+    return None

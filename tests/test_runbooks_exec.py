@@ -255,6 +255,7 @@ EVIDENCE: dict[str, list[Evidence]] = {
     "DataParallelRankSlow": [r"^vllm:inter_token_latency_seconds_sum\{"],
     "FrontendDelayHigh": [r"^vllm:request_queue_time_seconds_sum\{", r"^vllm:request_prefill_time_seconds_sum\{"],
     "EngineHangRecovering": [r"^\["],
+    "RuntimeSlowerAfterRestart": [r"^inferwatch_runtime_simd_capable\{"],
     # no fault: the simulator's schema as the agent recognises it, and the same read by engine inspect
     "EngineSchemaShrank": [r'^inferwatch_engine_schema_info\{.*engine="vllm"', r"^release: .*schema: vllm-"],
 }

@@ -313,13 +313,15 @@ BEGIN, END = "<!-- drill-table:begin (benchmarks/fleet_drill.py --doc) -->", "<!
 
 
 def write_doc(results: Path = ISSUE33_RESULTS, doc: Path = DOC) -> None:
-    """Replace the table between the markers of docs/alerts.md with the one of the last run's JSON."""
+    """Replace the table between the markers of docs/alerts.md with the one of the last run's JSON (and of each
+    ``<results stem>_*.json`` beside it: a subset re-run with ``--faults``, ``--results``)."""
     text = doc.read_text()
     if BEGIN not in text or END not in text:
         raise SystemExit(f"{doc}: no drill-table markers")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    table = issue33_table(json.loads(results.read_text()))
+    runs = [results, *sorted(results.parent.glob(f"{results.stem}_*.json"))]
+    table = "\n\n".join(issue33_table(json.loads(r.read_text())) for r in runs)
     doc.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
 
 

@@ -64,6 +64,7 @@ class NodeSpec:
     rate: float = 2.0  # requests/s from loadgen
     prompt_tokens: str | None = None  # loadgen's --prompt-tokens; None: the drill's (Timings.prompt_tokens)
     spans: bool = False  # the simulator exports a span per request to the agent's OTLP receiver (bimodality)
+    load_args: tuple[str, ...] = ()  # more loadgen flags, e.g. a shared system prompt
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,15 @@ CATALOG: dict[str, NodeSpec] = {
             runtime_profile=True,
         ),
         # issue 33: one engine feature per node (compose's load, its own model so a model-level alert names the node)
-        NodeSpec("p5-prefix", "h100", "p5.48xlarge", "x86_amd_epyc_9654_zen4", H100, "acme/prefix-8B-Instruct"),
+        NodeSpec(  # a chat app's shared system prompt: the prefix cache does real work before the fault
+            "p5-prefix",
+            "h100",
+            "p5.48xlarge",
+            "x86_amd_epyc_9654_zen4",
+            H100,
+            "acme/prefix-8B-Instruct",
+            load_args=("--shared-prefix-tokens", "256"),
+        ),
         NodeSpec(
             "p5-spec",
             "h100",
@@ -302,7 +311,7 @@ class FleetNode:
         cmd = [PYTHON, "-m", "agent", "loadgen", "--url", self.sim_url, "--rate", str(self.rate)]
         cmd += ["--duration", "86400", "--timeout", "900", "--seed", str(self.seed), "--no-progress"]
         prompt = self.spec.prompt_tokens or self.timings.prompt_tokens
-        cmd += ["--prompt-tokens", prompt, "--output-tokens", self.timings.output_tokens]
+        cmd += ["--prompt-tokens", prompt, "--output-tokens", self.timings.output_tokens, *self.spec.load_args]
         es = contextlib.ExitStack()
         es.enter_context(running(cmd, self.dir / f"loadgen-{time.monotonic_ns()}.log", cwd=ROOT))
         self._load = es

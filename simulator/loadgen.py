@@ -6,6 +6,10 @@ instead of a politely lower request rate. Each request streams and the client me
 first non-empty token (TTFT), the gaps between tokens (ITL) and the total time (e2e). Always bounded:
 by ``count`` requests or ``duration_s`` seconds, whichever comes first, and by ``max_in_flight``
 (arrivals beyond it are counted as ``dropped``, never queued).
+
+With ``otlp_traces_endpoint`` each request is also reported as an OTLP client span with the TTFT measured here
+(``gen_ai.response.time_to_first_chunk``) and its context sent as ``traceparent``, so the engine's span is its
+child (:mod:`agent.clienttrace`): the agent's explainer sets the client's TTFT beside the engine's.
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ class LoadSpec:
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     ignore_eos: bool = True
     api_key: str = "inferwatch"
+    otlp_traces_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -161,12 +166,17 @@ def _error_type(resp: httpx.Response, body: bytes) -> str:
     return f"http_{resp.status_code}" + (f":{kind}" if kind else "")
 
 
-async def one_request(client: httpx.AsyncClient, spec: LoadSpec, body: dict[str, Any]) -> Result:
+async def one_request(client: httpx.AsyncClient, spec: LoadSpec, body: dict[str, Any], spans: Any = None) -> Result:
+    """One streamed request; with ``spans`` (an :class:`agent.clienttrace.ClientSpans`) also its client span."""
+    span = None
+    if spans is not None:
+        operation = "text_completion" if spec.protocol == "completions" else "chat"
+        span = spans.start(operation, body.get("model"), f"{spec.url}{PATHS[spec.protocol]}")
     start = time.perf_counter()
     result = Result(ok=False)
     last: float | None = None
     try:
-        async with client.stream("POST", PATHS[spec.protocol], json=body) as resp:
+        async with client.stream("POST", PATHS[spec.protocol], json=body, headers=span and span.headers) as resp:
             if resp.status_code != 200:
                 result.error = _error_type(resp, await resp.aread())
                 return result
@@ -197,6 +207,10 @@ async def one_request(client: httpx.AsyncClient, spec: LoadSpec, body: dict[str,
         result.error = "malformed_chunk"
     finally:
         result.e2e_s = time.perf_counter() - start
+        if span is not None:
+            if result.ttft_s is not None:
+                span.first_token(result.ttft_s)
+            span.end(result.error)
     return result
 
 
@@ -250,6 +264,25 @@ def summarize(spec: LoadSpec, results: list[Result], progress: Progress) -> dict
 async def run_load(
     spec: LoadSpec, on_progress: Callable[[Progress], None] | None = None, stop: asyncio.Event | None = None
 ) -> dict[str, Any]:
+    """:func:`_run_load`, with the client spans' exporter around it when ``spec.otlp_traces_endpoint`` is set."""
+    spans = None
+    if spec.otlp_traces_endpoint:
+        from agent.clienttrace import ClientSpans
+
+        spans = ClientSpans(spec.otlp_traces_endpoint, service_name="inferwatch-loadgen", provider_name="vllm")
+    try:
+        return await _run_load(spec, on_progress, stop, spans)
+    finally:
+        if spans is not None:
+            await asyncio.to_thread(spans.shutdown)
+
+
+async def _run_load(
+    spec: LoadSpec,
+    on_progress: Callable[[Progress], None] | None = None,
+    stop: asyncio.Event | None = None,
+    spans: Any = None,
+) -> dict[str, Any]:
     """Run the load described by ``spec`` and return the summary (see :func:`summarize`).
 
     Setting ``stop`` (SIGINT/SIGTERM in the CLI) ends the run early: no new arrivals, in-flight
@@ -269,7 +302,7 @@ async def run_load(
         async def launch(body: dict[str, Any]) -> None:
             progress.in_flight += 1
             try:
-                res = await one_request(client, spec, body)
+                res = await one_request(client, spec, body, spans)
             except asyncio.CancelledError:
                 res = Result(ok=False, error="cancelled")
             finally:

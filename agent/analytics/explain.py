@@ -110,6 +110,15 @@ PLACEMENT = ("dp_rank", "lora", "tenant")
 QUANTITIES = ("ttft", "e2e")
 PHASES = {"ttft": ("frontend", "queue", "prefill"), "e2e": ("frontend", "queue", "prefill", "decode", "output_length")}
 NONE = "none"
+# Client TTFT = client_gap + frontend + queue + prefill: where a client's (gateway's) own TTFT went, per part.
+CLIENT_PARTS = ("client_gap", "frontend", "queue", "prefill")
+CLIENT_PART_NAMES = {
+    "client_gap": "before the engine saw the request (network, gateway or proxy: client TTFT - engine TTFT)",
+    "frontend": "the engine's front end (API server, tokenizer, front-end queue) before its scheduler queue",
+    "queue": "the engine's scheduler queue",
+    "prefill": "prefill",
+}
+CLIENT_CAPACITY = CAPACITY  # client TTFTs kept by trace id, waiting for (or beside) their engine record
 PREEMPTION = "preemption"  # the driver named when KV-cache preemptions explain an engine phase
 METRIC_WINDOW = "5m"  # the window of inferwatch.engine.tail.driver (the alerts' window)
 WINDOW_SECONDS = {"1m": 60.0, "5m": 300.0}
@@ -878,10 +887,13 @@ def explain(
     top: int = DEFAULT_TOP,
     by: str = "ttft",
     aliases: Iterable[str] = (),
+    client: Mapping[str, float] | None = None,
 ) -> dict[str, Any] | None:
     """The explanation of ``model``'s tail over the last ``window_s`` (None: no record of it in the window).
 
     ``aliases`` are the names its spans may carry instead (``unknown`` when vLLM's spans name no model).
+    ``client`` maps a trace id to the TTFT a client saw (its CLIENT span): with it the report gains ``client``
+    (:func:`_client`) and each slow request its client TTFT and client − engine TTFT.
     """
     if by not in QUANTITIES:
         raise ValueError(f"by must be one of {', '.join(QUANTITIES)}, got {by!r}")
@@ -906,6 +918,9 @@ def explain(
             "e2e": _e2e(win, phases, weights, groups),
         },
     }
+    client_col = _client_column(win, client) if client else None
+    if client_col is not None:
+        out["client"] = _client(win, phases, client_col, weights)
     values = win.f[by]
     rows = max(0, min(top, MAX_TOP))
     candidates: Sequence[int] = phases.tails.get(by, ())
@@ -913,7 +928,83 @@ def explain(
         candidates = range(len(values)) if (t := sum(values)) == t else [j for j, v in enumerate(values) if v == v]
     slowest = heapq.nlargest(rows, candidates, key=values.__getitem__) if rows else []
     out["slowest_by"] = by
-    out["slowest"] = [_request_row(win, phases, j) for j in slowest]
+    out["slowest"] = [_request_row(win, phases, j, client_col) for j in slowest]
+    return out
+
+
+def _client_column(win: Window, client: Mapping[str, float]) -> list[float] | None:
+    """Per record the client's TTFT for its trace (NaN where no client span came); None when none matched."""
+    col = [client.get(t, _NAN) if (t := win.trace_id(j)) else _NAN for j in range(len(win))]
+    return col if any(v == v for v in col) else None
+
+
+def _client(win: Window, phases: _Phases, client: Sequence[float], weights: list[float] | None) -> dict[str, Any]:
+    """Client TTFT reconciled with the engine's: client_gap = client TTFT − engine TTFT per request, and which part
+    (:data:`CLIENT_PARTS`) holds the client-TTFT tail gap, with a verdict under the same rules as the engine's
+    (enough requests, a real tail, one part with at least :data:`DOMINANT_SHARE` of the gap)."""
+    ttft = win.f["ttft"]
+    parts = {p: phases.at(p, list(range(len(win)))) for p in CLIENT_PARTS[1:]}
+    gap_col = [c - t for c, t in zip(client, ttft, strict=True)]
+    idx = [
+        j
+        for j, c in enumerate(client)
+        if c == c and gap_col[j] == gap_col[j] and all(v[j] == v[j] for v in parts.values())
+    ]
+    out: dict[str, Any] = {"requests": len(idx), "driver": NONE, "confident": False}
+    if not idx:
+        out["why_not"] = "no client span matched an engine span with the phases"
+        out["headline"] = f"client TTFT: {out['why_not']}"
+        return out
+    parts["client_gap"] = gap_col
+    if weights is None:
+        total = float(len(idx))
+        tail, mid, p50, p99 = _bands_by_value(idx, client)
+    else:
+        order = sorted(idx, key=client.__getitem__)
+        total = math.fsum(weights[j] for j in idx)
+        p50, p99 = (client[_quantile(order, weights, total, q)] for q in (0.5, 0.99))
+        tail, mid = _bands(order, weights, total)
+    gaps = sorted(gap_col[j] for j in idx)
+    band_gap = _mean(tail, client, weights) - _mean(mid, client, weights)
+    shares = {
+        p: (_mean(tail, parts[p], weights) - _mean(mid, parts[p], weights)) / band_gap if band_gap > 0 else 0.0
+        for p in CLIENT_PARTS
+    }
+    top = max(shares, key=shares.__getitem__)
+    reasons = []
+    if total < MIN_REQUESTS:
+        reasons.append(f"{total:.0f} requests with a client span < {MIN_REQUESTS}")
+    if p50 > 0 and p99 / p50 < TAIL_RATIO_MIN:
+        reasons.append(f"client P99/P50 {p99 / p50:.2f} < {TAIL_RATIO_MIN:g}")
+    if p99 - p50 < TAIL_GAP_MIN_S:
+        reasons.append(f"client P99 - P50 {1000 * (p99 - p50):.0f} ms < {1000 * TAIL_GAP_MIN_S:.0f} ms")
+    if not reasons and shares[top] < DOMINANT_SHARE:
+        reasons.append(f"no part holds {DOMINANT_SHARE:.0%} of the gap (largest: {top} {shares[top]:.0%})")
+    driver = NONE if reasons else top
+    head = (
+        f"P99 client TTFT {_ms(p99)} vs P50 {_ms(p50)} (client - engine TTFT median {_ms(gaps[len(gaps) // 2])}, "
+        f"max {_ms(gaps[-1])}): "
+    )
+    out.update(
+        {
+            "p50_s": p50,
+            "p99_s": p99,
+            "gap_p50_s": gaps[len(gaps) // 2],
+            "gap_p99_s": gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))],
+            "band_gap_s": band_gap,
+            "shares": {p: round(v, 4) for p, v in shares.items()},
+            "dominant_part": top,
+            "driver": driver,
+            "confident": driver != NONE,
+            "why_not": "; ".join(reasons) or None,
+            "headline": head
+            + (
+                f"{shares[top]:.0%} of the gap is {top}, {CLIENT_PART_NAMES[top]}"
+                if driver != NONE
+                else f"no dominant part ({'; '.join(reasons)})"
+            ),
+        }
+    )
     return out
 
 
@@ -921,8 +1012,9 @@ def _num(x: float) -> float | None:
     return round(x, 6) if x == x else None
 
 
-def _request_row(win: Window, phases: _Phases, j: int) -> dict[str, Any]:
+def _request_row(win: Window, phases: _Phases, j: int, client: Sequence[float] | None = None) -> dict[str, Any]:
     f, i = win.f, win.i
+    seen = client[j] if client is not None else _NAN
     return {
         "request_id": win.requests[j],
         "trace_id": win.trace_id(j),
@@ -936,6 +1028,8 @@ def _request_row(win: Window, phases: _Phases, j: int) -> dict[str, Any]:
         "ttft_s": _num(f["ttft"][j]),
         "e2e_s": _num(f["e2e"][j]),
         "frontend_gap_s": _num(phases.at("frontend", [j])[0]),
+        "client_ttft_s": _num(seen),
+        "client_gap_s": _num(seen - f["ttft"][j]),
         "labels": dict(win.label_sets[win.codes[j] >> 5]),
     }
 
@@ -1028,9 +1122,14 @@ class TailExplainer:
         self.clock = clock
         self._cached: tuple[tuple[int, tuple[str, ...]], list[Sample]] | None = None
         self.failures = ModelFailures("explain")  # models whose verdict raised: left out, counted
+        self.client = ClientTTFTs()
 
     def record(self, timings: list[RequestTiming]) -> None:
         self.records.add(timings, self.clock())
+
+    def record_client(self, pairs: Iterable[tuple[str, float]]) -> None:
+        """Clients' own TTFTs by trace id (CLIENT spans), set beside the engine records when explaining."""
+        self.client.add(pairs, self.clock())
 
     def names_for(self, model: str, engine_models: Sequence[str] = ()) -> list[str]:
         """The record names that stand for ``model``: itself, and ``unknown`` when it is the engine's one model."""
@@ -1048,7 +1147,8 @@ class TailExplainer:
         engine_models: Sequence[str] = (),
     ) -> dict[str, Any] | None:
         first, *aliases = self.names_for(model, engine_models)
-        return explain(self.records, first, window_s, self.clock(), top, by, aliases)
+        now = self.clock()
+        return explain(self.records, first, window_s, now, top, by, aliases, self.client.snapshot(now))
 
     def samples(self, engine_models: Sequence[str], published: Mapping[tuple[str, str, str], Any]) -> list[Sample]:
         """``inferwatch.engine.tail.driver`` over :data:`METRIC_WINDOW` for every model with records in it.
@@ -1083,6 +1183,38 @@ class TailExplainer:
         return driver_samples(report, label, METRIC_WINDOW) if report is not None else []
 
 
+class ClientTTFTs:
+    """Client TTFTs by trace id, at most :data:`CLIENT_CAPACITY` (the oldest go first) and :data:`HORIZON_S` old."""
+
+    def __init__(self, capacity: int = CLIENT_CAPACITY) -> None:
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._by_trace: dict[str, tuple[float, float]] = {}  # insertion order = arrival order
+
+    def add(self, pairs: Iterable[tuple[str, float]], now: float) -> None:
+        with self._lock:
+            for trace_id, ttft in pairs:
+                self._by_trace.pop(trace_id, None)
+                self._by_trace[trace_id] = (ttft, now)
+            self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        d, cut = self._by_trace, now - HORIZON_S
+        while d:
+            oldest = next(iter(d))
+            if len(d) <= self.capacity and d[oldest][1] >= cut:
+                break
+            del d[oldest]
+
+    def snapshot(self, now: float) -> dict[str, float]:
+        with self._lock:
+            self._expire(now)
+            return {k: v[0] for k, v in self._by_trace.items()}
+
+    def __len__(self) -> int:
+        return len(self._by_trace)
+
+
 class RecordingSink:
     """The receiver's timing sink: the span analytics first, then the explainer's records (same timings)."""
 
@@ -1095,6 +1227,9 @@ class RecordingSink:
         dropped = self.analytics.record(batch)
         self.explainer.record(batch)
         return dropped
+
+    def record_client(self, pairs: Iterable[tuple[str, float]]) -> None:
+        self.explainer.record_client(pairs)
 
 
 def histogram_quantiles(
@@ -1141,6 +1276,12 @@ def render_text(report: Mapping[str, Any]) -> str:
         )
     else:
         lines.append(report["note"])
+    client = report.get("client")
+    if client:  # what the client saw comes first: the engine's verdicts below explain only the part inside it
+        lines.append("")
+        lines.append(f"CLIENT TTFT: {client['headline']}")
+        if client.get("shares"):
+            lines.append("  share of the tail gap: " + "  ".join(f"{p} {v:+.0%}" for p, v in client["shares"].items()))
     for q in QUANTITIES:
         d = report["quantities"].get(q)
         if not d:
@@ -1172,6 +1313,7 @@ def render_text(report: Mapping[str, Any]) -> str:
             "ttft",
             "e2e",
             "front",
+            "client",
             "labels",
         )
         table = [head]
@@ -1189,6 +1331,7 @@ def render_text(report: Mapping[str, Any]) -> str:
                     _sec(r["ttft_s"]),
                     _sec(r["e2e_s"]),
                     _sec(r["frontend_gap_s"]),
+                    _sec(r.get("client_gap_s")),
                     ",".join(f"{k}={v}" for k, v in sorted(r["labels"].items())) or "-",
                 )
             )

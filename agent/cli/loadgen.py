@@ -36,6 +36,12 @@ def register(app: typer.Typer) -> None:
             max=1.0,
             help="Exit 1 when more than this share of the requests failed (default: only when all of them did).",
         ),
+        otlp_traces_endpoint: str | None = typer.Option(
+            None,
+            "--otlp-traces-endpoint",
+            help="Report each request's client TTFT as an OTLP client span here (http://HOST:4318/v1/traces or "
+            "HOST:4317), its context sent as traceparent so the engine span is its child.",
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print only the summary as JSON."),
         progress: bool | None = typer.Option(
             None, "--progress/--no-progress", help="Live progress (default: on a TTY)."
@@ -66,6 +72,7 @@ def register(app: typer.Typer) -> None:
                 seed=seed,
                 timeout_s=timeout,
                 max_in_flight=max_in_flight,
+                otlp_traces_endpoint=otlp_traces_endpoint,
             )
         except ValueError as exc:
             typer.echo(f"inferwatch loadgen: {exc}", err=True)

@@ -98,6 +98,10 @@ class SpanIntake:
             raise
         got = extract(req)
         dropped = self.analytics.record(got.timings) if got.timings else 0
+        if got.client:  # clients' own TTFTs, for the explainer's client − engine reconciliation
+            record_client = getattr(self.analytics, "record_client", None)
+            if record_client is not None:
+                record_client(got.client)
         if self.forwarder is not None:
             self.forwarder.submit(payload)
             if self.forwarder.phase_spans and got.timings:

@@ -47,6 +47,10 @@ Each timing keeps the span it came from (``Extracted.sources``, same order); :fu
 span ids (hex), its ``gen_ai.request.id`` (vLLM's request id, ``cmpl-…``) and its start and end (Unix seconds), so
 that the last finished requests can be named in an evidence bundle and looked up in a trace backend. Only the
 intake's last few are read that way: the per-span cost of extraction stays what it was.
+
+A span of kind CLIENT without latency attributes but with :data:`CLIENT_TTFT_KEY` (a client's own TTFT: the load
+generator's, :mod:`agent.clienttrace`'s) gives ``(trace id, seconds)`` in ``Extracted.client``, which the explainer
+sets beside the engine span of the same trace (client TTFT − engine TTFT).
 """
 
 from __future__ import annotations
@@ -98,6 +102,10 @@ LABEL_KEYS: dict[str, str] = {
 }
 PREEMPTION_KEYS = frozenset({"vllm.num_preemptions", "num_preemptions"})
 MAX_LABEL_CHARS = 64
+# A client's (or gateway's) own TTFT: the GenAI conventions' attribute on an inference span of kind CLIENT
+# (the load generator's and agent.clienttrace's spans); joined with the engine span of the same trace by the explainer.
+CLIENT_TTFT_KEY = "gen_ai.response.time_to_first_chunk"
+_SPAN_KIND_CLIENT = 3
 
 
 class PayloadError(ValueError):
@@ -123,6 +131,7 @@ class Extracted:
     timings: list[RequestTiming] = field(default_factory=list)
     invalid: Counter[str] = field(default_factory=Counter)  # reason → values left out
     sources: list[Any] = field(default_factory=list)  # the protobuf Span of each timing, same order
+    client: list[tuple[str, float]] = field(default_factory=list)  # (trace id hex, client TTFT s) of client spans
 
 
 def decode(payload: bytes) -> ExportTraceServiceRequest:
@@ -182,7 +191,7 @@ def extract(req: ExportTraceServiceRequest) -> Extracted:
                 seconds: dict[str, float] = {}
                 model = response_model = request_id = None
                 operation = provider = provider_old = error_type = None
-                prompt = completion = preemptions = None
+                prompt = completion = preemptions = client_ttft = None
                 labels: list[tuple[str, str]] = []
                 for kv in span.attributes:
                     key = kv.key
@@ -224,7 +233,16 @@ def extract(req: ExportTraceServiceRequest) -> Extracted:
                         provider = kv.value.string_value[:MAX_LABEL_CHARS] or None
                     elif key == _PROVIDER_OLD:
                         provider_old = kv.value.string_value[:MAX_LABEL_CHARS] or None
+                    elif key == CLIENT_TTFT_KEY:
+                        client_ttft = _number(kv.value)
                 if not seconds:
+                    if (
+                        client_ttft is not None
+                        and 0.0 <= client_ttft <= MAX_LATENCY_S
+                        and span.kind == _SPAN_KIND_CLIENT
+                        and len(span.trace_id) == 16
+                    ):
+                        out.client.append((span.trace_id.hex(), client_ttft))
                     continue
                 start, end = span.start_time_unix_nano, span.end_time_unix_nano
                 if start and end:  # 0 is "unknown": nothing to check

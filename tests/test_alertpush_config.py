@@ -53,8 +53,11 @@ def test_kube_prometheus_stack_overlay_pushes_with_the_service_monitors_labels()
     am = _settings_from_env(expanded).alertmanager
     assert am.urls and am.instance == "node-a"
     sm = next(d for d in docs if d["kind"] == "ServiceMonitor")
-    relabeled = {r["targetLabel"] for r in sm["spec"]["endpoints"][0]["relabelings"]}
+    relabelings = sm["spec"]["endpoints"][0]["relabelings"]
+    relabeled = {r["targetLabel"] for r in relabelings if "targetLabel" in r}
     assert relabeled - {"instance"} <= set(am.target_labels)  # what the relabeling adds, the push adds
+    dropped = [re.compile(r["regex"]) for r in relabelings if r.get("action") == "labeldrop"]
+    assert not [k for k in am.target_labels if any(d.fullmatch(k) for d in dropped)]  # what it drops, the push does not
     assert am.target_labels["service"] == sm["metadata"]["name"] and am.job == sm["metadata"]["name"]
 
 

@@ -37,7 +37,15 @@ ROOT = Path(__file__).resolve().parents[1]
 KDIR = ROOT / "deploy" / "kubernetes"
 CRD_DIR = ROOT / "tests" / "fixtures" / "crds"
 K8S_VERSION = "1.37.0"  # the newest Kubernetes kubernetes-validate 1.37 ships schemas for
-OVERLAYS = ("base", "kube-prometheus-stack", "plain-prometheus", "otlp-gateway", "profiling", "engine-readiness")
+OVERLAYS = (
+    "base",
+    "kube-prometheus-stack",
+    "plain-prometheus",
+    "otlp-gateway",
+    "profiling",
+    "engine-readiness",
+    "discovery",
+)
 OPERATOR_GROUP = "monitoring.coreos.com"
 MEASURED_RSS_BYTES = 71.8e6  # docs/benchmarks.md, agent at a 5 s interval
 BASE_SKIPS = {"CKV_K8S_43", "CKV_K8S_15"}  # image digest, pull policy: reasons in base/daemonset.yaml
@@ -257,7 +265,11 @@ def test_the_pods_command_and_environment_serve_the_probes(tmp_path: Path) -> No
         "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "state" / "snapshots"),
         "HOME": str(tmp_path / "state"),
         "TMPDIR": str(tmp_path),
+        # the span receiver is on in the pod (0.0.0.0:4317/4318 there); here on free ports of 127.0.0.1
+        "INFERWATCH_RECEIVER__GRPC_ENDPOINT": f"127.0.0.1:{free_port()}",
+        "INFERWATCH_RECEIVER__HTTP_ENDPOINT": f"127.0.0.1:{free_port()}",
     }
+    assert env["INFERWATCH_RECEIVER__ENABLED"] == "true"
     args = [a if a != "0.0.0.0" else "127.0.0.1" for a in container["args"]]
     args[args.index("--port") + 1] = str(port)
     base = f"http://127.0.0.1:{port}"
@@ -349,9 +361,12 @@ def test_kube_prometheus_stack_objects_carry_the_release_label() -> None:
     engines = {d["spec"]["selector"]["matchLabels"]["inferwatch.io/engine"] for d in docs if d["kind"] == "PodMonitor"}
     assert engines == {"vllm", "sglang"}
     sm = _one(docs, "ServiceMonitor")
-    service_labels = _one(docs, "Service")["metadata"]["labels"]
-    assert sm["spec"]["selector"]["matchLabels"].items() <= service_labels.items()  # it selects the Service
-    assert _one(docs, "Service")["metadata"]["name"] == "inferwatch-agent"  # job="inferwatch-agent" (AgentDown)
+    selected = [
+        d["metadata"]["name"]
+        for d in docs
+        if d["kind"] == "Service" and sm["spec"]["selector"]["matchLabels"].items() <= d["metadata"]["labels"].items()
+    ]
+    assert selected == ["inferwatch-agent"]  # job="inferwatch-agent" (AgentDown); not the span receiver's Service
     dashboards = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["labels"].get("grafana_dashboard")]
     assert {d["metadata"]["labels"]["grafana_dashboard"] for d in dashboards} == {"1"}
     assert len(dashboards) == len(list((ROOT / "dashboards" / "json").glob("*.json")))
@@ -369,7 +384,54 @@ def test_network_policy_covers_the_api_port() -> None:
     docs = render("base")
     policy = _one(docs, "NetworkPolicy")
     assert policy["spec"]["podSelector"]["matchLabels"] == _one(docs, "DaemonSet")["spec"]["selector"]["matchLabels"]
-    assert [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]] == ["http-metrics"]
+    api, otlp = policy["spec"]["ingress"]
+    assert [p["port"] for p in api["ports"]] == ["http-metrics"]
+    assert otlp["from"] == [{"namespaceSelector": {}}]  # engines send spans from their own namespaces
+    assert [p["port"] for p in otlp["ports"]] == ["otlp-grpc", "otlp-http"]
+
+
+def test_the_span_receiver_is_on_behind_a_node_local_service() -> None:
+    docs = render("base")
+    container = _agent(docs)["containers"][0]
+    env = _env(_agent(docs))
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert env["INFERWATCH_RECEIVER__ENABLED"] == "true"
+    assert env["INFERWATCH_RECEIVER__GRPC_ENDPOINT"] == f"0.0.0.0:{ports['otlp-grpc']}"
+    assert env["INFERWATCH_RECEIVER__HTTP_ENDPOINT"] == f"0.0.0.0:{ports['otlp-http']}"
+    service = _one(docs, "Service", "inferwatch-otlp")
+    assert service["spec"]["internalTrafficPolicy"] == "Local"
+    assert service["spec"]["selector"] == _one(docs, "DaemonSet")["spec"]["selector"]["matchLabels"]
+    assert {p["targetPort"] for p in service["spec"]["ports"]} == {"otlp-grpc", "otlp-http"}
+
+
+def test_discovery_grants_read_only_pods_and_a_token_without_automount() -> None:
+    docs = render("discovery")
+    role = _one(docs, "ClusterRole", "inferwatch-agent-pods")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+    binding = _one(docs, "ClusterRoleBinding", "inferwatch-agent-pods")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    pod = _agent(docs)
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": "inferwatch"}
+    ]
+    assert pod["automountServiceAccountToken"] is False  # the token is mounted explicitly, for this container only
+    sources = {v["name"]: v for v in pod["volumes"]}["kube-api-access"]["projected"]["sources"]
+    assert sources[0]["serviceAccountToken"]["expirationSeconds"] <= 3600
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["kube-api-access"]["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert mounts["kube-api-access"]["readOnly"] is True
+    refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in pod["containers"][0]["env"] if "valueFrom" in e}
+    assert refs["NODE_NAME"] == "spec.nodeName"  # the field selector's node
+    others = [o for o in OVERLAYS if o != "discovery"]
+    assert not [o for o in others if any(d["kind"] in {"Role", "ClusterRole"} for d in render(o))]
+
+
+def test_the_service_monitor_leaves_the_engines_identity_to_the_series() -> None:
+    sm = _one(render("kube-prometheus-stack"), "ServiceMonitor")
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["honorLabels"] is True  # an engine series' own namespace/pod/container win
+    drops = [r["regex"] for r in endpoint["relabelings"] if r.get("action") == "labeldrop"]
+    assert drops == ["pod|container"]  # the agent's pod and container are not stamped on what it re-exports
 
 
 # -- generated manifests ------------------------------------------------------------------------------------------

@@ -78,7 +78,7 @@ class ApiServer:
         if not (sa_dir / "token").is_file():
             raise ConfigError(
                 f"discovery.kubernetes is on, and there is no service account token in {sa_dir}: mount one "
-                "(deploy/kubernetes/base/daemonset.yaml, volume kube-api-access)"
+                "(deploy/kubernetes/overlays/discovery/token.yaml)"
             )
         if ":" in host:
             host = f"[{host}]"
@@ -257,7 +257,7 @@ class _Scope:
             where = f"namespace {self.namespace}" if self.namespace else "all namespaces"
             raise CollectorError(
                 f"{what}: the API server refused ({response.status_code}) to list and watch pods in {where}: bind "
-                "the agent's ServiceAccount to the Role/ClusterRole of deploy/kubernetes/base/rbac.yaml"
+                "the agent's ServiceAccount to the ClusterRole of deploy/kubernetes/overlays/discovery/rbac.yaml"
             )
         if response.status_code != 200:
             raise CollectorError(f"{what}: HTTP {response.status_code} from the API server")

@@ -182,7 +182,18 @@ class EngineCore:
 
     @property
     def kv_usage(self) -> float:
-        return min(1.0, max(0.0, 1.0 - self.free_blocks / self.total_blocks)) if self.total_blocks else 0.0
+        """The fraction of blocks holding computed tokens, as vLLM V1 publishes it: V1 allocates a prefill's blocks
+        chunk by chunk (each step's new tokens), so its usage rises at every chunk of a long prefill and stands still
+        only when no step runs. The simulator reserves a request's blocks at admission (its admission check); the
+        blocks of prompt tokens not yet computed are counted free here."""
+        if not self.total_blocks:
+            return 0.0
+        ahead = sum(
+            max(0, r.blocks - self._blocks_for(r.prompt_tokens + r.generated - r.to_prefill))
+            for r in self.running
+            if r.to_prefill > 0
+        )
+        return min(1.0, max(0.0, 1.0 - (self.free_blocks + ahead) / self.total_blocks))
 
     def lora_state(self) -> tuple[list[str], list[str]]:
         """Adapters with requests running and waiting (vLLM's running/waiting_lora_adapters), sorted."""

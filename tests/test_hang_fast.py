@@ -113,6 +113,62 @@ def test_a_single_100k_token_prefill_longer_than_the_window_is_not_a_hang(queued
     assert _stalled(s) == []
 
 
+class _NoStepSignal(VirtualEngine):
+    """The same engine publishing no step signal (vLLM V0's gauge name, as SGLang, TGI, ... publish none)."""
+
+    def exposition(self) -> bytes:
+        return super().exposition().replace(b"vllm:kv_cache_usage_perc", b"vllm:gpu_cache_usage_perc")
+
+
+def _long_prefill(cls: type[VirtualEngine], hang_after_s: float | None) -> tuple[Scraper, float]:
+    """On an L40S a 100k-token prompt prefills for ~10 s in 2048-token chunks, alone: no token for longer than the
+    fast window, one request running. Hung ``hang_after_s`` into the prefill, if given; returns the hang's start."""
+    e = cls("l40s", 8.0, max_model_len=131072)
+    s = _scraper(e, max_model_len=131072)
+    for _ in range(3):
+        e.submit(256, 8)  # a little history: the engine's prefill seconds per token
+    _run(s, 30)
+    e.submit(100_000, 4)
+    start = -1.0
+    if hang_after_s is not None:
+        _run(s, hang_after_s)
+        e.hung.add(0)
+        start = e.now
+    _run(s, 60)
+    return s, start
+
+
+def test_a_lone_prefill_that_hangs_is_found_within_10_s_by_the_step_signal() -> None:
+    """One request running, no token yet (the look-alike of a long prefill): vLLM V1's KV usage rose at each chunk
+    and stands still once the engine stops stepping."""
+    s, start = _long_prefill(VirtualEngine, 2.0)
+    found = _stalled(s, start)
+    assert found and found[0][0] - start <= DETECT_S
+    last = s.history[-1][1][0]
+    assert last.running == 1 and last.fast and last.step_stall_s is not None
+    assert found[0][0] - start < last.allowance_s  # sooner than the prefill allowance
+
+
+def test_a_long_chunked_prefill_alone_moves_the_step_signal_and_is_not_a_hang() -> None:
+    s, _ = _long_prefill(VirtualEngine, None)
+    assert s.max_stall() > DEFAULT_HANG_FAST_STALL_S  # the look-alike: no token for longer than the fast window
+    assert all(v.step_stall_s is not None and v.step_stall_s < DEFAULT_HANG_FAST_STALL_S for _t, vs in s.history
+               for v in vs)  # fmt: skip
+    assert _stalled(s) == []
+
+
+def test_without_a_step_signal_a_lone_prefill_keeps_the_allowance() -> None:
+    """No per-step figure: a lone request that may be a prefill is judged on the allowance, both ways."""
+    quiet, _ = _long_prefill(_NoStepSignal, None)
+    assert quiet.max_stall() > DEFAULT_HANG_FAST_STALL_S and _stalled(quiet) == []
+    assert all(v.step_stall_s is None for _t, vs in quiet.history for v in vs)
+    s, start = _long_prefill(_NoStepSignal, 2.0)
+    found = _stalled(s, start)
+    allowance = s.history[-1][1][0].allowance_s
+    assert found and allowance > DETECT_S
+    assert allowance <= found[0][0] - start <= allowance + 2 * EVERY_S and not s.history[-1][1][0].fast
+
+
 def test_a_100k_token_prefill_beside_decoding_requests_is_not_a_hang() -> None:
     e = VirtualEngine("l40s", 8.0, max_model_len=131072)
     s = _scraper(e, max_model_len=131072)

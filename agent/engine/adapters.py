@@ -87,8 +87,17 @@ def _v(*names: str, **kw: object) -> tuple[Source, ...]:
 
 # Labels that name a data-parallel rank (vLLM v1 ``engine``, SGLang ``dp_rank``); a series without one is rank "0".
 RANK_LABELS = ("engine", "dp_rank")
-# What the hang detector needs per rank (agent/engine/hang.py): the load gauges and the progress counters.
-RANK_QUANTITIES = ("running", "waiting", "prompt_tokens", "generation_tokens")
+# What the hang detector needs per rank (agent/engine/hang.py): the load gauges, the progress counters and the step
+# signal (below).
+RANK_QUANTITIES = ("running", "waiting", "prompt_tokens", "generation_tokens", "kv_usage")
+# Per engine kind, the rank quantity that moves at every engine step, a chunked prefill's steps included, and the
+# families where it does. vLLM V1 (``kv_cache_usage_perc``, the V1 name) publishes its scheduler's stats after every
+# step, and allocates a prefill's KV blocks chunk by chunk, so a long prefill raises the usage at each step while a hung
+# engine leaves it still; its token counters and ``iteration_tokens_total`` move only on a step with output (none for
+# a partial prefill). vLLM V0 (``gpu_cache_usage_perc`` alone) allocated a prompt's blocks at admission; SGLang, TGI,
+# llama.cpp and TensorRT-LLM publish no per-step figure, and Ray Serve's ``ray_vllm:`` copies arrive on Ray's own
+# export interval: none there, the detector keeps the prefill allowance.
+STEP_SIGNALS: dict[str, tuple[str, frozenset[str]]] = {"vllm": ("kv_usage", frozenset({"vllm:kv_cache_usage_perc"}))}
 # averaged over ranks (ratios and per-transfer figures); every other gauge is summed
 GAUGE_MEAN = frozenset({"kv_usage", "spec_acceptance", "spec_acceptance_length", "kv_transfer_latency"})
 # The domain of each gauge, by the catalog quantity it feeds (agent/catalog/engine.py): KV-cache usage is a

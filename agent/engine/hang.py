@@ -25,9 +25,16 @@ decodes first in each step's token budget), so with two or more running the coun
 token for ``fast_stall_s`` while the rank has **two or more requests running**, **requests waiting and none
 running** (nothing admitted at all), or **the requests that were decoding at its last progress still running** (the
 same number running, and no request of the model finished or preempted since; at that progress the generation
-counter rose with the same requests in: a decoding request, not a prefill) is a hang. One request running that may
-be a prefill stays on the allowance. A pause shorter than ``fast_stall_s`` (a GC pause, a slow step) is not one; an
-idle rank never is.
+counter rose with the same requests in: a decoding request, not a prefill) is a hang. A pause shorter than
+``fast_stall_s`` (a GC pause, a slow step) is not one; an idle rank never is.
+
+**Step signal**: one request running that may be a prefill is told apart by a figure the engine moves at every step,
+a partial prefill's included (:data:`~agent.engine.adapters.STEP_SIGNALS`: vLLM V1's KV-cache usage, which rises
+with each chunk's blocks). Where the rank has one, no token and no step for the **step window** with a request
+running is a hang: ``max(fast_stall_s, prefill_safety × STEP_TOKENS × prefill seconds per token)`` (the longest
+step, a full token budget of prefill, at the engine's own speed), capped at the allowance; while the prefill speed
+is unknown the allowance applies. Where the engine has no step signal (vLLM V0 and Ray Serve's copies, SGLang, TGI,
+llama.cpp, TensorRT-LLM), one request running that may be a prefill stays on the allowance.
 
 Pure and clock-free: :meth:`HangDetector.update` takes the time. The ``/health`` probe is the collector's.
 """
@@ -38,10 +45,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agent.config import DEFAULT_HANG_FAST_STALL_S, DEFAULT_HANG_MAX_STALL_S, DEFAULT_HANG_MIN_STALL_S
-from agent.engine.adapters import EngineReading, ModelReading
+from agent.engine.adapters import STEP_SIGNALS, EngineReading, ModelReading
 from agent.engine.histogram import sum_histograms
 
 DEFAULT_PREFILL_SAFETY = 2.0  # the per-token estimate is a mean; a long prompt's attention costs more
+# Tokens of the longest engine step: vLLM's largest default token budget per step (max_num_batched_tokens, 8192 on
+# big GPUs; 2048 elsewhere), a chunk of a long prefill.
+STEP_TOKENS = 8192
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +70,7 @@ class RankVerdict:
     prefill_s_per_token: float | None
     max_model_len: int = 0
     fast: bool = False
+    step_stall_s: float | None = None  # since the last step (token or step signal) while busy; None: no step signal
 
 
 @dataclass
@@ -70,6 +81,8 @@ class _Track:
     running: float = 0.0  # at the last reading
     events: float = 0.0  # the model's requests finished + preempted, at the last reading
     decoding: tuple[float, float] | None = None  # (running, events) at the last progress, if those were decoding
+    step: float | None = None  # the step signal at the last reading (None: the engine has none)
+    step_at: float = 0.0  # when the step signal last moved
 
 
 def prefill_seconds_per_token(m: ModelReading) -> float | None:
@@ -129,6 +142,14 @@ class HangDetector:
         floor = min(self.fast_stall_s, self.min_stall_s) if self.fast_stall_s > 0 else self.min_stall_s
         return min(self.max_stall_s, max(floor, prefill))
 
+    def step_window(self, per_token_s: float | None, allowance_s: float) -> float:
+        """Seconds without a step that a rank with a request running and a step signal may show: the longest step
+        (``STEP_TOKENS`` of prefill at ``prefill_safety`` × the engine's speed), at least ``fast_stall_s``, at most
+        the allowance; the allowance while the speed is unknown or the fast path is off."""
+        if per_token_s is None or self.fast_stall_s <= 0:
+            return allowance_s
+        return min(allowance_s, max(self.fast_stall_s, self.prefill_safety * STEP_TOKENS * per_token_s))
+
     def fast(self, stall_s: float, running: float, waiting: float, decoding: bool = False) -> bool:
         """The fast path: no token for ``fast_stall_s`` with two or more running, some waiting and none running, or
         the requests that were decoding still in (``decoding``)."""
@@ -143,7 +164,10 @@ class HangDetector:
             per_token = prefill_seconds_per_token(m)
             events = sum(m.counters.get("finished", {}).values()) + sum(m.counters.get("preemptions", {}).values())
             allowance = self.allowance(per_token, model)
+            window = self.step_window(per_token, allowance)
             max_model_len = self.model_len(model)
+            signal = STEP_SIGNALS.get(reading.kind)
+            step_q = signal[0] if signal is not None and m.sources.get(signal[0]) in signal[1] else None
             for rank, q in sorted(m.ranks.items()):
                 if "generation_tokens" not in q and "prompt_tokens" not in q:
                     continue  # no progress counter: nothing to judge
@@ -151,25 +175,43 @@ class HangDetector:
                 live.add(key)
                 tokens = (q.get("prompt_tokens", 0.0), q.get("generation_tokens", 0.0))
                 running, waiting = q.get("running", 0.0), q.get("waiting", 0.0)
+                step = q.get(step_q) if step_q is not None else None
                 busy = running > 0 or waiting > 0
                 track = self._tracks.get(key)
                 if track is None:
-                    track = self._tracks[key] = _Track(tokens, t, t if busy else None, running, events)
+                    track = self._tracks[key] = _Track(tokens, t, t if busy else None, running, events, None, step, t)
                 elif tokens != track.tokens:  # moved (up: progress; down: a restart)
                     same = running >= 1 and running == track.running and events == track.events
                     track.decoding = (running, events) if same and tokens[1] > track.tokens[1] else None
                     track.tokens, track.progress_at = tokens, t
+                if step != track.step or track.progress_at == t:
+                    track.step, track.step_at = step, t
                 track.running, track.events = running, events
                 if not busy:
                     track.busy_since = None
                 elif track.busy_since is None:
                     track.busy_since = t
                 stall = t - max(track.progress_at, track.busy_since) if track.busy_since is not None else 0.0
-                fast = self.fast(stall, running, waiting, track.decoding == (running, events))
+                step_stall = None
+                if step is not None:
+                    step_stall = t - max(track.step_at, track.busy_since) if track.busy_since is not None else 0.0
+                fast = self.fast(stall, running, waiting, track.decoding == (running, events)) or (
+                    step_stall is not None and running >= 1 and step_stall >= window
+                )
                 stalled = stall >= allowance or fast
                 out.append(
                     RankVerdict(
-                        model, rank, running, waiting, stall, allowance, stalled, per_token, max_model_len, fast
+                        model,
+                        rank,
+                        running,
+                        waiting,
+                        stall,
+                        allowance,
+                        stalled,
+                        per_token,
+                        max_model_len,
+                        fast,
+                        step_stall,
                     )
                 )
         for key in set(self._tracks) - live:  # the model or rank is gone (restart with other flags)

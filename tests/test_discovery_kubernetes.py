@@ -153,6 +153,19 @@ def test_a_refused_list_says_which_rbac_is_missing() -> None:
         r.close()
 
 
+def test_a_list_that_is_not_a_pod_list_is_a_format_error() -> None:
+    req = {"path": "/api/v1/pods", "query": {"fieldSelector": f"spec.nodeName={NODE}"}}
+    r = Replay({"exchanges": [{"request": req, "response": {"status": 200, "body": ["not", "a", "list"]}}]})
+    w = watcher_for(r)
+    try:
+        with pytest.raises(CollectorError, match="is not a PodList"):
+            w.step()
+        assert w.scopes[0].resource_version is None and w.targets() == TargetSet()
+    finally:
+        w.stop()
+        r.close()
+
+
 def test_a_watch_stream_that_is_not_json_is_a_format_error() -> None:
     conv = json.loads((FIXTURES / "watch-namespaces.json").read_text())
     surprise = {

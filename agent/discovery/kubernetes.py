@@ -274,9 +274,12 @@ class _Scope:
                 raise CollectorError(f"listing pods at {self.path}: {exc}") from None
             self._check(response, f"listing pods at {self.path}")
             body = _json(response.content, "pod list")
-            meta = body.get("metadata") or {} if isinstance(body, dict) else {}
-            for pod in body.get("items") or [] if isinstance(body, dict) else []:
-                pods[_key(pod)] = pod
+            if not isinstance(body, dict) or not isinstance(body.get("items") or [], list):
+                raise SourceFormatError(f"the API server's answer at {self.path} is not a PodList")
+            meta = body.get("metadata") or {}
+            for pod in body.get("items") or []:
+                if isinstance(pod, dict):
+                    pods[_key(pod)] = pod
             rv = meta.get("resourceVersion")
             cont = meta.get("continue")
             if not cont:

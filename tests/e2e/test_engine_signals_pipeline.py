@@ -11,7 +11,7 @@ After a healthy phase every fault is switched on through the simulator's control
 | prefix_cache_collapse | 512-token shared system prompt | PrefixCacheHitRatioCollapsed |
 | spec_decode_collapse | --num-speculative-tokens 3 | SpecDecodeAcceptanceCollapsed |
 | lora_slot_exhaustion (8 adapters) | --max-loras 2, 256 output tokens | LoRARequestsWaitingForAdapterSlot |
-| slow_kv_transfer (×50) | --kv-connector, 2048-token prompts | GoodputBelowTarget |
+| slow_kv_transfer (×50) | --kv-connector, 2048-token prompts | KVTransferSlow |
 
 PrefixCacheHitRatioCollapsed compares with the same model a day ago (``offset 1d``, 24 minutes here): that history
 (a hit ratio of 0.6) is backfilled with promtool before Prometheus starts, as tests/test_runbooks_exec.py does.
@@ -80,7 +80,7 @@ FAULTS = (
     Fault(
         "pd-decode",
         {"name": "slow_kv_transfer", "params": {"factor": 50}},
-        "GoodputBelowTarget",
+        "KVTransferSlow",  # named for its cause; it inhibits the GoodputBelowTarget it causes (alertmanager.yml)
         flags=("--kv-connector",),
         load=("--prompt-tokens", "2048"),
     ),

@@ -173,7 +173,8 @@ def main() -> None:
             env.update(SOAK_TRACEMALLOC_DIR=str(args.tracemalloc), SOAK_SNAPSHOT_S=str(args.snapshot_s))
             agent_cmd = [PYTHON, str(ROOT / "benchmarks" / "soak_agent.py"), "run", "--port", str(agent_port)]
         agent = spawn("agent", agent_cmd, env)
-        wait_http(f"{agent_url}/metrics", proc=agent, timeout_s=120)
+        # tracemalloc (25 frames) makes the agent's start several times slower
+        wait_http(f"{agent_url}/metrics", proc=agent, timeout_s=120 if args.tracemalloc is None else 600)
         t0 = time.monotonic()
         end = t0 + args.duration_s
         for i, m in enumerate(MODELS):

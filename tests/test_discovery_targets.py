@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from agent.config import DiscoveryTargetSettings
+from agent.config import DiscoverySettings, DiscoveryTargetSettings
+from agent.discovery.combined import Discovery
 from agent.discovery.filesd import FileTargets, parse_file_sd
 from agent.discovery.static import static_targets
 from agent.discovery.target import EngineTarget, TargetIdentity, TargetSet
@@ -164,3 +165,36 @@ def test_file_targets_reload_on_change_and_keep_the_last_good_on_error(tmp_path:
     path.write_text("- targets: [a:1]\n" * 400)
     big = FileTargets(path, max_bytes=100).poll()
     assert big.targets == TargetSet() and "larger than discovery.file_max_bytes (100)" in str(big.error)
+
+
+def test_discovery_merges_sources_and_a_bad_source_keeps_its_last_targets(tmp_path: Path) -> None:
+    path = tmp_path / "engines.yaml"
+    path.write_text('- targets: ["10.0.0.5:8000"]\n')
+    settings = DiscoverySettings(
+        targets=[DiscoveryTargetSettings(name="gpu0", metrics_url="http://127.0.0.1:8000/metrics")], file=path
+    )
+    d = Discovery(settings)
+    first = d.poll()
+    assert sorted(first.targets) == ["10.0.0.5:8000", "gpu0"] and not first.errors
+    assert sorted(t.name for t in first.changes.added) == ["10.0.0.5:8000", "gpu0"]
+    assert not d.poll().changes  # nothing changed
+
+    path.write_text("- targets: [oops]\n")
+    _bump_mtime(path)
+    bad = d.poll()
+    assert (
+        sorted(bad.targets) == ["10.0.0.5:8000", "gpu0"] and not bad.changes and "not host:port" in bad.errors["file"]
+    )
+
+    path.write_text('- targets: ["10.0.0.6:8000"]\n  labels: {__inferwatch_name__: gpu0}\n')  # clashes with static
+    _bump_mtime(path)
+    clash = d.poll()
+    assert sorted(clash.targets) == ["10.0.0.5:8000", "gpu0"] and "'gpu0'" in clash.errors["merge"]
+
+    path.write_text('- targets: ["10.0.0.6:8000"]\n')
+    _bump_mtime(path)
+    fixed = d.poll()
+    assert [t.name for t in fixed.changes.added] == ["10.0.0.6:8000"]
+    assert [t.name for t in fixed.changes.removed] == ["10.0.0.5:8000"] and not fixed.errors
+    with pytest.raises(ConfigError, match="node_name"):
+        Discovery(DiscoverySettings(kubernetes=True))

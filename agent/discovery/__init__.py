@@ -8,5 +8,7 @@ and removed since the last one, so the composition root can start, restart and s
 - :mod:`agent.discovery.filesd`: a file in Prometheus ``file_sd`` shape, re-read when it changes;
 - :mod:`agent.discovery.kubernetes`: engine pods on this node, from the Kubernetes API (list, then watch).
 
+:class:`agent.discovery.combined.Discovery` builds the configured ones from ``DiscoverySettings`` and polls them as one.
+
 Nothing here starts a collector; the wiring does (issue 35: the multi-engine wiring is a separate step).
 """

@@ -23,10 +23,13 @@ targets; a pod that restarts with a new IP, a container restarted (a new contain
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -313,6 +316,9 @@ class _Scope:
                 with w.lock:
                     w.watches += 1
                     w._responses.add(response)
+                    if w.stopping.is_set():  # stop() came before this watch was registered: it cannot end it
+                        w._responses.discard(response)
+                        return
                 try:
                     for line in _lines(response.iter_bytes()):
                         self._event(_json(line, "watch event"))
@@ -363,6 +369,17 @@ class _Scope:
             with self.watcher.lock:
                 self.resource_version = None
                 self.watcher.relists_after_gone += 1
+
+
+def _interrupt(response: httpx.Response) -> None:
+    """End a watch another thread is blocked reading: shut its socket down (which wakes a blocked ``recv``; closing
+    the response alone does not), then close it."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is not None:
+        with contextlib.suppress(OSError):  # already closed
+            sock.shutdown(socket.SHUT_RDWR)
+    response.close()
 
 
 def _key(pod: Mapping[str, Any]) -> str:
@@ -472,9 +489,10 @@ class PodWatcher:
         with self.lock:
             responses = list(self._responses)
         for response in responses:
-            response.close()
+            _interrupt(response)
+        deadline = time.monotonic() + timeout_s
         for thread in self._threads:
-            thread.join(timeout_s)
+            thread.join(max(0.0, deadline - time.monotonic()))
         self._threads = []
         if self._own_client:
             self.client.close()

@@ -101,6 +101,13 @@ begin "checkov (.venv-tools)"
 .venv/bin/uv pip install -q --python .venv-tools/bin/python 'checkov==3.3.30'
 end
 
+# arize-phoenix (the compose stack's trace store, Elastic-2.0) is ~650 MB of dependencies with pins of its own, kept
+# out of the agent's: a venv of its own (tests/test_trace_store.py finds it at .venv-phoenix/bin/phoenix).
+begin "arize-phoenix (.venv-phoenix)"
+[ -x .venv-phoenix/bin/python ] || python3 -m venv .venv-phoenix
+.venv/bin/uv pip install -q --python .venv-phoenix/bin/python 'arize-phoenix==20.26.1'
+end
+
 if [ -x scripts/build-llama-server.sh ]; then
   # The script records each build's wall time in build/llama-build-times.txt.
   begin "llama.cpp server"

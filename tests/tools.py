@@ -42,6 +42,7 @@ PACKAGES = {
 # binary → the virtualenv scripts/test.sh installs it into, for a Python tool whose pins clash with .venv's
 VENVS = {
     "checkov": ".venv-tools",
+    "phoenix": ".venv-phoenix",
 }
 
 

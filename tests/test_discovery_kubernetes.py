@@ -9,6 +9,7 @@ HTTP status), a pod restarted with a new IP and container, a pod deleted and one
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 from collections.abc import Iterator
@@ -304,3 +305,12 @@ def test_discovery_runs_the_pod_watcher_from_settings() -> None:
     finally:
         d.stop()
         r.close()
+
+
+def test_the_conversations_are_what_their_generator_writes() -> None:
+    spec = importlib.util.spec_from_file_location("make_conversations", FIXTURES / "make_conversations.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert json.loads((FIXTURES / "watch-node.json").read_text()) == gen.node_conversation()
+    assert json.loads((FIXTURES / "watch-namespaces.json").read_text()) == gen.namespaces_conversation()

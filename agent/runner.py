@@ -32,7 +32,7 @@ from agent.config import Settings
 from agent.errors import CatalogError, NoDataError
 from agent.redact import redact_text
 from agent.samples import Collection, HistogramSample, Sample
-from agent.schedule import SlotTimes, after_run, next_wake, pulled_runs, timed_runs
+from agent.schedule import SlotTimes, adaptive_interval, after_run, next_wake, pulled_runs, timed_runs
 from agent.state import AgentState, CollectorHealth, next_health
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,8 @@ class _Slot:
     on_scrape: bool = False  # run on every scrape (a processor of in-memory input: cheap, and the scrape sees it)
     absence_final: bool = False  # an absence is not retried (nothing configured to watch)
     absent_retry_s: float | None = None  # an absence is retried after this long
+    slow_interval: float | None = None  # adaptive: ``interval`` follows the last run's CPU time up to this
+    fast_interval: float = 0.0  # adaptive: the interval while a run is cheap (the schedule's)
     due: float = 0.0  # monotonic time of its next run
     started: float = -math.inf  # monotonic time its last call started
     running: bool = False  # queued in or running on its lane
@@ -184,10 +186,13 @@ class Runner:
             interval, timeout, lane = plan.interval_s, plan.timeout_s, plan.lane
             if lane not in self._lanes:
                 self._lanes[lane] = _Lane(lane, threading.Condition(self._lock))
+            slow = plan.slow_interval_s
             self._slots.append(
-                _Slot(c, interval, timeout, lane, plan.on_scrape, plan.absence_final, plan.absent_retry_s)
+                _Slot(
+                    c, interval, timeout, lane, plan.on_scrape, plan.absence_final, plan.absent_retry_s, slow, interval
+                )
             )
-            state.register(CollectorHealth(c.name, interval, timeout))
+            state.register(CollectorHealth(c.name, max(interval, slow or 0.0), timeout))
 
     def start(self) -> None:
         with self._lock:
@@ -395,13 +400,23 @@ class Runner:
                 slot = lane.queue.popleft()
                 started = slot.started = self._clock()
                 lane.current, lane.deadline = slot, started + slot.timeout
+            cpu = time.thread_time()
             outcome, retry_s = self._call(slot)
+            cpu = time.thread_time() - cpu
             with self._lock:
                 if lane.worker is not token:  # timed out meanwhile: recorded by the scheduler; we are abandoned
                     slot.stuck = False
+                    if slot.slow_interval is not None:  # past its timeout: costly if it was working, not waiting
+                        slot.interval = adaptive_interval(slot.fast_interval, slot.slow_interval, cpu)
                     return
                 self._finish(slot.collector, started, *outcome)
                 lane.current, lane.deadline = None, math.inf
+                if slot.slow_interval is not None:  # adaptive cadence: a costly run stretches the next interval
+                    # A read's cost: its wall time when it succeeded (the peer rendering, the transfer, the parse:
+                    # what every read costs the engine and the agent); only its own CPU when it failed, so a peer
+                    # that is down or silent (a timeout is waiting, not work) is still looked at at the fast pace.
+                    cost = self._clock() - started if outcome[1] == "ok" else cpu
+                    slot.interval = adaptive_interval(slot.fast_interval, slot.slow_interval, cost)
                 self._cycle_done(slot, started, self._clock())
                 if retry_s is not None:  # an absence that lasts: not called again before then (inf: never)
                     slot.due = max(slot.due, started + retry_s)

@@ -70,6 +70,19 @@ def after_run(slot: SlotTimes, started: float, now: float, scraped: bool) -> flo
     return started + slot.interval_s if scraped else next_due(started, slot.interval_s, now)
 
 
+READ_BUDGET = 0.10  # an adaptive collector's reads may take this fraction of their interval
+
+
+def adaptive_interval(fast_s: float, slow_s: float, cost_s: float, budget: float = READ_BUDGET) -> float:
+    """The next interval of a collector that reads at ``fast_s`` while a read is cheap: the one at which its last
+    read's cost ``cost_s`` (seconds) is ``budget`` of the interval, between ``fast_s`` and ``slow_s``.
+
+    A read costing up to ``budget × fast_s`` keeps the fast cadence; a costlier one stretches the interval in
+    proportion (the reads keep to ``budget`` of the time), up to ``slow_s``.
+    """
+    return max(fast_s, min(slow_s, cost_s / budget)) if budget > 0 else slow_s
+
+
 def next_wake(slots: Sequence[SlotTimes], deadline: float = math.inf) -> float:
     """When the scheduler must look again: the earliest timed run of an idle slot, or a call's deadline."""
     return min(min((s.due for s in slots if not s.running), default=math.inf), deadline)

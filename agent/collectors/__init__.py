@@ -63,6 +63,8 @@ class Entry:
     # configuration ends it); the runner does not call it again, the absence and its hint stay in the status.
     configured: Callable[[Settings], bool] = _always
     absent_retry_s: float | None = None  # an absence that lasts (no driver): looked at again only this often
+    # the adaptive cadence's slowest interval (Schedule.slow_interval_s); only while collectors.NAME.interval_s is unset
+    slow_interval_s: SettingsFn = _none
 
     @property
     def name(self) -> str:
@@ -79,6 +81,9 @@ class Schedule:
     on_scrape: bool = False
     absence_final: bool = False  # an absence is not retried (nothing configured to watch)
     absent_retry_s: float | None = None  # an absence is retried after this long, not every interval
+    # Adaptive cadence: ``interval_s`` while a run is cheap, stretched toward this one as its CPU time grows
+    # (agent.schedule.adaptive_interval); None: fixed.
+    slow_interval_s: float | None = None
 
 
 REGISTRY: dict[str, Entry] = {
@@ -92,8 +97,10 @@ REGISTRY: dict[str, Entry] = {
             EngineCollector,
             lane=None,
             configured=lambda s: bool(s.engine.metrics_url),
-            # hang detection's fast path needs two readings 6 s apart soon after the last token (agent/engine/hang.py)
+            # hang detection's fast path needs two readings 6 s apart soon after the last token (agent/engine/hang.py);
+            # a costly read (a large exposition: hundreds of models) backs off toward the agent's interval
             interval_s=lambda s: min(s.interval_s, DEFAULT_ENGINE_INTERVAL_S),
+            slow_interval_s=lambda s: s.interval_s,
         ),
         Entry(
             RuntimeProfileCollector,
@@ -129,7 +136,9 @@ def schedule(name: str, settings: Settings) -> Schedule:
     lane = HOST_LANE if entry is None else entry.lane or name
     final = entry is not None and not entry.configured(settings)
     retry = entry.absent_retry_s if entry else None
-    return Schedule(interval, timeout or min(settings.timeout_s, interval), lane, False, final, retry)
+    slow = entry.slow_interval_s(settings) if entry is not None and not cfg.interval_s else None
+    slow = slow if slow is not None and slow > interval else None  # a configured interval is kept as it is
+    return Schedule(interval, timeout or min(settings.timeout_s, interval), lane, False, final, retry, slow)
 
 
 def enabled_collectors(ctx: CollectContext) -> list[BaseCollector]:

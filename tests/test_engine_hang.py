@@ -34,7 +34,9 @@ from agent.config import Settings
 from agent.engine.adapters import RANK_LABELS
 from agent.engine.fetch import EngineScrapeError
 from agent.engine.hang import HangDetector, RankVerdict
+from agent.engine.scrape import EngineParser
 from agent.wiring import collect_context
+from tests.conftest import FIXTURES
 from tests.hang_sim import SCRAPE_S, Scraper, VirtualEngine
 
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -391,3 +393,22 @@ def test_live_simulator_one_rank_hung_through_the_engine_collector(tmp_path) -> 
                 assert sorted(hung.values()) == [0, 1]
             finally:
                 collector.close()
+
+
+@pytest.mark.parametrize(
+    ("capture", "has_step"),
+    [
+        ("vllm-v1-ngc-25.09-full.prom", True),  # V1: kv_cache_usage_perc (beside the deprecated name)
+        ("vllm-v1-dp2-synthetic.prom", True),
+        ("vllm-v1-signals-dp2.prom", True),
+        ("vllm-v1-deprecated-names-synthetic.prom", False),  # gpu_cache_usage_perc only: not known to be per step
+        ("vllm-0.4-ibm-tgis-pr18.prom", False),  # V0: a prompt's blocks allocated at admission
+        ("sglang-0.5.10.post1.prom", False),  # SGLang publishes no per-step figure
+        ("llamacpp-b5600-counters-pr13196.prom", False),
+    ],
+)
+def test_the_step_signal_is_read_only_where_the_engine_moves_it_at_every_step(capture: str, has_step: bool) -> None:
+    text = (FIXTURES / "engines" / capture).read_text()
+    verdicts = HangDetector().update(0.0, EngineParser().parse((text if text.endswith("\n") else text + "\n").encode()))
+    assert verdicts, "no rank judged"
+    assert {v.step_stall_s is not None for v in verdicts} == {has_step}

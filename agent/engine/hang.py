@@ -196,7 +196,7 @@ class HangDetector:
                 if step is not None:
                     step_stall = t - max(track.step_at, track.busy_since) if track.busy_since is not None else 0.0
                 fast = self.fast(stall, running, waiting, track.decoding == (running, events)) or (
-                    step_stall is not None and running >= 1 and step_stall >= window
+                    self.fast_stall_s > 0 and step_stall is not None and running >= 1 and step_stall >= window
                 )
                 stalled = stall >= allowance or fast
                 out.append(

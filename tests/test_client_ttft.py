@@ -16,7 +16,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from agent.analytics.explain import RecordingSink, TailExplainer, render_text
+from agent.analytics.explain import HORIZON_S, ClientTTFTs, RecordingSink, TailExplainer, render_text
 from agent.analytics.latency import LatencyAnalytics
 from agent.clienttrace import TTFT_KEY, ClientSpans, httpx_event_hooks
 from agent.config import ReceiverSettings
@@ -218,3 +218,11 @@ def test_frontend_delay_is_named_from_the_clients_ttft(tmp_path) -> None:
         text = httpx.get(f"{base}/api/v1/explain", params={"window": "5m", "format": "text"}, timeout=10).text
         first = next(line for line in text.splitlines() if ": P99" in line)
         assert first.startswith("CLIENT TTFT:") and "front end" in first, text
+
+
+def test_client_ttfts_are_bounded_in_count_and_age() -> None:
+    store = ClientTTFTs(capacity=100)
+    store.add(((f"{i:032x}", 0.1) for i in range(250)), now=1000.0)
+    assert len(store) == 100 and f"{249:032x}" in store.snapshot(1000.0) and f"{0:032x}" not in store.snapshot(1000.0)
+    store.add([(f"{999:032x}", 0.2)], now=1200.0)
+    assert len(store.snapshot(1000.0 + HORIZON_S + 1)) == 1  # the first 100 are past the horizon, the last is not

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
 
 import grpc
 import httpx
@@ -19,6 +20,8 @@ from agent.config import ReceiverSettings
 from agent.receiver import Receiver
 from agent.receiver.forward import GRPC_METHOD
 from agent.receiver.phases import PHASE_ATTRIBUTE, SCOPE_NAME, phase_spans
+from tests.conftest import PYTHON, ROOT, free_port
+from tests.procs import running, wait_http
 from tests.trace_receiver import grpc_trace_receiver, http_trace_receiver
 
 NS = 1_000_000_000
@@ -88,7 +91,8 @@ def _attr(span: Span, key: str) -> float:
     return kv.value.double_value or float(kv.value.int_value)
 
 
-def check_children(original: bytes, children: list[Span]) -> None:
+def check_children(original: bytes, children: list[Span]) -> int:
+    """Check the children of every engine span in ``original``; return how many engine spans there were."""
     req = ExportTraceServiceRequest.FromString(original)
     engine = [s for s in req.resource_spans[0].scope_spans[0].spans if s.name == "llm_request"]
     by_parent: dict[bytes, list[Span]] = {}
@@ -123,6 +127,7 @@ def check_children(original: bytes, children: list[Span]) -> None:
                 abs(q.end_time_unix_nano - q.start_time_unix_nano - _attr(s, "gen_ai.latency.time_in_queue") * NS) <= 2
             )
         assert abs(kids["decode"].end_time_unix_nano - s.end_time_unix_nano) <= 2
+    return len(engine)
 
 
 @pytest.mark.integration
@@ -207,3 +212,37 @@ def test_kv_transfer_and_missing_values() -> None:
     t.CopyFrom(s)
     t.start_time_unix_nano = 0
     assert [k.start_time_unix_nano for k in phase_spans(t)] == [k.start_time_unix_nano for k in phase_spans(s)]
+
+
+@pytest.mark.integration
+def test_the_simulators_spans_get_children_that_add_up(tmp_path) -> None:
+    """Spans as the simulator (vLLM's do_tracing) sends them, over OTLP/gRPC, forwarded to a downstream receiver."""
+    with grpc_trace_receiver() as (received, port):
+        receiver = Receiver(
+            ReceiverSettings(
+                enabled=True, grpc_endpoint="127.0.0.1:0", http_endpoint=None, forward_endpoint=f"127.0.0.1:{port}"
+            ),
+            LatencyAnalytics(),
+        )
+        receiver.start()
+        try:
+            sim_port = free_port()
+            cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(sim_port), "--seed", "2"]
+            cmd += ["--otlp-traces-endpoint", f"http://127.0.0.1:{receiver.grpc_port}"]
+            with running(cmd, tmp_path / "sim.log", cwd=ROOT, env={"OTEL_BSP_SCHEDULE_DELAY": "100"}) as sim:
+                wait_http(f"http://127.0.0.1:{sim_port}/health", proc=sim)
+                out = subprocess.run(
+                    [PYTHON, "-m", "agent", "loadgen", "--url", f"http://127.0.0.1:{sim_port}", "--json",
+                     "--count", "20", "--rate", "20", "--output-tokens", "8"],
+                    cwd=ROOT, capture_output=True, text=True, timeout=120,
+                )  # fmt: skip
+                assert out.returncode == 0, out.stderr
+                received.wait(lambda rec: sum(s.name == "llm_request" for s in rec.spans()) >= 20)
+                received.wait(lambda rec: sum(s.name == "decode" for s in rec.spans()) >= 20)
+        finally:
+            receiver.stop()
+    spans = received.spans()
+    originals = [p for p in received.snapshot() if b"llm_request" in p]
+    children = [s for s in spans if s.parent_span_id and s.name != "llm_request"]
+    checked = sum(check_children(p, [c for c in children if c.trace_id in p]) for p in originals)
+    assert checked == 20

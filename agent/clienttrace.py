@@ -143,7 +143,7 @@ def _describe(request: Any) -> tuple[str, str | None, bool]:
         if isinstance(body, Mapping):
             model = str(body["model"]) if body.get("model") else None
             stream = bool(body.get("stream"))
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, httpx.RequestNotRead):  # a streamed body (an upload) is not read here
         pass
     return operation, model, stream
 

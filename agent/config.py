@@ -493,7 +493,8 @@ DEFAULT_READINESS_MAX_AGE_S = 10.0  # five engine reads at the 2 s cadence
 
 class ReadinessSettings(_Section):
     """``GET /engines/{name}/ready`` (agent/api/readiness.py): 503 when the engine's last successful read is older
-    than ``max_age_s``; with ``shed_waiting`` > 0, also once that many requests wait (load shedding, off by
+    than ``max_age_s`` (or than two of the engine collector's intervals, when those are longer); with
+    ``shed_waiting`` > 0, also once that many requests wait (load shedding, off by
     default: a saturated engine serves)."""
 
     max_age_s: float = Field(default=DEFAULT_READINESS_MAX_AGE_S, gt=0, le=3600)

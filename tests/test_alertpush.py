@@ -203,3 +203,30 @@ def test_engine_down_is_pushed_after_6_s_when_wedged_and_45_s_when_refused(
     }
     assert n - 1 == after_s  # the first down reading starts the for:
     pusher.stop()
+
+
+def test_a_gauge_condition_holds_as_long_as_the_gauge_while_a_counter_needs_an_increase() -> None:
+    """RuntimeHardwareMismatch: ``missing_libraries > 0`` (a gauge) fires as long as it holds, past the rule's 5-minute
+    increase window that applies to the probe's error counter only; a counter that stops rising stops firing."""
+    state, clock = AgentState(), Clock()
+    pusher = AlertPusher(AlertmanagerSettings(urls=["http://127.0.0.1:9"], instance="n:9435"), state, clock=clock)
+
+    def record(missing: float, errors: float) -> None:
+        samples = [
+            Sample("inferwatch.runtime.binary.missing_libraries", missing, attrs()),
+            Sample("inferwatch.probe.http_errors", errors, attrs(error_type="hardware_mismatch")),
+        ]
+        state.record("binary", CollectorHealth("binary", 5, 5, runs=1, state="ok"), Collection(samples, [], {}))
+
+    def mismatch_firing() -> bool:
+        return any(rule.alert == "RuntimeHardwareMismatch" for rule, _l, _d in pusher.firing(clock.t).values())
+
+    for _ in range(12 * 15):  # 15 minutes at 5 s: the gauge stays at 2, the counter at 0
+        clock.t += 5
+        record(2, 0)
+        assert mismatch_firing()
+    for _ in range(12 * 15):  # the libraries found, the probe's counter rose once and then no more
+        clock.t += 5
+        record(0, 3)
+    assert not mismatch_firing()
+    pusher.stop()

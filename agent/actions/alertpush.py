@@ -44,6 +44,7 @@ from agent import assets, catalog
 from agent.catalog.spec import prometheus_label
 from agent.config import DEFAULT_RUNBOOKS_BASE_URL, AlertmanagerSettings
 from agent.errors import ConfigError
+from agent.redact import redact_url
 from agent.samples import AnySample, Collection, Sample, attrs
 from agent.state import AgentState
 from agent.userfiles import read_text_bounded
@@ -64,8 +65,9 @@ class PushRule:
 
     ``metrics``: (catalog name, label filter, condition on the value). ``by``: the Prometheus labels the rule keeps
     (``max by (...)``), None for every label of the series. ``for_s``: how long the condition holds first.
-    ``increase_s``: the condition is on the counter's increase over that window (``increase(x[5m]) > 0``), a
-    counter that appeared above zero counting as an increase.
+    ``increase_s``: the condition of each metric named in ``counters`` is on the counter's increase over that window
+    (``increase(x[5m]) > 0``), a counter that appeared above zero counting as an increase; the other metrics (gauges)
+    are read as they are, as the rule reads them.
     """
 
     alert: str
@@ -75,6 +77,7 @@ class PushRule:
     dashboard: str
     increase_s: float = 0.0
     fast_for_s: float | None = None  # EngineDown: the `for` while every failed read timed out (a wedged process)
+    counters: tuple[str, ...] = ()  # the metrics whose increase over increase_s is the condition
 
 
 def _eq(x: float) -> Callable[[float], bool]:
@@ -111,6 +114,7 @@ RULES: dict[str, PushRule] = {
             15.0,
             "inferwatch-node",
             300.0,
+            counters=("inferwatch.probe.http_errors",),  # the rule: increase(...[5m]) > 0 or missing_libraries > 0
         ),
         PushRule("CPUFeatureMissing", (("inferwatch.cpu.feature_missing", {}, _eq(1)),), None, 30.0, "inferwatch-node"),
     )
@@ -297,7 +301,7 @@ class AlertPusher:
                 for labels, value in series.get(name, []):
                     if any(labels.get(k) != v for k, v in match.items()):
                         continue
-                    if rule.increase_s:
+                    if rule.increase_s and name in rule.counters:
                         ok = self._increased(name, labels, value, now, rule.increase_s) and value > 0
                     else:
                         ok = cond(value)
@@ -413,13 +417,13 @@ class AlertPusher:
                 a.sent_at = now
         if payload:
             self._send(payload)
+            self.sent.append((now, payload))
+            del self.sent[:-100]
         if started and self.on_fire is not None:  # e.g. the evidence capture (what the webhook would start)
             try:
                 self.on_fire({"alerts": [{**p, "status": "firing"} for p in started]})
             except Exception:
                 log.exception("alert push: the on_fire action failed")
-            self.sent.append((now, payload))
-            del self.sent[:-100]
         return payload
 
     def _postable(self, a: _Alert, now: float) -> dict[str, object]:
@@ -452,9 +456,9 @@ class AlertPusher:
             else:
                 self._failing.add(url)
         if outcome != "ok" and not was_failing:
-            log.warning("alert push to %s failing: %s", url, message)
+            log.warning("alert push to %s failing: %s", redact_url(url), message)
         elif outcome == "ok" and was_failing:
-            log.info("alert push to %s works again", url)
+            log.info("alert push to %s works again", redact_url(url))
 
     def samples(self) -> list[AnySample]:
         """``inferwatch.alertpush.sends{outcome}``: POSTs to an Alertmanager, by outcome."""

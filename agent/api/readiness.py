@@ -44,7 +44,8 @@ def readiness(settings: Settings, state: AgentState, name: str, now: float | Non
     if health.state == "failed":
         return 503, {**body, "reason": "down", "detail": health.last_error or "the engine's /metrics read failed"}
     age = now - (health.last_success_at or 0.0)
-    if age > settings.readiness.max_age_s:
+    # never below two of the collector's longest intervals: an engine read at the slow pace is not stale
+    if age > max(settings.readiness.max_age_s, 2 * health.interval_s):
         return 503, {**body, "reason": "stale", "detail": f"the engine was last read {age:.1f}s ago"}
     collections = state.collections()
     engine = collections.get(ENGINE)

@@ -468,12 +468,14 @@ class PodWatcher:
         while not self.stopping.is_set():
             try:
                 scope.step()
-            except (CollectorError, ConfigError) as exc:
+            except Exception as exc:  # one malformed answer must not end this scope's watch for good
+                expected = isinstance(exc, (CollectorError, ConfigError))
+                reason = str(exc) if expected else f"malformed API answer ({type(exc).__name__}: {exc})"
                 with self.lock:
                     first = name not in self.errors
-                    self.errors[name] = str(exc)
+                    self.errors[name] = reason
                 if first:
-                    log.warning("kubernetes discovery: %s", exc)
+                    log.warning("kubernetes discovery: %s", reason)
                 self.stopping.wait(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue

@@ -1,4 +1,4 @@
-"""alerts/scenarios.yml against the simulator, the rules and the drills: every fault has an alert, every alert a case.
+"""tests/alert_scenarios.yml against the simulator, the rules and the drills: every fault has an alert and back.
 
 Fails when a simulator scenario has no expected alert, an alert (Watchdog aside) has neither a scenario nor a
 crafted promtool fixture, a case names an alert or a scenario that does not exist, or a drill fault expects another
@@ -14,18 +14,18 @@ from pathlib import Path
 import yaml
 
 from simulator.scenarios import DEFAULTS, parse
-from tests.alerting import ALERTS_DIR, alert_names, rule_test_files
+from tests.alerting import alert_names, rule_test_files
 from tests.conftest import ROOT
 from tests.fleet import faults
 
-MAPPING = yaml.safe_load((ALERTS_DIR / "scenarios.yml").read_text())
+MAPPING = yaml.safe_load((ROOT / "tests" / "alert_scenarios.yml").read_text())
 CASES: list[dict[str, str]] = MAPPING["cases"]
 FIXTURE_ONLY: dict[str, str] = MAPPING["fixture_only"]
 
 
 def test_every_simulator_scenario_has_an_expected_alert() -> None:
     covered = {parse(c["scenario"]).name for c in CASES}  # parse: a bad name or parameter fails here
-    assert set(DEFAULTS) - covered == set(), "simulator scenarios with no expected alert in alerts/scenarios.yml"
+    assert set(DEFAULTS) - covered == set(), "simulator scenarios with no expected alert in tests/alert_scenarios.yml"
 
 
 def test_every_alert_has_a_scenario_or_a_crafted_fixture() -> None:

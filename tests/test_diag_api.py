@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import httpx
 import psutil
@@ -186,7 +189,17 @@ def test_bad_tokens_file_refuses_to_start(tmp_path) -> None:
 def test_cli_without_ptrace_permission_names_the_fix(target, tmp_path) -> None:
     """A real refusal: py-spy as user nobody against a root-owned Python process."""
     cmd = ["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", PYTHON, "-m", "agent", "profile"]
-    cmd += ["--pid", str(target.pid), "--duration", "1", "-o", str(tmp_path / "never.json")]
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    cmd += ["--pid", str(target.pid), "--duration", "1", "-o"]
+    # An --output nobody may not even look into (pytest's root-only tmp): one line, exit 2, before py-spy runs.
+    res = subprocess.run([*cmd, str(tmp_path / "never.json")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "cannot write --output" in res.stderr, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    # A writable --output: py-spy itself is refused by the kernel, and the message names the fix.
+    out_dir = Path(tempfile.mkdtemp(prefix="inferwatch-nobody-"))
+    try:
+        out_dir.chmod(0o777)
+        res = subprocess.run([*cmd, str(out_dir / "never.json")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "permission denied" in res.stderr and "SYS_PTRACE" in res.stderr and "pid: host" in res.stderr

@@ -52,7 +52,7 @@ def test_unit_test_catches_a_broken_rule(tmp_path) -> None:
 
 def test_rule_uses_catalog_metrics_and_has_runbook() -> None:
     rules = yaml.safe_load(RULES.read_text())
-    (rule,) = [r for r in rules["groups"][0]["rules"] if r["alert"] == "SIMDUnusedWhileServing"]
+    (rule,) = [r for r in rules["groups"][0]["rules"] if r.get("alert") == "SIMDUnusedWhileServing"]
     for name in ("inferwatch_runtime_simd_used", "inferwatch_runtime_simd_capable"):
         assert name in rule["expr"] and name in catalog.prometheus_series_names()
     runbook = ROOT / "runbooks" / "SIMDUnusedWhileServing.md"

@@ -342,14 +342,20 @@ def _reach_s(expr: str) -> float:
     return max([reach, *recorded])
 
 
+DEGENERATE_RECORDS: set[str] = set()  # recorded names whose own compressed rate is degenerate (filled per run)
+
+
 def _degenerate_rate(expr: str) -> bool:
-    """A rate whose compressed window holds fewer than two scrapes (a shipped ``[1m]`` is ``[1s]`` in the profile).
+    """A rate whose compressed window holds fewer than two scrapes (a shipped ``[1m]`` is ``[1s]`` in the profile),
+    directly or through a recorded series made by one (:data:`DEGENERATE_RECORDS`).
 
     Prometheus computes a rate from the samples inside the window and has none to compare with one; MetricsQL
     also reads the sample before the window, so it answers. Neither is wrong and the shipped rules never meet it:
     every rate window there holds at least two production scrapes
     (``test_every_shipped_rate_window_holds_two_production_scrapes``).
     """
+    if any(re.search(rf"(?<![\w:]){re.escape(name)}(?![\w:])", expr) for name in DEGENERATE_RECORDS):
+        return True
     return any(duration_s(w) < 2 * PROFILE_SCRAPE_S for w in RATE_RANGE_RE.findall(expr))
 
 
@@ -528,6 +534,7 @@ def _operands(expr: str) -> list[str]:
 def test_every_rule_expression_agrees_between_prometheus_and_victoriametrics(stack: Stack) -> None:
     rules = _rules(sorted((stack.tmp / "rules").glob("*.rules.yml")))
     noisy = _quantile_filtered(rules)
+    DEGENERATE_RECORDS.update(r["record"] for r in rules if "record" in r and _degenerate_rate(str(r["expr"])))
     at = time.time() - SETTLE_S
     report: dict[str, Any] = {}
     failures: dict[str, list[str]] = {}

@@ -51,8 +51,12 @@ def register(app: typer.Typer) -> None:
         out = output or Path(f"profile-{pid}{pyspy.FORMATS[fmt]}")
         # A bad --output is the user's mistake: say so before py-spy records for --duration and fails with its own
         # multi-line backtrace.
-        if out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
-            why = "is a directory" if out.is_dir() else f"{out.parent} is not a writable directory"
+        try:
+            bad = out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK)
+            why = "is a directory" if bad and out.is_dir() else f"{out.parent} is not a writable directory"
+        except OSError as exc:  # e.g. a parent this user may not even look into
+            bad, why = True, exc.strerror or str(exc)
+        if bad:
             typer.echo(f"inferwatch profile: cannot write --output {out}: {why}", err=True)
             raise typer.Exit(2)
         try:

@@ -514,7 +514,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
 
 
 def _runbook_ok(url: str, alertname: str) -> None:
-    resp = httpx.get(url, timeout=5)
+    # the runbook as Markdown (the page itself is rendered HTML; ?format=md gives the source)
+    resp = httpx.get(url, params={"format": "md"}, timeout=5)
     assert resp.status_code == 200 and resp.text.startswith(f"# {alertname}\n"), url
 
 

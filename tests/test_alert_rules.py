@@ -304,6 +304,11 @@ def test_test_profile_compresses_every_duration(tmp_path: Path) -> None:
     assert profile.compress_expr(expr, 60) == (
         'rate(x[5s]) > 0 and y offset 1440s and max_over_time(z[60s:5s]) and w{window="5m"}'
     )
+    # a floor on ranges (not on subquery steps or offsets): a [1m] rate is [1s] otherwise, one 1 s scrape at most
+    expr = "rate(x[1m]) / rate(x[5m]) and avg_over_time(y[2m:15s]) and z offset 1m"
+    assert profile.compress_expr(expr, 60, min_range_s=3) == (
+        "rate(x[3s]) / rate(x[5s]) and avg_over_time(y[3s:1s]) and z offset 1s"
+    )
     with pytest.raises(ValueError):
         profile.duration_s("5 minutes")
     for path in rule_files():

@@ -156,28 +156,18 @@ class EngineTimeline:
                 counters = self._counters.get(model)
                 if counters is None:
                     continue
-                for phase, (secs, toks) in TOKEN_TIME.items():
-                    d_secs = counters.increase(secs, seconds)
-                    d_toks = counters.increase(toks, seconds)
-                    if d_secs is not None and d_toks:
-                        out.append(
-                            Sample(
-                                "inferwatch.engine.token_time",
-                                d_secs / d_toks,
-                                attrs({MODEL: model}, phase=phase, window=wname),
-                            )
-                        )
-                for quantity, (secs, count) in DERIVED_MEANS.items():  # Triton per request, llama.cpp per token
-                    d_secs = counters.increase(secs, seconds)
-                    d_count = counters.increase(count, seconds)
-                    if d_secs is not None and d_count:
-                        out.append(
-                            Sample(
-                                "inferwatch.engine.latency.mean",
-                                d_secs / d_count,
-                                attrs({MODEL: model}, quantity=quantity, window=wname),
-                            )
-                        )
+                # a mean over the window from two cumulative counters: token time per phase, and the means an engine
+                # exposes only as counters (Triton per request, llama.cpp per token)
+                for name, key, table in (
+                    ("inferwatch.engine.token_time", "phase", TOKEN_TIME),
+                    ("inferwatch.engine.latency.mean", "quantity", DERIVED_MEANS),
+                ):
+                    for label, (secs, count) in table.items():
+                        d_secs = counters.increase(secs, seconds)
+                        d_count = counters.increase(count, seconds)
+                        if d_secs is not None and d_count:
+                            a = attrs({MODEL: model}, window=wname, **{key: label})
+                            out.append(Sample(name, d_secs / d_count, a))
         return out
 
 

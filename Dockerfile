@@ -47,5 +47,5 @@ COPY deploy/agent_entrypoint.py deploy/healthcheck.py deploy/alert_sink.py deplo
 USER 10001:10001
 VOLUME ["/var/lib/inferwatch"]
 EXPOSE 8000 9435 9436 4317 4318 9099
-ENTRYPOINT ["python", "-m", "agent"]
+ENTRYPOINT ["python", "-m", "inferwatch.agent"]
 CMD ["run", "--listen-address", "0.0.0.0"]

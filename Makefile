@@ -21,7 +21,7 @@ PROMTOOL ?= promtool
 # Order matters: the dashboards name alerts (checked against the rule files), the link generator reads the
 # dashboards' variables, the SLO generator calls the link generator, and the Kubernetes manifests copy the rules
 # and dashboards they produce.
-GENERATORS := agent.catalog.docs dashboards.generate agent.alerts.links agent.alerts.slo deploy.kubernetes.generate agent.engine.coverage
+GENERATORS := inferwatch.agent.catalog.docs inferwatch.dashboards.generate inferwatch.agent.alerts.links inferwatch.agent.alerts.slo deploy.kubernetes.generate inferwatch.agent.node.engine.coverage
 
 .PHONY: all test lint fmt types generate check-generated rules
 
@@ -33,14 +33,14 @@ test:
 lint:
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/lint-imports
+	cd $$(scripts/package-tree) && $(CURDIR)/$(VENV)/bin/lint-imports $(CURDIR)/pyproject.toml
 
 fmt:
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
 types:
-	$(VENV)/bin/mypy
+	cd $$(scripts/package-tree) && $(CURDIR)/$(VENV)/bin/mypy --config-file $(CURDIR)/pyproject.toml
 
 generate:
 	@set -e; for g in $(GENERATORS); do $(PY) -m $$g; done

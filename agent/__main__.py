@@ -1,4 +1,4 @@
-from agent.cli.main import main
+from inferwatch.agent.cli.main import main
 
 if __name__ == "__main__":
     main()

@@ -5,7 +5,7 @@ with ``__``: ``INFERWATCH_PAGECACHE__INACTIVE_FILE_THRESHOLD_BYTES``), a YAML fi
 ``INFERWATCH_CONFIG``), then the defaults below. OTLP export is configured by the standard ``OTEL_*``
 variables (read by the OpenTelemetry SDK itself), never by parallel inferwatch variables.
 
-A bad value raises :class:`~agent.errors.ConfigError` naming the field, and so does an unknown name: a key
+A bad value raises :class:`~inferwatch.agent.errors.ConfigError` naming the field, and so does an unknown name: a key
 no section declares (YAML or a nested ``INFERWATCH_<SECTION>__<KEY>`` variable), a collector the registry does not
 list (``collectors: {pagecach: ...}``), or a flat ``INFERWATCH_`` variable that is a near miss of a setting
 (``INFERWATCH_LISTEN_PROT``). Flat variables that resemble no setting are left alone: the simulator and the
@@ -31,21 +31,21 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
-from agent.catalog.engine import ENGINE_KINDS
-from agent.errors import ConfigError
-from agent.redact import redact_text, secret_name
-from agent.userfiles import read_text_bounded
+from inferwatch.agent.catalog.engine import ENGINE_KINDS
+from inferwatch.agent.common.redact import redact_text, secret_name
+from inferwatch.agent.common.userfiles import read_text_bounded
+from inferwatch.agent.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN_ADDRESS = "127.0.0.1"
-# Engine exposition limits (agent/engine/limits.py applies them; docs/engine.md)
+# Engine exposition limits (agent/node/engine/limits.py applies them; docs/engine.md)
 DEFAULT_ENGINE_MAX_SERIES = 100_000  # a 20,000-series vLLM exposition is ~2 MB; 10 MiB holds ~100k lines
 DEFAULT_ENGINE_MAX_LABEL_VALUE_BYTES = 1024  # model names and paths are far shorter
 DEFAULT_ENGINE_MAX_LABEL_BYTES = 4096  # all names and values of one series together
 DEFAULT_ENGINE_MAX_MODELS = 64  # as receiver.max_models (the span path)
 DEFAULT_LISTEN_PORT = 9435
-# One read of a procfs/sysfs file (agent/host/procfs.py). meminfo is ~1.5 KiB, vmstat ~5 KiB, PSI ~150 B,
+# One read of a procfs/sysfs file (agent/node/host/procfs.py). meminfo is ~1.5 KiB, vmstat ~5 KiB, PSI ~150 B,
 # cgroup memory.stat ~2 KiB: 1 MiB is hundreds of times any real one. cpuinfo grows with the CPUs: the
 # largest block in tests/fixtures/cpuinfo is 2,187 bytes (Sapphire Rapids, every AVX-512/AMX flag), so a
 # 256-thread host is ~0.55 MiB and 1 MiB would refuse hosts past ~480 threads; 16 MiB fits ~7,600 such
@@ -83,7 +83,7 @@ class _Section(BaseModel):
 
 class CollectorSettings(_Section):
     """Per-collector switches and timing, the one place a collector's interval and timeout are configured;
-    ``None`` means the collector's own default (its registry entry, agent/collectors/__init__.py)."""
+    ``None`` means the collector's own default (its registry entry, agent/node/collectors/__init__.py)."""
 
     enabled: bool | None = None
     interval_s: float | None = Field(default=None, gt=0, le=86400)  # a day: runtime_profile's old bound
@@ -98,7 +98,8 @@ class PathSettings(_Section):
     procfs: Path = Path("/proc")
     sysfs: Path = Path("/sys")
     # The kernel architecture (``uname -m``: x86_64, aarch64, armv7l ...) of a recorded procfs tree. None: the
-    # running kernel's when procfs is its own, else what the tree records or its cpuinfo says (agent/host/machine.py).
+    # running kernel's when procfs is its own, else what the tree records or its cpuinfo says
+    # (agent/node/host/machine.py).
     machine: str | None = None
 
     @field_validator("machine")
@@ -164,13 +165,16 @@ class OTLPSettings(_Section):
     enabled: bool | None = None  # None: on when OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT is set
 
 
-ENGINE_KIND_CHOICES = ("auto", *ENGINE_KINDS)  # the catalogued engines, one adapter each (agent/engine/adapters.py)
+ENGINE_KIND_CHOICES = (
+    "auto",
+    *ENGINE_KINDS,
+)  # the catalogued engines, one adapter each (agent/node/engine/adapters.py)
 
 
 DEFAULT_HANG_MIN_STALL_S = 30.0  # a working engine emits a token every few 10 ms while it has requests
 DEFAULT_HANG_MAX_STALL_S = 600.0  # the longest prefill the allowance may wait for
 # No token for this long with >= 2 requests running (or some waiting and none running) is a hang without waiting for
-# the allowance (agent/engine/hang.py): a long prefill cannot explain it; a GC pause or slow step is far shorter.
+# the allowance (agent/node/engine/hang.py): a long prefill cannot explain it; a GC pause or slow step is far shorter.
 DEFAULT_HANG_FAST_STALL_S = 6.0
 DEFAULT_ENGINE_INTERVAL_S = 2.0  # the engine collector's cadence: a fast-path hang is seen <= 2 s + 6 s after it starts
 
@@ -183,13 +187,13 @@ class EngineSettings(_Section):
     timeout_s: float = Field(default=DEFAULT_ENGINE_TIMEOUT_S, gt=0, le=600)
     max_bytes: int = Field(default=DEFAULT_ENGINE_MAX_BYTES, gt=0)
     model_name: str | None = None  # model label for engines whose series have none (TGI, llama.cpp)
-    # Limits (agent/engine/limits.py, docs/engine.md): over the first three the scrape is rejected with that
+    # Limits (agent/node/engine/limits.py, docs/engine.md): over the first three the scrape is rejected with that
     # reason; past max_models the first models are kept and the rest dropped and counted.
     max_series: int = Field(default=DEFAULT_ENGINE_MAX_SERIES, ge=1, le=100_000_000)  # sample_limit
     max_label_value_bytes: int = Field(default=DEFAULT_ENGINE_MAX_LABEL_VALUE_BYTES, ge=1, le=1 << 20)
     max_label_bytes: int = Field(default=DEFAULT_ENGINE_MAX_LABEL_BYTES, ge=1, le=1 << 24)
     max_models: int = Field(default=DEFAULT_ENGINE_MAX_MODELS, ge=1, le=100_000)
-    # Hang detection (agent/engine/hang.py, docs/diagnostics.md): a rank with requests and no token progress for
+    # Hang detection (agent/node/engine/hang.py, docs/diagnostics.md): a rank with requests and no token progress for
     # max(hang_min_stall_s, 2 × max_model_len × prefill s/token) — capped at hang_max_stall_s — whose health_url
     # still answers 200 is hung. health_url None: metrics_url's origin + /health; "" turns the probe off.
     health_url: str | None = None
@@ -197,7 +201,7 @@ class EngineSettings(_Section):
     hang_min_stall_s: float = Field(default=DEFAULT_HANG_MIN_STALL_S, gt=0, le=3600)
     hang_max_stall_s: float = Field(default=DEFAULT_HANG_MAX_STALL_S, gt=0, le=86400)
     hang_fast_stall_s: float = Field(default=DEFAULT_HANG_FAST_STALL_S, ge=0, le=3600)  # 0: the allowance only
-    # The engine's name in GET /engines/{name}/ready (agent/api/readiness.py)
+    # The engine's name in GET /engines/{name}/ready (agent/node/api/readiness.py)
     name: str = Field(default="default", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
     @field_validator("metrics_url", "health_url")
@@ -230,7 +234,7 @@ class ReceiverSettings(_Section):
     An endpoint is ``host:port``; ``None`` turns that transport off. ``forward_endpoint`` sends every
     accepted export request on untouched: ``http(s)://host:port[/v1/traces]`` for OTLP/HTTP, otherwise
     ``[grpc://]host:port`` for OTLP/gRPC; ``forward_phase_spans`` adds a request of phase child spans (queue,
-    prefill, decode) after each one with engine request spans (agent/receiver/phases.py). ``emit_histograms``
+    prefill, decode) after each one with engine request spans (agent/node/receiver/phases.py). ``emit_histograms``
     makes the spans feed the
     ``gen_ai.server.*`` histograms (for engines without their own, e.g. TGI or llama.cpp); leave it off
     when the engine collector already emits them. They follow the OpenTelemetry GenAI semantic conventions
@@ -401,7 +405,7 @@ DEFAULT_EVIDENCE_TIME_LIMIT_S = 10.0  # the whole capture, py-spy of every proce
 
 
 class EvidenceSettings(_Section):
-    """Evidence bundles (agent/actions/evidence.py): captured when the agent's hang finding turns on, when a
+    """Evidence bundles (agent/node/actions/evidence.py): captured when the agent's hang finding turns on, when a
     critical alert for this node reaches the webhook, and on request (POST /api/v1/evidence)."""
 
     enabled: bool = True
@@ -444,7 +448,7 @@ PUSHED_ALERTS: tuple[PushedAlert, ...] = (
 
 
 class AlertmanagerSettings(_Section):
-    """Push of the agent's critical node-local findings straight to Alertmanager (agent/actions/alertpush.py).
+    """Push of the agent's critical node-local findings straight to Alertmanager (agent/node/actions/alertpush.py).
 
     Off while ``urls`` is empty. Each URL is one Alertmanager (``http://am-0:9093``; the agent POSTs to
     ``/api/v2/alerts`` on every one, as Prometheus does, never through a load balancer). The labels must be those
@@ -492,7 +496,7 @@ DEFAULT_READINESS_MAX_AGE_S = 10.0  # five engine reads at the 2 s cadence
 
 
 class ReadinessSettings(_Section):
-    """``GET /engines/{name}/ready`` (agent/api/readiness.py): 503 when the engine's last successful read is older
+    """``GET /engines/{name}/ready`` (agent/node/api/readiness.py): 503 when the engine's last successful read is older
     than ``max_age_s`` (or than two of the engine collector's intervals, when those are longer); with
     ``shed_waiting`` > 0, also once that many requests wait (load shedding, off by
     default: a saturated engine serves)."""
@@ -519,7 +523,7 @@ DEFAULT_DISCOVERY_WATCH_TIMEOUT_S = 300  # the API server ends each watch after 
 
 
 class DiscoveryTargetSettings(_Section):
-    """One engine written in the settings file (agent/discovery/static.py)."""
+    """One engine written in the settings file (agent/node/discovery/static.py)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,252}$")
     kind: str = "auto"
@@ -540,7 +544,7 @@ class DiscoveryTargetSettings(_Section):
 
 
 class DiscoverySettings(_Section):
-    """Where the engine targets come from (agent/discovery/, docs/kubernetes.md "Discovery"): a static list, a
+    """Where the engine targets come from (agent/node/discovery/, docs/kubernetes.md "Discovery"): a static list, a
     ``file_sd``-shaped file, and engine pods on this node from the Kubernetes API. Not yet a field of
     :class:`Settings`: the multi-engine wiring (issue 35) adds it with the collectors it feeds."""
 

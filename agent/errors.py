@@ -50,7 +50,7 @@ class NoDataError(InferwatchError):
     ``hint`` says how to get the data (as node_exporter's ErrNoData messages do). ``samples`` are what
     can still be said about the absence (``inferwatch.runtime.up 0``); the runner validates and keeps them.
     How soon to look again is not the exception's business: the collector registry declares it
-    (``agent.collectors.Entry``: ``configured``, ``absent_retry_s``) and the runner applies it.
+    (``inferwatch.agent.node.collectors.Entry``: ``configured``, ``absent_retry_s``) and the runner applies it.
     """
 
     def __init__(self, message: str, hint: str = "", samples: Sequence[Any] = ()) -> None:

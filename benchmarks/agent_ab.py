@@ -46,7 +46,17 @@ def start_exporters(trees: list[str], interval: float, marker: str) -> dict[str,
                 "INFERWATCH_LOG_LEVEL": "warning",
                 "PYTHONPATH": tree,
             }
-            cmd = [sys.executable, "-m", "agent", "run", "--port", str(port), "--interval", str(interval), *flags]
+            cmd = [
+                sys.executable,
+                "-m",
+                "inferwatch.agent",
+                "run",
+                "--port",
+                str(port),
+                "--interval",
+                str(interval),
+                *flags,
+            ]
             p = subprocess.Popen(cmd, cwd=tree, env=env, start_new_session=True, stderr=subprocess.DEVNULL)
             procs[spec] = (p, f"http://127.0.0.1:{port}/metrics")
             wait_ready(f"http://127.0.0.1:{port}/readyz", p)

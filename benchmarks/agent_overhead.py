@@ -169,7 +169,7 @@ def run_interval(interval_s: float, window_s: float, scrapes: int, n_rounds: int
     agent_port, ne_port = free_port(), free_port()
     runtime = start([sys.executable, "-c", "import time; time.sleep(3600)", f"bench-runtime-{marker}"])
     agent = start(
-        [sys.executable, "-m", "agent", "run", "--port", str(agent_port), "--interval", str(interval_s)],
+        [sys.executable, "-m", "inferwatch.agent", "run", "--port", str(agent_port), "--interval", str(interval_s)],
         env={"INFERWATCH_RUNTIME__CMDLINE_PATTERN": f"bench-runtime-{marker}", "INFERWATCH_LOG_LEVEL": "warning"},
     )
     node = start([NODE_EXPORTER, f"--web.listen-address=127.0.0.1:{ne_port}", "--no-collector.systemd"])

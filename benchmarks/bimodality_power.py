@@ -1,4 +1,4 @@
-"""Measured power and false-positive rate of the bimodality detector (agent/analytics/bimodality.py).
+"""Measured power and false-positive rate of the bimodality detector (agent/node/analytics/bimodality.py).
 
 Every trial draws n latencies, inserts them into the agent's DDSketch (as the receiver does) and runs
 the detector on the sketch's bins, exactly the production path.
@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.analytics import bimodality
-from agent.analytics.windows import log_bins, new_sketch
+from inferwatch.agent.node.analytics import bimodality
+from inferwatch.agent.node.analytics.windows import log_bins, new_sketch
 
 Gen = Callable[[random.Random], float]
 

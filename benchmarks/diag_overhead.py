@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent.actions.pyspy import resolve_executable  # noqa: E402
-from agent.debugprofile.redaction import RedactionPolicy  # noqa: E402
+from inferwatch.agent.node.actions.pyspy import resolve_executable  # noqa: E402
+from inferwatch.agent.node.debugprofile.redaction import RedactionPolicy  # noqa: E402
 
 TARGET = r"""
 import sys, time
@@ -146,7 +146,7 @@ def redaction_bench() -> None:
 def probe_bench(n: int = 30) -> None:
     import httpx
 
-    from agent.probe import run_probe
+    from inferwatch.agent.node.probe import run_probe
     from tests.fake_runtime import fake_runtime
 
     print(f"probe against a local stream (median of {n})")

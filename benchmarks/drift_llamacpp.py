@@ -33,7 +33,7 @@ def measure(preset: str, max_tokens: int, tmp: Path) -> dict[str, Any]:
         a = stack.enter_context(llama_server(native, model, tmp / f"{preset}-a.log", parallel=1))
         b = stack.enter_context(llama_server(native, model, tmp / f"{preset}-b.log", parallel=1))
         c = stack.enter_context(llama_server(avx2, model, tmp / f"{preset}-c.log", parallel=1))
-        cmd = [PYTHON, "-m", "agent", "drift", "--format", "json", "--max-tokens", str(max_tokens)]
+        cmd = [PYTHON, "-m", "inferwatch.agent", "drift", "--format", "json", "--max-tokens", str(max_tokens)]
         cmd += ["--endpoint", f"native={a.url}", "--endpoint", f"native-again={b.url}", "--endpoint", f"avx2={c.url}"]
         started = time.monotonic()
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800, check=False)

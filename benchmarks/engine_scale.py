@@ -11,7 +11,8 @@ position, the NIXL connector's transfer time, bytes and failures, requests waiti
    equals prometheus_client's parser's (names, labels, values), and so does every per-model figure derived;
 2. **ingest**: interleaved rounds of prometheus_client's ``text_string_to_metric_families`` (consumed to the end)
    against the reader + vLLM adapter, cold (new reader) and warm (the collector's case); medians, ratio;
-3. **the agent as a process** (``python -m agent run``, a 5 s interval) reading that exposition from a local HTTP
+3. **the agent as a process** (``python -m inferwatch.agent run``, a 5 s interval) reading that exposition from a local
+HTTP
    server with ``engine.max_models`` and ``engine.max_series`` raised to hold it. The engine is under steady
    traffic: every read gets the next version of the exposition (more requests finished), made while the agent
    waits. ``/metrics`` is scraped every 15 s, as Prometheus does in production; the engine collections are
@@ -54,9 +55,9 @@ import httpx  # noqa: E402
 from prometheus_client import Counter, Gauge, Histogram  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from agent.engine.adapters import VLLM, KeyCache, read  # noqa: E402
-from agent.engine.limits import EngineLimits  # noqa: E402
 from benchmarks.exposition_ingest import check_identical  # noqa: E402
+from inferwatch.agent.node.engine.adapters import VLLM, KeyCache, read  # noqa: E402
+from inferwatch.agent.node.engine.limits import EngineLimits  # noqa: E402
 from tests.engine_expo import VllmLike  # noqa: E402
 
 NIXL_TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)  # NixlPromMetrics
@@ -263,7 +264,7 @@ def agent_run(
         "INFERWATCH_SERIES_BUDGET": str(10_000_000),
         "INFERWATCH_LOG_LEVEL": "warning",
     }
-    cmd = [str(python or sys.executable), "-m", "agent", "run", "--port", str(port), "--interval", "5"]
+    cmd = [str(python or sys.executable), "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "5"]
     cwd = Path(tempfile.gettempdir()) if python is not None else ROOT
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -347,9 +348,9 @@ def runtime_venv(folder: Path) -> Path:
 def live_breakdown(bodies: list[bytes], series: int, models: int, collections: int) -> dict[str, float]:
     """The engine collector in this process (as the agent runs it) over ``bodies`` served in turn: the memory its
     objects hold between collections (tracemalloc, after ``collections`` of them), MB by source file."""
-    from agent.collectors.engine import EngineCollector
-    from agent.config import Settings
-    from agent.wiring import collect_context
+    from inferwatch.agent.config import Settings
+    from inferwatch.agent.node.collectors.engine import EngineCollector
+    from inferwatch.agent.node.wiring import collect_context
 
     server, url = serve(bodies)
     engine: dict[str, Any] = {"metrics_url": url, "kind": "vllm", "max_models": models * 2, "max_series": series * 2}

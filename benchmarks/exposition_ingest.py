@@ -7,14 +7,14 @@ other processes on a shared machine than wall-clock time).
 
 Both sides read the same text (built with prometheus_client, formatted exactly like vLLM's /metrics).
 Baseline: ``prometheus_client.parser.text_string_to_metric_families`` consumed to the end (it parses
-every family; it has no way to skip). Ours: :class:`agent.engine.exposition.ExpositionReader` as the
+every family; it has no way to skip). Ours: :class:`inferwatch.agent.node.engine.exposition.ExpositionReader` as the
 collector builds it (``VLLM.reader(EngineLimits())``: the vLLM adapter's families, the default engine
 limits, the model cap), cold (a new reader: empty caches) and warm (the collector's case: the same
-reader scrape after scrape), alone and with the adapter mapping (``agent.engine.adapters.read``).
+reader scrape after scrape), alone and with the adapter mapping (``inferwatch.agent.node.engine.adapters.read``).
 Before timing, the samples of every family the adapter uses are asserted identical to the baseline's
 (names, labels, values), and so are the per-model quantities derived from either side.
 
-``--compare REV`` also times the reader and adapter of git revision ``REV`` (``agent/engine/exposition.py``
+``--compare REV`` also times the reader and adapter of git revision ``REV`` (``agent/node/engine/exposition.py``
 and ``adapters.py`` as they were there, loaded beside the current ones) in the same interleaved rounds:
 before/after figures from one run. ``--out FILE`` writes the figures as JSON, with the load average
 before and after the run (the machine is shared).
@@ -42,9 +42,9 @@ sys.path.insert(0, str(ROOT))
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from agent.engine.adapters import VLLM, KeyCache, read  # noqa: E402
-from agent.engine.exposition import Exposition, Series  # noqa: E402
-from agent.engine.limits import EngineLimits  # noqa: E402
+from inferwatch.agent.node.engine.adapters import VLLM, KeyCache, read  # noqa: E402
+from inferwatch.agent.node.engine.exposition import Exposition, Series  # noqa: E402
+from inferwatch.agent.node.engine.limits import EngineLimits  # noqa: E402
 from tests.engine_expo import big_exposition  # noqa: E402
 
 
@@ -123,9 +123,9 @@ def revision_modules(rev: str, into: Path) -> ModuleType:
             ["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True, capture_output=True, text=True
         ).stdout
 
-    load("exposition_at_rev", show("agent/engine/exposition.py"))
-    adapters = show("agent/engine/adapters.py").replace(
-        "from agent.engine.exposition import", "from exposition_at_rev import"
+    load("exposition_at_rev", show("agent/node/engine/exposition.py"))
+    adapters = show("agent/node/engine/adapters.py").replace(
+        "from inferwatch.agent.node.engine.exposition import", "from exposition_at_rev import"
     )
     return load("adapters_at_rev", adapters)
 

@@ -35,7 +35,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent.alerts.profile import duration_s  # noqa: E402
+from inferwatch.agent.alerts.profile import duration_s  # noqa: E402
 from tests.conftest import PYTHON, free_port  # noqa: E402
 from tests.procs import running, wait_http  # noqa: E402
 from tests.vmstack import instant, self_metric, victoria_metrics, vmagent  # noqa: E402
@@ -84,13 +84,24 @@ def measure(models: int, seconds: float, scrape: str, vm_bin: str, vmagent_bin: 
         tmp = Path(d)
         sim_port, agent_port = free_port(), free_port()
         sim_url, agent_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{agent_port}"
-        sim_cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(sim_port), "--seed", "6", "--log-level", "warning"]
+        sim_cmd = [
+            PYTHON,
+            "-m",
+            "inferwatch.agent",
+            "simulate",
+            "--port",
+            str(sim_port),
+            "--seed",
+            "6",
+            "--log-level",
+            "warning",
+        ]
         for name in names:
             sim_cmd += ["--model", name]
         sim = es.enter_context(running(sim_cmd, tmp / "sim.log", cwd=ROOT))
         wait_http(f"{sim_url}/health", timeout_s=60, proc=sim)
         interval_s = duration_s(scrape)
-        agent_cmd = [PYTHON, "-m", "agent", "run", "--port", str(agent_port), "--interval", str(interval_s)]
+        agent_cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(agent_port), "--interval", str(interval_s)]
         # A 50-model engine exposition is ~16,000 lines: give its scrape the whole interval, not the default.
         env = {
             "INFERWATCH_ENGINE__METRICS_URL": f"{sim_url}/metrics",

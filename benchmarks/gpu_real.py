@@ -11,8 +11,8 @@ to finish in well under 5 minutes. Not a test: it prints a summary and writes a 
 3. **Attribution**: the worker's PID in the collector's process series (memory, SM busy time, GPM SM activity of
    the sole process) beside ``nvidia-smi --query-compute-apps``.
 4. **Overhead**: the collector's own time per collection in this process; then the real agent
-   (``python -m agent run --interval 1``) as a separate process: its CPU per collection cycle, and the worker's
-   matmul throughput with the agent running against without it, alternating (ABBA) over ``--rounds``.
+   (``python -m inferwatch.agent run --interval 1``) as a separate process: its CPU per collection cycle, and the
+   worker's matmul throughput with the agent running against without it, alternating (ABBA) over ``--rounds``.
 
     python benchmarks/gpu_real.py [--out benchmarks/results/gpu_real.json] [--phase-s 20] [--rounds 3]
 
@@ -83,7 +83,7 @@ def preflight() -> str | None:
     finally:
         pynvml.nvmlShutdown()
     try:
-        import agent.collectors.gpu  # noqa: F401  (this project's dependencies)
+        import inferwatch.agent.node.collectors.gpu  # noqa: F401  (this project's dependencies)
     except ImportError as exc:
         return f"the agent cannot be imported ({exc}); install the project: pip install -e ."
     probe = subprocess.run(
@@ -348,7 +348,7 @@ def agent_process(interval_s: float) -> Iterator[subprocess.Popen[bytes]]:
 
     port = free_port()
     env = {**os.environ, "INFERWATCH_LOG_LEVEL": "warning", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "agent", "run", "--port", str(port), "--interval", str(interval_s)]
+    cmd = [sys.executable, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", str(interval_s)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
@@ -427,9 +427,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_CANNOT_RUN
 
-    from agent.collectors.gpu import GPUCollector
-    from agent.config import load_settings
-    from agent.wiring import collect_context
+    from inferwatch.agent.config import load_settings
+    from inferwatch.agent.node.collectors.gpu import GPUCollector
+    from inferwatch.agent.node.wiring import collect_context
 
     started = time.time()
     collector = GPUCollector(collect_context(load_settings()))

@@ -99,7 +99,7 @@ def agent(work: Path, sim: SimProc, pl: Any, push: bool) -> Iterator[tuple[int, 
             "INFERWATCH_ALERTMANAGER__INSTANCE": f"127.0.0.1:{port}",
             "INFERWATCH_ALERTMANAGER__LABELS": json.dumps({"runbook_base": pl.runbook_base}),
         }
-    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port)]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port)]
     with running(cmd, d / "agent.log", cwd=ROOT, env=env) as proc:
         wait_http(f"{base}/metrics", ok=lambda r: r.status_code == 200, proc=proc, timeout_s=60)
         pl.set_targets([port])
@@ -204,7 +204,18 @@ def main() -> int:
         pair = _start_simulator(stack, work, "llama-pair", "--engines", "2")
         for sim in (single, pair):
             wait_http(f"{sim.url}/health", proc=sim.proc, timeout_s=60)
-            loadgen = [PYTHON, "-m", "agent", "loadgen", "--url", sim.url, "--rate", "4", "--duration", "7200"]
+            loadgen = [
+                PYTHON,
+                "-m",
+                "inferwatch.agent",
+                "loadgen",
+                "--url",
+                sim.url,
+                "--rate",
+                "4",
+                "--duration",
+                "7200",
+            ]
             loadgen += ["--output-tokens", "32", "--timeout", "600", "--seed", "6", "--no-progress"]
             stack.enter_context(running(loadgen, work / f"loadgen-{sim.model}.log", cwd=ROOT))
             _wait_generation_tokens(sim.url, 120)

@@ -12,7 +12,7 @@ the agent.
 
 Production timings (the default): 15 s scrape and evaluation, rules unscaled, agent interval 15 s, probe 30 s,
 runtime_profile 60 s, at least 30 minutes. ``--compressed`` is the test variant (tests/test_healthy_noise.py):
-1 s scrape and evaluation and every rule duration divided by 60 (agent.alerts.profile, as tests/e2e does),
+1 s scrape and evaluation and every rule duration divided by 60 (inferwatch.agent.alerts.profile, as tests/e2e does),
 agent interval 0.5 s, probe and runtime_profile 1 s; the agent's own 1m/5m quantile windows are not scaled, so
 the compressed run is the stricter one (a 10m ``for:`` becomes 10 s of the same 5-minute window).
 
@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from agent.alerts.profile import DEFAULT_FACTOR, render_file  # noqa: E402
+from inferwatch.agent.alerts.profile import DEFAULT_FACTOR, render_file  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.e2e.harness import ROUTING_KEY, Sink, alertmanager_config  # noqa: E402
 from tests.procs import running, stop, wait_http  # noqa: E402
@@ -162,7 +162,7 @@ class Simulator:
 
     def start(self, model: str) -> None:
         self.starts += 1
-        cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(self.port), "--model", model, "--seed", "6"]
+        cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(self.port), "--model", model, "--seed", "6"]
         cmd += ["--debug-profile", "--control-token", SIM_CONTROL_TOKEN, "--log-level", "warning"]
         log = (self.workdir / f"sim-{self.starts}.log").open("wb")
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -183,7 +183,7 @@ class Loadgen:
     def start(self, rate: float, prompt: str, duration_s: float) -> None:
         self.stop()
         self.n += 1
-        cmd = [PYTHON, "-m", "agent", "loadgen", "--url", self.url, "--rate", str(rate)]
+        cmd = [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", self.url, "--rate", str(rate)]
         cmd += ["--duration", str(int(duration_s) + 5), "--prompt-tokens", prompt]
         cmd += ["--output-tokens", "lognormal:128:0.5"]
         cmd += ["--timeout", "120", "--seed", str(self.n), "--no-progress"]
@@ -206,7 +206,7 @@ def _agent_env(sim_url: str, timings: Timings, tokens_file: Path) -> dict[str, s
             "INFERWATCH_RUNTIME_PROFILE__URL": f"{sim_url}/debug/runtime_profile",
             "INFERWATCH_RUNTIME_PROFILE__INTERVAL_S": str(timings.profile_interval_s),
             # as docker-compose.yml: the simulator is the runtime process (binary check, SIMD verdict, restarts)
-            "INFERWATCH_RUNTIME__CMDLINE_PATTERN": rf"-m agent simulate --port {sim_url.rsplit(':', 1)[1]} ",
+            "INFERWATCH_RUNTIME__CMDLINE_PATTERN": rf"-m inferwatch.agent simulate --port {sim_url.rsplit(':', 1)[1]} ",
             "INFERWATCH_RUNTIME__NAME": "simulator",
             "INFERWATCH_API__TOKENS_FILE": str(tokens_file),
         }
@@ -339,7 +339,7 @@ def run(duration_s: float, timings: Timings, workdir: Path, log: Any = print) ->
         sim.start(MODELS[0])
         stack.callback(sim.stop)
         agent_port = free_port()
-        agent_cmd = [PYTHON, "-m", "agent", "run", "--port", str(agent_port)]
+        agent_cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(agent_port)]
         agent_cmd += ["--interval", str(timings.agent_interval_s), "--environment", "demo"]
         agent = stack.enter_context(
             running(agent_cmd, workdir / "agent.log", cwd=ROOT, env=_agent_env(sim.url, timings, tokens_file))

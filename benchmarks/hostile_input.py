@@ -2,7 +2,7 @@
 
 Run from the repository root: ``.venv/bin/python benchmarks/hostile_input.py [--phase-s 8] [--cases ...]``.
 
-Each engine or procfs case is a fresh ``python -m agent run`` (interval 1 s) scraping a local HTTP server on
+Each engine or procfs case is a fresh ``python -m inferwatch.agent run`` (interval 1 s) scraping a local HTTP server on
 127.0.0.1; once its own ``/metrics`` says it read the clean exposition (``inferwatch_engine_up 1``),
 phases: *clean* → *hostile* → *clean* again. Engine cases change the exposition (clean: a two-model vLLM
 exposition); procfs cases run the agent on a procfs tree of recorded files (``INFERWATCH_PATH__PROCFS``,
@@ -239,7 +239,7 @@ def run_case(name: str, case: Case, clean: bytes, phase_s: float) -> dict:
         procfs = procfs_tree(Path(tempfile.mkdtemp(prefix="iw-hostile-procfs-")) / "proc", hostile=False)
         extra.update(INFERWATCH_PATH__PROCFS=str(procfs), INFERWATCH_COLLECTORS__CPU__INTERVAL_S="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agent", "run"],
+        [sys.executable, "-m", "inferwatch.agent", "run"],
         cwd=ROOT,
         env=agent_env(url, port, extra),
         stdout=subprocess.DEVNULL,
@@ -312,7 +312,7 @@ def config_case(name: str, tmp: Path) -> dict:
         path.write_text("interval_s: -1\n")
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agent", "run", "--config", str(path)],
+        [sys.executable, "-m", "inferwatch.agent", "run", "--config", str(path)],
         cwd=ROOT,
         env={k: v for k, v in os.environ.items() if not k.startswith(("INFERWATCH_", "OTEL_"))},  # the file alone
         stdout=subprocess.DEVNULL,

@@ -2,13 +2,14 @@
 
 A real uvicorn server (``timeout_keep_alive`` 5 s, uvicorn's default and vLLM's) serves a vLLM exposition
 (tests/fixtures/engines/vllm-v1-dp2-synthetic.prom). Three arms of ``--agents`` agents each, run at the same time
-against it, every agent the real runner (:class:`agent.runner.Runner`) running the real engine collector every
-``--interval`` seconds (5 s, the agent's default) on a phase of its own:
+against it, every agent the real runner (:class:`inferwatch.agent.node.runner.Runner`) running the real engine collector
+every ``--interval`` seconds (5 s, the agent's default) on a phase of its own:
 
 - ``old``: the client the engine collector built before issue 31 (``httpx.Client(follow_redirects=False,
   trust_env=False)``: idle connections kept 5 s, httpx's default; no retry);
-- ``retry_only``: :func:`agent.httpclient.http_client` with the old 5 s expiry (the retry alone);
-- ``new``: :func:`agent.httpclient.http_client` as the agent builds it (``KEEPALIVE_EXPIRY_S`` and the retry).
+- ``retry_only``: :func:`inferwatch.agent.common.httpclient.http_client` with the old 5 s expiry (the retry alone);
+- ``new``: :func:`inferwatch.agent.common.httpclient.http_client` as the agent builds it (``KEEPALIVE_EXPIRY_S`` and the
+retry).
 
 For each arm: collections, failed collections (each one a collection with ``engine_up`` 0 on a healthy engine)
 by message, requests sent again (``inferwatch_http_retries_total``), the requests the server answered and the
@@ -37,19 +38,19 @@ import uvicorn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.collectors import Schedule
-from agent.collectors.engine import EngineCollector
-from agent.config import Settings
-from agent.httpclient import KEEPALIVE_EXPIRY_S, RetryCounts, http_client
-from agent.runner import Runner
-from agent.samples import Collection
-from agent.state import AgentState
-from agent.wiring import collect_context
+from inferwatch.agent.common.httpclient import KEEPALIVE_EXPIRY_S, RetryCounts, http_client
+from inferwatch.agent.common.samples import Collection
+from inferwatch.agent.config import Settings
+from inferwatch.agent.node.collectors import Schedule
+from inferwatch.agent.node.collectors.engine import EngineCollector
+from inferwatch.agent.node.runner import Runner
+from inferwatch.agent.node.state import AgentState
+from inferwatch.agent.node.wiring import collect_context
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPOSITION = ROOT / "tests" / "fixtures" / "engines" / "vllm-v1-dp2-synthetic.prom"
 ARMS = ("old", "retry_only", "new")
-RUN_TIMEOUT_S = 2.0  # the runner's default collector timeout (agent.config.DEFAULT_TIMEOUT_S)
+RUN_TIMEOUT_S = 2.0  # the runner's default collector timeout (inferwatch.agent.config.DEFAULT_TIMEOUT_S)
 
 
 class Server:
@@ -144,7 +145,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "keepalive_race.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("agent.runner").setLevel(logging.CRITICAL)  # the failures are counted below, not printed
+    logging.getLogger("inferwatch.agent.node.runner").setLevel(
+        logging.CRITICAL
+    )  # the failures are counted below, not printed
 
     server = Server(EXPOSITION.read_bytes(), args.keep_alive)
     port = server.start()

@@ -1,6 +1,6 @@
 """The worked example of docs/matrix.md ("Effective cost"): the simulator's hardware profiles through the same
-cost arithmetic as ``inferwatch matrix --prices`` (agent.matrix.cost_rows), with deploy/prices.example.yml's
-PLACEHOLDER prices.
+cost arithmetic as ``inferwatch matrix --prices`` (inferwatch.agent.fleet.matrix.cost_rows), with
+deploy/prices.example.yml's PLACEHOLDER prices.
 
 Throughput per node: Llama-3.1-8B decoding a steady batch of BATCH sequences with CONTEXT_TOKENS of context each,
 one engine per GPU (or per CPU socket), from the simulator's roofline (simulator/timing.py without its noise:
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent.matrix import Cell, Hardware, Matrix, cost_rows, cost_to_markdown
-from agent.prices import load_prices
-from simulator.profiles import deploy
-from simulator.scenarios import DEFAULTS
+from inferwatch.agent.fleet.matrix import Cell, Hardware, Matrix, cost_rows, cost_to_markdown
+from inferwatch.agent.fleet.prices import load_prices
+from inferwatch.simulator.profiles import deploy
+from inferwatch.simulator.scenarios import DEFAULTS
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 BATCH = 32

@@ -3,7 +3,7 @@
 One llama-server (native build, generated ``small`` model: 24M parameters, F16) serves a fixed closed-loop
 load: ``--clients`` concurrent streaming completions (fixed prompt, ``--max-tokens`` each, prompt cache off).
 Each round runs three phases in rotated order — no agent, agent at a 1 s interval, agent at a 5 s interval —
-each ``--phase-s`` seconds after a short warm-up. The agent runs as its own process (``python -m agent run``,
+each ``--phase-s`` seconds after a short warm-up. The agent runs as its own process (``python -m inferwatch.agent run``,
 default collectors, the engine collector on the server's /metrics, the simd collector on its pid) and its
 /metrics is scraped at the same interval, as Prometheus would. Reported per setting, against the baseline
 phases of the same rounds: throughput ratio (generated tokens/s) and client TTFT p50 ratio, as the median of
@@ -128,7 +128,7 @@ def agent_beside(server_url: str, pid: int, interval_s: float, workdir: Path) ->
         "INFERWATCH_RUNTIME__PID": str(pid),
         "INFERWATCH_LOG_LEVEL": "warning",
     }
-    cmd = [sys.executable, "-m", "agent", "run", "--port", str(port), "--interval", str(interval_s)]
+    cmd = [sys.executable, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", str(interval_s)]
     with running(cmd, workdir / f"agent-{interval_s:g}.log", cwd=ROOT, env=env) as proc:
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/readyz", timeout_s=60, ok=lambda r: r.status_code == 200, proc=proc)

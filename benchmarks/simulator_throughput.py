@@ -34,9 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from simulator.engine import EngineCore, Recorder, poisson_requests, run_offline  # noqa: E402
-from simulator.profiles import deploy  # noqa: E402
-from simulator.scenarios import ScenarioSet  # noqa: E402
+from inferwatch.simulator.engine import EngineCore, Recorder, poisson_requests, run_offline  # noqa: E402
+from inferwatch.simulator.profiles import deploy  # noqa: E402
+from inferwatch.simulator.scenarios import ScenarioSet  # noqa: E402
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 OUTPUT_TOKENS = 32
@@ -182,7 +182,8 @@ def start_sim(name: str, seed: int, extra_path: str | None) -> tuple[subprocess.
         env["PYTHONPATH"] = extra_path + os.pathsep + env.get("PYTHONPATH", "")
     log = open(f"/tmp/simulator_throughput-{name}.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agent", "simulate", "--port", str(port), "--model", MODEL, "--seed", str(seed),
+        [sys.executable, "-m", "inferwatch.agent", "simulate", "--port", str(port), "--model", MODEL, "--seed",
+         str(seed),
          "--loop", loop, "--http", http],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
     )  # fmt: skip

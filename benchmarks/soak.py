@@ -1,7 +1,7 @@
 """Soak: the agent's RSS slope over a long run with span and engine traffic. Target (issue 31): ≤ 10 kB/min.
 
-One agent (``python -m agent run``, default 5 s interval, OTLP receiver on, engine collector and streaming probe
-on) reads one simulator serving two models; the simulator sends one ``llm_request`` span per request to the
+One agent (``python -m inferwatch.agent run``, default 5 s interval, OTLP receiver on, engine collector and streaming
+probe on) reads one simulator serving two models; the simulator sends one ``llm_request`` span per request to the
 agent's OTLP/HTTP receiver (``--otlp-traces-endpoint``), one load generator per model keeps it busy, and a
 scraper reads the agent's ``/metrics`` every 15 s as Prometheus would. Every ``--hostile-every-s`` seconds
 one OTLP export of spans with absurd timestamps (zero, end before start, 1970 against 2500: a client with a
@@ -150,7 +150,18 @@ def main() -> None:
     scrapes = {"ok": 0, "failed": 0}
     hostile = {"sent": 0, "status": {}}  # type: dict[str, object]
     try:
-        sim_cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(sim_port), "--seed", "31", "--log-level", "warning"]
+        sim_cmd = [
+            PYTHON,
+            "-m",
+            "inferwatch.agent",
+            "simulate",
+            "--port",
+            str(sim_port),
+            "--seed",
+            "31",
+            "--log-level",
+            "warning",
+        ]
         for m in MODELS:
             sim_cmd += ["--model", m]
         sim_cmd += ["--otlp-traces-endpoint", f"http://127.0.0.1:{recv_port}/v1/traces"]
@@ -160,14 +171,14 @@ def main() -> None:
         env.update(
             INFERWATCH_ENGINE__METRICS_URL=f"{sim_url}/metrics",
             INFERWATCH_PROBE__URL=sim_url,
-            INFERWATCH_RUNTIME__CMDLINE_PATTERN=rf"-m agent simulate --port {sim_port} ",
+            INFERWATCH_RUNTIME__CMDLINE_PATTERN=rf"-m inferwatch.agent simulate --port {sim_port} ",
             INFERWATCH_RECEIVER__ENABLED="true",
             INFERWATCH_RECEIVER__GRPC_ENDPOINT="",
             INFERWATCH_RECEIVER__HTTP_ENDPOINT=f"127.0.0.1:{recv_port}",
             INFERWATCH_LOG_LEVEL="warning",
             INFERWATCH_SNAPSHOTS__DIR=str(work / "snapshots"),
         )
-        agent_cmd = [PYTHON, "-m", "agent", "run", "--port", str(agent_port)]
+        agent_cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(agent_port)]
         if args.tracemalloc is not None:
             args.tracemalloc.mkdir(parents=True, exist_ok=True)
             env.update(SOAK_TRACEMALLOC_DIR=str(args.tracemalloc), SOAK_SNAPSHOT_S=str(args.snapshot_s))
@@ -181,7 +192,18 @@ def main() -> None:
             spawn(
                 f"loadgen-{i}",
                 [
-                    *(PYTHON, "-m", "agent", "loadgen", "--url", sim_url, "--model", m, "--rate", str(args.rate)),
+                    *(
+                        PYTHON,
+                        "-m",
+                        "inferwatch.agent",
+                        "loadgen",
+                        "--url",
+                        sim_url,
+                        "--model",
+                        m,
+                        "--rate",
+                        str(args.rate),
+                    ),
                     *("--duration", str(int(args.duration_s) + 30), "--prompt-tokens", "lognormal:512:0.6"),
                     *("--output-tokens", "lognormal:128:0.5", "--timeout", "120", "--seed", str(i + 1)),
                     "--no-progress",

@@ -32,7 +32,7 @@ def main() -> None:
     every_s = float(os.environ.get("SOAK_SNAPSHOT_S", "300"))
     tracemalloc.start(25)
     threading.Thread(target=_snapshots, args=(folder, every_s), daemon=True).start()
-    from agent.cli.main import main as agent_main
+    from inferwatch.agent.cli.main import main as agent_main
 
     sys.argv = ["inferwatch", *sys.argv[1:]]
     agent_main()

@@ -36,9 +36,9 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue  # noqa:
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource  # noqa: E402
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span  # noqa: E402
 
-from agent.analytics.latency import LatencyAnalytics  # noqa: E402
-from agent.receiver.intake import SpanIntake  # noqa: E402
-from agent.receiver.spans import decode, extract  # noqa: E402
+from inferwatch.agent.node.analytics.latency import LatencyAnalytics  # noqa: E402
+from inferwatch.agent.node.receiver.intake import SpanIntake  # noqa: E402
+from inferwatch.agent.node.receiver.spans import decode, extract  # noqa: E402
 
 
 def payload(batch: int, seed: int = 1) -> bytes:
@@ -118,8 +118,8 @@ def in_process(body: bytes, batch: int, seconds: float) -> dict[str, float]:
 
 def serve() -> None:
     """Child: run the receiver on free ports, print them, serve until stdin closes."""
-    from agent.config import ReceiverSettings
-    from agent.receiver import Receiver
+    from inferwatch.agent.config import ReceiverSettings
+    from inferwatch.agent.node.receiver import Receiver
 
     r = Receiver(
         ReceiverSettings(
@@ -138,7 +138,7 @@ def over_transport(body: bytes, batch: int, seconds: float, senders: int) -> dic
     import httpx
     import psutil
 
-    from agent.receiver.forward import GRPC_METHOD
+    from inferwatch.agent.node.receiver.forward import GRPC_METHOD
 
     child = subprocess.Popen(
         [sys.executable, __file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT

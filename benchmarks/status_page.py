@@ -2,12 +2,13 @@
 
 The state is real: the simulator serves N models (``--model`` repeated, spans over OTLP/gRPC to the agent), the
 load generator sends a burst to each (fast and slow requests, so the histograms and quantiles are filled), and the
-agent (``agent.app.Agent``, in this process) collects them. The page's history is full: an hour of points (one per
-10 s) fed from the agent's own engine and span collections at a simulated clock, so every line chart has 360.
+agent (``inferwatch.agent.node.app.Agent``, in this process) collects them. The page's history is full: an hour of
+points (one per 10 s) fed from the agent's own engine and span collections at a simulated clock, so every line chart has
+360.
 
 Measured with ``time.thread_time()`` (CPU of the rendering thread only, not the collectors running beside it),
 ROUNDS times, interleaved with the baseline of the same state in the same run: a ``/metrics`` scrape's
-render (``exporters.prometheus.render``), which Prometheus does every 15 s. Target: page <= 20 ms of CPU.
+render (``inferwatch.exporters.prometheus.render``), which Prometheus does every 15 s. Target: page <= 20 ms of CPU.
 
     .venv/bin/python benchmarks/status_page.py [--models 10] [--rounds 50] [--json out.json]
 """
@@ -27,11 +28,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agent.api.statushtml import render_page  # noqa: E402
-from agent.api.statuspage import HISTORY_POINTS, HISTORY_S, HISTORY_STEP_S, PageHistory, build_overview  # noqa: E402
-from agent.app import Agent  # noqa: E402
-from agent.config import load_settings  # noqa: E402
-from exporters.prometheus import render as render_metrics  # noqa: E402
+from inferwatch.agent.config import load_settings  # noqa: E402
+from inferwatch.agent.node.api.statushtml import render_page  # noqa: E402
+from inferwatch.agent.node.api.statuspage import HISTORY_POINTS, HISTORY_S, HISTORY_STEP_S, PageHistory, build_overview  # noqa: E402
+from inferwatch.agent.node.app import Agent  # noqa: E402
+from inferwatch.exporters.prometheus import render as render_metrics  # noqa: E402
 
 PY = sys.executable
 
@@ -65,7 +66,7 @@ def main() -> None:
     args = ap.parse_args()
     models = [f"bench/model-{i:02d}-8B" for i in range(args.models)]
     sim_port, grpc_port, http_port = free_port(), free_port(), free_port()
-    sim_cmd = [PY, "-m", "agent", "simulate", "--port", str(sim_port), "--seed", "1", "--scenario",
+    sim_cmd = [PY, "-m", "inferwatch.agent", "simulate", "--port", str(sim_port), "--seed", "1", "--scenario",
                "page_cache_pressure", "--otlp-traces-endpoint", f"http://127.0.0.1:{grpc_port}"]  # fmt: skip
     for m in models:
         sim_cmd += ["--model", m]
@@ -95,7 +96,7 @@ def main() -> None:
                 [
                     PY,
                     "-m",
-                    "agent",
+                    "inferwatch.agent",
                     "loadgen",
                     "--url",
                     f"http://127.0.0.1:{sim_port}",

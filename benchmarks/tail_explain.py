@@ -1,4 +1,4 @@
-"""Accuracy and cost of the tail explainer (agent/analytics/explain.py) on simulated faults whose cause is known.
+"""Accuracy and cost of the tail explainer (agent/node/analytics/explain.py) on simulated faults whose cause is known.
 
 Accuracy. The simulator's scheduler and timing model (simulator/engine.py, driven offline in virtual time, two
 data-parallel engines of an 8B model on H100 with max_num_seqs 32) serve Poisson traffic under one scenario each:
@@ -51,12 +51,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from agent.analytics.explain import PREEMPTION, RecordingSink, RequestRecords, TailExplainer, explain
-from agent.analytics.latency import LatencyAnalytics
-from agent.receiver.intake import SpanIntake
-from simulator.engine import EngineCore, Recorder, SimRequest
-from simulator.profiles import Deployment, deploy
-from simulator.scenarios import Scenario, ScenarioSet, make
+from inferwatch.agent.node.analytics.explain import PREEMPTION, RecordingSink, RequestRecords, TailExplainer, explain
+from inferwatch.agent.node.analytics.latency import LatencyAnalytics
+from inferwatch.agent.node.receiver.intake import SpanIntake
+from inferwatch.simulator.engine import EngineCore, Recorder, SimRequest
+from inferwatch.simulator.profiles import Deployment, deploy
+from inferwatch.simulator.scenarios import Scenario, ScenarioSet, make
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 ENGINES = 2
@@ -282,7 +282,7 @@ def confusion_table(acc: dict[str, Any]) -> str:
 def cost(seed: int, repeats: int = 15, previous: Path | None = None) -> dict[str, Any]:
     """5 minutes at 100 req/s recorded; explain(5m) CPU time against LatencyAnalytics.compute() on the same data.
 
-    ``previous``: another build's explain.py (``git show REV:agent/analytics/explain.py > FILE``), fed the same
+    ``previous``: another build's explain.py (``git show REV:agent/node/analytics/explain.py > FILE``), fed the same
     requests and timed in the same rounds, with its verdicts and quantiles beside this build's.
     """
     rng = random.Random(seed)
@@ -384,7 +384,7 @@ def llamacpp(seed: int, requests: int = 80) -> dict[str, Any]:
 
     import httpx
 
-    from agent.samples import RequestTiming
+    from inferwatch.agent.common.samples import RequestTiming
     from tests.llamacpp_model import PRESETS, cached
     from tests.llamacpp_server import find_binary, llama_server
 

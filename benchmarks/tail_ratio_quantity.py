@@ -52,17 +52,19 @@ def measure(duration_s: float, logdir: Path) -> dict[str, list[dict[str, float]]
     try:
         for name, (_, scenario) in CASES.items():
             ports[name] = (free_port(), free_port())
-            cmd = [PY, "-m", "agent", "simulate", "--port", str(ports[name][0]), "--seed", "6"]
+            cmd = [PY, "-m", "inferwatch.agent", "simulate", "--port", str(ports[name][0]), "--seed", "6"]
             cmd += ["--log-level", "warning"]
             start(cmd + (["--scenario", scenario] if scenario else []), f"sim-{name}.log")
         time.sleep(8)
         for name, (mix, _) in CASES.items():
             sim, agent = ports[name]
-            load = [PY, "-m", "agent", "loadgen", "--url", f"http://127.0.0.1:{sim}", "--rate", "4"]
+            load = [PY, "-m", "inferwatch.agent", "loadgen", "--url", f"http://127.0.0.1:{sim}", "--rate", "4"]
             load += ["--duration", str(duration_s + 60), "--prompt-tokens", mix, "--output-tokens", "lognormal:128:0.5"]
             start([*load, "--no-progress", "--timeout", "600"], f"loadgen-{name}.log")
             env = {"PATH": "/usr/bin:/bin", "INFERWATCH_ENGINE__METRICS_URL": f"http://127.0.0.1:{sim}/metrics"}
-            start([PY, "-m", "agent", "run", "--port", str(agent), "--interval", "2"], f"agent-{name}.log", env)
+            start(
+                [PY, "-m", "inferwatch.agent", "run", "--port", str(agent), "--interval", "2"], f"agent-{name}.log", env
+            )
         t0 = time.time()
         while time.time() - t0 < duration_s:
             time.sleep(15)

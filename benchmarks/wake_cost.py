@@ -81,8 +81,8 @@ def sleep_loop_percent(period: float, seconds: float) -> float:
 
 
 def collector_cycle(gap: float, rounds: int) -> dict[str, float]:
-    from agent.app import Agent
-    from agent.config import Settings
+    from inferwatch.agent.config import Settings
+    from inferwatch.agent.node.app import Agent
 
     agent = Agent(Settings())
     cols = agent.runner.collectors

@@ -21,7 +21,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import heatmap as hm
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
-from agent.alerts import rulefiles
+from inferwatch.agent.alerts import rulefiles
 
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 RUNBOOK_BASE = "runbooks/"  # relative to the repository; the agent serves them at /runbooks/<AlertName>

@@ -1,6 +1,6 @@
 """Render docs/dashboards.md from the dashboards themselves (rows, panels, descriptions, queries).
 
-Called by ``python -m dashboards.generate``; tests/test_dashboards.py fails when the committed page differs,
+Called by ``python -m inferwatch.dashboards.generate``; tests/test_dashboards.py fails when the committed page differs,
 so the page can never describe a panel that does not exist.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dashboards import TARGET_GRAFANA
+from inferwatch.dashboards import TARGET_GRAFANA
 
 INTRO_TEMPLATE = Path(__file__).with_name("docs_intro.md")  # hand-written top of the page ($TARGET_GRAFANA)
 

@@ -1,4 +1,4 @@
-"""Generate the dashboards' JSON: ``python -m dashboards.generate [--check] [--out DIR]``.
+"""Generate the dashboards' JSON: ``python -m inferwatch.dashboards.generate [--check] [--out DIR]``.
 
 ``--check`` writes nothing and exits 1 when a committed file differs from what the code generates.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dm
 
-from dashboards import JSON_DIR, docs, engine, matrix, node, slo
+from inferwatch.dashboards import JSON_DIR, docs, engine, matrix, node, slo
 
 DOCS_PAGE = JSON_DIR.parents[1] / "docs" / "dashboards.md"
 
@@ -49,9 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     docs_differ = args.out == JSON_DIR and (not DOCS_PAGE.exists() or DOCS_PAGE.read_text(encoding="utf-8") != page)
     if args.check:
         for n in differ + stale:
-            print(f"dashboards/json/{n} is out of date: run python -m dashboards.generate", file=sys.stderr)
+            print(f"dashboards/json/{n} is out of date: run python -m inferwatch.dashboards.generate", file=sys.stderr)
         if docs_differ:
-            print("docs/dashboards.md is out of date: run python -m dashboards.generate", file=sys.stderr)
+            print("docs/dashboards.md is out of date: run python -m inferwatch.dashboards.generate", file=sys.stderr)
         return 1 if differ or stale or docs_differ else 0
     args.out.mkdir(parents=True, exist_ok=True)
     for n, text in files.items():

@@ -1,13 +1,13 @@
 """Hardware × model matrix: TTFT P95 and generation tokens/s per model on each hardware type.
 
-The PromQL comes from :mod:`agent.matrix`, which ``inferwatch matrix`` runs too.
+The PromQL comes from :mod:`inferwatch.agent.fleet.matrix`, which ``inferwatch matrix`` runs too.
 """
 
 from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as dm
 
-from agent.matrix import (
+from inferwatch.agent.fleet.matrix import (
     cost_per_mtok_recorded,
     hardware_match_recorded,
     nodes_recorded,
@@ -15,7 +15,7 @@ from agent.matrix import (
     tokens_recorded,
     ttft_p95_recorded,
 )
-from dashboards.common import (
+from inferwatch.dashboards.common import (
     Board,
     Target,
     describe,

@@ -7,7 +7,7 @@ the same way, and the macros ``$__rate_interval``, ``$__interval`` and ``$__rang
 durations given. Then every target of every panel is run as a range query (or an instant query where
 the target is instant) and counted as failed when Prometheus errors or the result is empty.
 
-``python -m dashboards.prove --prometheus URL`` does this against any Prometheus (e.g. production).
+``python -m inferwatch.dashboards.prove --prometheus URL`` does this against any Prometheus (e.g. production).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import promql_parser
 
-from dashboards import JSON_DIR, load_all
+from inferwatch.dashboards import JSON_DIR, load_all
 
 _LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(?:(?P<expr>.+?)\s*,\s*)?(?P<label>[a-zA-Z_][a-zA-Z0-9_]*)\s*\)\s*$")
 _VAR = re.compile(r"\$(?:\{([a-zA-Z_][a-zA-Z0-9_]*)\}|([a-zA-Z_][a-zA-Z0-9_]*))")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as dm
 
-from dashboards.common import (
+from inferwatch.dashboards.common import (
     SEL_MODEL,
     Board,
     Target,

@@ -10,7 +10,7 @@ This script keeps three files in DIR, a named volume (``inferwatch-token``), bef
   DIR/evidence-token  Alertmanager's token for the agent's webhook (scope evidence), mode 0644, mounted read-only
   DIR/tokens          the agent's ``api.tokens_file`` (INFERWATCH_API__TOKENS_FILE) naming all three, mode 0600
 
-Usage: ``python agent_entrypoint.py DIR COMMAND [ARG...]`` (COMMAND is exec'd, e.g. ``python -m agent run``).
+Usage: ``python agent_entrypoint.py DIR COMMAND [ARG...]`` (COMMAND is exec'd, e.g. ``python -m inferwatch.agent run``).
 The tokens survive restarts (they live on the volume); ``docker compose down -v`` forgets them.
 """
 
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 TOKEN_ENV = "INFERWATCH_API_TOKEN"
-MIN_TOKEN_CHARS = 16  # = agent.api.auth.MIN_TOKEN_CHARS; the agent rejects shorter tokens
+MIN_TOKEN_CHARS = 16  # = inferwatch.agent.node.api.auth.MIN_TOKEN_CHARS; the agent rejects shorter tokens
 TOKEN_BYTES = 32  # 256 random bits, 43 URL-safe characters
 
 

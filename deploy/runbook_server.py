@@ -10,8 +10,8 @@ resolves whatever state the agent, the engine or the node's collectors are in.
 
     python deploy/runbook_server.py [--listen-address 127.0.0.1] [--port 9436] [--dir runbooks]
 
-Names are looked up in the directory listing taken at start (agent.runbooks.Runbooks), never joined into a path.
-For a web server you already run, the equivalent is a copy of ``runbooks/`` with a rewrite from
+Names are looked up in the directory listing taken at start (inferwatch.agent.common.runbooks.Runbooks), never joined
+into a path. For a web server you already run, the equivalent is a copy of ``runbooks/`` with a rewrite from
 ``/runbooks/<Name>`` to ``<Name>.md`` (docs/alerts.md, "Runbook links that stay up").
 """
 
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's p
 
 from small_http import QuietHandler, serve
 
-from agent.runbooks import HTML_TYPE, MARKDOWN_TYPE, Runbooks, to_html, wants_markdown
+from inferwatch.agent.common.runbooks import HTML_TYPE, MARKDOWN_TYPE, Runbooks, to_html, wants_markdown
 
 DEFAULT_PORT = 9436  # next to the agent's 9435
 

@@ -31,9 +31,9 @@ from grafana_client.client import (
     GrafanaUnauthorizedError,
 )
 
-from agent import __version__
-from agent.errors import InferwatchError
-from agent.redact import redact_url
+from inferwatch.agent import __version__
+from inferwatch.agent.common.redact import redact_url
+from inferwatch.agent.errors import InferwatchError
 
 MIN_GRAFANA_VERSION = (11, 0)
 TARGET_GRAFANA_VERSION = "11.6"

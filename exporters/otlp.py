@@ -32,11 +32,11 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 
-from agent import __version__, catalog
-from agent.catalog import genai
-from agent.catalog.spec import Kind, MetricSpec
-from agent.samples import Sample
-from agent.state import AgentState
+from inferwatch.agent import __version__, catalog
+from inferwatch.agent.catalog import genai
+from inferwatch.agent.catalog.spec import Kind, MetricSpec
+from inferwatch.agent.common.samples import Sample
+from inferwatch.agent.node.state import AgentState
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, LogRecordExporter
 from opentelemetry.sdk.resources import Resource
 
-from agent import __version__
+from inferwatch.agent import __version__
 
 log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_MS = 5_000

@@ -29,10 +29,10 @@ from prometheus_client.registry import Collector as _PromCollector
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
-from agent import catalog
-from agent.catalog.spec import Kind, MetricSpec
-from agent.samples import AnySample, HistogramSample, Sample
-from agent.state import AgentState
+from inferwatch.agent import catalog
+from inferwatch.agent.catalog.spec import Kind, MetricSpec
+from inferwatch.agent.common.samples import AnySample, HistogramSample, Sample
+from inferwatch.agent.node.state import AgentState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"

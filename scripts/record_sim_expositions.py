@@ -41,7 +41,19 @@ def get(url: str) -> bytes:
 
 
 def start(port: int, *extra: str) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "agent", "simulate", "--port", str(port), "--engines", "2", "--seed", "7", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "inferwatch.agent",
+        "simulate",
+        "--port",
+        str(port),
+        "--engines",
+        "2",
+        "--seed",
+        "7",
+        *extra,
+    ]
     for m in MODELS:
         cmd += ["--model", m]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -64,7 +76,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 def load(port: int, count: int, seed: int) -> None:
     for i, m in enumerate(MODELS):
         subprocess.run(
-            [sys.executable, "-m", "agent", "loadgen", "--url", f"http://127.0.0.1:{port}", "--model", m,
+            [sys.executable, "-m", "inferwatch.agent", "loadgen", "--url", f"http://127.0.0.1:{port}", "--model", m,
              "--rate", "40", "--count", str(count), "--output-tokens", "uniform:8:48", "--prompt-tokens",
              "uniform:32:512", "--seed", str(seed + i), "--no-progress"],
             cwd=ROOT, check=True, stdout=subprocess.DEVNULL, timeout=120,

@@ -43,8 +43,8 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 mkdir -p build
 # Bytecode. An image that sets PYTHONDONTWRITEBYTECODE=1 (this one does) makes every Python process the suite starts
 # (hundreds of agents, simulators, load generators and CLI runs) compile its whole import graph from source again:
-# measured min of 7 starts, `import agent.cli.main, agent.app, agent.wiring` 1,398 ms of CPU without a cache, 858 ms
-# with one; `import simulator.serve` 554 -> 229 ms. Cache it under build/, never beside the sources.
+# measured min of 7 starts, `import inferwatch.agent.cli.main, inferwatch.agent.node.app, inferwatch.agent.node.wiring` 1,398 ms of CPU without a cache, 858 ms
+# with one; `import inferwatch.simulator.serve` 554 -> 229 ms. Cache it under build/, never beside the sources.
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX="$PWD/build/pycache"
 PHASES=build/test-phases.txt
@@ -121,11 +121,13 @@ begin "ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 end
+# mypy and import-linter walk directories: they run in build/package, the installed layout as symlinks.
+TREE=$(scripts/package-tree)
 begin "mypy"
-.venv/bin/mypy
+(cd "$TREE" && "$OLDPWD/.venv/bin/mypy" --config-file "$OLDPWD/pyproject.toml")
 end
 begin "import contract"
-.venv/bin/lint-imports
+(cd "$TREE" && "$OLDPWD/.venv/bin/lint-imports" "$OLDPWD/pyproject.toml")
 end
 begin "pytest"
 # Four workers, each running whole files (module fixtures start their servers once), slow files first and longest

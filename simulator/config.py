@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from simulator.engine import Features
-from simulator.scenarios import Scenario
+from inferwatch.simulator.engine import Features
+from inferwatch.simulator.scenarios import Scenario
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 DEFAULT_HARDWARE = "h100"

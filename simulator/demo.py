@@ -141,7 +141,8 @@ class Demo:
     def _children(self) -> tuple[Child, Child, Child]:
         c, py = self.c, self.c.python
         sim_cmd = [
-            py, "-m", "agent", "simulate", "--port", str(self.sim_port), "--model", c.model, "--hardware", c.hardware,
+            py, "-m", "inferwatch.agent", "simulate", "--port", str(self.sim_port), "--model", c.model, "--hardware",
+            c.hardware,
             "--engines", str(c.engines), "--seed", str(c.seed), "--debug-profile",
             "--otlp-traces-endpoint", f"http://127.0.0.1:{self.grpc_port}",
         ]  # fmt: skip
@@ -159,10 +160,14 @@ class Demo:
             **c.extra_env,
         }
         agent = Child(
-            "agent", [py, "-m", "agent", "run", "--port", str(self.agent_port)], self.log_dir / "agent.log", agent_env
+            "agent",
+            [py, "-m", "inferwatch.agent", "run", "--port", str(self.agent_port)],
+            self.log_dir / "agent.log",
+            agent_env,
         )
         load_cmd = [
-            py, "-m", "agent", "loadgen", "--url", f"http://127.0.0.1:{self.sim_port}", "--rate", str(c.rate),
+            py, "-m", "inferwatch.agent", "loadgen", "--url", f"http://127.0.0.1:{self.sim_port}", "--rate",
+            str(c.rate),
             "--protocol", c.protocol, "--duration", str(LOADGEN_CHUNK_S), "--prompt-tokens", "lognormal:200:0.6",
             "--output-tokens", "lognormal:120:0.5", "--shared-prefix-tokens", "64", "--seed", str(c.seed),
             "--no-progress",

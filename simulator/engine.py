@@ -23,9 +23,9 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from simulator.profiles import Deployment
-from simulator.scenarios import ScenarioSet
-from simulator.timing import TimingModel
+from inferwatch.simulator.profiles import Deployment
+from inferwatch.simulator.scenarios import ScenarioSet
+from inferwatch.simulator.timing import TimingModel
 
 PREFIX_CACHE_ENTRIES = 4096
 SPEC_ACCEPTANCE = 0.8  # healthy per-position acceptance probability of a draft token (EAGLE-like drafts)

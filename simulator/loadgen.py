@@ -9,7 +9,7 @@ by ``count`` requests or ``duration_s`` seconds, whichever comes first, and by `
 
 With ``otlp_traces_endpoint`` each request is also reported as an OTLP client span with the TTFT measured here
 (``gen_ai.response.time_to_first_chunk``) and its context sent as ``traceparent``, so the engine's span is its
-child (:mod:`agent.clienttrace`): the agent's explainer sets the client's TTFT beside the engine's.
+child (:mod:`inferwatch.agent.clienttrace`): the agent's explainer sets the client's TTFT beside the engine's.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from simulator.text import VOCABULARY
+from inferwatch.simulator.text import VOCABULARY
 
 PROTOCOLS = ("chat", "completions", "messages")
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "messages": "/v1/messages"}
@@ -167,7 +167,8 @@ def _error_type(resp: httpx.Response, body: bytes) -> str:
 
 
 async def one_request(client: httpx.AsyncClient, spec: LoadSpec, body: dict[str, Any], spans: Any = None) -> Result:
-    """One streamed request; with ``spans`` (an :class:`agent.clienttrace.ClientSpans`) also its client span."""
+    """One streamed request; with ``spans`` (an :class:`~inferwatch.agent.clienttrace.ClientSpans`) also its client
+    span."""
     span = None
     if spans is not None:
         operation = "text_completion" if spec.protocol == "completions" else "chat"
@@ -267,7 +268,7 @@ async def run_load(
     """:func:`_run_load`, with the client spans' exporter around it when ``spec.otlp_traces_endpoint`` is set."""
     spans = None
     if spec.otlp_traces_endpoint:
-        from agent.clienttrace import ClientSpans
+        from inferwatch.agent.clienttrace import ClientSpans
 
         spans = ClientSpans(spec.otlp_traces_endpoint, service_name="inferwatch-loadgen", provider_name="vllm")
     try:

@@ -24,8 +24,8 @@ from prometheus_client import (
     Histogram,
 )
 
-from simulator.engine import SOURCES, EngineCore, Features, SimRequest
-from simulator.profiles import Deployment
+from inferwatch.simulator.engine import SOURCES, EngineCore, Features, SimRequest
+from inferwatch.simulator.profiles import Deployment
 
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,

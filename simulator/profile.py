@@ -13,9 +13,9 @@ import os
 import time
 from typing import Any
 
-from simulator.config import ENGINE_VERSION, SimConfig
-from simulator.profiles import GIB, Deployment
-from simulator.scenarios import ScenarioSet
+from inferwatch.simulator.config import ENGINE_VERSION, SimConfig
+from inferwatch.simulator.profiles import GIB, Deployment
+from inferwatch.simulator.scenarios import ScenarioSet
 
 FAKE_HF_TOKEN = "hf_SIMULATEDsecretNOTREAL0000000000"
 MISMATCHED_TARGET = {"gpu": "10.0", "cpu": "aarch64-sve2"}

@@ -18,12 +18,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from simulator.config import SimConfig
-from simulator.engine import EngineCore, SimRequest
-from simulator.metrics import VllmMetrics, _PerEngine
-from simulator.profiles import Deployment, deploy
-from simulator.scenarios import ScenarioSet
-from simulator.tracing import SpanEmitter
+from inferwatch.simulator.config import SimConfig
+from inferwatch.simulator.engine import EngineCore, SimRequest
+from inferwatch.simulator.metrics import VllmMetrics, _PerEngine
+from inferwatch.simulator.profiles import Deployment, deploy
+from inferwatch.simulator.scenarios import ScenarioSet
+from inferwatch.simulator.tracing import SpanEmitter
 
 HANG_POLL_S = 0.25
 _NO_PEER = threading.Event()  # never set: the peer rank of a hung collective never arrives

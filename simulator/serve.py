@@ -13,8 +13,8 @@ import logging
 
 import uvicorn
 
-from simulator.config import SimConfig
-from simulator.server import create_app
+from inferwatch.simulator.config import SimConfig
+from inferwatch.simulator.server import create_app
 
 log = logging.getLogger("simulator")
 

@@ -30,13 +30,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from simulator import scenarios as sc
-from simulator.config import ENGINE_VERSION, MAX_BODY_BYTES, SimConfig
-from simulator.engine import SimRequest
-from simulator.profile import runtime_profile
-from simulator.runtime import Runtime, TokenStream
-from simulator.text import chat_prompt_tokens, count_tokens, dumps, full_text, token_text
-from simulator.tracing import parent_context
+from inferwatch.simulator import scenarios as sc
+from inferwatch.simulator.config import ENGINE_VERSION, MAX_BODY_BYTES, SimConfig
+from inferwatch.simulator.engine import SimRequest
+from inferwatch.simulator.profile import runtime_profile
+from inferwatch.simulator.runtime import Runtime, TokenStream
+from inferwatch.simulator.text import chat_prompt_tokens, count_tokens, dumps, full_text, token_text
+from inferwatch.simulator.tracing import parent_context
 
 log = logging.getLogger("simulator")
 EXCLUDED_HANDLERS = {"/metrics", "/health", "/version", "/sim/stats"}
@@ -129,7 +129,7 @@ class SimulatorApp:
         self._ids = itertools.count()
         self._id_prefix = os.urandom(4).hex()
         self._debug_header = config.debug_header_pair()
-        self.server_impl: dict[str, str] = {}  # uvicorn loop and http parser, set by simulator.serve
+        self.server_impl: dict[str, str] = {}  # uvicorn loop and http parser, set by inferwatch.simulator.serve
 
     # -- helpers ---------------------------------------------------------------------------------
     async def _json_body(self, request: Request) -> dict[str, Any]:

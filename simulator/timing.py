@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 import random
 
-from simulator.profiles import Deployment
-from simulator.scenarios import ScenarioSet
+from inferwatch.simulator.profiles import Deployment
+from inferwatch.simulator.scenarios import ScenarioSet
 
 TP_EFFICIENCY = 0.85  # all-reduce cost per extra tensor-parallel rank
 NATURAL_LENGTH_MEDIAN_TOKENS = 180.0

@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from simulator.engine import SimRequest
+from inferwatch.simulator.engine import SimRequest
 
 SPAN_NAME = "llm_request"
 DEFAULT_SERVICE_NAME = "vllm"

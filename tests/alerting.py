@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agent.alerts import rulefiles
+from inferwatch.agent.alerts import rulefiles
 from tests.conftest import ROOT
 
 ALERTS_DIR = ROOT / "alerts"

@@ -49,7 +49,7 @@ from typing import Any
 
 import yaml
 
-from agent.config import DEFAULT_SNAPSHOT_DIR
+from inferwatch.agent.config import DEFAULT_SNAPSHOT_DIR
 from tests.procs import stop as stop_process
 
 UNREACHABLE = "192.0.2.1"  # TEST-NET-1: no route in the namespace, so connections fail immediately

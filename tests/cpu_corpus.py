@@ -2,11 +2,11 @@
 
 Each dump is read as the doctor and the ``cpu`` collector read a recorded tree: a procfs tree holding the
 dump as ``cpuinfo`` and nothing that names the architecture (no ``sys/kernel/arch``, no ``uname``), so it is
-inferred from the dump's own layout (:mod:`agent.host.machine`), as for any dump from another machine; a
+inferred from the dump's own layout (:mod:`inferwatch.agent.node.host.machine`), as for any dump from another machine; a
 sysfs tree holding ``<name>.dmi/`` where the source has DMI data; then
-:func:`~agent.host.cpucap.read_cpu_capability` and :func:`~agent.host.cpucap.cpu_feature_verdict`. The
-``machine`` column is the architecture it was read as; tests/test_cpu_corpus.py checks it against the
-source's own (SOURCES.tsv).
+:func:`~inferwatch.agent.node.host.cpucap.read_cpu_capability` and
+:func:`~inferwatch.agent.node.host.cpucap.cpu_feature_verdict`. The ``machine`` column is the architecture it was read
+as; tests/test_cpu_corpus.py checks it against the source's own (SOURCES.tsv).
 
 The rows are compared with ``verdicts.tsv`` (golden) by tests/test_cpu_corpus.py, and rendered into the
 table in docs/doctor.md between the markers below. After a deliberate change, regenerate both::
@@ -23,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.host.cpucap import CpuCapability, cpu_feature_verdict, read_cpu_capability
+from inferwatch.agent.node.host.cpucap import CpuCapability, cpu_feature_verdict, read_cpu_capability
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "fixtures" / "cpuinfo" / "corpus"

@@ -11,7 +11,7 @@ import random
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from agent.catalog.engine import E2E_BUCKETS_S, ITL_BUCKETS_S, TTFT_BUCKETS_S
+from inferwatch.agent.catalog.engine import E2E_BUCKETS_S, ITL_BUCKETS_S, TTFT_BUCKETS_S
 
 TOKENS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
 ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)

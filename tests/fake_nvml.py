@@ -1,9 +1,11 @@
 """Fakes of NVML at its two levels, for tests without a GPU.
 
-- :class:`FakeNVML` is an :class:`agent.host.nvml.NVMLClient`: devices as plain values (:class:`FakeGPU`, a Hopper
+- :class:`FakeNVML` is an :class:`inferwatch.agent.node.host.nvml.NVMLClient`: devices as plain values
+(:class:`FakeGPU`, a Hopper
   GPU serving by default), errors on demand, XID events pushed by the test. The gpu collector, doctor, the
   evidence bundle and tests/node_agent.py (the dashboards' data test) run on it.
-- :class:`FakePynvml` stands in for the ``pynvml`` module under :class:`agent.host.nvml.PynvmlClient`: the real
+- :class:`FakePynvml` stands in for the ``pynvml`` module under :class:`inferwatch.agent.node.host.nvml.PynvmlClient`:
+the real
   module's error classes, constants and ctypes structs, answered from the same :class:`FakeGPU` values, so the
   client's translation is tested against the shapes the driver really returns.
 
@@ -43,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.host.nvml import (
+from inferwatch.agent.node.host.nvml import (
     EccCounts,
     GpmSample,
     GpuProcess,

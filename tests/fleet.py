@@ -1,9 +1,9 @@
 """A fleet on one machine: simulated nodes, each with its own identity, scraped into the remote-write path.
 
-Each node is a simulator (``python -m agent simulate`` with the node's ``--hardware`` profile and model), the
+Each node is a simulator (``python -m inferwatch.agent simulate`` with the node's ``--hardware`` profile and model), the
 agent as shipped (tests/node_agent.py: ``inferwatch run`` with a fake NVML device named like the node's GPU),
 its own procfs tree (the recorded cpuinfo and meminfo of tests/fixtures, a kernel command line) and sysfs tree
-(DMI product_name = the node's machine type), and open-loop load from ``python -m agent loadgen``. vmagent
+(DMI product_name = the node's machine type), and open-loop load from ``python -m inferwatch.agent loadgen``. vmagent
 scrapes every agent (job ``inferwatch-agent``) and every simulator's own /metrics (job ``engine``, as
 deploy/prometheus.yml does) and remote-writes to VictoriaMetrics; vmalert evaluates the rule files against it
 and notifies Alertmanager with the shipped alertmanager.yml (receivers at a local :class:`Sink`).
@@ -255,7 +255,7 @@ class FleetNode:
     def start_sim(self, model: str | None = None, *extra: str) -> None:
         self.model = model or self.model
         self._starts += 1
-        cmd = [PYTHON, "-m", "agent", "simulate", "--host", "127.0.0.1", "--port", str(self.sim_port)]
+        cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--host", "127.0.0.1", "--port", str(self.sim_port)]
         cmd += ["--model", self.model, "--hardware", self.spec.hardware, "--seed", str(self.seed)]
         cmd += ["--control-token", CONTROL_TOKEN, "--log-level", "warning", *self.spec.sim_args, *extra]
         env = None
@@ -285,7 +285,7 @@ class FleetNode:
             "INFERWATCH_PROBE__INTERVAL_S": str(self.timings.probe_interval_s),
             "DASH_FAKE_GPU": self.spec.gpu or "",
         }
-        if self.spec.spans:  # bimodality is computed from spans only (agent/analytics/latency.py)
+        if self.spec.spans:  # bimodality is computed from spans only (agent/node/analytics/latency.py)
             env["INFERWATCH_RECEIVER__ENABLED"] = "true"
             env["INFERWATCH_RECEIVER__GRPC_ENDPOINT"] = ""
             env["INFERWATCH_RECEIVER__HTTP_ENDPOINT"] = f"127.0.0.1:{self.span_port}"
@@ -308,7 +308,7 @@ class FleetNode:
     def start_load(self, rate: float | None = None) -> None:
         self.stop_load()
         self.rate = rate or self.rate
-        cmd = [PYTHON, "-m", "agent", "loadgen", "--url", self.sim_url, "--rate", str(self.rate)]
+        cmd = [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", self.sim_url, "--rate", str(self.rate)]
         cmd += ["--duration", "86400", "--timeout", "900", "--seed", str(self.seed), "--no-progress"]
         prompt = self.spec.prompt_tokens or self.timings.prompt_tokens
         cmd += ["--prompt-tokens", prompt, "--output-tokens", self.timings.output_tokens, *self.spec.load_args]
@@ -858,7 +858,18 @@ def run_drill(
 
 def matrix(prometheus: str, window: str, recorded: bool) -> dict[str, Any]:
     """``inferwatch matrix`` against the fleet storage, as JSON."""
-    cmd = [PYTHON, "-m", "agent", "matrix", "--prometheus", prometheus, "--window", window, "--format", "json"]
+    cmd = [
+        PYTHON,
+        "-m",
+        "inferwatch.agent",
+        "matrix",
+        "--prometheus",
+        prometheus,
+        "--window",
+        window,
+        "--format",
+        "json",
+    ]
     r = subprocess.run(
         [*cmd, *(["--recorded"] if recorded else [])], cwd=ROOT, capture_output=True, text=True, timeout=120
     )

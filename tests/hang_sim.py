@@ -1,9 +1,10 @@
 """The simulator's engines in virtual time, scraped like the agent scrapes them: for the hang detector's tests.
 
-The real scheduler (:class:`simulator.engine.EngineCore`), the real vLLM exposition (:class:`simulator.metrics.
-VllmMetrics`, rendered by prometheus_client) and the agent's own parser; only the clock is virtual, so ten
-minutes of a slow CPU profile take a second. A rank can be hung (its core is not stepped; arrivals still queue,
-as the ``hang`` scenario does live) and the whole engine restarted (new registry: counters back to zero).
+The real scheduler (:class:`inferwatch.simulator.engine.EngineCore`), the real vLLM exposition
+(:class:`inferwatch.simulator.metrics. VllmMetrics`, rendered by prometheus_client) and the agent's own parser; only the
+clock is virtual, so ten minutes of a slow CPU profile take a second. A rank can be hung (its core is not stepped;
+arrivals still queue, as the ``hang`` scenario does live) and the whole engine restarted (new registry: counters back to
+zero).
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ from dataclasses import dataclass, field
 
 from prometheus_client import generate_latest
 
-from agent.engine.adapters import EngineReading
-from agent.engine.hang import HangDetector, RankVerdict
-from agent.engine.scrape import EngineParser
-from simulator.engine import EngineCore, SimRequest, Step
-from simulator.metrics import VllmMetrics
-from simulator.profiles import deploy
-from simulator.runtime import _Listener
-from simulator.scenarios import ScenarioSet
+from inferwatch.agent.node.engine.adapters import EngineReading
+from inferwatch.agent.node.engine.hang import HangDetector, RankVerdict
+from inferwatch.agent.node.engine.scrape import EngineParser
+from inferwatch.simulator.engine import EngineCore, SimRequest, Step
+from inferwatch.simulator.metrics import VllmMetrics
+from inferwatch.simulator.profiles import deploy
+from inferwatch.simulator.runtime import _Listener
+from inferwatch.simulator.scenarios import ScenarioSet
 
 MODEL = "m"
 SCRAPE_S = 15.0  # production scrape interval

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 
-from agent import quietserver
-from agent.app import Agent
-from agent.config import load_settings
-from agent.wiring import build_deps
+from inferwatch.agent.config import load_settings
+from inferwatch.agent.node import quietserver
+from inferwatch.agent.node.app import Agent
+from inferwatch.agent.node.wiring import build_deps
 
 
 def main() -> None:

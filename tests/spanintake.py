@@ -5,11 +5,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
-from agent.analytics.latency import LatencyAnalytics
-from agent.config import ReceiverSettings
-from agent.receiver import Receiver
-from agent.samples import Collection
-from agent.state import AgentState, CollectorHealth
+from inferwatch.agent.common.samples import Collection
+from inferwatch.agent.config import ReceiverSettings
+from inferwatch.agent.node.analytics.latency import LatencyAnalytics
+from inferwatch.agent.node.receiver import Receiver
+from inferwatch.agent.node.state import AgentState, CollectorHealth
 
 
 @contextlib.contextmanager

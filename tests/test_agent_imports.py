@@ -18,8 +18,8 @@ def _modules_after(code: str) -> set[str]:
 
 
 def test_the_agent_imports_jsonschema_only_for_the_probe() -> None:
-    assert "jsonschema" not in _modules_after("import agent.app")
-    first_probe = "from agent.probe.schema import validate_payload\nvalidate_payload('openai', {}, 0)"
+    assert "jsonschema" not in _modules_after("import inferwatch.agent.node.app")
+    first_probe = "from inferwatch.agent.node.probe.schema import validate_payload\nvalidate_payload('openai', {}, 0)"
     assert "jsonschema" in _modules_after(first_probe)
 
 
@@ -27,7 +27,10 @@ def test_a_served_agent_does_not_import_trio_through_httpcore() -> None:
     # trio comes with selenium, which the test command installs: without it this check would say nothing.
     assert "trio" in _modules_after("import trio"), "trio is not installed: the test command's selenium brings it"
     # What serve() does before it builds the agent, then the agent's first HTTP client.
-    code = "from agent.cli.run import block_unused_imports\nblock_unused_imports()\nimport httpx\nhttpx.Client()"
+    code = (
+        "from inferwatch.agent.cli.run import block_unused_imports\n"
+        "block_unused_imports()\nimport httpx\nhttpx.Client()"
+    )
     mods = _modules_after(code)
     assert "httpcore._synchronization" in mods and "trio" not in mods
     # Without the block the same client imports it: the check above is not vacuous.

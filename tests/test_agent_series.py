@@ -1,4 +1,4 @@
-"""The agent's own series count (agent/analytics/series.py) against its real /metrics, and the budget setting.
+"""The agent's own series count (agent/node/analytics/series.py) against its real /metrics, and the budget setting.
 
 The count must equal the sample lines of the exposition the agent serves for the same state (the exporter's own
 render, and a running agent's /metrics), with histograms, duplicates from two sources, per-model series and the
@@ -15,11 +15,11 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from agent.analytics.series import OWN, SeriesBudget, count
-from agent.config import Settings
-from agent.samples import Collection, HistogramSample, Sample, attrs
-from agent.state import AgentState, CollectorHealth
-from exporters.prometheus import render
+from inferwatch.agent.common.samples import Collection, HistogramSample, Sample, attrs
+from inferwatch.agent.config import Settings
+from inferwatch.agent.node.analytics.series import OWN, SeriesBudget, count
+from inferwatch.agent.node.state import AgentState, CollectorHealth
+from inferwatch.exporters.prometheus import render
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
 
@@ -73,7 +73,7 @@ def test_budget_setting_is_validated() -> None:
 def test_a_running_agent_reports_its_own_series(tmp_path) -> None:
     port = free_port()
     env = {"INFERWATCH_SERIES_BUDGET": "123456", "INFERWATCH_RUNTIME__CMDLINE_PATTERN": "no-such-runtime-series"}
-    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "1"]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "1"]
     with running(cmd, tmp_path / "agent.log", env=env, cwd=ROOT):
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/readyz", timeout_s=60, ok=lambda r: r.status_code == 200)

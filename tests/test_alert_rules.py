@@ -10,10 +10,10 @@ import promql_parser
 import pytest
 import yaml
 
-from agent.alerts import links, profile, slo
-from agent.catalog import prometheus_series_names
-from agent.config import DEFAULT_RUNBOOKS_BASE_URL
-from agent.errors import ConfigError
+from inferwatch.agent.alerts import links, profile, slo
+from inferwatch.agent.catalog import prometheus_series_names
+from inferwatch.agent.config import DEFAULT_RUNBOOKS_BASE_URL
+from inferwatch.agent.errors import ConfigError
 from tests.alerting import (
     ALERTS_DIR,
     RULE_TESTS_DIR,
@@ -28,7 +28,9 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.integration
 SEVERITIES = {"critical", "warning", "info"}
 ANNOTATIONS = {"summary", "description", "runbook_url", "dashboard_url"}
-EVIDENCE = "evidence_url"  # every page outside the SLO groups: the agent's evidence bundle (agent.alerts.links)
+EVIDENCE = (
+    "evidence_url"  # every page outside the SLO groups: the agent's evidence bundle (inferwatch.agent.alerts.links)
+)
 
 
 def test_promtool_check_rules_passes() -> None:
@@ -87,7 +89,7 @@ def test_every_alert_has_the_same_anatomy() -> None:
         assert rule["annotations"]["summary"].endswith("."), name
         assert "$labels" in rule["annotations"]["description"] or name in {"Watchdog"}, name
         url = rule["annotations"]["runbook_url"]
-        # the rule's fallback base is the agent's own runbook server, as in agent.config
+        # the rule's fallback base is the agent's own runbook server, as in inferwatch.agent.config
         assert url.endswith(f"{{{{ else }}}}{DEFAULT_RUNBOOKS_BASE_URL}{{{{ end }}}}/{name}"), url
         assert (
             "$externalLabels.runbook_base" in url
@@ -142,17 +144,17 @@ def test_every_metric_named_in_a_rule_is_in_the_catalog() -> None:
 
 
 def test_slo_rules_are_regenerated_exactly() -> None:
-    assert (ALERTS_DIR / "slo.rules.yml").read_text() == slo.generate(), "run: python -m agent.alerts.slo"
+    assert (ALERTS_DIR / "slo.rules.yml").read_text() == slo.generate(), "run: python -m inferwatch.agent.alerts.slo"
     assert slo.main(["--check"]) == 0
 
 
 def test_links_are_generated_for_every_alert() -> None:
-    """runbook_url / dashboard_url come from agent.alerts.links' two templates, in every rule file."""
+    """runbook_url / dashboard_url come from inferwatch.agent.alerts.links' two templates, in every rule file."""
     for rule in load_rules():
         if "alert" in rule:
             want = links.links(rule["alert"], rule["_group"])
             got = {k: rule["annotations"][k] for k in links.LINK_KEYS}
-            assert got == want, f"{rule['alert']}: run python -m agent.alerts.links"
+            assert got == want, f"{rule['alert']}: run python -m inferwatch.agent.alerts.links"
     assert links.main(["--check"]) == 0
 
 

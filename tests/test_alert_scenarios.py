@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from simulator.scenarios import DEFAULTS, parse
+from inferwatch.simulator.scenarios import DEFAULTS, parse
 from tests.alerting import alert_names, rule_test_files
 from tests.conftest import ROOT
 from tests.fleet import faults

@@ -20,12 +20,12 @@ import httpx
 import pytest
 import yaml
 
-from agent.actions.alertpush import AlertPusher
-from agent.catalog.engine import MODEL
-from agent.config import AlertmanagerSettings
-from agent.errors import ConfigError
-from agent.samples import Collection, Sample, attrs
-from agent.state import AgentState, CollectorHealth
+from inferwatch.agent.catalog.engine import MODEL
+from inferwatch.agent.common.samples import Collection, Sample, attrs
+from inferwatch.agent.config import AlertmanagerSettings
+from inferwatch.agent.errors import ConfigError
+from inferwatch.agent.node.actions.alertpush import AlertPusher
+from inferwatch.agent.node.state import AgentState, CollectorHealth
 from tests.alerting import tool
 from tests.conftest import free_port
 from tests.procs import running, wait_http

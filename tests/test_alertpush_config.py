@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.config import Settings
+from inferwatch.agent.config import Settings
 from tests.conftest import ROOT
 from tests.test_kubernetes import render
 

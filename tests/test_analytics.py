@@ -7,12 +7,12 @@ import random
 
 import pytest
 
-from agent import catalog
-from agent.analytics import bimodality
-from agent.analytics.latency import QUANTILES, LatencyAnalytics, RequestTiming
-from agent.analytics.windows import SUB_WINDOW_S, WindowedSketch, log_bins, new_sketch
-from agent.collectors.base import Collection
-from agent.runner import validate
+from inferwatch.agent import catalog
+from inferwatch.agent.node.analytics import bimodality
+from inferwatch.agent.node.analytics.latency import QUANTILES, LatencyAnalytics, RequestTiming
+from inferwatch.agent.node.analytics.windows import SUB_WINDOW_S, WindowedSketch, log_bins, new_sketch
+from inferwatch.agent.node.collectors.base import Collection
+from inferwatch.agent.node.runner import validate
 
 
 class Clock:
@@ -160,7 +160,7 @@ def test_bimodality_false_positives_on_unimodal_lognormals() -> None:
 
 
 def test_publishes_its_stats_and_leaves_frontend_gap_to_the_engine_when_it_has_one() -> None:
-    from agent.analytics.latency import EngineSeries
+    from inferwatch.agent.node.analytics.latency import EngineSeries
 
     a = LatencyAnalytics()
     a.record([RequestTiming("m", {"ttft": 0.5, "queue": 0.1, "prefill": 0.3})] * 60)

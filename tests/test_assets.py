@@ -1,4 +1,5 @@
-"""The shipped assets (agent/assets.py): one source in the repository, every file reachable, ``assets export``."""
+"""The shipped assets (agent/common/assets.py): one source in the repository, every file reachable, ``assets
+export``."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from agent import assets
-from agent.cli.main import app
-from agent.errors import AssetError
-from agent.runbooks import Runbooks
+from inferwatch.agent.cli.main import app
+from inferwatch.agent.common import assets
+from inferwatch.agent.common.runbooks import Runbooks
+from inferwatch.agent.errors import AssetError
 from tests.alerting import alert_names, run_tool
 from tests.conftest import ROOT
 from tests.tools import require

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.actions.binary import check_binary, elf_interpreter, glibc_available
-from agent.errors import ToolError
+from inferwatch.agent.errors import ToolError
+from inferwatch.agent.node.actions.binary import check_binary, elf_interpreter, glibc_available
 from tests.conftest import PYTHON, ROOT
 
 LIB_C = "int diag_answer(void) { return 42; }\n"
@@ -52,7 +52,12 @@ def test_doctor_reports_the_missing_library(built, tmp_path) -> None:
     lib.unlink()
     env = {**os.environ, "INFERWATCH_BINARY__PATH": str(prog)}
     out = subprocess.run(
-        [PYTHON, "-m", "agent", "doctor", "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        [PYTHON, "-m", "inferwatch.agent", "doctor", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 1, out.stdout + out.stderr
     checks = {c["id"]: c for c in json.loads(out.stdout)["checks"]}
@@ -112,7 +117,7 @@ def test_running_runtime_via_proc_exe_and_the_api(built, tmp_path) -> None:
         lib.unlink()  # the runtime keeps running on the mapped copy; a restart would fail
         port = free_port()
         env = {"INFERWATCH_RUNTIME__PID": str(runtime.pid), "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap")}
-        cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5"]
+        cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "0.5"]
         with running(cmd, tmp_path / "agent.log", cwd=ROOT, env=env) as proc:
             base = f"http://127.0.0.1:{port}"
             wait_http(f"{base}/readyz", ok=lambda r: r.status_code == 200, proc=proc)
@@ -153,7 +158,7 @@ def test_restored_library_clears_on_schedule_and_on_request(built, tmp_path) -> 
         "INFERWATCH_API__TOKENS": json.dumps([{"token": token, "scopes": ["read", "profile"], "name": "op"}]),
         "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap"),
     }
-    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5"]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "0.5"]
     base = f"http://127.0.0.1:{port}"
     auth = {"Authorization": f"Bearer {token}"}
     missing = 'inferwatch_runtime_binary_missing_libraries{runtime="runtime"}'
@@ -229,7 +234,7 @@ def test_doctor_engine_url_finds_the_runtime_by_port_for_the_binary_check(built,
         lib.unlink()
         env = {k: v for k, v in os.environ.items() if not k.startswith("INFERWATCH_")}
         out = subprocess.run(
-            [PYTHON, "-m", "agent", "doctor", "--json", "--engine-url", f"http://127.0.0.1:{port}"],
+            [PYTHON, "-m", "inferwatch.agent", "doctor", "--json", "--engine-url", f"http://127.0.0.1:{port}"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
         )  # fmt: skip
         checks = {c["id"]: c for c in json.loads(out.stdout)["checks"]}

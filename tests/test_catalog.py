@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from agent.catalog import CATALOG, Kind, prometheus_name
+from inferwatch.agent.catalog import CATALOG, Kind, prometheus_name
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
-from agent.cli.main import app
+from inferwatch.agent.cli.main import app
 from tests.conftest import FIXTURES, PYTHON, ROOT
 
 # Characters rich's emoji codes produce (":M:" → Ⓜ, ":smile:" → 😄): enclosed alphanumerics, symbols, emoji.
@@ -34,7 +34,12 @@ def _squash(text: str) -> str:
 def test_loadgen_help_shows_the_distribution_forms_literally() -> None:
     env = {**os.environ, "COLUMNS": "100", "TERM": "xterm-256color", "FORCE_COLOR": "1"}
     out = subprocess.run(
-        [PYTHON, "-m", "agent", "loadgen", "--help"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        [PYTHON, "-m", "inferwatch.agent", "loadgen", "--help"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
     text = _squash(out.stdout)
@@ -62,7 +67,11 @@ def test_every_help_text_is_printed_as_written(path: tuple[str, ...], command: c
 
 def _inspect(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PYTHON, "-m", "agent", "engine", "inspect", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [PYTHON, "-m", "inferwatch.agent", "engine", "inspect", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -113,7 +122,7 @@ def test_agent_with_its_port_taken_exits_2_with_one_line_and_never_says_started(
         taken.listen(1)
         port = taken.getsockname()[1]
         done = subprocess.run(
-            [PYTHON, "-m", "agent", "run", "--port", str(port)],
+            [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port)],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
     assert done.returncode == 2, done.stderr
@@ -135,7 +144,7 @@ def test_agent_started_is_logged_once_the_port_answers(tmp_path) -> None:
     log = tmp_path / "agent.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [PYTHON, "-m", "agent", "run", "--port", str(port)], cwd=ROOT, env=env, stdout=out, stderr=out
+            [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port)], cwd=ROOT, env=env, stdout=out, stderr=out
         )
     try:
         deadline = time.monotonic() + 60

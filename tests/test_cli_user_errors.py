@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.cli.common import MAX_TOKEN_FILE_BYTES
+from inferwatch.agent.cli.common import MAX_TOKEN_FILE_BYTES
 from tests.conftest import PYTHON, ROOT, free_port
 
 TOKEN_COMMANDS = {
@@ -36,7 +36,7 @@ def _bad_file(kind: str, tmp: Path) -> Path:
 
 def _run(args: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PYTHON, "-m", "agent", *args], cwd=tmp, capture_output=True, text=True, timeout=120, check=False
+        [PYTHON, "-m", "inferwatch.agent", *args], cwd=tmp, capture_output=True, text=True, timeout=120, check=False
     )
 
 
@@ -80,11 +80,11 @@ def test_demo_with_a_bad_log_dir_is_one_line_and_exit_2(kind: str, tmp_path: Pat
 
 
 def test_an_error_raised_on_purpose_below_the_cli_is_one_line(tmp_path: Path) -> None:
-    """The entry point's net: an agent.errors exception no command caught becomes one line, exit 1 or 2."""
+    """The entry point's net: an inferwatch.agent.errors exception no command caught becomes one line, exit 1 or 2."""
     script = (
         "import sys, typer\n"
-        "from agent.cli import main as m\n"
-        "from agent.errors import ConfigError, ToolError\n"
+        "from inferwatch.agent.cli import main as m\n"
+        "from inferwatch.agent.errors import ConfigError, ToolError\n"
         "m.app = typer.Typer()\n"
         "@m.app.command()\n"
         "def boom(config: bool = False) -> None:\n"

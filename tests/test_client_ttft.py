@@ -16,11 +16,11 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from agent.analytics.explain import HORIZON_S, ClientTTFTs, RecordingSink, TailExplainer, render_text
-from agent.analytics.latency import LatencyAnalytics
-from agent.clienttrace import TTFT_KEY, ClientSpans, httpx_event_hooks
-from agent.config import ReceiverSettings
-from agent.receiver import Receiver
+from inferwatch.agent.clienttrace import TTFT_KEY, ClientSpans, httpx_event_hooks
+from inferwatch.agent.config import ReceiverSettings
+from inferwatch.agent.node.analytics.explain import HORIZON_S, ClientTTFTs, RecordingSink, TailExplainer, render_text
+from inferwatch.agent.node.analytics.latency import LatencyAnalytics
+from inferwatch.agent.node.receiver import Receiver
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
 from tests.trace_receiver import http_trace_receiver
@@ -130,7 +130,7 @@ def test_openai_client_middleware_makes_the_engine_span_its_child(tmp_path) -> N
     with http_trace_receiver() as (received, port):
         endpoint = f"http://127.0.0.1:{port}/v1/traces"
         sim_port = free_port()
-        cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(sim_port), "--seed", "1"]
+        cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(sim_port), "--seed", "1"]
         cmd += ["--otlp-traces-endpoint", endpoint]
         with running(cmd, tmp_path / "sim.log", cwd=ROOT, env={"OTEL_BSP_SCHEDULE_DELAY": "100"}) as sim:
             wait_http(f"http://127.0.0.1:{sim_port}/health", proc=sim)
@@ -183,9 +183,9 @@ def test_frontend_delay_is_named_from_the_clients_ttft(tmp_path) -> None:
         "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap"),
         "INFERWATCH_EVIDENCE__DIR": str(tmp_path / "evidence"),
     }
-    sim_cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(sim_port), "--seed", "4", "--scenario"]
+    sim_cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(sim_port), "--seed", "4", "--scenario"]
     sim_cmd += ["frontend_delay", "--otlp-traces-endpoint", endpoint]
-    agent_cmd = [PYTHON, "-m", "agent", "run", "--port", str(agent_port)]
+    agent_cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(agent_port)]
     count = 200
     with (
         running(agent_cmd, tmp_path / "agent.log", cwd=ROOT, env=env) as agent,
@@ -195,7 +195,7 @@ def test_frontend_delay_is_named_from_the_clients_ttft(tmp_path) -> None:
         wait_http(f"{base}/healthz", proc=agent)
         wait_http(f"http://127.0.0.1:{sim_port}/health", proc=sim)
         out = subprocess.run(
-            [PYTHON, "-m", "agent", "loadgen", "--url", f"http://127.0.0.1:{sim_port}", "--json", "--count",
+            [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", f"http://127.0.0.1:{sim_port}", "--json", "--count",
              str(count), "--rate", "20", "--seed", "2", "--output-tokens", "4", "--otlp-traces-endpoint", endpoint],
             cwd=ROOT, capture_output=True, text=True, timeout=120,
         )  # fmt: skip

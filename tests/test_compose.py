@@ -290,7 +290,7 @@ def test_scenario_is_selected_by_environment(scenario: str) -> None:
     assert sim["environment"]["INFERWATCH_SCENARIO"] == scenario
     # Run the container's shell command natively, printing the argv instead of starting the simulator.
     # docker-compose config keeps $$ escaped (its output is a compose file); the container sees $.
-    script = sim["command"][0].replace("$$", "$").replace("exec python -m agent simulate", "printf '%s\\n'")
+    script = sim["command"][0].replace("$$", "$").replace("exec python -m inferwatch.agent simulate", "printf '%s\\n'")
     r = subprocess.run(
         ["sh", "-c", script], capture_output=True, text=True, env={"PATH": os.environ["PATH"], **sim["environment"]}
     )
@@ -300,7 +300,7 @@ def test_scenario_is_selected_by_environment(scenario: str) -> None:
         assert argv[argv.index("--scenario") + 1] == scenario
     else:
         assert "--scenario" not in argv
-    from simulator.scenarios import DEFAULTS
+    from inferwatch.simulator.scenarios import DEFAULTS
 
     if scenario:
         assert scenario in DEFAULTS
@@ -389,7 +389,7 @@ def _named(svc: dict[str, Any]) -> dict[str, tuple[str, bool]]:
 def test_agent_token_is_generated_on_a_volume_that_prometheus_reads(rendered: dict[str, Any]) -> None:
     agent, prom = rendered["services"]["agent"], rendered["services"]["prometheus"]
     assert agent["entrypoint"][:3] == ["python", "/app/deploy/agent_entrypoint.py", "/run/inferwatch"]
-    assert agent["entrypoint"][3:] == ["python", "-m", "agent"]
+    assert agent["entrypoint"][3:] == ["python", "-m", "inferwatch.agent"]
     assert agent["command"][:3] == ["run", "--listen-address", "0.0.0.0"]
     assert agent["environment"]["INFERWATCH_API__TOKENS_FILE"] == "/run/inferwatch/tokens"
     assert agent["environment"]["INFERWATCH_API_TOKEN"] == ""  # from the user's environment or .env, else generated
@@ -464,7 +464,7 @@ def test_image_runs_as_a_non_root_user_with_its_own_home() -> None:
     uid, _, gid = image.user.partition(":")
     assert int(uid) >= 1000 and int(gid) >= 1000
     assert image.env["HOME"] == "/home/inferwatch" and image.owned_dirs["/home/inferwatch"] == image.user
-    assert image.entrypoint == ["python", "-m", "agent"]
+    assert image.entrypoint == ["python", "-m", "inferwatch.agent"]
 
 
 def _lock(path: Path) -> dict[str, tuple[str, list[str]]]:
@@ -536,7 +536,8 @@ def test_the_wheel_carries_the_runbooks_and_the_installed_agent_reads_them(tmp_p
     )
     assert r.returncode == 0, r.stderr[-2000:]
     probe = (
-        "import json, agent; from agent.runbooks import Runbooks; r = Runbooks.load(); "
+        "import json, inferwatch.agent as agent; from inferwatch.agent.common.runbooks import Runbooks; "
+        "r = Runbooks.load(); "
         "print(json.dumps([agent.__file__, r.names(), r.read(r.names()[0]) if r.names() else None]))"
     )
     r = subprocess.run(
@@ -569,7 +570,7 @@ def _entrypoint(directory: Path, token: str | None) -> subprocess.CompletedProce
 
 
 def test_agent_entrypoint_generates_keeps_and_accepts_a_configured_token(tmp_path: Path) -> None:
-    from agent.api.auth import read_tokens_file
+    from inferwatch.agent.node.api.auth import read_tokens_file
 
     first = _entrypoint(tmp_path / "tokens", None)
     assert first.returncode == 0, first.stderr

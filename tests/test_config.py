@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
-from agent.collectors import REGISTRY
-from agent.config import check_env_names, load_settings
-from agent.errors import ConfigError
+from inferwatch.agent.config import check_env_names, load_settings
+from inferwatch.agent.errors import ConfigError
+from inferwatch.agent.node.collectors import REGISTRY
 from tests.conftest import PYTHON, ROOT
 
 
@@ -47,14 +47,22 @@ def test_cli_exits_2_with_one_clear_line(tmp_path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("listen_port: 99999\n")
     proc = subprocess.run(
-        [PYTHON, "-m", "agent", "run", "--config", str(cfg)], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [PYTHON, "-m", "inferwatch.agent", "run", "--config", str(cfg)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "inferwatch: invalid configuration: listen_port: Input should be less than or equal to 65535 (got 99999)"
     ]
     proc = subprocess.run(
-        [PYTHON, "-m", "agent", "run", "--no-collector.nonesuch"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [PYTHON, "-m", "inferwatch.agent", "run", "--no-collector.nonesuch"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2 and "unknown collector 'nonesuch'" in proc.stderr
 
@@ -110,7 +118,7 @@ def test_cli_exits_2_on_an_unknown_collector_in_yaml_or_env(tmp_path) -> None:
         ([], {"INFERWATCH_COLLECTORS__PAGECACH__INTERVAL_S": "3"}),
     ):
         proc = subprocess.run(
-            [PYTHON, "-m", "agent", "run", *args],
+            [PYTHON, "-m", "inferwatch.agent", "run", *args],
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -134,13 +142,13 @@ def test_old_timing_keys_are_read_as_collectors_name_with_one_warning(
     tmp_path, monkeypatch, caplog, yaml_text: str, env: dict, name: str, interval_s: float
 ) -> None:
     """issue 13: a collector's timing lives in ``collectors.NAME`` only; the old section keys are aliases."""
-    from agent.collectors import schedule
+    from inferwatch.agent.node.collectors import schedule
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml_text)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    with caplog.at_level("WARNING", logger="agent.config"):
+    with caplog.at_level("WARNING", logger="inferwatch.agent.config"):
         s = load_settings(cfg, collectors=REGISTRY)
     assert s.collector(name).interval_s == interval_s and schedule(name, s).interval_s == interval_s
     assert [r.getMessage() for r in caplog.records] == [
@@ -150,12 +158,12 @@ def test_old_timing_keys_are_read_as_collectors_name_with_one_warning(
 
 
 def test_collectors_name_wins_over_an_old_timing_key(tmp_path, monkeypatch, caplog) -> None:
-    from agent.collectors import schedule
+    from inferwatch.agent.node.collectors import schedule
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text("collectors: {runtime_profile: {interval_s: 9}}\n")
     monkeypatch.setenv("INFERWATCH_RUNTIME_PROFILE__INTERVAL_S", "1")
-    with caplog.at_level("WARNING", logger="agent.config"):
+    with caplog.at_level("WARNING", logger="inferwatch.agent.config"):
         s = load_settings(cfg, collectors=REGISTRY)
     assert schedule("runtime_profile", s).interval_s == 9
     assert [r.getMessage() for r in caplog.records] == [
@@ -170,7 +178,7 @@ def test_collectors_name_wins_over_an_old_timing_key(tmp_path, monkeypatch, capl
 
 def test_a_bad_old_timing_key_exits_2_naming_the_key_it_is_read_as(tmp_path) -> None:
     proc = subprocess.run(
-        [PYTHON, "-m", "agent", "run"],
+        [PYTHON, "-m", "inferwatch.agent", "run"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -4,7 +4,7 @@ The file's caps (size, YAML aliases) are named defaults that ``INFERWATCH_CONFIG
 ``INFERWATCH_CONFIG_MAX_ALIASES`` override.
 
 Each must fail at start, fast, with exit code 2 and a message naming the file or field, never a
-traceback and never the expanded input. Run through the CLI in a subprocess (``python -m agent run``).
+traceback and never the expanded input. Run through the CLI in a subprocess (``python -m inferwatch.agent run``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import DEFAULT_CONFIG_MAX_BYTES, load_settings
-from agent.errors import ConfigError
+from inferwatch.agent.config import DEFAULT_CONFIG_MAX_BYTES, load_settings
+from inferwatch.agent.errors import ConfigError
 from tests.conftest import PYTHON, ROOT
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
@@ -28,7 +28,7 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
 def run_agent(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("INFERWATCH_")}
     return subprocess.run(
-        [str(PYTHON), "-m", "agent", "run", *args],
+        [str(PYTHON), "-m", "inferwatch.agent", "run", *args],
         cwd=ROOT,
         env={**clean, **env},
         capture_output=True,

@@ -15,11 +15,11 @@ import re
 
 import pytest
 
-from agent.catalog import CATALOG
-from agent.catalog.engine import QUANTITIES, REEXPORTED_ONLY
-from agent.collectors import REGISTRY
-from agent.engine import adapters
-from agent.engine.scrape import EngineParser
+from inferwatch.agent.catalog import CATALOG
+from inferwatch.agent.catalog.engine import QUANTITIES, REEXPORTED_ONLY
+from inferwatch.agent.node.collectors import REGISTRY
+from inferwatch.agent.node.engine import adapters
+from inferwatch.agent.node.engine.scrape import EngineParser
 from tests.conftest import FIXTURES, ROOT
 
 ENGINES = FIXTURES / "engines"

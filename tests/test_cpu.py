@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.cpu import CPUCollector
-from agent.config import load_settings
-from agent.errors import SourceFormatError
-from agent.host.cpucap import read_cpu_capability
-from agent.host.cpuinfo import parse_cpuinfo
-from agent.host.cpumodels import Dmi, identify
-from agent.runner import validate
-from agent.wiring import collect_context
+from inferwatch.agent.config import load_settings
+from inferwatch.agent.errors import SourceFormatError
+from inferwatch.agent.node.collectors.cpu import CPUCollector
+from inferwatch.agent.node.host.cpucap import read_cpu_capability
+from inferwatch.agent.node.host.cpuinfo import parse_cpuinfo
+from inferwatch.agent.node.host.cpumodels import Dmi, identify
+from inferwatch.agent.node.runner import validate
+from inferwatch.agent.node.wiring import collect_context
 from tests.conftest import FIXTURES, PYTHON, ROOT
 
 CPU = FIXTURES / "cpuinfo"
@@ -73,7 +73,7 @@ def _drop(text: str, *tokens: str) -> str:
 
 
 def _doctor(procfs: Path, *args: str, sysfs: Path | None = None) -> tuple[int, dict[str, dict[str, object]]]:
-    cmd = [PYTHON, "-m", "agent", "doctor", "--json", "--path.procfs", str(procfs), *args]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "doctor", "--json", "--path.procfs", str(procfs), *args]
     if sysfs is not None:
         cmd += ["--path.sysfs", str(sysfs)]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -145,14 +145,16 @@ def test_require_without_cpuinfo_fails_the_gate(tmp_path: Path) -> None:
 
 def test_doctor_usage_errors_exit_2(tmp_path: Path) -> None:
     r = subprocess.run(
-        [PYTHON, "-m", "agent", "doctor", "--path.procfs", str(tmp_path / "nope")],
+        [PYTHON, "-m", "inferwatch.agent", "doctor", "--path.procfs", str(tmp_path / "nope")],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert r.returncode == 2 and "not a directory" in r.stderr
-    r = subprocess.run([PYTHON, "-m", "agent", "doctor", "--bogus"], cwd=ROOT, capture_output=True, timeout=60)
+    r = subprocess.run(
+        [PYTHON, "-m", "inferwatch.agent", "doctor", "--bogus"], cwd=ROOT, capture_output=True, timeout=60
+    )
     assert r.returncode == 2
 
 
@@ -178,7 +180,7 @@ def test_old_kernel_hint_for_bf16_on_graviton(tmp_path: Path) -> None:
     text = _drop((CPU / "graviton3_neoverse_v1.txt").read_text(), "bf16", "i8mm", "svebf16", "svei8mm", "sve")
     procfs = _procfs(tmp_path, text, **{"sys/kernel/osrelease": "4.14.311-233.529.amzn2.aarch64"})
     cap = read_cpu_capability(procfs, tmp_path / "nosys")
-    from agent.host.cpucap import cause_hints
+    from inferwatch.agent.node.host.cpucap import cause_hints
 
     hints = cause_hints(cap, cap.missing)
     assert any("older than 5.10" in h for h in hints)
@@ -240,7 +242,7 @@ def test_collector_samples_match_the_catalog(tmp_path: Path) -> None:
 
 
 def test_node_identity_names_arm_cpus_without_a_model_name(tmp_path: Path) -> None:
-    from agent.identity import node_identity
+    from inferwatch.agent.node.identity import node_identity
 
     procfs = _procfs(tmp_path, (CPU / "graviton3_neoverse_v1.txt").read_text(), **{"sys/kernel/osrelease": "6.1.0"})
     ident = node_identity(procfs, tmp_path / "nosys")

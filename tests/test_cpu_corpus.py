@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import InferwatchError, SourceFormatError
-from agent.host.cpucap import cpu_feature_verdict, read_cpu_capability
-from agent.host.cpuinfo import parse_cpuinfo
-from agent.host.cpumodels import Dmi, identify
-from agent.samples import Finding
+from inferwatch.agent.common.samples import Finding
+from inferwatch.agent.errors import InferwatchError, SourceFormatError
+from inferwatch.agent.node.host.cpucap import cpu_feature_verdict, read_cpu_capability
+from inferwatch.agent.node.host.cpuinfo import parse_cpuinfo
+from inferwatch.agent.node.host.cpumodels import Dmi, identify
 from tests import cpu_corpus
 from tests.conftest import PYTHON, ROOT
 from tests.test_cpu import _drop, _procfs
@@ -83,7 +83,17 @@ def test_doctor_gate_passes_unknown_layouts(tmp_path: Path, name: str) -> None:
     procfs = tmp_path / "proc"
     procfs.mkdir()
     (procfs / "cpuinfo").write_bytes(d.cpuinfo.read_bytes())
-    cmd = [PYTHON, "-m", "agent", "doctor", "--json", "--path.procfs", str(procfs), "--path.sysfs", str(tmp_path)]
+    cmd = [
+        PYTHON,
+        "-m",
+        "inferwatch.agent",
+        "doctor",
+        "--json",
+        "--path.procfs",
+        str(procfs),
+        "--path.sysfs",
+        str(tmp_path),
+    ]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     doc = json.loads(r.stdout)
     checks = {c["id"]: c for c in doc["checks"]}
@@ -334,7 +344,7 @@ def test_the_architecture_sources_and_their_order(tmp_path: Path) -> None:
     # Another kernel's boot: the running kernel says nothing about this tree.
     cap = read_cpu_capability(procfs, tmp_path, probe=_Probe("x86_64", "another-boot"))
     assert cap.info.machine == "loongarch64" and cap.arch_source == "inferred from cpuinfo"
-    # A recorded `uname -a` (the convention agent/host/machine.py documents).
+    # A recorded `uname -a` (the convention agent/node/host/machine.py documents).
     uname_a = "Linux node7 6.6.0 #1 SMP PREEMPT Mon Jan 1 00:00:00 UTC 2024 loongarch64 GNU/Linux\n"
     (procfs / "uname").write_text(uname_a)
     cap = read_cpu_capability(procfs, tmp_path, probe=_Probe("x86_64", "another-boot"))
@@ -383,7 +393,7 @@ def test_sources_tsv_is_well_formed() -> None:
 
 
 def test_node_identity_takes_the_kernels_architecture(tmp_path: Path) -> None:
-    from agent.identity import node_identity
+    from inferwatch.agent.node.identity import node_identity
 
     d = _dump("util-linux_s390-lpar")
     ident = node_identity(_procfs(tmp_path, d.cpuinfo.read_text(), d.machine), tmp_path / "nosys")

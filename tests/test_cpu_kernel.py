@@ -16,20 +16,21 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.cpu import CPUCollector
-from agent.config import load_settings
-from agent.doctor import check_collector, check_require
-from agent.errors import SourceFormatError
-from agent.host.cpucap import read_cpu_capability
-from agent.host.cpuinfo import parse_cpuinfo
-from agent.host.cpuprobe import (
+from inferwatch.agent.common.samples import Finding
+from inferwatch.agent.config import load_settings
+from inferwatch.agent.doctor.checks import check_collector, check_require
+from inferwatch.agent.errors import SourceFormatError
+from inferwatch.agent.node.collectors.cpu import CPUCollector
+from inferwatch.agent.node.host.cpucap import read_cpu_capability
+from inferwatch.agent.node.host.cpuinfo import parse_cpuinfo
+from inferwatch.agent.node.host.cpuprobe import (
     ARCH_GET_XCOMP_PERM,
     ARCH_GET_XCOMP_SUPP,
     SyscallCpuProbe,
     read_amx,
     read_sve_vl,
 )
-from agent.host.hwcap import (
+from inferwatch.agent.node.host.hwcap import (
     ARM64_HWCAP,
     ARM64_HWCAP2,
     AT_HWCAP,
@@ -40,9 +41,8 @@ from agent.host.hwcap import (
     parse_auxv,
     read_hwcaps,
 )
-from agent.runner import validate
-from agent.samples import Finding
-from agent.wiring import build_deps, collect_context
+from inferwatch.agent.node.runner import validate
+from inferwatch.agent.node.wiring import build_deps, collect_context
 from tests.conftest import FIXTURES, PYTHON, ROOT
 from tests.test_cpu import machine_of
 
@@ -184,7 +184,7 @@ def test_real_auxv_on_this_machine() -> None:
 
 
 def _cli(procfs: Path) -> dict[str, dict[str, object]]:
-    cmd = [PYTHON, "-m", "agent", "doctor", "--json", "--path.procfs", str(procfs)]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "doctor", "--json", "--path.procfs", str(procfs)]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode in (0, 1), r.stderr
     return {c["id"]: c for c in json.loads(r.stdout)["checks"]}

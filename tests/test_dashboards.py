@@ -12,11 +12,11 @@ import subprocess
 import pytest
 import yaml
 
-from agent.catalog import prometheus_series_names
-from agent.prices import PRICE_RECORD
-from dashboards import JSON_DIR, load_all
-from dashboards.generate import render, render_docs
-from dashboards.prove import (
+from inferwatch.agent.catalog import prometheus_series_names
+from inferwatch.agent.fleet.prices import PRICE_RECORD
+from inferwatch.dashboards import JSON_DIR, load_all
+from inferwatch.dashboards.generate import render, render_docs
+from inferwatch.dashboards.prove import (
     format_values,
     interpolate,
     panel_queries,
@@ -31,7 +31,7 @@ DASHBOARDS = load_all()
 PANEL_TYPES = {"timeseries", "stat", "table", "heatmap"}
 # Grafana unit ids used here (public/app/features/.../valueFormats categories), or a custom "suffix:<text>".
 GRAFANA_UNITS = {"s", "bytes", "percentunit", "reqps", "short", "none", "hertz", "celsius", "watt", "string"}
-# up, and the price series the user's price rules record (agent/prices.py: generated from their price file by
+# up, and the price series the user's price rules record (agent/fleet/prices.py: generated from their price file by
 # `inferwatch prices FILE --rules`, not shipped; tests/test_dashboards_data.py loads the example's).
 ALLOWED_EXTRA_SERIES = {"up", PRICE_RECORD}
 
@@ -55,12 +55,12 @@ def test_committed_json_matches_generator() -> None:
     committed = {p.name: p.read_text(encoding="utf-8") for p in JSON_DIR.glob("*.json")}
     assert sorted(committed) == sorted(rendered), "dashboards/json holds files the generator does not produce"
     for name, text in rendered.items():
-        assert committed[name] == text, f"dashboards/json/{name} is stale: run python -m dashboards.generate"
+        assert committed[name] == text, f"dashboards/json/{name} is stale: run python -m inferwatch.dashboards.generate"
 
 
 def test_docs_page_matches_the_dashboards() -> None:
     page = ROOT / "docs" / "dashboards.md"
-    assert page.read_text(encoding="utf-8") == render_docs(render()), "run python -m dashboards.generate"
+    assert page.read_text(encoding="utf-8") == render_docs(render()), "run python -m inferwatch.dashboards.generate"
     text = page.read_text(encoding="utf-8")
     for d in DASHBOARDS.values():
         for p in panels(d):
@@ -70,7 +70,7 @@ def test_docs_page_matches_the_dashboards() -> None:
 def test_generate_check_detects_a_hand_edit(tmp_path) -> None:
     for name, text in render().items():
         (tmp_path / name).write_text(text)
-    cmd = [PYTHON, "-m", "dashboards.generate", "--check", "--out", str(tmp_path)]
+    cmd = [PYTHON, "-m", "inferwatch.dashboards.generate", "--check", "--out", str(tmp_path)]
     assert subprocess.run(cmd, cwd=ROOT, capture_output=True).returncode == 0
     victim = tmp_path / "inferwatch-slo.json"
     victim.write_text(victim.read_text().replace('"refresh": "30s"', '"refresh": "5s"'))

@@ -25,8 +25,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dashboards import load_all
-from dashboards.prove import Outcome, Prover
+from inferwatch.dashboards import load_all
+from inferwatch.dashboards.prove import Outcome, Prover
 from tests import stack
 from tests.conftest import FIXTURES, PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
@@ -149,7 +149,7 @@ def test_prover_against_real_prometheus_and_agent(tmp_path: Path) -> None:
     require("prometheus")
     port = free_port()
     env = _agent_env(port, _fake_sysfs(tmp_path / "sys", "test-machine"), {})
-    with running([PYTHON, "-m", "agent", "run"], tmp_path / "agent.log", cwd=ROOT, env=env) as agent:
+    with running([PYTHON, "-m", "inferwatch.agent", "run"], tmp_path / "agent.log", cwd=ROOT, env=env) as agent:
         wait_http(f"http://127.0.0.1:{port}/metrics", proc=agent, timeout_s=60)
         with stack.prometheus(tmp_path, {"inferwatch-agent": [f"127.0.0.1:{port}"]}) as prom:
             node = load_all()["inferwatch-node"]
@@ -164,7 +164,7 @@ def test_prover_against_real_prometheus_and_agent(tmp_path: Path) -> None:
                 values = prover.resolve_variables(node)
                 assert values["instance"] == f"127\\\\.0\\\\.0\\\\.1:{port}"
                 assert values["job"] == "inferwatch-agent"
-                from dashboards.prove import PanelQuery
+                from inferwatch.dashboards.prove import PanelQuery
 
                 absent = prover.run(PanelQuery("x", "absent", "A", "inferwatch_gpu_power_watts", False), values)
                 assert absent.series == 0 and not absent.ok
@@ -174,7 +174,17 @@ def test_prover_against_real_prometheus_and_agent(tmp_path: Path) -> None:
                 prover.close()
             # The same check as a command against any Prometheus: here GPU and engine panels have no data.
             r = subprocess.run(
-                [PYTHON, "-m", "dashboards.prove", "--prometheus", prom, "--rate-interval", "10s", "--range", "3m"],
+                [
+                    PYTHON,
+                    "-m",
+                    "inferwatch.dashboards.prove",
+                    "--prometheus",
+                    prom,
+                    "--rate-interval",
+                    "10s",
+                    "--range",
+                    "3m",
+                ],
                 cwd=ROOT,
                 capture_output=True,
                 text=True,
@@ -237,7 +247,7 @@ def full_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         sims: list[str] = []
         for i, node in enumerate(NODES):
             sim_port, agent_port, grpc_port, http_port = free_port(), free_port(), free_port(), free_port()
-            cmd = [PYTHON, "-m", "agent", "simulate", "--host", "127.0.0.1", "--port", str(sim_port)]
+            cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--host", "127.0.0.1", "--port", str(sim_port)]
             for m in MODELS:
                 cmd += ["--model", m]
             cmd += ["--hardware", node.hardware, "--seed", str(i), "--debug-profile"]
@@ -274,7 +284,7 @@ def full_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         targets = {"inferwatch-agent": list(nodes), "engine": [s.removeprefix("http://") for s in sims]}
         # The price rules the matrix dashboard's cost panels read, from the example price file (its machine types
         # cover NODES'): what `inferwatch prices FILE --rules` writes for a fleet's Prometheus.
-        from agent.prices import load_prices, price_rules
+        from inferwatch.agent.fleet.prices import load_prices, price_rules
 
         prices = tmp / "prices.rules.yml"
         prices.write_text(price_rules(load_prices(ROOT / "deploy" / "prices.example.yml")))
@@ -300,7 +310,7 @@ def test_every_panel_has_data(full_stack: Stack) -> None:
 
 
 def test_matrix_ttft_ordering_matches_the_hardware_profiles(full_stack: Stack) -> None:
-    from simulator.profiles import PROFILES  # type: ignore[import-not-found, unused-ignore]
+    from inferwatch.simulator.profiles import PROFILES  # type: ignore[import-not-found, unused-ignore]
 
     # Prefill time of a prompt on each profile from the simulator's own roofline parameters: the order the
     # matrix must reproduce. Pairs closer than 1.5x (A100 vs L40S) are not ordered: noise can swap them.
@@ -323,7 +333,7 @@ def test_matrix_ttft_ordering_matches_the_hardware_profiles(full_stack: Stack) -
             [
                 PYTHON,
                 "-m",
-                "agent",
+                "inferwatch.agent",
                 "matrix",
                 "--prometheus",
                 full_stack.prometheus,
@@ -359,7 +369,7 @@ def test_matrix_ttft_ordering_matches_the_hardware_profiles(full_stack: Stack) -
     gpu_models = {c["hardware"]["gpu_model"] for c in data["cells"]}
     assert {"NVIDIA H100 80GB HBM3", "none"} <= gpu_models
     table = subprocess.run(
-        [PYTHON, "-m", "agent", "matrix", "--prometheus", full_stack.prometheus, "--window", "3m"],
+        [PYTHON, "-m", "inferwatch.agent", "matrix", "--prometheus", full_stack.prometheus, "--window", "3m"],
         cwd=ROOT,
         capture_output=True,
         text=True,

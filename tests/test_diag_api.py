@@ -14,7 +14,7 @@ import httpx
 import psutil
 import pytest
 
-from agent.actions.pyspy import classify
+from inferwatch.agent.node.actions.pyspy import classify
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, stop, wait_http
 
@@ -66,7 +66,7 @@ def agent(tmp_path, target):
         "INFERWATCH_RUNTIME__PID": str(target.pid),
         "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap"),
     }
-    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "1"]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "1"]
     with running(cmd, tmp_path / "agent.log", cwd=ROOT, env=env) as proc:
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/healthz", proc=proc)
@@ -138,7 +138,7 @@ def test_api_reports_a_non_python_target(agent, target) -> None:
 
 def test_cli_records_a_speedscope_file(target, tmp_path) -> None:
     out = tmp_path / "p.speedscope.json"
-    cmd = [PYTHON, "-m", "agent", "profile", "--pid", str(target.pid), "--duration", "2", "--rate", "50"]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "profile", "--pid", str(target.pid), "--duration", "2", "--rate", "50"]
     res = subprocess.run([*cmd, "--nonblocking", "-o", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=90)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == str(out)
@@ -163,7 +163,7 @@ def test_permission_errors_name_the_fix() -> None:
 
 
 def test_non_loopback_without_tokens_refuses_to_start(tmp_path) -> None:
-    cmd = [PYTHON, "-m", "agent", "run", "--listen-address", "0.0.0.0", "--port", str(free_port())]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--listen-address", "0.0.0.0", "--port", str(free_port())]
     env = {k: v for k, v in os.environ.items() if not k.startswith("INFERWATCH_")}
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert res.returncode == 2
@@ -173,7 +173,7 @@ def test_non_loopback_without_tokens_refuses_to_start(tmp_path) -> None:
 def test_bad_tokens_file_refuses_to_start(tmp_path) -> None:
     tokens = tmp_path / "tokens"
     tokens.write_text("short read\n")
-    cmd = [PYTHON, "-m", "agent", "run", "--port", str(free_port())]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(free_port())]
     res = subprocess.run(
         cmd,
         cwd=ROOT,
@@ -188,7 +188,16 @@ def test_bad_tokens_file_refuses_to_start(tmp_path) -> None:
 @pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/setpriv"), reason="needs root to drop to nobody")
 def test_cli_without_ptrace_permission_names_the_fix(target, tmp_path) -> None:
     """A real refusal: py-spy as user nobody against a root-owned Python process."""
-    cmd = ["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", PYTHON, "-m", "agent", "profile"]
+    cmd = [
+        "/usr/bin/setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        PYTHON,
+        "-m",
+        "inferwatch.agent",
+        "profile",
+    ]
     cmd += ["--pid", str(target.pid), "--duration", "1", "-o"]
     # An --output nobody may not even look into (pytest's root-only tmp): one line, exit 2, before py-spy runs.
     res = subprocess.run([*cmd, str(tmp_path / "never.json")], cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -8,11 +8,11 @@ import subprocess
 
 import pytest
 
-from agent.collectors import REGISTRY
-from agent.config import load_settings
-from agent.doctor import DoctorRequest, check_id, doctor_overrides, exit_code, run_checks
-from agent.samples import Finding
-from agent.wiring import build_deps
+from inferwatch.agent.common.samples import Finding
+from inferwatch.agent.config import load_settings
+from inferwatch.agent.doctor.checks import DoctorRequest, check_id, doctor_overrides, exit_code, run_checks
+from inferwatch.agent.node.collectors import REGISTRY
+from inferwatch.agent.node.wiring import build_deps
 from tests import engine_server as es
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.fake_runtime import fake_runtime
@@ -22,7 +22,11 @@ FIXTURES = ROOT / "tests" / "fixtures" / "engines"
 
 def doctor(*args: str) -> dict[str, dict]:
     out = subprocess.run(
-        [PYTHON, "-m", "agent", "doctor", "--json", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [PYTHON, "-m", "inferwatch.agent", "doctor", "--json", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode in (0, 1), out.stderr
     return {c["id"]: c for c in json.loads(out.stdout)["checks"]}
@@ -64,7 +68,7 @@ def test_doctor_names_the_prefixes_of_an_unknown_engine_as_engine_inspect_does()
     with es.EngineServer({"/metrics": es.body(text)}) as srv:
         kind = doctor("--engine-url", srv.url("/metrics"))["engine.kind"]
         inspect = subprocess.run(
-            [PYTHON, "-m", "agent", "engine", "inspect", "--metrics-url", srv.url("/metrics")],
+            [PYTHON, "-m", "inferwatch.agent", "engine", "inspect", "--metrics-url", srv.url("/metrics")],
             cwd=ROOT,
             capture_output=True,
             text=True,

@@ -148,7 +148,7 @@ def test_no_canary_in_any_sink(tmp_path: Path) -> None:
                 "INFERWATCH_API__TOKENS": f'[{{"token": "{TOKEN}", "scopes": ["read", "snapshots", "profile"]}}]',
                 **otlp_http_env(f"http://127.0.0.1:{otlp_port}"),
             }
-            cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5"]
+            cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "0.5"]
             auth = {"Authorization": f"Bearer {TOKEN}"}
             with running(cmd, log_path, cwd=ROOT, env=env) as proc:
                 base = f"http://127.0.0.1:{port}"

@@ -9,7 +9,7 @@ import grpc
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
 from opentelemetry.sdk.resources import Resource
 
-from exporters.otlp_logs import EVENT_NAME, SnapshotLogSink, make_log_exporter
+from inferwatch.exporters.otlp_logs import EVENT_NAME, SnapshotLogSink, make_log_exporter
 from tests.conftest import free_port
 
 

@@ -14,12 +14,12 @@ import subprocess
 import httpx
 import pytest
 
-from agent.actions.snapshots import SnapshotStore
-from agent.collectors.probe import ProbeCollector
-from agent.collectors.runtime_profile import RuntimeProfileCollector
-from agent.config import load_settings
-from agent.runner import validate
-from agent.wiring import collect_context
+from inferwatch.agent.config import load_settings
+from inferwatch.agent.node.actions.snapshots import SnapshotStore
+from inferwatch.agent.node.collectors.probe import ProbeCollector
+from inferwatch.agent.node.collectors.runtime_profile import RuntimeProfileCollector
+from inferwatch.agent.node.runner import validate
+from inferwatch.agent.node.wiring import collect_context
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
 
@@ -31,7 +31,18 @@ FAKE_HF_TOKEN = "hf_SIMULATEDsecretNOTREAL"
 def sim(tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("sim") / "sim.log"
-    cmd = [PYTHON, "-m", "agent", "simulate", "--host", "127.0.0.1", "--port", str(port), "--hardware", "h100"]
+    cmd = [
+        PYTHON,
+        "-m",
+        "inferwatch.agent",
+        "simulate",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--hardware",
+        "h100",
+    ]
     cmd += ["--debug-profile", "--control-token", CONTROL_TOKEN, "--seed", "1"]
     with running(cmd, log, cwd=ROOT) as proc:
         base = f"http://127.0.0.1:{port}"
@@ -115,7 +126,7 @@ def test_healthy_simulator_gives_no_finding(sim, tmp_path) -> None:
         [
             PYTHON,
             "-m",
-            "agent",
+            "inferwatch.agent",
             "doctor",
             "--json",
             "--engine-url",
@@ -149,7 +160,7 @@ def test_agent_against_the_simulator_counts_and_keeps_serving(sim, tmp_path) -> 
         "INFERWATCH_RUNTIME_PROFILE__URL": f"{sim}/debug/runtime_profile",
         "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap"),
     }
-    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "1"]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "1"]
     with running(cmd, tmp_path / "agent.log", cwd=ROOT, env=env) as proc:
         base = f"http://127.0.0.1:{port}"
         want = 'inferwatch_probe_schema_violations_total{kind="empty_delta_with_usage",protocol="anthropic"}'

@@ -1,4 +1,5 @@
-"""Kubernetes discovery (agent/discovery/kubernetes.py) against a local server replaying recorded API conversations.
+"""Kubernetes discovery (agent/node/discovery/kubernetes.py) against a local server replaying recorded API
+conversations.
 
 No kube-apiserver can be installed here (/work/shared/reference/fleet-apis.md §1): tests/k8s_replay.py serves the
 conversations of tests/fixtures/k8s/ (SOURCE.md there) over real HTTP on 127.0.0.1, watches chunked and streamed,
@@ -18,11 +19,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.config import DiscoverySettings
-from agent.discovery.combined import Discovery
-from agent.discovery.kubernetes import ApiServer, PodWatcher, pod_targets
-from agent.discovery.target import TargetSet
-from agent.errors import CollectorError, ConfigError
+from inferwatch.agent.config import DiscoverySettings
+from inferwatch.agent.errors import CollectorError, ConfigError
+from inferwatch.agent.node.discovery.combined import Discovery
+from inferwatch.agent.node.discovery.kubernetes import ApiServer, PodWatcher, pod_targets
+from inferwatch.agent.node.discovery.target import TargetSet
 from tests.k8s_replay import FIXTURES, Replay
 
 NODE = "gpu-node-a"

@@ -1,4 +1,4 @@
-"""Engine targets off Kubernetes (agent/discovery/): the target set's diff, the static list, and the file_sd file
+"""Engine targets off Kubernetes (agent/node/discovery/): the target set's diff, the static list, and the file_sd file
 re-read on change, a bad file keeping the last good targets with a ConfigError that says what is wrong."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from agent.config import DiscoverySettings, DiscoveryTargetSettings
-from agent.discovery.combined import Discovery
-from agent.discovery.filesd import FileTargets, parse_file_sd
-from agent.discovery.static import static_targets
-from agent.discovery.target import EngineTarget, TargetIdentity, TargetSet
-from agent.errors import ConfigError
+from inferwatch.agent.config import DiscoverySettings, DiscoveryTargetSettings
+from inferwatch.agent.errors import ConfigError
+from inferwatch.agent.node.discovery.combined import Discovery
+from inferwatch.agent.node.discovery.filesd import FileTargets, parse_file_sd
+from inferwatch.agent.node.discovery.static import static_targets
+from inferwatch.agent.node.discovery.target import EngineTarget, TargetIdentity, TargetSet
 
 
 def t(name: str, url: str = "http://10.0.0.1:8000/metrics", **kw: object) -> EngineTarget:

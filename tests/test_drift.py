@@ -1,5 +1,5 @@
-"""``inferwatch drift`` (agent/drift.py, issue 21): the comparison on built answers, then real engines — the native
-and AVX2-only llama-server builds on the same generated model (and a differently seeded model, which must be
+"""``inferwatch drift`` (agent/fleet/drift.py, issue 21): the comparison on built answers, then real engines — the
+native and AVX2-only llama-server builds on the same generated model (and a differently seeded model, which must be
 flagged), and two simulators over both the OpenAI and the Anthropic API (deterministic: no drift)."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.drift import (
+from inferwatch.agent.errors import ConfigError
+from inferwatch.agent.fleet.drift import (
     Answer,
     Answers,
     TopLogprob,
@@ -23,7 +24,6 @@ from agent.drift import (
     parse_endpoint,
     sha256,
 )
-from agent.errors import ConfigError
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.llamacpp_model import PRESETS, cached
 from tests.llamacpp_server import find_avx2_binary, llama_server
@@ -103,7 +103,12 @@ def test_input_errors(tmp_path: Path) -> None:
 
 def _drift(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PYTHON, "-m", "agent", "drift", *args], cwd=ROOT, capture_output=True, text=True, timeout=300, check=False
+        [PYTHON, "-m", "inferwatch.agent", "drift", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
 
 
@@ -166,7 +171,18 @@ def sims(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
         urls = []
         for i, hw in enumerate(("h100", "a100")):
             port = free_port()
-            cmd = [PYTHON, "-m", "agent", "simulate", "--host", "127.0.0.1", "--port", str(port), "--hardware", hw]
+            cmd = [
+                PYTHON,
+                "-m",
+                "inferwatch.agent",
+                "simulate",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--hardware",
+                hw,
+            ]
             proc = stack.enter_context(running([*cmd, "--model", "sim-model"], tmp / f"sim{i}.log", cwd=ROOT))
             urls.append(f"http://127.0.0.1:{port}")
             wait_http(f"{urls[-1]}/v1/models", proc=proc, timeout_s=90)

@@ -8,11 +8,11 @@ from collections import defaultdict
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.engine.adapters import EngineReading
-from agent.engine.fetch import EngineScrapeError
-from agent.engine.histogram import sum_histograms
-from agent.engine.limits import EngineLimits
-from agent.engine.scrape import EngineParser
+from inferwatch.agent.node.engine.adapters import EngineReading
+from inferwatch.agent.node.engine.fetch import EngineScrapeError
+from inferwatch.agent.node.engine.histogram import sum_histograms
+from inferwatch.agent.node.engine.limits import EngineLimits
+from inferwatch.agent.node.engine.scrape import EngineParser
 from tests.conftest import FIXTURES
 
 ENGINES = FIXTURES / "engines"
@@ -325,7 +325,7 @@ def test_values_on_the_edges_of_their_domain_are_read() -> None:
 
 def test_a_token_counter_going_down_is_a_reset_not_a_rejection() -> None:
     """As Prometheus' ``increase``: a lower value is a restart; the increase after it is the new value."""
-    from agent.collectors.engine import EngineTimeline, reading_samples
+    from inferwatch.agent.node.collectors.engine import EngineTimeline, reading_samples
 
     def body(prompt_tokens: float, seconds: float) -> bytes:
         return (

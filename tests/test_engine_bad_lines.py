@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.engine.exposition import Everything, ExpositionError, ExpositionReader
-from agent.engine.limits import EngineLimits
-from agent.engine.scrape import EngineParser
+from inferwatch.agent.node.engine.exposition import Everything, ExpositionError, ExpositionReader
+from inferwatch.agent.node.engine.limits import EngineLimits
+from inferwatch.agent.node.engine.scrape import EngineParser
 from tests import engine_server as es
 from tests.conftest import FIXTURES
 from tests.test_engine_collector import VALID, collector, samples_by_name
@@ -179,7 +179,7 @@ def test_collector_keeps_the_engine_up_and_every_good_series(caplog: pytest.LogC
         try:
             clean = c.collect()
             srv.routes["/metrics"] = es.body(corrupted)
-            with caplog.at_level(logging.INFO, logger="agent.engine.exposition"):
+            with caplog.at_level(logging.INFO, logger="inferwatch.agent.node.engine.exposition"):
                 bad = [c.collect() for _ in range(3)]
                 srv.routes["/metrics"] = es.body(VALID)
                 c.collect()
@@ -196,6 +196,6 @@ def test_collector_keeps_the_engine_up_and_every_good_series(caplog: pytest.LogC
     assert dropped["parse"] == 3 and sum(dropped.values()) == 3
     errors = {dict(s.attributes)["reason"]: s.value for s in status["inferwatch.engine.scrape.errors"]}
     assert sum(errors.values()) == 0
-    said = [r.getMessage() for r in caplog.records if r.name == "agent.engine.exposition"]
+    said = [r.getMessage() for r in caplog.records if r.name == "inferwatch.agent.node.engine.exposition"]
     assert len(said) == 2, said  # once when it starts, once when it ends
     assert re.search(r"1 parse\); first: line 26: value 'not-a-number' is not a number", said[0]), said[0]

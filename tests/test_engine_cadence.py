@@ -10,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from agent.collectors import schedule
-from agent.collectors.engine import EngineCollector
-from agent.config import DEFAULT_ENGINE_INTERVAL_S, Settings
-from agent.runner import Runner
-from agent.schedule import READ_BUDGET, adaptive_interval
-from agent.state import AgentState
-from agent.wiring import collect_context
+from inferwatch.agent.config import DEFAULT_ENGINE_INTERVAL_S, Settings
+from inferwatch.agent.node.collectors import schedule
+from inferwatch.agent.node.collectors.engine import EngineCollector
+from inferwatch.agent.node.runner import Runner
+from inferwatch.agent.node.schedule import READ_BUDGET, adaptive_interval
+from inferwatch.agent.node.state import AgentState
+from inferwatch.agent.node.wiring import collect_context
 from tests import engine_server as es
 from tests.engine_expo import VllmLike
 

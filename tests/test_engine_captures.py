@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.engine.inspect import inspect
-from agent.engine.scrape import EngineParser
+from inferwatch.agent.node.engine.inspect import inspect
+from inferwatch.agent.node.engine.scrape import EngineParser
 from tests.conftest import FIXTURES, PYTHON, ROOT
 
 ENGINES = FIXTURES / "engines"
@@ -102,7 +102,7 @@ def test_the_command_prints_the_release_and_the_means(tmp_path: Path) -> None:
     """As users run it: the release range, what is mapped and derived, and the means with their unit."""
     capture = ENGINES / "llamacpp-ik-counters-pr695.prom"
     text = subprocess.run(
-        [PYTHON, "-m", "agent", "engine", "inspect", "--metrics-file", str(capture)],
+        [PYTHON, "-m", "inferwatch.agent", "engine", "inspect", "--metrics-file", str(capture)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -113,7 +113,7 @@ def test_the_command_prints_the_release_and_the_means(tmp_path: Path) -> None:
     assert "derived (mean only): itl, prefill" in text.stdout
     assert "prefill mean (from counters, no quantile): 0.4217 s per token" in text.stdout  # 2903.63 / 6886
     doc = subprocess.run(
-        [PYTHON, "-m", "agent", "engine", "inspect", "--metrics-file", str(capture), "--json"],
+        [PYTHON, "-m", "inferwatch.agent", "engine", "inspect", "--metrics-file", str(capture), "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -139,10 +139,10 @@ def test_a_baseline_gives_the_mean_of_the_increase(tmp_path: Path) -> None:
 def test_the_collector_exports_the_schema_and_its_shrink_after_an_upgrade() -> None:
     """The agent against a real HTTP server: a mixed V0/V1 vLLM, then (an "upgrade") the V1-early capture that maps
     three quantities; the info gauge follows the release, the count drops as the two notes' blocks say."""
-    from agent.collectors.engine import EngineCollector
-    from agent.config import Settings
-    from agent.runner import validate
-    from agent.wiring import collect_context
+    from inferwatch.agent.config import Settings
+    from inferwatch.agent.node.collectors.engine import EngineCollector
+    from inferwatch.agent.node.runner import validate
+    from inferwatch.agent.node.wiring import collect_context
     from tests import engine_server as es
 
     before, after = "vllm-0.5.x-with-v1-families.prom", "vllm-0.7-v1-prodstack-318.prom"
@@ -171,9 +171,9 @@ def test_the_collector_exports_the_schema_and_its_shrink_after_an_upgrade() -> N
 def test_the_collector_exports_triton_means_per_request_over_the_window() -> None:
     """Triton core's cumulative microsecond counters become means per request over the window: the capture, then
     the same server 3 requests later with 3 s more of request time and 0.3 s more of queue (1 s and 0.1 s each)."""
-    from agent.collectors.engine import EngineCollector
-    from agent.config import Settings
-    from agent.wiring import collect_context
+    from inferwatch.agent.config import Settings
+    from inferwatch.agent.node.collectors.engine import EngineCollector
+    from inferwatch.agent.node.wiring import collect_context
     from tests import engine_server as es
 
     first = (ENGINES / "triton-core-durations-datadog.prom").read_text()
@@ -214,12 +214,12 @@ def test_the_collector_exports_triton_means_per_request_over_the_window() -> Non
 
 def test_the_status_page_shows_the_recognised_release() -> None:
     """The engine collector's collection of a real capture, put in the agent state, on the status page."""
-    from agent.api.statushtml import render_page
-    from agent.api.statuspage import PageHistory, build_overview
-    from agent.collectors.engine import EngineCollector
-    from agent.config import Settings
-    from agent.state import AgentState, CollectorHealth
-    from agent.wiring import collect_context
+    from inferwatch.agent.config import Settings
+    from inferwatch.agent.node.api.statushtml import render_page
+    from inferwatch.agent.node.api.statuspage import PageHistory, build_overview
+    from inferwatch.agent.node.collectors.engine import EngineCollector
+    from inferwatch.agent.node.state import AgentState, CollectorHealth
+    from inferwatch.agent.node.wiring import collect_context
     from tests import engine_server as es
 
     name = "vllm-0.10.0-prodstack-617.prom"

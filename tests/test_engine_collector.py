@@ -9,15 +9,15 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.collectors.engine import EngineCollector, keep_sums, reading_samples
-from agent.config import Settings
-from agent.engine.board import LatencyBoard
-from agent.engine.fetch import EngineScrapeError
-from agent.engine.scrape import EngineParser
-from agent.errors import NoDataError
-from agent.runner import validate
-from agent.samples import HistogramSample, Sample
-from agent.wiring import collect_context
+from inferwatch.agent.common.samples import HistogramSample, Sample
+from inferwatch.agent.config import Settings
+from inferwatch.agent.errors import NoDataError
+from inferwatch.agent.node.collectors.engine import EngineCollector, keep_sums, reading_samples
+from inferwatch.agent.node.engine.board import LatencyBoard
+from inferwatch.agent.node.engine.fetch import EngineScrapeError
+from inferwatch.agent.node.engine.scrape import EngineParser
+from inferwatch.agent.node.runner import validate
+from inferwatch.agent.node.wiring import collect_context
 from tests import engine_server as es
 from tests.conftest import FIXTURES, PYTHON, ROOT
 from tests.engine_expo import VllmLike
@@ -196,7 +196,7 @@ def test_agent_keeps_serving_while_the_engine_misbehaves(tmp_path) -> None:
             "INFERWATCH_ENGINE__TIMEOUT_S": "0.5",
             "INFERWATCH_COLLECTORS__ENGINE__TIMEOUT_S": "3",
         }
-        cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.3"]
+        cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "0.3"]
         with running(cmd, tmp_path / "agent.log", cwd=ROOT, env=env) as proc:
             base = f"http://127.0.0.1:{port}"
             wait_http(f"{base}/readyz", ok=lambda r: r.status_code == 200, proc=proc)
@@ -269,8 +269,8 @@ def test_engine_restart_and_new_rank_between_scrapes() -> None:
 
 
 def test_board_prefers_spans_and_samples_fit_the_catalog() -> None:
-    from agent.engine.board import LatencyStats, latency_samples
-    from agent.samples import Collection
+    from inferwatch.agent.common.samples import Collection
+    from inferwatch.agent.node.engine.board import LatencyStats, latency_samples
 
     board = LatencyBoard()
     hist = LatencyStats({0.5: 0.3, 0.9: 0.5, 0.95: 0.6, 0.99: 0.9}, 100, "histogram", 0.35)
@@ -339,9 +339,9 @@ def test_a_parse_past_the_collector_timeout_sets_up_0_and_counts_a_timeout() -> 
     The fetch deadline (``engine.timeout_s``) is the server's: the agent's own parsing is not counted against
     it, so a slow parse is cut by the runner's collector timeout, which must report like a fetch error.
     """
-    from agent.collectors import Schedule
-    from agent.runner import Runner
-    from agent.state import AgentState
+    from inferwatch.agent.node.collectors import Schedule
+    from inferwatch.agent.node.runner import Runner
+    from inferwatch.agent.node.state import AgentState
 
     with es.EngineServer({"/metrics": es.body(VALID)}) as srv:
         c = collector(srv.url("/metrics"), timeout_s=5)

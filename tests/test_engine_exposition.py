@@ -9,10 +9,10 @@ import sys
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.engine import exposition as expo_module
-from agent.engine.adapters import ADAPTERS, KeyCache, detect, read
-from agent.engine.exposition import Everything, ExpositionError, ExpositionReader, parse_labels
-from agent.engine.limits import EngineLimits
+from inferwatch.agent.node.engine import exposition as expo_module
+from inferwatch.agent.node.engine.adapters import ADAPTERS, KeyCache, detect, read
+from inferwatch.agent.node.engine.exposition import Everything, ExpositionError, ExpositionReader, parse_labels
+from inferwatch.agent.node.engine.limits import EngineLimits
 from tests.conftest import FIXTURES
 from tests.engine_expo import big_exposition
 

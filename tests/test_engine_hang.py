@@ -19,7 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.collectors.engine import (
+from inferwatch.agent.config import Settings
+from inferwatch.agent.node.collectors.engine import (
     MODEL_LEN_MIN_GAP_S,
     MODEL_LEN_RETRY_S,
     EngineCollector,
@@ -30,12 +31,11 @@ from agent.collectors.engine import (
     model_len_url,
     model_lens,
 )
-from agent.config import Settings
-from agent.engine.adapters import RANK_LABELS
-from agent.engine.fetch import EngineScrapeError
-from agent.engine.hang import HangDetector, RankVerdict
-from agent.engine.scrape import EngineParser
-from agent.wiring import collect_context
+from inferwatch.agent.node.engine.adapters import RANK_LABELS
+from inferwatch.agent.node.engine.fetch import EngineScrapeError
+from inferwatch.agent.node.engine.hang import HangDetector, RankVerdict
+from inferwatch.agent.node.engine.scrape import EngineParser
+from inferwatch.agent.node.wiring import collect_context
 from tests.conftest import FIXTURES
 from tests.hang_sim import SCRAPE_S, Scraper, VirtualEngine
 
@@ -355,18 +355,41 @@ def test_a_failing_health_check_is_not_hung_but_healthy():
 @pytest.mark.integration
 def test_live_simulator_one_rank_hung_through_the_engine_collector(tmp_path) -> None:
     """The real simulator (2 data-parallel engines, under load), ``hang:engine=1``, the agent's engine collector."""
-    from agent.collectors.engine import EngineCollector
-    from agent.config import Settings
-    from agent.wiring import collect_context
+    from inferwatch.agent.config import Settings
+    from inferwatch.agent.node.collectors.engine import EngineCollector
+    from inferwatch.agent.node.wiring import collect_context
     from tests.conftest import PYTHON, ROOT, free_port
     from tests.procs import running, wait_http
 
     port, token = free_port(), "hang-control-token-0123"
-    cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(port), "--engines", "2", "--control-token", token]
+    cmd = [
+        PYTHON,
+        "-m",
+        "inferwatch.agent",
+        "simulate",
+        "--port",
+        str(port),
+        "--engines",
+        "2",
+        "--control-token",
+        token,
+    ]
     with running(cmd, tmp_path / "sim.log", cwd=ROOT) as proc:
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", proc=proc)
-        load = [PYTHON, "-m", "agent", "loadgen", "--url", url, "--rate", "8", "--duration", "120", "--no-progress"]
+        load = [
+            PYTHON,
+            "-m",
+            "inferwatch.agent",
+            "loadgen",
+            "--url",
+            url,
+            "--rate",
+            "8",
+            "--duration",
+            "120",
+            "--no-progress",
+        ]
         with running([*load, "--output-tokens", "64", "--timeout", "120"], tmp_path / "load.log", cwd=ROOT):
             settings = Settings(engine={"metrics_url": f"{url}/metrics", "hang_min_stall_s": 2.0})
             collector = EngineCollector(collect_context(settings))

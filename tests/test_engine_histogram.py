@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from agent.engine.histogram import Histogram, bucket_quantile, histogram_increase, sum_histograms
-from agent.engine.windows import CounterWindow, HistogramWindow
+from inferwatch.agent.node.engine.histogram import Histogram, bucket_quantile, histogram_increase, sum_histograms
+from inferwatch.agent.node.engine.windows import CounterWindow, HistogramWindow
 
 INF = math.inf
 

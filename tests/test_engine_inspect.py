@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from agent.engine.histogram import bucket_quantile
+from inferwatch.agent.node.engine.histogram import bucket_quantile
 from tests import engine_server as es
 from tests.conftest import FIXTURES, PYTHON, ROOT
 from tests.engine_expo import VllmLike
@@ -16,7 +16,11 @@ KEYS = {"p50", "p90", "p95", "p99", "count", "sum", "source"}
 
 def inspect(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PYTHON, "-m", "agent", "engine", "inspect", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [PYTHON, "-m", "inferwatch.agent", "engine", "inspect", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -51,7 +55,7 @@ def test_baseline_gives_quantiles_of_the_increase(tmp_path) -> None:
     assert doc["models"]["m"]["e2e"]["count"] == 14 and full["models"]["m"]["e2e"]["count"] == 214
     assert doc["models"]["m"]["ttft"]["p50"] > full["models"]["m"]["ttft"]["p50"]  # the slow requests only
     # the same number by hand: increase per bucket, summed over the two engines
-    from agent.engine.scrape import EngineParser
+    from inferwatch.agent.node.engine.scrape import EngineParser
 
     before = EngineParser().parse((tmp_path / "before.prom").read_bytes()).models["m"].histograms["ttft"]
     after = EngineParser().parse((tmp_path / "after.prom").read_bytes()).models["m"].histograms["ttft"]

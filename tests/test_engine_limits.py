@@ -1,4 +1,4 @@
-"""Engine input limits (agent/engine/limits.py): each rejects with its reason or caps, and is counted."""
+"""Engine input limits (agent/node/engine/limits.py): each rejects with its reason or caps, and is counted."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import logging
 
 import pytest
 
-from agent.collectors.engine import EngineCollector
-from agent.config import Settings
-from agent.engine.exposition import MAX_HEADS
-from agent.engine.fetch import EngineScrapeError
-from agent.engine.limits import EngineLimits, SampleLineCounter, count_sample_lines
-from agent.engine.scrape import EngineParser
-from agent.runner import validate
-from agent.wiring import collect_context
+from inferwatch.agent.config import Settings
+from inferwatch.agent.node.collectors.engine import EngineCollector
+from inferwatch.agent.node.engine.exposition import MAX_HEADS
+from inferwatch.agent.node.engine.fetch import EngineScrapeError
+from inferwatch.agent.node.engine.limits import EngineLimits, SampleLineCounter, count_sample_lines
+from inferwatch.agent.node.engine.scrape import EngineParser
+from inferwatch.agent.node.runner import validate
+from inferwatch.agent.node.wiring import collect_context
 from tests import engine_server as es
 
 
@@ -86,7 +86,7 @@ def test_collector_counts_limit_hits_and_logs_once(caplog: pytest.LogCaptureFixt
         srv.routes["/metrics"] = es.body(gauges(100))
         c = collector(srv.url("/metrics"), max_models=8)
         try:
-            with caplog.at_level(logging.INFO, logger="agent.collectors.engine"):
+            with caplog.at_level(logging.INFO, logger="inferwatch.agent.node.collectors.engine"):
                 for _ in range(3):
                     got = validate(c.collect())
                 assert got.details["models_dropped"] == 92

@@ -22,10 +22,10 @@ from http.server import BaseHTTPRequestHandler
 import httpx
 import pytest
 
-from agent.engine.adapters import FEATURE_QUANTITIES, VLLM
-from agent.engine.histogram import bucket_quantile
-from agent.engine.scrape import EngineParser
-from agent.engine.windows import HistogramWindow
+from inferwatch.agent.node.engine.adapters import FEATURE_QUANTITIES, VLLM
+from inferwatch.agent.node.engine.histogram import bucket_quantile
+from inferwatch.agent.node.engine.scrape import EngineParser
+from inferwatch.agent.node.engine.windows import HistogramWindow
 from tests import engine_server as es
 from tests.conftest import free_port
 from tests.engine_expo import VllmLike

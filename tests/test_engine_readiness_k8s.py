@@ -80,11 +80,11 @@ def test_the_overlay_gives_the_probe_its_node_local_agent_and_open_path() -> Non
 def test_the_probe_command_follows_the_agent(tmp_path: Path) -> None:
     with contextlib.ExitStack() as stack:
         port = free_port()
-        cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(port), "--model", "m", "--seed", "6"]
+        cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(port), "--model", "m", "--seed", "6"]
         cmd += ["--control-token", SIM_CONTROL_TOKEN, "--log-level", "warning"]
         sim = SimProc("m", port, stack.enter_context(running(cmd, tmp_path / "sim.log", cwd=ROOT)))
         wait_http(f"{sim.url}/health", proc=sim.proc, timeout_s=60)
-        load = [PYTHON, "-m", "agent", "loadgen", "--url", sim.url, "--rate", "4", "--duration", "300"]
+        load = [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", sim.url, "--rate", "4", "--duration", "300"]
         stack.enter_context(running([*load, "--no-progress"], tmp_path / "loadgen.log", cwd=ROOT))
         agent_port = free_port()
         env = {
@@ -95,7 +95,7 @@ def test_the_probe_command_follows_the_agent(tmp_path: Path) -> None:
             "INFERWATCH_EVIDENCE__DIR": str(tmp_path / "evidence"),
             "INFERWATCH_EVIDENCE__PY_SPY": "false",
         }
-        acmd = [PYTHON, "-m", "agent", "run", "--port", str(agent_port)]
+        acmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(agent_port)]
         agent = stack.enter_context(running(acmd, tmp_path / "agent.log", cwd=ROOT, env=env))
         base = f"http://127.0.0.1:{agent_port}"
         wait_http(f"{base}/engines/default/ready", ok=lambda r: r.status_code == 200, proc=agent, timeout_s=90)

@@ -11,13 +11,13 @@ from collections import defaultdict
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.catalog import CATALOG
-from agent.collectors.engine import reading_samples
-from agent.engine.adapters import ADAPTERS, LoraState, read_lora
-from agent.engine.exposition import ExpositionReader
-from agent.engine.scrape import EngineParser
-from agent.errors import SourceFormatError
-from agent.samples import HistogramSample, Sample
+from inferwatch.agent.catalog import CATALOG
+from inferwatch.agent.common.samples import HistogramSample, Sample
+from inferwatch.agent.errors import SourceFormatError
+from inferwatch.agent.node.collectors.engine import reading_samples
+from inferwatch.agent.node.engine.adapters import ADAPTERS, LoraState, read_lora
+from inferwatch.agent.node.engine.exposition import ExpositionReader
+from inferwatch.agent.node.engine.scrape import EngineParser
 from tests.conftest import FIXTURES
 
 ENGINES = FIXTURES / "engines"
@@ -150,8 +150,8 @@ def test_every_signal_sample_is_declared_with_its_attributes() -> None:
 
 
 def test_goodput_from_spans_is_exact_and_counts_both_targets_together() -> None:
-    from agent.analytics.latency import LatencyAnalytics
-    from agent.samples import RequestTiming
+    from inferwatch.agent.common.samples import RequestTiming
+    from inferwatch.agent.node.analytics.latency import LatencyAnalytics
 
     now = [1000.0]
     la = LatencyAnalytics(clock=lambda: now[0])
@@ -178,7 +178,7 @@ def test_goodput_from_spans_is_exact_and_counts_both_targets_together() -> None:
 def test_goodput_rules_use_the_catalogs_targets() -> None:
     import re
 
-    from agent.catalog.engine import GOODPUT_TPOT_TARGET_S, GOODPUT_TTFT_TARGET_S
+    from inferwatch.agent.catalog.engine import GOODPUT_TPOT_TARGET_S, GOODPUT_TTFT_TARGET_S
     from tests.conftest import ROOT
 
     text = (ROOT / "alerts" / "engine-signals.rules.yml").read_text()

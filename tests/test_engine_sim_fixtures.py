@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.engine.adapters import QUANTITIES, EngineReading
-from agent.engine.histogram import Histogram, bucket_quantile, sum_histograms
-from agent.engine.inspect import inspect
-from agent.engine.scrape import EngineParser
-from agent.engine.windows import HistogramWindow
+from inferwatch.agent.node.engine.adapters import QUANTITIES, EngineReading
+from inferwatch.agent.node.engine.histogram import Histogram, bucket_quantile, sum_histograms
+from inferwatch.agent.node.engine.inspect import inspect
+from inferwatch.agent.node.engine.scrape import EngineParser
+from inferwatch.agent.node.engine.windows import HistogramWindow
 from tests.conftest import FIXTURES
 
 SIM = FIXTURES / "sim"

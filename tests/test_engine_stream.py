@@ -1,4 +1,4 @@
-"""The collector's path: an exposition parsed chunk by chunk as it streams in (agent/engine/scrape.py).
+"""The collector's path: an exposition parsed chunk by chunk as it streams in (agent/node/engine/scrape.py).
 
 The same body read whole (``EngineParser.parse``) and in chunks of any size gives the same reading and
 the same errors, with line numbers counted across chunks; the body itself is never held.
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from agent.engine import scrape
-from agent.engine.adapters import EngineReading
-from agent.engine.fetch import EngineScrapeError
-from agent.engine.limits import EngineLimits
-from agent.engine.scrape import EngineParser
+from inferwatch.agent.node.engine import scrape
+from inferwatch.agent.node.engine.adapters import EngineReading
+from inferwatch.agent.node.engine.fetch import EngineScrapeError
+from inferwatch.agent.node.engine.limits import EngineLimits
+from inferwatch.agent.node.engine.scrape import EngineParser
 from tests.conftest import FIXTURES
 from tests.engine_expo import VllmLike
 

@@ -17,13 +17,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.actions import pyspy
-from agent.actions.evidence import NATIVE_OFF, NATIVE_OK, EvidenceStore, python_frames, render_text
-from agent.analytics.latency import LatencyAnalytics
-from agent.config import ReceiverSettings, Settings
-from agent.receiver import Receiver
-from agent.samples import Collection, Finding
-from agent.wiring import build_deps
+from inferwatch.agent.common.samples import Collection, Finding
+from inferwatch.agent.config import ReceiverSettings, Settings
+from inferwatch.agent.node.actions import pyspy
+from inferwatch.agent.node.actions.evidence import NATIVE_OFF, NATIVE_OK, EvidenceStore, python_frames, render_text
+from inferwatch.agent.node.analytics.latency import LatencyAnalytics
+from inferwatch.agent.node.receiver import Receiver
+from inferwatch.agent.node.wiring import build_deps
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.fake_nvml import FakeGPU, FakeNVML
 from tests.procs import running, stop, wait_http
@@ -272,8 +272,8 @@ def test_without_ptrace_permission_the_bundle_is_written_with_the_reason(deadloc
         import json, os, sys
         sys.path.insert(0, {str(ROOT)!r})
         from tests.fake_nvml import FakeNVML
-        from agent.config import Settings
-        from agent.wiring import build_deps
+        from inferwatch.agent.config import Settings
+        from inferwatch.agent.node.wiring import build_deps
         s = Settings(runtime={{"pid": {proc.pid}}}, snapshots={{"dir": {str(tmp / "snap")!r}}},
                      evidence={{"dir": {str(tmp / "evidence")!r}}})
         store = build_deps(s, nvml=FakeNVML([])).evidence
@@ -365,7 +365,9 @@ def test_api_scope_webhook_and_cli(tmp_path, deadlocked) -> None:
         "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap"),
         "INFERWATCH_EVIDENCE__DIR": str(tmp_path / "evidence"),
     }
-    with running([PYTHON, "-m", "agent", "run", "--port", str(port)], tmp_path / "agent.log", cwd=ROOT, env=env) as a:
+    with running(
+        [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port)], tmp_path / "agent.log", cwd=ROOT, env=env
+    ) as a:
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/healthz", proc=a)
         auth = {"Authorization": f"Bearer {EVID}"}
@@ -387,7 +389,7 @@ def test_api_scope_webhook_and_cli(tmp_path, deadlocked) -> None:
         r = httpx.post(base + "/api/v1/evidence", headers=auth)
         assert r.status_code == 201 and r.json()["url"] == f"/api/v1/evidence/{r.json()['id']}"
         assert "inferwatch_evidence_captures_total" in httpx.get(base + "/metrics").text
-    cli = [sys.executable, "-m", "agent", "evidence"]
+    cli = [sys.executable, "-m", "inferwatch.agent", "evidence"]
     envc = {**os.environ, "INFERWATCH_EVIDENCE__DIR": str(tmp_path / "evidence")}
     out = subprocess.run([*cli, "list"], capture_output=True, text=True, env=envc, cwd=ROOT, timeout=60, check=False)
     assert out.returncode == 0 and entry["id"] in out.stdout and "alert" in out.stdout
@@ -398,7 +400,7 @@ def test_api_scope_webhook_and_cli(tmp_path, deadlocked) -> None:
 
 
 def test_summary_names_the_stuck_application_frame_not_the_event_loop() -> None:
-    from agent.actions.evidence import summarise, top_frame
+    from inferwatch.agent.node.actions.evidence import summarise, top_frame
 
     lib = "/usr/lib/python3.11"
     main = {"thread_name": "MainThread", "active": False, "frames": [
@@ -443,7 +445,7 @@ def test_the_agent_hands_its_receivers_finished_spans_to_the_evidence_store(tmp_
     """With the OTLP receiver on, the running agent's bundles read the receiver's last finished requests (without
     the wiring every bundle said the receiver was off); with it off, they say so. What the receiver returns is
     tested with real spans above."""
-    from agent.app import Agent
+    from inferwatch.agent.node.app import Agent
 
     def spans_of(receiver_on: bool) -> dict:
         settings = Settings(

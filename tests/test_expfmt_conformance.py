@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.engine.exposition import Everything, ExpositionError, ExpositionReader, decode
-from agent.errors import SourceFormatError
+from inferwatch.agent.errors import SourceFormatError
+from inferwatch.agent.node.engine.exposition import Everything, ExpositionError, ExpositionReader, decode
 
 HERE = Path(__file__).parent / "fixtures" / "expfmt"
 CASES = json.loads((HERE / "manifest.json").read_text())["cases"]

@@ -1,4 +1,5 @@
-"""The tail explainer (agent/analytics/explain.py): verdicts on known tails, bounded records, the API, CLI and metric.
+"""The tail explainer (agent/node/analytics/explain.py): verdicts on known tails, bounded records, the API, CLI and
+metric.
 
 Units feed :class:`RequestTiming` values with a virtual clock; the integration test sends OTLP/HTTP spans to a real
 agent on 127.0.0.1 and reads ``/api/v1/explain``, ``inferwatch explain`` and ``/metrics``.
@@ -21,10 +22,10 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from agent import catalog
-from agent.analytics import explain as ex
-from agent.receiver.spans import extract
-from agent.samples import RequestTiming
+from inferwatch.agent import catalog
+from inferwatch.agent.common.samples import RequestTiming
+from inferwatch.agent.node.analytics import explain as ex
+from inferwatch.agent.node.receiver.spans import extract
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
 
@@ -282,7 +283,9 @@ def test_agent_explains_spans_over_the_api_the_cli_and_metrics(tmp_path) -> None
         "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap"),
         "INFERWATCH_EVIDENCE__DIR": str(tmp_path / "evidence"),
     }
-    with running([PYTHON, "-m", "agent", "run", "--port", str(port)], tmp_path / "agent.log", cwd=ROOT, env=env) as a:
+    with running(
+        [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port)], tmp_path / "agent.log", cwd=ROOT, env=env
+    ) as a:
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/healthz", proc=a)
         wait_http(f"http://127.0.0.1:{spans_port}/v1/traces", proc=a, ok=lambda _r: True)
@@ -310,7 +313,7 @@ def test_agent_explains_spans_over_the_api_the_cli_and_metrics(tmp_path) -> None
         name = "inferwatch_engine_tail_driver_ratio{"
         line = next(x for x in metrics.splitlines() if x.startswith(name) and 'quantity="ttft"' in x)
         assert 'attribute="none"' in line and 'window="5m"' in line and float(line.rsplit(" ", 1)[1]) > 0.9
-        cli = [sys.executable, "-m", "agent", "explain", "--agent", base, "--window", "1m"]
+        cli = [sys.executable, "-m", "inferwatch.agent", "explain", "--agent", base, "--window", "1m"]
         env_cli = {**os.environ}
         out = subprocess.run([*cli, "--json"], capture_output=True, text=True, cwd=ROOT, timeout=60, env=env_cli)
         assert out.returncode == 0, out.stderr
@@ -350,7 +353,9 @@ def test_prometheus_stores_the_agents_exemplars_with_the_spans_trace_ids(tmp_pat
         f"--web.listen-address=127.0.0.1:{prom_port}",
         "--enable-feature=exemplar-storage",
     ]
-    with running([PYTHON, "-m", "agent", "run", "--port", str(port)], tmp_path / "agent.log", cwd=ROOT, env=env) as a:
+    with running(
+        [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port)], tmp_path / "agent.log", cwd=ROOT, env=env
+    ) as a:
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/healthz", proc=a)
         r = httpx.post(

@@ -1,4 +1,4 @@
-"""``/metrics`` is written by exporters.prometheus.render: byte for byte what prometheus_client's
+"""``/metrics`` is written by inferwatch.exporters.prometheus.render: byte for byte what prometheus_client's
 ``generate_latest`` makes of the agent's registry, for every metric the catalog declares.
 
 prometheus_client is the oracle here: the state holds samples of every catalog metric (every kind, label
@@ -13,12 +13,12 @@ import math
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent import catalog
-from agent.catalog.spec import Kind
-from agent.collectors.base import Collection
-from agent.samples import HistogramSample, Sample
-from agent.state import AgentState, CollectorHealth
-from exporters.prometheus import make_registry, render
+from inferwatch.agent import catalog
+from inferwatch.agent.catalog.spec import Kind
+from inferwatch.agent.common.samples import HistogramSample, Sample
+from inferwatch.agent.node.collectors.base import Collection
+from inferwatch.agent.node.state import AgentState, CollectorHealth
+from inferwatch.exporters.prometheus import make_registry, render
 
 AWKWARD = ["plain", "back\\slash", 'quote"d', "new\nline", "ünïcode ✓", "", "a,b=c{d}"]
 VALUES = [0.0, 1.0, -2.5, 1e22, 123456789.0, 0.1 + 0.2, 5e-324, math.inf, -math.inf, math.nan, 7]

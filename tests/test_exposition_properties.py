@@ -12,10 +12,10 @@ import tracemalloc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.engine.exposition import Everything, ExpositionError, ExpositionReader, decode
-from agent.engine.fetch import EngineScrapeError
-from agent.engine.scrape import EngineParser
-from agent.errors import SourceFormatError
+from inferwatch.agent.errors import SourceFormatError
+from inferwatch.agent.node.engine.exposition import Everything, ExpositionError, ExpositionReader, decode
+from inferwatch.agent.node.engine.fetch import EngineScrapeError
+from inferwatch.agent.node.engine.scrape import EngineParser
 from tests.conftest import FIXTURES
 
 SEEDS = [

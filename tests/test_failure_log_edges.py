@@ -18,15 +18,15 @@ from typing import ClassVar
 
 import pytest
 
-from agent.collectors import Schedule
-from agent.collectors.base import BaseCollector, CollectContext
-from agent.collectors.engine import EngineCollector
-from agent.config import Settings
-from agent.engine.fetch import EngineScrapeError
-from agent.runner import Runner, failure_cause
-from agent.samples import Collection
-from agent.state import AgentState
-from agent.wiring import collect_context
+from inferwatch.agent.common.samples import Collection
+from inferwatch.agent.config import Settings
+from inferwatch.agent.node.collectors import Schedule
+from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext
+from inferwatch.agent.node.collectors.engine import EngineCollector
+from inferwatch.agent.node.engine.fetch import EngineScrapeError
+from inferwatch.agent.node.runner import Runner, failure_cause
+from inferwatch.agent.node.state import AgentState
+from inferwatch.agent.node.wiring import collect_context
 from tests import engine_server as es
 from tests.conftest import FIXTURES
 
@@ -71,7 +71,7 @@ def _lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
     return [
         r.getMessage()
         for r in caplog.records
-        if r.name == "agent.runner" and r.levelno == level and "collector engine" in r.getMessage()
+        if r.name == "inferwatch.agent.node.runner" and r.levelno == level and "collector engine" in r.getMessage()
     ]
 
 
@@ -80,7 +80,7 @@ def _lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
 def test_a_slow_engine_body_logs_one_line_when_it_starts_and_one_when_it_ends(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="agent.runner")
+    caplog.set_level(logging.INFO, logger="inferwatch.agent.node.runner")
     with es.EngineServer({"/metrics": es.body(VLLM)}) as srv:
         settings = Settings(interval_s=INTERVAL_S, engine={"metrics_url": srv.url("/metrics")})
         state = AgentState()
@@ -128,7 +128,7 @@ class Scripted(BaseCollector):
 
 
 def test_a_flapping_cause_logs_once_a_new_cause_once_and_the_end_once(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="agent.runner")
+    caplog.set_level(logging.INFO, logger="inferwatch.agent.node.runner")
     causes = ["timeout", "timeout", "connect", "timeout", "connect", "timeout", "http_status", "timeout"]
     settings = Settings()
     collector = Scripted(collect_context(settings), causes)
@@ -140,7 +140,7 @@ def test_a_flapping_cause_logs_once_a_new_cause_once_and_the_end_once(caplog: py
         assert _wait(lambda: state.health()["scripted"].state == "ok", 60)
     finally:
         runner.stop()
-    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "agent.runner"]
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "inferwatch.agent.node.runner"]
     assert [level for level, _ in lines] == [logging.ERROR] * 3 + [logging.INFO], lines
     assert lines[0][1].startswith("collector scripted failing (timeout): EngineScrapeError: run 1 failed"), lines
     assert lines[1][1].startswith("collector scripted still failing, now also (connect): "), lines

@@ -1,7 +1,7 @@
 """The fleet drill, short: a few nodes with their own identities, vmagent → VictoriaMetrics ← vmalert → Alertmanager.
 
 The machinery of benchmarks/fleet_drill.py (tests/fleet.py) with the compressed rule profile (every duration
-of alerts/*.rules.yml divided by 30, agent.alerts.profile; the end-to-end pipeline test divides by 60) at 2 s
+of alerts/*.rules.yml divided by 30, inferwatch.agent.alerts.profile; the end-to-end pipeline test divides by 60) at 2 s
 scrape and evaluation. A healthy phase with noise (load steps, a node's clients stopping and resuming) must
 deliver nothing; then one fault per node, all at once (two nodes carry two independent faults), and each must
 reach its receiver: the state pitfalls (a node booted with arm64.nosve joining, debug profile in production,
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.alerts.profile import render_file
+from inferwatch.agent.alerts.profile import render_file
 from tests.conftest import ROOT
 from tests.e2e.harness import Sink
 from tests.fleet import CATALOG, Fleet, NoiseEvent, Timings, faults, hardware_types, matrix, run_drill

@@ -25,15 +25,15 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
-from agent import catalog
-from agent.analytics.genai import GenAIOptions
-from agent.analytics.latency import LatencyAnalytics
-from agent.catalog import genai
-from agent.catalog.spec import Kind
-from agent.config import ReceiverSettings
-from agent.state import AgentState
-from exporters.otlp import OTLPExporter
-from exporters.prometheus import render
+from inferwatch.agent import catalog
+from inferwatch.agent.catalog import genai
+from inferwatch.agent.catalog.spec import Kind
+from inferwatch.agent.config import ReceiverSettings
+from inferwatch.agent.node.analytics.genai import GenAIOptions
+from inferwatch.agent.node.analytics.latency import LatencyAnalytics
+from inferwatch.agent.node.state import AgentState
+from inferwatch.exporters.otlp import OTLPExporter
+from inferwatch.exporters.prometheus import render
 from tests.conftest import ROOT
 from tests.spanintake import received
 

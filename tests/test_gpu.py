@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.gpu import DRAIN_XIDS, MAX_PROCESSES_PER_DEVICE, GPUCollector, kubernetes_ids
-from agent.config import load_settings
-from agent.doctor import check_collector
-from agent.errors import CollectorError, NoDataError
-from agent.host.nvml import (
+from inferwatch.agent.common.samples import Collection, attrs
+from inferwatch.agent.config import load_settings
+from inferwatch.agent.doctor.checks import check_collector
+from inferwatch.agent.errors import CollectorError, NoDataError
+from inferwatch.agent.node.collectors.gpu import DRAIN_XIDS, MAX_PROCESSES_PER_DEVICE, GPUCollector, kubernetes_ids
+from inferwatch.agent.node.host.nvml import (
     EccCounts,
     GpuProcess,
     MigDevice,
@@ -30,9 +31,8 @@ from agent.host.nvml import (
     PynvmlClient,
     RemappedRows,
 )
-from agent.runner import validate
-from agent.samples import Collection, attrs
-from agent.wiring import build_deps, collect_context
+from inferwatch.agent.node.runner import validate
+from inferwatch.agent.node.wiring import build_deps, collect_context
 from tests.conftest import PYTHON, ROOT
 from tests.fake_nvml import FakeGPU, FakeNVML, ampere, volta
 from tests.procs import running
@@ -410,7 +410,7 @@ def test_doctor_gpu_check_with_fake_and_real_nvml() -> None:
     ]
     assert "hw_thermal_slowdown" in findings[0].summary and fake.shutdowns == 1
     r = subprocess.run(
-        [PYTHON, "-m", "agent", "doctor", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [PYTHON, "-m", "inferwatch.agent", "doctor", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     gpu = next(c for c in json.loads(r.stdout)["checks"] if c["id"].startswith("gpu"))
     if gpu["id"] == "gpu":  # no driver here: skipped with the hint, never failed
@@ -453,7 +453,7 @@ def test_pynvml_client_translates_calls_units_and_errors() -> None:
     assert client.memory_controller_percent(0) == 10.0
     assert client.clock_event_reasons(0) == 0x8
     assert client.compute_processes(0) == [GpuProcess(9, None)]
-    from agent.host.nvml import NVMLUnsupported
+    from inferwatch.agent.node.host.nvml import NVMLUnsupported
 
     with pytest.raises(NVMLUnsupported):
         client.power_milliwatts(0)
@@ -467,7 +467,7 @@ def test_absent_driver_is_retried_once_a_minute_not_every_cycle(monkeypatch) -> 
 
     import pynvml
 
-    from agent.host import nvml as nvml_mod
+    from inferwatch.agent.node.host import nvml as nvml_mod
 
     calls = []
     state = {"installed": False}
@@ -509,7 +509,7 @@ def test_drain_xids_are_one_list_in_the_collector_the_rule_and_the_catalog() -> 
 
     import yaml
 
-    from agent.catalog import gpu as catalog_gpu
+    from inferwatch.agent.catalog import gpu as catalog_gpu
 
     rules = yaml.safe_load((ROOT / "alerts" / "gpu.rules.yml").read_text())["groups"][0]["rules"]
     expr = next(r["expr"] for r in rules if r["alert"] == "GPUErrorNeedsDrain")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from agent.host.nvml import GpuProcess, ProcessUtilization
+from inferwatch.agent.node.host.nvml import GpuProcess, ProcessUtilization
 from tests.conftest import PYTHON, ROOT
 from tests.fake_nvml import FakeGPU, FakeNVML
 
@@ -99,7 +99,7 @@ class FakeWorker:
 
 def test_the_whole_run_on_fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     g = _load()
-    import agent.wiring as wiring
+    import inferwatch.agent.node.wiring as wiring
 
     gpu = FakeGPU(
         processes=[GpuProcess(FakeWorker.pid, 4 * 2**30)],

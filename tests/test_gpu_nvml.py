@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from agent.errors import CollectorError, NoDataError
-from agent.host.nvml import (
+from inferwatch.agent.errors import CollectorError, NoDataError
+from inferwatch.agent.node.host.nvml import (
     GPM_INSTANCE_METRICS,
     GPM_METRIC_IDS,
     EccCounts,

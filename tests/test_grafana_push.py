@@ -10,8 +10,8 @@ from threading import Thread
 
 import pytest
 
-from dashboards import load_all
-from exporters.grafana import (
+from inferwatch.dashboards import load_all
+from inferwatch.exporters.grafana import (
     GrafanaAuthError,
     GrafanaConnectionError,
     GrafanaError,
@@ -37,7 +37,11 @@ def grafana() -> Iterator[FakeGrafana]:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PYTHON, "-m", "agent", "grafana", "push", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [PYTHON, "-m", "inferwatch.agent", "grafana", "push", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent.collectors import schedule
-from agent.config import DEFAULT_ENGINE_INTERVAL_S, DEFAULT_HANG_FAST_STALL_S, Settings
-from agent.engine.hang import HangDetector
+from inferwatch.agent.config import DEFAULT_ENGINE_INTERVAL_S, DEFAULT_HANG_FAST_STALL_S, Settings
+from inferwatch.agent.node.collectors import schedule
+from inferwatch.agent.node.engine.hang import HangDetector
 from tests.hang_sim import Scraper, VirtualEngine
 
 EVERY_S = DEFAULT_ENGINE_INTERVAL_S

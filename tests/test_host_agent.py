@@ -27,7 +27,7 @@ def test_agent_reports_cpu_memory_and_runtime_process(tmp_path: Path) -> None:
     marker = uuid.uuid4().hex
     runtime = [PYTHON, "-c", "import time; time.sleep(120)", f"fake-runtime-{marker}"]
     port = free_port()
-    agent = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5"]
+    agent = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "0.5"]
     env = {"INFERWATCH_RUNTIME__CMDLINE_PATTERN": f"fake-runtime-{marker}", "INFERWATCH_RUNTIME__NAME": "vllm"}
     with running(runtime, tmp_path / "rt.log") as rt, running(agent, tmp_path / "agent.log", cwd=ROOT, env=env) as proc:
         base = f"http://127.0.0.1:{port}"
@@ -59,7 +59,16 @@ def test_agent_reports_cpu_memory_and_runtime_process(tmp_path: Path) -> None:
 
 def test_collector_switches(tmp_path: Path) -> None:
     port = free_port()
-    agent = [PYTHON, "-m", "agent", "run", "--port", str(port), "--no-collector.gpu", "--no-collector.process"]
+    agent = [
+        PYTHON,
+        "-m",
+        "inferwatch.agent",
+        "run",
+        "--port",
+        str(port),
+        "--no-collector.gpu",
+        "--no-collector.process",
+    ]
     with running(agent, tmp_path / "agent.log", cwd=ROOT) as proc:
         wait_http(f"http://127.0.0.1:{port}/readyz", ok=lambda r: r.status_code == 200, proc=proc)
         names = {c["name"] for c in httpx.get(f"http://127.0.0.1:{port}/api/v1/status").json()["collectors"]}

@@ -1,8 +1,9 @@
-"""Property-based tests (hypothesis) for the procfs parsers in agent/host/, and the bounded procfs read.
+"""Property-based tests (hypothesis) for the procfs parsers in agent/node/host/, and the bounded procfs read.
 
 Each parser, on any text, returns a value or raises the project's error (agent/errors.py), never another
 exception, in bounded time; a procfs file that is huge or never ends (a link to /dev/zero) is read only up
-to a named limit (:data:`agent.host.procfs.MAX_PROCFS_READ_BYTES`) and rejected with the project's error.
+to a named limit (:data:`inferwatch.agent.node.host.procfs.MAX_PROCFS_READ_BYTES`) and rejected with the project's
+error.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.errors import InferwatchError, SourceFormatError
-from agent.host import procfs as procfs_read
-from agent.host.cgroup import parse_memory_stat
-from agent.host.cpuinfo import parse_cpuinfo, read_cpuinfo
-from agent.host.meminfo import parse_meminfo, read_meminfo
-from agent.host.pressure import parse_pressure, read_pressure
-from agent.host.vmstat import parse_vmstat, read_vmstat
+from inferwatch.agent.errors import InferwatchError, SourceFormatError
+from inferwatch.agent.node.host import procfs as procfs_read
+from inferwatch.agent.node.host.cgroup import parse_memory_stat
+from inferwatch.agent.node.host.cpuinfo import parse_cpuinfo, read_cpuinfo
+from inferwatch.agent.node.host.meminfo import parse_meminfo, read_meminfo
+from inferwatch.agent.node.host.pressure import parse_pressure, read_pressure
+from inferwatch.agent.node.host.vmstat import parse_vmstat, read_vmstat
 from tests import cpu_corpus
 
 MACHINES = ["x86_64", "aarch64", "armv7l", "armv6l", "s390x", "ppc64le", "riscv64", "loongarch64", "sparc64", ""]

@@ -1,4 +1,4 @@
-"""The keep-alive race against a real uvicorn server (issue 31): agent/httpclient.py.
+"""The keep-alive race against a real uvicorn server (issue 31): agent/common/httpclient.py.
 
 uvicorn closes a connection idle for ``timeout_keep_alive``; a request sent on it as it closes fails with no
 answer. Where the race must happen, the tests make it happen: httpcore's ``trace`` extension holds the request
@@ -22,11 +22,11 @@ import pytest
 import uvicorn
 from prometheus_client import generate_latest
 
-from agent.app import Agent
-from agent.collectors.engine import EngineCollector
-from agent.config import Settings
-from agent.httpclient import KEEPALIVE_EXPIRY_S, STALE_CONNECTION_ERRORS, RetryCounts, http_client
-from agent.wiring import build_deps, collect_context
+from inferwatch.agent.common.httpclient import KEEPALIVE_EXPIRY_S, STALE_CONNECTION_ERRORS, RetryCounts, http_client
+from inferwatch.agent.config import Settings
+from inferwatch.agent.node.app import Agent
+from inferwatch.agent.node.collectors.engine import EngineCollector
+from inferwatch.agent.node.wiring import build_deps, collect_context
 from tests.conftest import FIXTURES
 from tests.fake_nvml import FakeNVML
 

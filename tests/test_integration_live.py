@@ -61,7 +61,7 @@ def stack(tmp_path: Path, name: str, *sim_args: str, transport: str = "grpc") ->
     """Simulator and agent; the spans go over OTLP/gRPC, or OTLP/HTTP (``/v1/traces``) with ``transport="http"``."""
     sim_port, agent_port, grpc_port, http_port = (free_port() for _ in range(4))
     otlp = f"http://127.0.0.1:{grpc_port}" if transport == "grpc" else f"http://127.0.0.1:{http_port}/v1/traces"
-    sim_cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(sim_port), "--engines", "2", "--seed", "3",
+    sim_cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(sim_port), "--engines", "2", "--seed", "3",
                "--control-token", "t", "--otlp-traces-endpoint", otlp, *sim_args]  # fmt: skip
     env = {
         "INFERWATCH_ENGINE__METRICS_URL": f"http://127.0.0.1:{sim_port}/metrics",
@@ -69,7 +69,7 @@ def stack(tmp_path: Path, name: str, *sim_args: str, transport: str = "grpc") ->
         "INFERWATCH_RECEIVER__GRPC_ENDPOINT": f"127.0.0.1:{grpc_port}",
         "INFERWATCH_RECEIVER__HTTP_ENDPOINT": f"127.0.0.1:{http_port}",
     }
-    agent_cmd = [PYTHON, "-m", "agent", "run", "--port", str(agent_port), "--interval", "1"]
+    agent_cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(agent_port), "--interval", "1"]
     with (
         running(agent_cmd, tmp_path / f"{name}-agent.log", cwd=ROOT, env=env) as agent,
         running(sim_cmd, tmp_path / f"{name}-sim.log", cwd=ROOT, env={"OTEL_BSP_SCHEDULE_DELAY": "100"}) as sim,
@@ -86,7 +86,7 @@ def loadgen(
     s: Stack, model: str, count: int, rate: float, seed: int, output: str = "4", prompt: str = "uniform:64:512"
 ) -> dict:
     out = subprocess.run(
-        [PYTHON, "-m", "agent", "loadgen", "--url", s.sim, "--model", model, "--json", "--count", str(count),
+        [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", s.sim, "--model", model, "--json", "--count", str(count),
          "--rate", str(rate), "--seed", str(seed), "--prompt-tokens", prompt, "--output-tokens", output],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip

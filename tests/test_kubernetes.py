@@ -26,9 +26,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from agent.config import load_settings
 from deploy.kubernetes import generate
-from exporters.otlp import build_resource
+from inferwatch.agent.config import load_settings
+from inferwatch.exporters.otlp import build_resource
 from tests.conftest import free_port
 from tests.procs import running, wait_http
 from tests.tools import require
@@ -273,7 +273,9 @@ def test_the_pods_command_and_environment_serve_the_probes(tmp_path: Path) -> No
     args = [a if a != "0.0.0.0" else "127.0.0.1" for a in container["args"]]
     args[args.index("--port") + 1] = str(port)
     base = f"http://127.0.0.1:{port}"
-    with running([str(ROOT / ".venv" / "bin" / "python"), "-m", "agent", *args], tmp_path / "agent.log", env=env) as p:
+    with running(
+        [str(ROOT / ".venv" / "bin" / "python"), "-m", "inferwatch.agent", *args], tmp_path / "agent.log", env=env
+    ) as p:
         assert wait_http(base + container["livenessProbe"]["httpGet"]["path"], proc=p).status_code == 200
         ready = wait_http(base + container["readinessProbe"]["httpGet"]["path"], ok=lambda r: r.status_code == 200)
         assert ready.json()["ready"] is True
@@ -291,7 +293,7 @@ def test_probes_and_resources() -> None:
     container = _agent(render("base"))["containers"][0]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    server = (ROOT / "agent" / "api" / "server.py").read_text(encoding="utf-8")
+    server = (ROOT / "agent" / "node" / "api" / "server.py").read_text(encoding="utf-8")
     assert '@app.get("/healthz")' in server and '@app.get("/readyz")' in server
     open_paths = load_settings.__globals__["ApiSettings"]().open_paths
     assert "/healthz" in open_paths and "/readyz" in open_paths  # the kubelet sends no token

@@ -1,6 +1,6 @@
 """The running agent's log: no line per engine fetch or API request from libraries; one line per failure start and end.
 
-A real agent (``python -m agent run``, the CLI's logging setup) scrapes a real engine stub on 127.0.0.1 every
+A real agent (``python -m inferwatch.agent run``, the CLI's logging setup) scrapes a real engine stub on 127.0.0.1 every
 0.5 s for many cycles, answers API requests, sees the engine fail for a while and recover; its log is
 counted line by line afterwards.
 """
@@ -33,7 +33,7 @@ def test_libraries_log_no_line_per_fetch_and_a_failure_is_two_lines(tmp_path: Pa
     log = tmp_path / "agent.log"
     with es.EngineServer({"/metrics": es.body(EXPOSITION)}) as srv:
         env = {"INFERWATCH_ENGINE__METRICS_URL": srv.url("/metrics"), "INFERWATCH_LOG_LEVEL": "info"}
-        cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5"]
+        cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "0.5"]
         with running(cmd, log, cwd=ROOT, env={**env, "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "s")}) as proc:
             wait_http(f"{base}/metrics", ok=lambda r: "inferwatch_engine_up 1" in r.text, proc=proc)
             start = len(srv.requests)

@@ -34,10 +34,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.collectors.engine import EngineCollector
-from agent.config import Settings
-from agent.runner import run_collection
-from agent.wiring import collect_context
+from inferwatch.agent.config import Settings
+from inferwatch.agent.node.collectors.engine import EngineCollector
+from inferwatch.agent.node.runner import run_collection
+from inferwatch.agent.node.wiring import collect_context
 from tests.llamacpp_server import LlamaServer, llama_server
 
 pytestmark = pytest.mark.integration

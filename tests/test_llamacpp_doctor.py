@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 
 def doctor(url: str) -> dict[str, dict[str, object]]:
     proc = subprocess.run(
-        [PYTHON, "-m", "agent", "doctor", "--engine-url", url, "--json"],
+        [PYTHON, "-m", "inferwatch.agent", "doctor", "--engine-url", url, "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.simd import SimdCollector
-from agent.config import Settings
-from agent.runner import run_collection
-from agent.simd.analysis import FeatureReport, SimdAnalyzer
-from agent.wiring import collect_context
+from inferwatch.agent.config import Settings
+from inferwatch.agent.node.collectors.simd import SimdCollector
+from inferwatch.agent.node.runner import run_collection
+from inferwatch.agent.node.simd.analysis import FeatureReport, SimdAnalyzer
+from inferwatch.agent.node.wiring import collect_context
 from tests.llamacpp_server import GLIBC_NO_AVX512, LlamaServer, find_avx2_binary, llama_server, serving
 
 pytestmark = [

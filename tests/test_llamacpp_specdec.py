@@ -19,11 +19,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.collectors.engine import EngineCollector
-from agent.config import Settings
-from agent.runner import run_collection
-from agent.samples import Sample
-from agent.wiring import collect_context
+from inferwatch.agent.common.samples import Sample
+from inferwatch.agent.config import Settings
+from inferwatch.agent.node.collectors.engine import EngineCollector
+from inferwatch.agent.node.runner import run_collection
+from inferwatch.agent.node.wiring import collect_context
 from tests.llamacpp_model import PRESETS, cached
 from tests.llamacpp_server import LlamaServer, llama_server
 

@@ -17,7 +17,7 @@ from threading import Thread
 import pytest
 import yaml
 
-from agent.matrix import (
+from inferwatch.agent.fleet.matrix import (
     Cell,
     Hardware,
     Matrix,
@@ -212,7 +212,7 @@ def test_short_window_allows_the_span_query_its_step() -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PYTHON, "-m", "agent", "matrix", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [PYTHON, "-m", "inferwatch.agent", "matrix", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
 
 
@@ -286,7 +286,7 @@ def test_window_longer_than_the_data_is_warned_on_real_prometheus(tmp_path: Path
         long = _cli("--prometheus", prom, "--format", "json")  # the 1 h default over ~3 s of data
         assert long.returncode == 0, long.stderr
         if "warning" not in long.stderr:  # say what the span query saw
-            from agent.matrix import data_span_query
+            from inferwatch.agent.fleet.matrix import data_span_query
 
             span = httpx.get(f"{prom}/api/v1/query", params={"query": data_span_query("1h")}).json()
             pytest.fail(f"no warning; stderr {long.stderr!r}; span query now: {span}")

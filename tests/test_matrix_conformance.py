@@ -3,7 +3,7 @@ on a real Prometheus three nodes of one hardware type, one of them slowed, give 
 description names the node, its P95, the band and the agent's finding on it (SVE missing); the matrix dashboard's
 band panel has data.
 
-Time is compressed as in the end-to-end tests (agent.alerts.profile, factor 60 at 1 s scrape and evaluation:
+Time is compressed as in the end-to-end tests (inferwatch.agent.alerts.profile, factor 60 at 1 s scrape and evaluation:
 rate[5m] -> [5s], the band's [1h] -> [60s], for: 7m -> 7s). The nodes are exporters serving the agent's series
 (inferwatch_node_info, the engine TTFT histogram the agent normalises, inferwatch_cpu_feature_missing) with counters
 growing at known rates: 10 requests/s, all in (0.25, 0.30] s on a healthy node and in (0.35, 0.50] s on the slowed
@@ -23,7 +23,7 @@ import httpx
 import pytest
 import yaml
 
-from agent.alerts.profile import render_file
+from inferwatch.agent.alerts.profile import render_file
 from tests.alerting import ALERTS_DIR, RULE_TESTS_DIR, run_tool, tool
 from tests.conftest import ROOT, free_port
 from tests.procs import running, wait_http
@@ -168,8 +168,8 @@ def test_one_slowed_node_of_three_is_flagged_with_its_band_and_finding(fleet: tu
 
 def test_band_panel_has_data(fleet: tuple[str, dict[str, str]]) -> None:
     """The matrix dashboard's conformance panel, as Grafana resolves it, on the same Prometheus."""
-    from dashboards import load_all
-    from dashboards.prove import Prover
+    from inferwatch.dashboards import load_all
+    from inferwatch.dashboards.prove import Prover
 
     url, instances = fleet
     board = load_all()["inferwatch-matrix"]
@@ -187,8 +187,8 @@ def test_band_panel_has_data(fleet: tuple[str, dict[str, str]]) -> None:
 
 
 def test_rule_file_is_shipped_with_the_others() -> None:
-    """alerts/*.rules.yml is what Prometheus, the wheel (agent.assets) and deploy/kubernetes pick up."""
-    from agent import assets
+    """alerts/*.rules.yml is what Prometheus, the wheel (agent/common/assets.py) and deploy/kubernetes pick up."""
+    from inferwatch.agent.common import assets
 
     assert assets.find("rules/matrix.rules.yml").path == "rules/matrix.rules.yml"
     rules = (ROOT / "deploy" / "kubernetes" / "monitoring" / "prometheusrules.yaml").read_text()

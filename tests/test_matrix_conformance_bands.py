@@ -1,7 +1,7 @@
 """The conformance band per prompt band (alerts/matrix.rules.yml, issue 21) on a real Prometheus, fed by the agent's
 own span analytics: three nodes of one hardware type, each exporting what an agent with
-receiver.prompt_band_histograms and receiver.emit_histograms exports (agent.analytics.latency rendered by
-exporters.prometheus, from the requests each node served since it started).
+receiver.prompt_band_histograms and receiver.emit_histograms exports (inferwatch.agent.node.analytics.latency rendered
+by inferwatch.exporters.prometheus, from the requests each node served since it started).
 
 - node a: 30 short prompts/s (<=1k tokens, TTFT 0.3 s) and 1 long/s (>16k, TTFT 3 s);
 - node b: the same latencies, but 6 short and 12 long prompts/s: more long prompts than its peers, not slower;
@@ -25,11 +25,11 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.alerts.profile import render_file
-from agent.analytics.latency import LatencyAnalytics
-from agent.samples import Collection, RequestTiming
-from agent.state import AgentState, CollectorHealth
-from exporters.prometheus import render
+from inferwatch.agent.alerts.profile import render_file
+from inferwatch.agent.common.samples import Collection, RequestTiming
+from inferwatch.agent.node.analytics.latency import LatencyAnalytics
+from inferwatch.agent.node.state import AgentState, CollectorHealth
+from inferwatch.exporters.prometheus import render
 from tests.alerting import ALERTS_DIR
 from tests.tools import require
 
@@ -154,8 +154,8 @@ def test_slow_on_long_prompts_is_flagged_in_that_band_more_long_prompts_is_not(
 def test_band_panel_shows_each_prompt_band(fleet: tuple[str, dict[str, str]]) -> None:
     """The matrix dashboard's conformance table, as Grafana resolves it: one line per node, quantity and prompt band
     (its joins keep the bands apart: no many-to-many match error), the slow node's >16k TTFT over its upper edge."""
-    from dashboards import load_all
-    from dashboards.prove import Prover
+    from inferwatch.dashboards import load_all
+    from inferwatch.dashboards.prove import Prover
 
     url, instances = fleet
     prover = Prover(url, rate_interval="10s", range_="20s")

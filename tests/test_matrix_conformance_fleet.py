@@ -1,8 +1,8 @@
 """The conformance band on real engines and real agents: three nodes of one hardware type (simulators on the H100
 profile, each with the agent as shipped, DMI machine type p5.48xlarge, a fake NVML H100), one of them slowed (every
 engine step 4x slower: the simulator's ``simd_fallback`` scenario), scraped by Prometheus running the compressed
-matrix rules (agent.alerts.profile, factor 60 at 1 s). NodeOutsideConformanceBand must fire for the slowed node and
-never for the two healthy ones, whose P95 comes from real, noisy engine histograms.
+matrix rules (inferwatch.agent.alerts.profile, factor 60 at 1 s). NodeOutsideConformanceBand must fire for the slowed
+node and never for the two healthy ones, whose P95 comes from real, noisy engine histograms.
 
 tests/test_matrix_conformance.py checks the rule's details (band values, description, likely reason) on exact
 inputs; this one checks that the band holds on real data.
@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.alerts.profile import render_file
+from inferwatch.agent.alerts.profile import render_file
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
 from tests.test_dashboards_data import _agent_env, _fake_procfs, _fake_sysfs
@@ -56,7 +56,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[
         instances: dict[str, str] = {}
         for i, name in enumerate(NODES):
             sim_port, agent_port = free_port(), free_port()
-            cmd = [PYTHON, "-m", "agent", "simulate", "--host", "127.0.0.1", "--port", str(sim_port)]
+            cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--host", "127.0.0.1", "--port", str(sim_port)]
             cmd += ["--model", MODEL, "--hardware", "h100", "--seed", str(i)]
             if name == SLOW:
                 cmd += ["--scenario", "simd_fallback:factor=4"]

@@ -19,9 +19,9 @@ import httpx
 import pytest
 import yaml
 
-from agent.errors import ConfigError
-from agent.matrix import Cell, Hardware, Matrix, cost_per_mtok, cost_rows, unpriced
-from agent.prices import PRICE_RECORD, load_prices, parse_prices, price_rules
+from inferwatch.agent.errors import ConfigError
+from inferwatch.agent.fleet.matrix import Cell, Hardware, Matrix, cost_per_mtok, cost_rows, unpriced
+from inferwatch.agent.fleet.prices import PRICE_RECORD, load_prices, parse_prices, price_rules
 from tests.conftest import PYTHON, ROOT
 from tests.tools import require
 
@@ -82,7 +82,7 @@ def test_price_rules_pass_promtool(tmp_path: Path) -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PYTHON, "-m", "agent", *args], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+        [PYTHON, "-m", "inferwatch.agent", *args], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
     )
 
 
@@ -182,8 +182,8 @@ def test_cli_prices_on_real_prometheus(prom: str, tmp_path: Path) -> None:
 def test_dashboard_cost_panels_on_real_prometheus(prom: str) -> None:
     """Every panel of the matrix dashboard (the cost ones included) returns data; the cost and match panels'
     numbers equal the recorded rates' arithmetic and order the cells as the CLI does."""
-    from dashboards import load_all
-    from dashboards.prove import Prover, interpolate, panel_queries
+    from inferwatch.dashboards import load_all
+    from inferwatch.dashboards.prove import Prover, interpolate, panel_queries
 
     board = load_all()["inferwatch-matrix"]
     prover = Prover(prom, rate_interval="10s", range_="20s")

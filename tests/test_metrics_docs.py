@@ -1,6 +1,7 @@
 """docs/metrics.md is generated from the catalog; this fails when it is stale.
 
-Update switch: ``INFERWATCH_UPDATE_GOLDEN=1 pytest tests/test_metrics_docs.py`` (or ``python -m agent.catalog.docs``).
+Update switch: ``INFERWATCH_UPDATE_GOLDEN=1 pytest tests/test_metrics_docs.py`` (or ``python -m
+inferwatch.agent.catalog.docs``).
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from agent import catalog
-from agent.catalog.docs import DEFAULT_OUTPUT, render
+from inferwatch.agent import catalog
+from inferwatch.agent.catalog.docs import DEFAULT_OUTPUT, render
 from tests.conftest import PYTHON, ROOT
 
 
@@ -19,7 +20,7 @@ def test_metrics_reference_is_current() -> None:
     if os.environ.get("INFERWATCH_UPDATE_GOLDEN") == "1":
         DEFAULT_OUTPUT.write_text(text, encoding="utf-8")
     assert DEFAULT_OUTPUT.read_text(encoding="utf-8") == text, (
-        "docs/metrics.md is stale: run `python -m agent.catalog.docs` (or INFERWATCH_UPDATE_GOLDEN=1 pytest)"
+        "docs/metrics.md is stale: run `python -m inferwatch.agent.catalog.docs` (or INFERWATCH_UPDATE_GOLDEN=1 pytest)"
     )
 
 
@@ -33,7 +34,7 @@ def test_every_metric_and_series_is_documented() -> None:
 
 def test_check_switch_detects_a_stale_file(tmp_path: Path) -> None:
     out = tmp_path / "metrics.md"
-    cmd = [PYTHON, "-m", "agent.catalog.docs", "--output", str(out)]
+    cmd = [PYTHON, "-m", "inferwatch.agent.catalog.docs", "--output", str(out)]
     assert subprocess.run([*cmd, "--check"], cwd=ROOT, capture_output=True, timeout=60).returncode == 1
     assert subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=60).returncode == 0
     assert subprocess.run([*cmd, "--check"], cwd=ROOT, capture_output=True, timeout=60).returncode == 0

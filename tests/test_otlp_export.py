@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from agent import catalog
-from agent.catalog.spec import Kind
+from inferwatch.agent import catalog
+from inferwatch.agent.catalog.spec import Kind
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.otlp_receiver import Received, grpc_receiver, http_receiver
 from tests.procs import running, wait_http
@@ -102,7 +102,7 @@ def test_otlp_export_matches_the_catalog(tmp_path: Path, protocol: str) -> None:
     otlp_port, api_port, marker = free_port(), free_port(), uuid.uuid4().hex
     receiver = grpc_receiver if protocol == "grpc" else http_receiver
     runtime = [PYTHON, "-c", "import time; time.sleep(120)", f"fake-runtime-{marker}"]
-    agent = [PYTHON, "-m", "agent", "run", "--port", str(api_port), "--interval", "0.5"]
+    agent = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(api_port), "--interval", "0.5"]
     env = _agent_env(f"http://127.0.0.1:{otlp_port}", protocol, marker)
     with (
         receiver(otlp_port) as received,
@@ -116,7 +116,7 @@ def test_otlp_export_matches_the_catalog(tmp_path: Path, protocol: str) -> None:
 
 def test_receiver_down_at_start_then_up_and_bounded_shutdown(tmp_path: Path) -> None:
     otlp_port, api_port, marker = free_port(), free_port(), uuid.uuid4().hex
-    agent = [PYTHON, "-m", "agent", "run", "--port", str(api_port), "--interval", "0.5"]
+    agent = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(api_port), "--interval", "0.5"]
     env = _agent_env(f"http://127.0.0.1:{otlp_port}", "grpc", marker)
     log = tmp_path / "agent.log"
     runtime = [PYTHON, "-c", "import time; time.sleep(120)", f"fake-runtime-{marker}"]

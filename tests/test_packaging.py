@@ -9,7 +9,8 @@ catches a runtime import of a package that only the test extra provides.
 
 From that install, every test runs ``inferwatch`` as a user does and fails on any traceback:
 
-- every file of the packages (code and data) is in the wheel, and ``agent`` imports from the venv's site-packages;
+- every file of the packages (code and data) is in the wheel under the one import name ``inferwatch`` (nothing
+  else at the top of site-packages), and ``inferwatch`` imports from the venv's site-packages;
 - every command's ``--help``, and each command's main path against the simulator started from the install (probe,
   engine inspect, loadgen, drift, simd, profile, doctor, top, explain, evidence, assets, prices, grafana push);
 - ``inferwatch run`` with every collector on the simulator: every collector runs, none fails;
@@ -27,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import runpy
 import shutil
 import signal
 import subprocess
@@ -45,7 +47,7 @@ import pytest
 import typer.main
 import yaml
 
-from agent.cli.main import app as checkout_app
+from inferwatch.agent.cli.main import app as checkout_app
 from tests.alerting import alert_names, run_tool
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.grafana_fake import FakeGrafana
@@ -61,7 +63,8 @@ INSTALL_TIMEOUT_S = 480
 START_TIMEOUT_S = 90  # an agent's /readyz (every collector ran once) on a loaded 2-core machine
 DEMO_S = 75  # "about a minute": time for the first spans to reach explain on a loaded machine
 UV = ROOT / ".venv" / "bin" / "uv"
-PACKAGES = ("agent", "exporters", "simulator", "dashboards")
+# checkout folder -> import name (setup.py: everything under the one name ``inferwatch``)
+FOLDERS: dict[str, str] = runpy.run_path(str(ROOT / "setup.py"), run_name="layout")["FOLDERS"]
 COPY_IGNORE = shutil.ignore_patterns(
     ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache",
     ".hypothesis", "tmp",
@@ -69,7 +72,7 @@ COPY_IGNORE = shutil.ignore_patterns(
 
 
 def package_paths() -> dict[str, Path]:
-    """Path inside the package → the repository file it must equal (agent/assets.py's mapping)."""
+    """Path inside the package → the repository file it must equal (agent/common/assets.py's mapping)."""
     out: dict[str, Path] = {}
     for rel, source in repository_assets().items():
         kind, _, name = rel.rpartition("/")
@@ -82,16 +85,22 @@ def package_paths() -> dict[str, Path]:
     return out
 
 
+def wheel_path(rel: str) -> str:
+    """Where a checkout file (``agent/node/runner.py``) lands in the wheel (``inferwatch/agent/node/runner.py``)."""
+    folder, _, rest = rel.partition("/")
+    return f"{FOLDERS[folder].replace('.', '/')}/{rest}"
+
+
 def package_files() -> dict[str, Path]:
     """Every file the packages hold in the checkout (code and data, the asset symlinks followed) by wheel path."""
     out: dict[str, Path] = {}
-    for package in PACKAGES:
+    for package in FOLDERS:
         for directory, dirs, files in os.walk(ROOT / package, followlinks=True):
             dirs[:] = [d for d in dirs if d != "__pycache__"]
             for name in files:
                 if not name.endswith((".pyc", ".pyo")):
                     path = Path(directory) / name
-                    out[path.relative_to(ROOT).as_posix()] = path
+                    out[wheel_path(path.relative_to(ROOT).as_posix())] = path
     return out
 
 
@@ -153,7 +162,8 @@ class Install:
 
 def from_checkout(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     r = subprocess.run(
-        [PYTHON, "-m", "agent", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False,
+        [PYTHON, "-m", "inferwatch.agent", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+         check=False,
         env=clean_env(),
     )  # fmt: skip
     no_traceback(r, f"inferwatch {' '.join(args)} (checkout)")
@@ -262,18 +272,28 @@ def test_sdist_carries_every_asset_as_a_file(dist: dict[str, Path]) -> None:
 def test_wheel_carries_every_asset(dist: dict[str, Path]) -> None:
     with zipfile.ZipFile(dist["wheel"]) as whl:
         names = set(whl.namelist())
-        missing = sorted(set(package_paths()) - names)
+        expected = {wheel_path(rel): source for rel, source in package_paths().items()}
+        missing = sorted(set(expected) - names)
         assert not missing, f"the wheel lacks {missing}"
-        for rel, source in package_paths().items():
+        for rel, source in expected.items():
             assert whl.read(rel) == source.read_bytes(), rel
-        shipped = {n for n in names if n.startswith("agent/_assets/")}
-        assert shipped == {n for n in package_paths() if n.startswith("agent/_assets/")}, "unexpected extra files"
+        shipped = {n for n in names if n.startswith("inferwatch/agent/_assets/")}
+        assert shipped == {n for n in expected if n.startswith("inferwatch/agent/_assets/")}, "unexpected extra files"
+
+
+def test_wheel_installs_one_import_name(dist: dict[str, Path]) -> None:
+    """Everything under ``inferwatch``: no ``agent`` or ``exporters`` at the top of site-packages to collide with."""
+    with zipfile.ZipFile(dist["wheel"]) as whl:
+        names = whl.namelist()
+    top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert top == {"inferwatch"}, f"the wheel installs top-level names other than inferwatch: {sorted(top)}"
+    assert "inferwatch/__init__.py" in names and "inferwatch/py.typed" in names
 
 
 def test_wheel_carries_every_file_of_the_packages(dist: dict[str, Path]) -> None:
     """Code and data: a file the code reads beside itself (the probe's JSON Schemas) must be package data."""
     expected = package_files()
-    assert "agent/probe/schemas/openai_chat_chunk.json" in expected
+    assert "inferwatch/agent/node/probe/schemas/openai_chat_chunk.json" in expected
     with zipfile.ZipFile(dist["wheel"]) as whl:
         names = set(whl.namelist())
         missing = sorted(set(expected) - names)
@@ -285,7 +305,7 @@ def test_wheel_carries_every_file_of_the_packages(dist: dict[str, Path]) -> None
 
 def test_agent_imports_from_the_install_only(installed: Install) -> None:
     probe = subprocess.run(
-        [installed.python, "-c", "import agent, json, sys; print(json.dumps([agent.__file__, sys.path]))"],
+        [installed.python, "-c", "import inferwatch.agent as a, json, sys; print(json.dumps([a.__file__, sys.path]))"],
         cwd=installed.cwd, env=installed.env, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     agent_file, sys_path = json.loads(probe.stdout)
@@ -299,7 +319,7 @@ def test_agent_imports_from_the_install_only(installed: Install) -> None:
 HELP_SCRIPT = """
 import json, typer.main
 from typer.testing import CliRunner
-from agent.cli.main import app
+from inferwatch.agent.cli.main import app
 def walk(group, prefix=()):
     for name, cmd in sorted(group.commands.items()):
         yield (*prefix, name)
@@ -357,10 +377,11 @@ def test_assets_export_from_the_install(installed: Install, tmp_path: Path) -> N
     # docs/deploy.md: regenerate the SLO rules from the exported spec with the installed generator
     regenerated = tmp_path / "slo.rules.yml"
     r = subprocess.run(
-        [installed.python, "-m", "agent.alerts.slo", "--spec", str(exported / "slo.yml"), "--out", str(regenerated)],
+        [installed.python, "-m", "inferwatch.agent.alerts.slo", "--spec", str(exported / "slo.yml"), "--out",
+         str(regenerated)],
         cwd=installed.cwd, env=installed.env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
-    no_traceback(r, "python -m agent.alerts.slo (install)")
+    no_traceback(r, "python -m inferwatch.agent.alerts.slo (install)")
     assert r.returncode == 0, r.stderr
     body = regenerated.read_text(encoding="utf-8").split("\n", 1)[1]  # line 1 names the spec it was made from
     assert body == (exported / "rules" / "slo.rules.yml").read_text(encoding="utf-8").split("\n", 1)[1]
@@ -526,7 +547,7 @@ def adapt(argv: list[str], python: str, port: int) -> list[str]:
 
 def test_container_image_command_from_the_install(installed: Install, sim: Sim, tmp_path: Path) -> None:
     argv, image_env = dockerfile_final_stage()
-    assert argv[:4] == ["python", "-m", "agent", "run"], argv
+    assert argv[:4] == ["python", "-m", "inferwatch.agent", "run"], argv
     env = {k: (str(tmp_path / k.lower()) if v.startswith("/") else v) for k, v in image_env.items()}  # its paths
     # Exactly as written (0.0.0.0, no token): refused before it binds, in one line that says what to set.
     bare = subprocess.run(

@@ -2,15 +2,15 @@ from __future__ import annotations
 
 import pytest
 
-from agent.collectors.pagecache import PageCacheCollector
-from agent.config import load_settings
-from agent.errors import NoDataError, SourceFormatError
-from agent.host.meminfo import mem_available, parse_meminfo
-from agent.host.pagecache import pagecache_verdict
-from agent.host.pressure import parse_pressure
-from agent.host.vmstat import parse_vmstat
-from agent.runner import validate
-from agent.wiring import collect_context
+from inferwatch.agent.config import load_settings
+from inferwatch.agent.errors import NoDataError, SourceFormatError
+from inferwatch.agent.node.collectors.pagecache import PageCacheCollector
+from inferwatch.agent.node.host.meminfo import mem_available, parse_meminfo
+from inferwatch.agent.node.host.pagecache import pagecache_verdict
+from inferwatch.agent.node.host.pressure import parse_pressure
+from inferwatch.agent.node.host.vmstat import parse_vmstat
+from inferwatch.agent.node.runner import validate
+from inferwatch.agent.node.wiring import collect_context
 from tests.conftest import FIXTURES
 
 MEM = FIXTURES / "meminfo"
@@ -125,7 +125,7 @@ def test_agent_and_doctor_agree_on_the_same_host(fake_procfs, psi: str, expected
     agent = validate(collector.collect()).findings[0]
     assert agent.evidence["workingset_refault_file_per_s"] > 0
     out = subprocess.run(
-        [PYTHON, "-m", "agent", "doctor", "--json", "--path.procfs", str(root)],
+        [PYTHON, "-m", "inferwatch.agent", "doctor", "--json", "--path.procfs", str(root)],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     doctor = {c["id"]: c for c in json.loads(out.stdout)["checks"]}["pagecache"]

@@ -15,11 +15,11 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from agent.analytics.latency import LatencyAnalytics
-from agent.config import ReceiverSettings
-from agent.receiver import Receiver
-from agent.receiver.forward import GRPC_METHOD
-from agent.receiver.phases import PHASE_ATTRIBUTE, SCOPE_NAME, phase_spans
+from inferwatch.agent.config import ReceiverSettings
+from inferwatch.agent.node.analytics.latency import LatencyAnalytics
+from inferwatch.agent.node.receiver import Receiver
+from inferwatch.agent.node.receiver.forward import GRPC_METHOD
+from inferwatch.agent.node.receiver.phases import PHASE_ATTRIBUTE, SCOPE_NAME, phase_spans
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
 from tests.trace_receiver import grpc_trace_receiver, http_trace_receiver
@@ -227,12 +227,12 @@ def test_the_simulators_spans_get_children_that_add_up(tmp_path) -> None:
         receiver.start()
         try:
             sim_port = free_port()
-            cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(sim_port), "--seed", "2"]
+            cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(sim_port), "--seed", "2"]
             cmd += ["--otlp-traces-endpoint", f"http://127.0.0.1:{receiver.grpc_port}"]
             with running(cmd, tmp_path / "sim.log", cwd=ROOT, env={"OTEL_BSP_SCHEDULE_DELAY": "100"}) as sim:
                 wait_http(f"http://127.0.0.1:{sim_port}/health", proc=sim)
                 out = subprocess.run(
-                    [PYTHON, "-m", "agent", "loadgen", "--url", f"http://127.0.0.1:{sim_port}", "--json",
+                    [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", f"http://127.0.0.1:{sim_port}", "--json",
                      "--count", "20", "--rate", "20", "--output-tokens", "8"],
                     cwd=ROOT, capture_output=True, text=True, timeout=120,
                 )  # fmt: skip

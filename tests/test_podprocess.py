@@ -1,4 +1,4 @@
-"""The engine process of a pod's container, by cgroup (agent/host/podprocess.py, agent/host/cgroup.py), on
+"""The engine process of a pod's container, by cgroup (agent/node/host/podprocess.py, agent/node/host/cgroup.py), on
 recorded /proc trees of each shape: cgroup v1 and v2, systemd and cgroupfs drivers, containerd, CRI-O and Docker
 (tests/fixtures/k8s/SOURCE.md)."""
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import NoDataError
-from agent.host.cgroup import PodCgroup, parse_pod_cgroup, process_pod_cgroup
-from agent.host.podprocess import find_container_processes, normalize_container_id
+from inferwatch.agent.errors import NoDataError
+from inferwatch.agent.node.host.cgroup import PodCgroup, parse_pod_cgroup, process_pod_cgroup
+from inferwatch.agent.node.host.podprocess import find_container_processes, normalize_container_id
 
 K8S = Path(__file__).resolve().parent / "fixtures" / "k8s"
 UID_A = "0b4c5d6e-1111-4a2b-9c3d-000000000001"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.config import RuntimeSettings
-from agent.errors import NoDataError
-from agent.host.runtime import RuntimeLocator
+from inferwatch.agent.config import RuntimeSettings
+from inferwatch.agent.errors import NoDataError
+from inferwatch.agent.node.host.runtime import RuntimeLocator
 from tests.conftest import free_port
 
 

@@ -7,12 +7,12 @@ import subprocess
 
 import pytest
 
-from agent.collectors.probe import ProbeCollector
-from agent.config import load_settings
-from agent.probe import run_probe
-from agent.probe.schema import validate_payload
-from agent.runner import validate
-from agent.wiring import collect_context
+from inferwatch.agent.config import load_settings
+from inferwatch.agent.node.collectors.probe import ProbeCollector
+from inferwatch.agent.node.probe import run_probe
+from inferwatch.agent.node.probe.schema import validate_payload
+from inferwatch.agent.node.runner import validate
+from inferwatch.agent.node.wiring import collect_context
 from tests.conftest import PYTHON, ROOT
 from tests.fake_runtime import fake_runtime, openai_chunk
 
@@ -115,7 +115,7 @@ def test_collector_counts_cumulatively_by_protocol_and_kind(rt) -> None:
 
 def test_cli_prints_what_it_saw_with_schema_paths(rt) -> None:
     rt.stream_mode = "usage_only"
-    cmd = [PYTHON, "-m", "agent", "probe", "--url", rt.url, "--protocol", "anthropic"]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "probe", "--url", rt.url, "--protocol", "anthropic"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1, out.stderr
     assert "empty_delta_with_usage" in out.stdout
@@ -129,7 +129,7 @@ def test_cli_prints_what_it_saw_with_schema_paths(rt) -> None:
 
 
 def test_sse_framing_details() -> None:
-    from agent.probe.sse import SSEParser
+    from inferwatch.agent.node.probe.sse import SSEParser
 
     p = SSEParser()
     evs = p.feed(b': keep-alive\n\nevent: ping\ndata: {"type"', 1.0)
@@ -152,7 +152,7 @@ def test_simulator_hang_is_a_timeout_never_a_schema_violation(tmp_path) -> None:
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(port), "--scenario", "hang", "--seed", "3"]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(port), "--scenario", "hang", "--seed", "3"]
     with running(cmd, tmp_path / "sim.log", cwd=ROOT) as proc:
         wait_http(url + "/health", proc=proc)
         settings = load_settings(overrides={"probe": {"url": url, "protocols": list(PROTOCOLS), "timeout_s": 1.0}})

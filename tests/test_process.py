@@ -12,14 +12,14 @@ from typing import Any
 import psutil
 import pytest
 
-from agent.collectors.process import ProcessCollector, _faults
-from agent.config import load_settings
-from agent.errors import NoDataError
-from agent.host.cgroup import cgroup_v2_path, parse_memory_stat
-from agent.host.runtime import RuntimeLocator
-from agent.runner import Runner, validate
-from agent.state import AgentState
-from agent.wiring import collect_context
+from inferwatch.agent.config import load_settings
+from inferwatch.agent.errors import NoDataError
+from inferwatch.agent.node.collectors.process import ProcessCollector, _faults
+from inferwatch.agent.node.host.cgroup import cgroup_v2_path, parse_memory_stat
+from inferwatch.agent.node.host.runtime import RuntimeLocator
+from inferwatch.agent.node.runner import Runner, validate
+from inferwatch.agent.node.state import AgentState
+from inferwatch.agent.node.wiring import collect_context
 from tests.conftest import PYTHON
 from tests.procs import running
 

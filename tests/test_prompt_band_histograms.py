@@ -19,15 +19,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent import catalog
-from agent.analytics import explain, promptband
-from agent.analytics.genai import GenAIOptions
-from agent.analytics.latency import LatencyAnalytics
-from agent.catalog import engine
-from agent.config import ReceiverSettings
-from agent.samples import Collection, RequestTiming
-from agent.state import AgentState, CollectorHealth
-from exporters.prometheus import render
+from inferwatch.agent import catalog
+from inferwatch.agent.catalog import engine
+from inferwatch.agent.common.samples import Collection, RequestTiming
+from inferwatch.agent.config import ReceiverSettings
+from inferwatch.agent.node.analytics import explain, promptband
+from inferwatch.agent.node.analytics.genai import GenAIOptions
+from inferwatch.agent.node.analytics.latency import LatencyAnalytics
+from inferwatch.agent.node.state import AgentState, CollectorHealth
+from inferwatch.exporters.prometheus import render
 from tests.spanintake import received
 
 TTFT = "inferwatch_engine_time_to_first_token_seconds"

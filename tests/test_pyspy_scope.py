@@ -16,9 +16,9 @@ import httpx
 import psutil
 import pytest
 
-from agent.actions.pyspy import PID_MAX, PidScope, PySpyError, validate_pid
-from agent.config import RuntimeSettings
-from agent.host.runtime import RuntimeLocator
+from inferwatch.agent.config import RuntimeSettings
+from inferwatch.agent.node.actions.pyspy import PID_MAX, PidScope, PySpyError, validate_pid
+from inferwatch.agent.node.host.runtime import RuntimeLocator
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, stop, wait_http
 
@@ -121,7 +121,7 @@ def test_api_profiles_only_the_runtime(processes, tmp_path: Path) -> None:
         "INFERWATCH_RUNTIME__PID": str(runtime.pid),
         "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap"),
     }
-    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "1"]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "1"]
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with running(cmd, tmp_path / "agent.log", cwd=ROOT, env=env) as agent:
         base = f"http://127.0.0.1:{port}"

@@ -16,12 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.collectors.pagecache import PageCacheCollector
-from agent.config import load_settings
-from agent.errors import ConfigError, ReadLimitError
-from agent.host import runtime
-from agent.host.procfs import CPUINFO_LIMIT, FILE_LIMIT, LimitHits, ReadLimits
-from agent.wiring import collect_context
+from inferwatch.agent.config import load_settings
+from inferwatch.agent.errors import ConfigError, ReadLimitError
+from inferwatch.agent.node.collectors.pagecache import PageCacheCollector
+from inferwatch.agent.node.host import runtime
+from inferwatch.agent.node.host.procfs import CPUINFO_LIMIT, FILE_LIMIT, LimitHits, ReadLimits
+from inferwatch.agent.node.wiring import collect_context
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
 
@@ -74,7 +74,7 @@ def run_agent(tmp_path: Path, procfs: Path, ready: str) -> tuple[int, str, str]:
     base = f"http://127.0.0.1:{port}"
     log = tmp_path / f"{procfs.parent.name}.log"
     env = {"INFERWATCH_PATH__PROCFS": str(procfs), "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap")}
-    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5"]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "0.5"]
     with running(cmd, log, cwd=ROOT, env=env) as proc:
         wait_http(f"{base}/metrics", ok=lambda r: ready in r.text, proc=proc, timeout_s=60)
         time.sleep(2.0)  # a few more cycles of the pagecache collector

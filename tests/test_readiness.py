@@ -13,10 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
-from agent.api.readiness import readiness
-from agent.config import Settings
-from agent.samples import Collection, Finding
-from agent.state import AgentState, CollectorHealth, next_health
+from inferwatch.agent.common.samples import Collection, Finding
+from inferwatch.agent.config import Settings
+from inferwatch.agent.node.api.readiness import readiness
+from inferwatch.agent.node.state import AgentState, CollectorHealth, next_health
 
 ENGINE_URL = "http://127.0.0.1:8000/metrics"
 
@@ -98,7 +98,7 @@ def test_answered_from_the_state_within_5_ms() -> None:
     ],
 )
 async def test_served_by_the_agent_app_with_its_auth(api: dict[str, Any], token: str | None, expected: int) -> None:
-    from agent.app import Agent
+    from inferwatch.agent.node.app import Agent
 
     settings = _settings(api=api, collectors={"cpu": {"enabled": False}})
     agent = Agent(settings)

@@ -106,7 +106,7 @@ def wait_until(pred: Callable[[], bool], timeout_s: float, what: str) -> float:
 
 def start_sim(stack: contextlib.ExitStack, tmp: Path, tag: str) -> SimProc:
     port = free_port()
-    cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(port), "--model", MODEL, "--seed", "6"]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(port), "--model", MODEL, "--seed", "6"]
     cmd += ["--control-token", SIM_CONTROL_TOKEN, "--log-level", "warning"]
     proc = stack.enter_context(running(cmd, tmp / f"sim-{tag}.log", cwd=ROOT))
     sim = SimProc(MODEL, port, proc)
@@ -122,7 +122,7 @@ def start_agent(stack: contextlib.ExitStack, tmp: Path, sim: SimProc, tag: str) 
         "INFERWATCH_EVIDENCE__DIR": str(tmp / f"evidence-{tag}"),
         "INFERWATCH_EVIDENCE__PY_SPY": "false",
     }
-    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port)]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port)]
     proc = stack.enter_context(running(cmd, tmp / f"agent-{tag}.log", cwd=ROOT, env=env))
     wait_http(f"http://127.0.0.1:{port}/metrics", ok=lambda r: r.status_code == 200, proc=proc, timeout_s=60)
     return port

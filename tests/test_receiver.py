@@ -24,10 +24,10 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.analytics.latency import LatencyAnalytics
-from agent.config import ReceiverSettings
-from agent.receiver import Receiver
-from agent.receiver.forward import GRPC_METHOD
+from inferwatch.agent.config import ReceiverSettings
+from inferwatch.agent.node.analytics.latency import LatencyAnalytics
+from inferwatch.agent.node.receiver import Receiver
+from inferwatch.agent.node.receiver.forward import GRPC_METHOD
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
 
@@ -324,7 +324,7 @@ def test_agent_process_serves_span_analytics_on_metrics(tmp_path) -> None:
         "INFERWATCH_RECEIVER__GRPC_ENDPOINT": f"127.0.0.1:{grpc_port}",
         "INFERWATCH_RECEIVER__HTTP_ENDPOINT": f"127.0.0.1:{http_port}",
     }
-    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5"]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "0.5"]
     with running(cmd, tmp_path / "agent.log", cwd=ROOT, env=env) as proc:
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/readyz", ok=lambda r: r.status_code == 200, proc=proc)
@@ -367,7 +367,7 @@ def test_agent_exits_2_when_the_receiver_port_is_taken(tmp_path) -> None:
         import os
 
         done = subprocess.run(
-            [PYTHON, "-m", "agent", "run", "--port", str(free_port())],
+            [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(free_port())],
             cwd=ROOT,
             env={**os.environ, **env},
             capture_output=True,
@@ -381,7 +381,7 @@ def test_agent_exits_2_when_the_receiver_port_is_taken(tmp_path) -> None:
 def test_slow_body_gets_408_and_the_receiver_keeps_serving(receiver: Receiver, monkeypatch) -> None:
     import socket
 
-    from agent.receiver import http_server
+    from inferwatch.agent.node.receiver import http_server
 
     monkeypatch.setattr(http_server, "BODY_TIMEOUT_S", 0.5)
     with socket.create_connection(("127.0.0.1", receiver.http_port), timeout=10) as s:

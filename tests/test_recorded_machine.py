@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.errors import ReadLimitError, SourceFormatError
-from agent.host.cpucap import read_cpu_capability
-from agent.host.cpuinfo import parse_cpuinfo, read_cpuinfo
-from agent.host.procfs import MAX_LINE_BYTES
+from inferwatch.agent.errors import ReadLimitError, SourceFormatError
+from inferwatch.agent.node.host.cpucap import read_cpu_capability
+from inferwatch.agent.node.host.cpuinfo import parse_cpuinfo, read_cpuinfo
+from inferwatch.agent.node.host.procfs import MAX_LINE_BYTES
 from tests import cpu_corpus
 from tests.conftest import PYTHON, ROOT
 from tests.test_cpu import _drop
@@ -47,7 +47,7 @@ def _tree(tmp_path: Path, text: str) -> Path:
 
 
 def _doctor(procfs: Path, sysfs: Path, *args: str) -> tuple[int, dict[str, object], str]:
-    cmd = [PYTHON, "-m", "agent", "doctor", "--path.procfs", str(procfs), "--path.sysfs", str(sysfs), *args]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "doctor", "--path.procfs", str(procfs), "--path.sysfs", str(sysfs), *args]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert "Traceback" not in r.stderr, r.stderr
     return r.returncode, json.loads(r.stdout) if "--json" in args else {}, r.stdout
@@ -103,7 +103,7 @@ def test_machine_flag_states_it_and_a_contradiction_fails_the_gate(tmp_path: Pat
         cpu["summary"]
     )
     r = subprocess.run(
-        [PYTHON, "-m", "agent", "doctor", "--path.procfs", str(procfs), "--machine", "not an arch"],
+        [PYTHON, "-m", "inferwatch.agent", "doctor", "--path.procfs", str(procfs), "--machine", "not an arch"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -113,9 +113,9 @@ def test_machine_flag_states_it_and_a_contradiction_fails_the_gate(tmp_path: Pat
 
 
 def test_the_agent_setting_states_it(tmp_path: Path) -> None:
-    from agent.collectors.cpu import CPUCollector
-    from agent.config import load_settings
-    from agent.wiring import collect_context
+    from inferwatch.agent.config import load_settings
+    from inferwatch.agent.node.collectors.cpu import CPUCollector
+    from inferwatch.agent.node.wiring import collect_context
 
     procfs = _tree(tmp_path, _dump(GRAVITON3).cpuinfo.read_text())
     settings = load_settings(None, {"path": {"procfs": str(procfs), "sysfs": str(tmp_path), "machine": "AArch64"}})
@@ -228,11 +228,11 @@ def test_the_small_procfs_files_are_read_in_bounded_memory_too(tmp_path: Path) -
     """1 MiB (the file limit) of distinct fields: meminfo and memory.stat are refused past 4,096 fields, vmstat
     keeps only the counters it reports, PSI only ``some``/``full``; each read a line at a time. Whole-text
     parses that kept every field peaked at 12.5 (meminfo) and 13.6 MB (vmstat, memory.stat)."""
-    from agent.host.cgroup import parse_memory_stat
-    from agent.host.meminfo import read_meminfo
-    from agent.host.pressure import read_pressure
-    from agent.host.procfs import DEFAULT_READ_LIMITS
-    from agent.host.vmstat import read_vmstat
+    from inferwatch.agent.node.host.cgroup import parse_memory_stat
+    from inferwatch.agent.node.host.meminfo import read_meminfo
+    from inferwatch.agent.node.host.pressure import read_pressure
+    from inferwatch.agent.node.host.procfs import DEFAULT_READ_LIMITS
+    from inferwatch.agent.node.host.vmstat import read_vmstat
 
     def fill(name: str, line: str) -> Path:
         unit = len(line.format(i=0))

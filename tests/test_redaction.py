@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import stat
 
-from agent.debugprofile.redaction import MARKER_PREFIX, RedactionPolicy, load_or_create_key
+from inferwatch.agent.node.debugprofile.redaction import MARKER_PREFIX, RedactionPolicy, load_or_create_key
 
 KEY = b"k" * 32
 PROFILE = {

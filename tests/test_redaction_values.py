@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.debugprofile.redaction import MARKER_PREFIX, RedactionPolicy
-from agent.redact import MASK, RedactingFormatter, redact_text, redact_url, secret_name
+from inferwatch.agent.common.redact import MASK, RedactingFormatter, redact_text, redact_url, secret_name
+from inferwatch.agent.node.debugprofile.redaction import MARKER_PREFIX, RedactionPolicy
 from tests.conftest import ROOT
 
 KEY = b"v" * 32

@@ -62,12 +62,17 @@ def test_agent_down_and_engine_down_links_resolve_with_their_subject_stopped(tmp
         sink = es.enter_context(Sink())
         down_port, engine_port = free_port(), free_port()
         # the agent whose engine is gone: an engine URL where nothing listens
-        engine_agent = [PYTHON, "-m", "agent", "run", "--port", str(engine_port), "--interval", "0.5"]
+        engine_agent = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(engine_port), "--interval", "0.5"]
         env = {"PATH": "/usr/bin:/bin", "INFERWATCH_ENGINE__METRICS_URL": f"http://127.0.0.1:{free_port()}/metrics"}
         es.enter_context(running(engine_agent, tmp_path / "engine-agent.log", cwd=ROOT, env=env))
         # the agent that goes down: started, scraped, stopped
         agent = es.enter_context(
-            running([PYTHON, "-m", "agent", "run", "--port", str(down_port)], tmp_path / "agent.log", cwd=ROOT, env=env)
+            running(
+                [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(down_port)],
+                tmp_path / "agent.log",
+                cwd=ROOT,
+                env=env,
+            )
         )
         wait_http(f"http://127.0.0.1:{down_port}/healthz", proc=agent, timeout_s=60)
         pl = es.enter_context(pipeline(tmp_path / "pipeline", sink, [down_port, engine_port], base))

@@ -8,7 +8,7 @@ import re
 import httpx
 import pytest
 
-from agent.runbooks import Runbooks, to_html, wants_markdown
+from inferwatch.agent.common.runbooks import Runbooks, to_html, wants_markdown
 from tests.alerting import PLACEHOLDER_RE, RUNBOOKS_DIR, alert_names, load_rules
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
@@ -67,7 +67,7 @@ def test_engine_down_runbook_counts_what_the_rule_and_the_defaults_say() -> None
     and the agent's default interval, not from memory."""
     import yaml
 
-    from agent.config import DEFAULT_INTERVAL_S
+    from inferwatch.agent.config import DEFAULT_INTERVAL_S
 
     (rule,) = [r for r in load_rules() if r.get("alert") == "EngineDown"]
     for_s = int(rule["for"].removesuffix("s"))
@@ -145,7 +145,7 @@ def test_agent_serves_runbooks(tmp_path) -> None:
         procs = [
             stack.enter_context(
                 running(
-                    [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "5"],
+                    [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "5"],
                     tmp_path / f"agent{i}.log", cwd=ROOT, env=env if i == 0 else {},
                 )
             )

@@ -513,7 +513,7 @@ def _start_llama_node(es: contextlib.ExitStack, tmp: Path, tokens: Path) -> Llam
     model = cached(tmp, PRESETS["tiny"])
     server = es.enter_context(llama_server(binary, model, tmp / "llama.log", threads=1, parallel=1))
     port = free_port()
-    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", AGENT_INTERVAL_S]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", AGENT_INTERVAL_S]
     # One completion in flight on one thread is ~1 core, but a starved machine gives it a tenth of that: the
     # agent's "serving" floor (0.05 cores) lowered, as tests/test_llamacpp_simd.py does.
     env = _agent_env(tmp, "llama", tokens, server.url) | {"INFERWATCH_SIMD__BUSY_CPU_CORES": "0.01"}
@@ -532,7 +532,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         sink = es.enter_context(Sink())
         sim_port, spans_port = free_port(), free_port()
         sim_url = f"http://127.0.0.1:{sim_port}"
-        sim_cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(sim_port), "--seed", "6", "--debug-profile"]
+        sim_cmd = [
+            PYTHON,
+            "-m",
+            "inferwatch.agent",
+            "simulate",
+            "--port",
+            str(sim_port),
+            "--seed",
+            "6",
+            "--debug-profile",
+        ]
         sim_cmd += ["--hardware", "sapphirerapids-cpu"]  # a CPU node: its profile lists SIMD features
         sim_cmd += ["--otlp-traces-endpoint", f"http://127.0.0.1:{spans_port}/v1/traces"]  # spans: bimodality
         sim_cmd += ["--control-token", CONTROL_TOKEN, "--log-level", "warning"]
@@ -543,7 +553,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "INFERWATCH_PROBE__INTERVAL_S": "1",
             "INFERWATCH_RUNTIME_PROFILE__URL": f"{sim_url}/debug/runtime_profile",
             "INFERWATCH_RUNTIME_PROFILE__INTERVAL_S": "1",
-            "INFERWATCH_RUNTIME__CMDLINE_PATTERN": rf"-m agent simulate --port {sim_port} ",
+            "INFERWATCH_RUNTIME__CMDLINE_PATTERN": rf"-m inferwatch.agent simulate --port {sim_port} ",
             "INFERWATCH_RUNTIME__NAME": "simulator",
             "INFERWATCH_RECEIVER__ENABLED": "true",
             "INFERWATCH_RECEIVER__GRPC_ENDPOINT": "",
@@ -552,11 +562,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "INFERWATCH_ENGINE__HANG_MAX_STALL_S": str(HANG_ALLOWANCE_S),  # not 2 max-length prefills on a CPU
             "INFERWATCH_EVIDENCE__MIN_INTERVAL_S": "0",  # the hang's bundle even if a stall captured one before
         }
-        agent_cmd = [PYTHON, "-m", "agent", "run", "--port", str(agent_port), "--interval", AGENT_INTERVAL_S]
+        agent_cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(agent_port), "--interval", AGENT_INTERVAL_S]
         agent = es.enter_context(
             running([*agent_cmd, "--environment", "demo"], tmp / "agent.log", cwd=ROOT, env=agent_env)
         )
-        crafted_cmd = [PYTHON, "-m", "agent", "run", "--port", str(crafted_port), "--interval", AGENT_INTERVAL_S]
+        crafted_cmd = [
+            PYTHON,
+            "-m",
+            "inferwatch.agent",
+            "run",
+            "--port",
+            str(crafted_port),
+            "--interval",
+            AGENT_INTERVAL_S,
+        ]
         crafted = es.enter_context(
             running(
                 [*crafted_cmd, "--path.procfs", str(crafted_procfs)],
@@ -567,7 +586,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         )
         llama = _start_llama_node(es, tmp, tokens)
         wait_http(f"{sim_url}/health", proc=sim, timeout_s=60)
-        loadgen = [PYTHON, "-m", "agent", "loadgen", "--url", sim_url, "--rate", "2", "--duration", "900"]
+        loadgen = [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", sim_url, "--rate", "2", "--duration", "900"]
         loadgen += ["--output-tokens", "16", "--timeout", "900", "--no-progress"]
         es.enter_context(running(loadgen, tmp / "loadgen.log", cwd=ROOT))
         agent_url, crafted_url = f"http://127.0.0.1:{agent_port}", f"http://127.0.0.1:{crafted_port}"

@@ -9,15 +9,15 @@ from typing import ClassVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.collectors import Schedule
-from agent.collectors.base import BaseCollector, CollectContext
-from agent.config import load_settings
-from agent.errors import NoDataError
-from agent.runner import STANDBY_GAP_RATIO, Runner
-from agent.samples import Collection, Sample, attrs
-from agent.state import AgentState
-from agent.wiring import collect_context
-from exporters.prometheus import render
+from inferwatch.agent.common.samples import Collection, Sample, attrs
+from inferwatch.agent.config import load_settings
+from inferwatch.agent.errors import NoDataError
+from inferwatch.agent.node.collectors import Schedule
+from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext
+from inferwatch.agent.node.runner import STANDBY_GAP_RATIO, Runner
+from inferwatch.agent.node.state import AgentState
+from inferwatch.agent.node.wiring import collect_context
+from inferwatch.exporters.prometheus import render
 
 
 class Good(BaseCollector):

@@ -9,13 +9,13 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.actions.ring import FileRing
-from agent.actions.snapshots import SnapshotStore
-from agent.collectors.runtime_profile import RuntimeProfileCollector
-from agent.config import load_settings
-from agent.errors import StorageError
-from agent.runner import validate
-from agent.wiring import collect_context
+from inferwatch.agent.config import load_settings
+from inferwatch.agent.errors import StorageError
+from inferwatch.agent.node.actions.ring import FileRing
+from inferwatch.agent.node.actions.snapshots import SnapshotStore
+from inferwatch.agent.node.collectors.runtime_profile import RuntimeProfileCollector
+from inferwatch.agent.node.runner import validate
+from inferwatch.agent.node.wiring import collect_context
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.fake_runtime import fake_runtime
 from tests.procs import running, wait_http
@@ -124,7 +124,7 @@ def test_agent_keeps_serving_with_bad_profile_and_cut_stream(rt, tmp_path) -> No
         "INFERWATCH_PROBE__PROTOCOLS": '["openai","anthropic"]',
         "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap"),
     }
-    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5"]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "0.5"]
     with running(cmd, tmp_path / "agent.log", cwd=ROOT, env=env) as proc:
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/readyz", ok=lambda r: r.status_code == 200, proc=proc)
@@ -179,6 +179,6 @@ def test_agent_keeps_serving_with_bad_profile_and_cut_stream(rt, tmp_path) -> No
     ],
 )
 def test_simd_inactive_reads_only_the_documented_shape(profile: object, expected: dict) -> None:
-    from agent.collectors.runtime_profile import simd_inactive
+    from inferwatch.agent.node.collectors.runtime_profile import simd_inactive
 
     assert simd_inactive(profile) == expected

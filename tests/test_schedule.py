@@ -1,10 +1,11 @@
-"""The schedule as pure functions (agent.schedule): fake times in, runs and wake-ups out; no threads, no sleeps."""
+"""The schedule as pure functions (agent/node/schedule.py): fake times in, runs and wake-ups out; no threads or
+sleeps."""
 
 from __future__ import annotations
 
 import math
 
-from agent.schedule import SlotTimes, after_run, next_due, next_wake, pulled_runs, timed_runs
+from inferwatch.agent.node.schedule import SlotTimes, after_run, next_due, next_wake, pulled_runs, timed_runs
 
 
 def test_next_due_is_a_shared_grid_and_skips_missed_points() -> None:

@@ -87,7 +87,7 @@ def test_no_credential_reaches_any_sink(tmp_path: Path) -> None:
             "INFERWATCH_API__TOKENS": f'[{{"token": "{TOKEN}", "scopes": ["read", "snapshots"]}}]',
             **otlp_http_env(f"http://otlp:{SECRET}@127.0.0.1:{otlp_port}"),
         }
-        cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5"]
+        cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "0.5"]
         auth = {"Authorization": f"Bearer {TOKEN}"}
         base = f"http://127.0.0.1:{port}"
         with running(cmd, log_path, cwd=ROOT, env=env) as proc:

@@ -11,7 +11,7 @@ from tests.procs import running, wait_http
 
 def test_agent_serves_metrics_on_this_host(tmp_path) -> None:
     port = free_port()
-    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5"]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "0.5"]
     with running(cmd, tmp_path / "agent.log", cwd=ROOT) as proc:
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/readyz", ok=lambda r: r.status_code == 200, proc=proc)
@@ -31,7 +31,7 @@ def test_agent_serves_metrics_on_this_host(tmp_path) -> None:
 
 def test_readyz_waits_for_first_run_and_bad_procfs_does_not_kill_agent(tmp_path) -> None:
     port = free_port()
-    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--path.procfs", str(tmp_path / "none")]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--path.procfs", str(tmp_path / "none")]
     (tmp_path / "none").mkdir()
     with running(cmd, tmp_path / "agent.log", cwd=ROOT) as proc:
         base = f"http://127.0.0.1:{port}"
@@ -51,7 +51,7 @@ def test_metrics_endpoint_honours_auth_head_and_date(tmp_path) -> None:
         "INFERWATCH_API__TOKENS": f'[{{"token": "{token}", "scopes": ["read"]}}]',
         "INFERWATCH_API__OPEN_PATHS": '["/healthz"]',  # /metrics needs a token on this node
     }
-    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5"]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "0.5"]
     with running(cmd, tmp_path / "agent.log", cwd=ROOT, env=env) as proc:
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/healthz", proc=proc)
@@ -73,7 +73,7 @@ def test_the_bound_listening_socket_gives_connections_tcp_nodelay() -> None:
     import asyncio
     import socket as socketlib
 
-    from agent import quietserver
+    from inferwatch.agent.node import quietserver
 
     sock = quietserver.bind("127.0.0.1", 0)
     port = sock.getsockname()[1]

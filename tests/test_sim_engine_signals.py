@@ -14,13 +14,13 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.collectors.engine import reading_samples
-from agent.engine.scrape import EngineParser
-from simulator.engine import EngineCore, Features, SimRequest, run_offline
-from simulator.metrics import NIXL_BYTES_BUCKETS, VllmMetrics
-from simulator.profiles import deploy
-from simulator.runtime import _Listener
-from simulator.scenarios import ScenarioSet, make
+from inferwatch.agent.node.collectors.engine import reading_samples
+from inferwatch.agent.node.engine.scrape import EngineParser
+from inferwatch.simulator.engine import EngineCore, Features, SimRequest, run_offline
+from inferwatch.simulator.metrics import NIXL_BYTES_BUCKETS, VllmMetrics
+from inferwatch.simulator.profiles import deploy
+from inferwatch.simulator.runtime import _Listener
+from inferwatch.simulator.scenarios import ScenarioSet, make
 from tests.conftest import FIXTURES
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from simulator.loadgen import Dist, LoadSpec, load_failed, percentile
+from inferwatch.simulator.loadgen import Dist, LoadSpec, load_failed, percentile
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
 
@@ -38,7 +38,7 @@ def test_distributions_and_bounds():
 
 def _loadgen(url: str, *args: str, code: int = 0) -> dict:
     out = subprocess.run(
-        [PYTHON, "-m", "agent", "loadgen", "--url", url, "--json", *args],
+        [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", url, "--json", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert out.returncode == code and "Traceback" not in out.stderr, out.stderr[-2000:]
@@ -48,7 +48,8 @@ def _loadgen(url: str, *args: str, code: int = 0) -> dict:
 def test_loadgen_fails_when_every_request_failed() -> None:
     """Nothing answered (a closed port): the summary still prints, and the exit status says the run failed."""
     r = subprocess.run(
-        [PYTHON, "-m", "agent", "loadgen", "--url", f"http://127.0.0.1:{free_port()}", "--count", "4", "--rate", "50",
+        [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", f"http://127.0.0.1:{free_port()}", "--count", "4",
+         "--rate", "50",
          "--timeout", "5", "--no-progress"],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
@@ -76,7 +77,7 @@ def test_load_failed_rule() -> None:
 @pytest.mark.parametrize("protocol", ["chat", "completions", "messages"])
 def test_loadgen_measures_client_side_latency(tmp_path: Path, protocol: str):
     port = free_port()
-    cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(port), "--control-token", "t"]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(port), "--control-token", "t"]
     with running(cmd, tmp_path / "sim.log", cwd=ROOT) as proc:
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", proc=proc)
@@ -102,12 +103,15 @@ def test_loadgen_measures_client_side_latency(tmp_path: Path, protocol: str):
 
 def test_loadgen_duration_bound_and_table(tmp_path: Path):
     port = free_port()
-    with running([PYTHON, "-m", "agent", "simulate", "--port", str(port)], tmp_path / "sim.log", cwd=ROOT) as proc:
+    with running(
+        [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(port)], tmp_path / "sim.log", cwd=ROOT
+    ) as proc:
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", proc=proc)
         t0 = time.monotonic()
         out = subprocess.run(
-            [PYTHON, "-m", "agent", "loadgen", "--url", url, "--rate", "20", "--duration", "1.5", "--no-progress"],
+            [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", url, "--rate", "20", "--duration", "1.5",
+             "--no-progress"],
             cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
         )  # fmt: skip
         assert time.monotonic() - t0 < 30
@@ -126,7 +130,7 @@ def _alive(pid: int) -> bool:
 
 def test_demo_serves_then_sigint_leaves_no_child_behind(tmp_path: Path):
     sim_port, agent_port, grpc_port, http_port = (free_port() for _ in range(4))
-    cmd = [PYTHON, "-m", "agent", "demo", "--sim-port", str(sim_port), "--agent-port", str(agent_port),
+    cmd = [PYTHON, "-m", "inferwatch.agent", "demo", "--sim-port", str(sim_port), "--agent-port", str(agent_port),
            "--otlp-port", str(grpc_port), "--otlp-http-port", str(http_port), "--rate", "20",
            "--log-dir", str(tmp_path / "logs")]  # fmt: skip
     log = tmp_path / "demo.log"

@@ -8,12 +8,12 @@ import statistics
 
 import pytest
 
-from agent.analytics import bimodality
-from agent.analytics.windows import log_bins, new_sketch
-from simulator.config import DEFAULT_HARDWARE
-from simulator.engine import EngineCore, Recorder, SimRequest, poisson_requests, run_offline
-from simulator.profiles import PROFILES, Deployment, deploy, model_size
-from simulator.scenarios import ScenarioError, ScenarioSet, make, parse
+from inferwatch.agent.node.analytics import bimodality
+from inferwatch.agent.node.analytics.windows import log_bins, new_sketch
+from inferwatch.simulator.config import DEFAULT_HARDWARE
+from inferwatch.simulator.engine import EngineCore, Recorder, SimRequest, poisson_requests, run_offline
+from inferwatch.simulator.profiles import PROFILES, Deployment, deploy, model_size
+from inferwatch.simulator.scenarios import ScenarioError, ScenarioSet, make, parse
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

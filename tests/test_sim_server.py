@@ -13,7 +13,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from simulator.metrics import build_1_2_5_buckets
+from inferwatch.simulator.metrics import build_1_2_5_buckets
 from tests.conftest import FIXTURES, PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
 
@@ -27,7 +27,7 @@ CONTRACT = json.loads((FIXTURES / "vllm" / "v1_contract.json").read_text())
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log = tmp_path_factory.mktemp("sim") / "sim.log"
-    cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(port), "--model", MODEL, "--engines", "2",
+    cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(port), "--model", MODEL, "--engines", "2",
            "--control-token", TOKEN, "--debug-profile", "--seed", "7"]  # fmt: skip
     with running(cmd, log, cwd=ROOT) as proc:
         url = f"http://127.0.0.1:{port}"
@@ -163,7 +163,16 @@ def test_metrics_are_exactly_vllm_v1s_families_labels_and_buckets(sim: str):
 
 def test_hidden_metrics_only_behind_the_flag(tmp_path: Path):
     port = free_port()
-    cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(port), "--show-hidden-metrics-for-version", "0.11"]
+    cmd = [
+        PYTHON,
+        "-m",
+        "inferwatch.agent",
+        "simulate",
+        "--port",
+        str(port),
+        "--show-hidden-metrics-for-version",
+        "0.11",
+    ]
     with running(cmd, tmp_path / "log", cwd=ROOT) as proc:
         wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
         fams = _families(httpx.get(f"http://127.0.0.1:{port}/metrics").text)
@@ -185,7 +194,9 @@ def test_debug_profile_needs_the_header_and_the_start_flag(sim: str, scenarios: 
     prof = httpx.get(sim + "/debug/runtime_profile", headers=hdr).json()
     assert prof["simd_fallback"] is True
     port = free_port()  # debug mode not enabled at start: {} even with the header
-    with running([PYTHON, "-m", "agent", "simulate", "--port", str(port)], tmp_path / "log", cwd=ROOT) as proc:
+    with running(
+        [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(port)], tmp_path / "log", cwd=ROOT
+    ) as proc:
         wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
         assert httpx.get(f"http://127.0.0.1:{port}/debug/runtime_profile", headers=hdr).json() == {}
         assert control(f"http://127.0.0.1:{port}", {"enable": "hang"}).status_code == 403
@@ -317,8 +328,8 @@ def test_oversized_body_is_refused(sim: str):
 def test_several_models_each_with_their_own_engines():
     from starlette.testclient import TestClient
 
-    from simulator.config import SimConfig
-    from simulator.server import create_app
+    from inferwatch.simulator.config import SimConfig
+    from inferwatch.simulator.server import create_app
 
     app, _ = create_app(SimConfig(models=("org/a-1B", "org/b-3B"), engines=2))
     with TestClient(app) as client:

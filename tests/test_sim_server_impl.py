@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from simulator.serve import server_impl
+from inferwatch.simulator.serve import server_impl
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
 
@@ -30,7 +30,7 @@ def test_asking_for_a_missing_uvloop_is_a_usage_error() -> None:
     with pytest.raises(ValueError, match="not installed"):
         server_impl("uvloop", "auto")
     out = subprocess.run(
-        [PYTHON, "-m", "agent", "simulate", "--port", str(free_port()), "--loop", "uvloop"],
+        [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(free_port()), "--loop", "uvloop"],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 2 and "uvloop is not installed" in out.stderr
@@ -39,7 +39,7 @@ def test_asking_for_a_missing_uvloop_is_a_usage_error() -> None:
 @pytest.mark.integration
 def test_the_server_reports_and_serves_with_its_choice(tmp_path: Path) -> None:
     port = free_port()
-    cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(port)]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(port)]
     with running(cmd, tmp_path / "sim.log", cwd=ROOT) as proc:
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", proc=proc)

@@ -36,7 +36,7 @@ def test_prometheus_scrapes_the_simulator_and_computes_ttft_quantiles(tmp_path: 
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         f"scrape_configs:\n  - job_name: engine\n    static_configs: [{{targets: ['127.0.0.1:{sim_port}']}}]\n"
     )
-    sim_cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(sim_port), "--engines", "2"]
+    sim_cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(sim_port), "--engines", "2"]
     prom_cmd = ["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'data'}",
                 f"--web.listen-address=127.0.0.1:{prom_port}"]  # fmt: skip
     with running(sim_cmd, tmp_path / "sim.log", cwd=ROOT) as sim, running(prom_cmd, tmp_path / "prom.log") as prom:
@@ -90,7 +90,7 @@ def _attrs(span) -> dict:
 
 def _run_and_collect(tmp_path: Path, endpoint: str, received: list, n: int = 3) -> list:
     port = free_port()
-    cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(port), "--otlp-traces-endpoint", endpoint]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(port), "--otlp-traces-endpoint", endpoint]
     with running(cmd, tmp_path / "sim.log", cwd=ROOT, env={"OTEL_BSP_SCHEDULE_DELAY": "100"}) as proc:
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", proc=proc)

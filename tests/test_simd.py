@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from agent.collectors.simd import SimdCollector
-from agent.config import RuntimeSettings, Settings
-from agent.errors import NoDataError
-from agent.host.runtime import RuntimeLocator, pid_listening_on
-from agent.runner import run_collection
-from agent.simd import codescan, pmu
-from agent.simd.analysis import SimdAnalyzer
-from agent.simd.proc import glibc_avx512_disabled, read_arch_status, read_threads
-from agent.wiring import collect_context
+from inferwatch.agent.config import RuntimeSettings, Settings
+from inferwatch.agent.errors import NoDataError
+from inferwatch.agent.node.collectors.simd import SimdCollector
+from inferwatch.agent.node.host.runtime import RuntimeLocator, pid_listening_on
+from inferwatch.agent.node.runner import run_collection
+from inferwatch.agent.node.simd import codescan, pmu
+from inferwatch.agent.node.simd.analysis import SimdAnalyzer
+from inferwatch.agent.node.simd.proc import glibc_avx512_disabled, read_arch_status, read_threads
+from inferwatch.agent.node.wiring import collect_context
 from tests.conftest import free_port
 from tests.tools import require, skip_if_perf_events_forbidden
 
@@ -75,7 +75,7 @@ def test_scan_file_reads_only_executable_segments(tmp_path: Path) -> None:
 def test_scan_matches_objdump_on_real_libraries() -> None:
     """The heuristic agrees with the disassembler on glibc (has EVEX code) and libz (has none)."""
     require("objdump")
-    from agent.simd.objdump import count_avx512_objdump
+    from inferwatch.agent.node.simd.objdump import count_avx512_objdump
 
     libc = codescan.scan_file(LIBC).avx512
     exact = count_avx512_objdump(LIBC)

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from agent import catalog
+from inferwatch.agent import catalog
 from tests.conftest import ROOT
 
 RULES = ROOT / "alerts" / "simd.rules.yml"

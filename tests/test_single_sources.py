@@ -14,12 +14,12 @@ from pathlib import Path
 
 import yaml
 
-from agent.alerts import rulefiles
-from agent.analytics import latency
-from agent.catalog import engine as engine_catalog
-from agent.cli import engine as engine_cli
-from agent.config import ENGINE_KIND_CHOICES
-from agent.engine import adapters, inspect
+from inferwatch.agent.alerts import rulefiles
+from inferwatch.agent.catalog import engine as engine_catalog
+from inferwatch.agent.cli import engine as engine_cli
+from inferwatch.agent.config import ENGINE_KIND_CHOICES
+from inferwatch.agent.node.analytics import latency
+from inferwatch.agent.node.engine import adapters, inspect
 from tests.alerting import ALERTMANAGER_YML, RULE_TESTS_DIR, alert_names, load_rules
 from tests.conftest import ROOT
 

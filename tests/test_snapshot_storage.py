@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.actions.ring import FileRing, sweep_temp_files
-from agent.errors import StorageError
+from inferwatch.agent.errors import StorageError
+from inferwatch.agent.node.actions.ring import FileRing, sweep_temp_files
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.fake_runtime import FakeRuntime, fake_runtime
 from tests.procs import running, wait_http
@@ -68,7 +68,7 @@ def rt() -> Iterator[FakeRuntime]:
 
 
 def agent_cmd(port: int) -> list[str]:
-    return ["-m", "agent", "run", "--port", str(port), "--interval", "1"]
+    return ["-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "1"]
 
 
 def agent_env(rt: FakeRuntime, tmp_path: Path, snap_dir: Path) -> dict[str, str]:
@@ -145,8 +145,8 @@ RING_UNDER_LIMIT = """
 import json, sys
 from pathlib import Path
 import resource
-from agent.actions.ring import FileRing
-from agent.errors import StorageError
+from inferwatch.agent.node.actions.ring import FileRing
+from inferwatch.agent.errors import StorageError
 ring = FileRing(Path(sys.argv[1]), 8, 1 << 20)
 ring.put(b"small", ".json")
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))

@@ -19,15 +19,21 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.analytics.explain import RecordingSink, RequestRecords, TailExplainer, _bands_by_value, explain
-from agent.analytics.latency import LatencyAnalytics
-from agent.analytics.processor import SpanAnalytics
-from agent.catalog.engine import MODEL
-from agent.receiver.intake import SpanIntake
-from agent.receiver.spans import LATENCY_KEYS
-from agent.runner import validate
-from agent.samples import RequestTiming
-from agent.state import AgentState
+from inferwatch.agent.catalog.engine import MODEL
+from inferwatch.agent.common.samples import RequestTiming
+from inferwatch.agent.node.analytics.explain import (
+    RecordingSink,
+    RequestRecords,
+    TailExplainer,
+    _bands_by_value,
+    explain,
+)
+from inferwatch.agent.node.analytics.latency import LatencyAnalytics
+from inferwatch.agent.node.analytics.processor import SpanAnalytics
+from inferwatch.agent.node.receiver.intake import SpanIntake
+from inferwatch.agent.node.receiver.spans import LATENCY_KEYS
+from inferwatch.agent.node.runner import validate
+from inferwatch.agent.node.state import AgentState
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
 
@@ -306,7 +312,7 @@ def test_issue_case_over_http_keeps_every_models_series_on_metrics(tmp_path) -> 
         "INFERWATCH_RECEIVER__HTTP_ENDPOINT": f"127.0.0.1:{http_port}",
         "INFERWATCH_LOG_LEVEL": "info",
     }
-    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "0.5"]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "0.5"]
     with running(cmd, tmp_path / "agent.log", cwd=ROOT, env=env) as proc:
         base, traces = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{http_port}/v1/traces"
         wait_http(f"{base}/readyz", ok=lambda r: r.status_code == 200, proc=proc, timeout_s=60)

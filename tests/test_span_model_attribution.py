@@ -7,8 +7,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
-from agent.analytics.latency import UNKNOWN_MODEL, EngineSeries, LatencyAnalytics, RequestTiming
-from agent.receiver.spans import extract
+from inferwatch.agent.node.analytics.latency import UNKNOWN_MODEL, EngineSeries, LatencyAnalytics, RequestTiming
+from inferwatch.agent.node.receiver.spans import extract
 
 
 def _kv(key: str, value: str | float) -> KeyValue:

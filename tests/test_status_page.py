@@ -36,11 +36,11 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from agent.api.statushtml import render_page
-from agent.api.statuspage import PageHistory, build_overview, histogram_modes
-from agent.catalog.engine import TTFT_BUCKETS_S
-from agent.samples import Collection, HistogramSample, Sample, attrs
-from agent.state import AgentState, CollectorHealth
+from inferwatch.agent.catalog.engine import TTFT_BUCKETS_S
+from inferwatch.agent.common.samples import Collection, HistogramSample, Sample, attrs
+from inferwatch.agent.node.api.statushtml import render_page
+from inferwatch.agent.node.api.statuspage import PageHistory, build_overview, histogram_modes
+from inferwatch.agent.node.state import AgentState, CollectorHealth
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.e2e.test_alert_pipeline import SVE_TOKENS
 from tests.procs import running, wait_http
@@ -69,7 +69,8 @@ class Stack:
 
     def loadgen(self, count: int, rate: float, seed: int) -> None:
         out = subprocess.run(
-            [PYTHON, "-m", "agent", "loadgen", "--url", self.sim, "--model", MODEL, "--json", "--count", str(count),
+            [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", self.sim, "--model", MODEL, "--json", "--count",
+             str(count),
              "--rate", str(rate), "--seed", str(seed), "--prompt-tokens", "lognormal:256:0.3", "--output-tokens", "4"],
             cwd=ROOT, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
@@ -92,7 +93,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     procfs, sysfs = _crafted_node(tmp)
     (tmp / "tokens").write_text(f"{TOKEN} read page\n")
     sim_port, agent_port, grpc_port, http_port = (free_port() for _ in range(4))
-    sim_cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(sim_port), "--engines", "1", "--seed", "7",
+    sim_cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(sim_port), "--engines", "1", "--seed", "7",
                "--model", MODEL, "--control-token", "t",
                "--otlp-traces-endpoint", f"http://127.0.0.1:{grpc_port}"]  # fmt: skip
     env = {

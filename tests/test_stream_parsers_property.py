@@ -1,12 +1,12 @@
 """Property-based tests (hypothesis) for the parsers of what runtimes and senders stream at the agent.
 
-- SSE (agent/probe/): any byte stream, in any chunking, through the real probe client (httpx with its
+- SSE (agent/node/probe/): any byte stream, in any chunking, through the real probe client (httpx with its
   MockTransport handing the bytes over): a ProbeResult with violations from the known kinds, never an
   exception; the events are the same however the stream is cut; a stream that trickles in byte by byte is
   parsed in linear time.
-- OTLP protobuf (agent/receiver/): any bytes, and real ExportTraceServiceRequests with hostile attribute
+- OTLP protobuf (agent/node/receiver/): any bytes, and real ExportTraceServiceRequests with hostile attribute
   values, truncated or with bytes flipped: decoded and recorded, or PayloadError; timings always in range.
-- runtime_profile JSON (agent/debugprofile/): any JSON document (deep, wide, odd keys and values), and any
+- runtime_profile JSON (agent/node/debugprofile/): any JSON document (deep, wide, odd keys and values), and any
   bytes, served over real HTTP to the real reader: a snapshot whose outcome says what happened, never an
   exception; a document nested past the limit is refused as oversized.
 
@@ -33,16 +33,23 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from agent.analytics.latency import LatencyAnalytics
-from agent.config import load_settings
-from agent.debugprofile.fetch import FETCH_REASONS, MAX_PROFILE_DEPTH, ProfileFetchError, parse_profile
-from agent.debugprofile.reader import ProfileReader
-from agent.host.runtime import RuntimeLocator
-from agent.probe.client import run_probe
-from agent.probe.schema import VIOLATION_KINDS
-from agent.probe.sse import SSEParser
-from agent.receiver.intake import SpanIntake
-from agent.receiver.spans import LATENCY_KEYS, MAX_LATENCY_S, MAX_MODEL_NAME_CHARS, PayloadError, decode, extract
+from inferwatch.agent.config import load_settings
+from inferwatch.agent.node.analytics.latency import LatencyAnalytics
+from inferwatch.agent.node.debugprofile.fetch import FETCH_REASONS, MAX_PROFILE_DEPTH, ProfileFetchError, parse_profile
+from inferwatch.agent.node.debugprofile.reader import ProfileReader
+from inferwatch.agent.node.host.runtime import RuntimeLocator
+from inferwatch.agent.node.probe.client import run_probe
+from inferwatch.agent.node.probe.schema import VIOLATION_KINDS
+from inferwatch.agent.node.probe.sse import SSEParser
+from inferwatch.agent.node.receiver.intake import SpanIntake
+from inferwatch.agent.node.receiver.spans import (
+    LATENCY_KEYS,
+    MAX_LATENCY_S,
+    MAX_MODEL_NAME_CHARS,
+    PayloadError,
+    decode,
+    extract,
+)
 
 PROPERTY = settings(max_examples=100, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 # The reader's examples each make a real HTTP fetch (a new client per fetch, as the reader does): fewer of them.

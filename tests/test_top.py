@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.api.statuspage import fmt_seconds
+from inferwatch.agent.node.api.statuspage import fmt_seconds
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
 from tests.tools import require
@@ -35,7 +35,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]
     tmp = tmp_path_factory.mktemp("top")
     (tmp / "tokens").write_text(f"{TOKEN} read top\n")
     sim_port, agent_port, grpc_port, http_port = (free_port() for _ in range(4))
-    sim_cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(sim_port), "--engines", "1", "--seed", "11",
+    sim_cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(sim_port), "--engines", "1", "--seed", "11",
                "--model", MODEL, "--scenario", STALL]  # fmt: skip
     env = {
         "INFERWATCH_API__TOKENS_FILE": str(tmp / "tokens"),
@@ -43,7 +43,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]
         "INFERWATCH_RECEIVER__GRPC_ENDPOINT": f"127.0.0.1:{grpc_port}",
         "INFERWATCH_RECEIVER__HTTP_ENDPOINT": f"127.0.0.1:{http_port}",
     }
-    agent_cmd = [PYTHON, "-m", "agent", "run", "--port", str(agent_port), "--interval", "1"]
+    agent_cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(agent_port), "--interval", "1"]
     with (
         running(agent_cmd, tmp / "agent.log", cwd=ROOT, env=env) as a,
         running(sim_cmd, tmp / "sim.log", cwd=ROOT) as s,
@@ -86,13 +86,14 @@ def test_top_runs_live_in_a_terminal_and_quits_on_q(agent: tuple[str, str], tmp_
     tmux = Tmux(tmp_path)
     try:
         rc = tmp_path / "rc"  # the exit status, written by the pane's shell after top returns
-        top = f"env -u COLUMNS -u LINES {PYTHON} -m agent top --agent {url} --interval 0.5"
+        top = f"env -u COLUMNS -u LINES {PYTHON} -m inferwatch.agent top --agent {url} --interval 0.5"
         command = f"cd {ROOT} && {top}; echo $? > {rc}"
         tmux("new-session", "-d", "-s", "top", "-x", "120", "-y", "40", "-e", f"INFERWATCH_TOKEN={TOKEN}", command)
         tmux("set-option", "-t", "top", "remain-on-exit", "on")
         tmux.wait(lambda t: "Models" in t and "Findings" in t)
         load = subprocess.run(
-            [PYTHON, "-m", "agent", "loadgen", "--url", sim, "--model", MODEL, "--count", "150", "--rate", "30",
+            [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", sim, "--model", MODEL, "--count", "150", "--rate",
+             "30",
              "--seed", "3", "--prompt-tokens", "lognormal:256:0.3", "--output-tokens", "4", "--json"],
             cwd=ROOT, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
@@ -121,6 +122,6 @@ def test_top_runs_live_in_a_terminal_and_quits_on_q(agent: tuple[str, str], tmp_
 def test_top_once_without_a_token_says_why(agent: tuple[str, str]) -> None:
     url, _ = agent
     env = {k: v for k, v in os.environ.items() if k != "INFERWATCH_TOKEN"}
-    out = subprocess.run([PYTHON, "-m", "agent", "top", "--agent", url, "--once"], cwd=ROOT, env=env,
+    out = subprocess.run([PYTHON, "-m", "inferwatch.agent", "top", "--agent", url, "--once"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 1 and "401" in out.stderr and "--token-file" in out.stderr, out.stderr

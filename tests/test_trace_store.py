@@ -9,9 +9,9 @@ import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from agent.analytics.latency import LatencyAnalytics
-from agent.config import ReceiverSettings
-from agent.receiver import Receiver
+from inferwatch.agent.config import ReceiverSettings
+from inferwatch.agent.node.analytics.latency import LatencyAnalytics
+from inferwatch.agent.node.receiver import Receiver
 from tests.conftest import free_port
 from tests.procs import running, wait_http
 from tests.test_phase_spans import NS, export_request, post

@@ -6,7 +6,7 @@ VictoriaMetrics **and** to a Prometheus server (remote-write receiver), so the t
 samples. The Prometheus server evaluates the rule files, vmalert evaluates the same files against
 VictoriaMetrics and notifies the shipped Alertmanager configuration (receivers pointed at a local sink).
 
-Rules run in the test profile (every duration / 60, 1 s scrape and evaluation; agent.alerts.profile), as in
+Rules run in the test profile (every duration / 60, 1 s scrape and evaluation; inferwatch.agent.alerts.profile), as in
 the end-to-end pipeline test. Proven here:
 - samples arrive in VictoriaMetrics through both remote-write paths;
 - ``vmalert -dryRun`` accepts every shipped rule file as written (MetricsQL parse, template parse);
@@ -34,7 +34,7 @@ import promql_parser
 import pytest
 import yaml
 
-from agent.alerts.profile import DEFAULT_FACTOR, duration_s, render_file
+from inferwatch.agent.alerts.profile import DEFAULT_FACTOR, duration_s, render_file
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.e2e.harness import Sink, alertmanager_config
 from tests.procs import running, wait_http
@@ -67,7 +67,9 @@ TEMPLATE_KEYWORDS = {"if", "else", "end", "with", "range", "and", "or", "not", "
 NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?(?:e[+-]?\d+)?")
 RANGE_RE = re.compile(r"\[(\w+)(?::\w*)?\]|offset (\w+)")
 RATE_RANGE_RE = re.compile(r"\b(?:rate|increase|irate|delta|idelta)\([^\[]*\[(\w+)\]")
-PROFILE_SCRAPE_S = 1.0  # the test profile's scrape and evaluation interval (tests/vmstack.py, agent.alerts.profile)
+PROFILE_SCRAPE_S = (
+    1.0  # the test profile's scrape and evaluation interval (tests/vmstack.py, inferwatch.agent.alerts.profile)
+)
 PRODUCTION_SCRAPE_S = 15.0
 RECORDED_WINDOW_RE = re.compile(r":\w*rate(\d+[smhd])\b")  # slo:sli_requests:rate2h reads 2h (shipped)
 
@@ -174,7 +176,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with contextlib.ExitStack() as es:
         sink = es.enter_context(Sink())
         sim_port = free_port()
-        sim_cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(sim_port), "--model", MODEL, "--seed", "6"]
+        sim_cmd = [
+            PYTHON,
+            "-m",
+            "inferwatch.agent",
+            "simulate",
+            "--port",
+            str(sim_port),
+            "--model",
+            MODEL,
+            "--seed",
+            "6",
+        ]
         sim = es.enter_context(running([*sim_cmd, "--log-level", "warning"], tmp / "sim.log", cwd=ROOT))
         sim_url = f"http://127.0.0.1:{sim_port}"
         agents: dict[str, int] = {}
@@ -201,7 +214,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             wait_http(f"http://127.0.0.1:{port}/metrics", timeout_s=60, proc=proc)
             agents[path] = port
         wait_http(f"{sim_url}/health", timeout_s=60, proc=sim)
-        load = [PYTHON, "-m", "agent", "loadgen", "--url", sim_url, "--rate", "4", "--duration", "900"]
+        load = [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", sim_url, "--rate", "4", "--duration", "900"]
         load += ["--output-tokens", "32", "--timeout", "900", "--seed", "6", "--no-progress"]
         es.enter_context(running(load, tmp / "loadgen.log", cwd=ROOT))
 

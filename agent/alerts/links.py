@@ -17,15 +17,15 @@ pattern, this module writes the link annotations of every alerting rule; nobody 
   maps it to its node's agent.
 
 Both bases are the Prometheus external labels ``runbook_base`` / ``dashboard_base`` when set, else the
-agent's runbook server (``agent.config.DEFAULT_RUNBOOKS_BASE_URL``) and Grafana on 127.0.0.1:3000. The
+agent's runbook server (``inferwatch.agent.config.DEFAULT_RUNBOOKS_BASE_URL``) and Grafana on 127.0.0.1:3000. The
 dashboard is the one of the rule's group (:data:`GROUP_DASHBOARDS`); its variables are read from
 ``dashboards/json/<uid>.json``, so a link can only name a dashboard and variables that exist.
 
 Hand-written rule files get their links rewritten in place (a new rule needs none: they are added);
 generated ones (``slo.rules.yml``) call :func:`annotation_lines` from their own generator and are only checked.
 
-    python -m agent.alerts.links            # rewrite the links in alerts/*.rules.yml
-    python -m agent.alerts.links --check    # exit 1 when any rule's links differ from the templates
+    python -m inferwatch.agent.alerts.links            # rewrite the links in alerts/*.rules.yml
+    python -m inferwatch.agent.alerts.links --check    # exit 1 when any rule's links differ from the templates
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from typing import Any
 
 import yaml
 
-from agent.alerts import rulefiles
-from agent.config import DEFAULT_RUNBOOKS_BASE_URL
-from agent.errors import ConfigError
+from inferwatch.agent.alerts import rulefiles
+from inferwatch.agent.config import DEFAULT_RUNBOOKS_BASE_URL
+from inferwatch.agent.errors import ConfigError
 
 DEFAULT_RUNBOOK_BASE = DEFAULT_RUNBOOKS_BASE_URL  # the agent serves runbooks/<AlertName>.md there
 DEFAULT_DASHBOARD_BASE = "http://127.0.0.1:3000"
@@ -66,7 +66,7 @@ GROUP_DASHBOARDS = {
     "inferwatch-conformance": "inferwatch-node",  # alerts/matrix.rules.yml: one node out of its type's band
     "inferwatch-agent-budget": "inferwatch-node",  # alerts/agent-budget.rules.yml: the agent's own series
 }
-SLO_GROUP_PREFIX = "inferwatch-slo-"  # agent.alerts.slo's groups, one pair per SLO: all on the SLO dashboard
+SLO_GROUP_PREFIX = "inferwatch-slo-"  # inferwatch.agent.alerts.slo's groups, one pair per SLO: all on the SLO dashboard
 # Dashboard variables a link fills in, in URL order, with the alert label that carries the value.
 LINK_VARIABLES = (("instance", "instance"), ("model", "gen_ai_request_model"))
 
@@ -237,7 +237,7 @@ def stale(path: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m agent.alerts.links", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m inferwatch.agent.alerts.links", description=__doc__.split("\n")[0])
     ap.add_argument("files", nargs="*", type=Path, help="rule files (default: alerts/*.rules.yml)")
     ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if any rule's links are stale")
     args = ap.parse_args(argv)
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.check or rulefiles.is_generated(text):
                 bad = stale(path)
                 if bad:
-                    fix = "its generator" if rulefiles.is_generated(text) else "python -m agent.alerts.links"
+                    fix = "its generator" if rulefiles.is_generated(text) else "python -m inferwatch.agent.alerts.links"
                     print(f"{path}: stale links for {', '.join(bad)}: run {fix}", file=sys.stderr)
                     failed = True
                 continue

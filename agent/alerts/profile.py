@@ -7,7 +7,7 @@ expressions (``for: 5m`` → ``5s``, ``[1h]`` → ``[60s]``). A caller may set a
 ``--min-range``): a ``[1m]`` rate becomes ``[1s]``, which at a 1 s scrape holds one sample at most and so yields
 nothing. Nothing else changes; annotation templates (their evidence queries included) are kept as written.
 
-    python -m agent.alerts.profile alerts/inferwatch.rules.yml --factor 60 > /tmp/inferwatch.rules.yml
+    python -m inferwatch.agent.alerts.profile alerts/inferwatch.rules.yml --factor 60 > /tmp/inferwatch.rules.yml
 """
 
 from __future__ import annotations
@@ -81,12 +81,12 @@ def compress_rules(data: dict[str, Any], factor: int = DEFAULT_FACTOR, min_range
 
 def render_file(path: Path, factor: int = DEFAULT_FACTOR, min_range_s: int = 0) -> str:
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    header = f"# Test profile of {path.name}: every duration divided by {factor} (agent.alerts.profile).\n"
+    header = f"# Test profile of {path.name}: every duration divided by {factor} (inferwatch.agent.alerts.profile).\n"
     return header + yaml.safe_dump(compress_rules(data, factor, min_range_s), sort_keys=False, width=1000)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m agent.alerts.profile", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m inferwatch.agent.alerts.profile", description=__doc__.split("\n")[0])
     ap.add_argument("rule_file", type=Path)
     ap.add_argument("--factor", type=int, default=DEFAULT_FACTOR)
     ap.add_argument("--min-range", type=int, default=0, metavar="SECONDS", help="shortest compressed range")

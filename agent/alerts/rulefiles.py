@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from agent.errors import ConfigError
+from inferwatch.agent.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS_DIR = ROOT / "alerts"

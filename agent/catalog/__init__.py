@@ -7,10 +7,10 @@ the one place that assembles them.
 
 from __future__ import annotations
 
-from agent.catalog import agent, cpu, engine, genai, gpu, memory, process, receiver, runtime
-from agent.catalog import simd as simd_catalog
-from agent.catalog.spec import Kind, MetricSpec, prometheus_label, prometheus_name
-from agent.errors import CatalogError
+from inferwatch.agent.catalog import agent, cpu, engine, genai, gpu, memory, process, receiver, runtime
+from inferwatch.agent.catalog import simd as simd_catalog
+from inferwatch.agent.catalog.spec import Kind, MetricSpec, prometheus_label, prometheus_name
+from inferwatch.agent.errors import CatalogError
 
 _MODULES = (agent, cpu, memory, gpu, process, engine, genai, runtime, receiver, simd_catalog)
 

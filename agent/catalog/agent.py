@@ -1,6 +1,6 @@
 """Metrics about the agent itself: per-collector health (node_exporter's scrape_collector_*)."""
 
-from agent.catalog.spec import Kind, MetricSpec
+from inferwatch.agent.catalog.spec import Kind, MetricSpec
 
 METRICS = (
     MetricSpec(
@@ -53,7 +53,7 @@ METRICS = (
         Kind.COUNTER,
         "{error}",
         "Span analytics steps that raised for one model (stage: latency, explain); that model's series are left "
-        "out of the cycle, the other models' are kept (agent/analytics/failures.py).",
+        "out of the cycle, the other models' are kept (agent/node/analytics/failures.py).",
         ("stage",),
     ),
     MetricSpec(
@@ -77,7 +77,7 @@ METRICS = (
         Kind.COUNTER,
         "{request}",
         "Idempotent requests to a source (source: engine) sent a second time because the server closed the "
-        "reused keep-alive connection under the first before answering (agent/httpclient.py). The second try "
+        "reused keep-alive connection under the first before answering (agent/common/httpclient.py). The second try "
         "is the one that counts: a failing one fails the collection.",
         ("source",),
     ),
@@ -88,7 +88,7 @@ METRICS = (
         "Always 1; carries the agent version and the node's configured environment.",
         ("version", "environment"),
     ),
-    # The agent's own cardinality (agent/analytics/series.py, docs/cardinality.md).
+    # The agent's own cardinality (agent/node/analytics/series.py, docs/cardinality.md).
     MetricSpec(
         "inferwatch.agent.series",
         Kind.GAUGE,

@@ -1,6 +1,6 @@
 """CPU capability: identity, SIMD features expected for this CPU model and present, SVE vector length."""
 
-from agent.catalog.spec import Kind, MetricSpec
+from inferwatch.agent.catalog.spec import Kind, MetricSpec
 
 METRICS = (
     MetricSpec(

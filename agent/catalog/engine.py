@@ -8,15 +8,15 @@ a value comes from: ``histogram`` (interpolated from the engine's cumulative buc
 A quantity an engine does not expose is absent, never zero.
 """
 
-from agent.catalog.genai import SEMCONV_TPOT_BUCKETS_S, SEMCONV_TTFT_BUCKETS_S
-from agent.catalog.spec import Kind, MetricSpec
+from inferwatch.agent.catalog.genai import SEMCONV_TPOT_BUCKETS_S, SEMCONV_TTFT_BUCKETS_S
+from inferwatch.agent.catalog.spec import Kind, MetricSpec
 
 MODEL = "gen_ai.request.model"
 # Span-derived latency split by prompt length (issue 21: the conformance band per prompt-length band). The bands are
-# the tail explainer's (agent.analytics.explain.PROMPT_BANDS, one definition; tests/test_prompt_band_histograms.py
-# checks that these names are its names): four values, so 4 series sets per model and metric. A request whose span
-# has no prompt token count is left out. PROMPT_BAND_ALL is the value the conformance rules give the unsplit
-# (engine) histograms, never emitted by the agent.
+# the tail explainer's (inferwatch.agent.node.analytics.explain.PROMPT_BANDS, one definition;
+# tests/test_prompt_band_histograms.py checks that these names are its names): four values, so 4 series sets per model
+# and metric. A request whose span has no prompt token count is left out. PROMPT_BAND_ALL is the value the conformance
+# rules give the unsplit (engine) histograms, never emitted by the agent.
 PROMPT_BAND = "prompt_band"
 PROMPT_BAND_NAMES = "<=1k, 1k-4k, 4k-16k, >16k prompt tokens"
 PROMPT_BAND_ALL = "all"
@@ -31,7 +31,7 @@ REEXPORTED_ONLY = ("kv_transfer",)
 # checks that the rules use these values).
 GOODPUT_TTFT_TARGET_S = 0.5
 GOODPUT_TPOT_TARGET_S = 0.1
-# The engines the catalog describes, in detection order; agent/engine/adapters.py has exactly one adapter per kind
+# The engines the catalog describes, in detection order; agent/node/engine/adapters.py has exactly one adapter per kind
 # (checked when it is imported), and config and the CLI take their choices from here.
 ENGINE_KINDS = ("vllm", "sglang", "tgi", "llamacpp", "trtllm", "dynamo", "litellm")
 _M = (MODEL,)
@@ -334,7 +334,7 @@ METRICS = (
         "P/D disaggregation: the engine's own recent KV-transfer latency (SGLang kv_transfer_latency_ms).",
         _M,
     ),
-    # Hang detection per data-parallel rank (agent/engine/hang.py, docs/diagnostics.md).
+    # Hang detection per data-parallel rank (agent/node/engine/hang.py, docs/diagnostics.md).
     MetricSpec(
         "inferwatch.engine.stall",
         Kind.GAUGE,
@@ -369,7 +369,7 @@ METRICS = (
         (MODEL, "reason"),
     ),
     # gen_ai.server.* (re-exported engine histograms, and from spans): agent/catalog/genai.py.
-    # Added with the engine collector (agent/collectors/engine.py).
+    # Added with the engine collector (agent/node/collectors/engine.py).
     MetricSpec(
         "inferwatch.engine.scrape.errors",
         Kind.COUNTER,
@@ -392,7 +392,7 @@ METRICS = (
         Kind.COUNTER,
         "{line}",
         "Lines of the engine's /metrics dropped with a problem of their own, the rest of the scrape kept (reason: "
-        "parse, duplicate_series, type_conflict, negative_value, openmetrics; agent/engine/exposition.py). Past "
+        "parse, duplicate_series, type_conflict, negative_value, openmetrics; agent/node/engine/exposition.py). Past "
         "1,000 in one scrape, or when nothing else is left, the scrape fails with that reason instead.",
         ("reason",),
     ),

@@ -3,13 +3,13 @@
 A schema is recognised from the families an exposition declares (its ``# TYPE`` lines and sample
 names) and the label names its engine samples carry; the first schema of the engine's list whose
 conditions hold wins (lists run newest first). A rename between releases is a new row here and a new
-candidate in the adapter's source list (agent/engine/adapters.py), never a code path.
+candidate in the adapter's source list (agent/node/engine/adapters.py), never a code path.
 
 Coverage is what an operator asks of a release: for each quantity the project claims, is it *mapped*
 (read from a histogram, gauge or counter the engine exposes), *derived (mean only)* (the quotient of
 two cumulative counters: a mean over a window, no quantile), or *not exposed*. The table in
 docs/engine.md ("Engine releases and schemas") is generated from the capture corpus with these
-definitions (``python -m agent.engine.coverage``).
+definitions (``python -m inferwatch.agent.node.engine.coverage``).
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ COVERAGE = (
     "spec_decode",
     "lora",
 )
-# Reading keys (histograms, gauges, counters of agent/engine/adapters.py) that make a coverage quantity "mapped"
+# Reading keys (histograms, gauges, counters of agent/node/engine/adapters.py) that make a coverage quantity "mapped"
 # when they are not named as the quantity itself.
 COVERAGE_KEYS: dict[str, tuple[str, ...]] = {
     "prefix_cache": ("prefix_queries", "prefix_hits", "cached_tokens", "external_prefix_queries"),

@@ -15,7 +15,7 @@ engine's own histograms under the same names with the engine's own bucket edges,
 to the engine kind and no operation (the engine's histograms mix every operation): Prometheus only.
 """
 
-from agent.catalog.spec import Kind, MetricSpec
+from inferwatch.agent.catalog.spec import Kind, MetricSpec
 
 SEMCONV_VERSION = "1.41.1"
 SEMCONV_SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"

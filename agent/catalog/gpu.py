@@ -22,7 +22,7 @@ XIDs are counted from NVML's critical-XID events since the agent started; the XI
 (48, 63, 64, 74, 79, 92, 94, 95, 119, 120) are exported at 0 from the start so a first event is an increase.
 """
 
-from agent.catalog.spec import Kind, MetricSpec
+from inferwatch.agent.catalog.spec import Kind, MetricSpec
 
 _DEV = ("hw.id", "hw.model")
 _PART = (*_DEV, "hw.parent")  # series a MIG device has as well (its own hw.id, the physical GPU as hw.parent)

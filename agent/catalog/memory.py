@@ -1,6 +1,6 @@
 """Page-cache pressure: /proc/meminfo, /proc/pressure/memory, /proc/vmstat and the runtime's cgroup v2."""
 
-from agent.catalog.spec import Kind, MetricSpec
+from inferwatch.agent.catalog.spec import Kind, MetricSpec
 
 METRICS = (
     MetricSpec("system.memory.limit", Kind.UPDOWNCOUNTER, "By", "Total usable memory (MemTotal)."),

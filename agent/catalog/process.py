@@ -1,6 +1,6 @@
 """The runtime process (OpenTelemetry process.* conventions)."""
 
-from agent.catalog.spec import Kind, MetricSpec
+from inferwatch.agent.catalog.spec import Kind, MetricSpec
 
 _P = ("runtime",)
 

@@ -1,13 +1,13 @@
-"""OTLP trace intake (``agent/receiver/``): export requests accepted and rejected, spans, forwarding.
+"""OTLP trace intake (``agent/node/receiver/``): export requests accepted and rejected, spans, forwarding.
 
 ``transport`` is ``grpc`` or ``http``. Rejection ``reason`` is one of ``too_large``, ``bad_content_type``,
 ``bad_encoding``, ``bad_protobuf``, ``bad_gzip``, ``timeout`` (body not received in time),
 ``bad_method``, ``not_found``. Value ``reason`` (per-request values that were not usable) is one of
 ``not_a_number``, ``out_of_range``, ``too_many_models``, and for a whole span whose timestamps contradict it
-``end_before_start`` or ``too_long`` (lasting more than a day; agent/receiver/spans.py).
+``end_before_start`` or ``too_long`` (lasting more than a day; agent/node/receiver/spans.py).
 """
 
-from agent.catalog.spec import Kind, MetricSpec
+from inferwatch.agent.catalog.spec import Kind, MetricSpec
 
 _T = ("transport",)
 

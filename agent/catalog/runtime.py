@@ -1,6 +1,6 @@
 """Runtime diagnostics: the debug runtime_profile, the streaming probe, binary compatibility, profiles."""
 
-from agent.catalog.spec import Kind, MetricSpec
+from inferwatch.agent.catalog.spec import Kind, MetricSpec
 
 METRICS = (
     MetricSpec(

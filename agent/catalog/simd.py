@@ -1,11 +1,11 @@
 """SIMD utilisation of the inference runtime: is the wide vector path (AVX-512, SVE) executed while serving?
 
-``feature`` is ``avx512`` (x86-64) or ``sve`` (AArch64). See agent/simd/analysis.py for the evidence and
+``feature`` is ``avx512`` (x86-64) or ``sve`` (AArch64). See agent/node/simd/analysis.py for the evidence and
 docs/llamacpp.md for how to read it. ``used`` is absent (never 0) when the runtime is idle or the
 evidence cannot decide, so ``used == 0`` always means "capable, serving, and the wide path did not run".
 """
 
-from agent.catalog.spec import Kind, MetricSpec
+from inferwatch.agent.catalog.spec import Kind, MetricSpec
 
 _F = ("feature",)
 

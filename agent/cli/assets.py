@@ -1,6 +1,6 @@
 """``inferwatch assets``: list, print or write out the alert rules, Alertmanager config, dashboards and runbooks.
 
-For loading them into your own Prometheus, Alertmanager and Grafana (agent/assets.py says where they come
+For loading them into your own Prometheus, Alertmanager and Grafana (agent/common/assets.py says where they come
 from). Exit 0 done, 1 an asset is missing or in the way, 2 usage error.
 """
 
@@ -25,8 +25,8 @@ def register(app: typer.Typer) -> None:
     @assets.command("list")
     def list_() -> None:
         """Print the path of every shipped asset, as 'assets export' lays them out."""
-        from agent.assets import catalog
-        from agent.errors import AssetError
+        from inferwatch.agent.common.assets import catalog
+        from inferwatch.agent.errors import AssetError
 
         try:
             for asset in catalog():
@@ -42,8 +42,8 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Print one asset's exact content to standard output."""
-        from agent.assets import find
-        from agent.errors import AssetError
+        from inferwatch.agent.common.assets import find
+        from inferwatch.agent.errors import AssetError
 
         try:
             data = find(name).read_bytes()
@@ -62,8 +62,8 @@ def register(app: typer.Typer) -> None:
 
         Nothing already in DIRECTORY is replaced without --force, and nothing is deleted.
         """
-        from agent.assets import export as do_export
-        from agent.errors import AssetError
+        from inferwatch.agent.common.assets import export as do_export
+        from inferwatch.agent.errors import AssetError
 
         try:
             written = do_export(directory, overwrite=force)

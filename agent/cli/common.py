@@ -10,9 +10,9 @@ from typing import Any
 
 import typer
 
-from agent.config import Settings, load_settings
-from agent.errors import ConfigError
-from agent.userfiles import read_text_bounded
+from inferwatch.agent.common.userfiles import read_text_bounded
+from inferwatch.agent.config import Settings, load_settings
+from inferwatch.agent.errors import ConfigError
 
 EXTRA_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 _SWITCH = re.compile(r"^--(no-)?collector\.([a-z0-9_]+)$")
@@ -49,8 +49,8 @@ def read_token(token_file: Path | None, command: str) -> str:
 
 def collector_switches(extra: list[str]) -> dict[str, dict[str, bool]]:
     """Turn ``--collector.NAME`` / ``--no-collector.NAME`` into config overrides; reject anything else."""
-    from agent.actions.binary import NAME as BINARY
-    from agent.collectors import REGISTRY
+    from inferwatch.agent.node.actions.binary import NAME as BINARY
+    from inferwatch.agent.node.collectors import REGISTRY
 
     known = {*REGISTRY, BINARY}  # the binary check is an action, switched like a collector
     out: dict[str, dict[str, bool]] = {}
@@ -80,7 +80,9 @@ def build_settings(
     switches = collector_switches(extra)
     if switches:
         merged["collectors"] = switches
-    from agent.collectors import REGISTRY  # lazily, as in collector_switches: commands that never build settings
+    from inferwatch.agent.node.collectors import (
+        REGISTRY,  # lazily, as in collector_switches: commands that never build settings
+    )
 
     try:
         return load_settings(config, merged, collectors=REGISTRY)
@@ -91,16 +93,16 @@ def build_settings(
 
 # Libraries that log a line per request at INFO: httpx ("HTTP Request: GET ... 200", one per engine fetch,
 # probe and profile read) and httpcore under it, uvicorn's access log (one per API request). The agent says
-# what matters itself, once when a source starts failing and once when it recovers (agent.runner), so these
-# are held at WARNING whatever log_level is: their warnings and errors still show.
+# what matters itself, once when a source starts failing and once when it recovers (inferwatch.agent.node.runner), so
+# these are held at WARNING whatever log_level is: their warnings and errors still show.
 QUIET_LIBRARY_LOGGERS = ("httpx", "httpcore", "uvicorn.access", "hpack", "urllib3")
 QUIET_LIBRARY_LEVEL = logging.WARNING
 
 
 def setup_logging(level: str) -> None:
     """The root handler, whose every line loses credentials (a URL's password, token parameters): libraries
-    log URLs as given (agent.redact.RedactingFormatter)."""
-    from agent.redact import install_log_redaction
+    log URLs as given (inferwatch.agent.common.redact.RedactingFormatter)."""
+    from inferwatch.agent.common.redact import install_log_redaction
 
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),

@@ -29,9 +29,9 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Start the simulator, the load generator and the agent; print where to look; stop all on Ctrl-C."""
-        from simulator.demo import Demo, DemoConfig
-        from simulator.profiles import PROFILES
-        from simulator.scenarios import ScenarioError, parse
+        from inferwatch.simulator.demo import Demo, DemoConfig
+        from inferwatch.simulator.profiles import PROFILES
+        from inferwatch.simulator.scenarios import ScenarioError, parse
 
         # The children would each refuse a bad value in their own log (the load generator over and over, as the
         # demo restarts it): refuse it here, in one line, before anything starts.

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from agent.cli.common import ConfigOpt, MachineOpt, ProcfsOpt, SysfsOpt, build_settings
-from agent.samples import Finding
+from inferwatch.agent.cli.common import ConfigOpt, MachineOpt, ProcfsOpt, SysfsOpt, build_settings
+from inferwatch.agent.common.samples import Finding
 
 
 def register(app: typer.Typer) -> None:
@@ -30,9 +30,9 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Run every registered collector once, as the agent does, and print their findings; a CI/CD hardware gate."""
-        from agent import doctor as doc
-        from agent.errors import ConfigError
-        from agent.wiring import build_deps
+        from inferwatch.agent.doctor import checks as doc
+        from inferwatch.agent.errors import ConfigError
+        from inferwatch.agent.node.wiring import build_deps
 
         settings = build_settings(config, procfs, sysfs, [], doc.doctor_overrides(engine_url, profile_url, machine))
         if not settings.path.procfs.is_dir():

@@ -1,5 +1,5 @@
 """``inferwatch drift``: the same prompts, greedy decoding, on several endpoints; where their outputs part
-(agent/drift.py)."""
+(agent/fleet/drift.py)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ def register(app: typer.Typer) -> None:
         """Send a fixed prompt set with greedy decoding (temperature 0, fixed seed, top log-probabilities where
         offered) to each endpoint; report per prompt the first token where the outputs diverge and the
         log-probability differences before it. Exit 1 when an endpoint drifts from the reference."""
-        from agent.drift import (
+        from inferwatch.agent.errors import ConfigError
+        from inferwatch.agent.fleet.drift import (
             DriftError,
             compare,
             load_answers,
@@ -59,7 +60,6 @@ def register(app: typer.Typer) -> None:
             report_lines,
             run_prompts,
         )
-        from agent.errors import ConfigError
 
         if fmt not in FORMATS:
             typer.echo(f"inferwatch: --format must be one of {', '.join(FORMATS)} (got {fmt!r})", err=True)

@@ -11,14 +11,14 @@ from typing import Any
 
 import typer
 
-from agent.config import DEFAULT_ENGINE_MAX_BYTES, ENGINE_KIND_CHOICES
-from agent.engine.adapters import DEFAULT_MODEL, EngineReading
-from agent.engine.fetch import fetch, read_file
-from agent.engine.inspect import INSPECT_QUANTITIES, inspect
-from agent.engine.scrape import EngineParser
-from agent.errors import CollectorError
-from agent.httpclient import http_client
-from agent.redact import redact_text
+from inferwatch.agent.common.httpclient import http_client
+from inferwatch.agent.common.redact import redact_text
+from inferwatch.agent.config import DEFAULT_ENGINE_MAX_BYTES, ENGINE_KIND_CHOICES
+from inferwatch.agent.errors import CollectorError
+from inferwatch.agent.node.engine.adapters import DEFAULT_MODEL, EngineReading
+from inferwatch.agent.node.engine.fetch import fetch, read_file
+from inferwatch.agent.node.engine.inspect import INSPECT_QUANTITIES, inspect
+from inferwatch.agent.node.engine.scrape import EngineParser
 
 DEFAULT_INSPECT_TIMEOUT_S = 5.0
 KINDS = ENGINE_KIND_CHOICES  # "auto" and every adapter's kind

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import typer
 
-from agent.cli.common import ConfigOpt, build_settings, read_token
+from inferwatch.agent.cli.common import ConfigOpt, build_settings, read_token
 
 AgentOpt = typer.Option(None, "--agent", help="Read from this agent's API (http://host:9435) instead of this node.")
 TokenFileOpt = typer.Option(None, "--token-file", help="File holding a token with the evidence scope.")
@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
         if agent:
             rows = _api(agent, "/api/v1/evidence", token_file)["evidence"]
         else:
-            from agent.wiring import build_deps
+            from inferwatch.agent.node.wiring import build_deps
 
             store = build_deps(build_settings(config, None, None, []), persist_key=False).evidence
             rows = [m.as_dict() for m in store.list()]
@@ -66,12 +66,12 @@ def register(app: typer.Typer) -> None:
         config: Path | None = ConfigOpt,
     ) -> None:
         """The bundle: summary, processes and threads (state, wchan, kernel and Python stacks), scrapes, GPUs."""
-        from agent.actions.evidence import render_text
+        from inferwatch.agent.node.actions.evidence import render_text
 
         if agent:
             bundle = _api(agent, f"/api/v1/evidence/{bundle_id}", token_file)
         else:
-            from agent.wiring import build_deps
+            from inferwatch.agent.node.wiring import build_deps
 
             store = build_deps(build_settings(config, None, None, []), persist_key=False).evidence
             bundle = store.latest() if bundle_id == "latest" else store.get(bundle_id)

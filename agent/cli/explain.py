@@ -15,8 +15,8 @@ from urllib.parse import urlencode
 import httpx
 import typer
 
-from agent.analytics.explain import DEFAULT_TOP, MAX_TOP, QUANTITIES, parse_window, render_text
-from agent.cli.common import read_token
+from inferwatch.agent.cli.common import read_token
+from inferwatch.agent.node.analytics.explain import DEFAULT_TOP, MAX_TOP, QUANTITIES, parse_window, render_text
 
 DEFAULT_AGENT = "http://127.0.0.1:9435"
 API_TIMEOUT_S = 15.0

@@ -35,11 +35,11 @@ def register(app: typer.Typer) -> None:
 
         Payloads target Grafana 11.6 (schemaVersion 41); Grafana older than 11.0 is refused.
         """
-        from agent.assets import dashboards_dir
-        from agent.redact import redact_url
-        from dashboards import load_all
-        from exporters.grafana import GrafanaError, GrafanaPusher
-        from exporters.grafana import push as do_push
+        from inferwatch.agent.common.assets import dashboards_dir
+        from inferwatch.agent.common.redact import redact_url
+        from inferwatch.dashboards import load_all
+        from inferwatch.exporters.grafana import GrafanaError, GrafanaPusher
+        from inferwatch.exporters.grafana import push as do_push
 
         if (token is None) == (basic_auth is None):
             typer.echo("inferwatch: pass exactly one of --token or --basic-auth USER:PASS", err=True)

@@ -56,7 +56,15 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.live import Live
 
-        from simulator.loadgen import Dist, LoadSpec, Progress, load_failed, run_load, summary_line, summary_table
+        from inferwatch.simulator.loadgen import (
+            Dist,
+            LoadSpec,
+            Progress,
+            load_failed,
+            run_load,
+            summary_line,
+            summary_table,
+        )
 
         try:
             spec = LoadSpec(

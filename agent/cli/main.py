@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import typer
 
-from agent import __version__
-from agent.cli import assets, demo, doctor, loadgen, run, simulate, top
-from agent.cli import engine as engine_cli
-from agent.cli import evidence as evidence_cli
-from agent.cli import explain as explain_cli
-from agent.cli import probe as probe_cmd
-from agent.cli import profile as profile_cmd
-from agent.cli import simd as simd_cli
+from inferwatch.agent import __version__
+from inferwatch.agent.cli import assets, demo, doctor, loadgen, run, simulate, top
+from inferwatch.agent.cli import engine as engine_cli
+from inferwatch.agent.cli import evidence as evidence_cli
+from inferwatch.agent.cli import explain as explain_cli
+from inferwatch.agent.cli import probe as probe_cmd
+from inferwatch.agent.cli import profile as profile_cmd
+from inferwatch.agent.cli import simd as simd_cli
 
 app = typer.Typer(
     name="inferwatch",
@@ -40,7 +40,7 @@ for module in (
 ):
     module.register(app)
 
-from agent.cli import drift, grafana, matrix  # noqa: E402  (dash: grafana push, matrix; drift)
+from inferwatch.agent.cli import drift, grafana, matrix  # noqa: E402  (dash: grafana push, matrix; drift)
 
 for module in (grafana, matrix, drift):
     module.register(app)
@@ -53,12 +53,13 @@ def version() -> None:
 
 
 def main() -> None:
-    """Run the command; an error the agent raises on purpose (agent.errors) ends in one line, never a traceback.
+    """Run the command; an error the agent raises on purpose (inferwatch.agent.errors) ends in one line, never a
+    traceback.
 
     Commands catch what they expect themselves; this is the net under them, so a user's mistake that reaches
     library code (a bad value, an unreadable file) still reads as one message: exit 2 for configuration, else 1.
     """
-    from agent.errors import ConfigError, InferwatchError
+    from inferwatch.agent.errors import ConfigError, InferwatchError
 
     try:
         app()

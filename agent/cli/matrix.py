@@ -1,6 +1,6 @@
-"""``inferwatch matrix``: the hardware × model matrix from a Prometheus holding fleet data (agent/matrix.py);
+"""``inferwatch matrix``: the hardware × model matrix from a Prometheus holding fleet data (agent/fleet/matrix.py);
 with ``--prices FILE`` its effective cost per generated token. ``inferwatch prices``: a price file checked, and
-written as recording rules for the fleet's Prometheus (agent/prices.py)."""
+written as recording rules for the fleet's Prometheus (agent/fleet/prices.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:
-    from agent.matrix import Matrix
-    from agent.prices import PriceTable
+    from inferwatch.agent.fleet.matrix import Matrix
+    from inferwatch.agent.fleet.prices import PriceTable
 
 FORMATS = ("table", "csv", "markdown", "json")
 
@@ -47,8 +47,8 @@ def register(app: typer.Typer) -> None:
         A hardware type is machine type / CPU model / GPU model, from inferwatch_node_info and the GPU
         metrics, joined on the instance label.
         """
-        from agent.errors import ConfigError
-        from agent.matrix import (
+        from inferwatch.agent.errors import ConfigError
+        from inferwatch.agent.fleet.matrix import (
             MatrixError,
             PrometheusClient,
             data_span_s,
@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
             to_markdown,
             validate_window,
         )
-        from agent.prices import load_prices
+        from inferwatch.agent.fleet.prices import load_prices
 
         if fmt not in FORMATS:
             typer.echo(f"inferwatch: --format must be one of {', '.join(FORMATS)} (got {fmt!r})", err=True)
@@ -135,7 +135,14 @@ def register(app: typer.Typer) -> None:
 
 
 def _print_costs(m: Matrix, table: PriceTable, fmt: str, window: str) -> None:
-    from agent.matrix import cost_rows, cost_table_rows, cost_to_csv, cost_to_json, cost_to_markdown, unpriced
+    from inferwatch.agent.fleet.matrix import (
+        cost_rows,
+        cost_table_rows,
+        cost_to_csv,
+        cost_to_json,
+        cost_to_markdown,
+        unpriced,
+    )
 
     if table.example:
         typer.echo("inferwatch: warning: the price file says example: true (placeholder prices, not yours)", err=True)
@@ -153,7 +160,7 @@ def _print_costs(m: Matrix, table: PriceTable, fmt: str, window: str) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from agent.matrix import COST_TABLE_HEADER
+        from inferwatch.agent.fleet.matrix import COST_TABLE_HEADER
 
         out = Table(
             title=f"Effective cost per million generated tokens ({table.currency}), last {window}, cheapest first",
@@ -180,8 +187,8 @@ def register_prices(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Check a price file (price per hour per machine type); --rules writes it as recording rules."""
-        from agent.errors import ConfigError
-        from agent.prices import load_prices, price_rules
+        from inferwatch.agent.errors import ConfigError
+        from inferwatch.agent.fleet.prices import load_prices, price_rules
 
         try:
             table = load_prices(file)

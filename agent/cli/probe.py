@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     ) -> None:
         """Run the streaming probe once against URL and print what it saw."""
-        from agent.probe.client import PROTOCOLS, run_probe
+        from inferwatch.agent.node.probe.client import PROTOCOLS, run_probe
 
         if protocol not in PROTOCOLS:
             typer.echo(f"inferwatch: --protocol must be one of {', '.join(PROTOCOLS)}", err=True)
@@ -45,7 +45,7 @@ def _fmt(v: float | None) -> str:
 
 
 def _print(result: object) -> None:
-    from agent.probe.client import ProbeResult
+    from inferwatch.agent.node.probe.client import ProbeResult
 
     assert isinstance(result, ProbeResult)
     r = result

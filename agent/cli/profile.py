@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from agent.cli.common import ConfigOpt, ProcfsOpt, build_settings
+from inferwatch.agent.cli.common import ConfigOpt, ProcfsOpt, build_settings
 
 
 def register(app: typer.Typer) -> None:
@@ -28,9 +28,9 @@ def register(app: typer.Typer) -> None:
         procfs: Path | None = ProcfsOpt,
     ) -> None:
         """Record a py-spy profile of the runtime (--runtime) or of --pid."""
-        from agent.actions import pyspy
-        from agent.errors import NoDataError
-        from agent.host.runtime import RuntimeLocator
+        from inferwatch.agent.errors import NoDataError
+        from inferwatch.agent.node.actions import pyspy
+        from inferwatch.agent.node.host.runtime import RuntimeLocator
 
         if runtime == (pid is not None):
             typer.echo("inferwatch: give exactly one of --runtime or --pid", err=True)

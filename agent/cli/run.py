@@ -13,7 +13,15 @@ from pathlib import Path
 
 import typer
 
-from agent.cli.common import EXTRA_ARGS, ConfigOpt, MachineOpt, ProcfsOpt, SysfsOpt, build_settings, setup_logging
+from inferwatch.agent.cli.common import (
+    EXTRA_ARGS,
+    ConfigOpt,
+    MachineOpt,
+    ProcfsOpt,
+    SysfsOpt,
+    build_settings,
+    setup_logging,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -91,10 +99,10 @@ def cap_malloc_arenas() -> bool:
 
 
 def serve(settings: object) -> None:
-    from agent import quietserver
-    from agent.app import Agent
-    from agent.config import Settings
-    from agent.errors import ConfigError
+    from inferwatch.agent.config import Settings
+    from inferwatch.agent.errors import ConfigError
+    from inferwatch.agent.node import quietserver
+    from inferwatch.agent.node.app import Agent
 
     assert isinstance(settings, Settings)
     block_unused_imports()

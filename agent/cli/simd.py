@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from agent.cli.common import ProcfsOpt
+from inferwatch.agent.cli.common import ProcfsOpt
 
 
 def register(app: typer.Typer) -> None:
@@ -29,10 +29,10 @@ def register(app: typer.Typer) -> None:
         """Is the runtime executing AVX-512 / SVE while it serves? (per-thread arch_status, mapped code, PMU)"""
         import time
 
-        from agent.config import RuntimeSettings
-        from agent.errors import ConfigError, InferwatchError, NoDataError
-        from agent.host.runtime import RuntimeLocator
-        from agent.simd.analysis import SimdAnalyzer
+        from inferwatch.agent.config import RuntimeSettings
+        from inferwatch.agent.errors import ConfigError, InferwatchError, NoDataError
+        from inferwatch.agent.node.host.runtime import RuntimeLocator
+        from inferwatch.agent.node.simd.analysis import SimdAnalyzer
 
         root = procfs or Path("/proc")
         try:
@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
                 "evidence": r.evidence,
             }
             if objdump and r.feature == "avx512":
-                from agent.simd.objdump import count_avx512_objdump
+                from inferwatch.agent.node.simd.objdump import count_avx512_objdump
 
                 exact: dict[str, Any] = {}
                 for path in r.evidence.get("code_by_file", {}):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from agent.cli.common import setup_logging
+from inferwatch.agent.cli.common import setup_logging
 
 
 def register(app: typer.Typer) -> None:
@@ -63,9 +63,9 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Serve a simulated vLLM: OpenAI and Anthropic APIs, vLLM /metrics, OTLP spans, fault scenarios."""
-        from simulator.config import DEFAULT_MODEL, SimConfig
-        from simulator.engine import Features
-        from simulator.scenarios import ScenarioError, parse
+        from inferwatch.simulator.config import DEFAULT_MODEL, SimConfig
+        from inferwatch.simulator.engine import Features
+        from inferwatch.simulator.scenarios import ScenarioError, parse
 
         setup_logging(log_level)
         try:
@@ -97,7 +97,7 @@ def register(app: typer.Typer) -> None:
             if min(num_speculative_tokens, max_loras, lora_adapters) < 0 or num_speculative_tokens > 64:
                 raise ValueError("--num-speculative-tokens must be 0..64, --max-loras and --lora-adapters >= 0")
             config.debug_header_pair()
-            from simulator.serve import serve, server_impl
+            from inferwatch.simulator.serve import serve, server_impl
 
             server_impl(loop, http)  # a bad or missing choice is a usage error (exit 2)
 

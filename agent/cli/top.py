@@ -63,7 +63,7 @@ def render(ov: dict[str, Any], url: str) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    from agent.api.statuspage import fmt_seconds
+    from inferwatch.agent.node.api.statuspage import fmt_seconds
 
     n = ov["node"]
     urgent = [f for f in ov["findings"] if f["status"] in ("fail", "warn")]
@@ -162,7 +162,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.live import Live
 
-        from agent.cli.common import read_token
+        from inferwatch.agent.cli.common import read_token
 
         token = read_token(token_file, "top")
         console = Console()

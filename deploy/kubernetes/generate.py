@@ -1,7 +1,7 @@
 """Generate the Kubernetes manifests that copy a shipped asset: PrometheusRules, the AlertmanagerConfig, dashboards.
 
-Sources (through :mod:`agent.assets`, the same files the wheel ships): every ``alerts/*.rules.yml`` becomes one
-``PrometheusRule`` (its groups unchanged), ``alerts/alertmanager.yml`` becomes an ``AlertmanagerConfig``
+Sources (through :mod:`inferwatch.agent.common.assets`, the same files the wheel ships): every ``alerts/*.rules.yml``
+becomes one ``PrometheusRule`` (its groups unchanged), ``alerts/alertmanager.yml`` becomes an ``AlertmanagerConfig``
 (``monitoring.coreos.com/v1alpha1``: the same route tree, inhibitions and receivers in the CRD's camelCase
 schema), and every ``dashboards/json/<uid>.json`` a ConfigMap labelled ``grafana_dashboard: "1"`` for
 kube-prometheus-stack's Grafana sidecar. Each output starts with a DO-NOT-EDIT header.
@@ -26,8 +26,8 @@ from typing import Any
 
 import yaml
 
-from agent import assets
-from agent.errors import ConfigError
+from inferwatch.agent.common import assets
+from inferwatch.agent.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT_DIR = ROOT / "deploy" / "kubernetes"

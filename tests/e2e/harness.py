@@ -2,7 +2,7 @@
 
 What is overridden, and nothing else:
 - Prometheus: the rule files are the repo's ``alerts/*.rules.yml`` rendered with the test profile
-  (:mod:`agent.alerts.profile`: every duration divided by 60, to match 1 s scrape and evaluation intervals);
+  (:mod:`inferwatch.agent.alerts.profile`: every duration divided by 60, to match 1 s scrape and evaluation intervals);
   ``--rules.alert.resend-delay=1s``; the agent targets come from a file_sd file the test writes; the external
   label ``runbook_base`` points runbook links at a test agent.
 - Alertmanager: the repo's ``alerts/alertmanager.yml`` with the PagerDuty URL, the routing-key file and the
@@ -32,7 +32,7 @@ import httpx
 import pytest
 import yaml
 
-from agent.alerts.profile import DEFAULT_FACTOR, render_file
+from inferwatch.agent.alerts.profile import DEFAULT_FACTOR, render_file
 from tests.conftest import ROOT, free_port
 from tests.procs import running, wait_http
 from tests.tools import require

@@ -5,7 +5,7 @@ One Prometheus/Alertmanager pair for the module; scenarios run in parallel, told
 Figures are recorded (printed, and written to $INFERWATCH_E2E_REPORT when set), never asserted.
 
 Every pitfall goes through the agent's real collectors: recorded procfs files, the recorded vLLM exposition
-served by a local replay server, or the simulator (`python -m agent simulate`, with `loadgen` where the fault
+served by a local replay server, or the simulator (`python -m inferwatch.agent simulate`, with `loadgen` where the fault
 needs traffic) switched by its control endpoint. See docs/alerts.md for the table.
 """
 
@@ -170,7 +170,18 @@ def _start_agent(
     # One collection a second (the profile's scrape interval): at 0.5 s eleven agents beside the suite's other heavy
     # files starved each other, an engine read timed out, and EngineDown (for: 45s, 0.75 s in the profile) reached
     # the evidence webhook for a healthy node (seen in a fresh run).
-    cmd = [PYTHON, "-m", "agent", "run", "--port", str(port), "--interval", "1", "--path.procfs", str(procfs)]
+    cmd = [
+        PYTHON,
+        "-m",
+        "inferwatch.agent",
+        "run",
+        "--port",
+        str(port),
+        "--interval",
+        "1",
+        "--path.procfs",
+        str(procfs),
+    ]
     proc = stack.enter_context(running([*cmd, *extra], tmp / f"agent-{name}.log", cwd=ROOT, env=env))
     return AgentProc(name, port, procfs, proc)
 
@@ -202,14 +213,14 @@ def _start_simulator(
     stack: contextlib.ExitStack, tmp: Path, model: str, *extra: str, env: dict[str, str] | None = None
 ) -> SimProc:
     port = free_port()
-    cmd = [PYTHON, "-m", "agent", "simulate", "--port", str(port), "--model", model, "--seed", "6"]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(port), "--model", model, "--seed", "6"]
     cmd += ["--control-token", SIM_CONTROL_TOKEN, "--log-level", "warning", *extra]
     proc = stack.enter_context(running(cmd, tmp / f"sim-{model}.log", cwd=ROOT, env=env))
     return SimProc(model, port, proc)
 
 
 def _start_loadgen(stack: contextlib.ExitStack, tmp: Path, sim: SimProc, rate: float) -> None:
-    cmd = [PYTHON, "-m", "agent", "loadgen", "--url", sim.url, "--rate", str(rate), "--duration", "600"]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", sim.url, "--rate", str(rate), "--duration", "600"]
     cmd += ["--output-tokens", "32", "--timeout", "600", "--seed", "6", "--no-progress"]
     stack.enter_context(running(cmd, tmp / f"loadgen-{sim.model}.log", cwd=ROOT))
 

@@ -98,7 +98,7 @@ def _backfill_prefix_history(out: Path, instance: str, model: str) -> None:
 
 
 def _load(stack: contextlib.ExitStack, tmp: Path, sim: SimProc, extra: tuple[str, ...]) -> None:
-    cmd = [PYTHON, "-m", "agent", "loadgen", "--url", sim.url, "--rate", "8", "--duration", "600"]
+    cmd = [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", sim.url, "--rate", "8", "--duration", "600"]
     cmd += ["--timeout", "600", "--seed", "6", "--no-progress", "--output-tokens", "32", *extra]
     stack.enter_context(running(cmd, tmp / f"loadgen-{sim.model}.log", cwd=ROOT))
 

@@ -52,7 +52,7 @@ def test_hang_pages_within_two_minutes_with_its_evidence(tmp_path: Path) -> None
             "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap"),
             "INFERWATCH_EVIDENCE__DIR": str(tmp_path / "evidence"),
         }
-        cmd = [PYTHON, "-m", "agent", "run", "--port", str(port)]
+        cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port)]
         agent = stack.enter_context(running(cmd, tmp_path / "agent.log", cwd=ROOT, env=env))
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/metrics", ok=lambda r: r.status_code == 200, proc=agent, timeout_s=60)

@@ -62,7 +62,7 @@ def test_pushed_hang_pages_within_30s_and_is_one_alert_with_the_rules(tmp_path: 
             "INFERWATCH_ALERTMANAGER__INSTANCE": f"127.0.0.1:{port}",  # the target address Prometheus scrapes
             "INFERWATCH_ALERTMANAGER__LABELS": json.dumps({"runbook_base": f"{base}/runbooks"}),  # its external label
         }
-        cmd = [PYTHON, "-m", "agent", "run", "--port", str(port)]
+        cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port)]
         agent = stack.enter_context(running(cmd, tmp_path / "agent.log", cwd=ROOT, env=env))
         wait_http(f"{base}/metrics", ok=lambda r: r.status_code == 200, proc=agent, timeout_s=60)
         _wait_generation_tokens(sim.url, 120)

@@ -1,0 +1,314 @@
+"""Per-model latency analytics from per-request timings (OTLP spans).
+
+Input: :class:`RequestTiming` values (one per finished request, seconds). Output: catalog samples with
+``source="spans"``, per model (``gen_ai.request.model``), quantity and window (1m, 5m):
+
+- ``inferwatch.engine.latency`` P50/P90/P95/P99 from the window's merged DDSketch (≤ 0.5 % relative error);
+- ``inferwatch.engine.latency.samples`` requests in the window;
+- ``inferwatch.engine.latency.tail_ratio`` P99 / P50;
+- ``inferwatch.engine.latency.bimodal`` / ``.bimodality`` (see :mod:`inferwatch.agent.node.analytics.bimodality`), from
+  :data:`~inferwatch.agent.node.analytics.bimodality.MIN_SAMPLES` requests on, recomputed once per sub-window (sooner
+  when the window has grown by a tenth since, :data:`REFIT_GROWTH`);
+- ``inferwatch.engine.goodput``: the exact share of requests with TTFT and time per output token both within the
+  catalog's goodput targets (``GOODPUT_*_TARGET_S``);
+- ``inferwatch.engine.frontend_gap``: mean of TTFT − (queue + prefill) over requests that carry all three,
+  only for a (model, window) where the engine collector does not emit it from its histograms (the
+  metric has no ``source`` attribute, so one producer per series);
+- optionally (``receiver.emit_histograms``) the cumulative ``gen_ai.server.*`` histograms exactly as the GenAI
+  semantic conventions define them (:mod:`inferwatch.agent.node.analytics.genai`), for engines that have none of their
+  own; each request's measurements also go to the observer (:meth:`LatencyAnalytics.set_observer`: the OTLP sink's
+  synchronous histograms, the SDK having no observable histogram);
+- optionally (``receiver.prompt_band_histograms``) TTFT and time per output token per prompt-length band
+  (:mod:`inferwatch.agent.node.analytics.promptband`), for the conformance band per prompt band (Prometheus only).
+
+What the analytics need from the engine collector (the models it sees, the frontend_gap series it emits)
+comes in as :class:`EngineSeries`, read from the engine's last collection in the state; the two producers
+share no object. The quantile samples are built by :func:`~inferwatch.agent.node.engine.board.latency_samples`, so both
+export the same shape; the last computation's stats are kept in :attr:`LatencyAnalytics.published`.
+
+Thread-safe: intake threads call :meth:`LatencyAnalytics.record`; the runner calls
+:meth:`LatencyAnalytics.compute` on its schedule (:class:`inferwatch.agent.node.analytics.processor.SpanAnalytics`),
+never a sink.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+
+from inferwatch.agent.catalog.engine import GOODPUT_TPOT_TARGET_S, GOODPUT_TTFT_TARGET_S, MODEL, QUANTITIES
+from inferwatch.agent.common.samples import UNKNOWN_MODEL, AnySample, Collection, RequestTiming, Sample, attrs
+from inferwatch.agent.node.analytics import bimodality, genai
+from inferwatch.agent.node.analytics.failures import ModelFailures
+from inferwatch.agent.node.analytics.promptband import PromptBandHistograms
+from inferwatch.agent.node.analytics.windows import WINDOWS_S, WindowedSketch, WindowedSum, log_bins, slot_of
+from inferwatch.agent.node.engine.board import Key, LatencyStats, latency_samples
+
+QUANTILES = (0.5, 0.9, 0.95, 0.99)
+SOURCE = "spans"
+DEFAULT_MAX_MODELS = 64
+# A bimodality verdict is kept for its sub-window unless the window has since grown by a tenth: the runner
+# computes every cycle, so a verdict from the first requests of a burst must not stand for the whole burst.
+REFIT_GROWTH = 1.1
+# Called with (metric, seconds, attributes including the model) for each semantic-convention measurement.
+Observer = Callable[[str, float, dict[str, str]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSeries:
+    """What the engine collector's last collection says that the span analytics use."""
+
+    models: tuple[str, ...] = ()  # every model of the engine's last scrape
+    gaps: frozenset[tuple[str, str]] = frozenset()  # (model, window) the engine emits frontend_gap for
+
+    @classmethod
+    def of(cls, collection: Collection | None) -> EngineSeries:
+        if collection is None:
+            return cls()
+        models = collection.details.get("models", ())
+        gaps = frozenset(
+            (dict(s.attributes).get(MODEL, ""), dict(s.attributes).get("window", ""))
+            for s in collection.samples
+            if s.name == "inferwatch.engine.frontend_gap"
+        )
+        return cls(tuple(sorted(str(m) for m in models)), gaps)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowStats:
+    """What one window says about one quantity of one model (seconds)."""
+
+    count: float
+    quantiles: dict[float, float]
+    tail_ratio: float | None
+    bimodality: bimodality.Bimodality | None
+    mean_s: float | None = None
+
+
+def good(t: RequestTiming) -> float | None:
+    """1.0 when the request met both goodput targets (TTFT, time per output token), 0.0 when not, None when its
+    span lacks TTFT, or decode time for a request with more than one output token (not counted)."""
+    s = t.seconds
+    ttft = s.get("ttft")
+    if ttft is None:
+        return None
+    n = t.completion_tokens
+    if n is not None and n <= 1:
+        tpot = 0.0  # no token after the first: nothing to be slow at
+    elif n is None or "decode" not in s:
+        return None
+    else:
+        tpot = s["decode"] / (n - 1)
+    return 1.0 if ttft <= GOODPUT_TTFT_TARGET_S and tpot <= GOODPUT_TPOT_TARGET_S else 0.0
+
+
+class _Model:
+    __slots__ = ("banded", "gap", "good", "histograms", "sketches")
+
+    def __init__(self, histograms: genai.GenAIOptions | None, banded: PromptBandHistograms | None = None) -> None:
+        self.sketches = {q: WindowedSketch() for q in QUANTITIES}
+        self.gap = WindowedSum()
+        self.good = WindowedSum()  # per request: 1 met both goodput targets, 0 not
+        self.histograms = genai.ModelHistograms(histograms) if histograms is not None else None
+        self.banded = banded  # TTFT and TPOT per prompt band (receiver.prompt_band_histograms)
+
+
+class LatencyAnalytics:
+    """Windowed per-model latency sketches and what the catalog derives from them."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        max_models: int = DEFAULT_MAX_MODELS,
+        histograms: bool = False,
+        genai_options: genai.GenAIOptions | None = None,
+        prompt_bands: bool = False,
+    ) -> None:
+        self._clock = clock
+        self._max_models = max_models
+        self._histograms = (genai_options or genai.GenAIOptions()) if histograms else None
+        self._ttft_extra = (genai_options or genai.GenAIOptions()).ttft_extra_buckets_s
+        self._prompt_bands = prompt_bands
+        self._observer: Observer | None = None
+        self._engine_models: tuple[str, ...] = ()  # the engine collector's models at the last compute
+        self._lock = threading.Lock()
+        self._models: dict[str, _Model] = {}
+        self._bimodal_cache: dict[tuple[str, str, str], tuple[int, float, bimodality.Bimodality | None]] = {}
+        self.rejected_models = 0  # requests dropped because max_models distinct models were already tracked
+        self.published: dict[Key, LatencyStats] = {}  # the last computation's stats (source="spans")
+        self.failures = ModelFailures("latency")  # models whose step raised: left out of that cycle, counted
+
+    def record(self, timings: Iterable[RequestTiming]) -> int:
+        """Add finished requests; return how many were dropped (too many distinct models)."""
+        dropped = 0
+        with self._lock:
+            now = self._clock()
+            for t in timings:
+                m = self._models.get(t.model)
+                if m is None:
+                    if len(self._models) >= self._max_models:
+                        self._evict_idle(now)
+                    if len(self._models) >= self._max_models:
+                        dropped += 1
+                        continue
+                    banded = PromptBandHistograms(self._ttft_extra) if self._prompt_bands else None
+                    m = self._models[t.model] = _Model(self._histograms, banded)
+                s = t.seconds
+                for q, v in s.items():
+                    sk = m.sketches.get(q)
+                    if sk is not None:
+                        sk.add(v, now)
+                if "ttft" in s and "queue" in s and "prefill" in s:
+                    m.gap.add(s["ttft"] - s["queue"] - s["prefill"], now)
+                g = good(t)
+                if g is not None:
+                    m.good.add(g, now)
+                if m.banded is not None:
+                    m.banded.observe(t)
+                if m.histograms is not None:
+                    got = m.histograms.observe(t)
+                    observer = self._observer
+                    if observer is not None and got:
+                        label = display_name(t.model, self._models, self._engine_models)
+                        for metric, value, a in got:
+                            observer(metric, value, {**dict(a), MODEL: label})
+            self.rejected_models += dropped
+        return dropped
+
+    def set_observer(self, observer: Observer | None) -> None:
+        """Hand each semantic-convention measurement to ``observer`` as it is recorded (the OTLP sink)."""
+        with self._lock:
+            self._observer = observer
+
+    def _evict_idle(self, now: float) -> None:
+        for name in [n for n, m in self._models.items() if all(sk.empty(now) for sk in m.sketches.values())]:
+            del self._models[name]
+
+    def models(self) -> list[str]:
+        with self._lock:
+            return sorted(self._models)
+
+    def window_stats(self, model: str, quantity: str, window: str) -> WindowStats | None:
+        """Quantiles, tail ratio and bimodality of one series, or None when the window holds nothing."""
+        now = self._clock()
+        with self._lock:
+            m = self._models.get(model)
+            if m is None:
+                return None
+            sketch = m.sketches[quantity].window(WINDOWS_S[window], now)
+        if not sketch.count:
+            return None
+        qs = {q: float(sketch.get_quantile_value(q) or 0.0) for q in QUANTILES}
+        p50, p99 = qs[0.5], qs[0.99]
+        ratio = p99 / p50 if p50 > 0 else None
+        key, slot = (model, quantity, window), slot_of(now)
+        cached = self._bimodal_cache.get(key)
+        if (
+            cached is not None
+            and cached[0] == slot
+            and (cached[1] == sketch.count or (cached[2] is not None and sketch.count < cached[1] * REFIT_GROWTH))
+        ):
+            verdict = cached[2]
+        else:
+            verdict = bimodality.detect_log(log_bins(sketch))
+            self._bimodal_cache[key] = (slot, sketch.count, verdict)
+        mean = sketch.sum / sketch.count if sketch.count else None
+        return WindowStats(float(sketch.count), qs, ratio, verdict, mean)
+
+    def frontend_gap(self, model: str, window: str) -> float | None:
+        """Mean TTFT − (queue + prefill) over the window, seconds; None without such requests."""
+        with self._lock:
+            m = self._models.get(model)
+            if m is None:
+                return None
+            total, count = m.gap.window(WINDOWS_S[window], self._clock())
+        return total / count if count else None
+
+    def goodput(self, model: str, window: str) -> float | None:
+        """Share of the window's requests that met both goodput targets (exact); None without such requests."""
+        with self._lock:
+            m = self._models.get(model)
+            if m is None:
+                return None
+            total, count = m.good.window(WINDOWS_S[window], self._clock())
+        return total / count if count else None
+
+    def compute(self, engine: EngineSeries | None = None) -> list[AnySample]:
+        """Every catalog sample the analytics derive now (absent quantities stay absent); the runner's call.
+
+        ``engine`` is the engine collector's last word: spans that name no model are reported under its one
+        model, and a (model, window) whose frontend_gap it emits from its histograms is left to it (the
+        metric has no ``source`` attribute: one producer per series).
+        """
+        engine = engine or EngineSeries()
+        now = self._clock()
+        with self._lock:
+            self._evict_idle(now)
+            names = sorted(self._models)
+            shown = {name: display_name(name, names, engine.models) for name in names}
+            self._engine_models = engine.models
+            live = {(n, q, w) for n in names for q in QUANTITIES for w in WINDOWS_S}
+            for key in [k for k in self._bimodal_cache if k not in live]:
+                del self._bimodal_cache[key]
+        published: dict[tuple[str, str, str], LatencyStats] = {}
+        out: list[AnySample] = []
+        hists: list[AnySample] = []
+        for name in names:  # one model at a time: a model whose records break a step loses its series, alone
+            got = self.failures.run(name, partial(self._model_samples, name, shown[name], engine))
+            if got is not None:
+                out.extend(got[0])
+                hists.extend(got[1])
+                published.update(got[2])
+        self.failures.keep(names)
+        self.published = published
+        out.extend(hists)
+        return out
+
+    def _model_samples(
+        self, name: str, label: str, engine: EngineSeries
+    ) -> tuple[list[AnySample], list[AnySample], dict[Key, LatencyStats]]:
+        """One model's samples: (windowed quantiles and what derives from them, histograms, published stats)."""
+        with self._lock:
+            m = self._models.get(name)
+            hists: list[AnySample] = []
+            if m is not None and m.histograms is not None:
+                hists.extend(m.histograms.samples(label))
+            if m is not None and m.banded is not None:
+                hists.extend(m.banded.samples(label))
+        out: list[AnySample] = []
+        published: dict[Key, LatencyStats] = {}
+        for window in WINDOWS_S:
+            for q in QUANTITIES:
+                st = self.window_stats(name, q, window)
+                if st is None:
+                    continue
+                stats = LatencyStats(st.quantiles, st.count, SOURCE, st.mean_s)
+                published[(label, q, window)] = stats
+                out.extend(latency_samples(label, q, window, stats))
+                if st.bimodality is not None:
+                    a = attrs({MODEL: label, "quantity": q, "window": window, "source": SOURCE})
+                    b = st.bimodality
+                    out.append(Sample("inferwatch.engine.latency.bimodal", 1.0 if b.bimodal else 0.0, a))
+                    out.append(Sample("inferwatch.engine.latency.bimodality", b.statistic, a))
+            gap = self.frontend_gap(name, window) if (label, window) not in engine.gaps else None
+            if gap is not None:
+                out.append(Sample("inferwatch.engine.frontend_gap", gap, attrs({MODEL: label, "window": window})))
+            gp = self.goodput(name, window)
+            if gp is not None:
+                a = attrs({MODEL: label, "window": window, "source": SOURCE})
+                out.append(Sample("inferwatch.engine.goodput", gp, a))
+        return out, hists, published
+
+
+def display_name(model: str, tracked: Iterable[str] = (), engine_models: tuple[str, ...] = ()) -> str:
+    """The model to report ``model``'s spans under: spans that named none (vLLM v1's never do,
+    :data:`~inferwatch.agent.common.samples.UNKNOWN_MODEL`) belong to the engine's model when the engine collector sees
+    exactly one and no span named it; otherwise the name is kept."""
+    if model != UNKNOWN_MODEL:
+        return model
+    if len(engine_models) == 1 and engine_models[0] not in tracked:
+        return engine_models[0]
+    return model

@@ -1,0 +1,133 @@
+"""The agent's HTTP API (FastAPI): /metrics, /healthz, /readyz, /api/v1/status, /runbooks/<AlertName>."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+
+from inferwatch.agent import __version__
+from inferwatch.agent.common.redact import redact_url
+from inferwatch.agent.common.runbooks import MARKDOWN_TYPE, Runbooks, to_html, wants_markdown
+from inferwatch.agent.config import Settings
+from inferwatch.agent.node.api.auth import Authenticator
+from inferwatch.agent.node.api.routes import finding_dict, install
+from inferwatch.agent.node.api.services import ApiServices
+from inferwatch.agent.node.state import AgentState
+from inferwatch.exporters.prometheus import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, render, render_openmetrics
+
+log = logging.getLogger(__name__)
+Pull = Callable[[float], Awaitable[None]]  # Runner.pull_async: bring the due collections into this scrape
+
+
+class MetricsEndpoint:
+    """``GET /metrics`` as plain ASGI, in front of the whole API (FastAPI and its middleware).
+
+    A scrape runs no routing, no middleware stack and no thread hand-off (why: docs/benchmarks.md, "The agent's CPU
+    target"): it checks the token when ``/metrics`` is not an open path, pulls the collections due for it on the
+    event loop (:meth:`Runner.pull_async`: the loop waits, the lane workers collect), and writes the state with
+    :func:`inferwatch.exporters.prometheus.render`. A request the token check refuses goes on to the API, whose
+    authentication middleware answers (and counts) the 401/403 as for any other path.
+    """
+
+    def __init__(self, app: Any, settings: Settings, state: AgentState, pull: Pull, auth: Authenticator) -> None:
+        self.app = app
+        self.settings = settings
+        self.state = state
+        self.pull = pull
+        self.auth = auth
+        self._headers = [(b"content-type", CONTENT_TYPE.encode())]
+        self._openmetrics_headers = [(b"content-type", OPENMETRICS_CONTENT_TYPE.encode())]
+        # Exemplars exist only on the histograms the span receiver feeds: OpenMetrics (and its slower path) only then
+        self._exemplars = settings.receiver.enabled and settings.receiver.emit_histograms
+        self._openmetrics_failed = False  # logged once
+
+    def _allowed(self, scope: dict[str, Any]) -> bool:
+        if self.auth.is_open("/metrics"):
+            return True
+        header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        return self.auth.check(None if header is None else header.decode("latin-1"), "read") == 200
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != "/metrics" or not self._allowed(scope):
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] not in ("GET", "HEAD"):
+            await PlainTextResponse("method not allowed\n", 405, headers={"Allow": "GET, HEAD"})(scope, receive, send)
+            return
+        settings = self.settings
+        if settings.collect_on_scrape:
+            await self.pull(settings.scrape_wait_s)
+        accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
+        body = None
+        if self._exemplars and b"application/openmetrics-text" in accept:
+            try:
+                body, head = render_openmetrics(self.state), self._openmetrics_headers
+            except Exception:  # a family OpenMetrics refuses: the scrape still gets every value, as plain text
+                if not self._openmetrics_failed:
+                    log.warning("OpenMetrics exposition failed; answering in the text format", exc_info=True)
+                    self._openmetrics_failed = True
+        if body is None:
+            body, head = render(self.state), self._headers
+        headers = [*head, (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body if scope["method"] == "GET" else b""})
+
+
+def create_app(settings: Settings, state: AgentState, pull: Pull, services: ApiServices) -> MetricsEndpoint:
+    """The agent's ASGI application: :class:`MetricsEndpoint` in front of the FastAPI app."""
+    return MetricsEndpoint(create_api(settings, state, services), settings, state, pull, services.auth)
+
+
+def create_api(settings: Settings, state: AgentState, services: ApiServices) -> FastAPI:
+    """Every route but ``/metrics`` (answered in front of it by :class:`MetricsEndpoint`)."""
+    app = FastAPI(title="inferwatch agent", version=__version__, docs_url=None, redoc_url=None)
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "alive"}
+
+    @app.get("/readyz")
+    def readyz() -> JSONResponse:
+        health = state.health()
+        pending = sorted(n for n, h in health.items() if h.runs == 0)
+        code = 200 if not pending else 503
+        return JSONResponse({"ready": not pending, "pending": pending}, status_code=code)
+
+    @app.get("/api/v1/status")
+    def status() -> dict[str, Any]:
+        return {
+            "version": __version__,
+            "environment": state.environment,
+            "started_at": state.started_at,
+            "node": state.identity,
+            "collectors": [h.as_dict() for h in state.health().values()],
+            "findings": [finding_dict(f) for f in state.findings()],
+        }
+
+    runbooks = Runbooks.load()
+
+    # runbooks.base_url when set; else this agent's own /runbooks, as the request reached it (host and port the
+    # agent serves on, not the default's 9435).
+    runbooks_base_set = "base_url" in settings.runbooks.model_fields_set
+
+    @app.get("/runbooks")
+    def runbook_index(request: Request) -> dict[str, Any]:
+        base = settings.runbooks.base_url if runbooks_base_set else f"{str(request.base_url).rstrip('/')}/runbooks"
+        base = redact_url(base)  # an open path: never a credential in a link
+        return {"runbooks": [{"alert": n, "url": f"{base}/{n}"} for n in runbooks.names()]}
+
+    @app.get("/runbooks/{name}")
+    def runbook(name: str, request: Request, format: str | None = None) -> Response:
+        text = runbooks.read(name)
+        if text is None:
+            return PlainTextResponse(f"no runbook named {name[:128]!r}\n", status_code=404)
+        if wants_markdown(format, request.headers.get("accept", "")):
+            return Response(text, media_type=MARKDOWN_TYPE)
+        return HTMLResponse(to_html(name, text))
+
+    install(app, settings, state, services)
+    return app

@@ -1,0 +1,705 @@
+"""The node status page at ``/`` (a sink): what it shows, as plain values (``/api/v1/overview``); the HTML is
+:mod:`inferwatch.agent.node.api.statushtml`.
+
+What it reads: the state's latest collections (engine timing, span analytics, CPU features, page cache, GPUs,
+findings) and the runner's health record; the agent's own CPU time and peak RSS from ``getrusage`` (no /proc).
+What it keeps: :class:`PageHistory`, a state listener (like the snapshot store) that copies, once per
+:data:`HISTORY_STEP_S`, the TTFT/ITL P50/P95/P99 of every model (a point per :data:`CHART_STEP_S`, each quantile
+the maximum of the point's copies; an hour: :data:`HISTORY_POINTS`) and the
+engine's cumulative TTFT buckets (the last :data:`HISTOGRAM_WINDOW_S`, so the page draws the window's
+histogram, not the one since the engine started). Memory is bounded by :data:`MAX_SERIES`: kept in flat
+arrays (a line's whole hour allocated when it starts), 200 models take ~2.7 MB (as tuples an hour took ~28 MB;
+docs/benchmarks.md, "Engine scale").
+
+Nothing is computed on the collection path beyond that copy: the page and ``/api/v1/overview`` are built when
+requested (:func:`build_overview`, then :func:`inferwatch.agent.node.api.statushtml.render_page`; cost in
+docs/benchmarks.md, "Status page"). Behind the API's token rules (scope ``read``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import resource
+import threading
+import time
+from array import array
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from inferwatch.agent import __version__
+from inferwatch.agent.catalog.engine import GOODPUT_TTFT_TARGET_S
+from inferwatch.agent.common.samples import AnySample, Collection, Finding, HistogramSample, Sample
+from inferwatch.agent.node.state import AgentState, CollectorHealth
+
+HISTORY_STEP_S = 10.0  # the quantiles and TTFT buckets are copied once per step (and when a model first shows)
+CHART_STEP_S = 30.0  # a line keeps one point per 30 s of the clock: each quantile the slot's maximum (a spike stays)
+HISTORY_S = 3600.0  # the hour the line charts show
+HISTORY_POINTS = int(HISTORY_S / CHART_STEP_S)  # 120 points a line
+MAX_CHART_POINTS = 120  # drawn (and in /api/v1/overview) per line: 30 s apart over the hour
+HISTOGRAM_WINDOW_S = 300.0  # the TTFT histogram shows the last 5 minutes (the alerts' 5m window)
+MAX_SERIES = 256  # (model, quantity, source) line series kept; models past it are not charted
+MODEL = "gen_ai.request.model"
+TTFT_HISTOGRAM = "gen_ai.server.time_to_first_token"
+CHART_QUANTILES = ("0.5", "0.95", "0.99")
+QUANTILE_KEYS = {"0.5": "p50", "0.95": "p95", "0.99": "p99"}
+# Goodput from the histogram: the share of the window's requests whose first token came within the catalog's
+# goodput TTFT target (the ttft-500ms SLO of alerts/slo.yml; a bucket edge of the engine's histogram). Where spans
+# arrive, the exact figure (TTFT and time per output token both within target) is shown beside it.
+GOODPUT_TTFT_S = GOODPUT_TTFT_TARGET_S
+# The signals below mirror two alert rules (alerts/inferwatch.rules.yml) without their for:, so the page says
+# what the agent sees now: LatencyBimodal (5m and 1m TTFT verdicts, >= 50 requests in 5m) and TailLatencyRatioHigh
+# (histogram prefill P99/P50 over 5m above 3, >= 50 requests).
+MIN_WINDOW_REQUESTS = 50
+TAIL_RATIO_MAX = 3.0
+# Modes of the drawn histogram (density per log-second): a bucket is a peak when it holds >= MODE_MIN_SHARE of
+# the window's requests and is a local maximum; two peaks are two modes when the density between them falls to
+# <= VALLEY_RATIO of the smaller (a page-cache stall leaves ~0 there; queueing on a busy host makes shallow dips of
+# 0.3-0.5 next to the fast mode). The text next to the chart names them, for readers who cannot see the bars.
+MODE_MIN_SHARE = 0.05
+VALLEY_RATIO = 0.25
+STATUS_ORDER = {"fail": 0, "warn": 1, "ok": 2, "skip": 3}
+STATUS_WORD = {"fail": "✖ FAIL", "warn": "▲ WARN", "ok": "✔ OK", "skip": "– SKIP"}
+MAX_EVIDENCE_CHARS = 160
+
+
+def _attr(s: AnySample, key: str) -> str:
+    for k, v in s.attributes:
+        if k == key:
+            return v
+    return ""
+
+
+def _num(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else float(v)
+
+
+class PageHistory:
+    """Listener on the state (:meth:`AgentState.add_listener`): a copy per model and step, a chart point per
+    ``chart_step_s``, an hour of them."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        step_s: float = HISTORY_STEP_S,
+        points: int = HISTORY_POINTS,
+        max_series: int = MAX_SERIES,
+        chart_step_s: float = CHART_STEP_S,
+    ) -> None:
+        self._clock = clock
+        self.step_s = step_s
+        self.points = points
+        self.chart_step_s = chart_step_s
+        self.max_series = max_series
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+        self._seen: set[str] = set()  # models of the engine's collections already kept once
+        self._lines: dict[tuple[str, str, str], _Line] = {}
+        self._buckets: dict[str, _BucketRing] = {}
+        self._keep_buckets = int(HISTOGRAM_WINDOW_S / step_s) + 2
+
+    def on_collection(self, name: str, collection: Collection) -> None:
+        if name not in ("engine", "spans"):
+            return
+        now = self._clock()
+        with self._lock:
+            # Once per step; sooner for a model the engine shows for the first time, so its histogram window
+            # starts at its first scrape (the models come from the collection's details: no sample is read).
+            models = {str(m) for m in collection.details.get("models", ())} if name == "engine" else set()
+            if now - self._last.get(name, -math.inf) < self.step_s and models <= self._seen:
+                return
+            self._last[name] = now
+            if len(self._seen) + len(models) > 4 * self.max_series:
+                self._seen.clear()  # bounded: models come and go
+            self._seen |= models
+        quantiles: dict[tuple[str, str, str], dict[str, float]] = {}
+        hists: dict[str, tuple[tuple[float, float], ...]] = {}
+        for s in collection.samples:
+            if isinstance(s, HistogramSample):
+                if s.name == TTFT_HISTOGRAM:
+                    hists[_attr(s, MODEL)] = s.buckets
+            elif s.name == "inferwatch.engine.latency" and _attr(s, "window") == "1m":
+                quantity = _attr(s, "quantity")
+                q = _attr(s, "quantile")
+                if quantity in ("ttft", "itl") and q in CHART_QUANTILES:
+                    key = (_attr(s, MODEL), quantity, _attr(s, "source"))
+                    quantiles.setdefault(key, {})[q] = s.value
+        with self._lock:
+            for key, qs in quantiles.items():
+                line = self._lines.get(key)
+                if line is None:
+                    if len(self._lines) >= self.max_series:
+                        continue
+                    line = self._lines[key] = _Line(self.points, self.chart_step_s)
+                line.append(now, *(qs.get(q) for q in CHART_QUANTILES))
+            for model, buckets in hists.items():
+                ring = self._buckets.get(model)
+                if ring is None:
+                    if len(self._buckets) >= self.max_series:
+                        continue
+                    ring = self._buckets[model] = _BucketRing(self._keep_buckets)
+                ring.append(now, buckets)
+            horizon = now - self.chart_step_s * self.points
+            for stale in [k for k, v in self._lines.items() if v.last_time < horizon]:
+                del self._lines[stale]
+            for gone in [m for m, v in self._buckets.items() if v.last_time < horizon]:
+                del self._buckets[gone]
+
+    def line(
+        self, model: str, quantity: str, source: str
+    ) -> list[tuple[float, float | None, float | None, float | None]]:
+        with self._lock:
+            line = self._lines.get((model, quantity, source))
+            return line.points_kept() if line is not None else []
+
+    def baseline(self, model: str, now: float) -> tuple[float, tuple[tuple[float, float], ...]] | None:
+        """The oldest kept TTFT buckets of ``model`` within :data:`HISTOGRAM_WINDOW_S` of ``now``."""
+        with self._lock:
+            ring = self._buckets.get(model)
+            return ring.oldest_within(now - HISTOGRAM_WINDOW_S) if ring is not None else None
+
+
+def _stored(v: float | None) -> float:
+    return math.nan if v is None else v
+
+
+def _read(v: float) -> float | None:
+    return None if v != v else v
+
+
+class _Line:
+    """One chart line: a point per ``slot_s`` of the clock, its last ``points`` of them, each the time of the slot's
+    last copy and P50, P95, P99 each the maximum of the slot's copies (so a spike stays), in a ring of doubles
+    allocated whole when the line is made; a missing quantile (and a NaN, which a chart cannot draw either) kept as NaN
+    and read back as None. 32 bytes a point, 120 points an hour: where a tuple of floats per 10 s copy in a deque took
+    ~180 bytes (at 200 models an hour of lines held ~13 MB, now ~1 MB), and the memory a line will hold is taken at
+    once (an agent's size after its first minutes is its size after an hour)."""
+
+    __slots__ = ("_count", "_next", "_points", "_slot_s", "_values")
+
+    def __init__(self, points: int, slot_s: float) -> None:
+        self._values = array("d", bytes(32 * points))
+        self._points = points
+        self._slot_s = slot_s
+        self._next = 0  # the slot the next point goes to
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def last_time(self) -> float:
+        return self._values[4 * ((self._next - 1) % self._points)] if self._count else math.inf
+
+    def append(self, t: float, p50: float | None, p95: float | None, p99: float | None) -> None:
+        values = self._values
+        new = (_stored(p50), _stored(p95), _stored(p99))
+        last = self.last_time
+        if self._count and math.floor(t / self._slot_s) == math.floor(last / self._slot_s) and t >= last:
+            i = 4 * ((self._next - 1) % self._points)  # the same slot: merged into its point
+            values[i] = t
+            for k, v in enumerate(new, start=i + 1):
+                if v == v and not values[k] >= v:  # NaN (missing) never wins; the larger value does
+                    values[k] = v
+            return
+        i = 4 * self._next
+        values[i : i + 4] = array("d", (t, *new))
+        self._next = (self._next + 1) % self._points
+        self._count = min(self._count + 1, self._points)
+
+    def points_kept(self) -> list[tuple[float, float | None, float | None, float | None]]:
+        """Oldest first."""
+        v, n = self._values, self._points
+        first = (self._next - self._count) % n
+        slots = (4 * ((first + k) % n) for k in range(self._count))
+        return [(v[i], _read(v[i + 1]), _read(v[i + 2]), _read(v[i + 3])) for i in slots]
+
+
+class _BucketRing:
+    """A model's cumulative TTFT buckets at its last ``keep`` steps: the bounds once, the counts of each step in one
+    flat array of doubles (8 bytes a bucket a step, where a tuple of (bound, count) tuples took ~100). Bounds that
+    change (the engine restarted with others) start the ring again: counts under other bounds are no baseline."""
+
+    __slots__ = ("_bounds", "_counts", "_keep", "_times")
+
+    def __init__(self, keep: int) -> None:
+        self._keep = keep
+        self._bounds: tuple[float, ...] = ()
+        self._times = array("d")
+        self._counts = array("d")
+
+    @property
+    def last_time(self) -> float:
+        return self._times[-1] if self._times else math.inf
+
+    def append(self, t: float, buckets: tuple[tuple[float, float], ...]) -> None:
+        bounds = tuple(b for b, _ in buckets)
+        if bounds != self._bounds:
+            self._bounds = bounds
+            del self._times[:], self._counts[:]
+        self._times.append(t)
+        self._counts.extend(c for _, c in buckets)
+        if len(self._times) > self._keep:
+            del self._times[0], self._counts[: len(bounds)]
+
+    def oldest_within(self, since: float) -> tuple[float, tuple[tuple[float, float], ...]] | None:
+        """The oldest step at or after ``since``, as (time, buckets); None if there is none."""
+        width = len(self._bounds)
+        for i, t in enumerate(self._times):
+            if t >= since:
+                return t, tuple(zip(self._bounds, self._counts[i * width : (i + 1) * width], strict=True))
+        return None
+
+
+# --- the overview: what the page shows, as plain JSON-able values ---------------------------------------------
+
+
+_KEYED = ("quantity", "window", "source", "quantile")
+
+
+class _Index:
+    """The state's samples read once per request: by name, and per-model values by (name, model, quantity, window,
+    source, quantile) so each number on the page is one dict lookup."""
+
+    def __init__(self, collections: Mapping[str, Collection]) -> None:
+        self.by_name: dict[str, list[AnySample]] = {}
+        self.values: dict[tuple[str, ...], float] = {}
+        for c in collections.values():
+            for s in c.samples:
+                self.by_name.setdefault(s.name, []).append(s)
+                if isinstance(s, Sample) and s.name.startswith("inferwatch.engine."):
+                    a = dict(s.attributes)
+                    model = a.get(MODEL)
+                    if model is not None:
+                        key = (s.name, model, *(a.get(k, "") for k in _KEYED))
+                        self.values[key] = s.value
+
+    def get(self, name: str) -> list[AnySample]:
+        return self.by_name.get(name, [])
+
+    def value(
+        self, name: str, model: str, quantity: str = "", window: str = "", source: str = "", quantile: str = ""
+    ) -> float | None:
+        return _num(self.values.get((name, model, quantity, window, source, quantile)))
+
+
+def log_widths(bounds: list[float]) -> list[float]:
+    """ln(upper / lower) of each bucket (its width on a log axis); the first bucket (from 0) and ``+Inf`` take
+    their neighbour's width."""
+    w: list[float | None] = [
+        math.log(bounds[i] / bounds[i - 1]) if i and bounds[i - 1] > 0 and math.isfinite(bounds[i]) else None
+        for i in range(len(bounds))
+    ]
+    known = [x for x in w if x]
+    fallback = known[0] if known else 1.0
+    out: list[float] = []
+    for i, x in enumerate(w):
+        if x:
+            out.append(x)
+        else:
+            near = [w[j] for j in (i + 1, i - 1) if 0 <= j < len(w) and w[j]]
+            out.append(near[0] if near else fallback)  # type: ignore[arg-type]
+    return out
+
+
+def histogram_modes(bounds: list[float], counts: list[float]) -> list[int]:
+    """Indexes of the buckets that are modes of the density on a log axis (count / log width: the engines'
+    buckets are unequal, 20 ms next to 150 ms wide, so raw counts show dips that are not there); a mode holds
+    >= :data:`MODE_MIN_SHARE` of the requests, and two are separate when the density between them falls to
+    <= :data:`VALLEY_RATIO` of the smaller."""
+    total = sum(counts)
+    if total <= 0:
+        return []
+    d = [c / w for c, w in zip(counts, log_widths(bounds), strict=True)]
+    floor = max(MODE_MIN_SHARE * total, 1.0)
+    peaks = [
+        i
+        for i, c in enumerate(counts)
+        if c >= floor and (i == 0 or d[i] > d[i - 1]) and (i == len(d) - 1 or d[i] >= d[i + 1])
+    ]
+    modes: list[int] = []
+    for p in peaks:
+        if modes:
+            q = modes[-1]
+            if min(d[q : p + 1]) > VALLEY_RATIO * min(d[q], d[p]):
+                if d[p] > d[q]:
+                    modes[-1] = p
+                continue
+        modes.append(p)
+    return modes
+
+
+def _bucket_label(bounds: list[float], i: int) -> str:
+    lo = 0.0 if i == 0 else bounds[i - 1]
+    hi = bounds[i]
+    return f"{fmt_seconds(lo)}–{fmt_seconds(hi)}" if math.isfinite(hi) else f"> {fmt_seconds(lo)}"
+
+
+def downsample(points: list[tuple[float, float | None, float | None, float | None]]) -> list[list[float | None]]:
+    """At most :data:`MAX_CHART_POINTS`: consecutive points merged, each quantile the group's maximum (a P99
+    spike stays visible), the time the group's last."""
+    size = max(1, math.ceil(len(points) / MAX_CHART_POINTS))
+    out: list[list[float | None]] = []
+    for i in range(0, len(points), size):
+        group = points[i : i + size]
+        row: list[float | None] = [group[-1][0]]
+        for k in (1, 2, 3):
+            vals = [p[k] for p in group if p[k] is not None]
+            row.append(max(vals) if vals else None)  # type: ignore[type-var]
+        out.append(row)
+    return out
+
+
+def _ttft_histogram(
+    model: str, current: HistogramSample | None, history: PageHistory, now: float
+) -> dict[str, Any] | None:
+    if current is None:
+        return None
+    cum = [c for _, c in current.buckets]
+    bounds = [b for b, _ in current.buckets]
+    base = history.baseline(model, now)
+    window_s: float | None = None
+    if base is not None and len(base[1]) == len(cum) and all(b <= c for (_, b), c in zip(base[1], cum, strict=True)):
+        delta = [c - b for (_, b), c in zip(base[1], cum, strict=True)]
+        if delta[-1] > 0:
+            cum, window_s = delta, now - base[0]
+    counts = [cum[0]] + [max(cum[i] - cum[i - 1], 0.0) for i in range(1, len(cum))]
+    modes = histogram_modes(bounds, counts)
+    good_i = bisect.bisect_left(bounds, GOODPUT_TTFT_S)
+    total = cum[-1]
+    within = cum[good_i] if good_i < len(cum) and bounds[good_i] == GOODPUT_TTFT_S else None
+    return {
+        "bounds": [b if math.isfinite(b) else None for b in bounds],
+        "counts": counts,
+        "total": total,
+        "window_s": window_s,
+        "modes": [{"index": i, "range": _bucket_label(bounds, i), "count": counts[i]} for i in modes],
+        "goodput": {
+            "threshold_s": GOODPUT_TTFT_S,
+            "ratio": (within / total) if within is not None and total > 0 else None,
+            "per_s": (within / window_s) if within is not None and window_s else None,
+        },
+    }
+
+
+def _latency(ix: _Index, model: str, quantity: str, window: str) -> dict[str, Any] | None:
+    """P50/P95/P99 of one quantity, from the engine's histogram when it has one, else from spans."""
+    name = "inferwatch.engine.latency"
+    for source in ("histogram", "spans"):
+        qs = {QUANTILE_KEYS[q]: ix.value(name, model, quantity, window, source, q) for q in CHART_QUANTILES}
+        if any(v is not None for v in qs.values()):
+            return {"source": source, "window": window, **qs}
+    return None
+
+
+def _per_model_value(ix: _Index, name: str, model: str, **want: str) -> float | None:
+    return ix.value(name, model, **want)
+
+
+def _signals(model: str, ix: _Index, sources: Iterable[str]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for source in sources:
+        on5 = _per_model_value(
+            ix, "inferwatch.engine.latency.bimodal", model, quantity="ttft", window="5m", source=source
+        )
+        on1 = _per_model_value(
+            ix, "inferwatch.engine.latency.bimodal", model, quantity="ttft", window="1m", source=source
+        )
+        n5 = _per_model_value(
+            ix, "inferwatch.engine.latency.samples", model, quantity="ttft", window="5m", source=source
+        )
+        if on5 == 1 and on1 == 1 and (n5 or 0) >= MIN_WINDOW_REQUESTS:
+            d = _per_model_value(
+                ix, "inferwatch.engine.latency.bimodality", model, quantity="ttft", window="5m", source=source
+            )
+            out.append(
+                {
+                    "id": f"latency.bimodal/{model}",
+                    "status": "warn",
+                    "summary": f"{model}: TTFT is bimodal (a slow path or a slow node serves part of the requests)",
+                    "evidence": f"Ashman's D {d or 0:.2f} over 5m and the 1m window bimodal too, "
+                    f"{n5:.0f} requests ({source})",
+                    "runbook": "LatencyBimodal",
+                    "origin": "signal",
+                }
+            )
+            break
+    ratio = _per_model_value(
+        ix, "inferwatch.engine.latency.tail_ratio", model, quantity="prefill", window="5m", source="histogram"
+    )
+    n = _per_model_value(
+        ix, "inferwatch.engine.latency.samples", model, quantity="prefill", window="5m", source="histogram"
+    )
+    if ratio is not None and ratio > TAIL_RATIO_MAX and (n or 0) >= MIN_WINDOW_REQUESTS:
+        out.append(
+            {
+                "id": f"latency.tail_ratio/{model}",
+                "status": "warn",
+                "summary": f"{model}: prefill P99 is {ratio:.1f}x its P50 (jitter more resources will not fix)",
+                "evidence": f"prefill P99/P50 {ratio:.2f} > {TAIL_RATIO_MAX:g} over 5m, {n:.0f} requests (histogram)",
+                "runbook": "TailLatencyRatioHigh",
+                "origin": "signal",
+            }
+        )
+    return out
+
+
+def _prefix_hit_ratio(ix: _Index, model: str) -> float | None:
+    """Local prefix-cache hits / lookups since the engine started (the counters; rates are recording rules)."""
+    sums = {}
+    for name in ("inferwatch.engine.prefix_cache.hits", "inferwatch.engine.prefix_cache.queries"):
+        vals = [
+            s.value
+            for s in ix.get(name)
+            if isinstance(s, Sample) and _attr(s, MODEL) == model and _attr(s, "cache") in ("", "local")
+        ]
+        sums[name] = sum(vals) if vals else None
+    hits, queries = sums.values()
+    return hits / queries if hits is not None and queries else None
+
+
+def _tail_driver(ix: _Index, model: str) -> dict[str, Any] | None:
+    """The tail explainer's TTFT verdict over 5m (docs/explain.md): the phase behind the slowest 2 %."""
+    for s in ix.get("inferwatch.engine.tail.driver"):
+        if (
+            isinstance(s, Sample)
+            and _attr(s, MODEL) == model
+            and _attr(s, "quantity") == "ttft"
+            and _attr(s, "window") == "5m"
+        ):
+            return {"phase": _attr(s, "phase"), "attribute": _attr(s, "attribute"), "share": _num(s.value)}
+    return None
+
+
+def evidence_line(evidence: Mapping[str, object]) -> str:
+    parts = []
+    for k, v in evidence.items():
+        if isinstance(v, (dict, list, tuple)):
+            continue
+        parts.append(f"{k}={v}")
+    line = ", ".join(parts)
+    return line if len(line) <= MAX_EVIDENCE_CHARS else line[: MAX_EVIDENCE_CHARS - 1] + "…"
+
+
+def _finding(f: Finding) -> dict[str, Any]:
+    return {
+        "id": f.id,
+        "status": f.status,
+        "summary": f.summary,
+        "evidence": evidence_line(f.evidence),
+        "runbook": f.runbook,
+        "origin": "agent",
+    }
+
+
+def _models(ix: _Index, collections: Mapping[str, Collection]) -> list[str]:
+    engine = collections.get("engine")
+    names = {str(m) for m in engine.details.get("models", ())} if engine is not None else set()
+    for s in ix.get("inferwatch.engine.info"):
+        names.add(_attr(s, MODEL))
+    for s in ix.get("inferwatch.engine.latency"):
+        names.add(_attr(s, MODEL))
+    return sorted(n for n in names if n)
+
+
+def _gpus(ix: _Index) -> list[dict[str, Any]]:
+    gpus: dict[str, dict[str, Any]] = {}
+    fields = {
+        "hw.gpu.utilization": "utilization_ratio",
+        "hw.gpu.memory.usage": "memory_used_bytes",
+        "hw.gpu.memory.limit": "memory_limit_bytes",
+        "inferwatch.gpu.temperature": "temperature_celsius",
+        "inferwatch.gpu.power": "power_watts",
+    }
+    for name, key in fields.items():
+        for s in ix.get(name):
+            if isinstance(s, Sample) and not _attr(s, "hw.parent"):
+                g = gpus.setdefault(_attr(s, "hw.id"), {"id": _attr(s, "hw.id"), "model": _attr(s, "hw.model")})
+                g[key] = _num(s.value)
+    for s in ix.get("inferwatch.gpu.throttle"):
+        if isinstance(s, Sample) and s.value and _attr(s, "hw.id") in gpus:
+            gpus[_attr(s, "hw.id")].setdefault("throttle", []).append(_attr(s, "reason") or "yes")
+    return [gpus[k] for k in sorted(gpus)]
+
+
+def _features(ix: _Index) -> list[dict[str, Any]]:
+    """CPU features: expected for this CPU model, present on the node, and, where the runtime's profile says which
+    it was compiled for, whether its kernels use them (``runtime``: active | inactive, the silent fallback)."""
+    present = {_attr(s, "feature"): bool(s.value) for s in ix.get("inferwatch.cpu.feature.present")}  # type: ignore[union-attr]
+    missing = {_attr(s, "feature"): s for s in ix.get("inferwatch.cpu.feature.missing")}
+    inactive = {_attr(s, "feature"): bool(s.value) for s in ix.get("inferwatch.runtime.profile.simd_inactive")}  # type: ignore[union-attr]
+    rows = []
+    for feature in sorted(set(present) | set(missing) | set(inactive)):
+        m = missing.get(feature)
+        expected = m is not None
+        is_missing = bool(m.value) if isinstance(m, Sample) else False
+        rows.append(
+            {
+                "feature": feature,
+                "expected": expected,
+                "present": present.get(feature, not is_missing if expected else None),
+                "missing": is_missing,
+                "detected_by": _attr(m, "detected_by") if m is not None else "",
+                "runtime": "" if feature not in inactive else "inactive" if inactive[feature] else "active",
+            }
+        )
+    rows.sort(key=lambda r: (not r["missing"], r["runtime"] != "inactive", not r["expected"], r["feature"]))
+    return rows
+
+
+def _memory(ix: _Index, findings: list[Finding]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in findings:
+        if f.id == "pagecache":
+            out.update({"status": f.status, "summary": f.summary})
+            for k in ("inactive_file_bytes", "threshold_bytes", "mem_available_bytes", "psi_memory_some_avg10_ratio"):
+                if k in f.evidence:
+                    out[k] = f.evidence[k]
+    for s in ix.get("inferwatch.pressure.memory.avg"):
+        if isinstance(s, Sample):
+            out[f"psi_{_attr(s, 'kind') or 'some'}_{_attr(s, 'window') or ''}".rstrip("_")] = _num(s.value)
+    return out
+
+
+def _health(h: CollectorHealth, now: float) -> dict[str, Any]:
+    return {
+        "name": h.name,
+        "state": h.state,
+        "last_success_age_s": None if h.last_success_at is None else max(now - h.last_success_at, 0.0),
+        "duration_s": h.duration_s,
+        "runs": h.runs,
+        "errors": h.errors,
+        "last_error": h.last_error,
+        "hint": h.hint,
+    }
+
+
+def agent_usage(started_at: float, now: float) -> dict[str, Any]:
+    """The agent process's CPU seconds (user + system), its average share of a core, and its peak RSS."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = ru.ru_utime + ru.ru_stime
+    uptime = max(now - started_at, 1e-9)
+    return {
+        "cpu_seconds": cpu,
+        "cpu_core_share": cpu / uptime,
+        "peak_rss_bytes": ru.ru_maxrss * 1024,  # Linux: KiB
+        "uptime_s": uptime,
+    }
+
+
+def build_overview(state: AgentState, history: PageHistory, now: float | None = None) -> dict[str, Any]:
+    """Everything the page shows, as JSON-able values (also served as ``/api/v1/overview``)."""
+    now = time.time() if now is None else now
+    collections = state.collections()
+    ix = _Index(collections)
+    findings = [f for c in collections.values() for f in c.findings]
+    ident = state.identity
+    node_info = next(iter(ix.get("inferwatch.node.info")), None)
+    node = {
+        "host_name": ident.get("host.name", ""),
+        "machine_type": ident.get("host.type") or (_attr(node_info, "machine_type") if node_info else ""),
+        "cpu_model": ident.get("host.cpu.model.name") or (_attr(node_info, "cpu_model") if node_info else ""),
+        "arch": ident.get("host.arch", ""),
+        "kernel": ident.get("os.version") or (_attr(node_info, "kernel_release") if node_info else ""),
+        "environment": state.environment,
+    }
+    engines = {_attr(s, MODEL): _attr(s, "engine") for s in ix.get("inferwatch.engine.info")}
+    hists = {_attr(s, MODEL): s for s in ix.get(TTFT_HISTOGRAM) if isinstance(s, HistogramSample)}
+    sources = sorted({_attr(s, "source") for s in ix.get("inferwatch.engine.latency.bimodal")})
+    models = []
+    signals: list[dict[str, Any]] = []
+    for model in _models(ix, collections):
+        latency = {q: _latency(ix, model, q, "1m") for q in ("ttft", "itl")}
+        lines = {}
+        for q, cur in latency.items():
+            src = cur["source"] if cur else "histogram"
+            lines[q] = downsample(history.line(model, q, src))
+        bimodal = {
+            src: _per_model_value(
+                ix, "inferwatch.engine.latency.bimodal", model, quantity="ttft", window="5m", source=src
+            )
+            for src in sources
+        }
+        models.append(
+            {
+                "model": model,
+                "engine": engines.get(model, ""),
+                "latency": latency,
+                "history": lines,
+                "tail_ratio": {
+                    q: _per_model_value(
+                        ix, "inferwatch.engine.latency.tail_ratio", model, quantity=q, window="5m", source="histogram"
+                    )
+                    for q in ("ttft", "prefill")
+                },
+                "bimodal_ttft_5m": {k: v for k, v in bimodal.items() if v is not None},
+                "ttft_histogram": _ttft_histogram(model, hists.get(model), history, now),
+                "kv_cache_usage_ratio": _per_model_value(ix, "inferwatch.engine.kv_cache.usage", model),
+                "requests_running": _per_model_value(ix, "inferwatch.engine.requests.running", model),
+                "requests_waiting": _per_model_value(ix, "inferwatch.engine.requests.waiting", model),
+                "preemptions_total": _per_model_value(ix, "inferwatch.engine.preemptions", model),
+                "prefix_cache_hit_ratio": _prefix_hit_ratio(ix, model),
+                "goodput_exact_5m": ix.value("inferwatch.engine.goodput", model, window="5m", source="spans"),
+                "tail_driver": _tail_driver(ix, model),
+            }
+        )
+        signals += _signals(model, ix, sources)
+    all_findings = [*signals, *(_finding(f) for f in findings)]
+    all_findings.sort(key=lambda f: (STATUS_ORDER.get(f["status"], 9), f["id"]))
+    return {
+        "version": __version__,
+        "generated_at": now,
+        "node": node,
+        "gpus": _gpus(ix),
+        "cpu_features": _features(ix),
+        "memory": _memory(ix, findings),
+        "engine_schema": _engine_schema(ix),
+        "models": models,
+        "findings": all_findings,
+        "collectors": [_health(h, now) for h in sorted(state.health().values(), key=lambda h: h.name)],
+        "agent": agent_usage(state.started_at, now),
+    }
+
+
+def _engine_schema(ix: _Index) -> dict[str, Any] | None:
+    """The release range and schema the engine collector recognised, with how many claimed quantities it maps or
+    derives and how many of the engine's families it does not read (docs/engine.md); None before a good scrape."""
+    info = next(iter(ix.get("inferwatch.engine.schema.info")), None)
+    if info is None:
+        return None
+    recognised = next(iter(ix.get("inferwatch.engine.quantities.recognised")), None)
+    unmapped = next(iter(ix.get("inferwatch.engine.unmapped_families")), None)
+    return {
+        "engine": _attr(info, "engine"),
+        "release_range": _attr(info, "release_range"),
+        "schema": _attr(info, "schema"),
+        "quantities_recognised": recognised.value if isinstance(recognised, Sample) else None,
+        "unmapped_families": unmapped.value if isinstance(unmapped, Sample) else None,
+    }
+
+
+def fmt_seconds(v: float | None) -> str:
+    if v is None:
+        return "—"
+    if v >= 10:
+        return f"{v:.0f} s"
+    if v >= 1:
+        return f"{v:.2f} s"
+    if v >= 0.001:
+        return f"{v * 1e3:.3g} ms"
+    return f"{v * 1e6:.3g} µs"
+
+
+def fmt_bytes(v: float | None) -> str:
+    if v is None:
+        return "—"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if v >= size:
+            return f"{v / size:.2f} {unit}"
+    return f"{v:.0f} B"
+
+
+def fmt_age(v: float | None) -> str:
+    if v is None:
+        return "never"
+    return f"{v:.0f} s ago" if v < 120 else f"{v / 60:.0f} min ago"

@@ -1,0 +1,1265 @@
+"""A fast, selective, conforming reader of the Prometheus text exposition format (engine ``/metrics``).
+
+Conformance: the text format as prometheus/common's ``expfmt`` text parser reads it (Prometheus 3,
+UTF-8 names: ``{"a.b",label="x"} 1``, ``# TYPE "a.b" counter``), and OpenMetrics 1.0 as
+client_python's OpenMetrics parser reads it when the body ends with ``# EOF``. The cases, their
+sources and expected outcomes are in ``tests/fixtures/expfmt/`` (see its SOURCE.md). Every line is
+checked, not only the wanted ones. Problems are :class:`ExpositionError` with a 1-based line number and a
+``reason`` (:data:`REASONS`): ``parse`` (syntax), ``duplicate_series`` (one series twice),
+``type_conflict`` (a second TYPE or HELP line, or TYPE after the family's samples),
+``negative_value`` (a counter, a histogram bucket or count, a summary count going below zero),
+``openmetrics`` (an OpenMetrics rule on families: grouping, ``_total``, buckets, units, ``# EOF``).
+
+Strict or tolerant. Without ``limits`` (the conformance tests, ``scrape_rules=False``) a problem anywhere
+rejects the exposition, as Prometheus rejects the scrape. With ``limits`` (the engine collector, ``engine
+inspect``) one bad line costs that line, not the scrape: a line with a problem of :data:`DROPPABLE` reasons is
+dropped and counted (``Exposition.dropped``, and :attr:`ExpositionReader.dropped` for the reader's life:
+``inferwatch.engine.series.dropped{reason}``), the first few problems are kept as the strict check words them
+(``Exposition.problems``), every other line is read, and an OpenMetrics family rule broken is reported the same
+way with the family's samples kept. Past ``limits.max_bad_lines`` dropped lines, or on a problem that is no
+line's alone (a label limit, a body cut short: no newline or no ``# EOF`` at the end), the read fails as before.
+
+Hot path of the engine collector: a node serving many models or LoRA adapters exposes tens of
+thousands of series per scrape, and the adapter needs a few families. So the reader keeps a cache
+keyed by the text before the value (``name{labels}``), up to :data:`MAX_HEADS` heads: a line seen in
+an earlier scrape costs one split, one dict lookup and one ``float``. A head not cached, of the common
+shape (``name{a="x",...} value``), is checked piece by piece, each piece cached by its text: the name,
+the label block, each ``a="x"`` pair (so a known block costs a slice and a lookup more, a new block of
+known pairs a split and a few lookups); any other shape goes through the full line parser. Only
+wanted samples are stored (``_created`` ones only when asked for).
+
+Memory: what a burst of series cached (a read far longer than the next, or caches much larger than
+the series read) is dropped, and the next read begins by handing the freed memory back to the OS
+(:func:`release_freed_memory`); the series of dropped models are checked but never cached.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+import platform
+import re
+import sys
+from array import array
+from collections.abc import Container, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from inferwatch.agent.errors import SourceFormatError
+from inferwatch.agent.node.engine.limits import EngineLimits, label_limit_error
+
+Labels = tuple[tuple[str, str], ...]
+log = logging.getLogger(__name__)
+
+
+class Series:
+    """A family's kept samples in the order read: the label tuples in a list and the values in an array of doubles
+    (16 bytes a sample, where a ``(labels, value)`` tuple and its float took ~96: at 200 models x 2 ranks the
+    83k samples the vLLM adapter reads held ~7.4 MB while the adapter read them, ~1.3 MB now). Iterates, indexes
+    and compares as the list of ``(labels, value)`` pairs it stands for (the values exactly as read)."""
+
+    __slots__ = ("labels", "values")
+
+    def __init__(self, pairs: Iterable[tuple[Labels, float]] = ()) -> None:
+        self.labels: list[Labels] = []
+        self.values = array("d")
+        for labels, value in pairs:
+            self.append(labels, value)
+
+    def append(self, labels: Labels, value: float) -> None:
+        self.labels.append(labels)
+        self.values.append(value)
+
+    def __iter__(self) -> Iterator[tuple[Labels, float]]:
+        return zip(self.labels, self.values, strict=True)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[Labels, float]:
+        return self.labels[i], self.values[i]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Series | list):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as the list it stands for
+
+    def __repr__(self) -> str:
+        return f"Series({list(self)!r})"
+
+
+REASONS = (
+    "parse",
+    "duplicate_series",
+    "type_conflict",
+    "negative_value",
+    "openmetrics",
+    "label_value_length_limit",  # with limits: a label value over EngineLimits.max_label_value_bytes
+    "label_bytes_limit",  # with limits: one series' labels over EngineLimits.max_label_bytes
+)
+# What a tolerant read (limits given) drops with the line, instead of failing: a line's own problems. The label
+# limits are not among them (Prometheus' label_limit rejects the scrape, and they bound what a read holds).
+DROPPABLE = ("parse", "duplicate_series", "type_conflict", "negative_value", "openmetrics")
+PROBLEMS_KEPT = 5  # problems of a read worded with their line number (finding it costs a pass over the lines)
+MAX_LABEL_CACHE_ENTRIES = 200_000  # a bound on memory when series churn (each entry ~ one series)
+# After a read, caches holding more than this many times the series read (plus the slack) are dropped.
+STALE_CACHE_FACTOR = 2
+STALE_CACHE_SLACK = 10_000
+MAX_EXEMPLAR_LABEL_CHARS = 128  # OpenMetrics 1.0: exemplar label names and values together
+TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped", "gauge_histogram", "gaugehistogram"})
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_INT = re.compile(r"[-+]?[0-9]+")
+_UNESCAPE = {"\\": "\\", '"': '"', "n": "\n"}
+_BLANK = " \t"
+
+
+# glibc's mallopt(3) parameters (malloc.h) and the values they are fixed at: glibc's own defaults
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+MALLOC_MMAP_THRESHOLD_BYTES = 128 * 1024  # larger buffers get their own mapping, unmapped when freed
+MALLOC_TRIM_THRESHOLD_BYTES = 128 * 1024  # free memory above this at the top of a heap is returned at once
+_glibc: ctypes.CDLL | None = None
+_glibc_looked_up = False
+
+
+def release_freed_memory() -> bool:
+    """Hand the heap memory freed after a burst of series back to the OS; True if that could be asked (glibc).
+
+    glibc keeps freed memory for reuse, and once a buffer over its mmap threshold (128 KiB) is freed —
+    a held exposition body is megabytes — it raises that threshold to the buffer's size and its trim
+    threshold to twice that: later large buffers come from its heaps, up to that much free memory stays
+    at the top of each heap (one per thread that allocates), and ``malloc_trim`` does not shrink the
+    heaps of threads other than the main one. So the agent's RSS stays where a burst took it. The first
+    call fixes both thresholds at glibc's defaults (``mallopt``, which also stops them rising); every call
+    returns the free pages (``malloc_trim(0)``, a few milliseconds). Called when a read begins after a
+    burst ended or a large cache was dropped (:class:`ExpositionReader`). Elsewhere (musl, macOS) nothing
+    is done.
+    """
+    global _glibc, _glibc_looked_up
+    if not _glibc_looked_up:
+        _glibc_looked_up = True
+        if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
+            try:
+                libc = ctypes.CDLL(None)
+                libc.mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES)
+                libc.mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES)
+                _glibc = libc
+            except (OSError, AttributeError):
+                _glibc = None
+    if _glibc is None:
+        return False
+    _glibc.malloc_trim(0)
+    return True
+
+
+class ExpositionError(SourceFormatError):
+    """A line that breaks the format; ``lineno`` is 1-based, ``last``: it is the final line.
+
+    ``reason`` is one of :data:`REASONS`, so the collector can count rejections by cause.
+    """
+
+    def __init__(
+        self, message: str, lineno: int, last: bool = False, reason: str = "parse", line: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.lineno = lineno
+        self.last = last
+        self.reason = reason
+        self.line = line  # the line object itself, when a reader raised it (a tolerant read drops it)
+
+
+class _LineError(ValueError):
+    """Raised inside the line parser; the reader turns it into an ExpositionError with the line number."""
+
+    def __init__(self, why: str, reason: str = "parse") -> None:
+        super().__init__(why)
+        self.reason = reason
+
+
+@dataclass
+class Exposition:
+    """Wanted samples by full sample name (``vllm:prompt_tokens_total``), each with labels and value."""
+
+    samples: dict[str, Series] = field(default_factory=dict)
+    lines: int = 0  # lines scanned, all of them
+    matched: int = 0  # samples kept
+    types: dict[str, str] = field(default_factory=dict)  # family → TYPE as declared (lower case)
+    models_dropped: int = 0  # distinct models past the reader's max_models (see ExpositionReader)
+    # which of its reader's caches the label tuples come from: it changes when the reader drops its caches
+    # (so memos keyed by those tuples, as adapters.KeyCache, know theirs are stale)
+    generation: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)  # reason → lines dropped by a tolerant read
+    # the first PROBLEMS_KEPT of them: (reason, the strict read's words for it)
+    problems: list[tuple[str, str]] = field(default_factory=list)
+
+    def get(self, name: str) -> Series:
+        got = self.samples.get(name)
+        return got if got is not None else Series()
+
+
+class Everything:
+    """A ``wanted`` that keeps every sample (conformance tests, ``inferwatch engine inspect``)."""
+
+    def __contains__(self, name: object) -> bool:
+        return True
+
+
+def decode(body: bytes) -> str:
+    """Decode an exposition body; raise ExpositionError naming the line and offset of the first bad byte."""
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        lineno = body.count(b"\n", 0, exc.start) + 1
+        raise ExpositionError(f"line {lineno}: not UTF-8 text (invalid byte at offset {exc.start})", lineno) from None
+
+
+def is_openmetrics(text: str) -> bool:
+    """An OpenMetrics body ends with ``# EOF`` (the agent asks for the text format; some engines send OM)."""
+    return text.endswith(("# EOF\n", "# EOF"))
+
+
+# --- numbers -------------------------------------------------------------------------------------
+
+
+def parse_float(text: str) -> float:
+    """A float as Go's ``strconv.ParseFloat`` without hex, ``p`` or ``_`` (what expfmt accepts)."""
+    value = float(text)  # ValueError for most garbage
+    if not text.isascii() or "_" in text or text.strip() != text:
+        raise ValueError(f"not a float: {text!r}")
+    if value != value and text[0] in "+-":
+        raise ValueError(f"not a float: {text!r}")
+    return value
+
+
+def _value(text: str) -> float:
+    try:
+        return parse_float(text)
+    except ValueError:
+        raise _LineError(f"value {text[:40]!r} is not a number") from None
+
+
+def _timestamp(text: str, om: bool) -> float:
+    if om:
+        try:
+            ts = parse_float(text)
+        except ValueError:
+            raise _LineError(f"timestamp {text[:40]!r} is not a number") from None
+        if not math.isfinite(ts):
+            raise _LineError(f"timestamp {text[:40]!r} is not finite")
+        return ts
+    if _INT.fullmatch(text) is None:
+        raise _LineError(f"timestamp {text[:40]!r} is not an integer (milliseconds)")
+    return float(text)
+
+
+# --- the line parser (every new head goes through it once) ---------------------------------------
+
+
+def _quoted(line: str, i: int, om: bool = False) -> tuple[str, int]:
+    """The string quoted at ``line[i] == '"'`` unescaped (``\\\\``, ``\\"``, ``\\n``), and the index after it.
+
+    Another escape is an error in the text format (expfmt) and kept as written in OpenMetrics
+    (client_python).
+    """
+    j = i + 1
+    end = line.find('"', j)
+    if end != -1 and line.find("\\", j, end) == -1:
+        return line[j:end], end + 1
+    buf: list[str] = []
+    n = len(line)
+    while j < n:
+        c = line[j]
+        if c == "\\":
+            nxt = line[j + 1 : j + 2]
+            if nxt not in _UNESCAPE:
+                if not om or not nxt:
+                    raise _LineError(f"invalid escape sequence '\\{nxt}'")
+                buf.append("\\" + nxt)
+            else:
+                buf.append(_UNESCAPE[nxt])
+            j += 2
+        elif c == '"':
+            return "".join(buf), j + 1
+        else:
+            buf.append(c)
+            j += 1
+    raise _LineError("unterminated quoted string")
+
+
+def metric_name_at(line: str, i: int, om: bool = False) -> tuple[str, int]:
+    """The metric name at ``line[i]`` (plain or quoted, UTF-8) and the index after it."""
+    if line.startswith('"', i):
+        return _quoted(line, i, om)
+    m = _METRIC_NAME.match(line, i)
+    if m is None:
+        raise _LineError(f"invalid metric name at {line[i : i + 20]!r}")
+    return m.group(), m.end()
+
+
+def _skip(line: str, i: int, om: bool) -> int:
+    if om:
+        return i
+    n = len(line)
+    while i < n and line[i] in _BLANK:
+        i += 1
+    return i
+
+
+def _labels(line: str, i: int, om: bool) -> tuple[str | None, Labels, int]:
+    """Parse the label block after ``{`` at ``i``: (quoted metric name or None, labels, index after ``}``)."""
+    n = len(line)
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    metric: str | None = None
+    i = _skip(line, i, om)
+    while True:
+        if i >= n:
+            raise _LineError("unterminated label set")
+        if line[i] == "}":
+            return metric, tuple(out), i + 1
+        if line[i] == '"':
+            lname, i = _quoted(line, i, om)
+            quoted = True
+        else:
+            m = _LABEL_NAME.match(line, i)
+            if m is None:
+                raise _LineError(f"invalid label name at {line[i : i + 20]!r}")
+            lname, i, quoted = m.group(), m.end(), False
+        i = _skip(line, i, om)
+        if i < n and line[i] == "=":
+            i = _skip(line, i + 1, om)
+            if i >= n or line[i] != '"':
+                raise _LineError(f"label {lname!r}: value must be quoted")
+            value, i = _quoted(line, i, om)
+            if not lname:
+                raise _LineError("empty label name")
+            if lname == "__name__" and not om:
+                raise _LineError('label name "__name__" is reserved')
+            if lname in seen:
+                raise _LineError(f"duplicate label name {lname!r}")
+            seen.add(lname)
+            out.append((lname, value))
+        elif quoted:
+            if metric is not None:
+                raise _LineError("multiple metric names in the label set")
+            if not lname:
+                raise _LineError("empty metric name")
+            metric = lname
+        else:
+            raise _LineError(f"expected '=' after label name {lname!r}")
+        i = _skip(line, i, om)
+        if i < n and line[i] == ",":
+            i += 1
+            if om and line.startswith("}", i):
+                raise _LineError("trailing comma in label set")
+            i = _skip(line, i, om)
+            if i < n and line[i] == ",":
+                raise _LineError("two commas in label set")
+        elif i < n and line[i] == "}":
+            return metric, tuple(out), i + 1
+        else:
+            raise _LineError("expected ',' or '}' after a label")
+
+
+@dataclass(slots=True)
+class Line:
+    """One sample line fully parsed; ``plain``: ``name{labels} value`` with one space, cacheable."""
+
+    name: str
+    labels: Labels
+    value: float
+    timestamp: float | None
+    exemplar: tuple[Labels, float] | None
+    plain: bool
+
+
+def parse_line(line: str, om: bool = False) -> Line:
+    """Parse one sample line (no comment, not blank); ValueError (``_LineError``) says why not."""
+    n = len(line)
+    i = _skip(line, 0, om)
+    name: str | None = None
+    if i < n and (line[i] == '"' or _METRIC_NAME.match(line, i)):
+        name, i = metric_name_at(line, i, om)
+    labels: Labels = ()
+    j = _skip(line, i, om)  # expfmt allows blanks before "{"; OpenMetrics does not (_skip is a no-op)
+    braces = j < n and line[j] == "{"
+    if braces:
+        inner, labels, i = _labels(line, j + 1, om)
+        if inner is not None:
+            if name is not None:
+                raise _LineError("metric name given twice")
+            name = inner
+        if om and "__name__" in dict(labels):
+            if name is not None:
+                raise _LineError("metric name given twice")
+            name = dict(labels)["__name__"]
+            labels = tuple(kv for kv in labels if kv[0] != "__name__")
+    if not name:
+        raise _LineError("invalid metric name")
+    value_at = i  # where the text after the name or label set starts
+    if om:
+        if i >= n or line[i] != " ":
+            raise _LineError("expected one space before the value" if i < n else "missing value")
+        parts = line[i + 1 :].split(" ")
+        if not parts[0]:
+            raise _LineError("missing value or more than one space")
+    else:
+        j = _skip(line, i, om)
+        if j == i and not braces:
+            raise _LineError("expected a blank after the metric name" if i < n else "missing value")
+        if j >= n:
+            raise _LineError("missing value")
+        rest = line[j:]
+        if rest.rstrip(_BLANK) != rest:
+            raise _LineError("blank after the last field")
+        parts = rest.replace("\t", " ").split()
+    value = _value(parts[0])
+    timestamp: float | None = None
+    exemplar: tuple[Labels, float] | None = None
+    k = 1
+    if k < len(parts) and parts[k] != "#":
+        timestamp = _timestamp(parts[k], om)
+        k += 1
+    if k < len(parts):
+        if not om or parts[k] != "#":
+            raise _LineError(f"unexpected text after the {'timestamp' if timestamp is not None else 'value'}")
+        exemplar = _exemplar(" ".join(parts[k + 1 :]))
+    plain = not om and len(parts) == 1 and line[value_at:] == " " + parts[0]
+    return Line(name, labels, value, timestamp, exemplar, plain)
+
+
+def _exemplar(text: str) -> tuple[Labels, float]:
+    """``{labels} value [timestamp]`` after ``# `` (OpenMetrics)."""
+    if not text.startswith("{"):
+        raise _LineError("exemplar must start with a label set")
+    metric, labels, i = _labels(text, 1, True)
+    if metric is not None:
+        raise _LineError("exemplar label set holds a metric name")
+    if sum(len(k) + len(v) for k, v in labels) > MAX_EXEMPLAR_LABEL_CHARS:
+        raise _LineError(f"exemplar labels longer than {MAX_EXEMPLAR_LABEL_CHARS} characters")
+    rest = text[i:]
+    if not rest.startswith(" "):
+        raise _LineError("expected one space before the exemplar value")
+    parts = rest[1:].split(" ")
+    if len(parts) > 2 or not all(parts):
+        raise _LineError("bad exemplar value or timestamp")
+    value = _value(parts[0])
+    if len(parts) == 2:
+        _timestamp(parts[1], True)
+    return labels, value
+
+
+# --- families: what a TYPE line implies for each sample name --------------------------------------
+
+# Sample-name suffixes whose values must not be negative, by type. The format itself (expfmt)
+# forbids negative histogram buckets and counts; the scrape rules add counters and summary counts.
+_NONNEG = {
+    "histogram": ("_bucket", "_count"),
+    "gauge_histogram": ("_bucket", "_count"),
+    "gaugehistogram": ("_bucket", "_count", "_gcount"),
+}
+_SCRAPE_NONNEG = {"counter": ("", "_total"), "summary": ("_count",)}
+
+
+MAX_UNKEPT_HEADS = 20_000  # per read: lines of families not read checked for duplicates (by their text)
+# Heads (``name{labels}``) cached per reader, whole: beyond, a line is read through the caches of its name and of
+# its label text (what a cold read of known series does). At 200 models x 2 ranks of vLLM (127k series) the
+# warm read is ~20 % slower than with every head cached and ~25 MB smaller (each cached head holds its text and
+# an entry: ~300 bytes); below the bound, every head is cached as before (docs/benchmarks.md, "Engine scale").
+# A reader whose last read had more lines than the bound caches no head at all: the 16,384 it would hold cover
+# a small share of such a read (13 % at 200 models) for ~4 MB (agent at 50 models: 86-87 -> 82.6 MB).
+MAX_HEADS = 16_384
+MAX_DROPPED_MODELS_COUNTED = 65_536  # distinct dropped models counted per read (beyond: a lower bound)
+
+
+_Info = tuple[Labels, "str | None", int, "str | None"]  # (labels, bad bound, canonical id, model)
+_UNKEPT = -2  # the canonical id of a label set of a name not wanted, not interned (see ExpositionReader.feed)
+_BY_TEXT = -3  # the series id of a cached head of a name not wanted: the series is the head's text
+_UNKEPT_INFO: _Info = ((), None, _UNKEPT, None)  # the label text of a name not wanted, checked, bounds numbers
+_Head = tuple[str, Labels, int, bool, "str | None", "str | None"]  # (name, labels, series id, kept, bad, model)
+
+
+class ReadPass:
+    """The state of one read while its lines arrive (all of them at once, or chunk by chunk)."""
+
+    __slots__ = (
+        "bad",
+        "bad_ids",
+        "dropped",
+        "helps",
+        "kept",
+        "last_lineno",
+        "last_name",
+        "lines",
+        "nonneg",
+        "om",
+        "out",
+        "problems",
+        "sampled",
+        "seen",
+        "seen_by_name",
+        "seen_ts",
+        "typed_hist",
+        "types",
+        "unkept",
+    )
+
+    def __init__(self, om: bool) -> None:
+        self.out: dict[str, Series] = {}
+        self.types: dict[str, str] = {}
+        self.helps: set[str] = set()
+        self.nonneg: set[str] = set()
+        self.typed_hist: set[str] = set()  # histogram/summary families whose le/quantile must be numbers
+        self.sampled: set[str] = set()
+        self.seen: set[str] = set()  # head texts of families not read (_BY_TEXT; see ExpositionReader.feed)
+        # per name: the canonical ids of its label sets read (ints the reader's caches hold: none made per line)
+        self.seen_by_name: dict[str, set[int]] = {}
+        self.unkept = 0  # lines of names not wanted whose text was added to ``seen`` (at most MAX_UNKEPT_HEADS)
+        self.seen_ts: set[tuple[int, float]] = set()  # (series id: the name's identity and the label set's id, ts)
+        self.last_name = ""
+        self.lines = 0
+        self.kept: set[str | None] = set()  # models whose samples are kept (None: no model label)
+        self.dropped: set[int] = set()  # hashes of the models past max_models
+        self.om = om
+        self.last_lineno = -1  # the number of the body's last line, when known (whole-text reads)
+        self.bad: dict[str, int] = {}  # reason → lines a tolerant read dropped
+        self.bad_ids: set[int] = set()  # id() of each line dropped (an OpenMetrics body's family check skips them)
+        self.problems: list[tuple[str, str]] = []  # the first PROBLEMS_KEPT: (reason, words with the line number)
+
+    def series(self) -> int:
+        """Series read so far (those checked for duplicates)."""
+        return len(self.seen) + len(self.seen_ts) + sum(map(len, self.seen_by_name.values()))
+
+
+class ExpositionReader:
+    """Reads samples whose names are in ``wanted``; checks every line.
+
+    ``prefixes`` is kept for the adapters' detection; all lines are read. ``scrape_rules``: on top of
+    the format, reject what Prometheus' scrape rejects or what makes a reading wrong — one series
+    twice (``duplicate_series``), a negative counter or summary count (``negative_value``); off, the
+    reader accepts exactly what the reference parsers accept (the conformance tests). Keep one
+    reader per target: its caches (heads up to :data:`MAX_HEADS`, none once a read has more lines; then
+    names and label texts) are what make repeated scrapes cheap.
+
+    ``model_labels`` with ``limits``: the first ``limits.max_models`` distinct models (the first of
+    these labels present, in order; none: one model) among the wanted samples, in exposition order,
+    are kept; samples of the others are checked line by line but neither kept nor cached (so a
+    flood of model names costs no memory per series) and their models are counted
+    (``Exposition.models_dropped``). Lines of families not read are checked for duplicates by their
+    text: those whose head is cached, and up to :data:`MAX_UNKEPT_HEADS` more per read; past that they
+    are checked line by line, without the duplicate check (their values are not used).
+
+    A body can be read in one piece (:meth:`read`) or as it arrives (:meth:`begin`, :meth:`feed` with
+    the complete lines of each chunk, :meth:`end`), with the same checks.
+    """
+
+    def __init__(
+        self,
+        prefixes: tuple[str, ...],
+        wanted: Container[str],
+        scrape_rules: bool = True,
+        limits: EngineLimits | None = None,
+        model_labels: tuple[str, ...] = (),
+    ) -> None:
+        self.prefixes = prefixes
+        self.wanted = wanted
+        self.scrape_rules = scrape_rules
+        self.limits = limits  # label limits, checked once per distinct label set (never on a cached head)
+        self.model_labels = model_labels
+        self.max_models: float = limits.max_models if limits is not None else math.inf
+        self.max_bad_lines = limits.max_bad_lines if limits is not None else 0  # 0: strict (see the module doc)
+        self.dropped: dict[str, int] = dict.fromkeys(DROPPABLE, 0)  # lines dropped, by reason, over the reader's life
+        self._dropping = False  # the last read dropped lines (logged once when that starts and once when it ends)
+        self._short_labels = min(limits.max_label_value_bytes, limits.max_label_bytes) if limits is not None else 0
+        # "name{labels}" → (name, labels, series id, wanted, bad bound, model); series id: the label set's
+        # canonical id (a series is the name, one object per reader, and that id: ReadPass.seen_by_name);
+        # bad bound: "le" or "quantile" when that label is not a number (an error in a histogram/summary)
+        self._heads: dict[str, _Head] = {}
+        self._unkept_entries: dict[str, _Head] = {}  # name not wanted → the entry its heads share (see feed)
+        # interned label tuples (the adapters memoise by identity) → (labels, bad bound, canonical id, model)
+        self._labels: dict[Labels, _Info] = {}
+        self._canon: dict[Labels, int] = {}  # label set, pairs sorted (see _sorted) → one id
+        self._raw: dict[str | None, _Info] = {}  # label text of plain heads of wanted names → _info_of()
+        # label text of plain heads of names not wanted → (no labels, bad bound, _UNKEPT, no model): checked once
+        self._raw_unkept: dict[str | None, _Info] = {}
+        self._names: dict[str, str] = {}  # every metric name read, one object each (series ids, `is` tests)
+        self._plain_names: dict[str, str] = {}  # names valid unquoted (``a_b``, not ``a.b``) → the same objects
+        self._pairs: dict[str, _Pair] = {}  # label pair texts checked valid → ((name, value), flag)
+        self._fresh: list[tuple[str, _Pair]] = []  # pairs of the label set being read, not in _pairs yet
+        # the one model label, for _plain_block; None: several (in order of preference), or a bound's name
+        self._model_label = model_labels[0] if len(model_labels) == 1 and model_labels[0] not in _BOUNDS else None
+        self._bounds: dict[str, bool] = {}  # le/quantile label texts → a number (see _bad_bound)
+        self.generation = 0  # caches dropped so far (Exposition.generation)
+        self._release_due = False  # release_freed_memory() when the next read begins (a burst is over)
+        self._last_lines = 0  # lines of the last read
+        self._head_room = MAX_HEADS  # heads cached at most: MAX_HEADS, or none after a read of more lines
+        self._open_lines: int | None = None  # lines of the read under way (None: none), as of its last feed
+
+    def read(self, text: str, openmetrics: bool | None = None) -> Exposition:
+        om = is_openmetrics(text) if openmetrics is None else openmetrics
+        lines = text.split("\n")
+        if om:
+            from inferwatch.agent.node.engine.openmetrics import (
+                check_openmetrics,  # builds on this module: imported late
+            )
+
+            p = self.begin(om=True)
+            p.last_lineno = len(lines)
+            self.feed(p, lines)
+            if self.max_bad_lines and (lines[-1] if lines[-1] else lines[-2:][0]) != "# EOF":
+                n = len(lines)  # a body cut short is no exposition (the family check below may stop before it)
+                raise ExpositionError(f"line {n}: no '# EOF' at the end of an OpenMetrics body", n, True)
+            while True:  # a tolerant read: the lines dropped are skipped, a line or family rule broken is reported
+                try:
+                    check_openmetrics(lines, expo_line_parser=parse_line, skip=p.bad_ids)
+                    break
+                except ExpositionError as exc:
+                    cut = exc.last and exc.reason == "parse"  # a body cut short (no # EOF) is no exposition
+                    if not self.max_bad_lines or cut or (exc.line is None and exc.reason != "openmetrics"):
+                        raise
+                    self._drop(p, exc)
+                    if exc.reason == "openmetrics":  # a family rule: its samples were read, the rule is reported
+                        break
+            return self.end(p)
+        if lines[-1].strip(_BLANK):
+            n = len(lines)
+            raise ExpositionError(f"line {n}: no newline at the end of the input: {lines[-1][:120]!r}", n, True)
+        p = self.begin()
+        p.last_lineno = len(lines)
+        self.feed(p, lines)
+        return self.end(p)
+
+    def begin(self, om: bool = False) -> ReadPass:
+        """Start a read (see :meth:`feed`)."""
+        if self._open_lines is not None:  # the last read was given up (its fetch stopped): it ended there
+            self._ended(self._open_lines)
+        self._open_lines = 0
+        if len(self._heads) >= MAX_LABEL_CACHE_ENTRIES or len(self._canon) >= MAX_LABEL_CACHE_ENTRIES:
+            self.clear()
+        self._head_room = 0 if self._last_lines > MAX_HEADS else MAX_HEADS
+        if not self._head_room and self._heads:  # the exposition outgrew the head cache: its lines go by their parts
+            self._heads.clear()
+            self._unkept_entries.clear()
+        if self._release_due:  # by now the read that made it due has let go of all it held (body, lines)
+            self._release_due = False
+            release_freed_memory()
+        return ReadPass(om)
+
+    def end(self, p: ReadPass) -> Exposition:
+        """The exposition read by ``p``; gives back the caches of series that are gone.
+
+        Its ``generation`` is that of the caches its label tuples come from: when they are dropped here,
+        the next read's differs, so a memo of these tuples (adapters.KeyCache) is dropped then too.
+        """
+        generation = self.generation
+        if self._cached() > STALE_CACHE_FACTOR * p.series() + STALE_CACHE_SLACK:
+            self.clear()  # most of the cache is gone (a burst of series ended): give the memory back
+        self._ended(p.lines)
+        if bool(p.bad) != self._dropping:  # logged once when it starts, once when it ends
+            self._dropping = bool(p.bad)
+            if p.bad:
+                counts = ", ".join(f"{n} {reason}" for reason, n in sorted(p.bad.items()))
+                log.warning(
+                    "engine exposition: bad lines dropped, the rest read (%s); first: %s", counts, p.problems[0][1]
+                )
+            else:
+                log.info("engine exposition: no bad line any more")
+        return Exposition(
+            p.out, p.lines, sum(map(len, p.out.values())), p.types, len(p.dropped), generation, p.bad, p.problems
+        )
+
+    def abandon(self, p: ReadPass) -> None:
+        """A read that failed: give back what it cached if most of the cache is its own (as :meth:`end`)."""
+        cached = self._cached()
+        if cached > STALE_CACHE_FACTOR * p.series() + STALE_CACHE_SLACK or (
+            cached > STALE_CACHE_SLACK and p.lines > STALE_CACHE_SLACK
+        ):
+            self.clear()
+        self._ended(p.lines)
+
+    def _ended(self, lines: int) -> None:
+        """A read of ``lines`` lines is over. Far fewer than the read before: a burst is over; its cached
+        series are dropped (the next read is a cold one) and what it took from the allocator (bodies,
+        lines, caches) is handed back when the next read begins."""
+        if self._last_lines > STALE_CACHE_FACTOR * lines + STALE_CACHE_SLACK:
+            self.clear()
+            self._release_due = True
+        self._last_lines = lines
+        self._open_lines = None
+
+    def _cached(self) -> int:
+        """Entries of the largest cache (heads, label texts, label pairs, label texts of names not read, names)."""
+        return max(len(self._heads), len(self._raw), len(self._pairs), len(self._raw_unkept), len(self._names))
+
+    def feed(self, p: ReadPass, lines: list[str]) -> None:
+        """Read complete lines (no ``\\n``) of the body read by ``p``, in order; raise ExpositionError.
+
+        ``lines`` are distinct objects (as ``str.split`` makes them): a line's identity finds its number
+        for an error. A tolerant reader (``limits.max_bad_lines``) drops a line with a problem of
+        :data:`DROPPABLE` reasons, counts it and reads on from the next line.
+        """
+        if not self.max_bad_lines:
+            self._feed(p, lines, iter(lines))
+            return
+        rest = iter(lines)  # a failed pass has consumed the bad line: the next one reads on from there
+        while True:
+            try:
+                self._feed(p, lines, rest)
+                return
+            except ExpositionError as exc:
+                if exc.reason not in DROPPABLE or exc.line is None:
+                    raise
+                self._drop(p, exc)
+
+    def _drop(self, p: ReadPass, exc: ExpositionError) -> None:
+        """Count the line ``exc`` names as dropped (or raise ``exc``: past max_bad_lines)."""
+        dropped = sum(p.bad.values())
+        if dropped >= self.max_bad_lines:
+            raise ExpositionError(
+                f"{exc} (and {dropped} bad lines before it: over engine limit max_bad_lines={self.max_bad_lines})",
+                exc.lineno,
+                exc.last,
+                exc.reason,
+                exc.line,
+            ) from None
+        p.bad[exc.reason] = p.bad.get(exc.reason, 0) + 1
+        self.dropped[exc.reason] = self.dropped.get(exc.reason, 0) + 1
+        if len(p.problems) < PROBLEMS_KEPT:
+            p.problems.append((exc.reason, str(exc)))
+        if exc.line is not None:
+            p.bad_ids.add(id(exc.line))
+
+    def _feed(self, p: ReadPass, lines: list[str], rest: Iterator[str]) -> None:
+        """:meth:`feed`'s pass over ``rest`` (an iterator over ``lines``), to its end or to the first bad line."""
+        om = p.om
+        # The head cache holds only plain sample heads (never a comment or a blank line), so it is asked
+        # first. OpenMetrics bodies are read without it (their lines are judged by parse_line).
+        heads = self._heads if not om else {}
+        out, types, nonneg, typed_hist, sampled = p.out, p.types, p.nonneg, p.typed_hist, p.sampled
+        seen, seen_ts, kept, seen_by_name = p.seen, p.seen_ts, p.kept, p.seen_by_name
+        last_name = p.last_name
+        family_seen = seen_by_name.get(last_name)  # the label set ids of last_name read so far
+        series = out.get(last_name)  # the kept samples of last_name
+        cap = self.max_models
+        room = self._head_room
+        rules = self.scrape_rules
+        names, wanted = self._plain_names, self.wanted
+        raw_kept, raw_unkept, unkept_entries = self._raw, self._raw_unkept, self._unkept_entries
+        # "name{" of the last new plain head with labels, and its name: the next new heads are most often of
+        # the same family (a prefix test instead of a search, a slice and a lookup)
+        run, run_name, run_len = "\n", "", 1
+        for line in rest:
+            head, _, val = line.rpartition(" ")
+            hit = heads.get(head)
+            if hit is not None:
+                name, labels, sid, keep, bad, model = hit
+                try:  # parse_float, inline: this runs for every line of every scrape
+                    value = float(val)
+                    if "_" in val or not val.isascii() or val.strip() != val or (value != value and val[0] in "+-"):
+                        raise ValueError(val)
+                except ValueError:
+                    raise self._error(p, lines, line, f"value {val[:40]!r} is not a number") from None
+                ts = None
+            else:
+                if not line:
+                    continue
+                c = line[0]
+                if c in "# \t" and (c == "#" or line.lstrip(_BLANK)[:1] in ("#", "")):
+                    if om:
+                        continue  # metadata is checked by check_openmetrics
+                    self._comment(p, lines, line)
+                    continue
+                # The common new head (name, name{a="x",...}): its name and label text are each checked
+                # once and cached by their text; any other shape goes to parse_line (the authority).
+                info = None
+                if not om:
+                    known: str | None
+                    if head.startswith(run) and head[-1] == "}":  # the family of the line before
+                        known, raw = run_name, head[run_len:-1]
+                    else:
+                        brace = head.find("{")
+                        if brace == -1:
+                            text, raw = head, None
+                        elif head[-1] == "}":
+                            text, raw = head[:brace], head[brace + 1 : -1]
+                        else:
+                            text = raw = ""  # a label block that does not end the head: parse_line judges it
+                        known = names.get(text)
+                        if known is None and _METRIC_NAME.fullmatch(text) is not None:
+                            known = self._name(text)
+                        if known is not None and raw is not None:
+                            run, run_name = known + "{", known
+                            run_len = len(run)
+                    if known is not None:
+                        name = known
+                        try:  # parse_float, inline
+                            value = float(val)
+                            if not (
+                                "_" in val
+                                or not val.isascii()
+                                or val.strip() != val
+                                or (value != value and val[0] in "+-")
+                            ):
+                                keep = name in wanted
+                                if keep:
+                                    info = raw_kept.get(raw) or self._plain_info(p, lines, line, name, raw, True)
+                                else:  # only its bad bound is used: the text checked for a wanted name will do
+                                    info = (
+                                        raw_unkept.get(raw)
+                                        or raw_kept.get(raw)
+                                        or self._plain_info(p, lines, line, name, raw, False)
+                                    )
+                        except ValueError:
+                            pass
+                if info is not None:
+                    ts = None
+                    plain = True
+                else:
+                    try:
+                        parsed = parse_line(line, om)
+                    except _LineError as exc:
+                        raise self._error(p, lines, line, str(exc), exc.reason) from None
+                    name, value, ts = parsed.name, parsed.value, parsed.timestamp
+                    name = self._names.get(name) or self._name(name)
+                    keep = name in wanted
+                    info = self._info_of(p, lines, line, name, parsed.labels)
+                    plain = parsed.plain and not om
+                labels, bad, canon, model = info
+                if keep and canon >= 0:
+                    # the series is the name (one object per reader: ``_names``) and the label set's id
+                    sid = canon
+                    if plain and len(heads) < room:
+                        heads[head] = (name, labels, sid, keep, bad, model)
+                elif not keep and plain and p.unkept < MAX_UNKEPT_HEADS:
+                    # a family not read: its series is the head's text (the same line twice is a duplicate; its
+                    # labels in another order are not seen); its head is cached with an entry shared by the
+                    # family (no labels, no id)
+                    sid = _BY_TEXT
+                    p.unkept += 1
+                    if len(heads) < room:
+                        entry = unkept_entries.get(name) if bad is None else None
+                        if entry is None:
+                            entry = (name, (), _BY_TEXT, False, bad, None)
+                            if bad is None:
+                                unkept_entries[name] = entry
+                        heads[head] = entry
+                else:
+                    sid = -1  # not checked for duplicates: a dropped model, or past MAX_UNKEPT_HEADS in this read
+            if keep and model not in kept:
+                if len(kept) < cap:
+                    kept.add(model)
+                else:
+                    keep = False
+                    if len(p.dropped) < MAX_DROPPED_MODELS_COUNTED:
+                        p.dropped.add(hash(model))
+            if name is not last_name:
+                sampled.add(name)
+                last_name = name
+                series = out.get(name)
+                family_seen = seen_by_name.get(name)
+                if family_seen is None:
+                    family_seen = seen_by_name[name] = set()
+            if bad is not None and name in typed_hist and _bound_error(bad, types.get(name)) is not None:
+                raise self._error(p, lines, line, f"{_bound_error(bad, types.get(name))} label is not a number")
+            if value < 0 and name in nonneg:
+                raise self._error(
+                    p, lines, line, f"negative value {value:g} for a {types_of(name, types)}", "negative_value"
+                )
+            if sid >= 0:
+                if ts is None:
+                    assert family_seen is not None  # made when the name's first line came
+                    if sid in family_seen and rules:
+                        raise self._error(p, lines, line, "duplicate series", "duplicate_series")
+                    family_seen.add(sid)
+                else:
+                    # OM: nanoseconds, as client_python
+                    ts_key = (id(name) << 32 | sid, math.floor(ts * 1e9 + 1e-6) if om else ts)
+                    if ts_key in seen_ts:
+                        if rules:
+                            raise self._error(p, lines, line, "duplicate series (same timestamp)", "duplicate_series")
+                        continue  # the reference keeps the first sample
+                    seen_ts.add(ts_key)
+            elif sid == _BY_TEXT:  # a cached head of a family not read: its text is the series
+                if head in seen and rules:
+                    raise self._error(p, lines, line, "duplicate series", "duplicate_series")
+                seen.add(head)
+            # else: not kept and not cached: no duplicate check (its values are not used)
+            if keep:
+                if series is None:
+                    series = out[name] = Series()
+                series.labels.append(labels)
+                series.values.append(value)
+        p.last_name = last_name
+        p.lines += len(lines)
+        self._open_lines = p.lines
+
+    def clear(self) -> None:
+        """Forget every cached head, label set and name (the next read is a cold one).
+
+        A cache of more than :data:`STALE_CACHE_SLACK` entries dropped is memory the allocator would
+        otherwise keep: it is handed back to the OS (:func:`release_freed_memory`) when the next read begins.
+        """
+        large = self._cached() > STALE_CACHE_SLACK
+        self._release_due = self._release_due or large
+        self.generation += 1
+        self._heads.clear()
+        self._unkept_entries.clear()
+        self._labels.clear()
+        self._raw.clear()
+        self._raw_unkept.clear()
+        self._canon.clear()
+        self._names.clear()
+        self._plain_names.clear()
+        self._pairs.clear()
+        if large:
+            release_freed_memory()
+
+    def _info_of(self, p: ReadPass, lines: list[str], line: str, name: str, labels: Labels) -> _Info:
+        """(labels interned, bad bound, canonical id, model) of the labels of a head parse_line read.
+
+        Interned and cached for a wanted name; for a name not wanted, not interned (canonical id
+        ``_UNKEPT``: the head may be cached alone, up to :data:`MAX_HEADS`); for a model
+        past ``max_models``, nothing (-1)."""
+        wanted = name in self.wanted
+        hit = self._labels.get(labels) if wanted else None
+        if hit is not None:
+            return hit
+        if self.limits is not None:
+            broken = label_limit_error(labels, self.limits)
+            if broken is not None:
+                raise self._error(p, lines, line, broken[1], broken[0])
+        if not wanted:
+            return labels, _bad_bound(labels, self._bounds), _UNKEPT, None
+        model = _model_of(labels, self.model_labels)
+        if model not in p.kept and len(p.kept) >= self.max_models:
+            return labels, _bad_bound(labels, self._bounds), -1, model  # a dropped model: nothing cached
+        canon = self._canon.setdefault(_sorted(labels), len(self._canon))
+        hit = self._labels[labels] = (labels, _bad_bound(labels, self._bounds), canon, model)
+        return hit
+
+    def _name(self, text: str) -> str:
+        """The reader's one object for the metric name ``text`` (series ids and ``is`` tests rely on it).
+
+        Only a name valid unquoted is also entered in the fast path's table: ``a.b`` read from
+        ``{"a.b"} 1`` must not make a later ``a.b 1`` line valid.
+        """
+        name = self._names.setdefault(text, text)
+        if _METRIC_NAME.fullmatch(text) is not None:
+            self._plain_names[text] = name
+        return name
+
+    def _plain_info(
+        self, p: ReadPass, lines: list[str], line: str, name: str, raw: str | None, keep: bool
+    ) -> _Info | None:
+        """The :data:`_Info` of a plain head's label text ``raw`` (None: no label block), cached by that text.
+
+        None when the text is not a plain label block (:func:`_plain_block`): parse_line judges the line.
+        For a wanted name (``keep``), as :meth:`_info_of` (the labels get a canonical id), cached in
+        ``_raw`` unless its model is dropped. A name not wanted needs only its block checked and its bad
+        bound: cached apart (``_raw_unkept``, up to :data:`MAX_UNKEPT_HEADS` texts), its labels not kept.
+        """
+        fresh = self._fresh
+        try:  # every way out forgets the pairs met (only a label set kept keeps them)
+            # A plain ASCII label text no longer than the smaller limit cannot break one: its names and values
+            # are shorter than the text (the common case: one length test instead of a pass over the labels).
+            limits = self.limits
+            check = limits is not None and raw is not None and (len(raw) > self._short_labels or not raw.isascii())
+            if raw:
+                if check and len(raw) > self._short_labels:
+                    broken = _long_block_limit_error(raw, limits)  # type: ignore[arg-type]  # before any copy
+                    if broken is not None:
+                        raise self._error(p, lines, line, broken[1], broken[0])
+                block = _plain_block(raw, self._pairs, self._model_label, fresh)
+                if block is None:
+                    return None
+                labels, model, bad = block
+            else:
+                labels, model, bad = (), None, None
+            info = self._labels.get(labels) if keep else None  # the same labels under another text
+            if info is None:
+                if check:
+                    broken = label_limit_error(labels, limits)  # type: ignore[arg-type]
+                    if broken is not None:
+                        raise self._error(p, lines, line, broken[1], broken[0])
+                if not keep:
+                    info = _UNKEPT_INFO if bad is None else ((), bad, _UNKEPT, None)
+                    if len(self._raw_unkept) >= MAX_UNKEPT_HEADS:
+                        return info
+                    self._raw_unkept[raw] = info
+                else:
+                    if self._model_label is None:
+                        model = _model_of(labels, self.model_labels)
+                    if model not in p.kept and len(p.kept) >= self.max_models:
+                        return labels, bad, -1, model  # a dropped model: nothing cached
+                    n = len(labels)  # the label set's one form: its pairs in name order (see _sorted)
+                    key = labels if n < 2 or (n == 3 and labels[0] < labels[1] < labels[2]) else _sorted(labels)
+                    canon = self._canon.setdefault(key, len(self._canon))
+                    info = self._labels[labels] = (labels, bad, canon, model)
+                    self._raw[raw] = info
+            else:
+                self._raw[raw] = info
+            if fresh and len(self._pairs) + len(fresh) <= MAX_LABEL_PAIRS:  # pairs of a label set kept
+                self._pairs.update(fresh)
+            return info
+        finally:
+            fresh.clear()
+
+    def _comment(self, p: ReadPass, lines: list[str], line: str) -> None:
+        """``# HELP name doc`` / ``# TYPE name type``; any other comment is ignored (expfmt's rules)."""
+        body = line.lstrip(_BLANK)[1:].lstrip(_BLANK)
+        keyword = re.split(r"[ \t]", body, maxsplit=1)[0]
+        if keyword not in ("HELP", "TYPE"):
+            return
+        rest = body[len(keyword) :].lstrip(_BLANK)
+        if not rest:
+            return
+        types, helps = p.types, p.helps
+        try:
+            name, i = metric_name_at(rest, 0)
+            if i < len(rest) and rest[i] not in _BLANK:
+                raise _LineError("invalid metric name in comment")
+            text = rest[i:].lstrip(_BLANK)
+            if not text:
+                return  # "# HELP name" alone sets nothing (expfmt)
+            if keyword == "HELP":
+                if name in helps:
+                    raise _LineError(f"second HELP line for {name!r}", "type_conflict")
+                _help(text)
+                helps.add(name)
+                return
+            typ = text.lower()
+            if typ not in TYPES:
+                raise _LineError(f"unknown metric type {text[:40]!r}")
+            if name in types or name in p.sampled:
+                raise _LineError(f"second TYPE line for {name!r}, or TYPE after its samples", "type_conflict")
+        except _LineError as exc:
+            raise self._error(p, lines, line, str(exc), exc.reason) from None
+        types[name] = typ
+        p.nonneg.update(name + s for s in _NONNEG.get(typ, ()))
+        if self.scrape_rules:
+            p.nonneg.update(name + s for s in _SCRAPE_NONNEG.get(typ, ()))
+        if typ == "summary":
+            p.typed_hist.add(name)
+        elif typ in ("histogram", "gauge_histogram", "gaugehistogram"):
+            p.typed_hist.add(name + "_bucket")
+
+    @staticmethod
+    def _error(p: ReadPass, lines: list[str], line: str, why: str, reason: str = "parse") -> ExpositionError:
+        # Line numbers are only computed on the error path (never in the loop), and only for the problems worded
+        # (a tolerant read past PROBLEMS_KEPT of them counts the rest: no pass over the lines for each)
+        if len(p.problems) < PROBLEMS_KEPT:
+            index = next((i + 1 for i, candidate in enumerate(lines) if candidate is line), 0)
+            lineno = p.lines + index
+            message = f"line {lineno}: {why}: {line[:120]!r}"
+        else:
+            lineno, message = 0, f"{why}: {line[:120]!r}"
+        return ExpositionError(message, lineno, lineno == p.last_lineno, reason, line)
+
+
+def _sorted(labels: Labels) -> Labels:
+    """The pairs in name order (the label set's one form): ``labels`` itself when already so (the common case).
+
+    A tuple, not a frozenset: the garbage collector stops tracking a tuple of strings, never a frozenset.
+    """
+    n = len(labels)
+    if n < 2 or (n == 2 and labels[0] < labels[1]) or (n == 3 and labels[0] < labels[1] < labels[2]):
+        return labels
+    return tuple(sorted(labels))
+
+
+def _model_of(labels: Labels, order: tuple[str, ...]) -> str | None:
+    """The value of the first of ``order``'s labels present (the model), else None."""
+    if not order:
+        return None
+    if len(order) == 1:
+        first = order[0]
+        for k, v in labels:
+            if k == first:
+                return v
+        return None
+    have = dict(labels)
+    return next((have[k] for k in order if k in have), None)
+
+
+_BOUNDS = ("le", "quantile")
+MAX_LABEL_PAIRS = 16_384  # label pair texts remembered per reader (names and values repeat across series)
+
+
+_Pair = tuple[tuple[str, str], "str | None"]  # ((name, value), flag): see _pair
+
+
+def _pair(text: str, model_label: str | None) -> _Pair | None:
+    """A plain pair text as the split leaves it (``a="x``) → ((name, value), flag), None if not plain.
+
+    flag: ``"le"`` or ``"quantile"`` when that bound is not a number, ``""`` for the model label, else None.
+    """
+    lname, eq, value = text.partition('="')
+    if not eq or '"' in value or _LABEL_NAME.fullmatch(lname) is None or lname == "__name__":
+        return None
+    flag = None
+    if lname == "le" or lname == "quantile":
+        try:
+            parse_float(value)
+        except ValueError:
+            flag = lname
+    elif lname == model_label:
+        flag = ""
+    return (lname, value), flag
+
+
+def _plain_block(
+    raw: str, known: dict[str, _Pair], model_label: str | None, fresh: list[tuple[str, _Pair]]
+) -> tuple[Labels, str | None, str | None] | None:
+    """(pairs in order, model, bad bound) of a plain label block, ``a="x",b="y"`` (one trailing comma allowed).
+
+    Plain: names unquoted, values without escapes, no blanks around ``=`` and ``,``; parse_line reads
+    these the same way. None for any other shape, a duplicate label name or ``__name__``: parse_line
+    judges those lines and reports the error. In a block without backslashes every ``"`` delimits a
+    value, so ``",`` only ends one. ``known``: the pair texts already checked → :func:`_pair`'s answer,
+    whose (name, value) tuple is shared by every label set holding the pair; the pairs not in it are
+    appended to ``fresh`` (the caller adds them once it caches the label set: the pairs of dropped
+    models are not remembered). model: the value of ``model_label`` (None: absent, or no single model
+    label); bad bound: as :func:`_bad_bound`.
+    """
+    if "\\" in raw:
+        return None
+    parts = raw.split('",')
+    last = parts.pop()
+    if last:
+        if last[-1] != '"':
+            return None
+        parts.append(last[:-1])
+    out = []
+    model = bad = None
+    for part in parts:
+        hit = known.get(part)
+        if hit is None:
+            hit = _pair(part, model_label)
+            if hit is None:
+                return None
+            fresh.append((part, hit))
+        pair, flag = hit
+        if flag is not None:
+            if not flag:
+                model = pair[1]
+            else:
+                bad = flag if bad is None else "le quantile"  # both (a duplicate name is rejected below)
+        out.append(pair)
+    n = len(out)
+    if n > 1 and (out[0][0] == out[1][0] if n == 2 else len(dict(out)) != n):
+        return None
+    return tuple(out), model, bad
+
+
+def _long_block_limit_error(raw: str, limits: EngineLimits) -> tuple[str, str] | None:
+    """:func:`~inferwatch.agent.node.engine.limits.label_limit_error` of a plain label block, read in place.
+
+    For a block longer than a limit: a value of megabytes is refused before any copy of it is made.
+    None: within the limits, or not a plain ASCII block without duplicate names (the caller's full
+    path judges it, as it would without this look)."""
+    if "\\" in raw or not raw.isascii():
+        return None
+    n = len(raw)
+    i = total = 0
+    names: set[str] = set()
+    broken: tuple[str, str] | None = None
+    while i < n:
+        eq = raw.find('="', i)
+        if eq == -1 or _LABEL_NAME.fullmatch(raw, i, eq) is None:
+            return None
+        end = raw.find('"', eq + 2)
+        if end == -1:
+            return None
+        name = raw[i:eq]
+        if name in names or name == "__name__":
+            return None  # a parse error, reported as such
+        names.add(name)
+        size = end - eq - 2
+        if broken is None and size > limits.max_label_value_bytes:
+            broken = (
+                "label_value_length_limit",
+                (f"label {name[:40]!r} value is {size} bytes, over the {limits.max_label_value_bytes}-byte limit"),
+            )
+        total += size + len(name)
+        i = end + 1
+        if i < n:
+            if raw[i] != ",":
+                return None
+            i += 1
+    if broken is None and total > limits.max_label_bytes:
+        broken = (
+            "label_bytes_limit",
+            (f"labels of one series are {total} bytes, over the {limits.max_label_bytes}-byte limit"),
+        )
+    return broken
+
+
+MAX_BOUND_TEXTS = 4096  # le/quantile texts remembered per reader (bucket bounds repeat in every series)
+
+
+def _bad_bound(labels: Labels, bounds: dict[str, bool]) -> str | None:
+    """Which of ``le`` and ``quantile`` is not a number: ``"le"``, ``"quantile"``, ``"le quantile"`` (both), else
+    None (see :func:`_bound_error`); ``bounds``: texts seen → a number."""
+    bad = None
+    for k, v in labels:
+        if k == "le" or k == "quantile":
+            ok = bounds.get(v)
+            if ok is None:
+                try:
+                    parse_float(v)
+                    ok = True
+                except ValueError:
+                    ok = False
+                if len(bounds) < MAX_BOUND_TEXTS:
+                    bounds[v] = ok
+            if not ok:
+                bad = k if bad is None else "le quantile"
+    return bad
+
+
+def _bound_error(bad: str, typ: str | None) -> str | None:
+    """The label whose bad bound breaks a sample of a histogram (``le``) or a summary (``quantile``), else None."""
+    want = "quantile" if typ == "summary" else "le"
+    return want if want in bad.split() else None
+
+
+def types_of(name: str, types: dict[str, str]) -> str:
+    for suffix in ("", "_total", "_bucket", "_count", "_gcount", "_sum"):
+        if suffix and name.endswith(suffix) and name[: -len(suffix)] in types:
+            return f"{types[name[: -len(suffix)]]} {suffix[1:]}"
+    return types.get(name, "sample")
+
+
+def _help(text: str) -> str:
+    """A HELP docstring unescaped (``\\\\``, ``\\n``, ``\\"``); any other escape is an error (expfmt)."""
+    if "\\" not in text:
+        return text
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            nxt = text[i + 1 : i + 2]
+            if nxt not in _UNESCAPE:
+                raise _LineError(f"invalid escape sequence '\\{nxt}' in HELP")
+            out.append(_UNESCAPE[nxt])
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def parse_labels(raw: str) -> Labels:
+    """Parse the inside of a label block (``a="x",b="y"``) into ((name, value), ...), in order."""
+    try:
+        metric, labels, end = _labels(raw + "}", 0, False)
+    except _LineError as exc:
+        raise ValueError(str(exc)) from None
+    if metric is not None or end != len(raw) + 1:
+        raise ValueError("not a label set")
+    return labels

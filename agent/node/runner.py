@@ -1,0 +1,507 @@
+"""Runs each enabled collector on its interval, with a timeout, isolating failures.
+
+When to run what is decided by the pure functions of :mod:`inferwatch.agent.node.schedule` on the runner's clock (a
+parameter); this module adds the threads. One scheduler thread; collectors run on lane worker threads (see
+:class:`Runner`), so a hang is detected by the timeout without blocking anyone else. A hung call is never
+started twice: the collector stays "failed (hung)" until that call returns. A scrape can pull due runs
+forward (:meth:`Runner.pull`). Samples are checked against the catalog before they reach the state; a
+collector that returns garbage fails, it does not break a sink. A failure is logged when it starts (one error
+line) and when it ends (recovered, or no data), never per cycle: while it lasts, only a cause not yet logged in it
+adds a line (:func:`failure_cause`; a timeout is one cause, whichever deadline cut the run). A failure the runner
+decides itself (``timeout``, ``hung``) is told to the collector
+(:meth:`~inferwatch.agent.node.collectors.base.BaseCollector.run_failed`), so health it exports itself (``engine.up``)
+is true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from inferwatch.agent import catalog
+from inferwatch.agent.catalog.spec import Kind
+from inferwatch.agent.common.redact import redact_text
+from inferwatch.agent.common.samples import Collection, HistogramSample, Sample
+from inferwatch.agent.config import Settings
+from inferwatch.agent.errors import CatalogError, NoDataError
+from inferwatch.agent.node.collectors import Schedule, schedule
+from inferwatch.agent.node.collectors.base import Collector
+from inferwatch.agent.node.schedule import SlotTimes, adaptive_interval, after_run, next_wake, pulled_runs, timed_runs
+from inferwatch.agent.node.state import AgentState, CollectorHealth, next_health
+
+log = logging.getLogger(__name__)
+
+
+def validate(collection: object) -> Collection:
+    """Check a collector's return value against the catalog; raise CatalogError on any mismatch."""
+    if not isinstance(collection, Collection):
+        raise CatalogError(f"collect() returned {type(collection).__name__}, not Collection")
+    for s in collection.samples:
+        if isinstance(s, HistogramSample):
+            spec = catalog.get(s.name)
+            if spec.kind is not Kind.HISTOGRAM:
+                raise CatalogError(f"{s.name} is a {spec.kind.value}, not a histogram")
+            if not s.buckets or not math.isinf(s.buckets[-1][0]):
+                raise CatalogError(f"{s.name}: histogram must end with a +Inf bucket")
+        elif isinstance(s, Sample):
+            spec = catalog.get(s.name)
+            if spec.kind is Kind.HISTOGRAM:
+                raise CatalogError(f"{s.name} is a histogram; got a plain sample")
+            if not isinstance(s.value, (int, float)) or isinstance(s.value, bool) or math.isnan(float(s.value)):
+                raise CatalogError(f"{s.name}: value {s.value!r} is not a number")
+        else:
+            raise CatalogError(f"sample of type {type(s).__name__} is not a Sample")
+        keys = tuple(k for k, _ in s.attributes)
+        if set(keys) != set(spec.attributes) or len(keys) != len(spec.attributes):
+            raise CatalogError(
+                f"{s.name}: attributes {sorted(keys)} differ from the catalog's {sorted(spec.attributes)}"
+            )
+    return collection
+
+
+def _all_cycled(waiting: list[tuple[_Slot, int]]) -> bool:
+    return all(slot.cycles > seen for slot, seen in waiting)
+
+
+def run_collection(collector: Collector) -> Collection:
+    """Run one collector in the calling thread and validate what it returns."""
+    return validate(collector.collect())
+
+
+# Scrapes drive the collections when they come at most this many times the shortest interval apart.
+STANDBY_GAP_RATIO = 1.5
+STANDBY_FALLBACK_GAPS = 2.5  # no scrape for this many gaps: the scheduler takes the timed runs back
+STANDBY_SAFETY_S = 60.0  # a standing-by scheduler still looks once a minute (should the loop have died)
+RUNNER_FAILURES = ("timeout", "hung")  # outcomes the runner records without the collector having raised them
+MAX_LOGGED_CAUSES = 8  # causes logged (and kept) within one failure; past them, further causes are only counted
+
+
+def failure_cause(exc: BaseException) -> str:
+    """What a failure is logged under: the ``reason`` an error carries (an engine scrape's ``timeout``,
+    ``connect``, ``http_status``...), else its type. The runner's own ``timeout`` and ``hung`` are ``timeout``,
+    so a source cut sometimes by its own deadline and sometimes by the runner's is one failure, not two."""
+    reason = getattr(exc, "reason", None)
+    return reason if isinstance(reason, str) and reason else type(exc).__name__
+
+
+@dataclass
+class _Failure:
+    """A collector's failure in progress: since when, how many failed runs, which causes were logged."""
+
+    since: float
+    runs: int = 0
+    causes: set[str] = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One collector's schedule; every field is guarded by the runner's lock."""
+
+    collector: Collector
+    interval: float
+    timeout: float
+    lane: str
+    on_scrape: bool = False  # run on every scrape (a processor of in-memory input: cheap, and the scrape sees it)
+    absence_final: bool = False  # an absence is not retried (nothing configured to watch)
+    absent_retry_s: float | None = None  # an absence is retried after this long
+    slow_interval: float | None = None  # adaptive: ``interval`` follows the last run's CPU time up to this
+    fast_interval: float = 0.0  # adaptive: the interval while a run is cheap (the schedule's)
+    due: float = 0.0  # monotonic time of its next run
+    started: float = -math.inf  # monotonic time its last call started
+    running: bool = False  # queued in or running on its lane
+    stuck: bool = False  # its last call timed out and has not returned yet
+    cycles: int = 0  # completed cycles (any outcome)
+
+    def times(self) -> SlotTimes:
+        return SlotTimes(self.interval, self.due, self.started, self.running, self.stuck, self.on_scrape)
+
+
+@dataclass(eq=False)
+class _Lane:
+    """A worker thread that runs its queued calls one after another."""
+
+    name: str
+    cond: threading.Condition
+    queue: deque[_Slot] = field(default_factory=deque)
+    worker: object = None  # the current worker's token; a worker whose token is replaced exits
+    current: _Slot | None = None
+    deadline: float = math.inf  # when the current call times out
+    threads: list[threading.Thread] = field(default_factory=list)
+
+
+class Runner:
+    """Runs each enabled collector on its interval, with a timeout, isolating failures.
+
+    One scheduler thread, and one worker thread per lane: the host collectors (quick /proc, /sys and NVML
+    reads) share the ``host`` lane and run one after another; a collector that waits on the network or a
+    subprocess (engine, probe, runtime_profile) has a lane of its own (the registry says which). A cycle is
+    thus a handful of thread wake-ups, not two per collector (why: docs/benchmarks.md, "The agent's CPU target"). A call
+    that passes its timeout is recorded as failed (``timeout``) and its lane gets a new worker for the calls
+    queued behind it; the stuck call's thread is abandoned, and the collector is not called again ("failed
+    (hung)" each cycle) until that call returns.
+
+    While an event loop's scrapes come at the collection interval (:meth:`pull_async`), they drive the runs
+    and expire overdue calls themselves, and the scheduler stands by: it sleeps (looking once a minute) until
+    the loop's fallback timer, pushed back by every scrape, finds no scrape for 2.5 gaps and hands the timed
+    runs back to it. A standing-by scheduler costs no wake-up per cycle.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        state: AgentState,
+        collectors: Iterable[Collector],
+        schedules: Mapping[str, Schedule] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``schedules`` by collector name; one not given is the registry's
+        (:func:`inferwatch.agent.node.collectors.schedule`)."""
+        self.settings = settings
+        self.state = state
+        self.collectors = list(collectors)
+        self._clock = clock  # monotonic seconds; the schedule itself is pure (inferwatch.agent.node.schedule)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)  # the scheduler waits on it
+        self._cycled = threading.Condition(self._lock)  # pull() waits on it
+        self._lanes: dict[str, _Lane] = {}
+        self._slots: list[_Slot] = []
+        self._scheduler: threading.Thread | None = None
+        self._last_pull: float | None = None
+        self._pull_gap: float | None = None  # time between the last two pulls
+        self._planned = -math.inf  # when the sleeping scheduler wakes next (-inf: awake)
+        # While an event loop's scrapes drive the collections (pull_async at the collection interval), the
+        # scheduler stands by: it sleeps until the loop's fallback timer says the scrapes stopped.
+        self._standby = False
+        self._fallback: asyncio.TimerHandle | None = None  # that timer; touched on the loop's thread only
+        self._waiters: list[tuple[list[tuple[_Slot, int]], Callable[[], None]]] = []  # pull_async's scrapes
+        self._failures: dict[str, _Failure] = {}  # collectors failing now, by name (logged once per cause)
+        for c in self.collectors:
+            plan = (schedules or {}).get(c.name) or schedule(c.name, settings)
+            interval, timeout, lane = plan.interval_s, plan.timeout_s, plan.lane
+            if lane not in self._lanes:
+                self._lanes[lane] = _Lane(lane, threading.Condition(self._lock))
+            slow = plan.slow_interval_s
+            self._slots.append(
+                _Slot(
+                    c, interval, timeout, lane, plan.on_scrape, plan.absence_final, plan.absent_retry_s, slow, interval
+                )
+            )
+            state.register(CollectorHealth(c.name, max(interval, slow or 0.0), timeout))
+
+    def start(self) -> None:
+        with self._lock:
+            for lane in self._lanes.values():
+                self._new_worker(lane)
+        self._scheduler = threading.Thread(target=self._schedule, name="collector-scheduler", daemon=True)
+        self._scheduler.start()
+
+    def pull(self, wait_s: float) -> None:
+        """Bring forward, into the caller's scrape, every run that was due before the next scrape; wait for them.
+
+        A collector is run now when its next timed run would come before the next scrape (expected one scrape
+        gap from now; half its interval before the second scrape) and its last run started at least half an
+        interval ago. Its timed runs then follow in phase with the scrapes, so with Prometheus scraping at the
+        collection interval each cycle runs on the scrape: one wake-up instead of two, and the scrape sees values
+        collected for it, as an exporter that collects on scrape would. Two scrapers (an HA pair) at most double
+        the collection rate. A run in progress is waited for, not repeated; a hung collector is left to its
+        schedule. Waits at most ``wait_s``; whatever has not finished by then is served from the last cycle.
+        """
+        with self._lock:
+            waiting = self._begin_pull()
+            if waiting:
+                self._cycled.wait_for(lambda: _all_cycled(waiting), wait_s)
+
+    async def pull_async(self, wait_s: float) -> None:
+        """:meth:`pull` for an asyncio caller: the event loop waits, no thread is parked for the scrape.
+
+        The lane worker that finishes the last awaited run resolves the scrape's future through
+        ``call_soon_threadsafe``, so a scrape costs the loop one wake-up for the answer and no thread hand-off.
+        """
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def resolve() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        def notify() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody is waiting any more
+                loop.call_soon_threadsafe(resolve)
+
+        with self._lock:
+            waiting = self._begin_pull()
+            gap = self._pull_gap
+            driving = gap is not None and gap <= STANDBY_GAP_RATIO * self._shortest_interval()
+            self._standby = driving  # the scheduler sees it at its next wake; no need to wake it for this
+            if waiting:
+                waiter = (waiting, notify)
+                self._waiters.append(waiter)
+        if self._fallback is not None:  # rescheduling a loop timer wakes no thread
+            self._fallback.cancel()
+            self._fallback = None
+        if driving:
+            assert gap is not None
+            self._fallback = loop.call_later(STANDBY_FALLBACK_GAPS * gap, self._scrapes_stopped)
+        if not waiting:
+            return
+        timer = loop.call_later(wait_s, resolve)
+        try:
+            await done
+        finally:
+            timer.cancel()
+            with self._lock:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+
+    def _scrapes_stopped(self) -> None:
+        """The loop's fallback timer: no scrape for several gaps; the scheduler takes the timed runs back."""
+        self._fallback = None
+        with self._lock:
+            self._standby = False
+            self._wake.notify()
+
+    def _shortest_interval(self) -> float:
+        return min((s.interval for s in self._slots if not math.isinf(s.due)), default=math.inf)
+
+    def _begin_pull(self) -> list[tuple[_Slot, int]]:
+        """Under the lock: queue the runs a scrape pulls (see :meth:`pull`); return (slot, cycles seen) to await.
+
+        The pulled runs are queued on their lanes here, by the scraping thread: the scheduler is not woken for
+        them (it wakes for its own timed runs and deadlines only; why: docs/benchmarks.md, "The agent's CPU target").
+        A call past its deadline is expired here too, so a scrape never waits on a lane a hung call holds.
+        """
+        now = self._clock()
+        gap = None if self._last_pull is None else now - self._last_pull
+        self._last_pull, self._pull_gap = now, gap
+        self._expire(now)
+        waiting: list[tuple[_Slot, int]] = [(slot, slot.cycles) for slot in self._slots if slot.running]
+        for i in pulled_runs(now, [slot.times() for slot in self._slots], gap):
+            slot = self._slots[i]
+            slot.due = now
+            waiting.append((slot, slot.cycles))
+        self._queue_due(now)  # the pulled runs, and a hung collector's due cycle
+        if not self._standby and self._deadline() < self._planned:  # a deadline before its planned wake
+            self._wake.notify()
+        return waiting
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop scheduling; wait (bounded) for the threads to end; close collectors. Safe to call twice."""
+        self._stop.set()
+        with self._lock:
+            self._wake.notify_all()
+            for lane in self._lanes.values():
+                lane.cond.notify_all()
+            threads = [t for lane in self._lanes.values() for t in lane.threads]
+        deadline = time.monotonic() + timeout_s  # a real wait, whatever clock schedules
+        for t in ([self._scheduler] if self._scheduler else []) + threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        for c in self.collectors:
+            try:
+                c.close()
+            except Exception:
+                log.debug("closing collector %s failed", c.name, exc_info=True)
+        self._scheduler = None
+
+    # -- scheduler -------------------------------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        with self._lock:
+            while not self._stop.is_set():
+                try:
+                    wake = self._dispatch()
+                except Exception:  # a bug here must not end every collection: log it, retry in a second
+                    log.exception("collector scheduler failed; retrying in 1s")
+                    wake = self._clock() + 1.0
+                if self._standby:  # scrapes drive (and expire) the runs; the loop's timer ends the standby
+                    wake = self._clock() + STANDBY_SAFETY_S  # in case that loop died
+                self._planned = wake
+                self._wake.wait(None if math.isinf(wake) else max(0.0, wake - self._clock()))
+                self._planned = -math.inf  # awake: nobody needs to notify
+
+    def _dispatch(self) -> float:
+        """Under the lock: expire overdue calls, queue the due runs; return when to wake next."""
+        now = self._clock()
+        self._expire(now)
+        self._queue_due(now)
+        return next_wake([s.times() for s in self._slots], self._deadline())
+
+    def _deadline(self) -> float:
+        """Under the lock: the earliest deadline of a running or queued call (inf when every lane is idle)."""
+        return min(
+            (lane.deadline for lane in self._lanes.values() if lane.current is not None or lane.queue),
+            default=math.inf,
+        )
+
+    def _queue_due(self, now: float) -> None:
+        """Under the lock: queue every due run on its lane (a hung collector's run is recorded as hung)."""
+        for i in timed_runs(now, [s.times() for s in self._slots]):
+            slot = self._slots[i]
+            if slot.stuck:
+                self._finish(slot.collector, now, None, "hung", f"previous run still running after {slot.timeout:g}s")
+                self._cycle_done(slot, now, now)
+                continue
+            slot.running = True
+            lane = self._lanes[slot.lane]
+            lane.queue.append(slot)
+            if lane.current is None and len(lane.queue) == 1:
+                lane.deadline = now + slot.timeout  # the worker sets the exact one when it starts
+            lane.cond.notify()
+
+    def _expire(self, now: float) -> None:
+        """Time out every call past its deadline; its lane gets a new worker for the calls behind it."""
+        for lane in self._lanes.values():
+            slot = lane.current
+            if slot is None or now < lane.deadline:
+                continue
+            slot.stuck = True
+            self._finish(slot.collector, slot.started, None, "timeout", f"timed out after {slot.timeout:g}s")
+            self._cycle_done(slot, slot.started, now)
+            lane.current, lane.deadline = None, math.inf
+            self._new_worker(lane)
+            if lane.queue:
+                lane.deadline = now + lane.queue[0].timeout
+
+    def _cycle_done(self, slot: _Slot, started: float, now: float) -> None:
+        """Under the lock: the slot's cycle ended; schedule its next run and wake pull() waiters."""
+        slot.running = False
+        slot.cycles += 1
+        # While scrapes pull, the timed run is one interval after this one (in phase with the scrapes, so the
+        # next scrape normally comes first); otherwise the next point of the shared grid.
+        last_pull = self._last_pull
+        scraped = last_pull is not None and now - last_pull < 2 * slot.interval
+        slot.due = after_run(slot.times(), started, now, scraped)
+        self._cycled.notify_all()
+        if self._waiters:
+            for waiter in [w for w in self._waiters if _all_cycled(w[0])]:
+                self._waiters.remove(waiter)
+                waiter[1]()
+
+    # -- lanes -----------------------------------------------------------------------------------------
+
+    def _new_worker(self, lane: _Lane) -> None:
+        token = lane.worker = object()
+        t = threading.Thread(target=self._work, args=(lane, token), name=f"collect-{lane.name}", daemon=True)
+        lane.threads = [x for x in lane.threads if x.is_alive()] + [t]
+        t.start()
+
+    def _work(self, lane: _Lane, token: object) -> None:
+        while True:
+            with self._lock:
+                while lane.worker is token and not lane.queue and not self._stop.is_set():
+                    lane.cond.wait()
+                if lane.worker is not token or self._stop.is_set():
+                    return
+                slot = lane.queue.popleft()
+                started = slot.started = self._clock()
+                lane.current, lane.deadline = slot, started + slot.timeout
+            cpu = time.thread_time()
+            outcome, retry_s = self._call(slot)
+            cpu = time.thread_time() - cpu
+            with self._lock:
+                if lane.worker is not token:  # timed out meanwhile: recorded by the scheduler; we are abandoned
+                    slot.stuck = False
+                    if slot.slow_interval is not None:  # past its timeout: costly if it was working, not waiting
+                        slot.interval = adaptive_interval(slot.fast_interval, slot.slow_interval, cpu)
+                    return
+                self._finish(slot.collector, started, *outcome)
+                lane.current, lane.deadline = None, math.inf
+                if slot.slow_interval is not None:  # adaptive cadence: a costly run stretches the next interval
+                    # A read's cost: its wall time when it succeeded (the peer rendering, the transfer, the parse:
+                    # what every read costs the engine and the agent); only its own CPU when it failed, so a peer
+                    # that is down or silent (a timeout is waiting, not work) is still looked at at the fast pace.
+                    cost = self._clock() - started if outcome[1] == "ok" else cpu
+                    slot.interval = adaptive_interval(slot.fast_interval, slot.slow_interval, cost)
+                self._cycle_done(slot, started, self._clock())
+                if retry_s is not None:  # an absence that lasts: not called again before then (inf: never)
+                    slot.due = max(slot.due, started + retry_s)
+                # The scheduler is not woken: at worst it wakes at this call's deadline and finds nothing to do.
+
+    @staticmethod
+    def _call(slot: _Slot) -> tuple[tuple[Collection | None, str, str | None, str | None, str | None], float | None]:
+        """Run one collection: ((collection, outcome, message, hint, cause), seconds before the next call if absent).
+
+        The delay is the schedule's, as the registry declares it: inf for an absence only configuration can
+        end (nothing configured to watch: the status keeps the hint), ``absent_retry_s`` for one that
+        lasts, None otherwise.
+
+        Messages and hints reach the status API and the log: credentials in them (a URL's password, a
+        token parameter) are taken out here, for every collector.
+        """
+        collector = slot.collector
+        try:
+            return (run_collection(collector), "ok", None, None, None), None
+        except NoDataError as exc:
+            message = redact_text(str(exc.args[0] if exc.args else exc))
+            try:
+                absent = validate(Collection(samples=list(exc.samples))) if exc.samples else Collection()
+            except CatalogError as bad:
+                return (None, "bad_sample", redact_text(str(bad)), None, "bad_sample"), None
+            hint = redact_text(exc.hint)
+            return (absent, "absent", message, hint, None), math.inf if slot.absence_final else slot.absent_retry_s
+        except CatalogError as exc:
+            return (None, "bad_sample", redact_text(str(exc)), None, "bad_sample"), None
+        except Exception as exc:
+            message = redact_text(f"{type(exc).__name__}: {exc}")
+            return (None, "exception", message, None, failure_cause(exc)), None
+
+    def _finish(
+        self,
+        collector: Collector,
+        started: float,
+        collection: Collection | None,
+        outcome: str,
+        message: str | None = None,
+        hint: str | None = None,
+        cause: str | None = None,
+    ) -> None:
+        """Under the lock: record one run's outcome; ``cause`` (a failure's, :func:`failure_cause`) is what it is
+        logged under (the runner's own ``timeout`` and ``hung``: ``timeout``)."""
+        prev = self.state.health_of(collector.name)
+        health = next_health(prev, outcome, self._clock() - started, time.time(), message, hint)
+        self._log_outcome(prev, health, message, hint, cause or ("timeout" if outcome in RUNNER_FAILURES else outcome))
+        self.state.record(collector.name, health, collection)
+        if outcome in RUNNER_FAILURES:  # the collector did not raise this one; health it exports must say so too
+            hook = getattr(collector, "run_failed", None)  # BaseCollector's; a bare processor may not have it
+            if callable(hook):
+                try:
+                    hook(outcome)
+                except Exception:  # a collector's bug must not stop the scheduler
+                    log.debug("collector %s: run_failed(%s) failed", collector.name, outcome, exc_info=True)
+
+    def _log_outcome(
+        self, prev: CollectorHealth, new: CollectorHealth, message: str | None, hint: str | None, cause: str
+    ) -> None:
+        """Under the lock: one error line when a failure starts, one line when it ends (recovered, or no data);
+        in between, a line only for a cause not yet logged in this failure (a flapping cause logs nothing)."""
+        failure = self._failures.get(new.name)
+        if new.state == "failed":
+            if failure is None:
+                failure = self._failures[new.name] = _Failure(self._clock())
+                log.error("collector %s failing (%s): %s", new.name, cause, message)
+                failure.causes.add(cause)
+            elif cause not in failure.causes and len(failure.causes) < MAX_LOGGED_CAUSES:
+                log.error("collector %s still failing, now also (%s): %s", new.name, cause, message)
+                failure.causes.add(cause)
+            failure.runs += 1
+            return
+        if failure is not None:
+            del self._failures[new.name]
+            lasted = f"after {failure.runs} failed runs in {self._clock() - failure.since:.0f}s"
+            causes = ", ".join(sorted(failure.causes))
+            if new.state == "absent":
+                note = f" (hint: {hint})" if hint else ""
+                log.warning("collector %s: no data %s (%s): %s%s", new.name, lasted, causes, message, note)
+            else:
+                log.info("collector %s recovered %s (%s)", new.name, lasted, causes)
+        elif new.state == "absent" and prev.state != "absent":
+            log.warning("collector %s: no data: %s%s", new.name, message, f" (hint: {hint})" if hint else "")
+        elif new.state == "ok" and prev.state == "absent":
+            log.info("collector %s recovered", new.name)

@@ -1,0 +1,115 @@
+"""The composition root: builds the agent's dependencies once, typed, and hands them to the constructors.
+
+:func:`build_deps` creates every boundary with the OS or hardware and every shared service exactly once —
+procfs/sysfs roots, the NVML client, the CPU probe, the engine's HTTP client (optional), the one runtime
+locator, the profile reader, the API authenticator and the actions (binary check,
+snapshot store, py-spy profile manager, evidence store) — into one frozen :class:`Deps`. Nothing else creates them: a
+collector gets a :class:`~inferwatch.agent.node.collectors.base.CollectContext` (:meth:`Deps.collect_context`), the API
+an :class:`~inferwatch.agent.node.api.server.ApiServices`; tests replace a piece by passing it to :func:`build_deps`.
+Validated settings are never rewritten here: per-collector scheduling defaults live in the registry
+(:mod:`inferwatch.agent.node.collectors`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+
+from inferwatch.agent.config import Settings
+from inferwatch.agent.node.actions.alertpush import AlertPusher
+from inferwatch.agent.node.actions.binary import BinaryCheck, binary_configured
+from inferwatch.agent.node.actions.evidence import EvidenceStore
+from inferwatch.agent.node.actions.profiles import ProfileManager
+from inferwatch.agent.node.actions.pyspy import PidScope
+from inferwatch.agent.node.actions.snapshots import SnapshotStore
+from inferwatch.agent.node.api.auth import Authenticator
+from inferwatch.agent.node.api.server import ApiServices
+from inferwatch.agent.node.collectors.base import CollectContext
+from inferwatch.agent.node.debugprofile.reader import ProfileReader
+from inferwatch.agent.node.host.cpuprobe import CpuProbe, SyscallCpuProbe
+from inferwatch.agent.node.host.nvml import NVMLClient, PynvmlClient
+from inferwatch.agent.node.host.procfs import LimitHits, ReadLimits
+from inferwatch.agent.node.host.runtime import RuntimeLocator
+from inferwatch.agent.node.state import AgentState
+
+
+@dataclass(frozen=True, slots=True)
+class Deps:
+    """Everything the agent shares, built once (:func:`build_deps`).
+
+    ``sources`` is what every collector gets (procfs/sysfs roots, NVML client, CPU probe, runtime
+    locator, profile reader, engine HTTP client); the rest is for sinks and actions.
+    """
+
+    settings: Settings
+    state: AgentState
+    sources: CollectContext
+    auth: Authenticator
+    binary: BinaryCheck
+    snapshots: SnapshotStore
+    profiles: ProfileManager
+    evidence: EvidenceStore
+    alertpush: AlertPusher  # off (no thread, no sends) unless alertmanager.urls is set
+
+    def collect_context(self) -> CollectContext:
+        return self.sources
+
+    def api_services(self) -> ApiServices:
+        return ApiServices(self.auth, self.binary, self.snapshots, self.profiles, self.sources.locator, self.evidence)
+
+
+def build_deps(
+    settings: Settings,
+    *,
+    nvml: NVMLClient | None = None,
+    cpu_probe: CpuProbe | None = None,
+    engine_http: httpx.Client | None = None,
+    locator: RuntimeLocator | None = None,
+    persist_key: bool = True,
+) -> Deps:
+    """The agent's dependencies; a given piece replaces the real one (a fake NVML client in tests).
+
+    Raises ConfigError for a bad ``api.tokens_file``. Nothing touches disk, the network or a program here.
+    ``persist_key`` False (doctor): the redaction key is ephemeral and nothing is written.
+    """
+    state = AgentState(environment=settings.node.environment)
+    locator = locator or RuntimeLocator(settings.runtime, settings.path.procfs)
+    reader = ProfileReader(settings, locator, persist_key=persist_key)
+    sources = CollectContext(
+        settings=settings,
+        procfs=settings.path.procfs,
+        sysfs=settings.path.sysfs,
+        nvml=nvml or PynvmlClient(),
+        cpu_probe=cpu_probe or SyscallCpuProbe(),
+        locator=locator,
+        profile_reader=reader,
+        engine_http=engine_http,
+        read_limits=ReadLimits.of(settings.read_limits, LimitHits()),
+    )
+    evidence = EvidenceStore(settings, locator, reader, sources.nvml)
+    return Deps(
+        settings=settings,
+        state=state,
+        sources=sources,
+        auth=Authenticator(settings.api),
+        binary=BinaryCheck(settings, locator, state if binary_configured(settings) else None),
+        snapshots=SnapshotStore(settings, reader),
+        profiles=ProfileManager(settings, PidScope(locator)),
+        evidence=evidence,
+        alertpush=AlertPusher(settings.alertmanager, state, settings.runbooks.base_url, on_fire=evidence.on_alerts),
+    )
+
+
+def collect_context(
+    settings: Settings,
+    *,
+    nvml: NVMLClient | None = None,
+    cpu_probe: CpuProbe | None = None,
+    engine_http: httpx.Client | None = None,
+    locator: RuntimeLocator | None = None,
+) -> CollectContext:
+    """A collector's context as the agent would build it (tests, the doctor, one-off CLI commands)."""
+    return build_deps(
+        settings, nvml=nvml, cpu_probe=cpu_probe, engine_http=engine_http, locator=locator
+    ).collect_context()

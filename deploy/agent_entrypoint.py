@@ -1,6 +1,6 @@
 """The agent container's entrypoint (docker-compose.yml): make sure the API tokens exist, then exec the agent.
 
-The agent listens on 0.0.0.0 in the stack, and it refuses to do that without an API token (agent/config.py).
+The agent listens on 0.0.0.0 in the stack, and it refuses to do that without an API token (agent/config/settings.py).
 This script keeps three files in DIR, a named volume (``inferwatch-token``), before it becomes the agent:
 
   DIR/token           the operator's token, scopes read,snapshots,profile,evidence, mode 0600 (the agent's user):

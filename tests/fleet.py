@@ -73,7 +73,7 @@ class Timings:
 
     scrape: str = "15s"  # vmagent scrape and vmalert evaluation
     agent_interval_s: float = 15.0
-    probe_interval_s: float = 30.0  # the agent's defaults (agent/config.py)
+    probe_interval_s: float = 30.0  # the agent's defaults (agent/config/sections.py)
     profile_interval_s: float = 60.0
     prompt_tokens: str = "lognormal:512:0.6"
     output_tokens: str = "32"

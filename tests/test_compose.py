@@ -423,7 +423,7 @@ def test_agent_state_lives_on_a_named_volume_its_user_owns(rendered: dict[str, A
 
 
 def test_receiver_forwards_with_the_collectors_protocol_on_that_port(rendered: dict[str, Any]) -> None:
-    # An http(s):// endpoint is OTLP/HTTP (agent/config.py ReceiverSettings), served on the Collector's http port.
+    # An http(s):// endpoint is OTLP/HTTP (agent/config/sections.py ReceiverSettings), served on the Collector's http port.
     forward = rendered["services"]["agent"]["environment"]["INFERWATCH_RECEIVER__FORWARD_ENDPOINT"]
     protocols = yaml.safe_load(stack.OTELCOL_CONFIG.read_text())["receivers"]["otlp"]["protocols"]
     port = forward.rsplit(":", 1)[1].split("/")[0]

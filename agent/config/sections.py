@@ -1,50 +1,28 @@
-"""The agent's one settings model.
+"""The settings sections: one model per part of the agent, each with its named defaults and its own validation.
 
-Sources, highest first: CLI flags (passed as init values), environment (``INFERWATCH_`` prefix, nested
-with ``__``: ``INFERWATCH_PAGECACHE__INACTIVE_FILE_THRESHOLD_BYTES``), a YAML file (``--config`` or
-``INFERWATCH_CONFIG``), then the defaults below. OTLP export is configured by the standard ``OTEL_*``
-variables (read by the OpenTelemetry SDK itself), never by parallel inferwatch variables.
-
-A bad value raises :class:`~inferwatch.agent.errors.ConfigError` naming the field, and so does an unknown name: a key
-no section declares (YAML or a nested ``INFERWATCH_<SECTION>__<KEY>`` variable), a collector the registry does not
-list (``collectors: {pagecach: ...}``), or a flat ``INFERWATCH_`` variable that is a near miss of a setting
-(``INFERWATCH_LISTEN_PROT``). Flat variables that resemble no setting are left alone: the simulator and the
-build scripts share the prefix (``INFERWATCH_SCENARIO``, ``INFERWATCH_LLAMA_AVX2_DIR``).
+A part is built from its section (``EngineSettings`` for the engine collector, ``SnapshotSettings`` for the snapshot
+store ...), never from the whole :class:`~inferwatch.agent.config.settings.Settings`; the composition root
+(agent/node/wiring.py, agent/node/app.py) hands each one out. Every section is frozen and refuses unknown keys.
 """
 
 from __future__ import annotations
 
-import difflib
-import json
-import logging
 import math
-import os
 import re
-import reprlib
-from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic.fields import FieldInfo
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from inferwatch.agent.catalog.engine import ENGINE_KINDS
-from inferwatch.agent.common.redact import redact_text, secret_name
-from inferwatch.agent.common.userfiles import read_text_bounded
-from inferwatch.agent.errors import ConfigError
 
-log = logging.getLogger(__name__)
-
-DEFAULT_LISTEN_ADDRESS = "127.0.0.1"
 # Engine exposition limits (agent/node/engine/limits.py applies them; docs/engine.md)
 DEFAULT_ENGINE_MAX_SERIES = 100_000  # a 20,000-series vLLM exposition is ~2 MB; 10 MiB holds ~100k lines
 DEFAULT_ENGINE_MAX_LABEL_VALUE_BYTES = 1024  # model names and paths are far shorter
 DEFAULT_ENGINE_MAX_LABEL_BYTES = 4096  # all names and values of one series together
 DEFAULT_ENGINE_MAX_MODELS = 64  # as receiver.max_models (the span path)
-DEFAULT_LISTEN_PORT = 9435
+
 # One read of a procfs/sysfs file (agent/node/host/procfs.py). meminfo is ~1.5 KiB, vmstat ~5 KiB, PSI ~150 B,
 # cgroup memory.stat ~2 KiB: 1 MiB is hundreds of times any real one. cpuinfo grows with the CPUs: the
 # largest block in tests/fixtures/cpuinfo is 2,187 bytes (Sapphire Rapids, every AVX-512/AMX flag), so a
@@ -52,15 +30,9 @@ DEFAULT_LISTEN_PORT = 9435
 # CPUs, past the 4,096 of distribution kernels' NR_CPUS (8,192 with MAXSMP is ~17 MiB: raise it there).
 DEFAULT_MAX_PROCFS_READ_BYTES = 1 << 20
 DEFAULT_MAX_CPUINFO_READ_BYTES = 16 << 20
-DEFAULT_INTERVAL_S = 5.0
-# The agent's own /metrics series (docs/cardinality.md): 64 models (engine.max_models) at the measured ~370 series
-# per model (engine under traffic, spans and their histograms on) plus the node's own, with room for twice that.
-DEFAULT_SERIES_BUDGET = 50_000
-DEFAULT_TIMEOUT_S = 2.0
+
 DEFAULT_INACTIVE_FILE_THRESHOLD_BYTES = 1 << 30  # 1 GiB; relative to the model size, see runbooks
-ENV_PREFIX = "INFERWATCH_"
-ENV_NESTED_DELIMITER = "__"
-CONFIG_ENV = "INFERWATCH_CONFIG"
+
 # Below the runner's default collector timeout (DEFAULT_TIMEOUT_S), so a slow engine is reported as a
 # slow engine (reason "timeout" on the engine collector), not as a hung collector.
 DEFAULT_ENGINE_TIMEOUT_S = 1.5
@@ -88,10 +60,6 @@ class CollectorSettings(_Section):
     enabled: bool | None = None
     interval_s: float | None = Field(default=None, gt=0, le=86400)  # a day: runtime_profile's old bound
     timeout_s: float | None = Field(default=None, gt=0, le=600)
-
-
-# Timing keys that used to live in a collector's own section: read as collectors.NAME.KEY, with one warning.
-DEPRECATED_TIMING = {("runtime_profile", "interval_s"): "runtime_profile", ("probe", "interval_s"): "probe"}
 
 
 class PathSettings(_Section):
@@ -377,7 +345,6 @@ class ApiSettings(_Section):
     )
     # ^ exact paths, or a prefix ending in "/*"
     anonymous_scopes: list[Scope] = Field(default_factory=_default_scopes)
-    # ^ used only while no token is configured (loopback-only agent); "profile" is never granted anonymously
 
 
 class ProfilingSettings(_Section):
@@ -556,280 +523,3 @@ class DiscoverySettings(_Section):
     namespaces: list[str] = Field(default_factory=list)  # empty: every namespace (needs the ClusterRole)
     image_fallback: bool = True  # pods without inferwatch.io/scrape found by their engine image
     watch_timeout_s: int = Field(default=DEFAULT_DISCOVERY_WATCH_TIMEOUT_S, ge=10, le=3600)
-
-
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        env_nested_delimiter=ENV_NESTED_DELIMITER,
-        extra="forbid",
-        frozen=True,
-    )
-
-    listen_address: str = DEFAULT_LISTEN_ADDRESS
-    listen_port: int = Field(default=DEFAULT_LISTEN_PORT, ge=0, le=65535)
-    interval_s: float = Field(default=DEFAULT_INTERVAL_S, gt=0, le=3600)
-    timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0, le=600)
-    # The agent's own /metrics series this node may hold before AgentSeriesBudgetExceeded (docs/cardinality.md).
-    series_budget: int = Field(default=DEFAULT_SERIES_BUDGET, ge=100, le=100_000_000)
-    # A scrape of /metrics runs the collections due before the next scrape and waits for them (at most
-    # scrape_wait_s): fresh values, and one wake-up per cycle instead of two (docs/collectors.md).
-    collect_on_scrape: bool = True
-    scrape_wait_s: float = Field(default=2.0, gt=0, le=60)
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    path: PathSettings = PathSettings()
-    read_limits: ReadLimitSettings = ReadLimitSettings()
-    collectors: dict[str, CollectorSettings] = Field(default_factory=dict)
-    runtime: RuntimeSettings = RuntimeSettings()
-    node: NodeSettings = NodeSettings()
-    cpu: CPUSettings = CPUSettings()
-    pagecache: PageCacheSettings = PageCacheSettings()
-    otlp: OTLPSettings = OTLPSettings()
-    engine: EngineSettings = EngineSettings()
-    receiver: ReceiverSettings = ReceiverSettings()
-    runbooks: RunbooksSettings = RunbooksSettings()
-    alertmanager: AlertmanagerSettings = AlertmanagerSettings()
-    readiness: ReadinessSettings = ReadinessSettings()
-
-    runtime_profile: RuntimeProfileSettings = RuntimeProfileSettings()
-    probe: ProbeSettings = ProbeSettings()
-    api: ApiSettings = ApiSettings()
-    profiling: ProfilingSettings = ProfilingSettings()
-    snapshots: SnapshotSettings = SnapshotSettings()
-    evidence: EvidenceSettings = EvidenceSettings()
-    binary: BinarySettings = BinarySettings()
-    simd: SimdSettings = SimdSettings()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _deprecated_timing(cls, data: Any) -> Any:
-        """Move each old timing key (:data:`DEPRECATED_TIMING`) to ``collectors.NAME``, with one warning each."""
-        if not isinstance(data, dict):
-            return data
-        out = dict(data)
-        for (section, key), name in DEPRECATED_TIMING.items():
-            values = out.get(section)
-            if not isinstance(values, Mapping) or key not in values:
-                continue
-            out[section] = {k: v for k, v in values.items() if k != key}
-            collectors = dict(out.get("collectors") or {})
-            entry = collectors.get(name) or {}
-            entry = entry.model_dump(exclude_none=True) if isinstance(entry, CollectorSettings) else dict(entry)
-            new = f"collectors.{name}.{key}"
-            if entry.get(key) is not None:
-                log.warning("%s.%s is deprecated and ignored: %s is set", section, key, new)
-                continue
-            entry[key] = values[key]
-            collectors[name] = entry
-            out["collectors"] = collectors
-            log.warning("%s.%s is deprecated: read as %s; set that instead", section, key, new)
-        return out
-
-    @model_validator(mode="after")
-    def _no_open_api_off_loopback(self) -> Settings:
-        if not _is_loopback(self.listen_address) and not self.api.tokens and self.api.tokens_file is None:
-            raise ValueError(
-                f"listen_address {self.listen_address} is not a loopback address and no API token is configured; "
-                "set api.tokens (or api.tokens_file) before exposing the agent, or bind 127.0.0.1"
-            )
-        return self
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _YamlSource(settings_cls))
-
-    def collector(self, name: str) -> CollectorSettings:
-        return self.collectors.get(name, CollectorSettings())
-
-    def otlp_enabled(self) -> bool:
-        if self.otlp.enabled is not None:
-            return self.otlp.enabled
-        return bool(
-            os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
-        )
-
-
-def _is_loopback(address: str) -> bool:
-    import ipaddress
-
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-class _YamlSource(PydanticBaseSettingsSource):
-    """Values from the YAML file named by the class-level ``_yaml_path`` (set by :func:`load_settings`)."""
-
-    data: dict[str, Any] = {}
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return self.data.get(field_name), field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return dict(_YamlSource.data)
-
-
-# The config file's own limits: read before the settings exist, so set by environment variables only.
-DEFAULT_CONFIG_MAX_BYTES = 1 << 20  # 1 MiB: a config file is a few KiB
-DEFAULT_CONFIG_MAX_ALIASES = 0  # YAML aliases (*name) refused: 70 of them nest into a 9**9 "billion laughs" bomb
-CONFIG_MAX_BYTES_ENV = "INFERWATCH_CONFIG_MAX_BYTES"
-CONFIG_MAX_ALIASES_ENV = "INFERWATCH_CONFIG_MAX_ALIASES"
-_CONFIG_LIMIT_ENVS = {CONFIG_ENV, CONFIG_MAX_BYTES_ENV, CONFIG_MAX_ALIASES_ENV}  # not settings: no name check
-
-
-def config_file_limits(environ: Mapping[str, str]) -> tuple[int, int]:
-    """(max bytes, max YAML aliases) of the config file: ``INFERWATCH_CONFIG_MAX_BYTES`` (an integer ≥ 1) and
-    ``INFERWATCH_CONFIG_MAX_ALIASES`` (an integer ≥ 0; 0 refuses every alias), else the defaults."""
-    return (
-        _env_int(environ, CONFIG_MAX_BYTES_ENV, DEFAULT_CONFIG_MAX_BYTES, least=1),
-        _env_int(environ, CONFIG_MAX_ALIASES_ENV, DEFAULT_CONFIG_MAX_ALIASES, least=0),
-    )
-
-
-def _env_int(environ: Mapping[str, str], var: str, default: int, least: int) -> int:
-    """The integer in ``var`` (``default`` when unset); ConfigError naming the variable unless it is ≥ ``least``."""
-    raw = environ.get(var)
-    if raw is None:
-        return default
-    try:
-        value: int | None = int(raw.strip())
-    except ValueError:
-        value = None
-    if value is None or value < least:
-        shown = reprlib.repr(redact_text(raw))
-        raise ConfigError(f"invalid configuration: {var}: must be an integer ≥ {least} (got {shown})")
-    return value
-
-
-class _BoundedLoader(yaml.SafeLoader):
-    """SafeLoader that refuses aliases past ``max_aliases`` while composing, before anything expands."""
-
-    aliases = 0
-    max_aliases = DEFAULT_CONFIG_MAX_ALIASES
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            self.aliases += 1
-            if self.aliases > self.max_aliases:
-                mark = self.peek_event().start_mark
-                accepted = f"more than {self.max_aliases} are" if self.max_aliases else "they are"
-                raise yaml.YAMLError(
-                    f"YAML aliases (*name): {accepted} not accepted in a config file (line {mark.line + 1}); "
-                    f"write values out, or raise {CONFIG_MAX_ALIASES_ENV}"
-                )
-        return super().compose_node(parent, index)
-
-
-def read_yaml(
-    path: Path, max_bytes: int = DEFAULT_CONFIG_MAX_BYTES, max_aliases: int = DEFAULT_CONFIG_MAX_ALIASES
-) -> dict[str, Any]:
-    """The config file's top-level mapping; ConfigError when it is over ``max_bytes``, holds more than
-    ``max_aliases`` YAML aliases, or is not a UTF-8 YAML mapping."""
-    text = read_text_bounded(path, max_bytes, "config file", f" ({CONFIG_MAX_BYTES_ENV})")
-    loader = _BoundedLoader(text)  # a SafeLoader subclass (what yaml.load does, with the alias cap set)
-    loader.max_aliases = max_aliases
-    try:
-        data = loader.get_single_data()
-    except yaml.YAMLError as exc:
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        raise ConfigError(f"config file {path} is not valid YAML: {problem[:200]}{where}") from None
-    finally:
-        loader.dispose()
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping at the top level, not {type(data).__name__}")
-    return data
-
-
-def _format_error(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        value = err.get("input")
-        # bounded (never the whole input), and never a secret: no value of a secret field (api.tokens), no
-        # credentials of a URL
-        hidden = isinstance(value, dict) or any(secret_name(str(p)) for p in err["loc"])
-        shown = "" if hidden else f" (got {reprlib.repr(redact_text(value) if isinstance(value, str) else value)})"
-        parts.append(f"{loc}: {err['msg']}{shown}")
-    return "invalid configuration: " + "; ".join(parts)
-
-
-def _bad_json_env(environ: Mapping[str, str]) -> str | None:
-    """ "VAR (field.path): not valid JSON (where)" for the first INFERWATCH_ variable holding broken JSON."""
-    for var in sorted(environ):
-        value = environ[var].strip()
-        if not var.upper().startswith(ENV_PREFIX) or not value.startswith(("[", "{")):
-            continue
-        try:
-            json.loads(value)
-        except ValueError as exc:
-            where = f"line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else str(exc)
-            field = var[len(ENV_PREFIX) :].lower().replace(ENV_NESTED_DELIMITER, ".")
-            return f"{var} ({field}): not valid JSON ({where}); a list or object setting takes JSON"
-    return None
-
-
-def check_env_names(environ: Mapping[str, str]) -> None:
-    """Reject ``INFERWATCH_`` variables that name no setting (see the module docstring for which)."""
-    fields = set(Settings.model_fields)
-    for var in sorted(environ):
-        if not var.upper().startswith(ENV_PREFIX) or var.upper() in _CONFIG_LIMIT_ENVS:
-            continue
-        name = var[len(ENV_PREFIX) :].lower()
-        head, nested, _ = name.partition(ENV_NESTED_DELIMITER)
-        if head in fields:
-            continue  # keys below a known section are checked by the section's model (extra="forbid")
-        near = difflib.get_close_matches(head, fields, n=1, cutoff=0.8)
-        if nested or near:
-            hint = f" (did you mean {ENV_PREFIX}{near[0].upper()}?)" if near else ""
-            raise ConfigError(f"invalid configuration: {var}: {head} is not a setting{hint}")
-
-
-def check_collector_names(settings: Settings, known: Iterable[str]) -> None:
-    """Reject ``collectors.NAME`` entries for a collector the registry does not list."""
-    names = sorted(known)
-    unknown = sorted(set(settings.collectors) - set(names))
-    if unknown:
-        parts = [f"collectors.{n}: unknown collector {n!r} (known: {', '.join(names)})" for n in unknown]
-        raise ConfigError("invalid configuration: " + "; ".join(parts))
-
-
-def load_settings(
-    config_file: Path | None = None,
-    overrides: dict[str, Any] | None = None,
-    collectors: Iterable[str] | None = None,
-) -> Settings:
-    """Build the settings from flags (``overrides``), environment and the YAML file; raise ConfigError.
-
-    ``collectors``: the registry's collector names; when given, a ``collectors`` entry for any other name is
-    an error (the CLI passes them; this module cannot import the registry, which imports it).
-    """
-    check_env_names(os.environ)
-    max_bytes, max_aliases = config_file_limits(os.environ)
-    if config_file is None and os.environ.get(CONFIG_ENV):
-        config_file = Path(os.environ[CONFIG_ENV])
-    _YamlSource.data = read_yaml(config_file, max_bytes, max_aliases) if config_file else {}
-    try:
-        settings = Settings(**(overrides or {}))
-    except ValidationError as exc:
-        raise ConfigError(_format_error(exc)) from None
-    except SettingsError as exc:  # a complex value (JSON) in the environment that does not parse
-        raise ConfigError(f"invalid configuration: {_bad_json_env(os.environ) or exc}") from None
-    finally:
-        _YamlSource.data = {}
-    if collectors is not None:
-        check_collector_names(settings, collectors)
-    return settings

@@ -1,0 +1,162 @@
+"""The settings root: every section under its name, the agent-wide values (listen address, interval, timeout,
+series budget), the checks that span sections, and the order of the sources (flags, environment, config file)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from inferwatch.agent.config.sections import (
+    AlertmanagerSettings,
+    ApiSettings,
+    BinarySettings,
+    CollectorSettings,
+    CPUSettings,
+    EngineSettings,
+    EvidenceSettings,
+    NodeSettings,
+    OTLPSettings,
+    PageCacheSettings,
+    PathSettings,
+    ProbeSettings,
+    ProfilingSettings,
+    ReadinessSettings,
+    ReadLimitSettings,
+    ReceiverSettings,
+    RunbooksSettings,
+    RuntimeProfileSettings,
+    RuntimeSettings,
+    SimdSettings,
+    SnapshotSettings,
+)
+from inferwatch.agent.config.yamlfile import YamlSource
+
+log = logging.getLogger(__name__)
+
+
+DEFAULT_LISTEN_ADDRESS = "127.0.0.1"
+DEFAULT_LISTEN_PORT = 9435
+DEFAULT_INTERVAL_S = 5.0
+# The agent's own /metrics series (docs/cardinality.md): 64 models (engine.max_models) at the measured ~370 series
+# per model (engine under traffic, spans and their histograms on) plus the node's own, with room for twice that.
+DEFAULT_SERIES_BUDGET = 50_000
+DEFAULT_TIMEOUT_S = 2.0
+ENV_PREFIX = "INFERWATCH_"
+ENV_NESTED_DELIMITER = "__"
+
+# Timing keys that used to live in a collector's own section: read as collectors.NAME.KEY, with one warning.
+DEPRECATED_TIMING = {("runtime_profile", "interval_s"): "runtime_profile", ("probe", "interval_s"): "probe"}
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
+        extra="forbid",
+        frozen=True,
+    )
+
+    listen_address: str = DEFAULT_LISTEN_ADDRESS
+    listen_port: int = Field(default=DEFAULT_LISTEN_PORT, ge=0, le=65535)
+    interval_s: float = Field(default=DEFAULT_INTERVAL_S, gt=0, le=3600)
+    timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0, le=600)
+    # The agent's own /metrics series this node may hold before AgentSeriesBudgetExceeded (docs/cardinality.md).
+    series_budget: int = Field(default=DEFAULT_SERIES_BUDGET, ge=100, le=100_000_000)
+    # A scrape of /metrics runs the collections due before the next scrape and waits for them (at most
+    # scrape_wait_s): fresh values, and one wake-up per cycle instead of two (docs/collectors.md).
+    collect_on_scrape: bool = True
+    scrape_wait_s: float = Field(default=2.0, gt=0, le=60)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    path: PathSettings = PathSettings()
+    read_limits: ReadLimitSettings = ReadLimitSettings()
+    collectors: dict[str, CollectorSettings] = Field(default_factory=dict)
+    runtime: RuntimeSettings = RuntimeSettings()
+    node: NodeSettings = NodeSettings()
+    cpu: CPUSettings = CPUSettings()
+    pagecache: PageCacheSettings = PageCacheSettings()
+    otlp: OTLPSettings = OTLPSettings()
+    engine: EngineSettings = EngineSettings()
+    receiver: ReceiverSettings = ReceiverSettings()
+    runbooks: RunbooksSettings = RunbooksSettings()
+    alertmanager: AlertmanagerSettings = AlertmanagerSettings()
+    readiness: ReadinessSettings = ReadinessSettings()
+
+    runtime_profile: RuntimeProfileSettings = RuntimeProfileSettings()
+    probe: ProbeSettings = ProbeSettings()
+    api: ApiSettings = ApiSettings()
+    profiling: ProfilingSettings = ProfilingSettings()
+    snapshots: SnapshotSettings = SnapshotSettings()
+    evidence: EvidenceSettings = EvidenceSettings()
+    binary: BinarySettings = BinarySettings()
+    simd: SimdSettings = SimdSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_timing(cls, data: Any) -> Any:
+        """Move each old timing key (:data:`DEPRECATED_TIMING`) to ``collectors.NAME``, with one warning each."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for (section, key), name in DEPRECATED_TIMING.items():
+            values = out.get(section)
+            if not isinstance(values, Mapping) or key not in values:
+                continue
+            out[section] = {k: v for k, v in values.items() if k != key}
+            collectors = dict(out.get("collectors") or {})
+            entry = collectors.get(name) or {}
+            entry = entry.model_dump(exclude_none=True) if isinstance(entry, CollectorSettings) else dict(entry)
+            new = f"collectors.{name}.{key}"
+            if entry.get(key) is not None:
+                log.warning("%s.%s is deprecated and ignored: %s is set", section, key, new)
+                continue
+            entry[key] = values[key]
+            collectors[name] = entry
+            out["collectors"] = collectors
+            log.warning("%s.%s is deprecated: read as %s; set that instead", section, key, new)
+        return out
+
+    @model_validator(mode="after")
+    def _no_open_api_off_loopback(self) -> Settings:
+        if not _is_loopback(self.listen_address) and not self.api.tokens and self.api.tokens_file is None:
+            raise ValueError(
+                f"listen_address {self.listen_address} is not a loopback address and no API token is configured; "
+                "set api.tokens (or api.tokens_file) before exposing the agent, or bind 127.0.0.1"
+            )
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, YamlSource(settings_cls))
+
+    def collector(self, name: str) -> CollectorSettings:
+        return self.collectors.get(name, CollectorSettings())
+
+    def otlp_enabled(self) -> bool:
+        if self.otlp.enabled is not None:
+            return self.otlp.enabled
+        return bool(
+            os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+        )
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -16,9 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferwatch.agent.node.engine.exposition import Everything, ExpositionError, ExpositionReader
+from inferwatch.agent.node.engine.exposition import Everything, ExpositionReader
 from inferwatch.agent.node.engine.limits import EngineLimits
 from inferwatch.agent.node.engine.scrape import EngineParser
+from inferwatch.agent.node.engine.textformat import ExpositionError
 from tests import engine_server as es
 from tests.conftest import FIXTURES
 from tests.test_engine_collector import VALID, collector, samples_by_name

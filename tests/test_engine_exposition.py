@@ -10,9 +10,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.agent.node.engine import exposition as expo_module
+from inferwatch.agent.node.engine import heap
 from inferwatch.agent.node.engine.adapters import ADAPTERS, KeyCache, detect, read
-from inferwatch.agent.node.engine.exposition import Everything, ExpositionError, ExpositionReader, parse_labels
+from inferwatch.agent.node.engine.exposition import Everything, ExpositionReader
 from inferwatch.agent.node.engine.limits import EngineLimits
+from inferwatch.agent.node.engine.textformat import ExpositionError, parse_labels
 from tests.conftest import FIXTURES
 from tests.engine_expo import big_exposition
 
@@ -268,5 +270,5 @@ def test_a_stream_of_chunks_reads_as_the_whole_text() -> None:
 
 def test_freed_memory_is_handed_back_on_glibc_only() -> None:
     glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
-    assert expo_module.release_freed_memory() is glibc
-    assert expo_module.release_freed_memory() is glibc  # the thresholds are fixed once; trimming again is fine
+    assert heap.release_freed_memory() is glibc
+    assert heap.release_freed_memory() is glibc  # the thresholds are fixed once; trimming again is fine

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from inferwatch.agent.errors import SourceFormatError
-from inferwatch.agent.node.engine.exposition import Everything, ExpositionError, ExpositionReader, decode
+from inferwatch.agent.node.engine.exposition import Everything, ExpositionReader
+from inferwatch.agent.node.engine.textformat import ExpositionError, decode
 
 HERE = Path(__file__).parent / "fixtures" / "expfmt"
 CASES = json.loads((HERE / "manifest.json").read_text())["cases"]

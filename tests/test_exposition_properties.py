@@ -13,9 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inferwatch.agent.errors import SourceFormatError
-from inferwatch.agent.node.engine.exposition import Everything, ExpositionError, ExpositionReader, decode
+from inferwatch.agent.node.engine.exposition import Everything, ExpositionReader
 from inferwatch.agent.node.engine.fetch import EngineScrapeError
 from inferwatch.agent.node.engine.scrape import EngineParser
+from inferwatch.agent.node.engine.textformat import ExpositionError, decode
 from tests.conftest import FIXTURES
 
 SEEDS = [

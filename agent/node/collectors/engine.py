@@ -55,9 +55,9 @@ from inferwatch.agent.errors import NoDataError
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext, Collection
 from inferwatch.agent.node.engine.adapters import DEFAULT_MODEL, QUANTITIES, EngineReading, ModelReading
 from inferwatch.agent.node.engine.board import Key, LatencyBoard, LatencyStats, latency_samples
-from inferwatch.agent.node.engine.exposition import release_freed_memory
 from inferwatch.agent.node.engine.fetch import REASONS, EngineScrapeError, fetch_into
 from inferwatch.agent.node.engine.hang import HangDetector, RankVerdict
+from inferwatch.agent.node.engine.heap import release_freed_memory
 from inferwatch.agent.node.engine.histogram import sum_histograms
 from inferwatch.agent.node.engine.limits import LIMITS, EngineLimits
 from inferwatch.agent.node.engine.scrape import EngineParser, stats_from_histogram

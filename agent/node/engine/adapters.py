@@ -29,9 +29,10 @@ from inferwatch.agent.catalog.engine_schemas import (
     schemas_of,
 )
 from inferwatch.agent.errors import SourceFormatError
-from inferwatch.agent.node.engine.exposition import Exposition, ExpositionReader, Labels, parse_float
+from inferwatch.agent.node.engine.exposition import Exposition, ExpositionReader
 from inferwatch.agent.node.engine.histogram import Histogram
 from inferwatch.agent.node.engine.limits import EngineLimits
+from inferwatch.agent.node.engine.textformat import Labels, parse_float
 
 DEFAULT_MODEL = "unknown"  # engines without a model label (TGI, llama.cpp) unless engine.model_name is set
 

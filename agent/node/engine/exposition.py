@@ -1,5 +1,9 @@
 """A fast, selective, conforming reader of the Prometheus text exposition format (engine ``/metrics``).
 
+Its parts: the grammar of one line (textformat.py), plain label blocks read from their text with their
+bounds and label limits (labelblock.py), the OpenMetrics family rules (openmetrics.py), handing freed
+memory back (heap.py); here, the reader: caches, scrape rules, tolerant reads, streaming.
+
 Conformance: the text format as prometheus/common's ``expfmt`` text parser reads it (Prometheus 3,
 UTF-8 names: ``{"a.b",label="x"} 1``, ``# TYPE "a.b" counter``), and OpenMetrics 1.0 as
 client_python's OpenMetrics parser reads it when the body ends with ``# EOF``. The cases, their
@@ -35,20 +39,39 @@ the series read) is dropped, and the next read begins by handing the freed memor
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
-import platform
 import re
-import sys
 from array import array
 from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from inferwatch.agent.errors import SourceFormatError
+from inferwatch.agent.node.engine.heap import release_freed_memory
+from inferwatch.agent.node.engine.labelblock import (
+    BOUNDS,
+    MAX_LABEL_PAIRS,
+    Pair,
+    bad_bound,
+    bound_error,
+    long_block_limit_error,
+    plain_block,
+)
 from inferwatch.agent.node.engine.limits import EngineLimits, label_limit_error
+from inferwatch.agent.node.engine.openmetrics import check_openmetrics
+from inferwatch.agent.node.engine.textformat import (
+    BLANK,
+    METRIC_NAME,
+    TYPES,
+    ExpositionError,
+    Labels,
+    LineError,
+    is_openmetrics,
+    metric_name_at,
+    parse_line,
+    types_of,
+    unescape_help,
+)
 
-Labels = tuple[tuple[str, str], ...]
 log = logging.getLogger(__name__)
 
 
@@ -90,15 +113,6 @@ class Series:
         return f"Series({list(self)!r})"
 
 
-REASONS = (
-    "parse",
-    "duplicate_series",
-    "type_conflict",
-    "negative_value",
-    "openmetrics",
-    "label_value_length_limit",  # with limits: a label value over EngineLimits.max_label_value_bytes
-    "label_bytes_limit",  # with limits: one series' labels over EngineLimits.max_label_bytes
-)
 # What a tolerant read (limits given) drops with the line, instead of failing: a line's own problems. The label
 # limits are not among them (Prometheus' label_limit rejects the scrape, and they bound what a read holds).
 DROPPABLE = ("parse", "duplicate_series", "type_conflict", "negative_value", "openmetrics")
@@ -107,77 +121,6 @@ MAX_LABEL_CACHE_ENTRIES = 200_000  # a bound on memory when series churn (each e
 # After a read, caches holding more than this many times the series read (plus the slack) are dropped.
 STALE_CACHE_FACTOR = 2
 STALE_CACHE_SLACK = 10_000
-MAX_EXEMPLAR_LABEL_CHARS = 128  # OpenMetrics 1.0: exemplar label names and values together
-TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped", "gauge_histogram", "gaugehistogram"})
-
-_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_INT = re.compile(r"[-+]?[0-9]+")
-_UNESCAPE = {"\\": "\\", '"': '"', "n": "\n"}
-_BLANK = " \t"
-
-
-# glibc's mallopt(3) parameters (malloc.h) and the values they are fixed at: glibc's own defaults
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-MALLOC_MMAP_THRESHOLD_BYTES = 128 * 1024  # larger buffers get their own mapping, unmapped when freed
-MALLOC_TRIM_THRESHOLD_BYTES = 128 * 1024  # free memory above this at the top of a heap is returned at once
-_glibc: ctypes.CDLL | None = None
-_glibc_looked_up = False
-
-
-def release_freed_memory() -> bool:
-    """Hand the heap memory freed after a burst of series back to the OS; True if that could be asked (glibc).
-
-    glibc keeps freed memory for reuse, and once a buffer over its mmap threshold (128 KiB) is freed —
-    a held exposition body is megabytes — it raises that threshold to the buffer's size and its trim
-    threshold to twice that: later large buffers come from its heaps, up to that much free memory stays
-    at the top of each heap (one per thread that allocates), and ``malloc_trim`` does not shrink the
-    heaps of threads other than the main one. So the agent's RSS stays where a burst took it. The first
-    call fixes both thresholds at glibc's defaults (``mallopt``, which also stops them rising); every call
-    returns the free pages (``malloc_trim(0)``, a few milliseconds). Called when a read begins after a
-    burst ended or a large cache was dropped (:class:`ExpositionReader`). Elsewhere (musl, macOS) nothing
-    is done.
-    """
-    global _glibc, _glibc_looked_up
-    if not _glibc_looked_up:
-        _glibc_looked_up = True
-        if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
-            try:
-                libc = ctypes.CDLL(None)
-                libc.mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES)
-                libc.mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES)
-                _glibc = libc
-            except (OSError, AttributeError):
-                _glibc = None
-    if _glibc is None:
-        return False
-    _glibc.malloc_trim(0)
-    return True
-
-
-class ExpositionError(SourceFormatError):
-    """A line that breaks the format; ``lineno`` is 1-based, ``last``: it is the final line.
-
-    ``reason`` is one of :data:`REASONS`, so the collector can count rejections by cause.
-    """
-
-    def __init__(
-        self, message: str, lineno: int, last: bool = False, reason: str = "parse", line: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.lineno = lineno
-        self.last = last
-        self.reason = reason
-        self.line = line  # the line object itself, when a reader raised it (a tolerant read drops it)
-
-
-class _LineError(ValueError):
-    """Raised inside the line parser; the reader turns it into an ExpositionError with the line number."""
-
-    def __init__(self, why: str, reason: str = "parse") -> None:
-        super().__init__(why)
-        self.reason = reason
 
 
 @dataclass
@@ -206,251 +149,6 @@ class Everything:
 
     def __contains__(self, name: object) -> bool:
         return True
-
-
-def decode(body: bytes) -> str:
-    """Decode an exposition body; raise ExpositionError naming the line and offset of the first bad byte."""
-    try:
-        return body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        lineno = body.count(b"\n", 0, exc.start) + 1
-        raise ExpositionError(f"line {lineno}: not UTF-8 text (invalid byte at offset {exc.start})", lineno) from None
-
-
-def is_openmetrics(text: str) -> bool:
-    """An OpenMetrics body ends with ``# EOF`` (the agent asks for the text format; some engines send OM)."""
-    return text.endswith(("# EOF\n", "# EOF"))
-
-
-# --- numbers -------------------------------------------------------------------------------------
-
-
-def parse_float(text: str) -> float:
-    """A float as Go's ``strconv.ParseFloat`` without hex, ``p`` or ``_`` (what expfmt accepts)."""
-    value = float(text)  # ValueError for most garbage
-    if not text.isascii() or "_" in text or text.strip() != text:
-        raise ValueError(f"not a float: {text!r}")
-    if value != value and text[0] in "+-":
-        raise ValueError(f"not a float: {text!r}")
-    return value
-
-
-def _value(text: str) -> float:
-    try:
-        return parse_float(text)
-    except ValueError:
-        raise _LineError(f"value {text[:40]!r} is not a number") from None
-
-
-def _timestamp(text: str, om: bool) -> float:
-    if om:
-        try:
-            ts = parse_float(text)
-        except ValueError:
-            raise _LineError(f"timestamp {text[:40]!r} is not a number") from None
-        if not math.isfinite(ts):
-            raise _LineError(f"timestamp {text[:40]!r} is not finite")
-        return ts
-    if _INT.fullmatch(text) is None:
-        raise _LineError(f"timestamp {text[:40]!r} is not an integer (milliseconds)")
-    return float(text)
-
-
-# --- the line parser (every new head goes through it once) ---------------------------------------
-
-
-def _quoted(line: str, i: int, om: bool = False) -> tuple[str, int]:
-    """The string quoted at ``line[i] == '"'`` unescaped (``\\\\``, ``\\"``, ``\\n``), and the index after it.
-
-    Another escape is an error in the text format (expfmt) and kept as written in OpenMetrics
-    (client_python).
-    """
-    j = i + 1
-    end = line.find('"', j)
-    if end != -1 and line.find("\\", j, end) == -1:
-        return line[j:end], end + 1
-    buf: list[str] = []
-    n = len(line)
-    while j < n:
-        c = line[j]
-        if c == "\\":
-            nxt = line[j + 1 : j + 2]
-            if nxt not in _UNESCAPE:
-                if not om or not nxt:
-                    raise _LineError(f"invalid escape sequence '\\{nxt}'")
-                buf.append("\\" + nxt)
-            else:
-                buf.append(_UNESCAPE[nxt])
-            j += 2
-        elif c == '"':
-            return "".join(buf), j + 1
-        else:
-            buf.append(c)
-            j += 1
-    raise _LineError("unterminated quoted string")
-
-
-def metric_name_at(line: str, i: int, om: bool = False) -> tuple[str, int]:
-    """The metric name at ``line[i]`` (plain or quoted, UTF-8) and the index after it."""
-    if line.startswith('"', i):
-        return _quoted(line, i, om)
-    m = _METRIC_NAME.match(line, i)
-    if m is None:
-        raise _LineError(f"invalid metric name at {line[i : i + 20]!r}")
-    return m.group(), m.end()
-
-
-def _skip(line: str, i: int, om: bool) -> int:
-    if om:
-        return i
-    n = len(line)
-    while i < n and line[i] in _BLANK:
-        i += 1
-    return i
-
-
-def _labels(line: str, i: int, om: bool) -> tuple[str | None, Labels, int]:
-    """Parse the label block after ``{`` at ``i``: (quoted metric name or None, labels, index after ``}``)."""
-    n = len(line)
-    out: list[tuple[str, str]] = []
-    seen: set[str] = set()
-    metric: str | None = None
-    i = _skip(line, i, om)
-    while True:
-        if i >= n:
-            raise _LineError("unterminated label set")
-        if line[i] == "}":
-            return metric, tuple(out), i + 1
-        if line[i] == '"':
-            lname, i = _quoted(line, i, om)
-            quoted = True
-        else:
-            m = _LABEL_NAME.match(line, i)
-            if m is None:
-                raise _LineError(f"invalid label name at {line[i : i + 20]!r}")
-            lname, i, quoted = m.group(), m.end(), False
-        i = _skip(line, i, om)
-        if i < n and line[i] == "=":
-            i = _skip(line, i + 1, om)
-            if i >= n or line[i] != '"':
-                raise _LineError(f"label {lname!r}: value must be quoted")
-            value, i = _quoted(line, i, om)
-            if not lname:
-                raise _LineError("empty label name")
-            if lname == "__name__" and not om:
-                raise _LineError('label name "__name__" is reserved')
-            if lname in seen:
-                raise _LineError(f"duplicate label name {lname!r}")
-            seen.add(lname)
-            out.append((lname, value))
-        elif quoted:
-            if metric is not None:
-                raise _LineError("multiple metric names in the label set")
-            if not lname:
-                raise _LineError("empty metric name")
-            metric = lname
-        else:
-            raise _LineError(f"expected '=' after label name {lname!r}")
-        i = _skip(line, i, om)
-        if i < n and line[i] == ",":
-            i += 1
-            if om and line.startswith("}", i):
-                raise _LineError("trailing comma in label set")
-            i = _skip(line, i, om)
-            if i < n and line[i] == ",":
-                raise _LineError("two commas in label set")
-        elif i < n and line[i] == "}":
-            return metric, tuple(out), i + 1
-        else:
-            raise _LineError("expected ',' or '}' after a label")
-
-
-@dataclass(slots=True)
-class Line:
-    """One sample line fully parsed; ``plain``: ``name{labels} value`` with one space, cacheable."""
-
-    name: str
-    labels: Labels
-    value: float
-    timestamp: float | None
-    exemplar: tuple[Labels, float] | None
-    plain: bool
-
-
-def parse_line(line: str, om: bool = False) -> Line:
-    """Parse one sample line (no comment, not blank); ValueError (``_LineError``) says why not."""
-    n = len(line)
-    i = _skip(line, 0, om)
-    name: str | None = None
-    if i < n and (line[i] == '"' or _METRIC_NAME.match(line, i)):
-        name, i = metric_name_at(line, i, om)
-    labels: Labels = ()
-    j = _skip(line, i, om)  # expfmt allows blanks before "{"; OpenMetrics does not (_skip is a no-op)
-    braces = j < n and line[j] == "{"
-    if braces:
-        inner, labels, i = _labels(line, j + 1, om)
-        if inner is not None:
-            if name is not None:
-                raise _LineError("metric name given twice")
-            name = inner
-        if om and "__name__" in dict(labels):
-            if name is not None:
-                raise _LineError("metric name given twice")
-            name = dict(labels)["__name__"]
-            labels = tuple(kv for kv in labels if kv[0] != "__name__")
-    if not name:
-        raise _LineError("invalid metric name")
-    value_at = i  # where the text after the name or label set starts
-    if om:
-        if i >= n or line[i] != " ":
-            raise _LineError("expected one space before the value" if i < n else "missing value")
-        parts = line[i + 1 :].split(" ")
-        if not parts[0]:
-            raise _LineError("missing value or more than one space")
-    else:
-        j = _skip(line, i, om)
-        if j == i and not braces:
-            raise _LineError("expected a blank after the metric name" if i < n else "missing value")
-        if j >= n:
-            raise _LineError("missing value")
-        rest = line[j:]
-        if rest.rstrip(_BLANK) != rest:
-            raise _LineError("blank after the last field")
-        parts = rest.replace("\t", " ").split()
-    value = _value(parts[0])
-    timestamp: float | None = None
-    exemplar: tuple[Labels, float] | None = None
-    k = 1
-    if k < len(parts) and parts[k] != "#":
-        timestamp = _timestamp(parts[k], om)
-        k += 1
-    if k < len(parts):
-        if not om or parts[k] != "#":
-            raise _LineError(f"unexpected text after the {'timestamp' if timestamp is not None else 'value'}")
-        exemplar = _exemplar(" ".join(parts[k + 1 :]))
-    plain = not om and len(parts) == 1 and line[value_at:] == " " + parts[0]
-    return Line(name, labels, value, timestamp, exemplar, plain)
-
-
-def _exemplar(text: str) -> tuple[Labels, float]:
-    """``{labels} value [timestamp]`` after ``# `` (OpenMetrics)."""
-    if not text.startswith("{"):
-        raise _LineError("exemplar must start with a label set")
-    metric, labels, i = _labels(text, 1, True)
-    if metric is not None:
-        raise _LineError("exemplar label set holds a metric name")
-    if sum(len(k) + len(v) for k, v in labels) > MAX_EXEMPLAR_LABEL_CHARS:
-        raise _LineError(f"exemplar labels longer than {MAX_EXEMPLAR_LABEL_CHARS} characters")
-    rest = text[i:]
-    if not rest.startswith(" "):
-        raise _LineError("expected one space before the exemplar value")
-    parts = rest[1:].split(" ")
-    if len(parts) > 2 or not all(parts):
-        raise _LineError("bad exemplar value or timestamp")
-    value = _value(parts[0])
-    if len(parts) == 2:
-        _timestamp(parts[1], True)
-    return labels, value
 
 
 # --- families: what a TYPE line implies for each sample name --------------------------------------
@@ -588,11 +286,11 @@ class ExpositionReader:
         self._raw_unkept: dict[str | None, _Info] = {}
         self._names: dict[str, str] = {}  # every metric name read, one object each (series ids, `is` tests)
         self._plain_names: dict[str, str] = {}  # names valid unquoted (``a_b``, not ``a.b``) → the same objects
-        self._pairs: dict[str, _Pair] = {}  # label pair texts checked valid → ((name, value), flag)
-        self._fresh: list[tuple[str, _Pair]] = []  # pairs of the label set being read, not in _pairs yet
-        # the one model label, for _plain_block; None: several (in order of preference), or a bound's name
-        self._model_label = model_labels[0] if len(model_labels) == 1 and model_labels[0] not in _BOUNDS else None
-        self._bounds: dict[str, bool] = {}  # le/quantile label texts → a number (see _bad_bound)
+        self._pairs: dict[str, Pair] = {}  # label pair texts checked valid → ((name, value), flag)
+        self._fresh: list[tuple[str, Pair]] = []  # pairs of the label set being read, not in _pairs yet
+        # the one model label, for plain_block; None: several (in order of preference), or a bound's name
+        self._model_label = model_labels[0] if len(model_labels) == 1 and model_labels[0] not in BOUNDS else None
+        self._bounds: dict[str, bool] = {}  # le/quantile label texts → a number (see bad_bound)
         self.generation = 0  # caches dropped so far (Exposition.generation)
         self._release_due = False  # release_freed_memory() when the next read begins (a burst is over)
         self._last_lines = 0  # lines of the last read
@@ -603,10 +301,6 @@ class ExpositionReader:
         om = is_openmetrics(text) if openmetrics is None else openmetrics
         lines = text.split("\n")
         if om:
-            from inferwatch.agent.node.engine.openmetrics import (
-                check_openmetrics,  # builds on this module: imported late
-            )
-
             p = self.begin(om=True)
             p.last_lineno = len(lines)
             self.feed(p, lines)
@@ -625,7 +319,7 @@ class ExpositionReader:
                     if exc.reason == "openmetrics":  # a family rule: its samples were read, the rule is reported
                         break
             return self.end(p)
-        if lines[-1].strip(_BLANK):
+        if lines[-1].strip(BLANK):
             n = len(lines)
             raise ExpositionError(f"line {n}: no newline at the end of the input: {lines[-1][:120]!r}", n, True)
         p = self.begin()
@@ -768,7 +462,7 @@ class ExpositionReader:
                 if not line:
                     continue
                 c = line[0]
-                if c in "# \t" and (c == "#" or line.lstrip(_BLANK)[:1] in ("#", "")):
+                if c in "# \t" and (c == "#" or line.lstrip(BLANK)[:1] in ("#", "")):
                     if om:
                         continue  # metadata is checked by check_openmetrics
                     self._comment(p, lines, line)
@@ -789,7 +483,7 @@ class ExpositionReader:
                         else:
                             text = raw = ""  # a label block that does not end the head: parse_line judges it
                         known = names.get(text)
-                        if known is None and _METRIC_NAME.fullmatch(text) is not None:
+                        if known is None and METRIC_NAME.fullmatch(text) is not None:
                             known = self._name(text)
                         if known is not None and raw is not None:
                             run, run_name = known + "{", known
@@ -821,7 +515,7 @@ class ExpositionReader:
                 else:
                     try:
                         parsed = parse_line(line, om)
-                    except _LineError as exc:
+                    except LineError as exc:
                         raise self._error(p, lines, line, str(exc), exc.reason) from None
                     name, value, ts = parsed.name, parsed.value, parsed.timestamp
                     name = self._names.get(name) or self._name(name)
@@ -863,8 +557,8 @@ class ExpositionReader:
                 family_seen = seen_by_name.get(name)
                 if family_seen is None:
                     family_seen = seen_by_name[name] = set()
-            if bad is not None and name in typed_hist and _bound_error(bad, types.get(name)) is not None:
-                raise self._error(p, lines, line, f"{_bound_error(bad, types.get(name))} label is not a number")
+            if bad is not None and name in typed_hist and bound_error(bad, types.get(name)) is not None:
+                raise self._error(p, lines, line, f"{bound_error(bad, types.get(name))} label is not a number")
             if value < 0 and name in nonneg:
                 raise self._error(
                     p, lines, line, f"negative value {value:g} for a {types_of(name, types)}", "negative_value"
@@ -933,12 +627,12 @@ class ExpositionReader:
             if broken is not None:
                 raise self._error(p, lines, line, broken[1], broken[0])
         if not wanted:
-            return labels, _bad_bound(labels, self._bounds), _UNKEPT, None
+            return labels, bad_bound(labels, self._bounds), _UNKEPT, None
         model = _model_of(labels, self.model_labels)
         if model not in p.kept and len(p.kept) >= self.max_models:
-            return labels, _bad_bound(labels, self._bounds), -1, model  # a dropped model: nothing cached
+            return labels, bad_bound(labels, self._bounds), -1, model  # a dropped model: nothing cached
         canon = self._canon.setdefault(_sorted(labels), len(self._canon))
-        hit = self._labels[labels] = (labels, _bad_bound(labels, self._bounds), canon, model)
+        hit = self._labels[labels] = (labels, bad_bound(labels, self._bounds), canon, model)
         return hit
 
     def _name(self, text: str) -> str:
@@ -948,7 +642,7 @@ class ExpositionReader:
         ``{"a.b"} 1`` must not make a later ``a.b 1`` line valid.
         """
         name = self._names.setdefault(text, text)
-        if _METRIC_NAME.fullmatch(text) is not None:
+        if METRIC_NAME.fullmatch(text) is not None:
             self._plain_names[text] = name
         return name
 
@@ -957,7 +651,7 @@ class ExpositionReader:
     ) -> _Info | None:
         """The :data:`_Info` of a plain head's label text ``raw`` (None: no label block), cached by that text.
 
-        None when the text is not a plain label block (:func:`_plain_block`): parse_line judges the line.
+        None when the text is not a plain label block (:func:`plain_block`): parse_line judges the line.
         For a wanted name (``keep``), as :meth:`_info_of` (the labels get a canonical id), cached in
         ``_raw`` unless its model is dropped. A name not wanted needs only its block checked and its bad
         bound: cached apart (``_raw_unkept``, up to :data:`MAX_UNKEPT_HEADS` texts), its labels not kept.
@@ -970,10 +664,10 @@ class ExpositionReader:
             check = limits is not None and raw is not None and (len(raw) > self._short_labels or not raw.isascii())
             if raw:
                 if check and len(raw) > self._short_labels:
-                    broken = _long_block_limit_error(raw, limits)  # type: ignore[arg-type]  # before any copy
+                    broken = long_block_limit_error(raw, limits)  # type: ignore[arg-type]  # before any copy
                     if broken is not None:
                         raise self._error(p, lines, line, broken[1], broken[0])
-                block = _plain_block(raw, self._pairs, self._model_label, fresh)
+                block = plain_block(raw, self._pairs, self._model_label, fresh)
                 if block is None:
                     return None
                 labels, model, bad = block
@@ -1010,33 +704,33 @@ class ExpositionReader:
 
     def _comment(self, p: ReadPass, lines: list[str], line: str) -> None:
         """``# HELP name doc`` / ``# TYPE name type``; any other comment is ignored (expfmt's rules)."""
-        body = line.lstrip(_BLANK)[1:].lstrip(_BLANK)
+        body = line.lstrip(BLANK)[1:].lstrip(BLANK)
         keyword = re.split(r"[ \t]", body, maxsplit=1)[0]
         if keyword not in ("HELP", "TYPE"):
             return
-        rest = body[len(keyword) :].lstrip(_BLANK)
+        rest = body[len(keyword) :].lstrip(BLANK)
         if not rest:
             return
         types, helps = p.types, p.helps
         try:
             name, i = metric_name_at(rest, 0)
-            if i < len(rest) and rest[i] not in _BLANK:
-                raise _LineError("invalid metric name in comment")
-            text = rest[i:].lstrip(_BLANK)
+            if i < len(rest) and rest[i] not in BLANK:
+                raise LineError("invalid metric name in comment")
+            text = rest[i:].lstrip(BLANK)
             if not text:
                 return  # "# HELP name" alone sets nothing (expfmt)
             if keyword == "HELP":
                 if name in helps:
-                    raise _LineError(f"second HELP line for {name!r}", "type_conflict")
-                _help(text)
+                    raise LineError(f"second HELP line for {name!r}", "type_conflict")
+                unescape_help(text)
                 helps.add(name)
                 return
             typ = text.lower()
             if typ not in TYPES:
-                raise _LineError(f"unknown metric type {text[:40]!r}")
+                raise LineError(f"unknown metric type {text[:40]!r}")
             if name in types or name in p.sampled:
-                raise _LineError(f"second TYPE line for {name!r}, or TYPE after its samples", "type_conflict")
-        except _LineError as exc:
+                raise LineError(f"second TYPE line for {name!r}, or TYPE after its samples", "type_conflict")
+        except LineError as exc:
             raise self._error(p, lines, line, str(exc), exc.reason) from None
         types[name] = typ
         p.nonneg.update(name + s for s in _NONNEG.get(typ, ()))
@@ -1083,183 +777,3 @@ def _model_of(labels: Labels, order: tuple[str, ...]) -> str | None:
         return None
     have = dict(labels)
     return next((have[k] for k in order if k in have), None)
-
-
-_BOUNDS = ("le", "quantile")
-MAX_LABEL_PAIRS = 16_384  # label pair texts remembered per reader (names and values repeat across series)
-
-
-_Pair = tuple[tuple[str, str], "str | None"]  # ((name, value), flag): see _pair
-
-
-def _pair(text: str, model_label: str | None) -> _Pair | None:
-    """A plain pair text as the split leaves it (``a="x``) → ((name, value), flag), None if not plain.
-
-    flag: ``"le"`` or ``"quantile"`` when that bound is not a number, ``""`` for the model label, else None.
-    """
-    lname, eq, value = text.partition('="')
-    if not eq or '"' in value or _LABEL_NAME.fullmatch(lname) is None or lname == "__name__":
-        return None
-    flag = None
-    if lname == "le" or lname == "quantile":
-        try:
-            parse_float(value)
-        except ValueError:
-            flag = lname
-    elif lname == model_label:
-        flag = ""
-    return (lname, value), flag
-
-
-def _plain_block(
-    raw: str, known: dict[str, _Pair], model_label: str | None, fresh: list[tuple[str, _Pair]]
-) -> tuple[Labels, str | None, str | None] | None:
-    """(pairs in order, model, bad bound) of a plain label block, ``a="x",b="y"`` (one trailing comma allowed).
-
-    Plain: names unquoted, values without escapes, no blanks around ``=`` and ``,``; parse_line reads
-    these the same way. None for any other shape, a duplicate label name or ``__name__``: parse_line
-    judges those lines and reports the error. In a block without backslashes every ``"`` delimits a
-    value, so ``",`` only ends one. ``known``: the pair texts already checked → :func:`_pair`'s answer,
-    whose (name, value) tuple is shared by every label set holding the pair; the pairs not in it are
-    appended to ``fresh`` (the caller adds them once it caches the label set: the pairs of dropped
-    models are not remembered). model: the value of ``model_label`` (None: absent, or no single model
-    label); bad bound: as :func:`_bad_bound`.
-    """
-    if "\\" in raw:
-        return None
-    parts = raw.split('",')
-    last = parts.pop()
-    if last:
-        if last[-1] != '"':
-            return None
-        parts.append(last[:-1])
-    out = []
-    model = bad = None
-    for part in parts:
-        hit = known.get(part)
-        if hit is None:
-            hit = _pair(part, model_label)
-            if hit is None:
-                return None
-            fresh.append((part, hit))
-        pair, flag = hit
-        if flag is not None:
-            if not flag:
-                model = pair[1]
-            else:
-                bad = flag if bad is None else "le quantile"  # both (a duplicate name is rejected below)
-        out.append(pair)
-    n = len(out)
-    if n > 1 and (out[0][0] == out[1][0] if n == 2 else len(dict(out)) != n):
-        return None
-    return tuple(out), model, bad
-
-
-def _long_block_limit_error(raw: str, limits: EngineLimits) -> tuple[str, str] | None:
-    """:func:`~inferwatch.agent.node.engine.limits.label_limit_error` of a plain label block, read in place.
-
-    For a block longer than a limit: a value of megabytes is refused before any copy of it is made.
-    None: within the limits, or not a plain ASCII block without duplicate names (the caller's full
-    path judges it, as it would without this look)."""
-    if "\\" in raw or not raw.isascii():
-        return None
-    n = len(raw)
-    i = total = 0
-    names: set[str] = set()
-    broken: tuple[str, str] | None = None
-    while i < n:
-        eq = raw.find('="', i)
-        if eq == -1 or _LABEL_NAME.fullmatch(raw, i, eq) is None:
-            return None
-        end = raw.find('"', eq + 2)
-        if end == -1:
-            return None
-        name = raw[i:eq]
-        if name in names or name == "__name__":
-            return None  # a parse error, reported as such
-        names.add(name)
-        size = end - eq - 2
-        if broken is None and size > limits.max_label_value_bytes:
-            broken = (
-                "label_value_length_limit",
-                (f"label {name[:40]!r} value is {size} bytes, over the {limits.max_label_value_bytes}-byte limit"),
-            )
-        total += size + len(name)
-        i = end + 1
-        if i < n:
-            if raw[i] != ",":
-                return None
-            i += 1
-    if broken is None and total > limits.max_label_bytes:
-        broken = (
-            "label_bytes_limit",
-            (f"labels of one series are {total} bytes, over the {limits.max_label_bytes}-byte limit"),
-        )
-    return broken
-
-
-MAX_BOUND_TEXTS = 4096  # le/quantile texts remembered per reader (bucket bounds repeat in every series)
-
-
-def _bad_bound(labels: Labels, bounds: dict[str, bool]) -> str | None:
-    """Which of ``le`` and ``quantile`` is not a number: ``"le"``, ``"quantile"``, ``"le quantile"`` (both), else
-    None (see :func:`_bound_error`); ``bounds``: texts seen → a number."""
-    bad = None
-    for k, v in labels:
-        if k == "le" or k == "quantile":
-            ok = bounds.get(v)
-            if ok is None:
-                try:
-                    parse_float(v)
-                    ok = True
-                except ValueError:
-                    ok = False
-                if len(bounds) < MAX_BOUND_TEXTS:
-                    bounds[v] = ok
-            if not ok:
-                bad = k if bad is None else "le quantile"
-    return bad
-
-
-def _bound_error(bad: str, typ: str | None) -> str | None:
-    """The label whose bad bound breaks a sample of a histogram (``le``) or a summary (``quantile``), else None."""
-    want = "quantile" if typ == "summary" else "le"
-    return want if want in bad.split() else None
-
-
-def types_of(name: str, types: dict[str, str]) -> str:
-    for suffix in ("", "_total", "_bucket", "_count", "_gcount", "_sum"):
-        if suffix and name.endswith(suffix) and name[: -len(suffix)] in types:
-            return f"{types[name[: -len(suffix)]]} {suffix[1:]}"
-    return types.get(name, "sample")
-
-
-def _help(text: str) -> str:
-    """A HELP docstring unescaped (``\\\\``, ``\\n``, ``\\"``); any other escape is an error (expfmt)."""
-    if "\\" not in text:
-        return text
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if c == "\\":
-            nxt = text[i + 1 : i + 2]
-            if nxt not in _UNESCAPE:
-                raise _LineError(f"invalid escape sequence '\\{nxt}' in HELP")
-            out.append(_UNESCAPE[nxt])
-            i += 2
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
-
-
-def parse_labels(raw: str) -> Labels:
-    """Parse the inside of a label block (``a="x",b="y"``) into ((name, value), ...), in order."""
-    try:
-        metric, labels, end = _labels(raw + "}", 0, False)
-    except _LineError as exc:
-        raise ValueError(str(exc)) from None
-    if metric is not None or end != len(raw) + 1:
-        raise ValueError("not a label set")
-    return labels

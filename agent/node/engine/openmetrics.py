@@ -7,7 +7,7 @@ these checks as client_python's OpenMetrics parser applies them (the reference f
 allowed by the type (``_total`` for counters), ``le``/``quantile`` canonical numbers, buckets in
 order with a ``+Inf`` bucket equal to ``_count``, counter-like values neither negative nor NaN,
 exemplars only on buckets and counters, info and stateset values. A violation raises
-:class:`~inferwatch.agent.node.engine.exposition.ExpositionError` with reason ``openmetrics`` (or ``negative_value``).
+:class:`~inferwatch.agent.node.engine.textformat.ExpositionError` with reason ``openmetrics`` (or ``negative_value``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Container
 from typing import Any
 
-from inferwatch.agent.node.engine.exposition import ExpositionError, Labels, _LineError, metric_name_at
+from inferwatch.agent.node.engine.textformat import ExpositionError, Labels, LineError, metric_name_at
 
 _SUFFIXES = {
     "counter": ("_total", "_created"),
@@ -88,7 +88,7 @@ def check_openmetrics(lines: list[str], expo_line_parser: Callable[..., Any], sk
                 fam = _metadata(line, fam, seen_names, fail)
                 continue
             s = expo_line_parser(line, True)
-        except _LineError as exc:  # a bad name in a metadata line, or a sample line
+        except LineError as exc:  # a bad name in a metadata line, or a sample line
             raise fail(str(exc), "parse") from None
         if fam is None or s.name not in fam.allowed:
             if fam is not None:

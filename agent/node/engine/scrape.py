@@ -28,13 +28,13 @@ from inferwatch.agent.node.engine.exposition import (
     STALE_CACHE_FACTOR,
     STALE_CACHE_SLACK,
     Exposition,
-    ExpositionError,
     ExpositionReader,
     ReadPass,
 )
 from inferwatch.agent.node.engine.fetch import EngineScrapeError
 from inferwatch.agent.node.engine.histogram import Histogram
 from inferwatch.agent.node.engine.limits import EngineLimits, count_sample_lines
+from inferwatch.agent.node.engine.textformat import ExpositionError
 
 
 class EngineParser:

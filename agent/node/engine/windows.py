@@ -19,8 +19,8 @@ import bisect
 from array import array
 from collections.abc import Mapping
 
-from inferwatch.agent.node.engine.exposition import Labels
 from inferwatch.agent.node.engine.histogram import Histogram, counter_increase, sum_histograms
+from inferwatch.agent.node.engine.textformat import Labels
 
 WINDOWS_S: dict[str, float] = {"1m": 60.0, "5m": 300.0}
 HORIZON_S = max(WINDOWS_S.values())

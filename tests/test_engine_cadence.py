@@ -43,6 +43,13 @@ def test_the_engine_adapts_between_2_s_and_the_agent_interval_unless_an_interval
     assert schedule("cpu", slower).slow_interval_s is None  # only the engine adapts
 
 
+def test_the_engine_run_may_take_its_fetch_deadline_whatever_the_interval() -> None:
+    """A large exposition's read of several seconds is finished, not cut at the 2 s interval."""
+    plan = schedule("engine", Settings.model_validate({"engine": {"metrics_url": URL, "timeout_s": 5}}))
+    assert plan.interval_s == DEFAULT_ENGINE_INTERVAL_S
+    assert plan.timeout_s > 5 > plan.interval_s
+
+
 def _exposition(models: int) -> str:
     gen = VllmLike([f"org/model-{i:03d}" for i in range(models)], engines=1, seed=3)
     gen.observe(3)

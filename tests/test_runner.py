@@ -425,3 +425,23 @@ def test_a_timeout_and_a_hung_run_are_told_to_the_collector_and_raised_failures_
         runner.stop()
     assert told["hangs"][:2] == ["timeout", "hung"] and set(told["hangs"]) == {"timeout", "hung"}
     assert told["raises"] == []  # it raised: it knows, and counted it itself
+
+
+def test_a_timeout_longer_than_the_interval_keeps_the_interval() -> None:
+    """A run that ends well before its deadline is followed one interval later, not at the deadline.
+
+    The engine collector's timeout (its fetch's deadline plus the parse) is longer than its 2 s cadence; the
+    scheduler, asleep until that deadline, must be woken for the next run when the current one ends.
+    """
+    settings = load_settings(overrides={"interval_s": 0.2, "timeout_s": 0.2})
+    ctx = collect_context(settings)
+    state = AgentState()
+    counting = Counting(ctx)
+    runner = Runner(settings, state, [counting], {"counting": Schedule(0.2, 4.0, "counting")})
+    runner.start()
+    try:
+        time.sleep(2.5)  # the runner's threads run on their schedule meanwhile
+    finally:
+        runner.stop()
+    # every 0.2 s: ~12 runs; woken only at each deadline (4 s): 1
+    assert len(counting.calls) >= 5, counting.calls

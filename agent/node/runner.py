@@ -422,7 +422,11 @@ class Runner:
                 self._cycle_done(slot, started, self._clock())
                 if retry_s is not None:  # an absence that lasts: not called again before then (inf: never)
                     slot.due = max(slot.due, started + retry_s)
-                # The scheduler is not woken: at worst it wakes at this call's deadline and finds nothing to do.
+                # The scheduler sleeps until its next timed run or this call's deadline. A timeout longer than the
+                # interval puts the deadline after the next run: wake it for that run (only then, so a run that
+                # ends before its deadline, the usual case, costs no wake-up).
+                if not self._standby and slot.due < self._planned:
+                    self._wake.notify()
 
     @staticmethod
     def _call(slot: _Slot) -> tuple[tuple[Collection | None, str, str | None, str | None, str | None], float | None]:

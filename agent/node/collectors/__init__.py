@@ -107,6 +107,9 @@ REGISTRY: dict[str, Entry] = {
             # agent's interval
             interval_s=lambda s: min(s.interval_s, DEFAULT_ENGINE_INTERVAL_S),
             slow_interval_s=lambda s: s.interval_s,
+            # the fetch's own deadline plus the parse, not the 2 s interval: a large exposition's 2-5 s read is
+            # finished, not cut (the runner starts the next run when a long one ends; the cadence then adapts)
+            timeout_s=lambda s: s.engine.timeout_s + TIMING_MARGIN_S,
         ),
         Entry(
             RuntimeProfileCollector,

@@ -175,6 +175,23 @@ def test_ray_serve_vllm_re_export_is_read_as_vllm() -> None:
     assert cumulative(r, "neuralmagic/Meta-Llama-3.1-70B-Instruct-FP8", "itl")[math.inf] == 299.0
 
 
+def test_ray_serve_underscore_names_read_as_the_colon_ones() -> None:
+    """Ray's current dashboards query ``ray_vllm_*`` (ray-project/ray vllm_engine_panels.py), Ray 2.32 exported
+    ``ray_vllm:*``: the real 2.32 capture with the colon made an underscore reads the same, release and values."""
+    text = (FIXTURES / "engines" / "ray-vllm-datadog.prom").read_text(encoding="utf-8")
+    renamed = text.replace("ray_vllm:", "ray_vllm_")
+    assert "ray_vllm:" not in renamed and renamed.count("ray_vllm_") == text.count("ray_vllm:") > 0
+    before, after = EngineParser().parse(text.encode()), EngineParser().parse(renamed.encode())
+    assert after.kind == "vllm"
+    assert after.recognition == before.recognition and after.recognition.schema == "vllm-legacy-names"
+    assert after.coverage() == before.coverage()
+    model = "neuralmagic/Meta-Llama-3.1-70B-Instruct-FP8"
+    m, was = after.models[model], before.models[model]
+    assert m.gauges == was.gauges and m.counters == was.counters
+    assert m.sources["itl"] == "ray_vllm_time_per_output_token_seconds"
+    assert cumulative(after, model, "itl") == cumulative(before, model, "itl")
+
+
 def test_triton_core_without_the_tensorrt_llm_backend() -> None:
     r = parse("triton-core-datadog.prom")
     assert r.kind == "trtllm"
@@ -325,7 +342,8 @@ def test_values_on_the_edges_of_their_domain_are_read() -> None:
 
 def test_a_token_counter_going_down_is_a_reset_not_a_rejection() -> None:
     """As Prometheus' ``increase``: a lower value is a restart; the increase after it is the new value."""
-    from inferwatch.agent.node.collectors.engine import EngineTimeline, reading_samples
+    from inferwatch.agent.node.engine.derived import EngineTimeline
+    from inferwatch.agent.node.engine.emit import reading_samples
 
     def body(prompt_tokens: float, seconds: float) -> bytes:
         return (

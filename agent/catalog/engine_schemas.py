@@ -26,8 +26,8 @@ class Schema:
     ``any_of``: at least one of these families present (empty: no condition); ``and_any_of``: likewise, a
     second group; ``all_of``: every one present; ``none_of``: none present; ``label``: a label name some
     engine sample carries.
-    Family names are as declared (``vllm:prompt_tokens_total``); Ray Serve's ``ray_`` re-export is
-    matched without its ``ray_`` prefix.
+    Family names are as declared (``vllm:prompt_tokens_total``); Ray Serve's re-export is matched as vLLM's
+    own name (``ray_vllm:x`` and ``ray_vllm_x`` as ``vllm:x``).
     """
 
     engine: str

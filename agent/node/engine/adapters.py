@@ -82,8 +82,10 @@ class Adapter:
 
 
 def _v(*names: str, **kw: object) -> tuple[Source, ...]:
-    """vLLM's family names, then the same under Ray Serve's ``ray_`` prefix (with Ray's worker labels)."""
-    return _s(*names, *("ray_" + n for n in names), **kw)
+    """vLLM's family names, then the same under Ray Serve's ``ray_`` prefix (with Ray's worker labels): ``ray_vllm:``
+    as Ray 2.32 exported them, and ``ray_vllm_`` (the colon made an underscore) as Ray's own current dashboards
+    query them (ray-project/ray ``dashboards/vllm_engine_panels.py``)."""
+    return _s(*names, *("ray_" + n for n in names), *("ray_" + n.replace(":", "_", 1) for n in names), **kw)
 
 
 # Labels that name a data-parallel rank (vLLM v1 ``engine``, SGLang ``dp_rank``); a series without one is rank "0".
@@ -118,7 +120,7 @@ COUNTER_DOMAIN = (0.0, math.inf)  # counters (and TGI's token sums) never go bel
 
 VLLM = Adapter(
     "vllm",
-    ("vllm:", "ray_vllm:"),  # Ray Serve re-exports vLLM's families as ray_vllm:* (engines.md §1.6)
+    ("vllm:", "ray_vllm:", "ray_vllm_"),  # Ray Serve re-exports vLLM's families as ray_vllm:* / ray_vllm_*
     ("model_name",),
     histograms={
         "ttft": _v("vllm:time_to_first_token_seconds"),
@@ -522,7 +524,9 @@ def recognise(adapter: Adapter, expo: Exposition) -> Recognition:
             if name.endswith(suffix):
                 declared.add(name[: -len(suffix)])
                 break
-    families = frozenset(f[4:] if f.startswith("ray_vllm:") else f for f in declared)
+    families = frozenset(
+        f[4:] if f.startswith("ray_vllm:") else "vllm:" + f[9:] if f.startswith("ray_vllm_") else f for f in declared
+    )
     labels = frozenset(k for series in expo.samples.values() for k, _ in (series.labels[0] if len(series) else ()))
     found = next((s for s in schemas_of(adapter.kind) if s.matches(families, labels)), None)
     wanted = adapter.wanted()

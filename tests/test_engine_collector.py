@@ -12,8 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from inferwatch.agent.common.samples import HistogramSample, Sample
 from inferwatch.agent.config import Settings
 from inferwatch.agent.errors import NoDataError
-from inferwatch.agent.node.collectors.engine import EngineCollector, keep_sums, reading_samples
+from inferwatch.agent.node.collectors.engine import EngineCollector
 from inferwatch.agent.node.engine.board import LatencyBoard
+from inferwatch.agent.node.engine.emit import keep_sums, reading_samples
 from inferwatch.agent.node.engine.fetch import EngineScrapeError
 from inferwatch.agent.node.engine.scrape import EngineParser
 from inferwatch.agent.node.runner import validate

@@ -20,20 +20,18 @@ import httpx
 import pytest
 
 from inferwatch.agent.config import Settings
-from inferwatch.agent.node.collectors.engine import (
-    MODEL_LEN_MIN_GAP_S,
-    MODEL_LEN_RETRY_S,
-    EngineCollector,
-    ask_model_len,
-    hang_findings,
-    hang_samples,
-    health_url,
-    model_len_url,
-    model_lens,
-)
+from inferwatch.agent.node.collectors.engine import EngineCollector
 from inferwatch.agent.node.engine.adapters import RANK_LABELS
 from inferwatch.agent.node.engine.fetch import EngineScrapeError
 from inferwatch.agent.node.engine.hang import HangDetector, RankVerdict
+from inferwatch.agent.node.engine.hangreport import hang_findings, hang_samples, health_url
+from inferwatch.agent.node.engine.modellen import (
+    MODEL_LEN_MIN_GAP_S,
+    MODEL_LEN_RETRY_S,
+    ask_model_len,
+    model_len_url,
+    model_lens,
+)
 from inferwatch.agent.node.engine.scrape import EngineParser
 from inferwatch.agent.node.wiring import collect_context
 from tests.conftest import FIXTURES

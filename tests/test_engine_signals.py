@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from inferwatch.agent.catalog import CATALOG
 from inferwatch.agent.common.samples import HistogramSample, Sample
 from inferwatch.agent.errors import SourceFormatError
-from inferwatch.agent.node.collectors.engine import reading_samples
 from inferwatch.agent.node.engine.adapters import ADAPTERS, LoraState, read_lora
+from inferwatch.agent.node.engine.emit import reading_samples
 from inferwatch.agent.node.engine.exposition import ExpositionReader
 from inferwatch.agent.node.engine.scrape import EngineParser
 from tests.conftest import FIXTURES

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferwatch.agent.node.collectors.engine import reading_samples
+from inferwatch.agent.node.engine.emit import reading_samples
 from inferwatch.agent.node.engine.scrape import EngineParser
 from inferwatch.simulator.engine import EngineCore, Features, SimRequest, run_offline
 from inferwatch.simulator.metrics import NIXL_BYTES_BUCKETS, VllmMetrics

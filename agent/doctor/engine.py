@@ -24,8 +24,8 @@ import httpx
 from inferwatch.agent.common.httpclient import http_client
 from inferwatch.agent.common.redact import redact_text, redact_url
 from inferwatch.agent.common.samples import Collection, Finding
-from inferwatch.agent.node.collectors.engine import TOKEN_TIME
 from inferwatch.agent.node.engine.adapters import ADAPTERS, FEATURE_QUANTITIES
+from inferwatch.agent.node.engine.derived import TOKEN_TIME
 from inferwatch.agent.node.engine.fetch import EngineScrapeError
 from inferwatch.agent.node.engine.inspect import INSPECT_QUANTITIES
 

@@ -35,336 +35,45 @@ from a shared object.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import ClassVar, TypeGuard
+from typing import ClassVar
 
 import httpx
 
-from inferwatch.agent import catalog
-from inferwatch.agent.catalog import genai
-from inferwatch.agent.catalog.engine import MODEL
-from inferwatch.agent.catalog.engine_schemas import DERIVED_MEANS
 from inferwatch.agent.common.httpclient import http_client
-from inferwatch.agent.common.samples import AnySample, Finding, HistogramSample, Sample, attrs
+from inferwatch.agent.common.samples import AnySample, Sample, attrs
 from inferwatch.agent.errors import NoDataError
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext, Collection
-from inferwatch.agent.node.engine.adapters import DEFAULT_MODEL, QUANTITIES, EngineReading, ModelReading
-from inferwatch.agent.node.engine.board import Key, LatencyBoard, LatencyStats, latency_samples
+from inferwatch.agent.node.engine.adapters import DEFAULT_MODEL, QUANTITIES, EngineReading
+from inferwatch.agent.node.engine.board import LatencyBoard
+from inferwatch.agent.node.engine.derived import EngineTimeline
+from inferwatch.agent.node.engine.emit import keep_sums, reading_samples
 from inferwatch.agent.node.engine.fetch import REASONS, EngineScrapeError, fetch_into
-from inferwatch.agent.node.engine.hang import HangDetector, RankVerdict
+from inferwatch.agent.node.engine.hang import HangDetector
+from inferwatch.agent.node.engine.hangreport import hang_dict, hang_findings, hang_samples, health_url
 from inferwatch.agent.node.engine.heap import release_freed_memory
-from inferwatch.agent.node.engine.histogram import sum_histograms
 from inferwatch.agent.node.engine.limits import LIMITS, EngineLimits
-from inferwatch.agent.node.engine.scrape import EngineParser, stats_from_histogram
-from inferwatch.agent.node.engine.windows import WINDOWS_S, CounterWindow, HistogramWindow
+from inferwatch.agent.node.engine.modellen import (
+    MODEL_LEN_MIN_GAP_S,
+    MODEL_LEN_REASONS,
+    MODEL_LEN_RETRY_S,
+    MODEL_LEN_TIMEOUT_S,
+    ModelLenAnswer,
+    ask_model_len,
+    model_len_url,
+)
+from inferwatch.agent.node.engine.scrape import EngineParser
 
 log = logging.getLogger(__name__)
 
-REEXPORTED = {
-    "ttft": "gen_ai.server.time_to_first_token",
-    "itl": "gen_ai.server.time_per_output_token",
-    "e2e": "gen_ai.server.request.duration",
-}
-# Engine signals (issue 18): histograms re-exported as they are, counters and gauges by name. Quantities outside
-# QUANTITIES (kv_transfer) are re-exported only, not windowed into latency quantiles.
-SIGNAL_HISTOGRAMS = {"kv_transfer": "inferwatch.engine.kv_transfer.duration"}
-SIGNAL_COUNTERS = {  # adapter counter → (metric, attribute kept from the counter's dimension or fixed value)
-    "prefix_queries": ("inferwatch.engine.prefix_cache.queries", ("cache", "local")),
-    "prefix_hits": ("inferwatch.engine.prefix_cache.hits", ("cache", "local")),
-    "external_prefix_queries": ("inferwatch.engine.prefix_cache.queries", ("cache", "external")),
-    "external_prefix_hits": ("inferwatch.engine.prefix_cache.hits", ("cache", "external")),
-    "cached_tokens": ("inferwatch.engine.tokens", ("type", "cached")),
-    "prompt_by_source": ("inferwatch.engine.prompt_tokens.by_source", ("source", None)),
-    "spec_drafts": ("inferwatch.engine.spec_decode.drafts", None),
-    "spec_draft_tokens": ("inferwatch.engine.spec_decode.draft_tokens", None),
-    "spec_accepted": ("inferwatch.engine.spec_decode.accepted_tokens", None),
-    "spec_accepted_by_position": ("inferwatch.engine.spec_decode.accepted_by_position", ("position", None)),
-    "kv_transfer_bytes": ("inferwatch.engine.kv_transfer.bytes", None),
-    "kv_transfer_failures": ("inferwatch.engine.kv_transfer.failures", None),
-}
-SIGNAL_GAUGES = {
-    "spec_acceptance": "inferwatch.engine.spec_decode.acceptance",
-    "spec_acceptance_length": "inferwatch.engine.spec_decode.acceptance_length",
-    "kv_transfer_latency": "inferwatch.engine.kv_transfer.latency",
-}
-HANG_FINDING = "engine_hung"
-HANG_RUNBOOK = "EngineHungButHealthy"
 HEALTH_TIMEOUT_S = 1.0  # the /health probe runs only while a rank is stalled
-MODEL_LEN_TIMEOUT_S = 2.0  # GET /v1/models or /props: a small JSON document, asked off the scrape
-MODEL_LEN_MAX_BYTES = 1 << 20  # a model list with thousands of LoRA adapters still fits
-MODEL_LEN_RETRY_S = 300.0  # after no answer (or none with a length), asked again at most this often
-MODEL_LEN_MIN_GAP_S = 60.0  # an engine that flaps up and down is asked at most once a minute
-MODEL_LEN_PATHS = {"llamacpp": "/props"}  # every other engine: the OpenAI-compatible /v1/models
-MODEL_LEN_REASONS = ("connect", "timeout", "http_status", "too_large", "not_json", "absent")
 # A collection that read a body larger than this hands the memory it freed back to the OS when it ends (512 KiB:
 # ~5k series of vLLM; 20 models x 2 ranks expose 1.2 MB). Was 4 MiB: an agent at 50 models (3 MB) kept ~12 MB
 # more (99.4 against 87.5 MB after 6 collections, docs/benchmarks.md "Engine scale"); malloc_trim costs 0.2-2 ms.
 RELEASE_AFTER_BYTES = 512 << 10
-TOKEN_TIME = {"prefill": ("prompt_seconds", "prompt_tokens"), "decode": ("generation_seconds", "generation_tokens")}
-# the counters whose increases over a window are asked (token_time, and the means of quantities an engine exposes
-# only as cumulative counters: DERIVED_MEANS): the only ones a CounterWindow keeps per scrape
-WINDOWED_COUNTERS = frozenset(name for pair in (*TOKEN_TIME.values(), *DERIVED_MEANS.values()) for name in pair)
-
-
-class EngineTimeline:
-    """Per-model sliding windows over successive readings; turns them into samples and latency stats."""
-
-    def __init__(self) -> None:
-        self._hist: dict[tuple[str, str], HistogramWindow] = {}
-        self._counters: dict[str, CounterWindow] = {}
-
-    def update(self, t: float, reading: EngineReading) -> None:
-        live: set[tuple[str, str]] = set()
-        for model, m in reading.models.items():
-            for quantity, series in m.histograms.items():
-                if quantity not in QUANTITIES:  # re-exported only (SIGNAL_HISTOGRAMS)
-                    continue
-                key = (model, quantity)
-                live.add(key)
-                self._hist.setdefault(key, HistogramWindow()).update(t, series)
-            flat = {name: sum(dims.values()) for name, dims in m.counters.items() if name in WINDOWED_COUNTERS}
-            self._counters.setdefault(model, CounterWindow()).update(t, flat)
-        for key in set(self._hist) - live:  # the model or family is gone (restart with other flags)
-            del self._hist[key]
-        for model in set(self._counters) - set(reading.models):
-            del self._counters[model]
-
-    def stats(self) -> dict[Key, LatencyStats]:
-        out: dict[Key, LatencyStats] = {}
-        for (model, quantity), window in self._hist.items():
-            for wname, seconds in WINDOWS_S.items():
-                stats = stats_from_histogram(window.window(seconds))
-                if stats is not None:
-                    out[(model, quantity, wname)] = stats
-        return out
-
-    def derived_samples(self, stats: dict[Key, LatencyStats]) -> list[Sample]:
-        out: list[Sample] = []
-        for (model, quantity, wname), s in sorted(stats.items()):
-            out.extend(latency_samples(model, quantity, wname, s))
-        models = {k[0] for k in self._hist} | set(self._counters)
-        for model in sorted(models):
-            for wname, seconds in WINDOWS_S.items():
-                gap = frontend_gap(stats, model, wname)
-                if gap is not None:
-                    out.append(Sample("inferwatch.engine.frontend_gap", gap, attrs({MODEL: model}, window=wname)))
-                counters = self._counters.get(model)
-                if counters is None:
-                    continue
-                # a mean over the window from two cumulative counters: token time per phase, and the means an engine
-                # exposes only as counters (Triton per request, llama.cpp per token)
-                for name, key, table in (
-                    ("inferwatch.engine.token_time", "phase", TOKEN_TIME),
-                    ("inferwatch.engine.latency.mean", "quantity", DERIVED_MEANS),
-                ):
-                    for label, (secs, count) in table.items():
-                        d_secs = counters.increase(secs, seconds)
-                        d_count = counters.increase(count, seconds)
-                        if d_secs is not None and d_count:
-                            a = attrs({MODEL: model}, window=wname, **{key: label})
-                            out.append(Sample(name, d_secs / d_count, a))
-        return out
-
-
-def frontend_gap(stats: dict[Key, LatencyStats], model: str, window: str) -> float | None:
-    """Mean TTFT − (mean queue + mean prefill): API server, tokenisation, templating and IPC (seconds)."""
-    parts = [stats.get((model, q, window)) for q in ("ttft", "queue", "prefill")]
-    means = [p.mean_s if p is not None else None for p in parts]
-    if any(m is None for m in means):
-        return None
-    ttft, queue, prefill = means
-    assert ttft is not None and queue is not None and prefill is not None
-    return ttft - (queue + prefill)
-
-
-def keep_sums(reading: EngineReading) -> None:
-    """Replace each histogram's series by their sum (under no labels), once the windows and the hang detector have
-    read them: the samples made from a reading need the sums only. At 200 models x 2 ranks the series' buckets are
-    ~6 MB of (bound, count) tuples; let go here, the collection's samples are made in their place instead of beside
-    them."""
-    for m in reading.models.values():
-        for quantity, series in m.histograms.items():
-            if len(series) > 1:
-                total = sum_histograms(series.values())
-                m.histograms[quantity] = {(): total} if total is not None else {}
-
-
-def reading_samples(reading: EngineReading) -> list[AnySample]:
-    """Instant samples of one reading: info, gauges, counters and re-exported cumulative histograms."""
-    out: list[AnySample] = []
-    for model, m in sorted(reading.models.items()):
-        out.extend(_model_samples(reading.kind, model, m))
-    out.extend(schema_samples(reading))
-    return out
-
-
-def schema_samples(reading: EngineReading) -> list[AnySample]:
-    """What the agent recognised of the engine's schema: the release range and schema (an info gauge), how many
-    claimed quantities it maps or derives, and how many of the engine's own families it does not read."""
-    r = reading.recognition
-    e = attrs(engine=reading.kind)
-    return [
-        Sample(
-            "inferwatch.engine.schema.info",
-            1,
-            attrs(engine=reading.kind, release_range=r.release_range, schema=r.schema),
-        ),
-        Sample("inferwatch.engine.quantities.recognised", reading.recognised(), e),
-        Sample("inferwatch.engine.unmapped_families", r.unmapped_families, e),
-    ]
-
-
-def _model_samples(kind: str, model: str, m: ModelReading) -> list[AnySample]:
-    a = attrs({MODEL: model})
-    out: list[AnySample] = [Sample("inferwatch.engine.info", 1, attrs({MODEL: model}, engine=kind))]
-    for gauge, name in (
-        ("running", "inferwatch.engine.requests.running"),
-        ("waiting", "inferwatch.engine.requests.waiting"),
-        ("kv_usage", "inferwatch.engine.kv_cache.usage"),
-    ):
-        if gauge in m.gauges:
-            out.append(Sample(name, m.gauges[gauge], a))
-    for counter, typ in (("prompt_tokens", "prompt"), ("generation_tokens", "generation")):
-        if counter in m.counters:
-            total = sum(m.counters[counter].values())
-            out.append(Sample("inferwatch.engine.tokens", total, attrs({MODEL: model}, type=typ)))
-    if "preemptions" in m.counters:
-        out.append(Sample("inferwatch.engine.preemptions", sum(m.counters["preemptions"].values()), a))
-    for reason, v in sorted(m.counters.get("finished", {}).items()):
-        out.append(Sample("inferwatch.engine.requests.finished", v, attrs({MODEL: model}, reason=reason or "unknown")))
-    for quantity, name in (*REEXPORTED.items(), *SIGNAL_HISTOGRAMS.items()):
-        series = m.histograms.get(quantity)
-        h = sum_histograms(series.values()) if series else None
-        if h is not None and h.sum == h.sum:  # skip when the engine gave no _sum (NaN)
-            out.append(HistogramSample(name, h.buckets, h.sum, h.count, _histogram_attrs(kind, model, name)))
-    out.extend(signal_samples(model, m))
-    return out
-
-
-def _histogram_attrs(kind: str, model: str, name: str) -> tuple[tuple[str, str], ...]:
-    """A re-exported histogram's attributes: the GenAI semconv ones (agent/catalog/genai.py) for gen_ai.server.*,
-    with the engine kind as provider and no operation or error type (the engine's histograms mix them all)."""
-    keys = catalog.get(name).attributes
-    values = {MODEL: model, genai.PROVIDER: kind}
-    return attrs({k: values.get(k, "") for k in keys})
-
-
-def signal_samples(model: str, m: ModelReading) -> list[AnySample]:
-    """The engine signals of one model (issue 18): counters, the engine's own gauges and the LoRA state."""
-    out: list[AnySample] = []
-    for counter, (name, attr) in SIGNAL_COUNTERS.items():
-        dims = m.counters.get(counter)
-        if not dims:
-            continue
-        if attr is None:
-            out.append(Sample(name, sum(dims.values()), attrs({MODEL: model})))
-        elif attr[1] is not None:
-            out.append(Sample(name, sum(dims.values()), attrs({MODEL: model, attr[0]: attr[1]})))
-        else:
-            for dim, v in sorted(dims.items()):
-                out.append(Sample(name, v, attrs({MODEL: model, attr[0]: dim or "unknown"})))
-    for gauge, name in SIGNAL_GAUGES.items():
-        if gauge in m.gauges:
-            out.append(Sample(name, m.gauges[gauge], attrs({MODEL: model})))
-    if m.lora is not None:
-        lora = m.lora
-        for state, names in (("running", lora.running), ("waiting", lora.waiting)):
-            out.append(Sample("inferwatch.engine.lora.adapters", len(names), attrs({MODEL: model}, state=state)))
-        out.append(Sample("inferwatch.engine.lora.max_adapters", lora.max_lora, attrs({MODEL: model})))
-        out.append(Sample("inferwatch.engine.lora.blocked", lora.blocked, attrs({MODEL: model})))
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class ModelLenAnswer:
-    """One answer about the engine's maximum model length: tokens per model (``""``: every model), or why none.
-
-    ``reason`` is ``ok`` or one of :data:`MODEL_LEN_REASONS` (``absent``: 404, or no length in the document).
-    """
-
-    lens: dict[str, int]
-    reason: str
-    message: str = ""
-
-
-def model_len_url(metrics_url: str | None, kind: str) -> str:
-    """Where ``kind``'s engine reports its maximum model length: the metrics URL's origin + the path ("" if none)."""
-    if not metrics_url:
-        return ""
-    u = httpx.URL(metrics_url)
-    if u.scheme not in ("http", "https"):
-        return ""
-    return str(u.copy_with(path=MODEL_LEN_PATHS.get(kind, "/v1/models"), query=None, fragment=None))
-
-
-def _tokens(v: object) -> TypeGuard[int]:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
-
-
-def model_lens(kind: str, doc: object) -> dict[str, int]:
-    """Maximum model length in tokens per model from the engine's JSON document ({} when it has none).
-
-    vLLM and SGLang ``GET /v1/models``: ``data[].max_model_len`` by ``data[].id`` (the served model name, the
-    ``model_name`` label of their metrics; LoRA adapters carry none). llama.cpp ``GET /props``:
-    ``default_generation_settings.n_ctx``, the per-slot context, the longest prompt one request can have (key "").
-    """
-    if not isinstance(doc, dict):
-        return {}
-    if kind == "llamacpp":
-        settings = doc.get("default_generation_settings")
-        n = settings.get("n_ctx") if isinstance(settings, dict) else None
-        return {"": n} if _tokens(n) else {}
-    data = doc.get("data")
-    out: dict[str, int] = {}
-    for card in data if isinstance(data, list) else []:
-        if (
-            isinstance(card, dict)
-            and isinstance(model := card.get("id"), str)
-            and _tokens(n := card.get("max_model_len"))
-        ):
-            out[model] = n
-    return out
-
-
-def ask_model_len(
-    client: httpx.Client,
-    url: str,
-    kind: str,
-    timeout_s: float = MODEL_LEN_TIMEOUT_S,
-    max_bytes: int = MODEL_LEN_MAX_BYTES,
-) -> ModelLenAnswer:
-    """GET ``url`` (at most ``max_bytes``, ``timeout_s`` in total) and read the lengths with :func:`model_lens`."""
-    deadline = time.monotonic() + timeout_s
-    body = bytearray()
-    try:
-        with client.stream("GET", url, timeout=httpx.Timeout(timeout_s), headers={"Accept": "application/json"}) as r:
-            if r.status_code != 200:
-                reason = "absent" if r.status_code == 404 else "http_status"
-                return ModelLenAnswer({}, reason, f"{url} answered HTTP {r.status_code}")
-            for chunk in r.iter_bytes():
-                body += chunk
-                if len(body) > max_bytes:
-                    return ModelLenAnswer({}, "too_large", f"{url} sent more than {max_bytes} bytes")
-                if time.monotonic() > deadline:
-                    return ModelLenAnswer({}, "timeout", f"{url} still sending after {timeout_s:g}s")
-    except httpx.TimeoutException:
-        return ModelLenAnswer({}, "timeout", f"{url}: no answer within {timeout_s:g}s")
-    except httpx.HTTPError as exc:
-        return ModelLenAnswer({}, "connect", f"{url}: {type(exc).__name__}: {exc}")
-    try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser's stack
-        return ModelLenAnswer({}, "not_json", f"{url} did not answer JSON")
-    lens = model_lens(kind, doc)
-    if not lens:
-        field = "default_generation_settings.n_ctx" if kind == "llamacpp" else "data[].max_model_len"
-        return ModelLenAnswer({}, "absent", f"{url} has no {field}")
-    return ModelLenAnswer(lens, "ok")
 
 
 def _token_total(reading: EngineReading) -> float:
@@ -617,62 +326,3 @@ class EngineCollector(BaseCollector):
         self.join_model_len()  # bounded: the request's own timeout
         if self._own_client:
             self._client.close()
-
-
-def health_url(metrics_url: str | None, configured: str | None) -> str:
-    """``engine.health_url``, else the metrics URL's origin + ``/health`` ("" when there is neither)."""
-    if configured is not None:
-        return configured
-    if not metrics_url:
-        return ""
-    u = httpx.URL(metrics_url)
-    return str(u.copy_with(path="/health", query=None, fragment=None))
-
-
-def hung(v: RankVerdict, health: str) -> bool:
-    """Stalled past the allowance and the engine does not fail its health check (hung *but healthy*)."""
-    return v.stalled and health != "failed"
-
-
-def hang_samples(verdicts: list[RankVerdict], health: str) -> list[Sample]:
-    out: list[Sample] = []
-    for v in verdicts:
-        a = attrs({MODEL: v.model}, rank=v.rank)
-        out.append(Sample("inferwatch.engine.stall", v.stall_s, a))
-        out.append(Sample("inferwatch.engine.stall.allowance", v.allowance_s, a))
-        out.append(Sample("inferwatch.engine.hung", 1 if hung(v, health) else 0, a))
-    return out
-
-
-def hang_dict(v: RankVerdict) -> dict[str, object]:
-    return {
-        "model": v.model,
-        "rank": v.rank,
-        "running": v.running,
-        "waiting": v.waiting,
-        "stall_s": round(v.stall_s, 3),
-        "allowance_s": round(v.allowance_s, 3),
-        "stalled": v.stalled,
-        "prefill_s_per_token": v.prefill_s_per_token,
-        "max_model_len": v.max_model_len,
-        "fast": v.fast,
-    }
-
-
-def hang_findings(verdicts: list[RankVerdict], health: str, url: str) -> list[Finding]:
-    """One ``engine_hung`` finding per hung rank (status fail); none while every rank progresses."""
-    out = []
-    for v in verdicts:
-        if not hung(v, health):
-            continue
-        out.append(
-            Finding(
-                HANG_FINDING,
-                "fail",
-                f"engine rank {v.rank} of {v.model}: {v.running:.0f} running, {v.waiting:.0f} waiting, no token for "
-                f"{v.stall_s:.0f}s ({'fast path' if v.fast else 'allowance'} {v.allowance_s:.0f}s); /health {health}",
-                {**hang_dict(v), "health": health, "health_url": url},
-                HANG_RUNBOOK,
-            )
-        )
-    return out

@@ -51,8 +51,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from inferwatch.agent.node.analytics.explain import PREEMPTION, RecordingSink, RequestRecords, TailExplainer, explain
+from inferwatch.agent.node.analytics.explain import PREEMPTION, RecordingSink, TailExplainer, explain
 from inferwatch.agent.node.analytics.latency import LatencyAnalytics
+from inferwatch.agent.node.analytics.tailrecords import RequestRecords
 from inferwatch.agent.node.receiver.intake import SpanIntake
 from inferwatch.simulator.engine import EngineCore, Recorder, SimRequest
 from inferwatch.simulator.profiles import Deployment, deploy
@@ -283,7 +284,9 @@ def cost(seed: int, repeats: int = 15, previous: Path | None = None) -> dict[str
     """5 minutes at 100 req/s recorded; explain(5m) CPU time against LatencyAnalytics.compute() on the same data.
 
     ``previous``: another build's explain.py (``git show REV:agent/node/analytics/explain.py > FILE``), fed the same
-    requests and timed in the same rounds, with its verdicts and quantiles beside this build's.
+    requests and timed in the same rounds, with its verdicts and quantiles beside this build's. A build whose records
+    and band statistics live beside it (tailrecords.py, tailstats.py) imports this checkout's: only its explain.py is
+    the other build's.
     """
     rng = random.Random(seed)
     case = Case("cost", "ttft", "none", steady(100.0))

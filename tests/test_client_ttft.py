@@ -18,8 +18,10 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from inferwatch.agent.clienttrace import TTFT_KEY, ClientSpans, httpx_event_hooks
 from inferwatch.agent.config import ReceiverSettings
-from inferwatch.agent.node.analytics.explain import HORIZON_S, ClientTTFTs, RecordingSink, TailExplainer, render_text
+from inferwatch.agent.node.analytics.explain import RecordingSink, TailExplainer
+from inferwatch.agent.node.analytics.explaintext import render_text
 from inferwatch.agent.node.analytics.latency import LatencyAnalytics
+from inferwatch.agent.node.analytics.tailrecords import HORIZON_S, ClientTTFTs
 from inferwatch.agent.node.receiver import Receiver
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http

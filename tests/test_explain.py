@@ -25,6 +25,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from inferwatch.agent import catalog
 from inferwatch.agent.common.samples import RequestTiming
 from inferwatch.agent.node.analytics import explain as ex
+from inferwatch.agent.node.analytics import tailrecords, tailstats
 from inferwatch.agent.node.receiver.spans import extract
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
@@ -60,7 +61,7 @@ def timing(
 
 
 def explained(timings: list[RequestTiming], window_s: float = 60.0) -> dict:
-    records = ex.RequestRecords()
+    records = tailrecords.RequestRecords()
     records.add(timings, 100.0)
     report = ex.explain(records, MODEL, window_s, 100.0, top=5)
     assert report is not None
@@ -122,7 +123,7 @@ def test_preempted_decode_drives_e2e_beyond_output_length() -> None:
 def test_queue_behind_preemptions_is_named_only_when_they_were_in_flight_together() -> None:
     """vLLM preempts only when no KV block is free; the queue tail is theirs when it waited beside them."""
     rng = random.Random(12)
-    records = ex.RequestRecords()
+    records = tailrecords.RequestRecords()
     records.add([timing(rng) for _ in range(500)], 50.0)
     records.add([timing(rng, preemptions=1) for _ in range(30)], 50.0)  # 5 % preempted, ending at 50 s
     records.add([timing(rng) for _ in range(450)], 99.0)
@@ -136,7 +137,7 @@ def test_queue_behind_preemptions_is_named_only_when_they_were_in_flight_togethe
     metric = {dict(x.attributes)["quantity"]: dict(x.attributes) for x in ex.driver_samples(report, MODEL, "5m")}
     assert metric["ttft"]["phase"] == "queue" and metric["ttft"]["attribute"] == "preempted=yes"  # the alert text
     # the same burst 40 s after the preemptions (they were over by then): an arrival burst, queue
-    records = ex.RequestRecords()
+    records = tailrecords.RequestRecords()
     records.add([timing(rng) for _ in range(500)], 50.0)
     records.add([timing(rng, preemptions=1) for _ in range(30)], 50.0)
     records.add([timing(rng) for _ in range(450)], 99.0)
@@ -179,19 +180,19 @@ def test_large_windows_keep_the_tail_band_and_p99_exact() -> None:
     rng = random.Random(14)
     values = [rng.lognormvariate(0.0, 1.0) for _ in range(20_000)]
     idx = list(range(len(values)))
-    tail, mid, p50, p99 = ex._bands_by_value(idx, values)
+    tail, mid, p50, p99 = tailstats.bands_by_value(idx, values)
     ranked = sorted(values)
-    k = math.ceil(ex.TAIL_BAND * len(values))
+    k = math.ceil(tailstats.TAIL_BAND * len(values))
     assert sorted(values[j] for j in tail) == ranked[-k:]
     assert p99 == ranked[math.ceil(0.99 * len(values)) - 1]
     assert abs(bisect.bisect_left(ranked, p50) / len(values) - 0.5) < 0.01  # P50 from the sample: rank within 1 %
-    assert 0 < len(mid) <= 2 * ex.MEDIAN_BAND_SAMPLE
+    assert 0 < len(mid) <= 2 * tailstats.MEDIAN_BAND_SAMPLE
     assert all(ranked[int(0.38 * len(ranked))] <= values[j] <= ranked[int(0.62 * len(ranked))] for j in mid)
 
 
 def test_records_are_bounded_and_sampled_above_the_budget_keeping_the_slow_ones() -> None:
     rng = random.Random(5)
-    records = ex.RequestRecords(capacity=500, budget=100)
+    records = tailrecords.RequestRecords(capacity=500, budget=100)
     records.add([timing(rng) for _ in range(300)], 5.0)  # sub-window 0: 300 received, all kept
     records.slow[MODEL] = (0.5, 100.0)
     slow = [timing(rng, queue=1.0) for _ in range(10)]
@@ -208,7 +209,7 @@ def test_records_are_bounded_and_sampled_above_the_budget_keeping_the_slow_ones(
     assert records.overwritten > 0 and len(records.window([MODEL], 60.0, 25.0)) <= 500
     report = ex.explain(records, MODEL, 60.0, 25.0)
     assert report is not None and report["covered_s"] < 60.0
-    assert records.memory_bytes() <= 500 * ex.RECORD_BYTES_MAX
+    assert records.memory_bytes() <= 500 * tailrecords.RECORD_BYTES_MAX
 
 
 def test_window_parsing_and_the_histogram_fallback() -> None:

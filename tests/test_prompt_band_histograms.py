@@ -23,7 +23,7 @@ from inferwatch.agent import catalog
 from inferwatch.agent.catalog import engine
 from inferwatch.agent.common.samples import Collection, RequestTiming
 from inferwatch.agent.config import ReceiverSettings
-from inferwatch.agent.node.analytics import explain, promptband
+from inferwatch.agent.node.analytics import promptband, tailrecords
 from inferwatch.agent.node.analytics.genai import GenAIOptions
 from inferwatch.agent.node.analytics.latency import LatencyAnalytics
 from inferwatch.agent.node.state import AgentState, CollectorHealth
@@ -94,10 +94,10 @@ def _by_band(family: Any) -> dict[str, dict[str, float]]:
 
 
 def test_bands_are_the_tail_explainers() -> None:
-    """One definition: the split's bands are explain.py's, and the catalog names the same ones."""
+    """One definition: the split's bands are the tail explainer's, and the catalog names the same ones."""
     assert promptband.BANDS == ("<=1k", "1k-4k", "4k-16k", ">16k")
-    edges = [*explain.PROMPT_BANDS, explain.PROMPT_BANDS[-1] + 1]
-    assert tuple(explain.prompt_band(e) for e in edges) == promptband.BANDS
+    edges = [*tailrecords.PROMPT_BANDS, tailrecords.PROMPT_BANDS[-1] + 1]
+    assert tuple(tailrecords.prompt_band(e) for e in edges) == promptband.BANDS
     assert f"{', '.join(promptband.BANDS)} prompt tokens" == engine.PROMPT_BAND_NAMES
     for name in (promptband.TTFT, promptband.TPOT):
         spec = catalog.get(name)

@@ -21,15 +21,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.agent.catalog.engine import MODEL
 from inferwatch.agent.common.samples import RequestTiming
-from inferwatch.agent.node.analytics.explain import (
-    RecordingSink,
-    RequestRecords,
-    TailExplainer,
-    _bands_by_value,
-    explain,
-)
+from inferwatch.agent.node.analytics.explain import RecordingSink, TailExplainer, explain
 from inferwatch.agent.node.analytics.latency import LatencyAnalytics
 from inferwatch.agent.node.analytics.processor import SpanAnalytics
+from inferwatch.agent.node.analytics.tailrecords import RequestRecords
+from inferwatch.agent.node.analytics.tailstats import bands_by_value
 from inferwatch.agent.node.receiver.intake import SpanIntake
 from inferwatch.agent.node.receiver.spans import LATENCY_KEYS
 from inferwatch.agent.node.runner import validate
@@ -115,7 +111,7 @@ def test_explainer_takes_three_distinct_records() -> None:
 @pytest.mark.parametrize("n", range(1, 40))
 def test_median_band_is_never_empty(n: int) -> None:
     values = [float(j) for j in range(n)]
-    tail, mid, p50, p99 = _bands_by_value(list(range(n)), values)
+    tail, mid, p50, p99 = bands_by_value(list(range(n)), values)
     assert tail and mid and p50 <= p99
 
 

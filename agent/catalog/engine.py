@@ -13,7 +13,7 @@ from inferwatch.agent.catalog.spec import Kind, MetricSpec
 
 MODEL = "gen_ai.request.model"
 # Span-derived latency split by prompt length (issue 21: the conformance band per prompt-length band). The bands are
-# the tail explainer's (inferwatch.agent.node.analytics.explain.PROMPT_BANDS, one definition;
+# the tail explainer's (inferwatch.agent.node.analytics.tailrecords.PROMPT_BANDS, one definition;
 # tests/test_prompt_band_histograms.py checks that these names are its names): four values, so 4 series sets per model
 # and metric. A request whose span has no prompt token count is left out. PROMPT_BAND_ALL is the value the conformance
 # rules give the unsplit (engine) histograms, never emitted by the agent.

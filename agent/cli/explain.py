@@ -16,7 +16,8 @@ import httpx
 import typer
 
 from inferwatch.agent.cli.common import read_token
-from inferwatch.agent.node.analytics.explain import DEFAULT_TOP, MAX_TOP, QUANTITIES, parse_window, render_text
+from inferwatch.agent.node.analytics.explain import DEFAULT_TOP, MAX_TOP, QUANTITIES, parse_window
+from inferwatch.agent.node.analytics.explaintext import render_text
 
 DEFAULT_AGENT = "http://127.0.0.1:9435"
 API_TIMEOUT_S = 15.0

@@ -1,9 +1,11 @@
 """Why is the tail slow? The slowest requests, the phase that accounts for P99 − P50, and who is in the tail.
 
-Input: the per-request records the span analytics keep (:class:`RequestRecords`, fed by
-:meth:`~inferwatch.agent.node.analytics.latency.LatencyAnalytics.record` from the receiver's spans). Output: an
-explanation (:func:`explain`, a JSON-ready dict) for one model and window, and from it the agent metric
-``inferwatch.engine.tail.driver`` (:func:`driver_samples`) that the tail-latency alerts quote.
+Input: the last 5 minutes of finished requests
+(:class:`~inferwatch.agent.node.analytics.tailrecords.RequestRecords`, fed beside the span analytics by
+:class:`RecordingSink` from the receiver's spans). Output: an explanation (:func:`explain`, a JSON-ready dict) for one
+model and window, and from it the agent metric ``inferwatch.engine.tail.driver`` (:func:`driver_samples`) that the
+tail-latency alerts quote. :class:`TailExplainer` is what the processor, the API and the metrics call; the report
+as a terminal table is :mod:`inferwatch.agent.node.analytics.explaintext`.
 
 **Phases.** vLLM's span gives TTFT, e2e, queue, prefill and decode per request; TTFT = frontend + queue + prefill
 and e2e = TTFT + decode, where frontend = TTFT − (queue + prefill) is the time before the engine queued the
@@ -12,10 +14,10 @@ the window's median inter-token latency (a long answer, the workload) and ``deco
 preemptions and recomputation, big batches, a slow rank). Every split is exact per request, so the parts add up.
 
 **Decomposition of the tail.** Requests are ranked by the quantity (TTFT or e2e). The *tail band* is the top
-:data:`TAIL_BAND` (2 %) of the window, at least :data:`MIN_TAIL` requests; the *median band* the ranks 40-60 %.
-A phase's share is (its mean in the tail band − its mean in the median band) / (the quantity's mean in the
-tail band − its mean in the median band); the shares add to 1 (a negative share is a phase shorter in the tail).
-That gap of band means stands for P99 − P50, which is also reported.
+2 % of the window, at least 5 requests; the *median band* the ranks 40-60 %
+(:mod:`~inferwatch.agent.node.analytics.tailstats`). A phase's share is (its mean in the tail band − its mean in
+the median band) / (the quantity's mean in the tail band − its mean in the median band); the shares add to 1 (a
+negative share is a phase shorter in the tail). That gap of band means stands for P99 − P50, which is also reported.
 
 **Who is in the tail.** For each attribute (prompt-length band, ``dp_rank``, ``lora``, ``tenant``, and whether
 the request was preempted), each value's share of the requests and of the tail band. A value *separates* the
@@ -37,14 +39,9 @@ of the gap is queue; dp_rank=1 is 49 % of requests and 100 % of the tail" is a q
 ``output_length`` is reported as the workload, never as a fault driver. Otherwise the answer is ``none`` ("no
 dominant driver"). The thresholds and their measured accuracy are in docs/explain.md (benchmarks/tail_explain.py).
 
-**Bounded records.** :class:`RequestRecords` keeps at most :data:`CAPACITY` requests for all models together,
-in columns (about :data:`RECORD_BYTES_MAX` bytes each at most: 7.8 MB in all; request ids are cut to
-:data:`MAX_REQUEST_ID_CHARS`), for :data:`HORIZON_S` (the 5m window). Sampling rule above the bound: each 10 s
-sub-window may keep :data:`SUB_WINDOW_BUDGET` requests (115 req/s); when the previous sub-window received more,
-a request is kept 1 in k (k = ceil(received / budget), systematic by arrival order) with weight k, except that a
-request at or above its model's last published P95 TTFT or e2e is always kept, with weight 1, so the slowest
-requests are never sampled away. When even that overflows, the oldest records go first (the report says how many
-seconds the window really covers). Quantiles and band means are weighted.
+**Sampled windows.** Above their bound the records keep 1 request in k with weight k, and always the slowest
+(:mod:`~inferwatch.agent.node.analytics.tailrecords`); a sampled window's quantiles and band means are weighted, and
+the report says how many seconds the window really covers.
 
 Without spans (no records for the model) :func:`explain_histograms` gives a coarser answer from the engine's own
 histogram quantiles (queue, prefill, decode, TTFT, e2e; ``source="histogram"``), and says so: quantile
@@ -55,35 +52,28 @@ from __future__ import annotations
 
 import heapq
 import math
-import threading
 import time
-from array import array
 from bisect import bisect_left as _bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from itertools import compress, repeat
-from operator import and_, ge, gt, itemgetter, le, sub
+from operator import gt, sub
 from typing import Any, Protocol
 
 from inferwatch.agent.catalog.engine import MODEL
 from inferwatch.agent.common.samples import UNKNOWN_MODEL, RequestTiming, Sample, attrs
 from inferwatch.agent.node.analytics.failures import ModelFailures
+from inferwatch.agent.node.analytics.tailrecords import (
+    HORIZON_S,
+    SUB_WINDOW_S,
+    ClientTTFTs,
+    RequestRecords,
+    Window,
+    code_keys,
+)
+from inferwatch.agent.node.analytics.tailstats import bands, bands_by_value, gather, mean, mean_of, quantile
 
-CAPACITY = 36_864
-HORIZON_S = 300.0
-SUB_WINDOW_S = 10.0
-SUB_WINDOW_BUDGET = 1_152  # 30 sub-windows x 1152 = 34 560, the rest of CAPACITY is for the always-kept slow ones
-MAX_REQUEST_ID_CHARS = 64
-MAX_LABEL_SETS = 4_096  # distinct (dp_rank, lora, tenant) combinations kept; beyond that they read "other"
-RECORD_BYTES_MAX = 211  # 7 doubles + 3 int32 + 16-byte trace id + uint16 + uint32 + a list slot + a 64-char str
-TAIL_BAND = 0.02
-MIN_TAIL = 5
-MEDIAN_BAND = (0.40, 0.60)
-EXACT_SORT_MAX = 8_192  # above this many records a quantity is not fully sorted: ...
-QUANTILE_SAMPLE = 4_096  # ... its middle quantiles come from a sample of this many
-MEDIAN_BAND_SAMPLE = 1_024  # above this many records in the median band, its means come from every k-th record
 MIN_REQUESTS = 50
 TAIL_RATIO_MIN = 3.0
 TAIL_GAP_MIN_S = 0.02
@@ -105,7 +95,6 @@ SEPARATOR_LIFT = 1.8
 SEPARATOR_Z = 3.0
 DEFAULT_TOP = 10
 MAX_TOP = 100
-PROMPT_BANDS = (1024, 4096, 16384)  # prompt tokens: <=1k, 1k-4k, 4k-16k, >16k
 PLACEMENT = ("dp_rank", "lora", "tenant")
 QUANTITIES = ("ttft", "e2e")
 PHASES = {"ttft": ("frontend", "queue", "prefill"), "e2e": ("frontend", "queue", "prefill", "decode", "output_length")}
@@ -118,9 +107,6 @@ CLIENT_PART_NAMES = {
     "queue": "the engine's scheduler queue",
     "prefill": "prefill",
 }
-# client TTFTs kept by trace id, waiting for (or beside) their engine record: ~3.1 MB when full (measured 6.9 MB for
-# 36,864), so at 100 req/s the last ~160 s of requests can be reconciled, all of the 5-minute window below 55 req/s
-CLIENT_CAPACITY = 16_384
 PREEMPTION = "preemption"  # the driver named when KV-cache preemptions explain an engine phase
 METRIC_WINDOW = "5m"  # the window of inferwatch.engine.tail.driver (the alerts' window)
 WINDOW_SECONDS = {"1m": 60.0, "5m": 300.0}
@@ -129,351 +115,6 @@ _NAN = math.nan
 
 class _Sink(Protocol):
     def record(self, timings: Iterable[RequestTiming]) -> int: ...
-
-
-def _band_names() -> tuple[str, ...]:
-    return (*(prompt_band(b) for b in PROMPT_BANDS), prompt_band(PROMPT_BANDS[-1] + 1))
-
-
-def prompt_band(tokens: int) -> str:
-    if tokens < 0:
-        return "unknown"
-    lo = 0
-    for hi in PROMPT_BANDS:
-        if tokens <= hi:
-            return f"{_k(lo)}-{_k(hi)}" if lo else f"<={_k(hi)}"
-        lo = hi
-    return f">{_k(lo)}"
-
-
-def _k(n: int) -> str:
-    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
-
-
-_BAND_NAMES = _band_names()
-
-
-class RequestRecords:
-    """The last :data:`HORIZON_S` of finished requests, in a fixed ring of columns (thread-safe)."""
-
-    def __init__(self, capacity: int = CAPACITY, budget: int = SUB_WINDOW_BUDGET) -> None:
-        self.capacity = capacity
-        self.budget = budget
-        self._lock = threading.Lock()
-        z = [0.0] * capacity
-        self._f = {c: array("d", z) for c in ("t", "ttft", "e2e", "queue", "prefill", "decode", "weight")}
-        self._i = {c: array("i", [-1] * capacity) for c in ("prompt", "completion", "preemptions")}
-        self._model = array("H", [0] * capacity)
-        self._code = array("I", [0] * capacity)  # attribute code (:func:`_code`): label set, band, preempted
-        self._trace = bytearray(16 * capacity)
-        self._request: list[str | None] = [None] * capacity
-        self._models: dict[str, int] = {}
-        self._model_names: list[str] = []
-        self._labels: dict[tuple[tuple[str, str], ...], int] = {(): 0}
-        self._label_sets: list[tuple[tuple[str, str], ...]] = [()]
-        self._next = 0  # the slot the next record goes to
-        self._size = 0
-        self._slot = -1  # the current sub-window
-        self._received = 0  # requests received in the current sub-window
-        self._received_prev = 0
-        self._skip = 0
-        self.slow: dict[str, tuple[float, float]] = {}  # model -> (P95 TTFT, P95 e2e): always kept
-        self.sampled_out = 0
-        self.overwritten = 0
-
-    def stride(self) -> int:
-        """1 in how many ordinary requests is kept now (1: all)."""
-        return max(1, math.ceil(self._received_prev / self.budget)) if self._received_prev > self.budget else 1
-
-    def add(self, timings: Iterable[RequestTiming], now: float) -> None:
-        with self._lock:
-            self._expire(now)
-            slot = math.floor(now / SUB_WINDOW_S)
-            if slot != self._slot:
-                self._received_prev = self._received if slot == self._slot + 1 else 0
-                self._slot, self._received = slot, 0
-            for t in timings:
-                self._received += 1
-                k = self.stride()
-                s = t.seconds
-                ttft, e2e = s.get("ttft", _NAN), s.get("e2e", _NAN)
-                weight = 1.0
-                if k > 1:
-                    p95 = self.slow.get(t.model)
-                    if p95 is None or not (ttft >= p95[0] or e2e >= p95[1]):
-                        self._skip += 1
-                        if self._skip % k:
-                            self.sampled_out += 1
-                            continue
-                        weight = float(k)
-                self._put(t, now, ttft, e2e, weight)
-
-    def _put(self, t: RequestTiming, now: float, ttft: float, e2e: float, weight: float) -> None:
-        i = self._next
-        if self._size == self.capacity:
-            self.overwritten += 1
-        else:
-            self._size += 1
-        self._next = (i + 1) % self.capacity
-        f, s = self._f, t.seconds
-        f["t"][i] = now
-        f["ttft"][i] = ttft
-        f["e2e"][i] = e2e
-        f["queue"][i] = s.get("queue", _NAN)
-        f["prefill"][i] = s.get("prefill", _NAN)
-        f["decode"][i] = s.get("decode", _NAN)
-        f["weight"][i] = weight
-        ints = self._i
-        ints["prompt"][i] = t.prompt_tokens if t.prompt_tokens is not None and t.prompt_tokens < 2**31 else -1
-        ints["completion"][i] = (
-            t.completion_tokens if t.completion_tokens is not None and t.completion_tokens < 2**31 else -1
-        )
-        ints["preemptions"][i] = t.preemptions if t.preemptions is not None else -1
-        m = self._models.get(t.model)
-        if m is None:
-            if len(self._model_names) >= 65_535:
-                return
-            m = self._models[t.model] = len(self._model_names)
-            self._model_names.append(t.model)
-        self._model[i] = m
-        lab = self._labels.get(t.labels)
-        if lab is None:
-            if len(self._label_sets) < MAX_LABEL_SETS:
-                lab = self._labels[t.labels] = len(self._label_sets)
-                self._label_sets.append(t.labels)
-            else:
-                lab = self._labels.setdefault((("labels", "other"),), len(self._label_sets))
-                if lab == len(self._label_sets):
-                    self._label_sets.append((("labels", "other"),))
-        p = ints["prompt"][i]
-        self._code[i] = _code(_bisect_left(PROMPT_BANDS, p) if p >= 0 else -1, ints["preemptions"][i], lab)
-        tid = bytes.fromhex(t.trace_id) if t.trace_id and len(t.trace_id) == 32 else bytes(16)
-        self._trace[16 * i : 16 * i + 16] = tid
-        self._request[i] = t.request_id[:MAX_REQUEST_ID_CHARS] if t.request_id else None
-
-    def _expire(self, now: float) -> None:
-        """Let go of the records older than :data:`HORIZON_S` (their request id strings): at a low request rate the
-        ring would otherwise be overwritten only after hours, its memory growing until then."""
-        n, cap, t, requests = self._size, self.capacity, self._f["t"], self._request
-        start, cut = (self._next - n) % cap, now - HORIZON_S
-        while n and t[start] < cut:
-            requests[start] = None
-            start = start + 1 if start + 1 < cap else 0
-            n -= 1
-        self._size = n
-
-    def models(self) -> list[str]:
-        """The models with records kept (any age up to the horizon)."""
-        with self._lock:
-            present: set[int] = set()
-            for lo, hi in self._segments(-math.inf):  # the live slots: one or two runs of the ring
-                present.update(self._model[lo:hi])
-            return sorted(self._model_names[m] for m in present if m < len(self._model_names))
-
-    def _segments(self, cut: float) -> list[tuple[int, int]]:
-        """The ring slots (one or two [start, end) runs) of the records stamped at or after ``cut``."""
-        n, cap, t = self._size, self.capacity, self._f["t"]
-        start = (self._next - n) % cap
-        lo, hi = 0, n
-        while lo < hi:  # records are in stamp order: binary search for the first one inside the window
-            mid = (lo + hi) // 2
-            if t[(start + mid) % cap] < cut:
-                lo = mid + 1
-            else:
-                hi = mid
-        first, count = (start + lo) % cap, n - lo
-        if first + count <= cap:
-            return [(first, first + count)]
-        return [(first, cap), (0, first + count - cap)]
-
-    def window(self, models: Iterable[str], window_s: float, now: float) -> Window:
-        """The records of ``models`` stamped in the last ``window_s``: a copy (C-speed slices), no lock held after."""
-        with self._lock:
-            wanted = {self._models[m] for m in models if m in self._models}
-            cut = now - window_s
-            segs = self._segments(cut)
-            n, cap = self._size, self.capacity
-            oldest = self._f["t"][(self._next - n) % cap] if n else now
-            # the ring is full and its oldest record is inside the window: older requests were overwritten
-            covered = window_s if n < cap or oldest < cut else now - oldest
-
-            def take(col: Any) -> list[Any]:
-                out: list[Any] = []
-                for lo, hi in segs:
-                    out.extend(col[lo:hi])
-                return out
-
-            def copy(col: array[Any]) -> array[Any]:  # a memcpy
-                out = col[0:0]
-                for lo, hi in segs:
-                    out += col[lo:hi]
-                return out
-
-            # arrays, not lists: a float is boxed again on each pass, but the passes then touch a quarter of the
-            # memory (8 bytes a value, not a pointer and a 24-byte object), which is faster measured where the
-            # agent runs it, beside other work (benchmarks/tail_explain.py --previous: ~20 % less CPU)
-            f: dict[str, Sequence[float]] = {c: copy(a) for c, a in self._f.items()}
-            ints: dict[str, Sequence[int]] = {c: copy(a) for c, a in self._i.items()}
-            codes: Sequence[int] = copy(self._code)
-            requests = take(self._request)
-            traces = b"".join(bytes(self._trace[16 * lo : 16 * hi]) for lo, hi in segs)
-            model = copy(self._model)
-            label_sets = list(self._label_sets)
-        if not wanted:
-            keep: list[int] | None = []
-        elif set(model) <= wanted:
-            keep = None
-        else:
-            keep = [j for j, m in enumerate(model) if m in wanted]
-        if keep is not None:
-            f = {c: [v[j] for j in keep] for c, v in f.items()}
-            ints = {c: [v[j] for j in keep] for c, v in ints.items()}
-            codes = [codes[j] for j in keep]
-            requests = [requests[j] for j in keep]
-            traces = b"".join(traces[16 * j : 16 * j + 16] for j in keep)
-        return Window(f, ints, codes, label_sets, traces, requests, now, covered, window_s)
-
-    def memory_bytes(self) -> int:
-        """What the ring's columns hold, in bytes (request id strings counted as stored)."""
-        columns: list[array[Any]] = [*self._f.values(), *self._i.values(), self._model, self._code]
-        fixed = sum(a.itemsize * len(a) for a in columns)
-        ids = sum(49 + len(r) for r in self._request if r is not None)
-        return fixed + len(self._trace) + 8 * self.capacity + ids
-
-
-@dataclass(frozen=True, slots=True)
-class Window:
-    """One model's records over one window, as columns (NaN / -1 where the span had no value)."""
-
-    f: dict[str, Sequence[float]]  # t (stamp), ttft, e2e, queue, prefill, decode, weight
-    i: dict[str, Sequence[int]]  # prompt, completion, preemptions
-    codes: Sequence[int]  # per record its attribute code (:func:`_code`); code >> 5 indexes label_sets
-    label_sets: list[tuple[tuple[str, str], ...]]
-    traces: bytes  # 16 bytes a record
-    requests: list[str | None]
-    now: float
-    covered_s: float
-    window_s: float
-
-    def __len__(self) -> int:
-        return len(self.requests)
-
-    def trace_id(self, j: int) -> str | None:
-        raw = self.traces[16 * j : 16 * j + 16]
-        return raw.hex() if any(raw) else None
-
-
-def _gather(idx: Sequence[int], col: Sequence[Any]) -> list[Any]:
-    """``[col[j] for j in idx]`` at C speed (``itemgetter`` takes no empty index list)."""
-    if len(idx) <= 1:
-        return [col[idx[0]]] if idx else []
-    return list(itemgetter(*idx)(col))
-
-
-def _quantile(order: list[int], weights: list[float] | None, total: float, q: float) -> int:
-    """The record at weighted rank ``q`` of ``order`` (ascending)."""
-    if weights is None:
-        return order[min(len(order) - 1, max(0, math.ceil(q * len(order)) - 1))]
-    target, acc = q * total, 0.0
-    for j in order:
-        acc += weights[j]
-        if acc >= target:
-            return j
-    return order[-1]
-
-
-def _bands(order: list[int], weights: list[float] | None, total: float) -> tuple[list[int], list[int]]:
-    """(tail band, median band) of ``order`` (ascending) by weighted rank."""
-    if weights is None:
-        n = len(order)
-        k = max(MIN_TAIL, math.ceil(TAIL_BAND * n))
-        first = int(MEDIAN_BAND[0] * n)
-        return order[max(0, n - k) :], order[first : max(int(MEDIAN_BAND[1] * n), first + 1)]
-    tail: list[int] = []
-    acc = 0.0
-    for j in reversed(order):
-        if acc >= TAIL_BAND * total and len(tail) >= MIN_TAIL:
-            break
-        tail.append(j)
-        acc += weights[j]
-    lo, hi = MEDIAN_BAND[0] * total, MEDIAN_BAND[1] * total
-    mid: list[int] = []
-    acc = 0.0
-    for j in order:
-        w = weights[j]
-        if acc + w > lo and acc < hi:
-            mid.append(j)
-        acc += w
-        if acc >= hi:
-            break
-    return tail, mid
-
-
-def _bands_by_value(idx: list[int], values: Sequence[float]) -> tuple[list[int], list[int], float, float]:
-    """(tail band, median band, P50, P99) of unweighted records: rank thresholds from a sort of the values alone.
-
-    Ties at a threshold all join the band (a band may hold a few more records than its share). Above
-    :data:`EXACT_SORT_MAX` records only the top of the ranking is exact (the tail band and P99, by a partial
-    selection); P50 and the median band's bounds come from a sorted systematic sample of ~:data:`QUANTILE_SAMPLE`
-    records (a rank error of about 1 % of the window). Above
-    :data:`MEDIAN_BAND_SAMPLE` records in the median band, it is read from every k-th record (systematic, by stamp
-    order; the thresholds stay exact): its means are the baseline the tail is compared with, and ~1,000 records
-    give them to well under a percent of the gap at a fifth of the cost.
-    """
-    n = len(idx)
-    k = max(MIN_TAIL, math.ceil(TAIL_BAND * n))
-    full = len(idx) == len(values)
-    tail: list[int] | None = None
-    if n > EXACT_SORT_MAX:  # the top k exactly (tail band, P99), the middle from a sorted systematic sample
-        every = values if full else _gather(idx, values)
-        vals = sorted(every[:: math.ceil(n / QUANTILE_SAMPLE)])
-        m = len(vals)
-        # every record at or above a guard well below the k-th largest (the sample's top 2k/n, less a margin),
-        # then the exact top k among them; should the sample mislead, a full partial selection
-        guard = vals[max(0, m - 1 - math.ceil(2 * k * m / n) - 8)]
-        cand = list(compress(idx, map(ge, values, repeat(guard)))) if full else []
-        above = n - math.ceil(0.99 * n)  # records above P99
-        if len(cand) >= k:
-            top = sorted(_gather(cand, values))
-            tail_from, p99 = top[len(top) - k], top[len(top) - 1 - above]
-            tail = [j for j in cand if values[j] >= tail_from]
-        else:
-            top = heapq.nlargest(k, every)
-            tail_from, p99 = top[-1], top[above]
-    else:
-        vals = sorted(values) if len(idx) == len(values) else sorted(_gather(idx, values))
-        tail_from = vals[max(0, n - k)]
-        p99 = vals[min(n - 1, max(0, math.ceil(0.99 * n) - 1))]
-    m = len(vals)
-    # the band's ranks [40 %, 60 %), never empty: with 3 records int(0.4 m) = int(0.6 m) = 1, the middle one
-    lo_rank = int(MEDIAN_BAND[0] * m)
-    lo, hi = vals[lo_rank], vals[max(int(MEDIAN_BAND[1] * m) - 1, lo_rank)]
-    p50 = vals[min(m - 1, max(0, math.ceil(0.5 * m) - 1))]
-    if full:  # every record: C-speed filters
-        if tail is None:
-            tail = list(compress(idx, map(ge, values, repeat(tail_from))))
-        step = max(1, math.ceil((MEDIAN_BAND[1] - MEDIAN_BAND[0]) * n / MEDIAN_BAND_SAMPLE))
-        some, vs = (idx[::step], values[::step]) if step > 1 else (idx, values)
-        mid = list(compress(some, map(and_, map(le, repeat(lo), vs), map(ge, repeat(hi), vs))))
-    else:
-        tail = [j for j in idx if values[j] >= tail_from]
-        mid = [j for j in idx if lo <= values[j] <= hi]
-    return tail, mid, p50, p99
-
-
-def _mean(idx: list[int], col: Sequence[float], weights: list[float] | None) -> float:
-    return _mean_of(_gather(idx, col) if idx else [], idx, weights)
-
-
-def _mean_of(vals: list[float], idx: list[int], weights: list[float] | None) -> float:
-    """The (weighted) mean of ``vals``, the values of records ``idx``."""
-    if not idx:
-        return 0.0
-    if weights is None:
-        return math.fsum(vals) / len(idx)
-    ws = _gather(idx, weights)
-    w = math.fsum(ws)
-    return math.fsum(v * x for v, x in zip(vals, ws, strict=True)) / w if w else 0.0
 
 
 class _Phases:
@@ -549,8 +190,8 @@ class _Phases:
             win = self.win
             t, e2e, pre = win.f["t"], win.f["e2e"], win.i["preemptions"]
             mine = list(compress(range(len(pre)), map(gt, pre, repeat(0))))
-            ends = _gather(mine, t) if mine else []
-            lasted = _gather(mine, e2e) if mine else []
+            ends = gather(mine, t) if mine else []
+            lasted = gather(mine, e2e) if mine else []
             starts = [end - (d if d == d else 0.0) for end, d in zip(ends, lasted, strict=True)]
             for k in range(len(starts) - 2, -1, -1):  # earliest arrival from k on
                 starts[k] = min(starts[k], starts[k + 1])
@@ -569,17 +210,15 @@ class _Phases:
     def at(self, name: str, idx: list[int]) -> list[float]:
         f = self.f
         if name in ("queue", "prefill"):
-            return _gather(idx, f[name])
+            return gather(idx, f[name])
         if name == "frontend":
-            return list(
-                map(sub, map(sub, _gather(idx, f["ttft"]), _gather(idx, f["queue"])), _gather(idx, f["prefill"]))
-            )
+            return list(map(sub, map(sub, gather(idx, f["ttft"]), gather(idx, f["queue"])), gather(idx, f["prefill"])))
         itl = self.itl_med
-        comp = _gather(idx, self.comp)
+        comp = gather(idx, self.comp)
         length = [0.0] * len(idx) if itl is None else [(c - 1) * itl if c > 1 else 0.0 for c in comp]
         if name == "output_length":
             return length
-        return list(map(sub, _gather(idx, f["decode"]), length))  # decode beyond length
+        return list(map(sub, gather(idx, f["decode"]), length))  # decode beyond length
 
     def clean(self, column: str) -> bool:
         """Whether a span column has no NaN (no record lacks it), summed once per window."""
@@ -599,23 +238,10 @@ class _Phases:
 _Groups = tuple[Sequence[int], dict[int, tuple[tuple[str, str], ...]], dict[str, dict[int, float]]]
 
 
-def _code(band: int, preemptions: int, label: int) -> int:
-    """A record's attribute values in one int, computed when it is recorded: (band + 1) + 8 x (preempted + 1) +
-    32 x label set, band -1 (no prompt count) .. 3, preempted -1 (not known), 0 or 1."""
-    return band + 1 + 8 * (min(preemptions, 1) + 1) + 32 * label
-
-
 def _group_keys(win: Window) -> _Groups:
-    """Per record its attribute code (kept in the ring, :func:`_code`) and each code's (key, value)s."""
+    """Per record its attribute code (kept in the records) and each code's (key, value)s."""
     codes = win.codes
-    keys: dict[int, tuple[tuple[str, str], ...]] = {}
-    for code in set(codes):
-        lab, rem = divmod(code, 32)
-        pre, band = rem // 8 - 1, rem % 8 - 1
-        parts = [] if band < 0 else [("prompt_tokens", _BAND_NAMES[band])]
-        if pre >= 0:
-            parts.append(("preempted", "yes" if pre else "no"))
-        keys[code] = (*parts, *win.label_sets[lab])
+    keys = {code: code_keys(code, win.label_sets) for code in set(codes)}
     return codes, keys, {}
 
 
@@ -632,11 +258,11 @@ def _separators(
     if weights is None:
         full = len(idx) == len(per_record)  # every record: the same counts for each quantity, counted once
         if not full or "every" not in cache:
-            every = {k: float(c) for k, c in Counter(per_record if full else _gather(idx, per_record)).items()}
+            every = {k: float(c) for k, c in Counter(per_record if full else gather(idx, per_record)).items()}
             if full:
                 cache["every"] = every
         every = cache["every"] if full else every
-        in_tail = {k: float(c) for k, c in Counter(_gather(tail, per_record)).items()}
+        in_tail = {k: float(c) for k, c in Counter(gather(tail, per_record)).items()}
     else:
         for j in idx:
             k = per_record[j]
@@ -693,18 +319,18 @@ def _decompose(
         return None
     if weights is None:  # unweighted: thresholds from the sorted values (a plain float sort, no key), then filters
         total = float(len(idx))
-        tail, mid, p50, p99 = _bands_by_value(idx, values)
+        tail, mid, p50, p99 = bands_by_value(idx, values)
     else:
         order = sorted(idx, key=values.__getitem__)
         total = math.fsum(weights[j] for j in idx)
-        p50 = values[_quantile(order, weights, total, 0.5)]
-        p99 = values[_quantile(order, weights, total, 0.99)]
-        tail, mid = _bands(order, weights, total)
+        p50 = values[quantile(order, weights, total, 0.5)]
+        p99 = values[quantile(order, weights, total, 0.99)]
+        tail, mid = bands(order, weights, total)
     if len(idx) == len(values):  # every record is ranked: the tail band holds the slowest ones (ties included)
         phases.tails[quantity] = tail
-    gap = _mean(tail, values, weights) - _mean(mid, values, weights)
+    gap = mean(tail, values, weights) - mean(mid, values, weights)
     shares = {
-        p: (_mean_of(phases.at(p, tail), tail, weights) - _mean_of(phases.at(p, mid), mid, weights)) / gap
+        p: (mean_of(phases.at(p, tail), tail, weights) - mean_of(phases.at(p, mid), mid, weights)) / gap
         if gap > 0
         else 0.0
         for p in names
@@ -960,16 +586,16 @@ def _client(win: Window, phases: _Phases, client: Sequence[float], weights: list
     parts["client_gap"] = gap_col
     if weights is None:
         total = float(len(idx))
-        tail, mid, p50, p99 = _bands_by_value(idx, client)
+        tail, mid, p50, p99 = bands_by_value(idx, client)
     else:
         order = sorted(idx, key=client.__getitem__)
         total = math.fsum(weights[j] for j in idx)
-        p50, p99 = (client[_quantile(order, weights, total, q)] for q in (0.5, 0.99))
-        tail, mid = _bands(order, weights, total)
+        p50, p99 = (client[quantile(order, weights, total, q)] for q in (0.5, 0.99))
+        tail, mid = bands(order, weights, total)
     gaps = sorted(gap_col[j] for j in idx)
-    band_gap = _mean(tail, client, weights) - _mean(mid, client, weights)
+    band_gap = mean(tail, client, weights) - mean(mid, client, weights)
     shares = {
-        p: (_mean(tail, parts[p], weights) - _mean(mid, parts[p], weights)) / band_gap if band_gap > 0 else 0.0
+        p: (mean(tail, parts[p], weights) - mean(mid, parts[p], weights)) / band_gap if band_gap > 0 else 0.0
         for p in CLIENT_PARTS
     }
     top = max(shares, key=shares.__getitem__)
@@ -1185,38 +811,6 @@ class TailExplainer:
         return driver_samples(report, label, METRIC_WINDOW) if report is not None else []
 
 
-class ClientTTFTs:
-    """Client TTFTs by trace id, at most :data:`CLIENT_CAPACITY` (the oldest go first) and :data:`HORIZON_S` old."""
-
-    def __init__(self, capacity: int = CLIENT_CAPACITY) -> None:
-        self.capacity = capacity
-        self._lock = threading.Lock()
-        self._by_trace: dict[str, tuple[float, float]] = {}  # insertion order = arrival order
-
-    def add(self, pairs: Iterable[tuple[str, float]], now: float) -> None:
-        with self._lock:
-            for trace_id, ttft in pairs:
-                self._by_trace.pop(trace_id, None)
-                self._by_trace[trace_id] = (ttft, now)
-            self._expire(now)
-
-    def _expire(self, now: float) -> None:
-        d, cut = self._by_trace, now - HORIZON_S
-        while d:
-            oldest = next(iter(d))
-            if len(d) <= self.capacity and d[oldest][1] >= cut:
-                break
-            del d[oldest]
-
-    def snapshot(self, now: float) -> dict[str, float]:
-        with self._lock:
-            self._expire(now)
-            return {k: v[0] for k, v in self._by_trace.items()}
-
-    def __len__(self) -> int:
-        return len(self._by_trace)
-
-
 class RecordingSink:
     """The receiver's timing sink: the span analytics first, then the explainer's records (same timings)."""
 
@@ -1265,86 +859,3 @@ def parse_window(text: str) -> float:
     if not 0 < value <= HORIZON_S:
         raise ValueError(f"window must be like 30s, 1m or 5m (at most {HORIZON_S:.0f}s), got {text!r}")
     return value
-
-
-def render_text(report: Mapping[str, Any]) -> str:
-    """The explanation as a terminal table: the verdicts, the decomposition, the separators, the slowest requests."""
-    lines = [f"model {report['model']}  source {report['source']}"]
-    if report["source"] == "spans":
-        sampled = "  (sampled: weighted)" if report.get("sampled") else ""
-        lines[0] += (
-            f"  window {report['window_s']:.0f}s (covered {report['covered_s']:.0f}s)  "
-            f"{report['requests']} requests{sampled}"
-        )
-    else:
-        lines.append(report["note"])
-    client = report.get("client")
-    if client:  # what the client saw comes first: the engine's verdicts below explain only the part inside it
-        lines.append("")
-        lines.append(f"CLIENT TTFT: {client['headline']}")
-        if client.get("shares"):
-            lines.append("  share of the tail gap: " + "  ".join(f"{p} {v:+.0%}" for p, v in client["shares"].items()))
-    for q in QUANTITIES:
-        d = report["quantities"].get(q)
-        if not d:
-            lines.append(f"{q}: no data")
-            continue
-        lines.append("")
-        lines.append(f"{q.upper()}: {d['headline']}")
-        shares = "  ".join(f"{p} {v:+.0%}" for p, v in d["shares"].items())
-        lines.append(f"  share of the tail gap: {shares}")
-        for s in d.get("separators", [])[:3]:
-            mark = "separates" if s["separates"] else "does not separate"
-            lines.append(
-                f"  {s['attribute']}={s['value']}: {s['share_of_requests']:.0%} of requests, "
-                f"{s['share_of_tail']:.0%} of the tail (z {s['z']:.1f}, {mark})"
-            )
-    rows = report.get("slowest") or []
-    if rows:
-        lines.append("")
-        lines.append(f"slowest {len(rows)} by {report.get('slowest_by', 'ttft')}:")
-        head = (
-            "request_id",
-            "trace_id",
-            "prompt",
-            "gen",
-            "queue",
-            "prefill",
-            "decode",
-            "pre",
-            "ttft",
-            "e2e",
-            "front",
-            "client",
-            "labels",
-        )
-        table = [head]
-        for r in rows:
-            table.append(
-                (
-                    str(r["request_id"] or "-")[:28],
-                    str(r["trace_id"] or "-"),
-                    _cell(r["prompt_tokens"]),
-                    _cell(r["completion_tokens"]),
-                    _sec(r["queue_s"]),
-                    _sec(r["prefill_s"]),
-                    _sec(r["decode_s"]),
-                    _cell(r["preemptions"]),
-                    _sec(r["ttft_s"]),
-                    _sec(r["e2e_s"]),
-                    _sec(r["frontend_gap_s"]),
-                    _sec(r.get("client_gap_s")),
-                    ",".join(f"{k}={v}" for k, v in sorted(r["labels"].items())) or "-",
-                )
-            )
-        widths = [max(len(row[c]) for row in table) for c in range(len(head))]
-        lines.extend("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table)
-    return "\n".join(lines) + "\n"
-
-
-def _cell(v: object) -> str:
-    return "-" if v is None else str(v)
-
-
-def _sec(v: float | None) -> str:
-    return "-" if v is None else f"{v:.3f}"

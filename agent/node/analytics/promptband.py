@@ -10,8 +10,8 @@ keeps its own cumulative histograms per (model, band):
 
 for successful requests with a prompt token count only, on the GenAI conventions' bucket edges (TTFT with
 ``receiver.ttft_extra_buckets_s``). The bands are the tail explainer's
-(:data:`inferwatch.agent.node.analytics.explain.PROMPT_BANDS`, one definition): at most four per model, so the series
-are bounded by the model cap.
+(:data:`inferwatch.agent.node.analytics.tailrecords.PROMPT_BANDS`, one definition): at most four per model, so the
+series are bounded by the model cap.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from inferwatch.agent.catalog import genai as semconv
 from inferwatch.agent.catalog.engine import MODEL, PROMPT_BAND
 from inferwatch.agent.common.samples import HistogramSample, RequestTiming, attrs
 from inferwatch.agent.node.analytics import genai
-from inferwatch.agent.node.analytics.explain import PROMPT_BANDS, prompt_band
+from inferwatch.agent.node.analytics.tailrecords import PROMPT_BANDS, prompt_band
 
 TTFT = "inferwatch.engine.time_to_first_token"
 TPOT = "inferwatch.engine.time_per_output_token"

@@ -26,7 +26,7 @@ from inferwatch.agent.node.actions import pyspy
 from inferwatch.agent.node.actions.binary import BinaryCheck
 from inferwatch.agent.node.actions.evidence import render_text
 from inferwatch.agent.node.actions.profiles import ProfileBusyError
-from inferwatch.agent.node.analytics import explain
+from inferwatch.agent.node.analytics import explain, explaintext
 from inferwatch.agent.node.api.auth import Authenticator
 from inferwatch.agent.node.api.readiness import readiness
 from inferwatch.agent.node.api.services import ApiServices
@@ -250,7 +250,7 @@ def install(app: FastAPI, settings: Settings, state: AgentState, services: ApiSe
                 )
             report = explain.explain_histograms(quantiles, model, label, requests)
         if format == "text":
-            return PlainTextResponse(explain.render_text(report))
+            return PlainTextResponse(explaintext.render_text(report))
         return JSONResponse(report)
 
     # --- binary compatibility ---

@@ -100,7 +100,7 @@ def test_inspect_reads_the_capture_as_read_by_hand(name: str) -> None:
 
 def test_the_command_prints_the_release_and_the_means(tmp_path: Path) -> None:
     """As users run it: the release range, what is mapped and derived, and the means with their unit."""
-    capture = ENGINES / "llamacpp-ik-counters-pr695.prom"
+    capture = ENGINES / "llamacpp-ik-pr695.prom"
     text = subprocess.run(
         [PYTHON, "-m", "inferwatch.agent", "engine", "inspect", "--metrics-file", str(capture)],
         cwd=ROOT,
@@ -109,7 +109,7 @@ def test_the_command_prints_the_release_and_the_means(tmp_path: Path) -> None:
         timeout=60,
     )
     assert text.returncode == 0, text.stderr
-    assert "release: after PR #13660 (seconds counters, no KV gauge)   schema: llamacpp-counters" in text.stdout
+    assert "release: <= PR #13660 (kv_cache_usage_ratio)   schema: llamacpp-kv   unmapped families: 3" in text.stdout
     assert "derived (mean only): itl, prefill" in text.stdout
     assert "prefill mean (from counters, no quantile): 0.4217 s per token" in text.stdout  # 2903.63 / 6886
     doc = subprocess.run(
@@ -121,12 +121,14 @@ def test_the_command_prints_the_release_and_the_means(tmp_path: Path) -> None:
     )
     assert doc.returncode == 0, doc.stderr
     parsed = json.loads(doc.stdout)
-    assert parsed["coverage"]["itl"] == "derived (mean only)" and parsed["unmapped_families"] == 0
+    assert parsed["coverage"]["itl"] == "derived (mean only)" and parsed["coverage"]["kv_usage"] == "mapped"
+    # the two throughput gauges and kv_cache_tokens: declared, read by no source
+    assert parsed["unmapped_families"] == 3
 
 
 def test_a_baseline_gives_the_mean_of_the_increase(tmp_path: Path) -> None:
     """Two scrapes of a counters-only llama.cpp: the mean over the window, not since the server started."""
-    before = (ENGINES / "llamacpp-ik-counters-pr695.prom").read_text()
+    before = (ENGINES / "llamacpp-ik-pr695.prom").read_text()
     after = before.replace("prompt_tokens_total 6886", "prompt_tokens_total 7886").replace(
         "prompt_seconds_total 2903.63", "prompt_seconds_total 2953.63"
     )

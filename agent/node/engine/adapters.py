@@ -215,7 +215,13 @@ LLAMACPP = Adapter(
     "llamacpp",
     ("llamacpp:",),
     (),
-    gauges={"running": _s("llamacpp:requests_processing"), "waiting": _s("llamacpp:requests_deferred")},
+    # kv_cache_usage_ratio (0..1): builds before PR #13660 and the ik_llama.cpp fork (tests/fixtures/engines/
+    # llamacpp-ik-pr695.prom); upstream removed it there (#23632 asks it back), so current builds expose none.
+    gauges={
+        "running": _s("llamacpp:requests_processing"),
+        "waiting": _s("llamacpp:requests_deferred"),
+        "kv_usage": _s("llamacpp:kv_cache_usage_ratio"),
+    },
     counters={
         "prompt_tokens": _s("llamacpp:prompt_tokens_total"),
         "generation_tokens": _s("llamacpp:tokens_predicted_total"),
@@ -223,7 +229,7 @@ LLAMACPP = Adapter(
         "generation_seconds": _s("llamacpp:tokens_predicted_seconds_total"),
         # prompt tokens reused from a slot's KV cache (cache_prompt), and speculative decoding with --model-draft
         # (--spec-type draft-simple): the same counters as vLLM's, per draft position too (llama-server b11434;
-        # tests/test_llamacpp_specdec.py). No KV usage gauge: kv_cache_usage_ratio was removed upstream (#23632).
+        # tests/test_llamacpp_specdec.py).
         "cached_tokens": _s("llamacpp:prompt_tokens_cached_total"),
         "spec_drafts": _s("llamacpp:spec_decode_num_drafts_total"),
         "spec_draft_tokens": _s("llamacpp:spec_decode_num_draft_tokens_total"),

@@ -8,6 +8,7 @@ a value comes from: ``histogram`` (interpolated from the engine's cumulative buc
 A quantity an engine does not expose is absent, never zero.
 """
 
+from inferwatch.agent.catalog import engine_schemas
 from inferwatch.agent.catalog.genai import SEMCONV_TPOT_BUCKETS_S, SEMCONV_TTFT_BUCKETS_S
 from inferwatch.agent.catalog.spec import Kind, MetricSpec
 
@@ -31,9 +32,10 @@ REEXPORTED_ONLY = ("kv_transfer",)
 # checks that the rules use these values).
 GOODPUT_TTFT_TARGET_S = 0.5
 GOODPUT_TPOT_TARGET_S = 0.1
-# The engines the catalog describes, in detection order; agent/node/engine/adapters.py has exactly one adapter per kind
-# (checked when it is imported), and config and the CLI take their choices from here.
-ENGINE_KINDS = ("vllm", "sglang", "tgi", "llamacpp", "trtllm", "dynamo", "litellm")
+# The engines the catalog describes, in detection order, are those of the release table (engine_schemas.SCHEMAS);
+# agent/node/engine/adapters.py has exactly one adapter per kind (checked when it is imported), and config and the CLI
+# take their choices from here.
+ENGINE_KINDS = engine_schemas.ENGINE_KINDS
 _M = (MODEL,)
 _Q = (MODEL, "quantity", "window", "source")
 

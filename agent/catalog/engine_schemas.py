@@ -177,6 +177,10 @@ SCHEMAS: tuple[Schema, ...] = (
     ),
 )
 
+# The engine kinds, in detection order: the order of each engine's first row above. A new engine is its rows here
+# (and its adapter, agent/node/engine/adapters.py); the config's choices, discovery and the docs read this.
+ENGINE_KINDS: tuple[str, ...] = tuple(dict.fromkeys(s.engine for s in SCHEMAS))
+
 # The quantities an operator asks of every release, in the table's order.
 COVERAGE = (
     "ttft",

@@ -30,6 +30,7 @@ from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from inferwatch.agent import catalog
+from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
 from inferwatch.agent.catalog.spec import Kind, MetricSpec
 from inferwatch.agent.common.samples import AnySample, HistogramSample, Sample
 from inferwatch.agent.node.state import AgentState
@@ -42,11 +43,18 @@ def _fmt_le(bound: float) -> str:
     return "+Inf" if math.isinf(bound) else repr(float(bound))
 
 
-def _series(state: AgentState) -> Iterator[tuple[MetricSpec, list[tuple[tuple[str, ...], AnySample]]]]:
-    """Every catalog metric in the state, by name: its spec and (label values in catalog order, sample).
+Series = list[tuple[tuple[str, ...], AnySample]]
 
-    The same series from two sources keeps the first; a sample whose name the catalog lacks is dropped (the
-    runner validates; an attached source might not). Both :class:`StateCollector` and :func:`render` read this.
+
+def _series(state: AgentState) -> Iterator[tuple[MetricSpec, tuple[str, ...], Series]]:
+    """Every catalog metric in the state, by name: its spec, the target attributes its series carry, and (label
+    values: catalog order, then those target attributes; sample).
+
+    A target attribute (:data:`~inferwatch.agent.catalog.engine.TARGET_ATTRIBUTES`: which engine, when the agent
+    watches several) is a label of a family where one of its series has it, empty on the others (an empty label is
+    no label to Prometheus); a family without any is as the catalog declares it. The same series from two sources
+    keeps the first; a sample whose name the catalog lacks is dropped (the runner validates; an attached source
+    might not). Both :class:`StateCollector` and :func:`render` read this.
     """
     grouped: dict[str, list[AnySample]] = defaultdict(list)
     for s in state.samples():
@@ -55,15 +63,17 @@ def _series(state: AgentState) -> Iterator[tuple[MetricSpec, list[tuple[tuple[st
         spec = catalog.CATALOG.get(name)
         if spec is None:
             continue
+        present = {k for s in grouped[name] for k, _ in s.attributes if k in TARGET_ATTRIBUTES}
+        keys = (*spec.attributes, *(k for k in TARGET_ATTRIBUTES if k in present))
         seen: set[tuple[str, ...]] = set()
         series = []
         for s in grouped[name]:
             a = dict(s.attributes)
-            values = tuple(a.get(k, "") for k in spec.attributes)
+            values = tuple(a.get(k, "") for k in keys)
             if values not in seen:
                 seen.add(values)
                 series.append((values, s))
-        yield spec, series
+        yield spec, keys[len(spec.attributes) :], series
 
 
 class StateCollector(_PromCollector):
@@ -71,12 +81,12 @@ class StateCollector(_PromCollector):
         self.state = state
 
     def collect(self) -> Iterator[Metric]:
-        for spec, series in _series(self.state):
-            yield self._family(spec, series)
+        for spec, targets, series in _series(self.state):
+            yield self._family(spec, targets, series)
 
     @staticmethod
-    def _family(spec: MetricSpec, series: list[tuple[tuple[str, ...], AnySample]]) -> Metric:
-        labels = list(spec.prometheus_labels)
+    def _family(spec: MetricSpec, targets: tuple[str, ...], series: Series) -> Metric:
+        labels = [*spec.prometheus_labels, *(TARGET_ATTRIBUTES[k] for k in targets)]
         prom = spec.prometheus
         family: Metric
         if spec.kind is Kind.HISTOGRAM:
@@ -103,7 +113,7 @@ class _Format:
 
     __slots__ = ("buckets", "header", "kind", "labels", "name")
 
-    def __init__(self, spec: MetricSpec) -> None:
+    def __init__(self, spec: MetricSpec, targets: tuple[str, ...] = ()) -> None:
         name = spec.prometheus
         kind = "histogram" if spec.kind is Kind.HISTOGRAM else "counter" if spec.kind is Kind.COUNTER else "gauge"
         doc = spec.description.replace("\\", r"\\").replace("\n", r"\n")
@@ -112,12 +122,13 @@ class _Format:
         self.kind = spec.kind
         # prometheus_client writes labels sorted by label name; a histogram's "le" takes its sorted place too.
         # Each label is (its text up to the value, the index of its value in catalog attribute order).
-        names = sorted((label, i) for i, label in enumerate(spec.prometheus_labels))
+        all_labels = (*spec.prometheus_labels, *(TARGET_ATTRIBUTES[k] for k in targets))
+        names = sorted((label, i) for i, label in enumerate(all_labels))
         self.labels = tuple((f'{label}="', i) for label, i in names)
         self.buckets = sorted([label for label, _ in names] + ["le"]).index("le") if spec.kind is Kind.HISTOGRAM else -1
 
 
-_FORMATS: dict[str, _Format] = {}
+_FORMATS: dict[tuple[str, tuple[str, ...]], _Format] = {}  # by (metric, target attributes its family carries)
 
 
 def _escape(value: str) -> str:
@@ -134,13 +145,13 @@ def render(state: AgentState) -> bytes:
     """
     body = bytearray()
     out: list[str] = []
-    for spec, series in _series(state):
+    for spec, targets, series in _series(state):
         if out:
             body += "".join(out).encode()
             out.clear()
-        fmt = _FORMATS.get(spec.name)
+        fmt = _FORMATS.get((spec.name, targets))
         if fmt is None:
-            fmt = _FORMATS[spec.name] = _Format(spec)
+            fmt = _FORMATS[(spec.name, targets)] = _Format(spec, targets)
         out.append(fmt.header)
         prom = fmt.name
         for values, s in series:

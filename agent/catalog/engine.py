@@ -13,6 +13,17 @@ from inferwatch.agent.catalog.genai import SEMCONV_TPOT_BUCKETS_S, SEMCONV_TTFT_
 from inferwatch.agent.catalog.spec import Kind, MetricSpec
 
 MODEL = "gen_ai.request.model"
+# Which engine a series or finding came from when the agent watches several (agent/node/discovery/): the target's name
+# and, on Kubernetes, the ENGINE's namespace, pod and container (never the agent's). Attributes every series of a
+# discovered target carries beside its catalog attributes, as a resource's do; each with the Prometheus label it is
+# exported under (the ones kube-prometheus-stack users filter on). The single configured engine (engine.metrics_url)
+# carries none of them, so its series are as they always were.
+TARGET_ATTRIBUTES: dict[str, str] = {
+    "inferwatch.engine.name": "engine_name",
+    "k8s.namespace.name": "namespace",
+    "k8s.pod.name": "pod",
+    "k8s.container.name": "container",
+}
 # Span-derived latency split by prompt length (issue 21: the conformance band per prompt-length band). The bands are
 # the tail explainer's (inferwatch.agent.node.analytics.tailrecords.PROMPT_BANDS, one definition;
 # tests/test_prompt_band_histograms.py checks that these names are its names): four values, so 4 series sets per model

@@ -89,7 +89,25 @@ def render(ov: dict[str, Any], url: str) -> Any:
         )
     if not urgent:
         findings.add_row(Text("✔ OK", style="green"), "nothing needs attention", "")
-    blocks: list[Any] = [Text("Models", style="bold italic")]
+    blocks: list[Any] = []
+    engines = ov.get("engines", [])
+    if engines:  # one row per engine the agent watches: the configured one and each discovered target
+        table = Table(title="Engines", title_justify="left", expand=True, show_edge=False)
+        for column in ("engine", "namespace/pod/container", "kind", "up", "models", "note"):
+            table.add_column(column, no_wrap=column != "note")
+        for e in engines:
+            where = "/".join(x for x in (e["namespace"], e["pod"], e["container"]) if x) or "—"
+            up = (
+                Text("—")
+                if e["up"] is None
+                else Text("up", style="green")
+                if e["up"] == 1
+                else Text("down", style="bold red")
+            )
+            note = e["last_error"] or e["hint"] or ""
+            table.add_row(e["name"], where, e["kind"] or "—", up, ", ".join(e["models"]) or "—", note)
+        blocks.append(table)
+    blocks.append(Text("Models", style="bold italic"))
     for m in ov["models"]:
         lat = []
         for q in ("ttft", "itl"):

@@ -512,8 +512,8 @@ class DiscoveryTargetSettings(_Section):
 
 class DiscoverySettings(_Section):
     """Where the engine targets come from (agent/node/discovery/, docs/kubernetes.md "Discovery"): a static list, a
-    ``file_sd``-shaped file, and engine pods on this node from the Kubernetes API. Not yet a field of
-    :class:`Settings`: the multi-engine wiring (issue 35) adds it with the collectors it feeds."""
+    ``file_sd``-shaped file, and engine pods on this node from the Kubernetes API. With any of them set, the agent
+    runs a set of engine collectors per target (agent/node/targets.py), beside the single ``engine.metrics_url``."""
 
     targets: list[DiscoveryTargetSettings] = Field(default_factory=list)
     file: Path | None = None

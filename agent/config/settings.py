@@ -17,6 +17,7 @@ from inferwatch.agent.config.sections import (
     BinarySettings,
     CollectorSettings,
     CPUSettings,
+    DiscoverySettings,
     EngineSettings,
     EvidenceSettings,
     NodeSettings,
@@ -76,6 +77,7 @@ class Settings(BaseSettings):
     read_limits: ReadLimitSettings = ReadLimitSettings()
     collectors: dict[str, CollectorSettings] = Field(default_factory=dict)
     runtime: RuntimeSettings = RuntimeSettings()
+    discovery: DiscoverySettings = DiscoverySettings()
     node: NodeSettings = NodeSettings()
     cpu: CPUSettings = CPUSettings()
     pagecache: PageCacheSettings = PageCacheSettings()

@@ -17,6 +17,7 @@ from inferwatch.agent.node.collectors import HOST_LANE, Collector, Schedule, ena
 from inferwatch.agent.node.identity import node_identity
 from inferwatch.agent.node.runner import Runner
 from inferwatch.agent.node.state import CollectorHealth
+from inferwatch.agent.node.targets import discovery_configured
 from inferwatch.agent.node.wiring import Deps, build_deps
 from inferwatch.exporters.prometheus import make_registry
 
@@ -63,12 +64,22 @@ class Agent:
         processors.append(SeriesBudget(self.state, settings.series_budget))  # the agent's own series count
         # A processor runs on the host lane at the agent's interval and on every scrape (its input is in memory).
         processing = Schedule(settings.interval_s, min(settings.timeout_s, settings.interval_s), HOST_LANE, True)
+        collectors = enabled_collectors(self.ctx)
+        self.targets: Any = None  # EngineTargets when discovery is set: collectors per engine target
+        if discovery_configured(settings.discovery) and not settings.engine.metrics_url:
+            collectors = [c for c in collectors if c.name != "engine"]  # only the discovered engines
         self.runner = Runner(
             settings,
             self.state,
-            [*enabled_collectors(self.ctx), *processors],
+            [*collectors, *processors],
             {p.name: processing for p in processors},
         )
+        if discovery_configured(settings.discovery):
+            from inferwatch.agent.node.discovery.combined import Discovery
+            from inferwatch.agent.node.targets import EngineTargets
+
+            self.targets = EngineTargets(settings, self.ctx, self.state, self.runner, Discovery(settings.discovery))
+            self.runner.add(self.targets, self.targets.plan())
         for collector in self.runner.collectors:  # status a collector exports even while failing (engine up)
             status = getattr(collector, "status_samples", None)
             if callable(status):
@@ -130,6 +141,8 @@ class Agent:
                 self.otlp_logs = self.deps.snapshots.log_sink = SnapshotLogSink(resource, make_log_exporter())
         if self.receiver is not None:
             self.receiver.start()  # raises ConfigError when an endpoint cannot be bound
+        if self.targets is not None:
+            self.targets.start()  # the Kubernetes watch threads; targets start at the supervisor's first run
         self.runner.start()
         self.deps.alertpush.start()
         if self.deps.binary.state is not None:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from inferwatch.agent import catalog
+from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
 from inferwatch.agent.catalog.spec import Kind
 from inferwatch.agent.common.redact import redact_text
 from inferwatch.agent.common.samples import Collection, HistogramSample, Sample
@@ -58,7 +59,7 @@ def validate(collection: object) -> Collection:
                 raise CatalogError(f"{s.name}: value {s.value!r} is not a number")
         else:
             raise CatalogError(f"sample of type {type(s).__name__} is not a Sample")
-        keys = tuple(k for k, _ in s.attributes)
+        keys = tuple(k for k, _ in s.attributes if k not in TARGET_ATTRIBUTES)  # a target's identity is allowed
         if set(keys) != set(spec.attributes) or len(keys) != len(spec.attributes):
             raise CatalogError(
                 f"{s.name}: attributes {sorted(keys)} differ from the catalog's {sorted(spec.attributes)}"
@@ -118,6 +119,7 @@ class _Slot:
     running: bool = False  # queued in or running on its lane
     stuck: bool = False  # its last call timed out and has not returned yet
     cycles: int = 0  # completed cycles (any outcome)
+    removed: bool = False  # taken off the runner (Runner.remove): a call still running records nothing
 
     def times(self) -> SlotTimes:
         return SlotTimes(self.interval, self.due, self.started, self.running, self.stuck, self.on_scrape)
@@ -183,6 +185,7 @@ class Runner:
         self._fallback: asyncio.TimerHandle | None = None  # that timer; touched on the loop's thread only
         self._waiters: list[tuple[list[tuple[_Slot, int]], Callable[[], None]]] = []  # pull_async's scrapes
         self._failures: dict[str, _Failure] = {}  # collectors failing now, by name (logged once per cause)
+        self._running = False  # started: a lane added later (Runner.add) gets its worker at once
         for c in self.collectors:
             plan = (schedules or {}).get(c.name) or schedule(c.name, settings)
             interval, timeout, lane = plan.interval_s, plan.timeout_s, plan.lane
@@ -198,6 +201,7 @@ class Runner:
 
     def start(self) -> None:
         with self._lock:
+            self._running = True
             for lane in self._lanes.values():
                 self._new_worker(lane)
         self._scheduler = threading.Thread(target=self._schedule, name="collector-scheduler", daemon=True)
@@ -310,6 +314,64 @@ class Runner:
                 log.debug("closing collector %s failed", c.name, exc_info=True)
         self._scheduler = None
 
+    def add(self, collector: Collector, plan: Schedule) -> None:
+        """Run one more collector (an engine target that appeared), first at once; its health is registered as for
+        one given at construction. A name already running is a ValueError."""
+        with self._lock:
+            if any(s.collector.name == collector.name for s in self._slots):
+                raise ValueError(f"collector {collector.name!r} is already running")
+            lane = self._lanes.get(plan.lane)
+            if lane is None:
+                lane = self._lanes[plan.lane] = _Lane(plan.lane, threading.Condition(self._lock))
+                if self._running and not self._stop.is_set():
+                    self._new_worker(lane)
+            slot = _Slot(
+                collector,
+                plan.interval_s,
+                plan.timeout_s,
+                plan.lane,
+                plan.on_scrape,
+                plan.absence_final,
+                plan.absent_retry_s,
+                plan.slow_interval_s,
+                plan.interval_s,
+                due=self._clock(),
+            )
+            self._slots.append(slot)
+            self.collectors.append(collector)
+            self.state.register(
+                CollectorHealth(collector.name, max(plan.interval_s, plan.slow_interval_s or 0.0), plan.timeout_s)
+            )
+            self._wake.notify()
+
+    def remove(self, name: str) -> Collector | None:
+        """Stop running a collector (an engine target that went away) and return it for the caller to close; None
+        when no such collector runs. A call of it still running is abandoned: its outcome is not recorded. Its lane
+        ends with it when no other collector uses it. Its health and collection stay in the state until the caller
+        forgets them (:meth:`~inferwatch.agent.node.state.AgentState.forget`)."""
+        with self._lock:
+            slot = next((s for s in self._slots if s.collector.name == name), None)
+            if slot is None:
+                return None
+            slot.removed = True
+            self._slots.remove(slot)
+            self.collectors.remove(slot.collector)
+            self._failures.pop(name, None)
+            lane = self._lanes[slot.lane]
+            if slot in lane.queue:
+                lane.queue.remove(slot)
+            if not any(s.lane == slot.lane for s in self._slots):  # its own lane: the worker ends
+                del self._lanes[slot.lane]
+                lane.worker = None
+                lane.current, lane.deadline = None, math.inf
+                lane.cond.notify_all()
+            slot.cycles += 1  # a scrape waiting for it waits no longer
+            self._cycled.notify_all()
+            for waiter in [w for w in self._waiters if _all_cycled(w[0])]:
+                self._waiters.remove(waiter)
+                waiter[1]()
+            return slot.collector
+
     # -- scheduler -------------------------------------------------------------------------------------
 
     def _schedule(self) -> None:
@@ -406,6 +468,12 @@ class Runner:
             outcome, retry_s = self._call(slot)
             cpu = time.thread_time() - cpu
             with self._lock:
+                if slot.removed:  # taken off the runner meanwhile (Runner.remove): nothing of it is recorded
+                    if lane.current is slot:
+                        lane.current, lane.deadline = None, math.inf
+                    if lane.worker is not token:
+                        return
+                    continue
                 if lane.worker is not token:  # timed out meanwhile: recorded by the scheduler; we are abandoned
                     slot.stuck = False
                     if slot.slow_interval is not None:  # past its timeout: costly if it was working, not waiting

@@ -140,6 +140,15 @@ class AgentState:
         self.record(name, health, collection)
         return health
 
+    def forget(self, name: str) -> None:
+        """Drop a collector that no longer runs (an engine target that went away): its health, its collection and
+        the sample sources attached under its name (``name`` or ``name.<part>``), so none of its series outlive it."""
+        with self._lock:
+            self._health.pop(name, None)
+            self._collections.pop(name, None)
+            for key in [k for k in self._sources if k == name or k.startswith(name + ".")]:
+                del self._sources[key]
+
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(name, collection)`` after every recorded collection (a sink of events)."""
         with self._lock:

@@ -411,6 +411,34 @@ def _node_html(ov: dict[str, Any]) -> str:
     )
 
 
+def _engines_html(ov: dict[str, Any]) -> str:
+    """One row per engine the agent watches (the configured one, each discovered target)."""
+    engines = ov.get("engines", [])
+    if not engines:
+        return "<p class='muted'>No engine configured or discovered.</p>"
+
+    def where(e: dict[str, Any]) -> str:
+        return "/".join(x for x in (e["namespace"], e["pod"], e["container"]) if x) or "—"
+
+    def up(v: float | None) -> str:
+        return "—" if v is None else _badge("ok") if v == 1 else _badge("fail")
+
+    rows = "".join(
+        f'<tr class="engine" data-name="{_e(e["name"])}" data-state="{_e(e["state"])}"><td>{_e(e["name"])}</td>'
+        f"<td>{_e(where(e))}</td><td>{_e(e['kind'])}</td><td>{up(e['up'])}</td><td>{_badge(e['state'])}</td>"
+        f"<td>{_e(', '.join(e['models']) or '—')}</td><td>{_e(fmt_age(e['last_success_age_s']))}</td>"
+        f"<td>{_e(e['last_error'] or e['hint'] or '')}</td></tr>"
+        for e in engines
+    )
+    return (
+        '<div class="scroll" tabindex="0" role="region" aria-label="engines"><table id="engines"><thead><tr>'
+        "<th scope='col'>engine</th><th scope='col'>namespace/pod/container</th><th scope='col'>kind</th>"
+        "<th scope='col'>up</th><th scope='col'>collector</th><th scope='col'>models</th>"
+        "<th scope='col'>last success</th><th scope='col'>note</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table></div>"
+    )
+
+
 def _health_html(ov: dict[str, Any]) -> str:
     rows = "".join(
         f'<tr class="collector" data-name="{_e(c["name"])}" data-state="{_e(c["state"])}"><td>{_e(c["name"])}</td>'
@@ -451,6 +479,7 @@ def render_page(ov: dict[str, Any], refresh_s: int | None = None) -> str:
         "<main>"
         "<section aria-labelledby='h-findings'><h2 id='h-findings'>Findings</h2>"
         f"{_findings_html(ov['findings'])}</section>"
+        f"<section aria-labelledby='h-engines'><h2 id='h-engines'>Engines</h2>{_engines_html(ov)}</section>"
         f"<section aria-labelledby='h-models'><h2 id='h-models'>Models</h2><div class='grid'>{models}</div></section>"
         f"<section aria-labelledby='h-node'><h2 id='h-node'>Node</h2>{_node_html(ov)}</section>"
         f"<section aria-labelledby='h-self'><h2 id='h-self'>Agent self-health</h2>{_health_html(ov)}</section>"

@@ -654,11 +654,50 @@ def build_overview(state: AgentState, history: PageHistory, now: float | None = 
         "cpu_features": _features(ix),
         "memory": _memory(ix, findings),
         "engine_schema": _engine_schema(ix),
+        "engines": _engines(state, collections, now),
         "models": models,
         "findings": all_findings,
         "collectors": [_health(h, now) for h in sorted(state.health().values(), key=lambda h: h.name)],
         "agent": agent_usage(state.started_at, now),
     }
+
+
+def _engines(state: AgentState, collections: Mapping[str, Collection], now: float) -> list[dict[str, Any]]:
+    """Each engine the agent watches: the single configured one (collector ``engine``) and each discovered target
+    (``engine:<name>``, agent/node/targets.py) with its identity, collector state, ``up`` and models."""
+    discovered = collections.get("discovery")
+    targets = {f"engine:{t['name']}": t for t in (discovered.details.get("targets", ()) if discovered else ())}
+    ups = {
+        _attr(s, "inferwatch.engine.name"): s.value
+        for s in state.samples()
+        if isinstance(s, Sample) and s.name == "inferwatch.engine.up"
+    }
+    out = []
+    for h in sorted(state.health().values(), key=lambda h: h.name):
+        if h.name != "engine" and not h.name.startswith("engine:"):
+            continue
+        t = targets.get(h.name, {})
+        name = t.get("name", "") if h.name != "engine" else ""
+        collection = collections.get(h.name)
+        up = ups.get(name)
+        out.append(
+            {
+                "name": name or "engine",
+                "collector": h.name,
+                "namespace": t.get("namespace", ""),
+                "pod": t.get("pod", ""),
+                "container": t.get("container", ""),
+                "source": t.get("source", "settings"),
+                "kind": str(collection.details.get("engine", "")) if collection else t.get("kind", ""),
+                "state": h.state,
+                "up": None if up is None else float(up),
+                "models": [str(m) for m in collection.details.get("models", ())] if collection else [],
+                "last_success_age_s": None if h.last_success_at is None else max(now - h.last_success_at, 0.0),
+                "last_error": h.last_error if h.state == "failed" else None,
+                "hint": h.hint,
+            }
+        )
+    return out
 
 
 def _engine_schema(ix: _Index) -> dict[str, Any] | None:

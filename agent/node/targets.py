@@ -1,0 +1,270 @@
+"""Many engines per agent: one set of collectors per discovered engine target, started and stopped as targets come
+and go.
+
+Part of the composition root. :class:`EngineTargets` is itself a collector the runner schedules at the agent's
+interval: each run polls :class:`~inferwatch.agent.node.discovery.combined.Discovery` and applies the
+:class:`~inferwatch.agent.node.discovery.target.TargetChanges` to the runner (:meth:`Runner.add` /
+:meth:`Runner.remove`), so a target added, changed (a new IP or container id after a restart) or removed is running,
+restarted or gone within one interval. Per target, built from the same classes as the single engine's:
+
+- ``engine:<name>``: an :class:`~inferwatch.agent.node.collectors.engine.EngineCollector` of its own (its own
+  windows, hang detector, /health probe, model-length question and HTTP client) on a lane (thread) of its own, so a
+  slow or hung engine delays no other;
+- ``runtime_profile:<name>``: a runtime-profile reader of its own, where the target has a profile URL;
+- ``process:<name>``: the engine's process, where the target has a pod UID and container id: found through the
+  container's cgroup (:mod:`inferwatch.agent.node.host.podprocess`), never a command-line pattern.
+
+Why a collector instance per target and not one collector that loops over targets: the runner already gives each
+collector its timeout, its health record (``inferwatch.collector.success{collector="engine:<name>"}``), its failure
+log lines and its adaptive cadence; a loop would have to re-implement all of them per target, and one target's hang
+would hold up the others' reads.
+
+Every series and finding of a target carries its identity (:data:`~inferwatch.agent.catalog.engine.TARGET_ATTRIBUTES`:
+the target's name, and the engine's ``k8s.namespace.name``/``k8s.pod.name``/``k8s.container.name`` where it has them:
+Prometheus ``namespace``/``pod``/``container``), stamped here on what its collectors return, so two engines serving
+one model are two series, not one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
+from inferwatch.agent.common.samples import AnySample, Attributes, Collection, Finding
+from inferwatch.agent.config import DiscoverySettings, Settings
+from inferwatch.agent.errors import NoDataError, SourceFormatError
+from inferwatch.agent.node.collectors import Schedule, schedule
+from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext
+from inferwatch.agent.node.collectors.engine import EngineCollector
+from inferwatch.agent.node.collectors.process import ProcessCollector
+from inferwatch.agent.node.collectors.runtime_profile import RuntimeProfileCollector
+from inferwatch.agent.node.debugprofile.reader import ProfileReader
+from inferwatch.agent.node.discovery.combined import Discovery
+from inferwatch.agent.node.discovery.target import EngineTarget
+from inferwatch.agent.node.host.podprocess import find_container_processes
+from inferwatch.agent.node.host.runtime import RuntimeLocator
+from inferwatch.agent.node.runner import Runner
+from inferwatch.agent.node.state import AgentState
+
+log = logging.getLogger(__name__)
+
+SUPERVISOR_TIMEOUT_S = 30.0  # one run of the supervisor: building the targets' clients, closing the removed ones
+PROCESS_RETRY_S = 60.0  # a target whose process was not found (a container starting) is looked for again this often
+
+
+def discovery_configured(settings: DiscoverySettings) -> bool:
+    """Whether any target source is set: the agent then watches the discovered engines (and the single configured
+    ``engine.metrics_url`` too, where it is set, as before)."""
+    return bool(settings.targets or settings.file is not None or settings.kubernetes)
+
+
+def target_attributes(target: EngineTarget) -> dict[str, str]:
+    """The identity every series and finding of ``target`` carries (catalog ``TARGET_ATTRIBUTES``), where known."""
+    engine = target.resource_attributes()
+    return {"inferwatch.engine.name": target.name, **{k: v for k, v in engine.items() if k in TARGET_ATTRIBUTES}}
+
+
+def stamp(samples: list[AnySample] | tuple[AnySample, ...], identity: Attributes) -> list[AnySample]:
+    """``samples`` with ``identity`` added to each one's attributes (kept sorted, as :func:`attrs` makes them)."""
+    return [replace(s, attributes=tuple(sorted((*s.attributes, *identity)))) for s in samples]
+
+
+class TargetCollector(BaseCollector):
+    """One of a target's collectors under the name ``<kind>:<target>``, its output stamped with the target's
+    identity. Timeouts and hangs the runner decides reach the inner collector (the engine's ``up`` says so)."""
+
+    name: ClassVar[str] = "target"  # shadowed per instance: see __init__
+
+    def __init__(self, inner: BaseCollector, target: EngineTarget) -> None:
+        super().__init__(inner.ctx)
+        self.inner = inner
+        self.target = target
+        self.name = f"{inner.name}:{target.name}"  # type: ignore[misc]  # one collector (and health) per target
+        self.kind = inner.name
+        self.identity: Attributes = tuple(sorted(target_attributes(target).items()))
+
+    def collect(self) -> Collection:
+        try:
+            c = self.inner.collect()
+        except NoDataError as exc:
+            if exc.samples:
+                exc.samples = stamp(list(exc.samples), self.identity)
+            raise
+        findings = [self._finding(f) for f in c.findings]
+        details = {**c.details, "target": target_dict(self.target)}
+        return Collection(stamp(list(c.samples), self.identity), findings, details, c.events)
+
+    def _finding(self, f: Finding) -> Finding:
+        evidence = {**f.evidence, **dict(self.identity)}
+        return Finding(f.id, f.status, f"{self.target.name}: {f.summary}", evidence, f.runbook)
+
+    def status_samples(self) -> list[AnySample]:
+        status = getattr(self.inner, "status_samples", None)
+        return stamp(status(), self.identity) if callable(status) else []
+
+    def run_failed(self, reason: str) -> None:
+        self.inner.run_failed(reason)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def target_dict(t: EngineTarget) -> dict[str, Any]:
+    """A target as the status API shows it."""
+    ident = t.identity
+    return {
+        "name": t.name,
+        "kind": t.kind,
+        "source": t.source,
+        "metrics_url": t.metrics_url,
+        "namespace": ident.namespace,
+        "pod": ident.pod,
+        "container": ident.container,
+    }
+
+
+@dataclass
+class _Running:
+    target: EngineTarget
+    names: list[str]  # its collectors' names on the runner
+    process_looked_at: float = float("-inf")
+    process_error: str | None = None
+
+
+class EngineTargets(BaseCollector):
+    """The supervisor: run by the runner like a collector (``discovery``); applies each poll's changes."""
+
+    name: ClassVar[str] = "discovery"
+    description: ClassVar[str] = "Engine targets (static list, file_sd, Kubernetes pods): collectors per engine"
+
+    def __init__(
+        self,
+        settings: Settings,
+        ctx: CollectContext,
+        state: AgentState,
+        runner: Runner,
+        discovery: Discovery,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(ctx)
+        self.settings = settings
+        self.state = state
+        self.runner = runner
+        self.discovery = discovery
+        self._clock = clock
+        self._running: dict[str, _Running] = {}
+
+    def plan(self) -> Schedule:
+        """Its own schedule: the agent's interval, on a lane of its own, with time to start and stop targets (a
+        stopped engine collector waits up to its model-length question's timeout for that thread)."""
+        return Schedule(self.settings.interval_s, SUPERVISOR_TIMEOUT_S, self.name)
+
+    def start(self) -> None:
+        self.discovery.start()
+
+    def collect(self) -> Collection:
+        poll = self.discovery.poll()
+        ch = poll.changes
+        for target in (*ch.removed, *ch.changed):
+            self._stop(target.name, "removed" if target in ch.removed else "changed")
+        for target in (*ch.changed, *ch.added):
+            self._start(target)
+        now = self._clock()
+        for running in self._running.values():  # a process not found yet (the container was starting)
+            if running.process_error is not None and now - running.process_looked_at >= PROCESS_RETRY_S:
+                self._add_process(running)
+        details = {
+            "targets": [
+                {
+                    **target_dict(r.target),
+                    "collectors": r.names,
+                    "process": (r.process_error or "found") if r.target.identity.pod_uid else "not_kubernetes",
+                }
+                for r in self._running.values()
+            ],
+            "errors": poll.errors,
+            "problems": poll.problems,
+        }
+        return Collection(details=details)
+
+    def _ctx(self, target: EngineTarget, locator: RuntimeLocator | None = None) -> CollectContext:
+        s = self.settings
+        engine = s.engine.model_copy(
+            update={"metrics_url": target.metrics_url, "kind": target.kind, "health_url": target.health_url}
+        )
+        profile = s.runtime_profile.model_copy(update={"url": target.profile_url})
+        settings = s.model_copy(update={"engine": engine, "runtime_profile": profile})
+        loc = locator or self.ctx.locator
+        reader = self.ctx.profile_reader
+        if target.profile_url:
+            reader = ProfileReader(
+                profile,
+                loc,
+                key_dir=s.snapshots.dir,
+                environment=s.node.environment,
+                procfs=self.ctx.procfs,
+                read_limits=self.ctx.read_limits,
+            )
+        return replace(self.ctx, settings=settings, locator=loc, profile_reader=reader)
+
+    def _add(self, running: _Running, inner: BaseCollector) -> None:
+        collector = TargetCollector(inner, running.target)
+        plan = schedule(inner.name, self.settings)
+        if plan.lane != "host":  # a network source: a lane (thread) per target, so one engine never waits on another
+            plan = replace(plan, lane=collector.name)
+        plan = replace(plan, absence_final=False)  # the target says there is something to watch
+        self.runner.add(collector, plan)
+        self.state.add_source(f"{collector.name}.status", collector.status_samples)
+        running.names.append(collector.name)
+
+    def _start(self, target: EngineTarget) -> None:
+        running = self._running[target.name] = _Running(target, [])
+        ctx = self._ctx(target)
+        self._add(running, EngineCollector(ctx))
+        if target.profile_url:
+            self._add(running, RuntimeProfileCollector(ctx))
+        if target.identity.pod_uid and target.identity.container_id:
+            self._add_process(running)
+        log.info("engine target %s (%s) started: %s", target.name, target.source, target.metrics_url)
+
+    def _add_process(self, running: _Running) -> None:
+        """The target's process through its container's cgroup; not found: looked for again later."""
+        target = running.target
+        running.process_looked_at = self._clock()
+        try:
+            found = find_container_processes(
+                self.ctx.procfs, target.identity.pod_uid, target.identity.container_id, self.ctx.read_limits
+            )
+        except (NoDataError, SourceFormatError) as exc:
+            if running.process_error is None:
+                log.info("engine target %s: process not found: %s", target.name, exc)
+            running.process_error = str(exc.args[0] if exc.args else exc)
+            return
+        running.process_error = None
+        runtime = self.settings.runtime.model_copy(
+            update={"pid": found.pid, "pidfile": None, "cmdline_pattern": None, "name": target.name}
+        )
+        ctx = self._ctx(target, RuntimeLocator(runtime, self.ctx.procfs))
+        self._add(running, ProcessCollector(ctx))
+
+    def _stop(self, name: str, why: str) -> None:
+        running = self._running.pop(name, None)
+        if running is None:
+            return
+        for collector_name in running.names:
+            collector = self.runner.remove(collector_name)
+            self.state.forget(collector_name)
+            if collector is not None:
+                try:
+                    collector.close()
+                except Exception:  # one target's close must not keep the others from stopping
+                    log.debug("closing %s failed", collector_name, exc_info=True)
+        log.info("engine target %s %s: its collectors stopped", name, why)
+
+    def close(self) -> None:
+        """Stop discovery (its watch threads); the runner closes the targets' collectors with its own."""
+        self.discovery.stop()

@@ -31,9 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferwatch.agent.errors import NoDataError, SourceFormatError
-from inferwatch.agent.node.host.procfs import DEFAULT_READ_LIMITS, MAX_CPUINFO_READ_BYTES, ReadLimits
-
-MAX_CPUINFO_BYTES = MAX_CPUINFO_READ_BYTES  # kept for callers of the old name
+from inferwatch.agent.node.host.procfs import DEFAULT_READ_LIMITS, ReadLimits
 
 LAYOUT_BLOCKS = "processor blocks"
 LAYOUT_NO_PROCESSOR = "no 'processor' lines"  # old ARM: 'Processor :' and one set of lines for all CPUs

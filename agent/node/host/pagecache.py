@@ -7,8 +7,8 @@ is what makes P99 jitter while P50 stays flat. What counts as pressure, first si
 
 1. PSI ``some`` avg10 above zero (``/proc/pressure/memory``, or the cgroup's ``memory.pressure``). Where PSI
    is read it decides alone: with PSI at 0 nothing stalled on memory, and refaults on a host with plenty
-   available are ordinary cache turnover (issue 15: 23 GB available, PSI 0, Inactive(file) 0.37 GiB was
-   not a failure).
+   available are ordinary cache turnover (a recorded host with 23 GB available, PSI 0 and Inactive(file) 0.37 GiB
+   is healthy).
 2. Without PSI: MemAvailable (the kernel's estimate of what can be had without swapping) below
    :data:`AVAILABLE_PRESSURE_RATIO` of MemTotal: so little is left that reclaim must be taking the cache.
 3. Without either (a cgroup on a kernel without PSI): file refaults above

@@ -12,5 +12,5 @@ watch).
 :class:`inferwatch.agent.node.discovery.combined.Discovery` builds the configured ones from ``DiscoverySettings`` and
 polls them as one.
 
-Nothing here starts a collector; the wiring does (issue 35: the multi-engine wiring is a separate step).
+Nothing here starts a collector: :mod:`inferwatch.agent.node.targets` does, from each diff.
 """

@@ -51,7 +51,7 @@ class Violation:
 @cache
 def _validator(protocol: str) -> jsonschema.protocols.Validator:
     # Imported on the first probe, not with the agent: jsonschema and its referencing stack are ~12 MB of RSS
-    # that an agent without a probe URL never uses (docs/benchmarks.md, "Engine scale").
+    # that an agent without a probe URL never uses.
     import jsonschema
 
     schema = json.loads((SCHEMA_DIR / SCHEMA_FILES[protocol]).read_text())

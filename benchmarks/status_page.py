@@ -29,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from inferwatch.agent.config import load_settings  # noqa: E402
+from inferwatch.agent.node.api.pagehistory import HISTORY_POINTS, HISTORY_S, HISTORY_STEP_S, PageHistory  # noqa: E402
 from inferwatch.agent.node.api.statushtml import render_page  # noqa: E402
-from inferwatch.agent.node.api.statuspage import HISTORY_POINTS, HISTORY_S, HISTORY_STEP_S, PageHistory, build_overview  # noqa: E402
+from inferwatch.agent.node.api.statuspage import build_overview  # noqa: E402
 from inferwatch.agent.node.app import Agent  # noqa: E402
 from inferwatch.exporters.prometheus import render as render_metrics  # noqa: E402
 

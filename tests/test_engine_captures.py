@@ -217,8 +217,9 @@ def test_the_collector_exports_triton_means_per_request_over_the_window() -> Non
 def test_the_status_page_shows_the_recognised_release() -> None:
     """The engine collector's collection of a real capture, put in the agent state, on the status page."""
     from inferwatch.agent.config import Settings
+    from inferwatch.agent.node.api.pagehistory import PageHistory
     from inferwatch.agent.node.api.statushtml import render_page
-    from inferwatch.agent.node.api.statuspage import PageHistory, build_overview
+    from inferwatch.agent.node.api.statuspage import build_overview
     from inferwatch.agent.node.collectors.engine import EngineCollector
     from inferwatch.agent.node.state import AgentState, CollectorHealth
     from inferwatch.agent.node.wiring import collect_context

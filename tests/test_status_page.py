@@ -38,8 +38,9 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from inferwatch.agent.catalog.engine import TTFT_BUCKETS_S
 from inferwatch.agent.common.samples import Collection, HistogramSample, Sample, attrs
+from inferwatch.agent.node.api.pagehistory import PageHistory
 from inferwatch.agent.node.api.statushtml import render_page
-from inferwatch.agent.node.api.statuspage import PageHistory, build_overview, histogram_modes
+from inferwatch.agent.node.api.statuspage import build_overview, histogram_modes
 from inferwatch.agent.node.state import AgentState, CollectorHealth
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.e2e.test_alert_pipeline import SVE_TOKENS

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from inferwatch.agent.node.api.statuspage import fmt_seconds
+from inferwatch.agent.node.api.display import fmt_seconds
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
 from tests.tools import require

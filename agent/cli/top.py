@@ -63,7 +63,7 @@ def render(ov: dict[str, Any], url: str) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    from inferwatch.agent.node.api.statuspage import fmt_seconds
+    from inferwatch.agent.node.api.display import fmt_seconds
 
     n = ov["node"]
     urgent = [f for f in ov["findings"] if f["status"] in ("fail", "warn")]

@@ -28,10 +28,11 @@ from inferwatch.agent.node.actions.evidence import render_text
 from inferwatch.agent.node.actions.profiles import ProfileBusyError
 from inferwatch.agent.node.analytics import explain, explaintext
 from inferwatch.agent.node.api.auth import Authenticator
+from inferwatch.agent.node.api.pagehistory import PageHistory
 from inferwatch.agent.node.api.readiness import readiness
 from inferwatch.agent.node.api.services import ApiServices
 from inferwatch.agent.node.api.statushtml import render_page
-from inferwatch.agent.node.api.statuspage import PageHistory, build_overview
+from inferwatch.agent.node.api.statuspage import build_overview
 from inferwatch.agent.node.state import AgentState
 
 MEDIA_TYPES = {"speedscope": "application/json", "flamegraph": "image/svg+xml", "raw": "text/plain"}
@@ -104,7 +105,7 @@ def install(app: FastAPI, settings: Settings, state: AgentState, services: ApiSe
 
     app.add_middleware(Authenticate, auth=auth)
 
-    # --- the node status page (agent/node/api/statuspage.py, statushtml.py): built on request; history: a listener ---
+    # --- the node status page (agent/node/api/statuspage.py, statushtml.py): on request; pagehistory.py: a listener
     history = PageHistory()
     state.add_listener(history.on_collection)
 

@@ -16,16 +16,11 @@ from typing import Any
 from urllib.parse import quote
 
 from inferwatch.agent.catalog.engine import GOODPUT_TPOT_TARGET_S
-from inferwatch.agent.node.api.statuspage import (
-    CHART_STEP_S,
-    GOODPUT_TTFT_S,
-    STATUS_WORD,
-    TAIL_RATIO_MAX,
-    fmt_age,
-    fmt_bytes,
-    fmt_seconds,
-    log_widths,
-)
+from inferwatch.agent.node.api.display import fmt_age, fmt_bytes, fmt_seconds
+from inferwatch.agent.node.api.pagehistory import CHART_STEP_S
+from inferwatch.agent.node.api.statuspage import GOODPUT_TTFT_S, TAIL_RATIO_MAX, log_widths
+
+STATUS_WORD = {"fail": "✖ FAIL", "warn": "▲ WARN", "ok": "✔ OK", "skip": "– SKIP"}
 
 
 def _data(v: float | None, text: str) -> str:

@@ -111,7 +111,8 @@ def promtool_part() -> list[dict[str, object]]:
     return rows
 
 
-# Resolution (issue 15: the TTFT burn page resolved 25 min after recovery, a ticket came 43 min after it):
+# Resolution: how long each burn-rate pair keeps firing after the fault ends (the slow pairs hold a short burst long
+# after recovery, which is what an operator sees as a page that will not resolve):
 # name, per-minute requests, good requests per minute during the fault, clean minutes before, fault minutes.
 RECOVERIES = [
     ("30 min total outage after 6h of clean traffic", 100, 0, 360, 30),

@@ -19,7 +19,7 @@ Finally ``inferwatch matrix`` (raw and --recorded) reads the fleet storage.
 
 Writes benchmarks/results/fleet_drill.json (not with --smoke) and prints the docs/benchmarks.md table.
 
-``--set issue33``: the engine-signal faults and named causes (ISSUE33), one node per engine feature, on one
+``--set issue33``: the engine-signal set: its faults and named causes (ISSUE33), one node per engine feature, on one
 Prometheus as compose runs it (``--backend vm`` for vmalert), started empty; writes
 benchmarks/results/fleet_drill_issue33.json, and ``--doc`` turns its last run into the table of docs/alerts.md:
 
@@ -74,8 +74,9 @@ ASSIGN = {  # simd_missing last: its node boots (~30 s here) before it joins
     "simd_fallback": "m7i-spr",
     "simd_missing": "c7g-nosve",
 }
-# issue 33: each engine-signal fault and named cause on its own node with the engine feature it needs (spec decode,
-# LoRA, a KV connector, two data-parallel ranks), and a hang whose backlog must not page again after it recovers.
+# The engine-signal set: each engine-signal fault and named cause on its own node with the engine feature it needs
+# (spec decode, LoRA, a KV connector, two data-parallel ranks), and a hang whose backlog must not page again after it
+# recovers.
 # Run with --set issue33 (these nodes only, on Prometheus by default: compose's stack).
 ISSUE33 = {
     "prefix_cache_collapse": "p5-prefix",
@@ -227,8 +228,8 @@ ISSUE33_RESULTS = ROOT / "benchmarks" / "results" / "fleet_drill_issue33.json"
 
 
 def run_issue33(args: argparse.Namespace) -> int:
-    """The issue-33 set: every node of ISSUE33 at once (its own simulator, agent and loadgen, as compose wires one),
-    a healthy phase, every fault at once, then recovery; Prometheus (or vmalert) with the shipped rules and routes
+    """The engine-signal set: every node of ISSUE33 at once (its own simulator, agent and loadgen, as compose wires
+    one), a healthy phase, every fault at once, then recovery; Prometheus (or vmalert) with the shipped rules and routes
     unchanged at 15 s, started empty: no history."""
     backend = args.backend or "prometheus"
     needed = ("prometheus", "promtool", "prometheus-alertmanager") if backend == "prometheus" else BINARIES

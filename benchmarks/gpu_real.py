@@ -1,4 +1,4 @@
-"""The gpu collector on a real GPU (issue 22): does it read what the driver says, and does it tell real work from
+"""The gpu collector on a real GPU: does it read what the driver says, and does it tell real work from
 a busy flag? Written for one NVIDIA H200 (any Hopper or later GPU works; older GPUs run it without GPM) and meant
 to finish in well under 5 minutes. Not a test: it prints a summary and writes a JSON result.
 

@@ -295,8 +295,8 @@ def _observe_alerts(prom_url: str, seen: dict[str, dict[str, Any]], streaks: dic
             del streaks[key]
 
 
-# The quantities behind issue 15's false alerts, over the whole run: the healthy run must have reached the
-# values that fired the old rules (TTFT tail ratio above 3; a SIMD verdict of 0 on the Python runtime).
+# Proof that the run was a hard one: over the whole run, the healthy node must reach the values that fired earlier
+# versions of the rules falsely (TTFT tail ratio above 3; a SIMD verdict of 0 on the Python runtime).
 EVIDENCE_QUERIES = {
     "max TTFT P99/P50 (5m window)": (
         'max(max_over_time(inferwatch_engine_latency_tail_ratio{{quantity="ttft",window="5m"}}[{w}s]))'

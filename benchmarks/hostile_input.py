@@ -15,7 +15,7 @@ agent's own ``/metrics`` said (``engine_up``, scrape errors, limit hits). Config
 a hostile ``--config`` (the YAML alias bomb, a 64 MiB file) and report its exit code, time to exit and peak
 RSS (``ru_maxrss`` of that child alone, from ``wait4``) against the same agent started with a small
 config it refuses (``config_rejected_clean``: the same start and exit path, no hostile input).
-Target (issue 14): peak ≤ 30 MB above the clean baseline, and back to baseline after recovery (here:
+Target: peak ≤ 30 MB above the clean baseline, and back to baseline after recovery (here:
 within 10 MB, a third of the allowance); a config case must exit 2 within the allowance.
 Results go to ``benchmarks/results/hostile_input.json``. Not a test.
 """
@@ -108,7 +108,7 @@ CASES: dict[str, Case] = {
     ),
     "4MiB_label_value": Case(lambda: long_label(4 << 20)),
     "50MB_cpuinfo": Case(procfs="cpuinfo"),
-    # under the 16 MiB read_limits.max_cpuinfo_bytes: read, so its parse must stay bounded in memory (issue 31)
+    # under the 16 MiB read_limits.max_cpuinfo_bytes: read, so its parse must stay bounded in memory
     "10MB_cpuinfo": Case(procfs="cpuinfo", cpuinfo_bytes=10_000_000),
     "meminfo_dev_zero": Case(procfs="meminfo"),
 }

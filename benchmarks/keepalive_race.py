@@ -1,13 +1,13 @@
-"""The keep-alive race at production timings: engine_up drops of the old engine client beside the new one.
+"""The keep-alive race at production timings: engine_up drops of a plain httpx client beside the agent's.
 
 A real uvicorn server (``timeout_keep_alive`` 5 s, uvicorn's default and vLLM's) serves a vLLM exposition
 (tests/fixtures/engines/vllm-v1-dp2-synthetic.prom). Three arms of ``--agents`` agents each, run at the same time
 against it, every agent the real runner (:class:`inferwatch.agent.node.runner.Runner`) running the real engine collector
 every ``--interval`` seconds (5 s, the agent's default) on a phase of its own:
 
-- ``old``: the client the engine collector built before issue 31 (``httpx.Client(follow_redirects=False,
-  trust_env=False)``: idle connections kept 5 s, httpx's default; no retry);
-- ``retry_only``: :func:`inferwatch.agent.common.httpclient.http_client` with the old 5 s expiry (the retry alone);
+- ``old``: the baseline, a plain client (``httpx.Client(follow_redirects=False, trust_env=False)``: idle
+  connections kept 5 s, httpx's default, as long as the server keeps them; no retry);
+- ``retry_only``: :func:`inferwatch.agent.common.httpclient.http_client` with httpx's 5 s expiry (the retry alone);
 - ``new``: :func:`inferwatch.agent.common.httpclient.http_client` as the agent builds it (``KEEPALIVE_EXPIRY_S`` and the
 retry).
 
@@ -165,7 +165,7 @@ def main() -> int:
             collector = Recording(collect_context(settings, engine_http=client))
             state = AgentState()
             phase = rng.uniform(0, args.interval)  # agents on different nodes are not in step
-            runner = Runner(settings, state, [collector], {"engine": plan}, clock=lambda p=phase: time.monotonic() + p)
+            runner = Runner(state, [collector], {"engine": plan}, clock=lambda p=phase: time.monotonic() + p)
             agents.append((arm, runner, collector, state, client))
     started_at = time.time()
     t0 = time.monotonic()

@@ -1,4 +1,4 @@
-"""Soak: the agent's RSS slope over a long run with span and engine traffic. Target (issue 31): ≤ 10 kB/min.
+"""Soak: the agent's RSS slope over a long run with span and engine traffic. Target: ≤ 10 kB/min.
 
 One agent (``python -m inferwatch.agent run``, default 5 s interval, OTLP receiver on, engine collector and streaming
 probe on) reads one simulator serving two models; the simulator sends one ``llm_request`` span per request to the
@@ -57,7 +57,7 @@ WARMUP_S = 300.0  # the 1m/5m quantile windows fill during the first five minute
 
 
 def hostile_export(model: str = "skewed-clock") -> bytes:
-    """Three spans with absurd timestamps, as issue 31 sent them."""
+    """Three spans with absurd timestamps, the shapes a real export sent (zero, end before start, 1970 against 2500)."""
     year_2500_ns = 16_725_225_600 * 10**9
 
     def span(i: int, start: int, end: int) -> Span:

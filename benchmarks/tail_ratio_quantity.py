@@ -1,4 +1,4 @@
-"""Which tail ratio separates jitter from prompt mix? (issue 15; the measurement behind TailLatencyRatioHigh)
+"""Which tail ratio separates jitter from prompt mix? (the measurement behind TailLatencyRatioHigh)
 
 Five simulators, each under 4 req/s from loadgen with a prompt-length mix (lognormal median 512, sigma 0.2 / 0.6
 / 1.0) and two with the ``page_cache_pressure`` fault (20% of requests stall 0.55 s before prefill), each read by

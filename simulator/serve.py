@@ -2,8 +2,8 @@
 
 The event loop and HTTP parser are chosen explicitly for this server only (``--loop``, ``--http``):
 ``auto`` takes uvloop and httptools when they are installed (the ``sim`` extra) and falls back to
-asyncio and h11 otherwise; the choice is logged and shown in ``GET /sim/stats``. Figures:
-docs/benchmarks.md.
+asyncio and h11 otherwise; the choice is logged and shown in ``GET /sim/stats``. Why uvloop + httptools:
+docs/benchmarks.md, "Simulator server".
 """
 
 from __future__ import annotations

@@ -283,7 +283,7 @@ def _rec(name: str, legend: str, extra: str = "") -> Target:
 
 
 def engine_signal_rows(b: Board) -> None:
-    """Issue 18: a row per signal family, from the recording rules of alerts/engine-signals.rules.yml."""
+    """A row per engine-signal family, from the recording rules of alerts/engine-signals.rules.yml."""
     b.row("Prefix cache and tokens")
     b.add(
         ts(

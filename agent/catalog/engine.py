@@ -24,7 +24,7 @@ TARGET_ATTRIBUTES: dict[str, str] = {
     "k8s.pod.name": "pod",
     "k8s.container.name": "container",
 }
-# Span-derived latency split by prompt length (issue 21: the conformance band per prompt-length band). The bands are
+# Span-derived latency split by prompt length, so the conformance band compares like with like. The bands are
 # the tail explainer's (inferwatch.agent.node.analytics.tailrecords.PROMPT_BANDS, one definition;
 # tests/test_prompt_band_histograms.py checks that these names are its names): four values, so 4 series sets per model
 # and metric. A request whose span has no prompt token count is left out. PROMPT_BAND_ALL is the value the conformance
@@ -37,7 +37,7 @@ QUANTITIES = ("ttft", "itl", "e2e", "queue", "prefill", "decode", "inference")
 # Engine histograms read for re-export only (not windowed into latency quantiles): the P/D KV-transfer time, as
 # ``inferwatch.engine.kv_transfer.duration``.
 REEXPORTED_ONLY = ("kv_transfer",)
-# Goodput targets (issue 18): a request is "good" when its TTFT and its time per output token (decode time /
+# Goodput targets: a request is "good" when its TTFT and its time per output token (decode time /
 # (output tokens - 1)) are both within target. Bucket edges of vLLM's TTFT and ITL histograms, so the recording
 # rules of alerts/engine-signals.rules.yml bound the same figure from histograms (tests/test_engine_signals.py
 # checks that the rules use these values).
@@ -222,7 +222,7 @@ METRICS = (
         (MODEL, "type"),
     ),
     MetricSpec("inferwatch.engine.preemptions", Kind.COUNTER, "{preemption}", "Requests preempted.", _M),
-    # Engine signals (issue 18; docs/engine-signals.md): cumulative counters summed over data-parallel ranks, so
+    # Engine signals (docs/engine-signals.md): cumulative counters summed over data-parallel ranks, so
     # rates and ratios are recording rules (alerts/engine-signals.rules.yml). Absent where the engine has no data.
     MetricSpec(
         "inferwatch.engine.prefix_cache.queries",

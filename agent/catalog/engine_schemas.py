@@ -175,6 +175,13 @@ SCHEMAS: tuple[Schema, ...] = (
         "proxy (litellm_*_metric histograms)",
         any_of=("litellm_request_total_latency_metric", "litellm_llm_api_latency_metric"),
     ),
+    # OpenVINO Model Server (its metrics endpoint since 2022.2)
+    Schema(
+        "ovms",
+        "ovms-time-us",
+        ">= 2022.2 (ovms_*_time_us histograms)",
+        any_of=("ovms_request_time_us", "ovms_inference_time_us"),
+    ),
 )
 
 # The engine kinds, in detection order: the order of each engine's first row above. A new engine is its rows here

@@ -343,7 +343,20 @@ LITELLM = Adapter(
     },
 )
 
-ADAPTERS: dict[str, Adapter] = {a.kind: a for a in (VLLM, SGLANG, TGI, LLAMACPP, TRTLLM, DYNAMO, LITELLM)}
+# OpenVINO Model Server: per servable (label ``name``; a DAG's request time is under the DAG's name), microseconds
+OVMS = Adapter(
+    "ovms",
+    ("ovms_",),
+    ("name",),
+    histograms={
+        "e2e": _s("ovms_request_time_us", scale=1e-6),  # the whole request, summed over its interface (REST, gRPC)
+        "queue": _s("ovms_wait_for_infer_req_time_us", scale=1e-6),  # waiting for a free inference request
+        "inference": _s("ovms_inference_time_us", scale=1e-6),  # execution in the OpenVINO backend
+    },
+    gauges={"running": _s("ovms_current_requests")},  # received and not yet answered
+)
+
+ADAPTERS: dict[str, Adapter] = {a.kind: a for a in (VLLM, SGLANG, TGI, LLAMACPP, TRTLLM, DYNAMO, LITELLM, OVMS)}
 
 # Quantities an engine exposes only with a feature switched on (or from a given version): their absence is the
 # normal state of an engine without that feature, not a gap in what the agent reads (the doctor lists them apart).

@@ -20,7 +20,9 @@ import pytest
 from inferwatch.agent.common.samples import Collection, Finding
 from inferwatch.agent.config import ReceiverSettings, Settings
 from inferwatch.agent.node.actions import pyspy
-from inferwatch.agent.node.actions.evidence import NATIVE_OFF, NATIVE_OK, EvidenceStore, python_frames, render_text
+from inferwatch.agent.node.actions.evidence import EvidenceStore
+from inferwatch.agent.node.actions.evidencebundle import python_frames, render_text
+from inferwatch.agent.node.actions.evidencecapture import NATIVE_OFF, NATIVE_OK
 from inferwatch.agent.node.analytics.latency import LatencyAnalytics
 from inferwatch.agent.node.receiver import Receiver
 from inferwatch.agent.node.wiring import build_deps
@@ -400,7 +402,7 @@ def test_api_scope_webhook_and_cli(tmp_path, deadlocked) -> None:
 
 
 def test_summary_names_the_stuck_application_frame_not_the_event_loop() -> None:
-    from inferwatch.agent.node.actions.evidence import summarise, top_frame
+    from inferwatch.agent.node.actions.evidencebundle import summarise, top_frame
 
     lib = "/usr/lib/python3.11"
     main = {"thread_name": "MainThread", "active": False, "frames": [

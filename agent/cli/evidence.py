@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
         config: Path | None = ConfigOpt,
     ) -> None:
         """The bundle: summary, processes and threads (state, wchan, kernel and Python stacks), scrapes, GPUs."""
-        from inferwatch.agent.node.actions.evidence import render_text
+        from inferwatch.agent.node.actions.evidencebundle import render_text
 
         if agent:
             bundle = _api(agent, f"/api/v1/evidence/{bundle_id}", token_file)

@@ -9,7 +9,8 @@ own bounded ring (``evidence.dir``, ``evidence.max_count`` / ``max_bytes``, olde
   reason it is missing (no ptrace permission, not Python, timeout). With ``evidence.native`` (default) the dump is
   ``--native`` (native frames marked ``native``); when py-spy cannot (no libunwind, aarch64, a failure while
   unwinding) it is retried once without it within the same time limit, and ``mode`` / ``mode_reason`` /
-  ``attempts`` say which mode the dump is and why (:func:`dump_process`);
+  ``attempts`` say which mode the dump is and why
+  (:func:`~inferwatch.agent.node.actions.evidencecapture.dump_process`);
 - ``engine``: the last engine scrapes the agent kept (running, waiting, token counters and the hang verdict
   per rank), around the onset;
 - ``runtime_profile``: a fresh snapshot of the runtime's debug profile (redacted as every snapshot);
@@ -18,7 +19,7 @@ own bounded ring (``evidence.dir``, ``evidence.max_count`` / ``max_bytes``, olde
   stuck request has none: instead ``in_flight`` (the engine's running / waiting gauges of the last scrape, counts
   without identities), ``probe`` (the streaming probe's last synthetic request) and ``recent_finished`` (the last
   finished requests' spans the OTLP receiver got, trace ids included, each marked before / after the onset), each
-  with its source, or why it is absent (:func:`spans_section`);
+  with its source, or why it is absent (:func:`~inferwatch.agent.node.actions.evidencecapture.spans_section`);
 - ``meta``: trigger (``hang`` | ``alert`` | ``api``), the alerts or finding behind it, wall time and CPU
   seconds of the capture (the agent thread and the py-spy children), a one-line ``summary``.
 
@@ -28,14 +29,16 @@ Triggers: :meth:`EvidenceStore.on_record` (a state listener) starts a capture in
 (``evidence.min_interval_s``): a burst of alerts gives one bundle. A capture is bounded by
 ``evidence.time_limit_s`` (py-spy runs in parallel, each with what is left of it). Nothing here runs on the
 collection path.
+
+Here: the triggers, the rate limit, the capture's order and time limit, the ring and the listing. What a capture
+reads from the world is :mod:`inferwatch.agent.node.actions.evidencecapture`; the bundle as a document (redaction,
+the summary line, the terminal text) is :mod:`inferwatch.agent.node.actions.evidencebundle`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import re
 import resource
 import threading
 import time
@@ -50,6 +53,15 @@ from inferwatch.agent.common.samples import Collection
 from inferwatch.agent.config import Settings
 from inferwatch.agent.errors import NoDataError
 from inferwatch.agent.node.actions import pyspy
+from inferwatch.agent.node.actions.evidencebundle import redact, summarise
+from inferwatch.agent.node.actions.evidencecapture import (
+    dump_process,
+    name_threads,
+    nvml_state,
+    process_info,
+    spans_section,
+    thread_states,
+)
 from inferwatch.agent.node.actions.ring import FileRing, new_id, valid_id
 from inferwatch.agent.node.collectors.simd import engine_port
 from inferwatch.agent.node.debugprofile.reader import ProfileReader
@@ -67,34 +79,7 @@ PROBE_SOURCE = "probe"
 HANG_FINDING = "engine_hung"
 HANG_ALERT = "EngineHungButHealthy"
 SCRAPES_KEPT = 12  # 3 minutes of engine scrapes at 15 s
-MAX_THREADS_PER_PROCESS = 512
-MAX_KERNEL_STACK_LINES = 32
-MAX_FRAMES = 64
 PY_SPY_WORKERS = 4
-DEADLINE_MARGIN_S = 0.5  # kept back from each py-spy run for writing the bundle
-MIN_DUMP_S = 0.2  # less time than this left: no py-spy run is started
-# The --native attempt gets this share of the time left, so that the retry without it still fits in the limit.
-NATIVE_SHARE = 0.6
-# py-spy failures that a dump without --native would hit the same way: no retry.
-SAME_WITHOUT_NATIVE = frozenset({"permission", "no_process", "not_python", "missing", "invalid_pid"})
-NATIVE_OK = "--native: Python and native frames (C extensions, CUDA/NCCL, libc); the process was paused for the dump"
-NATIVE_OFF = "evidence.native is false: Python frames only (non-blocking)"
-RECENT_SPANS_SHOWN = 32
-SPANS_NOTE = (
-    "an engine sends a request's span only when the request ends, so requests in flight (the stuck ones) have no "
-    "span: in_flight counts them from the engine's gauges (no identities), probe is the agent's own last synthetic "
-    "request, recent_finished the last finished requests' spans the OTLP receiver got before the capture"
-)
-THREAD_STATES = {
-    "R": "running",
-    "S": "sleeping",
-    "D": "disk sleep",
-    "T": "stopped",
-    "t": "tracing stop",
-    "Z": "zombie",
-    "X": "dead",
-    "I": "idle",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,413 +102,6 @@ class EvidenceMeta:
             "size_bytes": self.size_bytes,
             "alertnames": list(self.alertnames),
         }
-
-
-# --- /proc readers (pure functions of a procfs root) --------------------------------------------------------
-
-
-def _read(path: Path) -> tuple[str | None, str | None]:
-    """(text, None) or (None, why not)."""
-    try:
-        return path.read_text(errors="replace"), None
-    except PermissionError:
-        return None, "permission denied (needs root / CAP_SYS_ADMIN for kernel stacks, ptrace access otherwise)"
-    except FileNotFoundError:
-        return None, "gone (the thread or process exited)"
-    except OSError as exc:
-        return None, exc.strerror or str(exc)
-
-
-def _stat_fields(text: str) -> tuple[str, str, int]:
-    """(comm, state letter, ppid) from /proc/PID/stat (comm may hold spaces and parentheses)."""
-    lpar, rpar = text.find("("), text.rfind(")")
-    rest = text[rpar + 2 :].split()
-    return text[lpar + 1 : rpar], rest[0], int(rest[1])
-
-
-def thread_states(procfs: Path, pid: int) -> list[dict[str, Any]]:
-    """Per thread of ``pid``: tid, name, state, wchan and kernel stack (or why each is missing)."""
-    task = procfs / str(pid) / "task"
-    try:
-        tids = sorted(int(t) for t in os.listdir(task) if t.isdigit())
-    except OSError as exc:
-        return [{"error": f"cannot list {task}: {exc.strerror or exc}"}]
-    out: list[dict[str, Any]] = []
-    for tid in tids[:MAX_THREADS_PER_PROCESS]:
-        base = task / str(tid)
-        entry: dict[str, Any] = {"tid": tid}
-        stat, why = _read(base / "stat")
-        if stat is None:
-            entry["error"] = why
-            out.append(entry)
-            continue
-        name, state, _ppid = _stat_fields(stat)
-        entry |= {"name": name, "state": state, "state_name": THREAD_STATES.get(state, state)}
-        wchan, why = _read(base / "wchan")
-        entry["wchan"] = wchan.strip() if wchan is not None and wchan.strip() not in ("", "0") else None
-        if wchan is None:
-            entry["wchan_error"] = why
-        stack, why = _read(base / "stack")
-        if stack is not None:
-            entry["kernel_stack"] = stack.strip().splitlines()[:MAX_KERNEL_STACK_LINES]
-        else:
-            entry["kernel_stack_error"] = why
-        out.append(entry)
-    return out
-
-
-def process_info(procfs: Path, pid: int) -> dict[str, Any]:
-    stat, why = _read(procfs / str(pid) / "stat")
-    if stat is None:
-        return {"pid": pid, "error": why}
-    comm, state, ppid = _stat_fields(stat)
-    raw, why = _read(procfs / str(pid) / "cmdline")
-    info: dict[str, Any] = {"pid": pid, "ppid": ppid, "comm": comm, "state": state}
-    if raw is not None:
-        info["cmdline"] = [a for a in raw.split("\0") if a]
-    else:
-        info["cmdline_error"] = why
-    return info
-
-
-def nvml_state(nvml: NVMLClient) -> dict[str, Any]:
-    """Per GPU what NVML says now, or the reason there is nothing."""
-    try:
-        nvml.init()
-    except Exception as exc:
-        return {"absent": f"NVML unavailable: {exc}"}
-    gpus: list[dict[str, Any]] = []
-    try:
-        for i in range(nvml.device_count()):
-            g: dict[str, Any] = {"index": i}
-            for key, call in (
-                ("name", nvml.name),
-                ("uuid", nvml.uuid),
-                ("utilization_percent", nvml.utilization_percent),
-                ("memory_used_total_bytes", nvml.memory_bytes),
-                ("sm_clock_mhz", nvml.sm_clock_mhz),
-                ("power_milliwatts", nvml.power_milliwatts),
-                ("temperature_celsius", nvml.temperature_celsius),
-                ("clock_event_reasons", nvml.clock_event_reasons),
-            ):
-                try:
-                    g[key] = call(i)
-                except Exception as exc:
-                    g[key + "_error"] = str(exc)
-            try:
-                g["processes"] = [
-                    {"pid": p.pid, "used_memory_bytes": p.used_memory_bytes} for p in nvml.compute_processes(i)
-                ]
-            except Exception as exc:
-                g["processes_error"] = str(exc)
-            gpus.append(g)
-    except Exception as exc:
-        return {"absent": f"NVML failed: {exc}", "gpus": gpus}
-    finally:
-        try:
-            nvml.shutdown()
-        except Exception:
-            log.debug("NVML shutdown failed", exc_info=True)
-    return {"gpus": gpus} if gpus else {"absent": "NVML reports no GPU"}
-
-
-def _frame(f: dict[str, Any]) -> dict[str, Any]:
-    """A frame's name and location; ``native: true`` on a native one (py-spy names its shared object in ``module``)."""
-    out = {k: f.get(k) for k in ("name", "filename", "line")}
-    if f.get("module") is not None:
-        out["native"] = True
-    return out
-
-
-def py_thread(t: Any) -> dict[str, Any]:
-    """A py-spy thread with its OS thread id (to join /proc's threads) and frame names/locations; never locals.
-
-    Not :func:`inferwatch.agent.node.actions.snapshots._strip_thread`: that one drops ``os_thread_id``, which names
-    /proc's threads.
-    """
-    if not isinstance(t, dict):
-        return {}
-    frames = [_frame(f) for f in t.get("frames", []) if isinstance(f, dict)]
-    keep = ("thread_id", "os_thread_id", "thread_name", "active", "owns_gil")
-    return {k: t.get(k) for k in keep} | {"frames": frames[:MAX_FRAMES]}
-
-
-def name_threads(process: dict[str, Any]) -> None:
-    """Give /proc's threads their Python names from the py-spy dump (Python does not set OS thread names)."""
-    names = {t.get("os_thread_id"): t.get("thread_name") for t in process.get("py_spy", {}).get("threads", [])}
-    for t in process.get("threads", []):
-        if names.get(t.get("tid")):
-            t["python_name"] = names[t["tid"]]
-
-
-_STDLIB = re.compile(r"/lib/python3\.\d+/(?!site-packages/|dist-packages/)")
-# Innermost frames of a thread that waits for work rather than being stuck (an event loop, an idle executor).
-IDLE_FRAMES = frozenset({"select", "poll", "epoll", "_worker", "accept", "serve_forever"})
-
-
-def python_frames(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The Python frames of a stack (a ``--native`` dump interleaves native ones)."""
-    return [f for f in frames if not f.get("native")]
-
-
-def _app_frame(frames: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The innermost Python frame outside the standard library (the application's own code)."""
-    frames = python_frames(frames)
-    return next((f for f in frames if not _STDLIB.search(str(f.get("filename")))), frames[0] if frames else None)
-
-
-def top_frame(threads: list[dict[str, Any]]) -> str | None:
-    """Where the process is stuck: the innermost application frame of its most telling thread.
-
-    Threads idling in an event loop's selector or an executor's queue come last; before them, threads running an
-    asyncio event loop's callbacks (a loop that runs callbacks is serving, not stuck: the hang this evidence is
-    for left /health answering, and a dump that lands while the loop accepts a scrape must not name that); then
-    threads holding the GIL or active; the main thread after the others (a server's main thread serves, its
-    workers do the work).
-    """
-
-    def rank(t: dict[str, Any]) -> tuple[bool, bool, bool, bool]:
-        frames = python_frames(t.get("frames") or []) or [{}]
-        names = [str(f.get("name", "")) for f in frames]
-        idle = names[0].rsplit(".", 1)[-1] in IDLE_FRAMES or any(n.endswith("serve_forever") for n in names)
-        serving = any(n.rsplit(".", 1)[-1] == "_run_once" for n in names)
-        return (idle, serving, not (t.get("active") or t.get("owns_gil")), t.get("thread_name") == "MainThread")
-
-    for t in sorted(threads, key=rank):
-        f = _app_frame(t.get("frames") or [])
-        if f is not None:
-            return f"{f.get('name')} ({Path(str(f.get('filename'))).name}:{f.get('line')})"
-    return None
-
-
-def summarise(bundle: dict[str, Any]) -> str:
-    """One line: trigger, processes, threads (D state named), py-spy outcome, innermost frames, cost."""
-    procs = bundle.get("processes", [])
-    threads = [t for p in procs for t in p.get("threads", []) if "state" in t]
-    d_state = [f"{t.get('python_name') or t.get('name')}({t['tid']})" for t in threads if t.get("state") == "D"]
-    dumped = [p for p in procs if isinstance(p.get("py_spy"), dict) and "threads" in p["py_spy"]]
-    errors = sorted(
-        {p["py_spy"].get("error", "?") for p in procs if isinstance(p.get("py_spy"), dict) and "error" in p["py_spy"]}
-    )
-    frames = [f for f in (top_frame(p["py_spy"]["threads"]) for p in dumped) if f]
-    modes = sorted({str(p["py_spy"]["mode"]) for p in dumped if p["py_spy"].get("mode")})
-    meta = bundle.get("meta", {})
-    parts = [
-        f"{meta.get('trigger')}: {meta.get('reason') or ''}".strip().rstrip(":"),
-        f"{len(procs)} process(es), {len(threads)} thread(s)"
-        + (f", {len(d_state)} in D state: {', '.join(d_state[:5])}" if d_state else ", none in D state"),
-        f"py-spy {len(dumped)}/{len(procs)}"
-        + (f" ({', '.join(errors)})" if errors else "")
-        + (f" [{', '.join(modes)}]" if modes else ""),
-    ]
-    if frames:
-        parts.append("stuck in " + "; ".join(dict.fromkeys(frames[:3])))
-    parts.append(f"{meta.get('wall_s', 0):.2f} s wall, {meta.get('cpu_s', {}).get('total', 0):.2f} s CPU")
-    return " | ".join(parts)
-
-
-def render_text(bundle: Mapping[str, Any]) -> str:
-    """The bundle for a terminal: summary, then per process its threads, states and Python stacks."""
-    meta = bundle.get("meta", {})
-    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(meta.get("captured_at", 0)))
-    lines = [
-        f"evidence {meta.get('id')}  captured {when}",
-        f"  {meta.get('summary')}",
-        "",
-    ]
-    if meta.get("alerts"):
-        lines.append("alerts: " + ", ".join(f"{a.get('alertname')}{a.get('labels', {})}" for a in meta["alerts"]))
-    for p in bundle.get("processes", []):
-        lines.append(
-            f"process {p.get('pid')} ({p.get('comm')}) state {p.get('state')}: {' '.join(p.get('cmdline', []))[:200]}"
-        )
-        spy = p.get("py_spy", {})
-        stacks = {t.get("thread_id"): t for t in spy.get("threads", [])} if "threads" in spy else {}
-        if "error" in spy:
-            lines.append(f"  py-spy: {spy['error']}: {spy.get('message')}")
-        elif spy.get("mode"):
-            lines.append(f"  py-spy {spy['mode']}: {spy.get('mode_reason')}")
-        for t in p.get("threads", []):
-            wchan = f" wchan={t['wchan']}" if t.get("wchan") else ""
-            name = t.get("python_name") or t.get("name")
-            lines.append(f"  thread {t.get('tid')} {name!s:16} {t.get('state_name', t.get('error'))}{wchan}")
-            for k in t.get("kernel_stack", [])[:6]:
-                lines.append(f"      kernel {k}")
-        for t in stacks.values():
-            name = t.get("thread_name") or t.get("thread_id")
-            lines.append(f"  python thread {name} (active={t.get('active')}, gil={t.get('owns_gil')})")
-            for f in t.get("frames", [])[:24]:
-                where = Path(str(f.get("filename"))).name if f.get("native") else f.get("filename")
-                mark = " [native]" if f.get("native") else ""
-                lines.append(f"      {f.get('name')} ({where}:{f.get('line')}){mark}")
-    eng = bundle.get("engine", {})
-    if eng.get("scrapes"):
-        lines.append("")
-        lines.append("engine scrapes (oldest first):")
-        for s in eng["scrapes"]:
-            ranks = ", ".join(
-                f"{r['model']}/{r['rank']}: run {r['running']:.0f} wait {r['waiting']:.0f} stall {r['stall_s']:.0f}s"
-                for r in s.get("ranks", [])
-            )
-            lines.append(f"  {time.strftime('%H:%M:%S', time.gmtime(s.get('at', 0)))} {ranks}")
-    gpus = bundle.get("gpus", {})
-    lines.append("")
-    lines.append("gpus: " + (gpus["absent"] if "absent" in gpus else f"{len(gpus.get('gpus', []))} GPU(s)"))
-    for g in gpus.get("gpus", []):
-        lines.append(
-            f"  gpu {g.get('index')} {g.get('name')} util {g.get('utilization_percent')}% procs {g.get('processes')}"
-        )
-    rp = bundle.get("runtime_profile", {})
-    lines.append("runtime_profile: " + (rp["absent"] if "absent" in rp else f"snapshot {rp.get('meta', {}).get('id')}"))
-    lines += ["", *render_spans(bundle.get("spans", {}))]
-    return "\n".join(lines) + "\n"
-
-
-def render_spans(spans: Mapping[str, Any]) -> list[str]:
-    """The ``spans`` section for a terminal: in flight by rank, the probe, the last finished requests."""
-    lines = ["requests in flight:"]
-    fl = spans.get("in_flight", {})
-    if "absent" in fl:
-        lines.append(f"  engine: {fl['absent']}")
-    else:
-        when = time.strftime("%H:%M:%S", time.gmtime(fl.get("at", 0)))
-        lines.append(f"  engine at {when}: {fl.get('running', 0):.0f} running, {fl.get('waiting', 0):.0f} waiting")
-    probe = spans.get("probe", {})
-    if "absent" in probe:
-        lines.append(f"  probe: {probe['absent']}")
-    for proto, r in sorted(probe.get("protocols", {}).items()):
-        outcome = "ok" if r.get("ok") else f"{r.get('error_type')}: {r.get('error_message')}"
-        lines.append(f"  probe {proto}: {outcome} (ttft {r.get('ttft_s')} s, duration {r.get('duration_s')} s)")
-    recent = spans.get("recent_finished", {})
-    if "absent" in recent:
-        lines.append(f"last finished requests: {recent['absent']}")
-        return lines
-    lines.append(f"last finished requests (newest first, {len(recent.get('requests', []))}):")
-    for r in recent.get("requests", [])[:10]:
-        end = r.get("end_unix_s") or r.get("received_at") or 0
-        before = {True: " before onset", False: " after onset"}.get(r.get("ended_before_onset"), "")
-        lines.append(
-            f"  {time.strftime('%H:%M:%S', time.gmtime(end))}{before} {r.get('request_id') or '-'} "
-            f"trace {r.get('trace_id')} e2e {r.get('seconds', {}).get('e2e')} s"
-        )
-    return lines
-
-
-# --- py-spy and spans ---------------------------------------------------------------------------------------
-
-
-def dump_process(exe: Path, pid: int, deadline: float, native: bool) -> dict[str, Any]:
-    """The ``py_spy`` entry of one process, py-spy finishing before ``deadline`` (``time.monotonic``).
-
-    With ``native``: ``py-spy dump --native`` first, with :data:`NATIVE_SHARE` of the time left; when it fails for
-    a reason a Python-only dump need not share (``native_unsupported``, ``failed``, ``timeout``), once more without
-    ``--native`` with what is left. ``mode`` (``native`` | ``python``) and ``mode_reason`` say what the dump is and
-    why, ``attempts`` lists each run (mode, seconds, error); with no dump, ``error`` / ``message`` are the last run's.
-    """
-    attempts: list[dict[str, Any]] = []
-    modes = ("native", "python") if native else ("python",)
-    for mode in modes:
-        left = deadline - time.monotonic() - DEADLINE_MARGIN_S
-        if left <= MIN_DUMP_S:
-            attempts.append({"mode": mode, "error": "timeout", "message": "no time left within evidence.time_limit_s"})
-            break
-        budget = min(left, pyspy.DUMP_TIMEOUT_S) * (NATIVE_SHARE if mode == "native" else 1.0)
-        t0 = time.monotonic()
-        try:
-            threads = pyspy.dump(exe, pid, timeout_s=budget, native=mode == "native")
-        except pyspy.PySpyError as exc:
-            attempts.append(
-                {"mode": mode, "wall_s": round(time.monotonic() - t0, 3), "error": exc.kind, "message": str(exc)}
-            )
-            if exc.kind in SAME_WITHOUT_NATIVE:
-                break
-            continue
-        attempts.append({"mode": mode, "wall_s": round(time.monotonic() - t0, 3)})
-        if mode == "native":
-            reason = NATIVE_OK
-        elif native:
-            first = attempts[0]
-            reason = f"--native failed ({first['error']}: {first['message']}); retried without it: Python frames only"
-        else:
-            reason = NATIVE_OFF
-        return {"mode": mode, "mode_reason": reason, "attempts": attempts, "threads": [py_thread(t) for t in threads]}
-    last = attempts[-1]
-    return {"error": last["error"], "message": last["message"], "attempts": attempts}
-
-
-def in_flight(scrapes: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Requests in flight from the engine's running / waiting gauges of the last scrape (counts, no identities)."""
-    if not scrapes:
-        return {"absent": "no engine scrape kept yet (the engine collector is off or has not scraped since start)"}
-    last = scrapes[-1]
-    keep = ("model", "rank", "running", "waiting", "stall_s", "allowance_s", "stalled")
-    ranks = [{k: r.get(k) for k in keep} for r in last.get("ranks", [])]
-    if not ranks:
-        return {"absent": f"the last engine scrape ({last.get('engine')}) had no running / waiting gauges per rank"}
-    return {
-        "source": "engine gauges (vllm:num_requests_running / _waiting or the engine's own) of the last scrape",
-        "at": last.get("at"),
-        "running": sum(float(r.get("running") or 0) for r in ranks),
-        "waiting": sum(float(r.get("waiting") or 0) for r in ranks),
-        "ranks": ranks,
-    }
-
-
-def onset_of(scrapes: Sequence[Mapping[str, Any]]) -> float | None:
-    """When progress stopped (Unix s): the newest scrape with a stalled rank, less its stall; None if none stalled."""
-    for s in reversed(scrapes):
-        stalls = [float(r.get("stall_s") or 0) for r in s.get("ranks", []) if r.get("stalled")]
-        if stalls:
-            return float(s.get("at", 0)) - max(stalls)
-    return None
-
-
-def spans_section(
-    scrapes: Sequence[Mapping[str, Any]],
-    probe: Mapping[str, Any] | None,
-    recent: Sequence[FinishedSpan] | None,
-) -> dict[str, Any]:
-    """The bundle's ``spans``: in flight (engine gauges), the probe's last request, the last finished spans.
-
-    ``recent`` None: no receiver attached (``receiver.enabled`` false). Each finished request is marked
-    ``ended_before_onset`` when an onset is known (:func:`onset_of`).
-    """
-    out: dict[str, Any] = {"note": SPANS_NOTE, "in_flight": in_flight(scrapes)}
-    if probe is None:
-        out["probe"] = {"absent": "no streaming probe result yet (probe.url is not set, or no run finished)"}
-    else:
-        out["probe"] = {
-            "source": "the streaming probe's last synthetic request per protocol (a run still waiting is not shown)",
-            **probe,
-        }
-    if recent is None:
-        out["recent_finished"] = {
-            "absent": "the OTLP trace receiver is off (receiver.enabled): no request spans are received"
-        }
-        return out
-    if not recent:
-        out["recent_finished"] = {
-            "absent": "the OTLP receiver has received no request span since the agent started (is the engine "
-            "exporting them, e.g. vLLM --otlp-traces-endpoint?)"
-        }
-        return out
-    onset = onset_of(scrapes)
-    requests = []
-    for span in recent[:RECENT_SPANS_SHOWN]:
-        r = span.as_dict()
-        if onset is not None:
-            r["ended_before_onset"] = (r.get("end_unix_s") or r["received_at"]) < onset
-        requests.append(r)
-    out["recent_finished"] = {
-        "source": "OTLP receiver: the last finished requests' spans received before the capture (newest first); "
-        "a request still in flight is not among them",
-        "onset_at": onset,
-        "requests": requests,
-    }
-    return out
-
-
-# --- the store ----------------------------------------------------------------------------------------------
 
 
 Clock = Callable[[], float]
@@ -749,7 +327,7 @@ class EvidenceStore:
             "total": round(agent_cpu + child_cpu, 3),
         }
         bundle["meta"]["over_time_limit"] = bundle["meta"]["wall_s"] > self.cfg.time_limit_s
-        redacted = self._redact(bundle)
+        redacted = redact(bundle, self.reader.enrich_policy())
         redacted["meta"]["summary"] = summarise(redacted)
         data = json.dumps(redacted, sort_keys=True, default=str).encode()
         try:
@@ -802,17 +380,6 @@ class EvidenceStore:
             return {"absent": str(exc)}
         except Exception as exc:
             return {"absent": f"runtime_profile read failed: {exc}"}
-
-    def _redact(self, bundle: dict[str, Any]) -> dict[str, Any]:
-        """The denylist policy of the snapshots over everything but the already-redacted runtime_profile."""
-        policy = self.reader.enrich_policy()
-        profile = bundle.pop("runtime_profile")
-        for p in bundle["processes"]:
-            if "cmdline" in p:
-                p["cmdline"] = policy.redact_cmdline(p["cmdline"])
-        out, _paths = policy.redact(bundle)
-        out["runtime_profile"] = profile
-        return dict(out)
 
     # --- reading ---
     def list(self) -> list[EvidenceMeta]:

@@ -24,7 +24,7 @@ from inferwatch.agent.config import Settings
 from inferwatch.agent.errors import NoDataError, StorageError
 from inferwatch.agent.node.actions import pyspy
 from inferwatch.agent.node.actions.binary import BinaryCheck
-from inferwatch.agent.node.actions.evidence import render_text
+from inferwatch.agent.node.actions.evidencebundle import render_text
 from inferwatch.agent.node.actions.profiles import ProfileBusyError
 from inferwatch.agent.node.analytics import explain, explaintext
 from inferwatch.agent.node.api.auth import Authenticator

@@ -123,11 +123,26 @@ def revision_modules(rev: str, into: Path) -> ModuleType:
             ["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True, capture_output=True, text=True
         ).stdout
 
-    load("exposition_at_rev", show("agent/node/engine/exposition.py"))
-    adapters = show("agent/node/engine/adapters.py").replace(
-        "from inferwatch.agent.node.engine.exposition import", "from exposition_at_rev import"
-    )
-    return load("adapters_at_rev", adapters)
+    # The reader's own modules at that revision, each importing the others at the same revision: since exposition.py
+    # was split, the line grammar, label blocks, heap release and OpenMetrics rules live beside it. Before the split,
+    # exposition.py alone (its late import of openmetrics then finds the current one, as it always did here).
+    listed = ["git", "ls-tree", "--name-only", rev, "agent/node/engine/"]
+    present = set(subprocess.run(listed, cwd=ROOT, check=True, capture_output=True, text=True).stdout.split())
+    split = "agent/node/engine/textformat.py" in present
+    ours = ("heap", "textformat", "openmetrics", "labelblock") if split else ()
+    ours = (*ours, "exposition", "adapters")
+
+    def at_rev(text: str) -> str:
+        for name in ours:
+            text = text.replace(f"from inferwatch.agent.node.engine.{name} import", f"from {name}_at_rev import")
+        # its adapters match its own catalog's engine kinds, not necessarily this checkout's (an engine added since)
+        return text.replace("if tuple(ADAPTERS) != ENGINE_KINDS:", "if False:")
+
+    module = None
+    for name in ours:
+        module = load(f"{name}_at_rev", at_rev(show(f"agent/node/engine/{name}.py")))
+    assert module is not None
+    return module
 
 
 def main() -> None:

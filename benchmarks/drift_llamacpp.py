@@ -3,7 +3,7 @@ host) and the AVX2-only build (scripts/build-llama-server.sh --avx2-only) servin
 (tests/llamacpp_model.py), through ``inferwatch drift`` with its built-in prompt set, greedy decoding and top-5
 log-probabilities. A second native server is the control: the same build twice must agree bit for bit.
 
-    .venv/bin/python -m benchmarks.drift_llamacpp [--max-tokens 128] [--presets tiny small] [--out FILE]
+    .venv/bin/python benchmarks/drift_llamacpp.py [--max-tokens 128] [--presets tiny small] [--out FILE]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's tests/ helpers, run as a script too
 from tests.conftest import PYTHON, ROOT
 from tests.llamacpp_model import PRESETS, cached
 from tests.llamacpp_server import find_avx2_binary, find_binary, llama_server

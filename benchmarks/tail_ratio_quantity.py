@@ -11,6 +11,7 @@ its own agent (engine collector, histogram source). Every ~15 s the agent's 1m-w
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import re
@@ -100,7 +101,9 @@ def report(samples: dict[str, list[dict[str, float]]]) -> None:
 
 
 def main() -> None:
-    duration = float(sys.argv[1]) if len(sys.argv) > 1 else 270.0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("seconds", nargs="?", type=float, default=270.0, help="sampling time (default 270)")
+    duration = ap.parse_args().seconds
     logdir = Path(f"/tmp/tail-ratio-quantity-{int(time.time())}")
     logdir.mkdir(parents=True)
     samples = measure(duration, logdir)

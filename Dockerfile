@@ -1,7 +1,7 @@
 # One image for the agent and the simulator (and the demo's load generator and alert sink).
 #   docker build -t inferwatch:0.1.0 .        (docker-compose.yml builds it for you)
 # Python 3.11 on Debian 12, pinned to a patch release by tag (not by digest: the official image's tag is rebuilt
-# when Debian updates, and no authoritative record of its current digest was at hand). Two stages:
+# when Debian updates, and no authoritative record of its current digest was at hand). Three stages:
 #   build  builds the inferwatch wheel from this checkout (setuptools and wheel from requirements-build.lock)
 #   final  installs the dependencies from requirements.lock (exact versions, sha256-pinned: pip --require-hashes),
 #          then that wheel (not editable: runbooks, rules and dashboards come from the installed package), and
@@ -19,6 +19,24 @@ COPY requirements-build.lock ./
 RUN pip install --require-hashes --no-deps -r requirements-build.lock
 COPY . .
 RUN pip wheel --no-deps --no-build-isolation --wheel-dir /wheels .
+
+# phoenix  the compose stack's trace store (arize-phoenix from PyPI, pinned in deploy/phoenix/requirements.txt, the
+#          release the tests run), on the same base; built only for the phoenix service (compose: target phoenix)
+FROM python:3.11.11-slim-bookworm AS phoenix
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1 \
+    PHOENIX_WORKING_DIR=/var/lib/phoenix \
+    PHOENIX_TELEMETRY_ENABLED=false
+COPY deploy/phoenix/requirements.txt /tmp/phoenix-requirements.txt
+RUN pip install -r /tmp/phoenix-requirements.txt && rm /tmp/phoenix-requirements.txt \
+    && useradd --system --uid 10002 --user-group --home-dir /var/lib/phoenix --create-home --shell /usr/sbin/nologin phoenix
+COPY deploy/healthcheck.py /app/deploy/
+USER 10002:10002
+VOLUME ["/var/lib/phoenix"]
+EXPOSE 6006 4317
+ENTRYPOINT ["phoenix"]
+CMD ["serve", "--host", "0.0.0.0", "--port", "6006", "--grpc-port", "4317"]
 
 FROM python:3.11.11-slim-bookworm
 ENV PYTHONDONTWRITEBYTECODE=1 \

@@ -307,7 +307,8 @@ def job_variable() -> db.QueryVariable:
     )
 
 
-TRACE_URL_DEFAULT = "http://127.0.0.1:16686/trace/"  # Jaeger's trace page; the trace id is appended
+# The compose stack's trace store (Phoenix): a UI route that finds the trace's project and opens it; the id is appended
+TRACE_URL_DEFAULT = "http://localhost:6006/redirects/traces/"
 
 
 def trace_url_variable() -> cogbuilder.Builder[dm.VariableModel]:
@@ -316,9 +317,9 @@ def trace_url_variable() -> cogbuilder.Builder[dm.VariableModel]:
         db.TextBoxVariable("trace_url")
         .label("Trace URL")
         .description(
-            "Where an exemplar's trace opens: this text followed by the trace id. Jaeger: "
-            "http://jaeger:16686/trace/ ; Tempo: http://tempo:3200/api/traces/ ; any URL that ends where the "
-            "trace id goes."
+            "Where an exemplar's trace opens: this text followed by the trace id. Phoenix (the compose stack's): "
+            "http://localhost:6006/redirects/traces/ ; Jaeger: http://jaeger:16686/trace/ ; Tempo: "
+            "http://tempo:3200/api/traces/ ; any URL that ends where the trace id goes."
         )
         .default_value(TRACE_URL_DEFAULT)
     )

@@ -105,7 +105,7 @@ end
 # out of the agent's: a venv of its own (tests/test_trace_store.py finds it at .venv-phoenix/bin/phoenix).
 begin "arize-phoenix (.venv-phoenix)"
 [ -x .venv-phoenix/bin/python ] || python3 -m venv .venv-phoenix
-.venv/bin/uv pip install -q --python .venv-phoenix/bin/python 'arize-phoenix==20.26.1'
+.venv/bin/uv pip install -q --python .venv-phoenix/bin/python -r deploy/phoenix/requirements.txt
 end
 
 if [ -x scripts/build-llama-server.sh ]; then

@@ -103,18 +103,27 @@ UPSTREAM: dict[str, Image] = {
 }
 
 
-def _instructions(dockerfile: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) of the Dockerfile's last stage, continuation lines joined, comments dropped."""
+def _instructions(dockerfile: str, target: str | None = None) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of one stage of the Dockerfile (``target``, by its ``AS`` name; default the last),
+    continuation lines joined, comments dropped."""
     lines = [line for line in dockerfile.splitlines() if not line.lstrip().startswith("#")]
     joined = re.sub(r"\\\n\s*", " ", "\n".join(lines))
     out: list[tuple[str, str]] = []
+    stages: dict[str, list[tuple[str, str]]] = {}
     for line in joined.splitlines():
         word, _, rest = line.strip().partition(" ")
         if not word:
             continue
         if word.upper() == "FROM":
             out = []
+            name = re.search(r"\s+AS\s+(\S+)$", rest, re.I)
+            if name:
+                stages[name.group(1)] = out
         out.append((word.upper(), rest.strip()))
+    if target is not None:
+        if target not in stages:
+            raise ValueError(f"the Dockerfile has no stage {target!r}")
+        return stages[target]
     return out
 
 
@@ -122,15 +131,19 @@ def _exec_form(text: str) -> list[str]:
     return list(json.loads(text)) if text.startswith("[") else ["/bin/sh", "-c", text]
 
 
-def dockerfile_image(dockerfile: str) -> Image:
-    """The final stage of this repository's Dockerfile as an :class:`Image`."""
+def dockerfile_image(dockerfile: str, target: str | None = None) -> Image:
+    """A stage of this repository's Dockerfile (``target``; default the final one) as an :class:`Image`.
+
+    A stage whose entrypoint is a command installed by pip (not a path: ``phoenix``) stands in by the same command
+    here (:attr:`Image.binaries`), so a machine without it reports the service as not startable.
+    """
     entrypoint: list[str] = []
     cmd: list[str] = []
     user, workdir = "0:0", "/"
     env: dict[str, str] = {}
     owned: dict[str, str] = {}
     copies: dict[str, str] = {}
-    for word, rest in _instructions(dockerfile):
+    for word, rest in _instructions(dockerfile, target):
         if word == "ENV":
             env.update(dict(kv.split("=", 1) for kv in shlex.split(rest)))
         elif word == "USER":
@@ -152,7 +165,8 @@ def dockerfile_image(dockerfile: str) -> Image:
                 owned.update({p: f"{o}:{g}" for p in paths.split()})
     # Only what stays in the image: files copied under the final WORKDIR (others are build inputs, removed).
     copies = {dst: src for dst, src in copies.items() if dst.startswith(workdir.rstrip("/") + "/")}
-    return Image(entrypoint, cmd, user, workdir, env, owned, copies=copies)
+    binaries = {entrypoint[0]: entrypoint[0]} if target is not None and entrypoint and "/" not in entrypoint[0] else {}
+    return Image(entrypoint, cmd, user, workdir, env, owned, binaries=binaries, copies=copies)
 
 
 def seconds(duration: str | int | float) -> float:
@@ -195,15 +209,17 @@ class Service:
     last_health: str = ""
 
 
-def image_of(spec: Mapping[str, Any], local: Image) -> Image | None:
-    if "build" in spec:
-        return local
+def image_of(spec: Mapping[str, Any], local: Image, dockerfile: str | None = None) -> Image | None:
+    build = spec.get("build")
+    if build:
+        target = build.get("target") if isinstance(build, Mapping) else None
+        return local if target is None or dockerfile is None else dockerfile_image(dockerfile, target)
     repo = str(spec["image"]).rsplit(":", 1)[0]
     return UPSTREAM.get(repo)
 
 
-def service(name: str, spec: dict[str, Any], local: Image, venv_bin: str) -> Service:
-    image = image_of(spec, local)
+def service(name: str, spec: dict[str, Any], local: Image, venv_bin: str, dockerfile: str | None = None) -> Service:
+    image = image_of(spec, local, dockerfile)
     if image is None:
         raise ValueError(f"{name}: no image facts for {spec.get('image')} (add it to tests/compose_local.UPSTREAM)")
     entrypoint = _unescape(spec["entrypoint"]) if "entrypoint" in spec else image.entrypoint
@@ -531,9 +547,10 @@ def wait_scraped(deadline: float) -> None:
 @contextlib.contextmanager
 def stack(plan: Mapping[str, Any], report: dict[str, Any]) -> Iterator[dict[str, Service]]:
     root, work = Path(plan["root"]), Path(plan["work"])
-    local = dockerfile_image((root / "Dockerfile").read_text())
+    dockerfile = (root / "Dockerfile").read_text()
+    local = dockerfile_image(dockerfile)
     venv_bin = str(Path(sys.executable).parent)
-    services = {n: service(n, s, local, venv_bin) for n, s in plan["rendered"]["services"].items()}
+    services = {n: service(n, s, local, venv_bin, dockerfile) for n, s in plan["rendered"]["services"].items()}
     ordered = order(services)
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)

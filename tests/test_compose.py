@@ -30,13 +30,15 @@ import httpx
 import pytest
 import yaml
 
+from inferwatch.dashboards.common import TRACE_URL_DEFAULT
 from tests import stack
 from tests.compose_local import dockerfile_image, volumes
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.tools import require
 
 SERVICES = {
-    "simulator", "loadgen", "agent", "otelcol", "prometheus", "alertmanager", "grafana", "pagerduty-sink", "runbooks"
+    "simulator", "loadgen", "agent", "otelcol", "prometheus", "alertmanager", "grafana", "pagerduty-sink", "runbooks",
+    "phoenix",
 }  # fmt: skip
 # Ports the upstream images listen on by default (their Dockerfiles' EXPOSE).
 IMAGE_PORTS = {"prometheus": {9090}, "alertmanager": {9093}, "grafana": {3000}}
@@ -98,7 +100,7 @@ def test_images_are_pinned(rendered: dict[str, Any]) -> None:
         repo, _, tag = image.rpartition(":")
         assert repo and tag and tag != "latest" and re.match(r"^v?\d+\.\d+\.\d+$", tag), f"{name}: {image}"
     built = {n for n, s in rendered["services"].items() if "build" in s}
-    assert built == {"simulator", "loadgen", "agent", "pagerduty-sink", "runbooks"}
+    assert built == {"simulator", "loadgen", "agent", "pagerduty-sink", "runbooks", "phoenix"}
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^FROM python:\d+\.\d+\.\d+-slim-bookworm$", dockerfile, re.M)
 
@@ -423,12 +425,28 @@ def test_agent_state_lives_on_a_named_volume_its_user_owns(rendered: dict[str, A
 
 
 def test_receiver_forwards_with_the_collectors_protocol_on_that_port(rendered: dict[str, Any]) -> None:
-    # An http(s):// endpoint is OTLP/HTTP (agent/config/sections.py ReceiverSettings), served on the Collector's http port.
+    # An http(s):// endpoint is OTLP/HTTP (agent/config/sections.py ReceiverSettings), served on the Collector's http
+    # port.
     forward = rendered["services"]["agent"]["environment"]["INFERWATCH_RECEIVER__FORWARD_ENDPOINT"]
     protocols = yaml.safe_load(stack.OTELCOL_CONFIG.read_text())["receivers"]["otlp"]["protocols"]
     port = forward.rsplit(":", 1)[1].split("/")[0]
     kind = "http" if forward.startswith(("http://", "https://")) else "grpc"
     assert protocols[kind]["endpoint"].endswith(f":{port}"), f"{forward} is {kind}, the Collector's {kind} is elsewhere"
+
+
+def test_the_collector_sends_every_trace_to_the_stacks_trace_store(rendered: dict[str, Any]) -> None:
+    """Phoenix is the trace store compose ships and the one tests/test_trace_store.py runs (same pin, same command)."""
+    otelcol = yaml.safe_load(stack.OTELCOL_CONFIG.read_text())
+    assert otelcol["service"]["pipelines"]["traces"]["exporters"] == ["otlphttp/phoenix"]
+    assert otelcol["exporters"]["otlphttp/phoenix"]["endpoint"] == "http://phoenix:6006"
+    phoenix = rendered["services"]["phoenix"]
+    assert phoenix["build"]["target"] == "phoenix"
+    assert [str(p).removesuffix("/tcp") for p in phoenix["ports"]] == ["127.0.0.1:6006:6006"]
+    assert TRACE_URL_DEFAULT.startswith("http://localhost:6006/"), "dashboards open traces where compose publishes them"
+    stage = next(st for st in _stages() if st.startswith("FROM python:") and " AS phoenix\n" in st)
+    assert "RUN pip install -r /tmp/phoenix-requirements.txt" in stage
+    assert "COPY deploy/phoenix/requirements.txt /tmp/phoenix-requirements.txt" in stage
+    assert "-r deploy/phoenix/requirements.txt" in (ROOT / "scripts" / "test.sh").read_text()
 
 
 # --- the image recipe -------------------------------------------------------------------------------------------
@@ -441,7 +459,7 @@ def _stages() -> list[str]:
 
 
 def test_dockerfile_builds_the_wheel_and_installs_it_not_editable() -> None:
-    build, final = _stages()
+    build, final = _stages()[0], _stages()[-1]
     assert re.match(r"FROM python:\d+\.\d+\.\d+-slim-bookworm AS build\n", build)
     assert re.search(r"^RUN pip install --require-hashes --no-deps -r requirements-build.lock$", build, re.M)
     assert re.search(r"^RUN pip wheel --no-deps --no-build-isolation --wheel-dir /wheels \.$", build, re.M)

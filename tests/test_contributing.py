@@ -75,8 +75,9 @@ def test_make_generate_runs_every_generator() -> None:
     makefile = (ROOT / "Makefile").read_text()
     listed = set(re.search(r"^GENERATORS := (.+)$", makefile, re.M).group(1).split())  # type: ignore[union-attr]
     found = set()
-    for top in ("agent", "dashboards", "deploy"):
+    packages = {"agent": "inferwatch.agent", "dashboards": "inferwatch.dashboards", "deploy": "deploy"}  # setup.py
+    for top, name in packages.items():
         for path in (ROOT / top).rglob("*.py"):
             if '"--check"' in path.read_text(encoding="utf-8"):
-                found.add(".".join(path.relative_to(ROOT).with_suffix("").parts))
+                found.add(".".join((name, *path.relative_to(ROOT / top).with_suffix("").parts)))
     assert found == listed, f"Makefile GENERATORS: missing {sorted(found - listed)}, extra {sorted(listed - found)}"

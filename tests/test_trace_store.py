@@ -1,5 +1,8 @@
-"""The compose stack's trace store, arize-phoenix, for real: started on 127.0.0.1, fed through the agent's receiver
-(forward path, OTLP/HTTP protobuf), one request's trace queried back by id with its phase children."""
+"""The compose stack's trace store, arize-phoenix, for real: the phoenix service's command and environment from
+docker-compose.yml (only host, ports and working directory made local), fed as compose feeds it (the agent's
+receiver forwards OTLP/HTTP protobuf to the address the Collector's exporter names: the Collector binary cannot run
+here, so the receiver sends where the Collector would), one request's trace queried back by id with its phase
+children, and the dashboards' default trace link answering for that id."""
 
 from __future__ import annotations
 
@@ -7,11 +10,14 @@ import time
 
 import httpx
 import pytest
+import yaml
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from inferwatch.agent.config import ReceiverSettings
 from inferwatch.agent.node.analytics.latency import LatencyAnalytics
 from inferwatch.agent.node.receiver import Receiver
+from inferwatch.dashboards.common import TRACE_URL_DEFAULT
+from tests import stack
 from tests.conftest import free_port
 from tests.procs import running, wait_http
 from tests.test_phase_spans import NS, export_request, post
@@ -24,15 +30,24 @@ PHOENIX_START_S = 180.0  # first start migrates its SQLite database: ~50 s alone
 @pytest.mark.slow
 def test_phoenix_holds_the_forwarded_request_and_its_phases(tmp_path) -> None:
     phoenix = require("phoenix")
-    port, grpc_port = free_port(), free_port()
-    env = {"PHOENIX_WORKING_DIR": str(tmp_path / "phoenix"), "PHOENIX_TELEMETRY_ENABLED": "false"}
-    cmd = [phoenix, "serve", "--host", "127.0.0.1", "--port", str(port), "--grpc-port", str(grpc_port)]
+    service = yaml.safe_load(stack.COMPOSE_FILE.read_text())["services"]["phoenix"]
+    assert service["build"]["target"] == "phoenix"
+    local = {"0.0.0.0": "127.0.0.1", "6006": str(free_port()), "4317": str(free_port())}
+    cmd = [phoenix, *(local.get(str(w), str(w)) for w in service["command"])]
+    port = int(local["6006"])
+    env = {**{k: str(v) for k, v in service["environment"].items()}, "PHOENIX_WORKING_DIR": str(tmp_path / "phoenix")}
+    # Where compose's Collector sends traces (otlphttp appends /v1/traces), with the service's host made local.
+    exporter = yaml.safe_load(stack.OTELCOL_CONFIG.read_text())["exporters"]["otlphttp/phoenix"]["endpoint"]
+    assert exporter == "http://phoenix:6006"
     with running(cmd, tmp_path / "phoenix.log", env=env) as proc:
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/healthz", timeout_s=PHOENIX_START_S, proc=proc)
         receiver = Receiver(
             ReceiverSettings(
-                enabled=True, grpc_endpoint=None, http_endpoint="127.0.0.1:0", forward_endpoint=f"{base}/v1/traces"
+                enabled=True,
+                grpc_endpoint=None,
+                http_endpoint="127.0.0.1:0",
+                forward_endpoint=exporter.replace("phoenix:6006", f"127.0.0.1:{port}") + "/v1/traces",
             ),
             LatencyAnalytics(),
         )
@@ -56,9 +71,13 @@ def test_phoenix_holds_the_forwarded_request_and_its_phases(tmp_path) -> None:
                 time.sleep(0.5)
             forwarder = receiver.intake.forwarder
             assert forwarder is not None and forwarder.failed == 0
+            # The dashboards' trace link (compose publishes Phoenix on localhost:6006): the id appended answers.
+            link = TRACE_URL_DEFAULT.replace("localhost:6006", f"127.0.0.1:{port}") + trace
+            opened = httpx.get(link, timeout=10, follow_redirects=True)
         finally:
             receiver.stop()
     assert r.status_code == 200, r.text
+    assert opened.status_code == 200, (link, opened.status_code)
     by_name = {s["name"]: s for s in spans}
     assert sorted(by_name) == ["decode", "frontend", "llm_request", "prefill", "queue"], spans
     original = by_name["llm_request"]

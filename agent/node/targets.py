@@ -157,6 +157,7 @@ class EngineTargets(BaseCollector):
         self.discovery = discovery
         self._clock = clock
         self._running: dict[str, _Running] = {}
+        self._failing: set[str] = set()  # targets whose collectors could not be built at the last run
 
     def plan(self) -> Schedule:
         """Its own schedule: the agent's interval, on a lane of its own, with time to start and stop targets (a
@@ -168,11 +169,23 @@ class EngineTargets(BaseCollector):
 
     def collect(self) -> Collection:
         poll = self.discovery.poll()
-        ch = poll.changes
-        for target in (*ch.removed, *ch.changed):
-            self._stop(target.name, "removed" if target in ch.removed else "changed")
-        for target in (*ch.changed, *ch.added):
-            self._start(target)
+        # What runs is brought to what was discovered (not replayed from the poll's diff): a target whose start
+        # failed, or a run the runner gave up on, is put right at the next run.
+        for name, running in list(self._running.items()):
+            wanted = poll.targets.get(name)
+            if wanted != running.target:
+                self._stop(name, "removed" if wanted is None else "changed")
+        failed: dict[str, str] = {}
+        for name, target in poll.targets.items():
+            if name not in self._running:
+                try:
+                    self._start(target)
+                except Exception as exc:  # one target that cannot start keeps none of the others from starting
+                    self._stop(name, "failed to start")
+                    failed[name] = f"{type(exc).__name__}: {exc}"
+                    if name not in self._failing:  # logged once when it starts failing, not every interval
+                        log.warning("engine target %s cannot start: %s", name, failed[name])
+        self._failing = set(failed)
         now = self._clock()
         for running in self._running.values():  # a process not found yet (the container was starting)
             if running.process_error is not None and now - running.process_looked_at >= PROCESS_RETRY_S:
@@ -186,7 +199,7 @@ class EngineTargets(BaseCollector):
                 }
                 for r in self._running.values()
             ],
-            "errors": poll.errors,
+            "errors": {**poll.errors, **{f"start:{name}": message for name, message in failed.items()}},
             "problems": poll.problems,
         }
         return Collection(details=details)

@@ -41,6 +41,7 @@ import httpx
 import yaml
 
 from inferwatch.agent import catalog
+from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
 from inferwatch.agent.catalog.spec import prometheus_label
 from inferwatch.agent.common import assets
 from inferwatch.agent.common.redact import redact_url
@@ -260,10 +261,11 @@ class AlertPusher:
         for s in samples:
             if s.name not in _NAMES or not isinstance(s, Sample):
                 continue
-            labels = {prometheus_label(k): v for k, v in s.attributes if v != ""}
+            # an engine target's identity under the labels /metrics gives it (engine_name, namespace, pod, container)
+            labels = {TARGET_ATTRIBUTES.get(k) or prometheus_label(k): v for k, v in s.attributes if v != ""}
             spec = catalog.CATALOG.get(s.name)
             if spec is not None:  # only the catalog's labels are exported
-                keep = set(spec.prometheus_labels)
+                keep = {*spec.prometheus_labels, *TARGET_ATTRIBUTES.values()}
                 labels = {k: v for k, v in labels.items() if k in keep}
             out.setdefault(s.name, []).append((labels, s.value))
         return out

@@ -14,7 +14,7 @@ import subprocess
 import httpx
 import pytest
 
-from inferwatch.agent.config import load_settings
+from inferwatch.agent.config import ProfilingSettings, load_settings
 from inferwatch.agent.node.actions.snapshots import SnapshotStore
 from inferwatch.agent.node.collectors.probe import ProbeCollector
 from inferwatch.agent.node.collectors.runtime_profile import RuntimeProfileCollector
@@ -110,7 +110,8 @@ def test_debug_in_production_gives_its_finding_and_redacts(sim, tmp_path) -> Non
     s = settings(sim, tmp_path, node={"environment": "production"})
     ctx = collect_context(s)
     col = validate(RuntimeProfileCollector(ctx).collect())
-    SnapshotStore(s, ctx.profile_reader).on_record("runtime_profile", col)  # the agent's state listener
+    store = SnapshotStore(s.snapshots, ctx.profile_reader, ProfilingSettings(), dump_interval_s=60.0)
+    store.on_record("runtime_profile", col)  # the agent's state listener
     assert ("runtime_profile.debug_in_production", "fail") in [(f.id, f.status) for f in col.findings]
     (snap,) = (tmp_path / "snap").glob("*.json")
     text = snap.read_text()

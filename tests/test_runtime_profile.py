@@ -9,7 +9,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferwatch.agent.config import load_settings
+from inferwatch.agent.config import ProfilingSettings, SnapshotSettings, load_settings
 from inferwatch.agent.errors import StorageError
 from inferwatch.agent.node.actions.ring import FileRing
 from inferwatch.agent.node.actions.snapshots import SnapshotStore
@@ -44,7 +44,9 @@ def test_available_profile_is_redacted_stored_and_gauged(rt, tmp_path) -> None:
     rt.profile_mode = "debug"
     c = collector(rt, tmp_path)
     col = validate(c.collect())
-    SnapshotStore(c.ctx.settings, c.ctx.profile_reader).on_record(c.name, col)  # the agent's state listener
+    snapshots = SnapshotSettings(dir=tmp_path / "snap", max_count=3)
+    store = SnapshotStore(snapshots, c.ctx.profile_reader, ProfilingSettings(), dump_interval_s=60.0)
+    store.on_record(c.name, col)  # the agent's state listener
     v = values(col)
     assert v[("inferwatch.runtime.profile.available", ())] == 1
     assert v[("inferwatch.runtime.profile.value", (("field", "gpu_memory_used_bytes"),))] == 123456789

@@ -33,10 +33,11 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from inferwatch.agent.config import load_settings
+from inferwatch.agent.config import RuntimeProfileSettings, RuntimeSettings
 from inferwatch.agent.node.analytics.latency import LatencyAnalytics
 from inferwatch.agent.node.debugprofile.fetch import FETCH_REASONS, MAX_PROFILE_DEPTH, ProfileFetchError, parse_profile
 from inferwatch.agent.node.debugprofile.reader import ProfileReader
+from inferwatch.agent.node.host.procfs import DEFAULT_READ_LIMITS
 from inferwatch.agent.node.host.runtime import RuntimeLocator
 from inferwatch.agent.node.probe.client import run_probe
 from inferwatch.agent.node.probe.schema import VIOLATION_KINDS
@@ -265,15 +266,14 @@ def reader() -> Iterator[ProfileReader]:
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_settings(
-            overrides={
-                "runtime_profile": {"url": f"http://127.0.0.1:{server.server_address[1]}/debug", "max_bytes": 1 << 20},
-                "snapshots": {"dir": str(Path(tmp) / "snap")},
-                "path": {"procfs": str(Path(tmp) / "proc")},
-            }
-        )
+        cfg = RuntimeProfileSettings(url=f"http://127.0.0.1:{server.server_address[1]}/debug", max_bytes=1 << 20)
+        procfs = Path(tmp) / "proc"
+        locator = RuntimeLocator(RuntimeSettings(), procfs)
         try:
-            yield ProfileReader(cfg, RuntimeLocator(cfg.runtime, cfg.path.procfs))
+            limits = DEFAULT_READ_LIMITS
+            yield ProfileReader(
+                cfg, locator, key_dir=Path(tmp) / "snap", environment="unknown", procfs=procfs, read_limits=limits
+            )
         finally:
             server.shutdown()
             server.server_close()

@@ -25,12 +25,13 @@ from inferwatch.agent.node.actions.pyspy import PidScope
 from inferwatch.agent.node.actions.snapshots import SnapshotStore
 from inferwatch.agent.node.api.auth import Authenticator
 from inferwatch.agent.node.api.server import ApiServices
+from inferwatch.agent.node.collectors import schedule
 from inferwatch.agent.node.collectors.base import CollectContext
 from inferwatch.agent.node.debugprofile.reader import ProfileReader
 from inferwatch.agent.node.host.cpuprobe import CpuProbe, SyscallCpuProbe
 from inferwatch.agent.node.host.nvml import NVMLClient, PynvmlClient
 from inferwatch.agent.node.host.procfs import LimitHits, ReadLimits
-from inferwatch.agent.node.host.runtime import RuntimeLocator
+from inferwatch.agent.node.host.runtime import RuntimeLocator, url_port
 from inferwatch.agent.node.state import AgentState
 
 
@@ -75,7 +76,7 @@ def build_deps(
     """
     state = AgentState(environment=settings.node.environment)
     locator = locator or RuntimeLocator(settings.runtime, settings.path.procfs)
-    reader = ProfileReader(settings, locator, persist_key=persist_key)
+    reader = profile_reader(settings, locator, persist_key=persist_key)
     sources = CollectContext(
         settings=settings,
         procfs=settings.path.procfs,
@@ -88,16 +89,40 @@ def build_deps(
         read_limits=ReadLimits.of(settings.read_limits, LimitHits()),
     )
     evidence = EvidenceStore(settings, locator, reader, sources.nvml)
+    binary_on = binary_configured(settings.collector("binary").enabled, settings.binary, settings.runtime)
+    binary = BinaryCheck(
+        settings.binary,
+        locator,
+        absent_interval_s=settings.interval_s,
+        engine_port=url_port(settings.engine.metrics_url),
+        state=state if binary_on else None,
+    )
+    # the py-spy dump enrichment of a snapshot at most once per runtime_profile collection
+    dump_interval_s = schedule("runtime_profile", settings).interval_s
     return Deps(
         settings=settings,
         state=state,
         sources=sources,
         auth=Authenticator(settings.api),
-        binary=BinaryCheck(settings, locator, state if binary_configured(settings) else None),
-        snapshots=SnapshotStore(settings, reader),
-        profiles=ProfileManager(settings, PidScope(locator)),
+        binary=binary,
+        snapshots=SnapshotStore(settings.snapshots, reader, settings.profiling, dump_interval_s),
+        profiles=ProfileManager(settings.profiling, PidScope(locator), settings.snapshots.dir),
         evidence=evidence,
         alertpush=AlertPusher(settings.alertmanager, state, settings.runbooks.base_url, on_fire=evidence.on_alerts),
+    )
+
+
+def profile_reader(settings: Settings, locator: RuntimeLocator, *, persist_key: bool = True) -> ProfileReader:
+    """The runtime-profile reader of these settings: its section, the snapshot directory for the hash key, the
+    environment its production finding reads, and the procfs the enrichment reads."""
+    return ProfileReader(
+        settings.runtime_profile,
+        locator,
+        key_dir=settings.snapshots.dir,
+        environment=settings.node.environment,
+        procfs=settings.path.procfs,
+        read_limits=ReadLimits.of(settings.read_limits),
+        persist_key=persist_key,
     )
 
 

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from inferwatch.agent.common.samples import Collection, Finding, Sample, attrs
-from inferwatch.agent.config import Settings
+from inferwatch.agent.config import BinarySettings, RuntimeSettings
 from inferwatch.agent.errors import NoDataError, ToolError
-from inferwatch.agent.node.host.runtime import RuntimeLocator, engine_port
+from inferwatch.agent.node.host.runtime import RuntimeLocator
 from inferwatch.agent.node.schedule import next_due
 from inferwatch.agent.node.state import AgentState
 
@@ -239,20 +239,34 @@ def binary_findings(report: BinaryReport) -> list[Any]:
 NAME = "binary"  # its record in the state
 
 
-def binary_configured(settings: Settings) -> bool:
-    """Whether the check runs in this agent: ``collectors.binary.enabled``, else a binary or runtime configured."""
-    enabled = settings.collector(NAME).enabled
+def binary_configured(enabled: bool | None, cfg: BinarySettings, rt: RuntimeSettings) -> bool:
+    """Whether the check runs in this agent: ``enabled`` (``collectors.binary.enabled``) when set, else whether a
+    binary (``binary.path``) or the runtime (``runtime.*``) is configured."""
     if enabled is not None:
         return enabled
-    rt = settings.runtime
-    return bool(settings.binary.path or rt.pid or rt.pidfile or rt.cmdline_pattern)
+    return bool(cfg.path or rt.pid or rt.pidfile or rt.cmdline_pattern)
 
 
 class BinaryCheck:
-    """Runs the check when asked (:meth:`check`) and keeps the last result; posts it to ``state`` when given."""
+    """Runs the check when asked (:meth:`check`) and keeps the last result; posts it to ``state`` when given.
 
-    def __init__(self, settings: Settings, locator: RuntimeLocator, state: AgentState | None = None) -> None:
-        self.settings = settings
+    The binary is ``cfg.path``, else the runtime's executable: the process ``locator`` finds, or (``runtime.*`` unset)
+    the one listening on ``engine_port``, read under the locator's procfs. While the runtime is absent the check
+    looks again every ``absent_interval_s`` (the agent's interval), else every ``cfg.interval_s``.
+    """
+
+    def __init__(
+        self,
+        cfg: BinarySettings,
+        locator: RuntimeLocator,
+        *,
+        absent_interval_s: float,
+        engine_port: int | None = None,
+        state: AgentState | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.absent_interval_s = absent_interval_s
+        self.engine_port = engine_port
         self.locator = locator
         self.state = state
         self._lock = threading.Lock()
@@ -277,7 +291,7 @@ class BinaryCheck:
 
     def interval_s(self) -> float:
         """Seconds between scheduled checks: the agent's interval while the runtime is absent, else binary's."""
-        return self.settings.interval_s if self.absent is not None else self.settings.binary.interval_s
+        return self.absent_interval_s if self.absent is not None else self.cfg.interval_s
 
     def _scheduled(self) -> None:
         while not self._stop.is_set():
@@ -292,12 +306,12 @@ class BinaryCheck:
             started = time.monotonic()
             self.checks += 1
             pid = None
-            procfs = self.settings.path.procfs
+            procfs = self.locator.procfs
             try:
-                path = self.settings.binary.path
+                path = self.cfg.path
                 if path is None:
                     # runtime.* when set, else the process listening on engine.metrics_url's port (as simd does)
-                    pid = self.locator.find_serving(engine_port(self.settings)).pid
+                    pid = self.locator.find_serving(self.engine_port).pid
                     try:
                         exe = os.readlink(procfs / str(pid) / "exe")
                     except OSError:
@@ -306,7 +320,7 @@ class BinaryCheck:
                             hint="the agent needs the same pid namespace and permission to read it, or set binary.path",
                         ) from None
                     path = Path(exe.removesuffix(" (deleted)"))
-                self.report = check_binary(path, pid, procfs, self.settings.binary.timeout_s)
+                self.report = check_binary(path, pid, procfs, self.cfg.timeout_s)
                 self.error = None
                 self.absent = None
             except NoDataError as exc:
@@ -328,7 +342,7 @@ class BinaryCheck:
         report = self.report
         if report is None:
             return None if self.error is None else Collection((), self.findings(), {"error": self.error})
-        runtime = attrs(runtime=self.settings.runtime.name)
+        runtime = attrs(runtime=self.locator.name)
         samples = [
             Sample("inferwatch.runtime.binary.missing_libraries", len(report.missing_libraries), runtime),
             Sample("inferwatch.runtime.binary.compatible", 1 if report.compatible else 0, runtime),

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from inferwatch.agent.config import Settings
+from inferwatch.agent.config import ProfilingSettings
 from inferwatch.agent.errors import StorageError
 from inferwatch.agent.node.actions import pyspy
 from inferwatch.agent.node.actions.ring import FileRing, new_id, valid_id
@@ -58,9 +58,12 @@ class ProfileJob:
 
 
 class ProfileManager:
-    def __init__(self, settings: Settings, scope: pyspy.PidScope) -> None:
-        self.settings = settings
-        self.cfg = settings.profiling
+    """py-spy profiles on request (``cfg``: on or off, py-spy, duration cap, ring); ``snapshots_dir``: the snapshot
+    directory, beside which profiles are kept (``../profiles``) when ``profiling.dir`` is unset."""
+
+    def __init__(self, cfg: ProfilingSettings, scope: pyspy.PidScope, snapshots_dir: Path) -> None:
+        self.cfg = cfg
+        self.snapshots_dir = snapshots_dir
         self.scope = scope
         self._lock = threading.Lock()
         self._jobs: dict[str, ProfileJob] = {}
@@ -70,7 +73,7 @@ class ProfileManager:
     def directory(self) -> Path:
         if self.cfg.dir is not None:
             return self.cfg.dir.expanduser()
-        return self.settings.snapshots.dir.expanduser().parent / "profiles"
+        return self.snapshots_dir.expanduser().parent / "profiles"
 
     def ring(self) -> FileRing:
         if self._ring is None:

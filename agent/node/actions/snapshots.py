@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from inferwatch.agent.common.samples import AnySample, Collection, Sample, attrs
-from inferwatch.agent.config import Settings
+from inferwatch.agent.config import ProfilingSettings, SnapshotSettings
 from inferwatch.agent.errors import StorageError
 from inferwatch.agent.node.actions import pyspy
 from inferwatch.agent.node.actions.ring import WRITE_REASONS, FileRing, RingEntry, sweep_temp_files, valid_id
-from inferwatch.agent.node.collectors import schedule
 from inferwatch.agent.node.debugprofile.reader import CaptureResult, ProfileReader
 
 log = logging.getLogger(__name__)
@@ -40,10 +39,23 @@ class LogSink(Protocol):
 
 
 class SnapshotStore:
-    """The ring of snapshots and the optional OTLP log sink; thread-safe."""
+    """The ring of snapshots and the optional OTLP log sink; thread-safe.
 
-    def __init__(self, settings: Settings, reader: ProfileReader, log_sink: LogSink | None = None) -> None:
-        self.settings = settings
+    ``profiling``: whether (``enabled``) and with which py-spy a capture adds a dump of the runtime, at most once per
+    ``dump_interval_s`` (the runtime_profile collector's interval).
+    """
+
+    def __init__(
+        self,
+        cfg: SnapshotSettings,
+        reader: ProfileReader,
+        profiling: ProfilingSettings,
+        dump_interval_s: float,
+        log_sink: LogSink | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.profiling = profiling
+        self.dump_interval_s = dump_interval_s
         self.reader = reader
         self.log_sink = log_sink
         self.write_errors: dict[str, int] = dict.fromkeys(WRITE_REASONS, 0)
@@ -64,12 +76,12 @@ class SnapshotStore:
 
     @property
     def directory(self) -> Path:
-        return self.settings.snapshots.dir.expanduser()
+        return self.cfg.dir.expanduser()
 
     def ring(self) -> FileRing:
         with self._lock:
             if self._ring is None:
-                snap = self.settings.snapshots
+                snap = self.cfg
                 self._ring = FileRing(self.directory, snap.max_count, snap.max_bytes)
             return self._ring
 
@@ -129,7 +141,7 @@ class SnapshotStore:
         Raises NoDataError when runtime_profile.url is unset, StorageError when the snapshot was not stored.
         """
         try:
-            snapshot = self.reader.read(trigger, self._dump if self.settings.profiling.enabled else None)
+            snapshot = self.reader.read(trigger, self._dump if self.profiling.enabled else None)
         except StorageError as exc:  # the redaction key, kept in the snapshot directory, cannot be written
             self._note(exc)
             raise
@@ -142,12 +154,12 @@ class SnapshotStore:
         """The py-spy dump enrichment, at most once per runtime_profile interval."""
         now = time.monotonic()
         with self._lock:
-            if now - self._last_dump_at < schedule("runtime_profile", self.settings).interval_s:
+            if now - self._last_dump_at < self.dump_interval_s:
                 return {}
             self._last_dump_at = now
         try:
             pid = pyspy.PidScope(self.reader.locator).check(pid)  # the runtime's pid: checked all the same
-            threads = pyspy.dump(pyspy.resolve_executable(self.settings.profiling.py_spy), pid)
+            threads = pyspy.dump(pyspy.resolve_executable(self.profiling.py_spy), pid)
         except pyspy.PySpyError as exc:
             return {"py_spy_dump": {"error": exc.kind, "message": str(exc)}}
         return {"py_spy_dump": [_strip_thread(t) for t in threads]}

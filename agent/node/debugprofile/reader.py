@@ -21,7 +21,7 @@ from typing import Any
 
 from inferwatch.agent.common.redact import redact_url
 from inferwatch.agent.common.samples import Finding
-from inferwatch.agent.config import Settings
+from inferwatch.agent.config import RuntimeProfileSettings
 from inferwatch.agent.errors import NoDataError, StorageError
 from inferwatch.agent.node.debugprofile import process
 from inferwatch.agent.node.debugprofile.fetch import FETCH_REASONS, ProfileFetchError, fetch_json, parse_header
@@ -66,12 +66,30 @@ class Snapshot:
 
 
 class ProfileReader:
-    """Reads the runtime's debug profile; ``persist_key`` False (doctor): an ephemeral hash key, nothing written."""
+    """Reads the runtime's debug profile (``cfg``: its URL, header, limits and redaction).
 
-    def __init__(self, settings: Settings, locator: RuntimeLocator, persist_key: bool = True) -> None:
+    ``key_dir`` holds the redaction hash key (the snapshot directory, so hashes stay comparable across restarts);
+    ``persist_key`` False (doctor): an ephemeral key, nothing written. ``environment`` is ``node.environment``, which
+    the production finding reads; ``procfs`` and ``read_limits`` bound the enrichment's reads.
+    """
+
+    def __init__(
+        self,
+        cfg: RuntimeProfileSettings,
+        locator: RuntimeLocator,
+        *,
+        key_dir: Path,
+        environment: str,
+        procfs: Path,
+        read_limits: ReadLimits,
+        persist_key: bool = True,
+    ) -> None:
         self.persist_key = persist_key
-        self.settings = settings
-        self.cfg = settings.runtime_profile
+        self.cfg = cfg
+        self.key_dir = key_dir
+        self.environment = environment
+        self.procfs = procfs
+        self.read_limits = read_limits
         self.locator = locator
         self.errors: dict[str, int] = dict.fromkeys(FETCH_REASONS, 0)
         self.last: CaptureResult | None = None
@@ -83,7 +101,7 @@ class ProfileReader:
     @property
     def directory(self) -> Path:
         """Where the hash key lives (beside the snapshots, so hashes stay comparable across restarts)."""
-        return self.settings.snapshots.dir.expanduser()
+        return self.key_dir.expanduser()
 
     def policy(self) -> RedactionPolicy:
         if self._policy is None:
@@ -140,7 +158,7 @@ class ProfileReader:
                 "error": {"reason": reason, "message": message} if reason else None,
                 "redaction": {"mode": policy.mode, "marker": "[REDACTED hmac:<hmac-sha256 of value, 16 hex>]"},
                 "redacted_paths": sorted(redacted_paths + [f"enrichment.{p}" for p in enrich_paths]),
-                "environment": self.settings.node.environment,
+                "environment": self.environment,
             },
             "profile": red_profile,
             "enrichment": enrichment,
@@ -160,8 +178,8 @@ class ProfileReader:
         return Snapshot(result, snapshot)
 
     def _enrichment(self, enrich: Enricher | None) -> dict[str, Any]:
-        procfs = self.settings.path.procfs
-        out: dict[str, Any] = {"cpu": process.cpu_capability(procfs, ReadLimits.of(self.settings.read_limits))}
+        procfs = self.procfs
+        out: dict[str, Any] = {"cpu": process.cpu_capability(procfs, self.read_limits)}
         try:
             pid = self.locator.find().pid
         except NoDataError as exc:
@@ -202,7 +220,7 @@ class ProfileReader:
         if last is None:
             return []
         ev: dict[str, object] = {"url": redact_url(self.cfg.url or ""), "snapshot": last.id}
-        env = self.settings.node.environment
+        env = self.environment
         if last.outcome == "error":
             ev["reason"] = last.reason
             summary = f"runtime_profile fetch failed: {last.message}"

@@ -33,10 +33,9 @@ MAX_PIDFILE_BYTES = 64
 MAX_SCAN_PIDS = 100_000
 
 
-def engine_port(settings: object) -> int | None:
-    """The TCP port of ``engine.metrics_url`` when that setting exists and is set: where to look for the runtime
-    (its listener) when ``runtime.*`` is not set (the simd collector, the binary check, the doctor)."""
-    url = getattr(getattr(settings, "engine", None), "metrics_url", None)
+def url_port(url: str | None) -> int | None:
+    """The TCP port of ``url`` (``engine.metrics_url``) when it is set: where to look for the runtime (its listener)
+    when ``runtime.*`` is not set (the simd collector, the binary check, the doctor)."""
     if not url:
         return None
     try:
@@ -44,6 +43,11 @@ def engine_port(settings: object) -> int | None:
         return parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
         return None
+
+
+def engine_port(settings: object) -> int | None:
+    """:func:`url_port` of ``settings.engine.metrics_url`` when that setting exists (for a caller holding settings)."""
+    return url_port(getattr(getattr(settings, "engine", None), "metrics_url", None))
 
 
 class RuntimeLocator:

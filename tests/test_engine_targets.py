@@ -79,6 +79,7 @@ def sims(tmp_path: Path) -> Iterator[list[tuple[int, Any]]]:
                 "--seed",
                 str(i),
             ]
+            cmd += ["--debug-profile"] if i == 0 else []  # engine A also answers its runtime profile
             proc = stack.enter_context(running([*cmd, "--log-level", "warning"], tmp_path / f"sim{i}.log", cwd=ROOT))
             out.append((port, proc))
         for port, proc in out:
@@ -90,8 +91,9 @@ def sims(tmp_path: Path) -> Iterator[list[tuple[int, Any]]]:
 def test_each_engine_has_its_own_collectors_identity_and_failure(tmp_path: Path, sims: list[tuple[int, Any]]) -> None:
     (port_a, _), (port_b, proc_b) = sims
     targets = tmp_path / "targets.yaml"
-    gpu0 = {"targets": [f"127.0.0.1:{port_a}"], "labels": {"__inferwatch_name__": "gpu0", "namespace": "serving",
-                                                          "pod": "vllm-0", "container": "vllm"}}  # fmt: skip
+    labels_a = {"__inferwatch_name__": "gpu0", "namespace": "serving", "pod": "vllm-0", "container": "vllm"}
+    labels_a["__inferwatch_profile_path__"] = "/debug/runtime_profile"
+    gpu0 = {"targets": [f"127.0.0.1:{port_a}"], "labels": labels_a}
     gpu1 = {"targets": [f"127.0.0.1:{port_b}"], "labels": {"__inferwatch_name__": "gpu1"}}
     _write(targets, [gpu0, gpu1])
     settings = Settings(
@@ -115,6 +117,13 @@ def test_each_engine_has_its_own_collectors_identity_and_failure(tmp_path: Path,
         )
         assert 'engine_name="gpu0"' in info[0] and 'gen_ai_request_model="model-a"' in info[0]
         assert 'engine_name="gpu1"' in info[1] and 'gen_ai_request_model="model-b"' in info[1]
+        # engine A's runtime profile: read by a reader of its own, its snapshot stored with the engine's identity
+        profile = "inferwatch_runtime_profile_available"
+        _wait("gpu0's profile", lambda: any('engine_name="gpu0"' in x and x.endswith(" 1.0")
+                                            for x in _lines(agent.state, profile)))  # fmt: skip
+        stored = _wait("a snapshot", lambda: list((tmp_path / "snap").rglob("*.json")))
+        assert '"engine_name": "gpu0"' not in stored[0].read_text()  # attributes, not Prometheus labels
+        assert '"inferwatch.engine.name": "gpu0"' in stored[0].read_text()
         overview = build_overview(agent.state, PageHistory())
         shown = {e["name"]: e for e in overview["engines"]}
         assert shown["gpu0"]["pod"] == "vllm-0" and shown["gpu0"]["models"] == ["model-a"] and shown["gpu0"]["up"] == 1

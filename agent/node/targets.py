@@ -96,7 +96,8 @@ class TargetCollector(BaseCollector):
             raise
         findings = [self._finding(f) for f in c.findings]
         details = {**c.details, "target": target_dict(self.target)}
-        return Collection(stamp(list(c.samples), self.identity), findings, details, c.events)
+        events = tuple({**e, "meta": {**e.get("meta", {}), **dict(self.identity)}} for e in c.events)  # snapshots
+        return Collection(stamp(list(c.samples), self.identity), findings, details, events)
 
     def _finding(self, f: Finding) -> Finding:
         evidence = {**f.evidence, **dict(self.identity)}

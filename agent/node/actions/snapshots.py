@@ -100,7 +100,7 @@ class SnapshotStore:
 
     def on_record(self, name: str, collection: Collection) -> None:
         """State listener: keep and export the snapshots a runtime_profile collection carries."""
-        if name != SOURCE:
+        if name != SOURCE and not name.startswith(SOURCE + ":"):  # the single engine's, or an engine target's
             return
         for document in collection.events:
             self.keep(dict(document))

@@ -349,7 +349,7 @@ def test_a_parse_past_the_collector_timeout_sets_up_0_and_counts_a_timeout() -> 
         slow = _SlowParse(c.parser)
         c.parser = slow  # type: ignore[assignment]
         state = AgentState()
-        runner = Runner(c.ctx.settings, state, [c], {"engine": Schedule(0.1, 0.3, "engine")})
+        runner = Runner(state, [c], {"engine": Schedule(0.1, 0.3, "engine")})
         runner.start()
         try:
             assert _poll(lambda: state.health()["engine"].state == "ok")

@@ -20,7 +20,7 @@ import pytest
 
 from inferwatch.agent.common.samples import Collection
 from inferwatch.agent.config import Settings
-from inferwatch.agent.node.collectors import Schedule
+from inferwatch.agent.node.collectors import Schedule, schedules
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext
 from inferwatch.agent.node.collectors.engine import EngineCollector
 from inferwatch.agent.node.engine.fetch import EngineScrapeError
@@ -84,7 +84,8 @@ def test_a_slow_engine_body_logs_one_line_when_it_starts_and_one_when_it_ends(
     with es.EngineServer({"/metrics": es.body(VLLM)}) as srv:
         settings = Settings(interval_s=INTERVAL_S, engine={"metrics_url": srv.url("/metrics")})
         state = AgentState()
-        runner = Runner(settings, state, [EngineCollector(collect_context(settings))])
+        collectors = [EngineCollector(collect_context(settings))]
+        runner = Runner(state, collectors, schedules(collectors, settings))
         runner.start()
         try:
             assert _wait(lambda: state.health()["engine"].state == "ok", 30)
@@ -134,7 +135,7 @@ def test_a_flapping_cause_logs_once_a_new_cause_once_and_the_end_once(caplog: py
     collector = Scripted(collect_context(settings), causes)
     state = AgentState()
     # a run every 0.2-1 s (the scheduler wakes for the next run at the last one's deadline at the latest)
-    runner = Runner(settings, state, [collector], {"scripted": Schedule(0.2, 1.0, "host")})
+    runner = Runner(state, [collector], {"scripted": Schedule(0.2, 1.0, "host")})
     runner.start()
     try:
         assert _wait(lambda: state.health()["scripted"].state == "ok", 60)

@@ -14,6 +14,7 @@ import pytest
 
 from inferwatch.agent.config import load_settings
 from inferwatch.agent.errors import NoDataError
+from inferwatch.agent.node.collectors import schedules
 from inferwatch.agent.node.collectors.process import ProcessCollector, _faults
 from inferwatch.agent.node.host.cgroup import cgroup_v2_path, parse_memory_stat
 from inferwatch.agent.node.host.runtime import RuntimeLocator
@@ -108,7 +109,8 @@ def test_unconfigured_runtime_is_absent_with_a_hint() -> None:
 def test_runner_keeps_runtime_up_zero_when_absent() -> None:
     settings = load_settings(overrides={"runtime": {"pid": 2**22 - 1}})  # above pid_max's default: never a process
     state = AgentState()
-    runner = Runner(settings, state, [ProcessCollector(collect_context(settings))])
+    collectors = [ProcessCollector(collect_context(settings))]
+    runner = Runner(state, collectors, schedules(collectors, settings))
     runner.start()
     try:
         deadline = time.monotonic() + 10

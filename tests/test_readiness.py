@@ -14,11 +14,19 @@ import httpx
 import pytest
 
 from inferwatch.agent.common.samples import Collection, Finding
-from inferwatch.agent.config import Settings
+from inferwatch.agent.config import EngineSettings, ReadinessSettings, Settings
 from inferwatch.agent.node.api.readiness import readiness
 from inferwatch.agent.node.state import AgentState, CollectorHealth, next_health
 
 ENGINE_URL = "http://127.0.0.1:8000/metrics"
+ENGINE = EngineSettings(metrics_url=ENGINE_URL)
+
+
+def _ready(
+    state: AgentState, name: str = "default", now: float | None = None, **cfg: Any
+) -> tuple[int, dict[str, Any]]:
+    """readiness() with only the sections it reads: ``readiness`` (``cfg``) and the engine's."""
+    return readiness(ReadinessSettings(**cfg), ENGINE, state, name, now)
 
 
 def _settings(**extra: Any) -> Settings:
@@ -41,48 +49,48 @@ def _hung() -> Finding:
 
 
 def test_reasons_in_order() -> None:
-    s, state = _settings(), AgentState()
+    state = AgentState()
     state.register(CollectorHealth("engine", 2.0, 2.0))
-    assert readiness(s, state, "default")[1]["reason"] == "pending"
+    assert _ready(state)[1]["reason"] == "pending"
     _record(state)
-    assert readiness(s, state, "default") == (200, readiness(s, state, "default")[1])
-    assert readiness(s, state, "default")[1]["ready"] is True
+    assert _ready(state) == (200, _ready(state)[1])
+    assert _ready(state)[1]["ready"] is True
     _record(state, findings=(_hung(),))
-    code, body = readiness(s, state, "default")
+    code, body = _ready(state)
     assert (code, body["reason"], body["ranks"]) == (503, "hung", [{"model": "m", "rank": "0"}])
     _record(state, "exception")
-    code, body = readiness(s, state, "default")
+    code, body = _ready(state)
     assert (code, body["reason"], body["detail"]) == (503, "down", "connect: refused")
     _record(state)
-    assert readiness(s, state, "default")[0] == 200
-    assert readiness(s, state, "default", now=time.time() + 60)[1]["reason"] == "stale"
+    assert _ready(state)[0] == 200
+    assert _ready(state, now=time.time() + 60)[1]["reason"] == "stale"
     probe_fail = Finding("probe.openai.error", "fail", "openai probe failed (timeout): no token in 10s", {})
     state.record("probe", CollectorHealth("probe", 30, 10, runs=1, state="ok"), Collection([], [probe_fail], {}))
-    assert readiness(s, state, "default")[1]["reason"] == "probe_failed"
-    assert readiness(s, state, "other")[0] == 404
+    assert _ready(state)[1]["reason"] == "probe_failed"
+    assert _ready(state, "other")[0] == 404
 
 
 def test_saturated_is_ready_unless_load_shedding_is_asked_for() -> None:
     state = AgentState()
     _record(state, waiting=500)
-    assert readiness(_settings(), state, "default")[0] == 200
-    code, body = readiness(_settings(readiness={"shed_waiting": 100}), state, "default")
+    assert _ready(state)[0] == 200
+    code, body = _ready(state, shed_waiting=100)
     assert (code, body["reason"]) == (503, "saturated")
-    assert readiness(_settings(readiness={"shed_waiting": 1000}), state, "default")[0] == 200
+    assert _ready(state, shed_waiting=1000)[0] == 200
 
 
 def test_no_engine_configured() -> None:
-    code, body = readiness(Settings(), AgentState(), "default")
+    code, body = readiness(ReadinessSettings(), EngineSettings(), AgentState(), "default")
     assert (code, body["reason"]) == (503, "not_configured")
 
 
 def test_answered_from_the_state_within_5_ms() -> None:
-    s, state = _settings(), AgentState()
+    state = AgentState()
     _record(state, findings=(_hung(),))
     times = []
     for _ in range(2000):
         t = time.perf_counter()
-        readiness(s, state, "default")
+        _ready(state)
         times.append(time.perf_counter() - t)
     assert statistics.median(times) < 0.005  # typically ~10 µs: a dict lookup under the state's lock
 

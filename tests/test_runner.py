@@ -7,17 +7,25 @@ import threading
 import time
 from typing import ClassVar
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferwatch.agent.common.samples import Collection, Sample, attrs
-from inferwatch.agent.config import load_settings
+from inferwatch.agent.config import Settings, load_settings
 from inferwatch.agent.errors import NoDataError
-from inferwatch.agent.node.collectors import Schedule
+from inferwatch.agent.node.collectors import Schedule, schedules
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext
 from inferwatch.agent.node.runner import STANDBY_GAP_RATIO, Runner
 from inferwatch.agent.node.state import AgentState
 from inferwatch.agent.node.wiring import collect_context
 from inferwatch.exporters.prometheus import render
+
+
+def _runner(
+    settings: Settings, state: AgentState, collectors: list[BaseCollector], given: dict[str, Schedule] | None = None
+) -> Runner:
+    """The runner as the agent builds it: the registry's schedule for each collector, ``given`` ones instead."""
+    return Runner(state, collectors, {**schedules(collectors, settings), **(given or {})})
 
 
 class Good(BaseCollector):
@@ -85,7 +93,7 @@ def test_failures_are_isolated_and_reported(caplog) -> None:
     ctx = collect_context(settings)
     state = AgentState()
     kinds = [Good, Raises, Hangs, Garbage, WrongAttrs, NotACollection, Absent]
-    runner = Runner(settings, state, [k(ctx) for k in kinds])
+    runner = _runner(settings, state, [k(ctx) for k in kinds])
     Hangs.release.clear()
     runner.start()
     try:
@@ -137,7 +145,7 @@ def test_hung_collector_is_not_started_twice() -> None:
 
     settings = load_settings(overrides={"interval_s": 0.1, "timeout_s": 0.1})
     state = AgentState()
-    runner = Runner(settings, state, [Slow(collect_context(settings))])
+    runner = _runner(settings, state, [Slow(collect_context(settings))])
     runner.start()
     try:
         assert _wait(lambda: state.health()["slow"].runs >= 5)
@@ -170,7 +178,7 @@ def test_host_collectors_share_one_worker_thread() -> None:
     ctx = collect_context(settings)
     state = AgentState()
     own_lane = {"network": Schedule(0.2, 0.2, "network")}  # as the registry declares lane=None
-    runner = Runner(settings, state, [Good(ctx), Absent(ctx), Counting(ctx), Network(ctx)], own_lane)
+    runner = _runner(settings, state, [Good(ctx), Absent(ctx), Counting(ctx), Network(ctx)], own_lane)
     runner.start()
     try:
         assert _wait(lambda: all(h.runs >= 3 for h in state.health().values()))
@@ -187,7 +195,7 @@ def test_a_scrape_pulls_due_runs_forward_and_waits_for_them() -> None:
     settings = load_settings(overrides={"interval_s": 2.0, "timeout_s": 1.0})
     collector = Counting(collect_context(settings))
     state = AgentState()
-    runner = Runner(settings, state, [collector])
+    runner = _runner(settings, state, [collector])
     # Start just after a point of the runner's 2 s grid, so the first timed run after the start is ~1.95 s on.
     while time.monotonic() % 2.0 > 0.05:
         time.sleep(0.01)
@@ -212,7 +220,7 @@ def test_pull_never_waits_on_a_hung_collector() -> None:
     settings = load_settings(overrides={"interval_s": 0.2, "timeout_s": 0.2})
     ctx = collect_context(settings)
     state = AgentState()
-    runner = Runner(settings, state, [Hangs(ctx), Good(ctx)])
+    runner = _runner(settings, state, [Hangs(ctx), Good(ctx)])
     Hangs.release.clear()
     runner.start()
     try:
@@ -239,7 +247,7 @@ def test_absence_only_configuration_can_end_is_not_retried() -> None:
     ctx = collect_context(settings)
     state = AgentState()
     final = {"unconfigured": Schedule(0.1, 0.1, "host", absence_final=True)}  # as Entry(configured=...) says
-    runner = Runner(settings, state, [Unconfigured(ctx), Absent(ctx), Good(ctx)], final)
+    runner = _runner(settings, state, [Unconfigured(ctx), Absent(ctx), Good(ctx)], final)
     runner.start()
     try:
         assert _wait(lambda: state.health()["good"].runs >= 5 and state.health()["absent"].runs >= 5)
@@ -254,7 +262,7 @@ def test_absence_only_configuration_can_end_is_not_retried() -> None:
 def test_a_scheduler_bug_is_logged_and_collection_goes_on(caplog) -> None:
     settings = load_settings(overrides={"interval_s": 0.1, "timeout_s": 0.1})
     state = AgentState()
-    runner = Runner(settings, state, [Good(collect_context(settings))])
+    runner = _runner(settings, state, [Good(collect_context(settings))])
     real_expire, failures = runner._expire, []
 
     def expire_failing_once(now: float) -> None:
@@ -278,7 +286,7 @@ def test_an_async_scrape_pulls_and_waits_on_the_loop_not_a_thread() -> None:
     settings = load_settings(overrides={"interval_s": 2.0, "timeout_s": 1.0})
     collector = Counting(collect_context(settings))
     state = AgentState()
-    runner = Runner(settings, state, [collector])
+    runner = _runner(settings, state, [collector])
     while time.monotonic() % 2.0 > 0.05:  # just after a point of the 2 s grid: the next timed run ~1.95 s on
         time.sleep(0.01)
     runner.start()
@@ -307,7 +315,7 @@ def test_an_async_scrape_stops_waiting_on_a_hung_collector_after_wait_s() -> Non
     ctx = collect_context(settings)
 
     own_lane = {"hangs": Schedule(5.0, 5.0, "hangs")}  # a lane of its own, as the registry declares lane=None
-    runner = Runner(settings, state, [Hangs(ctx), Good(ctx)], own_lane)
+    runner = _runner(settings, state, [Hangs(ctx), Good(ctx)], own_lane)
     Hangs.release.clear()
     runner.start()
     try:
@@ -334,7 +342,7 @@ def test_a_lasting_absence_is_retried_after_absent_retry_s_not_every_interval() 
     ctx = collect_context(settings)
     state = AgentState()
     lasting = {"nodriver": Schedule(0.1, 0.1, "host", absent_retry_s=0.6)}  # as Entry(absent_retry_s=...) says
-    runner = Runner(settings, state, [NoDriver(ctx), Good(ctx)], lasting)
+    runner = _runner(settings, state, [NoDriver(ctx), Good(ctx)], lasting)
     runner.start()
     try:
         assert _wait(lambda: len(NoDriver.calls) >= 3, 5)
@@ -352,7 +360,7 @@ def test_scrapes_at_the_interval_drive_the_runs_and_the_scheduler_stands_by() ->
     settings = load_settings(overrides={"interval_s": 0.2, "timeout_s": 0.2})
     collector = Counting(collect_context(settings))
     state = AgentState()
-    runner = Runner(settings, state, [collector])
+    runner = _runner(settings, state, [collector])
     dispatches: list[float] = []
     real_dispatch = runner._dispatch
 
@@ -415,7 +423,7 @@ def test_a_timeout_and_a_hung_run_are_told_to_the_collector_and_raised_failures_
     settings = load_settings(overrides={"interval_s": 0.1, "timeout_s": 0.1})
     ctx = collect_context(settings)
     state = AgentState()
-    runner = Runner(settings, state, [Told(ctx), RaisesTold(ctx)])
+    runner = _runner(settings, state, [Told(ctx), RaisesTold(ctx)])
     Hangs.release.clear()
     runner.start()
     try:
@@ -437,7 +445,7 @@ def test_a_timeout_longer_than_the_interval_keeps_the_interval() -> None:
     ctx = collect_context(settings)
     state = AgentState()
     counting = Counting(ctx)
-    runner = Runner(settings, state, [counting], {"counting": Schedule(0.2, 4.0, "counting")})
+    runner = Runner(state, [counting], {"counting": Schedule(0.2, 4.0, "counting")})
     runner.start()
     try:
         time.sleep(2.5)  # the runner's threads run on their schedule meanwhile
@@ -445,3 +453,10 @@ def test_a_timeout_longer_than_the_interval_keeps_the_interval() -> None:
         runner.stop()
     # every 0.2 s: ~12 runs; woken only at each deadline (4 s): 1
     assert len(counting.calls) >= 5, counting.calls
+
+
+def test_a_collector_without_a_schedule_is_refused() -> None:
+    # the runner reads no settings: whoever builds it (the composition root) plans every collector
+    ctx = collect_context(load_settings())
+    with pytest.raises(ValueError, match="no schedule for collector"):
+        Runner(AgentState(), [Good(ctx), Raises(ctx)], {"good": Schedule(1.0, 1.0, "host")})

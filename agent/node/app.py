@@ -13,7 +13,7 @@ from typing import Any
 
 from inferwatch.agent.common.samples import Sample, attrs
 from inferwatch.agent.config import Settings
-from inferwatch.agent.node.collectors import HOST_LANE, Collector, Schedule, enabled_collectors
+from inferwatch.agent.node.collectors import HOST_LANE, Collector, Schedule, enabled_collectors, schedules
 from inferwatch.agent.node.identity import node_identity
 from inferwatch.agent.node.runner import Runner
 from inferwatch.agent.node.state import CollectorHealth
@@ -69,10 +69,9 @@ class Agent:
         if discovery_configured(settings.discovery) and not settings.engine.metrics_url:
             collectors = [c for c in collectors if c.name != "engine"]  # only the discovered engines
         self.runner = Runner(
-            settings,
             self.state,
             [*collectors, *processors],
-            {p.name: processing for p in processors},
+            {**schedules(collectors, settings), **{p.name: processing for p in processors}},
         )
         if discovery_configured(settings.discovery):
             from inferwatch.agent.node.discovery.combined import Discovery
@@ -113,7 +112,17 @@ class Agent:
         from inferwatch.agent.node.api.server import create_app
 
         services = replace(self.deps.api_services(), explainer=self.explainer)
-        return create_app(self.settings, self.state, self.runner.pull_async, services)
+        s = self.settings
+        return create_app(
+            self.state,
+            services,
+            engine_cfg=s.engine,
+            readiness_cfg=s.readiness,
+            runbooks_cfg=s.runbooks,
+            pull=self.runner.pull_async if s.collect_on_scrape else None,
+            scrape_wait_s=s.scrape_wait_s,
+            exemplars=s.receiver.enabled and s.receiver.emit_histograms,
+        )
 
     def start(self) -> None:
         with self._lock:

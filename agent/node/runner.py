@@ -30,9 +30,8 @@ from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
 from inferwatch.agent.catalog.spec import Kind
 from inferwatch.agent.common.redact import redact_text
 from inferwatch.agent.common.samples import Collection, HistogramSample, Sample
-from inferwatch.agent.config import Settings
 from inferwatch.agent.errors import CatalogError, NoDataError
-from inferwatch.agent.node.collectors import Schedule, schedule
+from inferwatch.agent.node.collectors import Schedule
 from inferwatch.agent.node.collectors.base import Collector
 from inferwatch.agent.node.schedule import SlotTimes, adaptive_interval, after_run, next_wake, pulled_runs, timed_runs
 from inferwatch.agent.node.state import AgentState, CollectorHealth, next_health
@@ -157,17 +156,18 @@ class Runner:
 
     def __init__(
         self,
-        settings: Settings,
         state: AgentState,
         collectors: Iterable[Collector],
-        schedules: Mapping[str, Schedule] | None = None,
+        schedules: Mapping[str, Schedule],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``schedules`` by collector name; one not given is the registry's
-        (:func:`inferwatch.agent.node.collectors.schedule`)."""
-        self.settings = settings
+        """``schedules``: each collector's, by name (the composition root takes them from the registry,
+        :func:`inferwatch.agent.node.collectors.schedules`); a collector without one is a ValueError."""
         self.state = state
         self.collectors = list(collectors)
+        missing = sorted({c.name for c in self.collectors} - set(schedules))
+        if missing:
+            raise ValueError(f"no schedule for collector(s) {', '.join(missing)}")
         self._clock = clock  # monotonic seconds; the schedule itself is pure (inferwatch.agent.node.schedule)
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -187,7 +187,7 @@ class Runner:
         self._failures: dict[str, _Failure] = {}  # collectors failing now, by name (logged once per cause)
         self._running = False  # started: a lane added later (Runner.add) gets its worker at once
         for c in self.collectors:
-            plan = (schedules or {}).get(c.name) or schedule(c.name, settings)
+            plan = schedules[c.name]
             interval, timeout, lane = plan.interval_s, plan.timeout_s, plan.lane
             if lane not in self._lanes:
                 self._lanes[lane] = _Lane(lane, threading.Condition(self._lock))

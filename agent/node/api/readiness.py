@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from inferwatch.agent.config import Settings
+from inferwatch.agent.config import EngineSettings, ReadinessSettings
 from inferwatch.agent.node.state import AgentState
 
 ENGINE = "engine"
@@ -30,14 +30,16 @@ PROBE = "probe"
 HANG_FINDING = "engine_hung"
 
 
-def readiness(settings: Settings, state: AgentState, name: str, now: float | None = None) -> tuple[int, dict[str, Any]]:
+def readiness(
+    cfg: ReadinessSettings, engine_cfg: EngineSettings, state: AgentState, name: str, now: float | None = None
+) -> tuple[int, dict[str, Any]]:
     """(HTTP status, body) for engine ``name``: 200 ``{"ready": true, ...}``, 503 with ``reason``, 404 unknown."""
     now = time.time() if now is None else now
-    if name != settings.engine.name:
-        return 404, {"error": "unknown_engine", "engine": name, "engines": [settings.engine.name]}
+    if name != engine_cfg.name:
+        return 404, {"error": "unknown_engine", "engine": name, "engines": [engine_cfg.name]}
     body: dict[str, Any] = {"engine": name, "ready": False}
     health = state.health().get(ENGINE)
-    if health is None or not settings.engine.metrics_url:
+    if health is None or not engine_cfg.metrics_url:
         return 503, {**body, "reason": "not_configured", "detail": "engine.metrics_url is not set"}
     if health.runs == 0:
         return 503, {**body, "reason": "pending", "detail": "the engine has not been read yet"}
@@ -45,7 +47,7 @@ def readiness(settings: Settings, state: AgentState, name: str, now: float | Non
         return 503, {**body, "reason": "down", "detail": health.last_error or "the engine's /metrics read failed"}
     age = now - (health.last_success_at or 0.0)
     # never below two of the collector's longest intervals: an engine read at the slow pace is not stale
-    if age > max(settings.readiness.max_age_s, 2 * health.interval_s):
+    if age > max(cfg.max_age_s, 2 * health.interval_s):
         return 503, {**body, "reason": "stale", "detail": f"the engine was last read {age:.1f}s ago"}
     collections = state.collections()
     engine = collections.get(ENGINE)
@@ -63,7 +65,7 @@ def readiness(settings: Settings, state: AgentState, name: str, now: float | Non
         return 503, {**body, "reason": "probe_failed", "detail": failed[0].summary}
     ranks: list[dict[str, Any]] = list(engine.details.get("hang", [])) if engine else []
     waiting = sum(float(r.get("waiting", 0)) for r in ranks)
-    shed = settings.readiness.shed_waiting
+    shed = cfg.shed_waiting
     if shed > 0 and waiting >= shed:
         return 503, {**body, "reason": "saturated", "detail": f"{waiting:.0f} requests waiting (shed at {shed})"}
     return 200, {"engine": name, "ready": True, "reason": "serving", "age_s": round(age, 3), "waiting": waiting}

@@ -20,7 +20,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTex
 from starlette.datastructures import Headers
 
 from inferwatch.agent.common.samples import UNKNOWN_MODEL, Finding, Sample, attrs
-from inferwatch.agent.config import Settings
+from inferwatch.agent.config import EngineSettings, ReadinessSettings
 from inferwatch.agent.errors import NoDataError, StorageError
 from inferwatch.agent.node.actions import pyspy
 from inferwatch.agent.node.actions.binary import BinaryCheck
@@ -95,7 +95,16 @@ class Authenticate:
         await refusal(scope, receive, send)
 
 
-def install(app: FastAPI, settings: Settings, state: AgentState, services: ApiServices) -> None:
+def install(
+    app: FastAPI,
+    state: AgentState,
+    services: ApiServices,
+    *,
+    engine_cfg: EngineSettings,
+    readiness_cfg: ReadinessSettings,
+) -> None:
+    """The API's routes besides /metrics, the health checks and the runbooks: the engine and readiness sections are
+    the only settings they read (whether py-spy profiles are on is the profile manager's)."""
     auth = services.auth
     snapshots = services.snapshots
     state.add_source(
@@ -126,7 +135,7 @@ def install(app: FastAPI, settings: Settings, state: AgentState, services: ApiSe
     # ---
     @app.get("/engines/{name}/ready")
     async def engine_ready(name: str) -> JSONResponse:
-        code, body = readiness(settings, state, name)
+        code, body = readiness(readiness_cfg, engine_cfg, state, name)
         return JSONResponse(body, status_code=code)
 
     # --- runtime_profile snapshots ---
@@ -276,7 +285,7 @@ def install(app: FastAPI, settings: Settings, state: AgentState, services: ApiSe
 
     @app.post("/api/v1/profiles")
     def start_profile(body: dict[str, Any] = Body(default_factory=dict)) -> JSONResponse:
-        if not settings.profiling.enabled:
+        if not manager.cfg.enabled:
             return JSONResponse(
                 {"error": "profiling_disabled", "message": "py-spy profiles are off: set profiling.enabled=true"},
                 status_code=409,

@@ -12,7 +12,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from inferwatch.agent import __version__
 from inferwatch.agent.common.redact import redact_url
 from inferwatch.agent.common.runbooks import MARKDOWN_TYPE, Runbooks, to_html, wants_markdown
-from inferwatch.agent.config import Settings
+from inferwatch.agent.config import EngineSettings, ReadinessSettings, RunbooksSettings
 from inferwatch.agent.node.api.auth import Authenticator
 from inferwatch.agent.node.api.routes import finding_dict, install
 from inferwatch.agent.node.api.services import ApiServices
@@ -31,18 +31,30 @@ class MetricsEndpoint:
     event loop (:meth:`Runner.pull_async`: the loop waits, the lane workers collect), and writes the state with
     :func:`inferwatch.exporters.prometheus.render`. A request the token check refuses goes on to the API, whose
     authentication middleware answers (and counts) the 401/403 as for any other path.
+
+    ``pull`` None (``collect_on_scrape`` off): a scrape writes the state as it is; else it waits at most
+    ``scrape_wait_s`` for the pulled collections. ``exemplars``: the span receiver feeds histograms with exemplars
+    (``receiver.enabled`` and ``receiver.emit_histograms``), so a scrape that asks for OpenMetrics gets it.
     """
 
-    def __init__(self, app: Any, settings: Settings, state: AgentState, pull: Pull, auth: Authenticator) -> None:
+    def __init__(
+        self,
+        app: Any,
+        state: AgentState,
+        auth: Authenticator,
+        pull: Pull | None,
+        scrape_wait_s: float,
+        exemplars: bool,
+    ) -> None:
         self.app = app
-        self.settings = settings
         self.state = state
         self.pull = pull
+        self.scrape_wait_s = scrape_wait_s
         self.auth = auth
         self._headers = [(b"content-type", CONTENT_TYPE.encode())]
         self._openmetrics_headers = [(b"content-type", OPENMETRICS_CONTENT_TYPE.encode())]
         # Exemplars exist only on the histograms the span receiver feeds: OpenMetrics (and its slower path) only then
-        self._exemplars = settings.receiver.enabled and settings.receiver.emit_histograms
+        self._exemplars = exemplars
         self._openmetrics_failed = False  # logged once
 
     def _allowed(self, scope: dict[str, Any]) -> bool:
@@ -58,9 +70,8 @@ class MetricsEndpoint:
         if scope["method"] not in ("GET", "HEAD"):
             await PlainTextResponse("method not allowed\n", 405, headers={"Allow": "GET, HEAD"})(scope, receive, send)
             return
-        settings = self.settings
-        if settings.collect_on_scrape:
-            await self.pull(settings.scrape_wait_s)
+        if self.pull is not None:
+            await self.pull(self.scrape_wait_s)
         accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
         body = None
         if self._exemplars and b"application/openmetrics-text" in accept:
@@ -77,13 +88,33 @@ class MetricsEndpoint:
         await send({"type": "http.response.body", "body": body if scope["method"] == "GET" else b""})
 
 
-def create_app(settings: Settings, state: AgentState, pull: Pull, services: ApiServices) -> MetricsEndpoint:
-    """The agent's ASGI application: :class:`MetricsEndpoint` in front of the FastAPI app."""
-    return MetricsEndpoint(create_api(settings, state, services), settings, state, pull, services.auth)
+def create_app(
+    state: AgentState,
+    services: ApiServices,
+    *,
+    engine_cfg: EngineSettings,
+    readiness_cfg: ReadinessSettings,
+    runbooks_cfg: RunbooksSettings,
+    pull: Pull | None,
+    scrape_wait_s: float,
+    exemplars: bool,
+) -> MetricsEndpoint:
+    """The agent's ASGI application: :class:`MetricsEndpoint` (``pull``, ``scrape_wait_s``, ``exemplars``) in front
+    of the FastAPI app (:func:`create_api`)."""
+    api = create_api(state, services, engine_cfg=engine_cfg, readiness_cfg=readiness_cfg, runbooks_cfg=runbooks_cfg)
+    return MetricsEndpoint(api, state, services.auth, pull, scrape_wait_s, exemplars)
 
 
-def create_api(settings: Settings, state: AgentState, services: ApiServices) -> FastAPI:
-    """Every route but ``/metrics`` (answered in front of it by :class:`MetricsEndpoint`)."""
+def create_api(
+    state: AgentState,
+    services: ApiServices,
+    *,
+    engine_cfg: EngineSettings,
+    readiness_cfg: ReadinessSettings,
+    runbooks_cfg: RunbooksSettings,
+) -> FastAPI:
+    """Every route but ``/metrics`` (answered in front of it by :class:`MetricsEndpoint`); ``runbooks_cfg``: where
+    the runbook links point, the engine and readiness sections: ``GET /engines/{name}/ready``."""
     app = FastAPI(title="inferwatch agent", version=__version__, docs_url=None, redoc_url=None)
 
     @app.get("/healthz")
@@ -112,11 +143,11 @@ def create_api(settings: Settings, state: AgentState, services: ApiServices) -> 
 
     # runbooks.base_url when set; else this agent's own /runbooks, as the request reached it (host and port the
     # agent serves on, not the default's 9435).
-    runbooks_base_set = "base_url" in settings.runbooks.model_fields_set
+    runbooks_base_set = "base_url" in runbooks_cfg.model_fields_set
 
     @app.get("/runbooks")
     def runbook_index(request: Request) -> dict[str, Any]:
-        base = settings.runbooks.base_url if runbooks_base_set else f"{str(request.base_url).rstrip('/')}/runbooks"
+        base = runbooks_cfg.base_url if runbooks_base_set else f"{str(request.base_url).rstrip('/')}/runbooks"
         base = redact_url(base)  # an open path: never a credential in a link
         return {"runbooks": [{"alert": n, "url": f"{base}/{n}"} for n in runbooks.names()]}
 
@@ -129,5 +160,5 @@ def create_api(settings: Settings, state: AgentState, services: ApiServices) -> 
             return Response(text, media_type=MARKDOWN_TYPE)
         return HTMLResponse(to_html(name, text))
 
-    install(app, settings, state, services)
+    install(app, state, services, engine_cfg=engine_cfg, readiness_cfg=readiness_cfg)
     return app

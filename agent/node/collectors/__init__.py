@@ -11,11 +11,15 @@ request, from which the entry derives the run's default timeout).
 Lanes: quick local reads (/proc, /sys, NVML) share the ``host`` lane, one worker thread calling them in
 turn; a collector that waits on the network has a lane of its own (``lane=None``), so it never delays
 the others.
+
+The registry is part of the composition: its predicates and :func:`schedule` read the whole ``Settings`` to decide
+what runs and when, and the composition root (agent/node/app.py) hands the runner the result
+(:func:`schedules`). The runner itself never reads the settings.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from inferwatch.agent.config import (
@@ -34,7 +38,7 @@ from inferwatch.agent.node.collectors.process import ProcessCollector
 from inferwatch.agent.node.collectors.runtime_profile import RuntimeProfileCollector
 from inferwatch.agent.node.collectors.simd import SimdCollector
 from inferwatch.agent.node.host.nvml import NVML_ABSENT_RETRY_S
-from inferwatch.agent.node.host.runtime import engine_port
+from inferwatch.agent.node.host.runtime import url_port
 
 HOST_LANE = "host"
 TIMING_MARGIN_S = 5.0  # a run's timeout beyond the requests it makes
@@ -125,7 +129,7 @@ REGISTRY: dict[str, Entry] = {
             timeout_s=lambda s: s.probe.timeout_s * len(s.probe.protocols) + TIMING_MARGIN_S,
             lane=None,
         ),
-        Entry(SimdCollector, configured=lambda s: _runtime_configured(s) or engine_port(s) is not None),
+        Entry(SimdCollector, configured=lambda s: _runtime_configured(s) or url_port(s.engine.metrics_url) is not None),
     )
 }
 
@@ -150,6 +154,11 @@ def schedule(name: str, settings: Settings) -> Schedule:
     return Schedule(interval, timeout or min(settings.timeout_s, interval), lane, False, final, retry, slow)
 
 
+def schedules(collectors: Iterable[Collector], settings: Settings) -> dict[str, Schedule]:
+    """Each collector's :func:`schedule`, by name: what the runner is given."""
+    return {c.name: schedule(c.name, settings) for c in collectors}
+
+
 def enabled_collectors(ctx: CollectContext) -> list[BaseCollector]:
     """Instantiate every collector that the settings (or its entry's default) enable."""
     return [e.cls(ctx) for name, e in REGISTRY.items() if is_enabled(name, ctx.settings)]
@@ -167,4 +176,5 @@ __all__ = [
     "enabled_collectors",
     "is_enabled",
     "schedule",
+    "schedules",
 ]

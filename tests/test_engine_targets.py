@@ -18,9 +18,12 @@ from typing import Any
 import pytest
 import yaml
 from prometheus_client import generate_latest
+from rich.console import Console
 
+from inferwatch.agent.cli.top import render as top_frame
 from inferwatch.agent.common.samples import Collection
 from inferwatch.agent.config import DiscoverySettings, Settings
+from inferwatch.agent.node.api.statushtml import render_page
 from inferwatch.agent.node.api.statuspage import PageHistory, build_overview
 from inferwatch.agent.node.app import Agent
 from inferwatch.agent.node.collectors import Schedule
@@ -128,6 +131,13 @@ def test_each_engine_has_its_own_collectors_identity_and_failure(tmp_path: Path,
         shown = {e["name"]: e for e in overview["engines"]}
         assert shown["gpu0"]["pod"] == "vllm-0" and shown["gpu0"]["models"] == ["model-a"] and shown["gpu0"]["up"] == 1
         assert shown["gpu1"]["namespace"] == "" and shown["gpu1"]["models"] == ["model-b"]
+        page = render_page(overview)  # the status page and `inferwatch top` show each engine
+        assert '<tr class="engine" data-name="gpu0"' in page and "serving/vllm-0/vllm" in page
+        assert '<tr class="engine" data-name="gpu1"' in page
+        console = Console(width=160, record=True)
+        console.print(top_frame(overview, "http://agent"))
+        frame = console.export_text()
+        assert "Engines" in frame and "serving/vllm-0/vllm" in frame and "model-b" in frame
 
         # engine B goes away: its failure is its own; engine A keeps being read
         proc_b.terminate()

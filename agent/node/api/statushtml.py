@@ -426,7 +426,7 @@ def _engines_html(ov: dict[str, Any]) -> str:
         for e in engines
     )
     return (
-        '<div class="scroll" tabindex="0" role="region" aria-label="engines"><table id="engines"><thead><tr>'
+        '<div class="scroll" tabindex="0" role="region" aria-label="engine targets"><table id="engines"><thead><tr>'
         "<th scope='col'>engine</th><th scope='col'>namespace/pod/container</th><th scope='col'>kind</th>"
         "<th scope='col'>up</th><th scope='col'>collector</th><th scope='col'>models</th>"
         "<th scope='col'>last success</th><th scope='col'>note</th></tr></thead>"

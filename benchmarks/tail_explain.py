@@ -158,12 +158,12 @@ def run_dp(cores: list[EngineCore], requests: list[SimRequest], max_steps: int =
     raise RuntimeError("simulation did not finish")
 
 
-def export(reqs: list[SimRequest], rng: random.Random) -> bytes:
+def export(reqs: list[SimRequest], rng: random.Random, model: str = MODEL) -> bytes:
     """The finished requests as one OTLP export of vLLM-style ``llm_request`` spans (simulator/tracing.py's keys)."""
     out = ExportTraceServiceRequest()
     rs = out.resource_spans.add()
     rs.resource.attributes.add(key="service.name", value=AnyValue(string_value="vllm"))
-    rs.resource.attributes.add(key="gen_ai.request.model", value=AnyValue(string_value=MODEL))
+    rs.resource.attributes.add(key="gen_ai.request.model", value=AnyValue(string_value=model))
     ss = rs.scope_spans.add()
     for r in reqs:
         sp = ss.spans.add()
@@ -210,7 +210,11 @@ def simulate(case: Case, seconds: float, seed: int) -> list[SimRequest]:
 
 
 def feed(
-    reqs: list[SimRequest], seed: int, end_s: float, on_minute: Callable[[TailExplainer, float], None] | None = None
+    reqs: list[SimRequest],
+    seed: int,
+    end_s: float,
+    on_minute: Callable[[TailExplainer, float], None] | None = None,
+    model: str = MODEL,
 ) -> tuple[LatencyAnalytics, TailExplainer]:
     """Hand the requests to the agent's intake, one export per virtual second; call ``on_minute`` at each minute."""
     clock = VirtualClock()
@@ -225,7 +229,7 @@ def feed(
         clock.now = float(second)
         batch = by_second.get(second)
         if batch:
-            intake.handle(export(batch, rng), "grpc")
+            intake.handle(export(batch, rng, model), "grpc")
         if on_minute is not None and second % 60 == 0 and second > WARMUP_S:
             on_minute(explainer, float(second))
     return analytics, explainer
@@ -456,6 +460,349 @@ def llamacpp(seed: int, requests: int = 80) -> dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Out of sample: episodes drawn at random over cause, intensity, load, mix and deployment (--episodes N).
+
+CAUSES = ("queue", "prefill", PREEMPTION, "dp_rank", "frontend", "page_cache")
+TRUTH = {c: c for c in CAUSES} | {"page_cache": "prefill"}  # the page-cache stall is before prefill, as in sample
+HARDWARE = ("h100", "a100", "l40s")
+MODELS = (MODEL, "Qwen/Qwen2.5-7B-Instruct")
+# Completed req/s of two engines of the 8B model saturated with the default mix (measured with run_dp, 80 req/s
+# offered, seconds 30-60), per hardware and max_num_seqs: the load is drawn as a share of this.
+CAPACITY_2 = {
+    ("h100", 16): 12.1,
+    ("h100", 32): 22.0,
+    ("h100", 64): 34.9,
+    ("a100", 16): 7.7,
+    ("a100", 32): 12.2,
+    ("a100", 64): 17.4,
+    ("l40s", 16): 6.8,
+    ("l40s", 32): 10.6,
+    ("l40s", 64): 14.8,
+}
+EPISODE_S = WARMUP_S + 120.0  # a warm-up minute, then two one-minute windows; the last one's verdict counts
+OVERLOAD_P50_S = 1.0
+WEAK = 1 / 3  # intensities below this are "weak" (the tuned ones sit at 0.3-0.55 of each range)
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One randomly drawn episode: what is wrong (0, 1 or 2 causes, each with an intensity in [0, 1]) and where."""
+
+    seed: int
+    causes: tuple[tuple[str, float], ...]  # (cause, intensity); () is healthy
+    hardware: str
+    model: str
+    engines: int
+    max_num_seqs: int
+    rate: float  # steady arrivals, req/s (the base between bursts under ``queue``)
+    load: float  # rate / nominal capacity
+    prompt_median: float
+    prompt_sigma: float
+    max_tokens: int
+    params: dict[str, Any]  # the parameters the intensities map to
+
+    @property
+    def truths(self) -> set[str]:
+        return {TRUTH[c] for c, _ in self.causes} or {"none"}
+
+    @property
+    def label(self) -> str:
+        return "+".join(c for c, _ in self.causes) or "healthy"
+
+
+def draw_episode(seed: int, two_cause_share: float) -> Episode:
+    """Draw an episode from ``seed``: intensity ranges wider than the tuned values on both sides (weak to strong).
+
+    Intensity s in [0, 1] maps per cause (the in-sample value in brackets): queue, bursts of (1 + 2.5 s) x capacity
+    for (1 + 4 s) seconds every 20-45 s [2.3x for 3 s every 30 s, s ~ 0.5]; prefill, (0.5 + 5.5 s) % of prompts long
+    [3 %, s ~ 0.45], long = L..2L tokens, L 6k-12k; preemption, KV blocks per engine (1 - 0.7 s) x what max_num_seqs
+    requests of the median mix hold [0.63, s ~ 0.53]; dp_rank, one engine (1.2 + 3.6 s) x slower [3x, s = 0.5];
+    frontend, (3 + 20 s) % of requests wait (0.1 + 0.7 s) s [10 % for 0.4 s, s ~ 0.35-0.43]; page_cache, (5 + 30 s) %
+    of requests stall (0.15 + 0.8 s) s [20 % for 0.55 s, s = 0.5].
+    """
+    rng = random.Random(seed)
+    roll = rng.random()
+    if roll < two_cause_share:
+        while True:
+            pair = tuple(rng.sample(CAUSES, 2))
+            if TRUTH[pair[0]] != TRUTH[pair[1]]:  # prefill + page_cache would both be "prefill": not two causes
+                break
+        causes = tuple((c, rng.random()) for c in pair)
+    else:
+        pick = rng.randrange(len(CAUSES) + 1)
+        causes = () if pick == len(CAUSES) else ((CAUSES[pick], rng.random()),)
+    hardware = rng.choice(HARDWARE)
+    model = rng.choice(MODELS)
+    engines = rng.choice((2, 2, 3))
+    seqs = rng.choice((16, 32, 64))
+    load = rng.uniform(0.3, 0.75)
+    rate = load * CAPACITY_2[(hardware, seqs)] * engines / 2
+    prompt_median = math.exp(rng.uniform(math.log(256), math.log(1024)))
+    prompt_sigma = rng.uniform(0.3, 0.8)
+    max_tokens = rng.choice((256, 512, 1024))
+    params: dict[str, Any] = {}
+    cap = CAPACITY_2[(hardware, seqs)] * engines / 2
+    for cause, s in causes:
+        if cause == "queue":
+            mult, burst_s = 1.0 + 2.5 * s, 1.0 + 4.0 * s
+            # Bursts, not a lasting overload: the period keeps the mean offered load at most 0.85 of capacity.
+            floor = burst_s * (mult - 0.6 * load) / (0.85 - 0.6 * load)
+            params["queue"] = {
+                "burst_rate": cap * mult,
+                "burst_s": burst_s,
+                "period_s": max(rng.uniform(20, 45), floor),
+            }
+        elif cause == "prefill":
+            lo = rng.randint(6_144, 12_288)
+            params["prefill"] = {"share": 0.005 + 0.055 * s, "min_tokens": lo, "max_tokens": 2 * lo}
+        elif cause == PREEMPTION:
+            per_seq = (prompt_median + 180) / 16
+            params[PREEMPTION] = {"kv_blocks": max(64, round((1.0 - 0.7 * s) * seqs * per_seq))}
+        elif cause == "dp_rank":
+            params["dp_rank"] = {"engine": rng.randrange(engines), "factor": 1.2 + 3.6 * s}
+        elif cause == "frontend":
+            params["frontend"] = {"fraction": 0.03 + 0.2 * s, "extra_s": 0.1 + 0.7 * s}
+        elif cause == "page_cache":
+            params["page_cache"] = {"fraction": 0.05 + 0.3 * s, "extra_s": 0.15 + 0.8 * s}
+    if PREEMPTION in params and "prefill" in params:  # a long prompt must fit the cut cache, as vLLM requires
+        room = params[PREEMPTION]["kv_blocks"] * 16 - max_tokens - 64
+        p = params["prefill"]
+        p["max_tokens"] = max(1_024, min(p["max_tokens"], room))
+        p["min_tokens"] = min(p["min_tokens"], p["max_tokens"] // 2)
+    return Episode(
+        seed, causes, hardware, model, engines, seqs, rate, load, prompt_median, prompt_sigma, max_tokens, params
+    )
+
+
+def episode_arrivals(ep: Episode, seconds: float) -> list[SimRequest]:
+    """Poisson arrivals (bursts under ``queue``), prompts lognormal around the episode's median, natural outputs."""
+    rng = random.Random(ep.seed * 7919 + 1)
+    q = ep.params.get("queue")
+    lp = ep.params.get("prefill")
+
+    def rate(t: float) -> float:
+        if q and t % q["period_s"] < q["burst_s"]:
+            return float(q["burst_rate"])
+        return ep.rate * (0.6 if q else 1.0)
+
+    peak = max(ep.rate, q["burst_rate"] if q else 0.0)
+    out: list[SimRequest] = []
+    t, k = 0.0, 0
+    while True:
+        t += rng.expovariate(peak)
+        if t >= seconds:
+            return out
+        if rng.random() * peak > rate(t):
+            continue
+        if lp and rng.random() < lp["share"]:
+            prompt = rng.randint(lp["min_tokens"], lp["max_tokens"])
+        else:
+            prompt = min(4096, max(16, round(rng.lognormvariate(math.log(ep.prompt_median), ep.prompt_sigma))))
+        out.append(SimRequest(f"cmpl-{ep.seed}-{k}", prompt, ep.max_tokens, t))
+        k += 1
+
+
+def simulate_episode(ep: Episode, seconds: float) -> list[SimRequest]:
+    dep = deploy(ep.model, ep.hardware, max_num_seqs=ep.max_num_seqs, max_model_len=32_768)
+    if PREEMPTION in ep.params:
+        blocks = ep.params[PREEMPTION]["kv_blocks"]
+        per_block = dep.size.kv_bytes_per_token() * dep.block_size
+        free = blocks * per_block / dep.tensor_parallel_size + dep.weight_bytes_per_device + 1024**3
+        dep = replace(dep, gpu_memory_utilization=(free + per_block / 2) / dep.hardware.memory_bytes)
+    scenarios: list[Scenario] = []
+    if "dp_rank" in ep.params:
+        scenarios.append(make("slow_rank", ep.params["dp_rank"]))
+    if "frontend" in ep.params:
+        scenarios.append(make("frontend_delay", ep.params["frontend"]))
+    if "page_cache" in ep.params:
+        scenarios.append(make("page_cache_pressure", ep.params["page_cache"]))
+    recorder = Recorder()
+    cores = [EngineCore(i, dep, ScenarioSet(scenarios), recorder, seed=ep.seed) for i in range(ep.engines)]
+    run_dp(cores, episode_arrivals(ep, seconds))
+    return sorted(recorder.finished, key=lambda r: r.finished_at or 0.0)
+
+
+def run_episode(ep: Episode) -> dict[str, Any]:
+    """Simulate, feed the agent's intake, and keep the explainer's verdicts at the end of each window."""
+    reqs = simulate_episode(ep, EPISODE_S)
+    windows: list[dict[str, Any]] = []
+
+    def on_minute(ex: TailExplainer, now: float) -> None:
+        report = ex.explain(ep.model, 60.0, top=0)
+        w: dict[str, Any] = {"t": now}
+        for quantity in ("ttft", "e2e"):
+            d = report["quantities"][quantity] if report else None
+            w[quantity] = (
+                {"driver": d["driver"], "dominant_phase": d["dominant_phase"], "shares": d["shares"]}
+                | {"why_not": d["why_not"], "headline": d["headline"]}
+                if d
+                else {"driver": "no data"}
+            )
+        windows.append(w)
+
+    feed(reqs, ep.seed, EPISODE_S, on_minute, ep.model)
+    last = [r for r in reqs if (r.finished_at or 0.0) > EPISODE_S - 60.0]
+    ttfts = sorted(r.first_token - r.arrival for r in last if r.first_token is not None)
+    return {
+        "windows": windows,
+        "requests_last_window": len(last),
+        "preempted_share_last_window": round(sum(r.preemptions > 0 for r in last) / max(1, len(last)), 4),
+        "ttft_p50_s": round(ttfts[len(ttfts) // 2], 4) if ttfts else None,
+        "ttft_p99_s": round(ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 4) if ttfts else None,
+    }
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a proportion k/n (95 % for z = 1.96)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def _rate(k: int, n: int) -> dict[str, Any]:
+    lo, hi = wilson(k, n)
+    return {"right": k, "episodes": n, "accuracy": round(k / n, 4) if n else None, "ci95": [round(lo, 4), round(hi, 4)]}
+
+
+def out_of_sample(episodes: int, seed_base: int, two_cause_share: float, timeout_s: float) -> dict[str, Any]:
+    """Run ``episodes`` drawn episodes (seeds seed_base .. seed_base + episodes - 1); score the TTFT verdict."""
+    rows: list[dict[str, Any]] = []
+    started = time.monotonic()
+    for i in range(episodes):
+        if time.monotonic() - started > timeout_s:
+            print(f"stopped after {i} episodes: --timeout {timeout_s:g} s reached", flush=True)
+            break
+        ep = draw_episode(seed_base + i, two_cause_share)
+        t0 = time.process_time()
+        try:
+            res = run_episode(ep)
+        except RuntimeError as exc:  # the scheduler did not finish: counted, never scored as right
+            res = {"error": str(exc), "windows": []}
+        cpu = time.process_time() - t0
+        last = res["windows"][-1] if res["windows"] else {"ttft": {"driver": "error"}, "e2e": {"driver": "error"}}
+        named = last["ttft"]["driver"]
+        row = {
+            "seed": ep.seed,
+            "label": ep.label,
+            "causes": [{"cause": c, "intensity": round(s, 3), "weak": s < WEAK} for c, s in ep.causes],
+            "truths": sorted(ep.truths),
+            "named_ttft": named,
+            "named_e2e": last["e2e"]["driver"],
+            "named_ttft_first_window": res["windows"][0]["ttft"]["driver"] if res["windows"] else "error",
+            "right": named in ep.truths,
+            "deployment": {
+                "hardware": ep.hardware,
+                "model": ep.model,
+                "engines": ep.engines,
+                "max_num_seqs": ep.max_num_seqs,
+            },
+            "rate": round(ep.rate, 2),
+            "load": round(ep.load, 3),
+            "mix": {"prompt_median": round(ep.prompt_median), "prompt_sigma": round(ep.prompt_sigma, 2)}
+            | {"max_tokens": ep.max_tokens},
+            "params": ep.params,
+            "why_not": last["ttft"].get("why_not"),
+            "headline": last["ttft"].get("headline"),
+            "shares": last["ttft"].get("shares"),
+            "cpu_s": round(cpu, 2),
+        } | {k: v for k, v in res.items() if k != "windows"}
+        rows.append(row)
+        mark = "ok " if row["right"] else "MISS"
+        print(
+            f"{i:4d} seed {ep.seed} {mark} {ep.label:22} "
+            + " ".join(f"{c}={s:.2f}" for c, s in ep.causes)
+            + f"  named {named:10} {ep.hardware}/{ep.max_num_seqs}x{ep.engines} load {ep.load:.2f}  {cpu:.1f}s",
+            flush=True,
+        )
+    return summarize(rows) | {"episodes": rows, "seed_base": seed_base, "two_cause_share": two_cause_share}
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    single = [r for r in rows if len(r["causes"]) == 1]
+    double = [r for r in rows if len(r["causes"]) == 2]
+    healthy = [r for r in rows if not r["causes"]]
+    out: dict[str, Any] = {
+        "overall": _rate(sum(r["right"] for r in rows), len(rows)),
+        "single_cause": _rate(sum(r["right"] for r in single), len(single)),
+        "two_causes": _rate(sum(r["right"] for r in double), len(double)),
+        "healthy": _rate(sum(r["right"] for r in healthy), len(healthy)),
+    }
+    fp_ttft = sum(r["named_ttft"] != "none" for r in healthy)
+    fp_any = sum(r["named_ttft"] != "none" or r["named_e2e"] != "none" for r in healthy)
+    out["healthy_false_positive"] = {"ttft": _rate(fp_ttft, len(healthy)), "ttft_or_e2e": _rate(fp_any, len(healthy))}
+    per: dict[str, Any] = {}
+    for cause in (*CAUSES, "healthy"):
+        rs = [r for r in single if r["label"] == cause] if cause != "healthy" else healthy
+        weak = [r for r in rs if r["causes"] and r["causes"][0]["weak"]]
+        strong = [r for r in rs if r["causes"] and not r["causes"][0]["weak"]]
+        per[cause] = _rate(sum(r["right"] for r in rs), len(rs)) | {
+            "weak": _rate(sum(r["right"] for r in weak), len(weak)),
+            "not_weak": _rate(sum(r["right"] for r in strong), len(strong)),
+        }
+    out["per_cause"] = per
+    pre = [r for r in single if r["label"] == PREEMPTION]
+    out["preemption_by_e2e"] = _rate(sum(r["named_e2e"] == PREEMPTION for r in pre), len(pre))
+    confusion: dict[str, Counter[str]] = {}
+    for r in single + healthy:
+        confusion.setdefault(r["label"], Counter())[r["named_ttft"]] += 1
+    out["confusion_single"] = {k: dict(v) for k, v in confusion.items()}
+    pairs: dict[str, Counter[str]] = {}
+    for r in double:
+        pairs.setdefault(r["label"], Counter())[r["named_ttft"]] += 1
+    out["confusion_two_causes"] = {k: dict(v) for k, v in sorted(pairs.items())}
+    out["two_causes_both_weak"] = _rate(
+        sum(r["right"] for r in double if all(c["weak"] for c in r["causes"])),
+        sum(all(c["weak"] for c in r["causes"]) for r in double),
+    )
+    out["failures"] = [
+        {k: r.get(k) for k in ("seed", "label", "causes", "named_ttft", "load", "deployment", "why_not", "headline")}
+        | {k: r.get(k) for k in ("preempted_share_last_window", "ttft_p50_s", "ttft_p99_s")}
+        for r in rows
+        if not r["right"]
+    ]
+    # Overloaded: the median request itself waited (P50 TTFT over 1 s; healthy medians here are 20-200 ms), so
+    # there is hardly a tail beside the median to explain. Shown apart; they stay in every figure above.
+    calm = [r for r in rows if (r.get("ttft_p50_s") or 0.0) <= OVERLOAD_P50_S]
+    out["not_overloaded"] = {
+        "overall": _rate(sum(r["right"] for r in calm), len(calm)),
+        "single_cause": _rate(
+            sum(r["right"] for r in calm if len(r["causes"]) == 1), sum(len(r["causes"]) == 1 for r in calm)
+        ),
+        "two_causes": _rate(
+            sum(r["right"] for r in calm if len(r["causes"]) == 2), sum(len(r["causes"]) == 2 for r in calm)
+        ),
+    }
+    out["overloaded"] = Counter(r["label"] for r in rows if r not in calm)
+    out["cpu_s_total"] = round(sum(r["cpu_s"] for r in rows), 1)
+    return out
+
+
+def oos_table(summary: dict[str, Any]) -> str:
+    """The single-cause confusion table as Markdown (rows: cause injected, columns: driver named on TTFT)."""
+    conf = summary["confusion_single"]
+    drivers = ["none", "queue", "prefill", "frontend", PREEMPTION, "dp_rank"]
+    drivers += sorted({d for v in conf.values() for d in v} - set(drivers))
+    lines = [
+        "| cause injected | true driver | " + " | ".join(drivers) + " | right (95 % CI) | weak right |",
+        "|---|---|" + "---|" * len(drivers) + "---|---|",
+    ]
+    for cause in (*CAUSES, "healthy"):
+        v = conf.get(cause, {})
+        truth = TRUTH.get(cause, "none")
+        cells = [(f"**{v[d]}**" if d == truth else str(v[d])) if v.get(d) else "" for d in drivers]
+        p = summary["per_cause"][cause]
+        ci = f"{100 * p['ci95'][0]:.0f}–{100 * p['ci95'][1]:.0f} %"
+        weak = f"{p['weak']['right']}/{p['weak']['episodes']}" if cause != "healthy" else ""
+        lines.append(
+            f"| {cause} | {truth} | " + " | ".join(cells) + f" | {p['right']}/{p['episodes']} ({ci}) | {weak} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=int, default=20, help="1-minute windows per scenario")
@@ -469,7 +816,28 @@ def main() -> None:
     ap.add_argument("--previous", type=Path, help="another build's explain.py, timed beside this one (cost part)")
     ap.add_argument("--cost-repeats", type=int, default=15, help="explain() calls timed in the cost part")
     ap.add_argument("--llamacpp", action="store_true", help="also run on the real llama.cpp server's timings")
+    ap.add_argument("--episodes", type=int, help="out of sample: run this many randomly drawn episodes instead")
+    ap.add_argument("--seed-base", type=int, help="first episode's seed (default: drawn fresh, printed)")
+    ap.add_argument("--two-cause-share", type=float, default=0.3, help="share of episodes with two causes at once")
+    ap.add_argument("--timeout", type=float, default=3600.0, help="stop drawing episodes after this many seconds")
     args = ap.parse_args()
+    if args.episodes:
+        seed_base = args.seed_base if args.seed_base is not None else 10_000 + random.SystemRandom().randrange(10**6)
+        print(
+            f"out of sample: {args.episodes} episodes, seeds {seed_base}..{seed_base + args.episodes - 1}", flush=True
+        )
+        t0 = time.monotonic()
+        oos = out_of_sample(args.episodes, seed_base, args.two_cause_share, args.timeout)
+        oos["wall_s"] = round(time.monotonic() - t0, 1)
+        print(oos_table(oos), flush=True)
+        for key in ("overall", "single_cause", "two_causes", "healthy_false_positive", "preemption_by_e2e"):
+            print(f"{key}: {oos[key]}")
+        for key in ("not_overloaded", "overloaded", "two_causes_both_weak"):
+            print(f"{key}: {oos[key]}")
+        print(f"wall {oos['wall_s']} s, CPU {oos['cpu_s_total']} s")
+        if args.json:
+            args.json.write_text(json.dumps({"out_of_sample": oos}, indent=1) + "\n")
+        return
     out: dict[str, Any] = {"minutes": args.minutes, "seed": args.seed}
     if not args.skip_accuracy:
         out["accuracy"] = accuracy(args.minutes, args.seed, set(args.cases.split(",")) if args.cases else None)

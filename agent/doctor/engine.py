@@ -98,10 +98,11 @@ def _metrics_finding(kind: str, read: set[str]) -> Finding:
     """Are the families the engine's adapter maps exposed? None read: the agent gets nothing from this engine."""
     adapter = ADAPTERS[kind]
     mapped = {**adapter.histograms, **adapter.gauges, **adapter.counters}
-    core = {q: cands for q, cands in mapped.items() if q not in FEATURE_QUANTITIES}
+    optional = {**FEATURE_QUANTITIES, **{q: f"{q} (some {kind} builds)" for q in adapter.build_dependent}}
+    core = {q: cands for q, cands in mapped.items() if q not in optional}
     missing = {q: [src.name for src in cands] for q, cands in core.items() if q not in read}
     families = sorted({name for names in missing.values() for name in names})
-    features_off = sorted({FEATURE_QUANTITIES[q] for q in mapped if q in FEATURE_QUANTITIES and q not in read})
+    features_off = sorted({optional[q] for q in mapped if q in optional and q not in read})
     evidence = {"missing": families, "quantities_missing": sorted(missing), "features_not_exposed": features_off}
     if not read:
         return Finding("engine.metrics", "fail", f"no family the {kind} adapter maps has a sample", evidence)

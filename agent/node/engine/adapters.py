@@ -66,6 +66,8 @@ class Adapter:
     counters: dict[str, tuple[Source, ...]] = field(default_factory=dict)  # prompt_tokens, ..., finished
     # vLLM's lora_requests_info: an info gauge whose labels carry the adapter lists (see read_lora)
     lora: tuple[Source, ...] = ()
+    # quantities only some builds of this engine expose (llama.cpp's KV usage): their absence is not a fault
+    build_dependent: frozenset[str] = frozenset()
 
     def wanted(self) -> frozenset[str]:
         names: set[str] = {src.name for src in self.lora}
@@ -222,6 +224,7 @@ LLAMACPP = Adapter(
         "waiting": _s("llamacpp:requests_deferred"),
         "kv_usage": _s("llamacpp:kv_cache_usage_ratio"),
     },
+    build_dependent=frozenset({"kv_usage"}),
     counters={
         "prompt_tokens": _s("llamacpp:prompt_tokens_total"),
         "generation_tokens": _s("llamacpp:tokens_predicted_total"),

@@ -10,7 +10,7 @@ pattern, this module writes the link annotations of every alerting rule; nobody 
   alert without the label gets no empty ``var-…=``);
 - ``evidence_url``  = ``http://<instance>/api/v1/evidence/latest?alertname=<alertname>``, on every rule with
   ``severity: critical`` (a page) outside the SLO groups: the agent that owns the node keeps the evidence bundle
-  it captured for the page (issue 17). The ``instance`` is the agent's address only when the alert's ``job`` is
+  it captured for the page. The ``instance`` is the agent's address only when the alert's ``job`` is
   the agent's scrape job (:data:`AGENT_JOB`), so the template renders the URL only then and an empty string
   otherwise (Alertmanager drops a PagerDuty link whose href is empty). The SLO pages carry none: the TTFT SLO is
   per model across nodes (no instance), the availability SLO's instance is the engine's address, and no label
@@ -58,8 +58,8 @@ GROUP_DASHBOARDS = {
     "inferwatch-node": "inferwatch-node",
     "inferwatch-latency": SLO_DASHBOARD,
     "inferwatch-engine": "inferwatch-engine",
-    "inferwatch-engine-signals": "inferwatch-engine",  # alerts/engine-signals.rules.yml (issue 18)
-    "inferwatch-engine-schema": "inferwatch-engine",  # alerts/engine-schema.rules.yml (issue 36)
+    "inferwatch-engine-signals": "inferwatch-engine",  # alerts/engine-signals.rules.yml
+    "inferwatch-engine-schema": "inferwatch-engine",  # alerts/engine-schema.rules.yml
     "inferwatch-runtime": "inferwatch-node",
     "inferwatch-hygiene": "inferwatch-node",
     "inferwatch-simd": "inferwatch-node",

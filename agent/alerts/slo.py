@@ -70,7 +70,7 @@ class BurnWindow:
 # SRE Workbook "Alerting on SLOs" (rows 1, 2, 4) + the 3d/6h row of Sloth and kubernetes-mixin; 30-day period.
 # The workbook's short window (1/12 of the long one) is what ends an alert after recovery: 30m for the 6x page,
 # 2h for the 3x ticket. With their for: (15m, 1h) running on while the short window still holds the fault, they
-# fired *after* recovery (issue 15: a 3x ticket 43 min after; the 6x page ~29 min up). A 5m guard at the same
+# fired *after* recovery (measured: a 3x ticket 43 min after; the 6x page ~29 min up). A 5m guard at the same
 # burn rate, as the 14.4x pair's short window already is, ends both ~5 min after recovery (and resets their
 # for:). Its price: a burn within noise of the threshold over 5m (a low-traffic model just above 6x or 3x)
 # resets the for:, and such a leak ends up at the 1x ticket, which keeps the workbook's windows on purpose: it

@@ -94,7 +94,7 @@ def nodes_query(window: str, selector: str = "", model_selector: str = "") -> st
     )
 
 
-# The data must cover this share of the window; less, and rate() over the window reads low (issue 15: 25 tok/s
+# The data must cover this share of the window; less, and rate() over the window reads low (measured: 25 tok/s
 # over a 1 h window holding 3 minutes of data, 302 with --window 5m).
 WINDOW_COVERAGE_RATIO = 0.9
 SPAN_POINTS = 500  # subquery resolution of the data-span query: window / this, at least 1 s

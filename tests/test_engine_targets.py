@@ -211,7 +211,7 @@ def test_kubernetes_targets_get_their_identity_and_their_process_by_cgroup() -> 
             and e["inferwatch.engine.name"] == "serving/llama-70b-0/vllm"
             for e in errors
         )
-        assert re.match(r"http://10\.\d+\.\d+\.\d+:8000/metrics", engine.inner.ctx.settings.engine.metrics_url or "")
+        assert re.match(r"http://10\.\d+\.\d+\.\d+:8000/metrics", engine.inner.cfg.metrics_url or "")
     finally:
         targets.close()
         runner.stop()
@@ -249,3 +249,40 @@ def test_the_runner_adds_and_removes_collectors_while_it_runs() -> None:
         assert late.calls <= calls + 1 and "late" not in deps.state.health()  # one call may have been under way
     finally:
         runner.stop()
+
+
+@pytest.mark.integration
+def test_otlp_carries_each_targets_identity(tmp_path: Path, sims: list[tuple[int, Any]]) -> None:
+    """Over OTLP the target's identity is the engine's k8s.* and inferwatch.engine.name attributes on its points."""
+    from tests.otlp_receiver import http_receiver
+    from tests.test_otlp_export import decode
+
+    (port_a, _), _b = sims
+    targets = tmp_path / "targets.yaml"
+    labels = {"__inferwatch_name__": "gpu0", "namespace": "serving", "pod": "vllm-0", "container": "vllm"}
+    _write(targets, [{"targets": [f"127.0.0.1:{port_a}"], "labels": labels}])
+    otlp_port, api_port = free_port(), free_port()
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{otlp_port}",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_METRIC_EXPORT_INTERVAL": "500",
+        "INFERWATCH_DISCOVERY__FILE": str(targets),
+        "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap"),
+        "INFERWATCH_EVIDENCE__DIR": str(tmp_path / "ev"),
+    }
+    agent = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(api_port), "--interval", "1"]
+    with http_receiver(otlp_port) as received, running(agent, tmp_path / "agent.log", cwd=ROOT, env=env) as proc:
+        wait_http(f"http://127.0.0.1:{api_port}/healthz", proc=proc, timeout_s=90)
+
+        def up_points() -> dict[Any, Any]:
+            return decode(received.snapshot())[1].get("inferwatch.engine.up", {}).get("values", {})
+
+        points = _wait("engine up over OTLP", lambda: {k: v for k, v in up_points().items() if v == 1})
+    (attributes,) = points
+    assert dict(attributes) == {
+        "engine": "vllm",
+        "inferwatch.engine.name": "gpu0",
+        "k8s.namespace.name": "serving",
+        "k8s.pod.name": "vllm-0",
+        "k8s.container.name": "vllm",
+    }

@@ -71,7 +71,7 @@ class Histogram:
     """Cumulative explicit-bucket histogram (``le`` semantics: a value equal to an edge is in that bucket).
 
     Each bucket also keeps the last request observed in it that had a trace id (its exemplar: trace id, value,
-    Unix time), so a latency panel can link a bucket to a trace (issue 19).
+    Unix time), so a latency panel can link a bucket to a trace.
     """
 
     __slots__ = ("bounds", "count", "counts", "exemplars", "total")

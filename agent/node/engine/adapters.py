@@ -145,7 +145,7 @@ VLLM = Adapter(
         "generation_tokens": _v("vllm:generation_tokens_total"),
         "preemptions": _v("vllm:num_preemptions_total"),
         "finished": _v("vllm:request_success_total", dimension="finished_reason"),
-        # engine signals (issue 18): all in tokens unless named otherwise, summed over DP ranks
+        # engine signals: all in tokens unless named otherwise, summed over DP ranks
         "cached_tokens": _v("vllm:prompt_tokens_cached_total"),
         "prompt_by_source": _v("vllm:prompt_tokens_by_source_total", dimension="source"),
         # renamed with PR #18354 (gpu_prefix_cache_* deprecated in 0.10; both side by side in 0.10.0)

@@ -20,7 +20,7 @@ REEXPORTED = {
     "itl": "gen_ai.server.time_per_output_token",
     "e2e": "gen_ai.server.request.duration",
 }
-# Engine signals (issue 18): histograms re-exported as they are, counters and gauges by name. Quantities outside
+# Engine signals: histograms re-exported as they are, counters and gauges by name. Quantities outside
 # QUANTITIES (kv_transfer) are re-exported only, not windowed into latency quantiles.
 SIGNAL_HISTOGRAMS = {"kv_transfer": "inferwatch.engine.kv_transfer.duration"}
 SIGNAL_COUNTERS = {  # adapter counter → (metric, attribute kept from the counter's dimension or fixed value)
@@ -117,7 +117,7 @@ def _histogram_attrs(kind: str, model: str, name: str) -> tuple[tuple[str, str],
 
 
 def signal_samples(model: str, m: ModelReading) -> list[AnySample]:
-    """The engine signals of one model (issue 18): counters, the engine's own gauges and the LoRA state."""
+    """The engine signals of one model: counters, the engine's own gauges and the LoRA state."""
     out: list[AnySample] = []
     for counter, (name, attr) in SIGNAL_COUNTERS.items():
         dims = m.counters.get(counter)

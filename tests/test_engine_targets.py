@@ -92,7 +92,7 @@ def sims(tmp_path: Path) -> Iterator[list[tuple[int, Any]]]:
 
 @pytest.mark.integration
 def test_each_engine_has_its_own_collectors_identity_and_failure(tmp_path: Path, sims: list[tuple[int, Any]]) -> None:
-    (port_a, _), (port_b, proc_b) = sims
+    (port_a, proc_a), (port_b, proc_b) = sims
     targets = tmp_path / "targets.yaml"
     labels_a = {"__inferwatch_name__": "gpu0", "namespace": "serving", "pod": "vllm-0", "container": "vllm"}
     labels_a["__inferwatch_profile_path__"] = "/debug/runtime_profile"
@@ -120,6 +120,11 @@ def test_each_engine_has_its_own_collectors_identity_and_failure(tmp_path: Path,
         )
         assert 'engine_name="gpu0"' in info[0] and 'gen_ai_request_model="model-a"' in info[0]
         assert 'engine_name="gpu1"' in info[1] and 'gen_ai_request_model="model-b"' in info[1]
+        # each engine's process, told apart by the port it listens on (no pod identity here, both on loopback)
+        names = lambda: {c.name: c for c in agent.runner.collectors}  # noqa: E731
+        _wait("both processes", lambda: {"process:gpu0", "process:gpu1"} <= set(names()))
+        assert names()["process:gpu0"].inner.locator.settings.pid == proc_a.pid
+        assert names()["process:gpu1"].inner.locator.settings.pid == proc_b.pid
         # engine A's runtime profile: read by a reader of its own, its snapshot stored with the engine's identity
         profile = "inferwatch_runtime_profile_available"
         _wait("gpu0's profile", lambda: any('engine_name="gpu0"' in x and x.endswith(" 1.0")

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
 from inferwatch.agent.common.samples import AnySample, Attributes, Collection, Finding
@@ -46,7 +47,7 @@ from inferwatch.agent.node.debugprofile.reader import ProfileReader
 from inferwatch.agent.node.discovery.combined import Discovery
 from inferwatch.agent.node.discovery.target import EngineTarget
 from inferwatch.agent.node.host.podprocess import find_container_processes
-from inferwatch.agent.node.host.runtime import RuntimeLocator
+from inferwatch.agent.node.host.runtime import RuntimeLocator, pid_listening_on
 from inferwatch.agent.node.runner import Runner
 from inferwatch.agent.node.state import AgentState
 
@@ -66,6 +67,26 @@ def target_attributes(target: EngineTarget) -> dict[str, str]:
     """The identity every series and finding of ``target`` carries (catalog ``TARGET_ATTRIBUTES``), where known."""
     engine = target.resource_attributes()
     return {"inferwatch.engine.name": target.name, **{k: v for k, v in engine.items() if k in TARGET_ATTRIBUTES}}
+
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+def local_port(target: EngineTarget) -> int | None:
+    """The metrics URL's port when its host is this host's loopback (an engine beside the agent), else None."""
+    url = urlsplit(target.metrics_url)
+    try:
+        port = url.port or (443 if url.scheme == "https" else 80)
+    except ValueError:
+        return None
+    return port if (url.hostname or "") in LOOPBACK_HOSTS else None
+
+
+def process_findable(target: EngineTarget) -> bool:
+    """Whether the agent can tell the target's process apart from other engines': by its container (Kubernetes), or
+    as the listener of its port on this host's loopback."""
+    ident = target.identity
+    return bool(ident.pod_uid and ident.container_id) or local_port(target) is not None
 
 
 def stamp(samples: list[AnySample] | tuple[AnySample, ...], identity: Attributes) -> list[AnySample]:
@@ -188,15 +209,18 @@ class EngineTargets(BaseCollector):
                         log.warning("engine target %s cannot start: %s", name, failed[name])
         self._failing = set(failed)
         now = self._clock()
-        for running in self._running.values():  # a process not found yet (the container was starting)
-            if running.process_error is not None and now - running.process_looked_at >= PROCESS_RETRY_S:
+        for running in self._running.values():
+            if now - running.process_looked_at < PROCESS_RETRY_S:
+                continue
+            # not found yet (a container starting, an engine not listening), or gone (restarted: a new pid)
+            if running.process_error is not None or self._process_gone(running):
                 self._add_process(running)
         details = {
             "targets": [
                 {
                     **target_dict(r.target),
                     "collectors": r.names,
-                    "process": (r.process_error or "found") if r.target.identity.pod_uid else "not_kubernetes",
+                    "process": (r.process_error or "found") if process_findable(r.target) else "not_on_this_host",
                 }
                 for r in self._running.values()
             ],
@@ -241,18 +265,17 @@ class EngineTargets(BaseCollector):
         self._add(running, EngineCollector(ctx))
         if target.profile_url:
             self._add(running, RuntimeProfileCollector(ctx))
-        if target.identity.pod_uid and target.identity.container_id:
+        if process_findable(target):
             self._add_process(running)
         log.info("engine target %s (%s) started: %s", target.name, target.source, target.metrics_url)
 
     def _add_process(self, running: _Running) -> None:
-        """The target's process through its container's cgroup; not found: looked for again later."""
+        """The target's process (:meth:`_find_pid`) and a process collector on it; not found: looked for again
+        later."""
         target = running.target
         running.process_looked_at = self._clock()
         try:
-            found = find_container_processes(
-                self.ctx.procfs, target.identity.pod_uid, target.identity.container_id, self.ctx.read_limits
-            )
+            pid = self._find_pid(target)
         except (NoDataError, SourceFormatError) as exc:
             if running.process_error is None:
                 log.info("engine target %s: process not found: %s", target.name, exc)
@@ -260,10 +283,40 @@ class EngineTargets(BaseCollector):
             return
         running.process_error = None
         runtime = self.settings.runtime.model_copy(
-            update={"pid": found.pid, "pidfile": None, "cmdline_pattern": None, "name": target.name}
+            update={"pid": pid, "pidfile": None, "cmdline_pattern": None, "name": target.name}
         )
         ctx = self._ctx(target, RuntimeLocator(runtime, self.ctx.procfs))
         self._add(running, ProcessCollector(ctx))
+
+    def _find_pid(self, target: EngineTarget) -> int:
+        """Through its container's cgroup on Kubernetes (a pod UID and container id); else, for an engine on this
+        host's loopback, the process listening on its metrics port. Never a command-line pattern: two engines on one
+        node would match one pattern."""
+        ident = target.identity
+        if ident.pod_uid and ident.container_id:
+            procfs, limits = self.ctx.procfs, self.ctx.read_limits
+            return find_container_processes(procfs, ident.pod_uid, ident.container_id, limits).pid
+        port = local_port(target)
+        pid = pid_listening_on(self.ctx.procfs, port) if port is not None else None
+        if pid is None:
+            raise NoDataError(
+                f"no process listening on port {port} of this host",
+                hint="run the agent as root in the engine's network and PID namespaces",
+            )
+        return pid
+
+    def _process_gone(self, running: _Running) -> bool:
+        """Whether the target's process collector finds its pid gone; if so it is taken off, to be found again."""
+        name = f"process:{running.target.name}"
+        health = self.state.health().get(name)
+        if name not in running.names or health is None or health.state != "absent":
+            return False
+        collector = self.runner.remove(name)
+        self.state.forget(name)
+        running.names.remove(name)
+        if collector is not None:
+            collector.close()
+        return True
 
     def _stop(self, name: str, why: str) -> None:
         running = self._running.pop(name, None)

@@ -206,6 +206,8 @@ EVIDENCE: dict[str, list[Evidence]] = {
             1.0,
         ),
     ],
+    # the host's page cache, beside the runtime cgroup's (absent where the agent finds no runtime process)
+    "RuntimePageCacheThrashing": [r'^inferwatch_memory_file_lru_bytes\{.*list="inactive"'],
     "RuntimeHardwareMismatch": [r"every library of /\S+ resolves", r"compatible: True", r'"pid": \d+'],
     "RuntimeProfileUnavailable": [r"^\{\}$"],  # the empty profile, asked for with the debug header
     "RuntimeSIMDFallback": [

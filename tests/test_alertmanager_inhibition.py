@@ -16,10 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.alerting import run_tool, tool
-from tests.conftest import free_port
+from tests.alerting import alertmanager, run_tool, tool
 from tests.e2e.harness import ROUTING_KEY, Sink, alertmanager_config
-from tests.procs import running, wait_http
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -44,12 +42,7 @@ def test_alertmanager_inhibits_only_while_the_source_fires(tmp_path: Path) -> No
         ticket = next(r for r in am_cfg["route"]["routes"] if r["receiver"] == "ticket")
         ticket["group_interval"] = "5s"
         cfg.write_text(yaml.safe_dump(am_cfg, sort_keys=False))
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        cmd = [tool("prometheus-alertmanager"), f"--config.file={cfg}", f"--storage.path={tmp_path / 'am'}"]
-        cmd += [f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="]
-        with running(cmd, tmp_path / "am.log") as am:
-            wait_http(f"{url}/-/ready", ok=lambda r: r.status_code == 200, proc=am, timeout_s=60)
+        with alertmanager(cfg, tmp_path) as url:
             _add(url, "PageCachePressureTailLatency")
             time.sleep(1)
             _add(url, "TailLatencyRatioHigh")

@@ -356,7 +356,7 @@ def live_breakdown(bodies: list[bytes], series: int, models: int, collections: i
     engine: dict[str, Any] = {"metrics_url": url, "kind": "vllm", "max_models": models * 2, "max_series": series * 2}
     settings = Settings.model_validate({"engine": {**engine, "max_bytes": 256 << 20, "timeout_s": 120}})
     try:
-        collector = EngineCollector(collect_context(settings))
+        collector = EngineCollector(collect_context(settings), settings.engine)
         tracemalloc.start()
         for _ in range(collections):
             collector.collect()

@@ -162,7 +162,7 @@ def main() -> int:
             settings = Settings(interval_s=args.interval, engine={"metrics_url": url, "max_model_len": 4096})
             client, net = client_for(arm, counts[arm])
             nets[arm].append(net)
-            collector = Recording(collect_context(settings, engine_http=client))
+            collector = Recording(collect_context(settings, engine_http=client), settings.engine)
             state = AgentState()
             phase = rng.uniform(0, args.interval)  # agents on different nodes are not in step
             runner = Runner(state, [collector], {"engine": plan}, clock=lambda p=phase: time.monotonic() + p)

@@ -226,7 +226,7 @@ def test_collector_samples_match_the_catalog(tmp_path: Path) -> None:
     settings = load_settings(
         overrides={"path": {"procfs": str(procfs), "sysfs": str(tmp_path)}, "cpu": {"expect_features": ["SHA3"]}}
     )
-    result = validate(CPUCollector(collect_context(settings)).collect())
+    result = validate(CPUCollector(collect_context(settings), settings.cpu, settings.path.machine).collect())
     by = {(s.name, s.attributes): s.value for s in result.samples}
     model = "Arm Neoverse-V1"
     kernel = ("detected_by", "kernel")  # every Arm feature reaches user space through the kernel's hwcaps
@@ -256,7 +256,7 @@ def test_cpuid_read_and_kernel_gated_features_are_told_apart(tmp_path: Path) -> 
     text = _drop((CPU / "x86_sapphirerapids_xeon_platinum_8480plus.txt").read_text(), "avx512_fp16", "amx_tile")
     procfs = _procfs(tmp_path, text, **{"sys/kernel/osrelease": "5.10.0"})
     settings = load_settings(overrides={"path": {"procfs": str(procfs), "sysfs": str(tmp_path)}})
-    result = validate(CPUCollector(collect_context(settings)).collect())
+    result = validate(CPUCollector(collect_context(settings), settings.cpu, settings.path.machine).collect())
     missing = {
         dict(s.attributes)["feature"]: dict(s.attributes)["detected_by"]
         for s in result.samples
@@ -271,5 +271,5 @@ def test_cpuid_read_and_kernel_gated_features_are_told_apart(tmp_path: Path) -> 
     only_cpuid = _drop((CPU / "x86_sapphirerapids_xeon_platinum_8480plus.txt").read_text(), "avx512_fp16")
     procfs = _procfs(tmp_path / "b", only_cpuid, **{"sys/kernel/osrelease": "5.10.0"})
     settings = load_settings(overrides={"path": {"procfs": str(procfs), "sysfs": str(tmp_path)}})
-    result = validate(CPUCollector(collect_context(settings)).collect())
+    result = validate(CPUCollector(collect_context(settings), settings.cpu, settings.path.machine).collect())
     assert result.findings[0].status == "warn" and "from CPUID themselves" in result.findings[0].summary

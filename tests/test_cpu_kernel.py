@@ -122,7 +122,9 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 def _collect(procfs: Path, probe: FakeProbe) -> tuple[Samples, list[Finding]]:
     settings = load_settings(overrides={"path": {"procfs": str(procfs), "sysfs": str(procfs.parent / "nosys")}})
-    result = validate(CPUCollector(collect_context(settings, cpu_probe=probe)).collect())
+    result = validate(
+        CPUCollector(collect_context(settings, cpu_probe=probe), settings.cpu, settings.path.machine).collect()
+    )
     return {(s.name, s.attributes): s.value for s in result.samples}, list(result.findings)
 
 

@@ -77,7 +77,8 @@ def samples(collection) -> dict:
 
 def test_stream_usage_only_is_counted_in_both_protocols(sim, tmp_path) -> None:
     scenarios(sim, "stream_usage_only")
-    col = validate(ProbeCollector(collect_context(settings(sim, tmp_path))).collect())
+    s = settings(sim, tmp_path)
+    col = validate(ProbeCollector(collect_context(s), s.probe).collect())
     v = samples(col)
     for p in ("openai", "anthropic"):
         counts = {
@@ -91,7 +92,8 @@ def test_stream_usage_only_is_counted_in_both_protocols(sim, tmp_path) -> None:
 
 def test_hardware_mismatch_is_counted_as_such(sim, tmp_path) -> None:
     scenarios(sim, "hardware_mismatch")
-    col = validate(ProbeCollector(collect_context(settings(sim, tmp_path))).collect())
+    s = settings(sim, tmp_path)
+    col = validate(ProbeCollector(collect_context(s), s.probe).collect())
     v = samples(col)
     for p in ("openai", "anthropic"):
         assert v[("inferwatch.probe.http_errors", (("error_type", "hardware_mismatch"), ("protocol", p)))] == 1
@@ -100,7 +102,8 @@ def test_hardware_mismatch_is_counted_as_such(sim, tmp_path) -> None:
 
 def test_debug_disabled_gives_the_empty_profile_finding(sim, tmp_path) -> None:
     scenarios(sim, "debug_disabled")
-    col = validate(RuntimeProfileCollector(collect_context(settings(sim, tmp_path))).collect())
+    s = settings(sim, tmp_path)
+    col = validate(RuntimeProfileCollector(collect_context(s), s.runtime_profile).collect())
     assert samples(col)[("inferwatch.runtime.profile.available", ())] == 0
     assert [(f.id, f.status) for f in col.findings] == [("runtime_profile.empty", "warn")]
 
@@ -109,7 +112,7 @@ def test_debug_in_production_gives_its_finding_and_redacts(sim, tmp_path) -> Non
     scenarios(sim)
     s = settings(sim, tmp_path, node={"environment": "production"})
     ctx = collect_context(s)
-    col = validate(RuntimeProfileCollector(ctx).collect())
+    col = validate(RuntimeProfileCollector(ctx, s.runtime_profile).collect())
     store = SnapshotStore(s.snapshots, ctx.profile_reader, ProfilingSettings(), dump_interval_s=60.0)
     store.on_record("runtime_profile", col)  # the agent's state listener
     assert ("runtime_profile.debug_in_production", "fail") in [(f.id, f.status) for f in col.findings]

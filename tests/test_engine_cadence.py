@@ -68,7 +68,9 @@ def test_a_large_exposition_is_read_less_often_and_a_small_one_every_2_s() -> No
             plan = schedule("engine", settings)
             if srv is costly_srv:  # served from this process (its GIL): seconds a read on a loaded machine
                 plan = dataclasses.replace(plan, timeout_s=plan.slow_interval_s or plan.timeout_s)
-            runners.append(Runner(AgentState(), [EngineCollector(collect_context(settings))], {"engine": plan}))
+            runners.append(
+                Runner(AgentState(), [EngineCollector(collect_context(settings), settings.engine)], {"engine": plan})
+            )
         for r in runners:
             r.start()
         try:

@@ -152,7 +152,7 @@ def test_the_collector_exports_the_schema_and_its_shrink_after_an_upgrade() -> N
     with es.EngineServer() as srv:
         srv.routes["/metrics"] = es.body((ENGINES / before).read_text() + "\n")
         settings = Settings(engine={"metrics_url": srv.url("/metrics"), "timeout_s": 30})  # generous: a loaded machine
-        c = EngineCollector(collect_context(settings))
+        c = EngineCollector(collect_context(settings), settings.engine)
         try:
             seen = []
             for name in (before, after):
@@ -197,7 +197,7 @@ def test_the_collector_exports_triton_means_per_request_over_the_window() -> Non
     clock = iter((1000.0, 1015.0))
     with es.EngineServer({"/metrics": es.body(first)}) as srv:
         settings = Settings(engine={"metrics_url": srv.url("/metrics"), "timeout_s": 30})
-        c = EngineCollector(collect_context(settings), clock=lambda: next(clock))
+        c = EngineCollector(collect_context(settings), settings.engine, clock=lambda: next(clock))
         try:
             c.collect()
             srv.routes["/metrics"] = es.body(later)
@@ -229,7 +229,7 @@ def test_the_status_page_shows_the_recognised_release() -> None:
     want = expected(name)
     with es.EngineServer({"/metrics": es.body((ENGINES / name).read_text())}) as srv:
         settings = Settings(engine={"metrics_url": srv.url("/metrics"), "timeout_s": 30})
-        c = EngineCollector(collect_context(settings))
+        c = EngineCollector(collect_context(settings), settings.engine)
         try:
             collection = c.collect()
         finally:

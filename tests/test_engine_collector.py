@@ -29,7 +29,7 @@ VALID = (FIXTURES / "engines" / "vllm-v1-dp2-synthetic.prom").read_text()
 
 def collector(url: str | None, **engine: object) -> EngineCollector:
     settings = Settings(engine={"metrics_url": url, **engine})
-    return EngineCollector(collect_context(settings))
+    return EngineCollector(collect_context(settings), settings.engine)
 
 
 def samples_by_name(samples) -> dict[str, list]:

@@ -63,7 +63,9 @@ class Engine:
         self.history: list[dict[str, Any]] = []
         settings = Settings(engine={"metrics_url": "http://engine:8000/metrics", "health_url": "", **engine})
         client = httpx.Client(transport=httpx.MockTransport(self._handle))
-        self.collector = EngineCollector(collect_context(settings, engine_http=client), clock=lambda: e.now)
+        self.collector = EngineCollector(
+            collect_context(settings, engine_http=client), settings.engine, clock=lambda: e.now
+        )
 
     def _handle(self, req: httpx.Request) -> httpx.Response:
         if req.url.path == "/metrics":
@@ -390,7 +392,7 @@ def test_live_simulator_one_rank_hung_through_the_engine_collector(tmp_path) -> 
         ]
         with running([*load, "--output-tokens", "64", "--timeout", "120"], tmp_path / "load.log", cwd=ROOT):
             settings = Settings(engine={"metrics_url": f"{url}/metrics", "hang_min_stall_s": 2.0})
-            collector = EngineCollector(collect_context(settings))
+            collector = EngineCollector(collect_context(settings), settings.engine)
             try:
                 deadline = time.monotonic() + 60
                 while not any(v["stall_s"] == 0 and v["running"] for v in collector.collect().details["hang"]):

@@ -18,7 +18,8 @@ from tests import engine_server as es
 
 
 def collector(url: str, **engine: object) -> EngineCollector:
-    return EngineCollector(collect_context(Settings(engine={"metrics_url": url, **engine})))
+    settings = Settings(engine={"metrics_url": url, **engine})
+    return EngineCollector(collect_context(settings), settings.engine)
 
 
 def gauges(models: int, value_len: int = 4) -> str:

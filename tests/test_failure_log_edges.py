@@ -84,7 +84,7 @@ def test_a_slow_engine_body_logs_one_line_when_it_starts_and_one_when_it_ends(
     with es.EngineServer({"/metrics": es.body(VLLM)}) as srv:
         settings = Settings(interval_s=INTERVAL_S, engine={"metrics_url": srv.url("/metrics")})
         state = AgentState()
-        collectors = [EngineCollector(collect_context(settings))]
+        collectors = [EngineCollector(collect_context(settings), settings.engine)]
         runner = Runner(state, collectors, schedules(collectors, settings))
         runner.start()
         try:

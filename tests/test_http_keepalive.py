@@ -204,7 +204,7 @@ def test_the_engine_collector_at_shrunk_timings_never_fails(server: tuple[Uvicor
     transports = [CountingTransport() for _ in range(3)]
     counts = [RetryCounts() for _ in transports]
     collectors = [
-        EngineCollector(collect_context(settings, engine_http=http_client("engine", n, transport=t)))
+        EngineCollector(collect_context(settings, engine_http=http_client("engine", n, transport=t)), settings.engine)
         for t, n in zip(transports, counts, strict=True)
     ]
     failures: list[str] = []

@@ -73,7 +73,7 @@ class Agent:
 
     def __init__(self, server: LlamaServer) -> None:
         settings = Settings(engine={"metrics_url": f"{server.url}/metrics", "kind": "llamacpp"})
-        self.collector = EngineCollector(collect_context(settings))
+        self.collector = EngineCollector(collect_context(settings), settings.engine)
         self.before = self._values()
 
     def _values(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -119,7 +119,8 @@ def test_agent_and_doctor_agree_on_the_same_host(fake_procfs, psi: str, expected
     from tests.conftest import PYTHON, ROOT
 
     root = _issue15_procfs(fake_procfs, psi, 1000)
-    collector = PageCacheCollector(collect_context(load_settings(overrides={"path": {"procfs": str(root)}})))
+    settings = load_settings(overrides={"path": {"procfs": str(root)}})
+    collector = PageCacheCollector(collect_context(settings), settings.pagecache)
     first = validate(collector.collect()).findings[0]
     _issue15_procfs(fake_procfs, psi, 250000)  # refaults since the last run
     agent = validate(collector.collect()).findings[0]
@@ -142,7 +143,7 @@ def test_collector_on_recorded_procfs(fake_procfs) -> None:
         vmstat=MEM / "vmstat_node_exporter_pre_4_8_zoned.txt",
     )
     settings = load_settings(overrides={"path": {"procfs": str(root)}})
-    result = validate(PageCacheCollector(collect_context(settings)).collect())
+    result = validate(PageCacheCollector(collect_context(settings), settings.pagecache).collect())
     by = {(s.name, s.attributes): s.value for s in result.samples}
     assert by[("inferwatch.memory.file_lru", (("list", "inactive"),))] == 145676 * 1024
     assert by[("inferwatch.pressure.memory.avg", (("kind", "some"), ("window", "10s")))] == pytest.approx(0.0232)
@@ -152,7 +153,7 @@ def test_collector_on_recorded_procfs(fake_procfs) -> None:
 def test_collector_without_psi_still_reports(fake_procfs) -> None:
     root = fake_procfs(meminfo=MEM / "kernel_doc_proc_rst_example.txt")
     settings = load_settings(overrides={"path": {"procfs": str(root)}})
-    result = PageCacheCollector(collect_context(settings)).collect()
+    result = PageCacheCollector(collect_context(settings), settings.pagecache).collect()
     assert "no PSI" in result.details["psi"]
     assert not [s for s in result.samples if s.name.startswith("inferwatch.pressure")]
 
@@ -160,5 +161,5 @@ def test_collector_without_psi_still_reports(fake_procfs) -> None:
 def test_missing_meminfo_is_expected_absence(tmp_path) -> None:
     settings = load_settings(overrides={"path": {"procfs": str(tmp_path)}})
     with pytest.raises(NoDataError) as exc:
-        PageCacheCollector(collect_context(settings)).collect()
+        PageCacheCollector(collect_context(settings), settings.pagecache).collect()
     assert "--path.procfs" in exc.value.hint

@@ -94,7 +94,7 @@ def test_schema_paths_name_the_rule() -> None:
 
 def test_collector_counts_cumulatively_by_protocol_and_kind(rt) -> None:
     settings = load_settings(overrides={"probe": {"url": rt.url, "protocols": ["openai", "anthropic"], "timeout_s": 5}})
-    collector = ProbeCollector(collect_context(settings))
+    collector = ProbeCollector(collect_context(settings), settings.probe)
     rt.stream_mode = "usage_only"
     validate(collector.collect())
     rt.stream_mode = "hardware_mismatch"
@@ -156,7 +156,7 @@ def test_simulator_hang_is_a_timeout_never_a_schema_violation(tmp_path) -> None:
     with running(cmd, tmp_path / "sim.log", cwd=ROOT) as proc:
         wait_http(url + "/health", proc=proc)
         settings = load_settings(overrides={"probe": {"url": url, "protocols": list(PROTOCOLS), "timeout_s": 1.0}})
-        collector = ProbeCollector(collect_context(settings))
+        collector = ProbeCollector(collect_context(settings), settings.probe)
         for _ in range(2):
             collection = validate(collector.collect())
         values = {(s.name, s.attributes): s.value for s in collection.samples}

@@ -46,7 +46,7 @@ def fake_runtime(tmp_path: Path, marker: str) -> Iterator[Any]:
 
 def _collector(**runtime: object) -> ProcessCollector:
     settings = load_settings(overrides={"runtime": {"name": "vllm", **runtime}})
-    return ProcessCollector(collect_context(settings))
+    return ProcessCollector(collect_context(settings), settings.pagecache)
 
 
 def _values(collector: ProcessCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -109,7 +109,7 @@ def test_unconfigured_runtime_is_absent_with_a_hint() -> None:
 def test_runner_keeps_runtime_up_zero_when_absent() -> None:
     settings = load_settings(overrides={"runtime": {"pid": 2**22 - 1}})  # above pid_max's default: never a process
     state = AgentState()
-    collectors = [ProcessCollector(collect_context(settings))]
+    collectors = [ProcessCollector(collect_context(settings), settings.pagecache)]
     runner = Runner(state, collectors, schedules(collectors, settings))
     runner.start()
     try:
@@ -174,7 +174,7 @@ def test_cgroup_v2_memory_on_synthetic_sysfs(tmp_path: Path) -> None:
         settings = load_settings(
             overrides={"runtime": {"cmdline_pattern": f"fake-runtime-{marker}"}, "path": {"sysfs": str(sysfs)}}
         )
-        c = ProcessCollector(collect_context(settings))
+        c = ProcessCollector(collect_context(settings), settings.pagecache)
         result = validate(c.collect())
         v = {(s.name, s.attributes): s.value for s in result.samples}
         assert v[("inferwatch.runtime.cgroup.memory.stat", (("field", "inactive_file"),))] == 536870912

@@ -127,7 +127,7 @@ def test_the_limits_are_settings_and_each_hit_is_counted(tmp_path: Path) -> None
     }
     ctx = collect_context(settings)
     with pytest.raises(ReadLimitError):
-        PageCacheCollector(ctx).collect()
+        PageCacheCollector(ctx, settings.pagecache).collect()
     assert ctx.read_limits.hits is not None
     assert [s.value for s in ctx.read_limits.hits.samples()] == [1]
     with pytest.raises(ConfigError, match=r"read_limits\.max_file_bytes"):

@@ -120,7 +120,7 @@ def test_the_agent_setting_states_it(tmp_path: Path) -> None:
     procfs = _tree(tmp_path, _dump(GRAVITON3).cpuinfo.read_text())
     settings = load_settings(None, {"path": {"procfs": str(procfs), "sysfs": str(tmp_path), "machine": "AArch64"}})
     assert settings.path.machine == "aarch64"
-    finding = CPUCollector(collect_context(settings)).collect().findings[0]
+    finding = CPUCollector(collect_context(settings), settings.cpu, settings.path.machine).collect().findings[0]
     assert finding.evidence["arch_source"] == "given" and finding.evidence["machine"] == "aarch64"
 
 

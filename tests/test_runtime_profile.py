@@ -33,7 +33,8 @@ def collector(rt, tmp_path, **extra):
         "snapshots": {"dir": str(tmp_path / "snap"), "max_count": 3},
         **extra,
     }
-    return RuntimeProfileCollector(collect_context(load_settings(overrides=overrides)))
+    settings = load_settings(overrides=overrides)
+    return RuntimeProfileCollector(collect_context(settings), settings.runtime_profile)
 
 
 def values(collection):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from inferwatch.agent.config import RuntimeSettings, Settings
+from inferwatch.agent.config import RuntimeSettings, Settings, SimdSettings
 from inferwatch.agent.errors import NoDataError
 from inferwatch.agent.node.collectors.simd import SimdCollector
 from inferwatch.agent.node.host.runtime import RuntimeLocator, pid_listening_on
@@ -239,10 +239,10 @@ def test_pid_listening_on_finds_a_real_server() -> None:
 def test_collector_absent_without_runtime_and_valid_with_one() -> None:
     ctx = collect_context(Settings())
     with pytest.raises(NoDataError):
-        SimdCollector(ctx).collect()
+        SimdCollector(ctx, SimdSettings()).collect()
     proc = _spawn(4.0, "glibc.cpu.hwcaps=-AVX512F,-AVX512VL")
     settings = Settings(runtime={"pid": proc.pid}, simd={"busy_cpu_cores": 0.01})
-    collector = SimdCollector(collect_context(settings))
+    collector = SimdCollector(collect_context(settings), settings.simd)
     try:
         run_collection(collector)
         time.sleep(1.0)
@@ -267,7 +267,7 @@ def test_collector_finds_the_runtime_once_and_again_after_a_restart(tmp_path) ->
     first = subprocess.Popen(cmd)
     try:
         ctx = collect_context(Settings(runtime=RuntimeSettings(cmdline_pattern=marker)))
-        collector = SimdCollector(ctx)
+        collector = SimdCollector(ctx, SimdSettings())
         assert [collector.collect().details["pid"] for _ in range(3)] == [first.pid] * 3
         locator = ctx.locator  # the agent's one locator, shared with process and gpu
         assert locator.restarts == 0  # the same process all along

@@ -26,7 +26,7 @@ from inferwatch.agent.common.redact import redact_text
 from inferwatch.agent.common.samples import Collection, Finding
 from inferwatch.agent.doctor.engine import SIMD_WINDOW_S, EngineRun, engine_findings, load, split_url
 from inferwatch.agent.errors import NoDataError
-from inferwatch.agent.node.collectors import REGISTRY, enabled_collectors
+from inferwatch.agent.node.collectors import REGISTRY, build, enabled_collectors
 from inferwatch.agent.node.collectors.base import Collector
 from inferwatch.agent.node.host.cpucap import read_cpu_capability, require_verdict
 from inferwatch.agent.node.probe.client import PROTOCOLS
@@ -77,7 +77,7 @@ def check_id(name: str) -> str:
 
 def check_collector(deps: Deps, name: str) -> list[Finding]:
     """Run one registered collector once, as the agent would; return its findings (raises as it does)."""
-    collector = REGISTRY[name].cls(deps.collect_context())
+    collector = build(name, deps.collect_context(), deps.settings)
     try:
         collection = run_collection(collector)
     finally:
@@ -193,7 +193,7 @@ def run_checks(deps: Deps, request: DoctorRequest | None = None) -> list[Finding
     """Every registered collector, in registry order: the enabled ones run once, the others a skip."""
     request = request or DoctorRequest()
     doctor = _Doctor(deps, request)
-    collectors = {c.name: c for c in enabled_collectors(deps.collect_context())}
+    collectors = {c.name: c for c in enabled_collectors(deps.collect_context(), deps.settings)}
     findings: list[Finding] = []
     try:
         for name in REGISTRY:

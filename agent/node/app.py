@@ -64,7 +64,7 @@ class Agent:
         processors.append(SeriesBudget(self.state, settings.series_budget))  # the agent's own series count
         # A processor runs on the host lane at the agent's interval and on every scrape (its input is in memory).
         processing = Schedule(settings.interval_s, min(settings.timeout_s, settings.interval_s), HOST_LANE, True)
-        collectors = enabled_collectors(self.ctx)
+        collectors = enabled_collectors(self.ctx, settings)
         self.targets: Any = None  # EngineTargets when discovery is set: collectors per engine target
         if discovery_configured(settings.discovery) and not settings.engine.metrics_url:
             collectors = [c for c in collectors if c.name != "engine"]  # only the discovered engines

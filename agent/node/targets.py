@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 
 from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
 from inferwatch.agent.common.samples import AnySample, Attributes, Collection, Finding
-from inferwatch.agent.config import DiscoverySettings, Settings
+from inferwatch.agent.config import DiscoverySettings, EngineSettings, RuntimeProfileSettings, Settings
 from inferwatch.agent.errors import NoDataError, SourceFormatError
 from inferwatch.agent.node.collectors import Schedule, schedule
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext
@@ -229,25 +229,28 @@ class EngineTargets(BaseCollector):
         }
         return Collection(details=details)
 
+    def _engine(self, target: EngineTarget) -> EngineSettings:
+        """The target's engine section: the agent's, with the target's URLs and kind."""
+        update = {"metrics_url": target.metrics_url, "kind": target.kind, "health_url": target.health_url}
+        return self.settings.engine.model_copy(update=update)
+
+    def _profile(self, target: EngineTarget) -> RuntimeProfileSettings:
+        return self.settings.runtime_profile.model_copy(update={"url": target.profile_url})
+
     def _ctx(self, target: EngineTarget, locator: RuntimeLocator | None = None) -> CollectContext:
         s = self.settings
-        engine = s.engine.model_copy(
-            update={"metrics_url": target.metrics_url, "kind": target.kind, "health_url": target.health_url}
-        )
-        profile = s.runtime_profile.model_copy(update={"url": target.profile_url})
-        settings = s.model_copy(update={"engine": engine, "runtime_profile": profile})
         loc = locator or self.ctx.locator
         reader = self.ctx.profile_reader
         if target.profile_url:
             reader = ProfileReader(
-                profile,
+                self._profile(target),
                 loc,
                 key_dir=s.snapshots.dir,
                 environment=s.node.environment,
                 procfs=self.ctx.procfs,
                 read_limits=self.ctx.read_limits,
             )
-        return replace(self.ctx, settings=settings, locator=loc, profile_reader=reader)
+        return replace(self.ctx, locator=loc, profile_reader=reader)
 
     def _add(self, running: _Running, inner: BaseCollector) -> None:
         collector = TargetCollector(inner, running.target)
@@ -262,9 +265,9 @@ class EngineTargets(BaseCollector):
     def _start(self, target: EngineTarget) -> None:
         running = self._running[target.name] = _Running(target, [])
         ctx = self._ctx(target)
-        self._add(running, EngineCollector(ctx))
+        self._add(running, EngineCollector(ctx, self._engine(target)))
         if target.profile_url:
-            self._add(running, RuntimeProfileCollector(ctx))
+            self._add(running, RuntimeProfileCollector(ctx, self._profile(target)))
         if process_findable(target):
             self._add_process(running)
         log.info("engine target %s (%s) started: %s", target.name, target.source, target.metrics_url)
@@ -286,7 +289,7 @@ class EngineTargets(BaseCollector):
             update={"pid": pid, "pidfile": None, "cmdline_pattern": None, "name": target.name}
         )
         ctx = self._ctx(target, RuntimeLocator(runtime, self.ctx.procfs))
-        self._add(running, ProcessCollector(ctx))
+        self._add(running, ProcessCollector(ctx, self.settings.pagecache))
 
     def _find_pid(self, target: EngineTarget) -> int:
         """Through its container's cgroup on Kubernetes (a pod UID and container id); else, for an engine on this

@@ -6,8 +6,9 @@ locator, the profile reader, the API authenticator and the actions (binary check
 snapshot store, py-spy profile manager, evidence store) — into one frozen :class:`Deps`. Nothing else creates them: a
 collector gets a :class:`~inferwatch.agent.node.collectors.base.CollectContext` (:meth:`Deps.collect_context`), the API
 an :class:`~inferwatch.agent.node.api.server.ApiServices`; tests replace a piece by passing it to :func:`build_deps`.
-Validated settings are never rewritten here: per-collector scheduling defaults live in the registry
-(:mod:`inferwatch.agent.node.collectors`).
+This module and agent/node/app.py are where the whole ``Settings`` is read: every part is handed its section (a
+collector its registry entry's ``sections``). Validated settings are never rewritten here: per-collector scheduling
+defaults live in the registry (:mod:`inferwatch.agent.node.collectors`).
 """
 
 from __future__ import annotations
@@ -78,7 +79,6 @@ def build_deps(
     locator = locator or RuntimeLocator(settings.runtime, settings.path.procfs)
     reader = profile_reader(settings, locator, persist_key=persist_key)
     sources = CollectContext(
-        settings=settings,
         procfs=settings.path.procfs,
         sysfs=settings.path.sysfs,
         nvml=nvml or PynvmlClient(),

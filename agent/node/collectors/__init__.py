@@ -13,14 +13,16 @@ turn; a collector that waits on the network has a lane of its own (``lane=None``
 the others.
 
 The registry is part of the composition: its predicates and :func:`schedule` read the whole ``Settings`` to decide
-what runs and when, and the composition root (agent/node/app.py) hands the runner the result
-(:func:`schedules`). The runner itself never reads the settings.
+what runs and when, each entry names the sections its collector is built with (``sections``), and the composition
+root (agent/node/app.py) hands the runner the result (:func:`schedules`). Neither the runner nor a collector reads the
+whole settings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from inferwatch.agent.config import (
     DEFAULT_ENGINE_INTERVAL_S,
@@ -54,6 +56,10 @@ def _none(_: Settings) -> float | None:
     return None
 
 
+def _no_sections(_: Settings) -> tuple[Any, ...]:
+    return ()
+
+
 def _runtime_configured(s: Settings) -> bool:
     return bool(s.runtime.pid or s.runtime.pidfile or s.runtime.cmdline_pattern)
 
@@ -64,6 +70,8 @@ class Entry:
     ``min(timeout_s, interval)``; ``lane`` None: a lane (thread) of its own."""
 
     cls: type[BaseCollector]
+    # what the collector's constructor takes after the context: its section(s) of the settings, or the values it reads
+    sections: Callable[[Settings], tuple[Any, ...]] = _no_sections
     enabled: Callable[[Settings], bool] = _always
     interval_s: SettingsFn = _none
     timeout_s: SettingsFn = _none
@@ -98,12 +106,13 @@ class Schedule:
 REGISTRY: dict[str, Entry] = {
     e.name: e
     for e in (
-        Entry(PageCacheCollector),
-        Entry(CPUCollector, interval_s=lambda s: DEFAULT_CPU_INTERVAL_S),
-        Entry(ProcessCollector, configured=_runtime_configured),
+        Entry(PageCacheCollector, sections=lambda s: (s.pagecache,)),
+        Entry(CPUCollector, sections=lambda s: (s.cpu, s.path.machine), interval_s=lambda s: DEFAULT_CPU_INTERVAL_S),
+        Entry(ProcessCollector, sections=lambda s: (s.pagecache,), configured=_runtime_configured),
         Entry(GPUCollector, absent_retry_s=NVML_ABSENT_RETRY_S),
         Entry(
             EngineCollector,
+            sections=lambda s: (s.engine,),
             lane=None,
             configured=lambda s: bool(s.engine.metrics_url),
             # hang detection's fast path needs two readings 6 s apart soon after the last token
@@ -117,6 +126,7 @@ REGISTRY: dict[str, Entry] = {
         ),
         Entry(
             RuntimeProfileCollector,
+            sections=lambda s: (s.runtime_profile,),
             enabled=lambda s: bool(s.runtime_profile.url),
             interval_s=lambda s: DEFAULT_PROFILE_INTERVAL_S,
             timeout_s=lambda s: s.runtime_profile.timeout_s + TIMING_MARGIN_S,
@@ -124,12 +134,17 @@ REGISTRY: dict[str, Entry] = {
         ),
         Entry(
             ProbeCollector,
+            sections=lambda s: (s.probe,),
             enabled=lambda s: bool(s.probe.url),
             interval_s=lambda s: DEFAULT_PROBE_INTERVAL_S,
             timeout_s=lambda s: s.probe.timeout_s * len(s.probe.protocols) + TIMING_MARGIN_S,
             lane=None,
         ),
-        Entry(SimdCollector, configured=lambda s: _runtime_configured(s) or url_port(s.engine.metrics_url) is not None),
+        Entry(
+            SimdCollector,
+            sections=lambda s: (s.simd, url_port(s.engine.metrics_url)),
+            configured=lambda s: _runtime_configured(s) or url_port(s.engine.metrics_url) is not None,
+        ),
     )
 }
 
@@ -159,9 +174,15 @@ def schedules(collectors: Iterable[Collector], settings: Settings) -> dict[str, 
     return {c.name: schedule(c.name, settings) for c in collectors}
 
 
-def enabled_collectors(ctx: CollectContext) -> list[BaseCollector]:
+def build(name: str, ctx: CollectContext, settings: Settings) -> BaseCollector:
+    """Collector ``name`` as the agent builds it: the context, then its entry's sections of ``settings``."""
+    entry = REGISTRY[name]
+    return entry.cls(ctx, *entry.sections(settings))
+
+
+def enabled_collectors(ctx: CollectContext, settings: Settings) -> list[BaseCollector]:
     """Instantiate every collector that the settings (or its entry's default) enable."""
-    return [e.cls(ctx) for name, e in REGISTRY.items() if is_enabled(name, ctx.settings)]
+    return [build(name, ctx, settings) for name in REGISTRY if is_enabled(name, settings)]
 
 
 __all__ = [
@@ -173,6 +194,7 @@ __all__ = [
     "Collector",
     "Entry",
     "Schedule",
+    "build",
     "enabled_collectors",
     "is_enabled",
     "schedule",

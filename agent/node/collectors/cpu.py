@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from inferwatch.agent.common.samples import AnySample, Sample, attrs
-from inferwatch.agent.node.collectors.base import BaseCollector, Collection
+from inferwatch.agent.config import CPUSettings
+from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext, Collection
 from inferwatch.agent.node.host.cpucap import amx_verdict, cpu_feature_verdict, read_cpu_capability
 from inferwatch.agent.node.host.cpumodels import ARM_CORES, X86_MODELS, detected_by
 
@@ -31,13 +32,20 @@ class CPUCollector(BaseCollector):
     name: ClassVar[str] = "cpu"
     description: ClassVar[str] = "CPU identity and SIMD features expected for this CPU model (/proc/cpuinfo)"
 
+    def __init__(self, ctx: CollectContext, cfg: CPUSettings, machine: str | None = None) -> None:
+        """``cfg``: the features expected on top of the model's; ``machine``: ``path.machine`` (a recorded tree's
+        ``uname -m``; None: the running kernel's, or what the tree says)."""
+        super().__init__(ctx)
+        self.cfg = cfg
+        self.machine = machine
+
     def collect(self) -> Collection:
         cap = read_cpu_capability(
             self.ctx.procfs,
             self.ctx.sysfs,
-            self.ctx.settings.cpu.expect_features,
+            self.cfg.expect_features,
             self.ctx.cpu_probe,
-            machine=self.ctx.settings.path.machine,
+            machine=self.machine,
             limits=self.ctx.read_limits,
         )
         info = cap.info

@@ -45,6 +45,7 @@ import httpx
 
 from inferwatch.agent.common.httpclient import http_client
 from inferwatch.agent.common.samples import AnySample, Sample, attrs
+from inferwatch.agent.config import EngineSettings
 from inferwatch.agent.errors import NoDataError
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext, Collection
 from inferwatch.agent.node.engine.adapters import DEFAULT_MODEL, QUANTITIES, EngineReading
@@ -86,10 +87,9 @@ class EngineCollector(BaseCollector):
     name: ClassVar[str] = "engine"
     description: ClassVar[str] = "Inference engine /metrics (vLLM, SGLang, TGI, llama.cpp, TensorRT-LLM)"
 
-    def __init__(self, ctx: CollectContext, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, ctx: CollectContext, cfg: EngineSettings, clock: Callable[[], float] = time.time) -> None:
         super().__init__(ctx)
         self._clock = clock  # wall time of each scrape, seconds
-        cfg = ctx.settings.engine
         self.cfg = cfg
         self.limits = EngineLimits.of(cfg)
         self.parser = EngineParser(cfg.kind, cfg.model_name or DEFAULT_MODEL, self.limits)

@@ -10,6 +10,7 @@ import time
 from typing import ClassVar
 
 from inferwatch.agent.common.samples import AnySample, Sample, attrs
+from inferwatch.agent.config import PageCacheSettings
 from inferwatch.agent.errors import NoDataError
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext, Collection
 from inferwatch.agent.node.host.meminfo import mem_available, read_meminfo
@@ -22,15 +23,16 @@ class PageCacheCollector(BaseCollector):
     name: ClassVar[str] = "pagecache"
     description: ClassVar[str] = "Page cache and memory pressure (/proc/meminfo, PSI, /proc/vmstat)"
 
-    def __init__(self, ctx: CollectContext) -> None:
+    def __init__(self, ctx: CollectContext, cfg: PageCacheSettings) -> None:
         super().__init__(ctx)
+        self.cfg = cfg
         self._last_refaults: tuple[float, int] | None = None
 
     def collect(self) -> Collection:
         procfs = self.ctx.procfs
         limits = self.ctx.read_limits
         info = read_meminfo(procfs, limits)
-        threshold = self.ctx.settings.pagecache.inactive_file_threshold_bytes
+        threshold = self.cfg.inactive_file_threshold_bytes
         samples: list[AnySample] = [
             Sample("system.memory.limit", info["MemTotal"]),
             Sample("system.memory.linux.available", mem_available(info)),

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from inferwatch.agent.common.samples import Finding, Sample, attrs
+from inferwatch.agent.config import ProbeSettings
 from inferwatch.agent.errors import NoDataError
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext, Collection
 from inferwatch.agent.node.probe.client import ProbeResult, run_probe
@@ -65,13 +66,14 @@ class ProbeCollector(BaseCollector):
     name: ClassVar[str] = "probe"
     description: ClassVar[str] = "Synthetic streamed requests: client TTFT/ITL, stream schema, HTTP error types."
 
-    def __init__(self, ctx: CollectContext) -> None:
+    def __init__(self, ctx: CollectContext, cfg: ProbeSettings) -> None:
         super().__init__(ctx)
+        self.cfg = cfg
         self.violations: dict[tuple[str, str], int] = {}
         self.http_errors: dict[tuple[str, str], int] = {}
 
     def collect(self) -> Collection:
-        cfg = self.ctx.settings.probe
+        cfg = self.cfg
         if not cfg.url:
             raise NoDataError("probe.url is not set", hint="set probe.url to the runtime's base URL to probe it")
         samples: list[Sample] = []

@@ -18,6 +18,7 @@ from typing import ClassVar
 import psutil
 
 from inferwatch.agent.common.samples import AnySample, Finding, Sample, attrs
+from inferwatch.agent.config import PageCacheSettings
 from inferwatch.agent.errors import NoDataError, ReadLimitError
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext, Collection
 from inferwatch.agent.node.host.cgroup import EVENT_FIELDS, SIZE_FIELDS, CgroupMemory, read_cgroup_memory
@@ -42,8 +43,10 @@ class ProcessCollector(BaseCollector):
     name: ClassVar[str] = "process"
     description: ClassVar[str] = "The inference runtime process (psutil) and its cgroup v2 memory"
 
-    def __init__(self, ctx: CollectContext) -> None:
+    def __init__(self, ctx: CollectContext, pagecache: PageCacheSettings) -> None:
+        """``pagecache``: the inactive-file threshold of the runtime cgroup's page-cache verdict."""
         super().__init__(ctx)
+        self.pagecache = pagecache
         self.locator: RuntimeLocator = ctx.locator
         self._last_refaults: tuple[str, float, int] | None = None  # (cgroup, monotonic time, count)
 
@@ -134,6 +137,6 @@ class ProcessCollector(BaseCollector):
             if last is not None and last[0] == cg.path and now > last[1]:
                 rate = max(refaults - last[2], 0) / (now - last[1])
             self._last_refaults = (cg.path, now, refaults)
-        threshold = self.ctx.settings.pagecache.inactive_file_threshold_bytes
+        threshold = self.pagecache.inactive_file_threshold_bytes
         f = pagecache_verdict({"Inactive(file)": cg.stat["inactive_file"]}, threshold, cg.pressure, rate)
         return replace(f, id="pagecache.runtime_cgroup", summary=f"runtime cgroup {cg.path}: {f.summary}")

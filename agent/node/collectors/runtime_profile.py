@@ -16,16 +16,21 @@ import re
 from typing import Any, ClassVar
 
 from inferwatch.agent.common.samples import Sample, attrs
+from inferwatch.agent.config import RuntimeProfileSettings
 from inferwatch.agent.errors import NoDataError
-from inferwatch.agent.node.collectors.base import BaseCollector, Collection
+from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext, Collection
 
 
 class RuntimeProfileCollector(BaseCollector):
     name: ClassVar[str] = "runtime_profile"
     description: ClassVar[str] = "Redacted snapshots of the runtime's debug runtime_profile (slow interval)."
 
+    def __init__(self, ctx: CollectContext, cfg: RuntimeProfileSettings) -> None:
+        super().__init__(ctx)
+        self.cfg = cfg
+
     def collect(self) -> Collection:
-        if not self.ctx.settings.runtime_profile.url:
+        if not self.cfg.url:
             raise NoDataError(
                 "runtime_profile.url is not set",
                 hint="set runtime_profile.url (e.g. http://127.0.0.1:8000/debug/runtime_profile)",

@@ -13,9 +13,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 from inferwatch.agent.common.samples import AnySample, Finding, Sample, attrs
+from inferwatch.agent.config import SimdSettings
 from inferwatch.agent.errors import NoDataError
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext, Collection
-from inferwatch.agent.node.host.runtime import HINT_CONFIGURE, engine_port
+from inferwatch.agent.node.host.runtime import HINT_CONFIGURE, engine_port  # noqa: F401 (evidence.py imports it from here)
 from inferwatch.agent.node.simd.analysis import FeatureReport, SimdAnalyzer
 from inferwatch.agent.node.simd.codescan import CodeScanCache
 
@@ -59,15 +60,19 @@ class SimdCollector(BaseCollector):
     name: ClassVar[str] = "simd"
     description: ClassVar[str] = "Runtime SIMD utilisation (arch_status, mapped-code scan, PMU)"
 
-    def __init__(self, ctx: CollectContext) -> None:
+    def __init__(self, ctx: CollectContext, cfg: SimdSettings, runtime_port: int | None = None) -> None:
+        """``runtime_port``: the port of ``engine.metrics_url``, whose listener is the runtime when ``runtime.*`` is
+        unset."""
         super().__init__(ctx)
+        self.cfg = cfg
+        self.runtime_port = runtime_port
         self._analyzer: SimdAnalyzer | None = None
         self._cache = CodeScanCache()
 
     def _runtime_pid(self) -> int:
         """The runtime from the agent's one locator: ``runtime.*`` when set, else the engine port's listener."""
         locator = self.ctx.locator
-        port = engine_port(self.ctx.settings)
+        port = self.runtime_port
         if not locator.configured and port is None:
             raise NoDataError(
                 "no runtime process configured",
@@ -76,11 +81,10 @@ class SimdCollector(BaseCollector):
         return int(locator.find_serving(port).pid)
 
     def collect(self) -> Collection:
-        settings = self.ctx.settings
         pid = self._runtime_pid()
         if self._analyzer is None or self._analyzer.pid != pid:
             self.close()
-            self._analyzer = SimdAnalyzer(settings.path.procfs, pid, settings.simd.busy_cpu_cores, self._cache)
+            self._analyzer = SimdAnalyzer(self.ctx.procfs, pid, self.cfg.busy_cpu_cores, self._cache)
         reports = self._analyzer.observe()
         if not reports:
             raise NoDataError("no wide-SIMD feature is tracked on this architecture")

@@ -22,7 +22,6 @@ import httpx
 
 from inferwatch.agent.common.httpclient import RetryCounts
 from inferwatch.agent.common.samples import Collection
-from inferwatch.agent.config import Settings
 from inferwatch.agent.node.debugprofile.reader import ProfileReader
 from inferwatch.agent.node.host.cpuprobe import CpuProbe
 from inferwatch.agent.node.host.nvml import NVMLClient
@@ -35,10 +34,10 @@ class CollectContext:
     """Everything a collector may touch outside the process, built once by :mod:`inferwatch.agent.node.wiring`.
 
     Shared instances (one runtime locator, one NVML client, one profile reader) are passed explicitly;
-    tests build one with :func:`inferwatch.agent.node.wiring.collect_context` and replace what they fake.
+    tests build one with :func:`inferwatch.agent.node.wiring.collect_context` and replace what they fake. No settings:
+    a collector's constructor takes its own section (the registry's ``Entry.sections``).
     """
 
-    settings: Settings
     procfs: Path
     sysfs: Path
     nvml: NVMLClient

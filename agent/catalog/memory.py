@@ -1,4 +1,5 @@
-"""Page-cache pressure: /proc/meminfo, /proc/pressure/memory, /proc/vmstat and the runtime's cgroup v2."""
+"""Memory: page-cache pressure (/proc/meminfo, /proc/pressure/memory, /proc/vmstat, the runtime's cgroup v2) and huge
+pages (/proc/meminfo's HugePages lines, transparent huge pages in sysfs)."""
 
 from inferwatch.agent.catalog.spec import Kind, MetricSpec
 
@@ -82,5 +83,30 @@ METRICS = (
         "1",
         "PSI memory stall share of the runtime's cgroup (memory.pressure), as inferwatch.pressure.memory.avg.",
         ("kind", "window"),
+    ),
+    MetricSpec(
+        "inferwatch.memory.hugepages",
+        Kind.UPDOWNCOUNTER,
+        "{page}",
+        "Reserved huge pages of the default size (HugePages_Total, _Free, _Rsvd, _Surp): total = the pool, free = "
+        "not yet faulted in, reserved = promised to a mapping but not faulted in, surplus = above the pool.",
+        ("state",),
+    ),
+    MetricSpec(
+        "inferwatch.memory.hugepages.size", Kind.UPDOWNCOUNTER, "By", "The default huge page size (Hugepagesize)."
+    ),
+    MetricSpec(
+        "inferwatch.memory.anon_hugepages",
+        Kind.UPDOWNCOUNTER,
+        "By",
+        "Anonymous memory backed by transparent huge pages (AnonHugePages).",
+    ),
+    MetricSpec(
+        "inferwatch.memory.transparent_hugepage",
+        Kind.GAUGE,
+        "1",
+        "1 for the transparent huge page mode in force per setting (/sys/kernel/mm/transparent_hugepage/enabled and "
+        "defrag): `always` lets khugepaged and faults compact memory behind a latency-sensitive process.",
+        ("setting", "mode"),
     ),
 )

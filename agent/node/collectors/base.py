@@ -63,6 +63,7 @@ class BaseCollector:
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    reads: ClassVar[str] = ""  # what it reads, for docs/collectors.md's generated table (Markdown)
 
     def __init__(self, ctx: CollectContext) -> None:
         self.ctx = ctx

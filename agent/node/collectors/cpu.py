@@ -15,6 +15,7 @@ from typing import ClassVar
 from inferwatch.agent.common.samples import AnySample, Sample, attrs
 from inferwatch.agent.config import CPUSettings
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext, Collection
+from inferwatch.agent.node.collectors.registry import Entry
 from inferwatch.agent.node.host.cpucap import amx_verdict, cpu_feature_verdict, read_cpu_capability
 from inferwatch.agent.node.host.cpumodels import ARM_CORES, X86_MODELS, detected_by
 
@@ -31,6 +32,11 @@ TRACKED: dict[str, frozenset[str]] = {
 class CPUCollector(BaseCollector):
     name: ClassVar[str] = "cpu"
     description: ClassVar[str] = "CPU identity and SIMD features expected for this CPU model (/proc/cpuinfo)"
+    reads: ClassVar[str] = (
+        "`/proc/cpuinfo`, `/proc/sys/kernel/osrelease`, `/proc/cmdline`, `/proc/sys/abi/sve_default_vector_length`, "
+        "`/proc/self/auxv`, `/proc/sys/kernel/random/boot_id`, `/sys/class/dmi/id/{product_name,sys_vendor}`; "
+        "`arch_prctl`/`prctl` on the running kernel"
+    )
 
     def __init__(self, ctx: CollectContext, cfg: CPUSettings, machine: str | None = None) -> None:
         """``cfg``: the features expected on top of the model's; ``machine``: ``path.machine`` (a recorded tree's
@@ -82,3 +88,11 @@ class CPUCollector(BaseCollector):
         if amx_finding is not None:
             findings.append(amx_finding)
         return Collection(samples=samples, findings=findings, details=dict(finding.evidence))
+
+
+ENTRY = Entry(
+    CPUCollector,
+    order=20,
+    sections=lambda s: (s.cpu, s.path.machine),
+    interval_s=lambda s: DEFAULT_CPU_INTERVAL_S,
+)

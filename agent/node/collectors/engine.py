@@ -45,9 +45,10 @@ import httpx
 
 from inferwatch.agent.common.httpclient import http_client
 from inferwatch.agent.common.samples import AnySample, Sample, attrs
-from inferwatch.agent.config import EngineSettings
+from inferwatch.agent.config import DEFAULT_ENGINE_INTERVAL_S, EngineSettings
 from inferwatch.agent.errors import NoDataError
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext, Collection
+from inferwatch.agent.node.collectors.registry import TIMING_MARGIN_S, Entry
 from inferwatch.agent.node.engine.adapters import DEFAULT_MODEL, QUANTITIES, EngineReading
 from inferwatch.agent.node.engine.board import LatencyBoard
 from inferwatch.agent.node.engine.derived import EngineTimeline
@@ -86,6 +87,7 @@ def _token_total(reading: EngineReading) -> float:
 class EngineCollector(BaseCollector):
     name: ClassVar[str] = "engine"
     description: ClassVar[str] = "Inference engine /metrics (vLLM, SGLang, TGI, llama.cpp, TensorRT-LLM)"
+    reads: ClassVar[str] = "the engine's own `/metrics` over HTTP ([engine.md](engine.md))"
 
     def __init__(self, ctx: CollectContext, cfg: EngineSettings, clock: Callable[[], float] = time.time) -> None:
         super().__init__(ctx)
@@ -326,3 +328,20 @@ class EngineCollector(BaseCollector):
         self.join_model_len()  # bounded: the request's own timeout
         if self._own_client:
             self._client.close()
+
+
+ENTRY = Entry(
+    EngineCollector,
+    order=50,
+    sections=lambda s: (s.engine,),
+    lane=None,
+    configured=lambda s: bool(s.engine.metrics_url),
+    needs="absent until `engine.metrics_url` or discovery is set",
+    # hang detection's fast path needs two readings 6 s apart soon after the last token (agent/node/engine/hang.py);
+    # a costly read (a large exposition: hundreds of models) backs off toward the agent's interval
+    interval_s=lambda s: min(s.interval_s, DEFAULT_ENGINE_INTERVAL_S),
+    slow_interval_s=lambda s: s.interval_s,
+    # the fetch's own deadline plus the parse, not the 2 s interval: a large exposition's 2-5 s read is finished,
+    # not cut (the runner starts the next run when a long one ends; the cadence then adapts)
+    timeout_s=lambda s: s.engine.timeout_s + TIMING_MARGIN_S,
+)

@@ -31,11 +31,13 @@ from typing import ClassVar, TypeVar
 from inferwatch.agent.common.samples import AnySample, Attributes, Finding, Sample, attrs
 from inferwatch.agent.errors import CollectorError, NoDataError
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext, Collection
+from inferwatch.agent.node.collectors.registry import Entry
 from inferwatch.agent.node.host.cgroup import cgroup_v2_path
 from inferwatch.agent.node.host.nvml import (
     CLOCK_EVENT_REASONS,
     GPM_INSTANCE_METRICS,
     GPM_METRIC_IDS,
+    NVML_ABSENT_RETRY_S,
     SLOWDOWN_REASONS,
     EccCounts,
     GpmSample,
@@ -125,6 +127,7 @@ class _Device:
 class GPUCollector(BaseCollector):
     name: ClassVar[str] = "gpu"
     description: ClassVar[str] = "NVIDIA GPUs through NVML (nvidia-ml-py): activity, errors, attribution"
+    reads: ClassVar[str] = "NVML through nvidia-ml-py"
 
     def __init__(self, ctx: CollectContext) -> None:
         super().__init__(ctx)
@@ -512,3 +515,6 @@ def gpm_finding(d: _Device, status: object) -> Finding:
         )
         return Finding(fid, "skip", summary, {"uuid": d.uuid, "reason": d.absent["gpm"]})
     return Finding(fid, "ok", f"GPU {d.index} ({d.model}) GPM: {status}", {"uuid": d.uuid})
+
+
+ENTRY = Entry(GPUCollector, order=40, absent_retry_s=NVML_ABSENT_RETRY_S, needs="absent without an NVIDIA driver")

@@ -13,6 +13,7 @@ from inferwatch.agent.common.samples import AnySample, Sample, attrs
 from inferwatch.agent.config import PageCacheSettings
 from inferwatch.agent.errors import NoDataError
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext, Collection
+from inferwatch.agent.node.collectors.registry import Entry
 from inferwatch.agent.node.host.meminfo import mem_available, read_meminfo
 from inferwatch.agent.node.host.pagecache import pagecache_verdict
 from inferwatch.agent.node.host.pressure import PressureLine, read_pressure
@@ -22,6 +23,7 @@ from inferwatch.agent.node.host.vmstat import read_vmstat
 class PageCacheCollector(BaseCollector):
     name: ClassVar[str] = "pagecache"
     description: ClassVar[str] = "Page cache and memory pressure (/proc/meminfo, PSI, /proc/vmstat)"
+    reads: ClassVar[str] = "`/proc/meminfo`, `/proc/pressure/memory`, `/proc/vmstat`"
 
     def __init__(self, ctx: CollectContext, cfg: PageCacheSettings) -> None:
         super().__init__(ctx)
@@ -84,3 +86,6 @@ class PageCacheCollector(BaseCollector):
 
         finding = pagecache_verdict(info, threshold, pressure, refault_rate)
         return Collection(samples=samples, findings=[finding], details=details)
+
+
+ENTRY = Entry(PageCacheCollector, order=10, sections=lambda s: (s.pagecache,))

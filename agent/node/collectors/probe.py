@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 from inferwatch.agent.common.samples import Finding, Sample, attrs
-from inferwatch.agent.config import ProbeSettings
+from inferwatch.agent.config import DEFAULT_PROBE_INTERVAL_S, ProbeSettings
 from inferwatch.agent.errors import NoDataError
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext, Collection
+from inferwatch.agent.node.collectors.registry import TIMING_MARGIN_S, Entry
 from inferwatch.agent.node.probe.client import ProbeResult, run_probe
 from inferwatch.agent.node.probe.schema import VIOLATION_KINDS
 
@@ -65,6 +66,7 @@ def probe_findings(result: ProbeResult) -> list[Finding]:
 class ProbeCollector(BaseCollector):
     name: ClassVar[str] = "probe"
     description: ClassVar[str] = "Synthetic streamed requests: client TTFT/ITL, stream schema, HTTP error types."
+    reads: ClassVar[str] = "synthetic streamed requests to the runtime's API ([diagnostics.md](diagnostics.md))"
 
     def __init__(self, ctx: CollectContext, cfg: ProbeSettings) -> None:
         super().__init__(ctx)
@@ -119,3 +121,15 @@ class ProbeCollector(BaseCollector):
         for (protocol, etype), n in sorted(self.http_errors.items()):
             samples.append(Sample("inferwatch.probe.http_errors", n, attrs(protocol=protocol, error_type=etype)))
         return Collection(samples, findings, details)
+
+
+ENTRY = Entry(
+    ProbeCollector,
+    order=70,
+    sections=lambda s: (s.probe,),
+    enabled=lambda s: bool(s.probe.url),
+    needs="on when `probe.url` is set",
+    interval_s=lambda s: DEFAULT_PROBE_INTERVAL_S,
+    timeout_s=lambda s: s.probe.timeout_s * len(s.probe.protocols) + TIMING_MARGIN_S,
+    lane=None,
+)

@@ -21,6 +21,7 @@ from inferwatch.agent.common.samples import AnySample, Finding, Sample, attrs
 from inferwatch.agent.config import PageCacheSettings
 from inferwatch.agent.errors import NoDataError, ReadLimitError
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext, Collection
+from inferwatch.agent.node.collectors.registry import Entry, runtime_configured
 from inferwatch.agent.node.host.cgroup import EVENT_FIELDS, SIZE_FIELDS, CgroupMemory, read_cgroup_memory
 from inferwatch.agent.node.host.pagecache import pagecache_verdict
 from inferwatch.agent.node.host.runtime import RuntimeLocator
@@ -42,6 +43,10 @@ def _faults(procfs_stat: str) -> tuple[int, int] | None:
 class ProcessCollector(BaseCollector):
     name: ClassVar[str] = "process"
     description: ClassVar[str] = "The inference runtime process (psutil) and its cgroup v2 memory"
+    reads: ClassVar[str] = (
+        "psutil on `--path.procfs`, `/proc/<pid>/stat`, `/proc/<pid>/cgroup`, "
+        "`/sys/fs/cgroup/<cgroup>/memory.{stat,pressure}`"
+    )
 
     def __init__(self, ctx: CollectContext, pagecache: PageCacheSettings) -> None:
         """``pagecache``: the inactive-file threshold of the runtime cgroup's page-cache verdict."""
@@ -140,3 +145,12 @@ class ProcessCollector(BaseCollector):
         threshold = self.pagecache.inactive_file_threshold_bytes
         f = pagecache_verdict({"Inactive(file)": cg.stat["inactive_file"]}, threshold, cg.pressure, rate)
         return replace(f, id="pagecache.runtime_cgroup", summary=f"runtime cgroup {cg.path}: {f.summary}")
+
+
+ENTRY = Entry(
+    ProcessCollector,
+    order=30,
+    sections=lambda s: (s.pagecache,),
+    configured=runtime_configured,
+    needs="absent until `runtime.*` is set",
+)

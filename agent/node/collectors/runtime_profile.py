@@ -16,14 +16,16 @@ import re
 from typing import Any, ClassVar
 
 from inferwatch.agent.common.samples import Sample, attrs
-from inferwatch.agent.config import RuntimeProfileSettings
+from inferwatch.agent.config import DEFAULT_PROFILE_INTERVAL_S, RuntimeProfileSettings
 from inferwatch.agent.errors import NoDataError
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext, Collection
+from inferwatch.agent.node.collectors.registry import TIMING_MARGIN_S, Entry
 
 
 class RuntimeProfileCollector(BaseCollector):
     name: ClassVar[str] = "runtime_profile"
     description: ClassVar[str] = "Redacted snapshots of the runtime's debug runtime_profile (slow interval)."
+    reads: ClassVar[str] = "the runtime's debug `runtime_profile` endpoint ([diagnostics.md](diagnostics.md))"
 
     def __init__(self, ctx: CollectContext, cfg: RuntimeProfileSettings) -> None:
         super().__init__(ctx)
@@ -74,3 +76,15 @@ def simd_inactive(profile: Any) -> dict[str, float]:
         return {}
     on = set(active)
     return {f: 0.0 if f in on else 1.0 for f in compiled[:MAX_SIMD_FEATURES] if FEATURE_RE.match(f)}
+
+
+ENTRY = Entry(
+    RuntimeProfileCollector,
+    order=60,
+    sections=lambda s: (s.runtime_profile,),
+    enabled=lambda s: bool(s.runtime_profile.url),
+    needs="on when `runtime_profile.url` is set",
+    interval_s=lambda s: DEFAULT_PROFILE_INTERVAL_S,
+    timeout_s=lambda s: s.runtime_profile.timeout_s + TIMING_MARGIN_S,
+    lane=None,
+)

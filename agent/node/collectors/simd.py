@@ -16,7 +16,8 @@ from inferwatch.agent.common.samples import AnySample, Finding, Sample, attrs
 from inferwatch.agent.config import SimdSettings
 from inferwatch.agent.errors import NoDataError
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext, Collection
-from inferwatch.agent.node.host.runtime import HINT_CONFIGURE, engine_port  # noqa: F401 (evidence.py imports it from here)
+from inferwatch.agent.node.collectors.registry import Entry, runtime_configured
+from inferwatch.agent.node.host.runtime import HINT_CONFIGURE, engine_port, url_port  # noqa: F401 (evidence.py imports engine_port from here)
 from inferwatch.agent.node.simd.analysis import FeatureReport, SimdAnalyzer
 from inferwatch.agent.node.simd.codescan import CodeScanCache
 
@@ -59,6 +60,9 @@ def report_finding(r: FeatureReport) -> Finding:
 class SimdCollector(BaseCollector):
     name: ClassVar[str] = "simd"
     description: ClassVar[str] = "Runtime SIMD utilisation (arch_status, mapped-code scan, PMU)"
+    reads: ClassVar[str] = (
+        "the runtime's `/proc/<pid>/arch_status`, its mapped code, PMU counters ([llamacpp.md](llamacpp.md))"
+    )
 
     def __init__(self, ctx: CollectContext, cfg: SimdSettings, runtime_port: int | None = None) -> None:
         """``runtime_port``: the port of ``engine.metrics_url``, whose listener is the runtime when ``runtime.*`` is
@@ -101,3 +105,12 @@ class SimdCollector(BaseCollector):
         if self._analyzer is not None:
             self._analyzer.close()
             self._analyzer = None
+
+
+ENTRY = Entry(
+    SimdCollector,
+    order=80,
+    sections=lambda s: (s.simd, url_port(s.engine.metrics_url)),
+    configured=lambda s: runtime_configured(s) or url_port(s.engine.metrics_url) is not None,
+    needs="absent until `runtime.*` is set",
+)

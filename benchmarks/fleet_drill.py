@@ -288,6 +288,11 @@ def run_issue33(args: argparse.Namespace) -> int:
     return 0
 
 
+def baseline(fault: dict[str, Any]) -> str:
+    """`` (baseline: recent)`` where the delivered alert compared with a baseline (day-0 or history), else ''."""
+    return f" (baseline: {fault['baseline']})" if fault.get("baseline") else ""
+
+
 def issue33_table(data: dict[str, Any]) -> str:
     """The docs/alerts.md table of an issue-33 run: per scenario, what reached a person and when."""
     rows = [
@@ -302,7 +307,8 @@ def issue33_table(data: dict[str, Any]) -> str:
     for f in data["faults"]:
         met = "no (never)" if f["delivered_s"] is None else ("yes" if f["delivered_s"] <= f["target_s"] else "no")
         rows.append(
-            f"| `{f['fault']}` | {f['node']} | {f['alertname']} → {f['receiver']} | {_fmt(f['delivered_s'])} | "
+            f"| `{f['fault']}` | {f['node']} | {f['alertname']}{baseline(f)} → {f['receiver']} | "
+            f"{_fmt(f['delivered_s'])} | "
             f"{met} (≤ {_fmt(f['target_s'])}) | {f.get('repeats', 0)} | {_fmt(f['resolved_s'])} | "
             f"{', '.join(f['other_deliveries']) or '—'} |"
         )

@@ -706,6 +706,7 @@ class FaultResult:
     resolved_s: float | None = None  # recovery → resolved delivery
     other_deliveries: list[str] = field(default_factory=list)  # other alerts delivered about this node
     repeats: int = 0  # firing deliveries of its own alert after the first
+    baseline: str | None = None  # the delivered alert's `baseline` label: what a history-comparing rule compared with
 
 
 def _model_of(d: Delivery) -> str:
@@ -730,7 +731,7 @@ def _describe(d: Delivery, t0: float) -> dict[str, Any]:
     if not labels:
         pairs = d.body.get("payload", {}).get("custom_details", {}).get("labels", "").split()
         labels = dict(p.split("=", 1) for p in pairs if "=" in p)
-    keep = ("instance", "gen_ai_request_model", "slo", "burn_rate", "feature", "collector", "quantity")
+    keep = ("instance", "gen_ai_request_model", "slo", "burn_rate", "feature", "collector", "quantity", "baseline")
     return {
         "t_s": round(d.t - t0, 1),
         "receiver": d.receiver,
@@ -814,6 +815,7 @@ def run_drill(
                 hit = next((d for d in snap if d.t >= res.injected_at and _fired(d) and fault.matches(d, fleet)), None)
                 if hit is not None and res.delivered_s is None:
                     res.delivered_s = round(hit.t - res.injected_at, 1)
+                    res.baseline = _describe(hit, 0.0)["labels"].get("baseline")
                     log(f"{name}: {fault.alertname} at {fault.receiver} after {res.delivered_s}s")
                 since = (hit.t + hold_s) if hit is not None else (res.injected_at + deliver_timeout_s)
                 if now >= since:

@@ -88,7 +88,15 @@ def build_deps(
         engine_http=engine_http,
         read_limits=ReadLimits.of(settings.read_limits, LimitHits()),
     )
-    evidence = EvidenceStore(settings, locator, reader, sources.nvml)
+    evidence = EvidenceStore(
+        settings.evidence,
+        locator,
+        reader,
+        sources.nvml,
+        procfs=settings.path.procfs,
+        engine_port=url_port(settings.engine.metrics_url),
+        py_spy=settings.profiling.py_spy,
+    )
     binary_on = binary_configured(settings.collector("binary").enabled, settings.binary, settings.runtime)
     binary = BinaryCheck(
         settings.binary,

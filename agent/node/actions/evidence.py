@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inferwatch.agent.common.samples import Collection
-from inferwatch.agent.config import Settings
+from inferwatch.agent.config import EvidenceSettings
 from inferwatch.agent.errors import NoDataError
 from inferwatch.agent.node.actions import pyspy
 from inferwatch.agent.node.actions.evidencebundle import redact, summarise
@@ -63,7 +63,6 @@ from inferwatch.agent.node.actions.evidencecapture import (
     thread_states,
 )
 from inferwatch.agent.node.actions.ring import FileRing, new_id, valid_id
-from inferwatch.agent.node.collectors.simd import engine_port
 from inferwatch.agent.node.debugprofile.reader import ProfileReader
 from inferwatch.agent.node.host.nvml import NVMLClient
 from inferwatch.agent.node.host.runtime import RuntimeLocator
@@ -112,18 +111,24 @@ class EvidenceStore:
 
     def __init__(
         self,
-        settings: Settings,
+        cfg: EvidenceSettings,
         locator: RuntimeLocator,
         reader: ProfileReader,
         nvml: NVMLClient,
+        procfs: Path = Path("/proc"),
+        engine_port: int | None = None,
+        py_spy: Path | None = None,
         monotonic: Clock = time.monotonic,
     ) -> None:
-        self.settings = settings
-        self.cfg = settings.evidence
+        """``cfg``: the evidence section; ``procfs``: the host's /proc; ``engine_port``: the port of the engine whose
+        process is the runtime (the locator's serving process); ``py_spy``: profiling.py_spy (None: resolved)."""
+        self.cfg = cfg
         self.locator = locator
         self.reader = reader
         self.nvml = nvml
-        self.procfs = settings.path.procfs
+        self.procfs = procfs
+        self.engine_port = engine_port
+        self.py_spy = py_spy
         self.monotonic = monotonic
         self.captures = {"hang": 0, "alert": 0, "api": 0}
         self.rate_limited = 0
@@ -271,7 +276,7 @@ class EvidenceStore:
         try:
             if self.locator.configured:
                 return sorted(self.locator.pids())
-            proc = self.locator.find_serving(engine_port(self.settings))
+            proc = self.locator.find_serving(self.engine_port)
             return sorted({proc.pid} | {c.pid for c in proc.children(recursive=True)})
         except Exception:
             return []
@@ -352,7 +357,7 @@ class EvidenceStore:
 
     def _py_spy(self, processes: list[dict[str, Any]], deadline: float) -> None:
         try:
-            exe = pyspy.resolve_executable(self.settings.profiling.py_spy)
+            exe = pyspy.resolve_executable(self.py_spy)
         except pyspy.PySpyError as exc:
             for p in processes:
                 p["py_spy"] = {"error": exc.kind, "message": str(exc)}

@@ -17,7 +17,7 @@ from inferwatch.agent.config import SimdSettings
 from inferwatch.agent.errors import NoDataError
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext, Collection
 from inferwatch.agent.node.collectors.registry import Entry, runtime_configured
-from inferwatch.agent.node.host.runtime import HINT_CONFIGURE, engine_port, url_port  # noqa: F401 (evidence.py imports engine_port from here)
+from inferwatch.agent.node.host.runtime import HINT_CONFIGURE, url_port
 from inferwatch.agent.node.simd.analysis import FeatureReport, SimdAnalyzer
 from inferwatch.agent.node.simd.codescan import CodeScanCache
 

@@ -45,11 +45,6 @@ def url_port(url: str | None) -> int | None:
         return None
 
 
-def engine_port(settings: object) -> int | None:
-    """:func:`url_port` of ``settings.engine.metrics_url`` when that setting exists (for a caller holding settings)."""
-    return url_port(getattr(getattr(settings, "engine", None), "metrics_url", None))
-
-
 class RuntimeLocator:
     """Thread-safe; ``find`` raises NoDataError (with a hint) when the runtime is not running."""
 

@@ -118,3 +118,20 @@ async def test_served_by_the_agent_app_with_its_auth(api: dict[str, Any], token:
     assert r.status_code == expected, r.text
     if expected == 503:
         assert r.json()["reason"] == "hung"
+
+
+def test_each_discovered_engine_answers_under_its_own_name() -> None:
+    """Targets found by discovery (collectors ``engine:<name>``): one hung, one serving, the probe not theirs."""
+    state = AgentState()
+    for name, findings in (("llama-a", (_hung(),)), ("qwen-b", ())):
+        health = next_health(CollectorHealth(f"engine:{name}", 2.0, 2.0), "ok", 0.01, time.time(), None)
+        state.record(f"engine:{name}", health, Collection([], list(findings), {"hang": _ranks(1, 0)}))
+    probe_fail = Finding("probe.openai.error", "fail", "openai probe failed (timeout): no token in 10s", {})
+    state.record("probe", CollectorHealth("probe", 30, 10, runs=1, state="ok"), Collection([], [probe_fail], {}))
+    only_targets = EngineSettings()  # no engine.metrics_url: discovery alone
+    code, body = readiness(ReadinessSettings(), only_targets, state, "llama-a")
+    assert (code, body["reason"], body["engine"]) == (503, "hung", "llama-a")
+    code, body = readiness(ReadinessSettings(), only_targets, state, "qwen-b")
+    assert (code, body["reason"]) == (200, "serving")  # the configured engine's probe does not fail it
+    code, body = readiness(ReadinessSettings(), only_targets, state, "nope")
+    assert (code, body["engines"]) == (404, ["llama-a", "qwen-b"])

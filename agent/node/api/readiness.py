@@ -14,7 +14,9 @@
 A saturated engine is ready unless load shedding is asked for: a router that drains a busy replica moves its load
 to the others and a probe that fails it restarts a replica that was only busy. Nothing here talks to the engine
 (the collector's latest reading is the answer): it never blocks on a hung engine, and it answers in microseconds.
-The engine's name is ``engine.name`` (``default``); another name answers 404.
+The configured engine is ``engine.name`` (``default``); each discovered engine target answers under its own name
+(its collector ``engine:<name>``, agent/node/targets.py), the same way less the probe, which reads the configured
+engine only. Another name answers 404 with the names known.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from inferwatch.agent.config import EngineSettings, ReadinessSettings
 from inferwatch.agent.node.state import AgentState
 
 ENGINE = "engine"
+TARGET_PREFIX = "engine:"  # a discovered engine target's collector (agent/node/targets.py)
 PROBE = "probe"
 HANG_FINDING = "engine_hung"
 
@@ -35,11 +38,16 @@ def readiness(
 ) -> tuple[int, dict[str, Any]]:
     """(HTTP status, body) for engine ``name``: 200 ``{"ready": true, ...}``, 503 with ``reason``, 404 unknown."""
     now = time.time() if now is None else now
-    if name != engine_cfg.name:
-        return 404, {"error": "unknown_engine", "engine": name, "engines": [engine_cfg.name]}
+    every = state.health()
+    targets = sorted(c.removeprefix(TARGET_PREFIX) for c in every if c.startswith(TARGET_PREFIX))
+    configured = name == engine_cfg.name
+    if not configured and name not in targets:
+        known = [engine_cfg.name] if engine_cfg.metrics_url or not targets else []
+        return 404, {"error": "unknown_engine", "engine": name, "engines": [*known, *targets]}
+    collector = ENGINE if configured else TARGET_PREFIX + name
     body: dict[str, Any] = {"engine": name, "ready": False}
-    health = state.health().get(ENGINE)
-    if health is None or not engine_cfg.metrics_url:
+    health = every.get(collector)
+    if health is None or (configured and not engine_cfg.metrics_url):
         return 503, {**body, "reason": "not_configured", "detail": "engine.metrics_url is not set"}
     if health.runs == 0:
         return 503, {**body, "reason": "pending", "detail": "the engine has not been read yet"}
@@ -50,12 +58,12 @@ def readiness(
     if age > max(cfg.max_age_s, 2 * health.interval_s):
         return 503, {**body, "reason": "stale", "detail": f"the engine was last read {age:.1f}s ago"}
     collections = state.collections()
-    engine = collections.get(ENGINE)
+    engine = collections.get(collector)
     hung = [f for f in (engine.findings if engine else ()) if f.id == HANG_FINDING]
     if hung:
         hung_ranks = [{"model": f.evidence.get("model"), "rank": f.evidence.get("rank")} for f in hung]
         return 503, {**body, "reason": "hung", "detail": hung[0].summary, "ranks": hung_ranks}
-    probe = collections.get(PROBE)
+    probe = collections.get(PROBE) if configured else None
     failed = [
         f
         for f in (probe.findings if probe else ())

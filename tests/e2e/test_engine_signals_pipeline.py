@@ -170,3 +170,6 @@ def test_engine_signal_faults_notify_through_the_pipeline(tmp_path: Path) -> Non
             and d.instance != next(agents[f.name].instance for f in FAULTS if f.alert == d.alertname)
         ]
         assert not wrong, f"notified for the wrong node: {wrong}"
+        # No fault here delays the front end: a backlog's gap (the kv-sat node's queue) is not FrontendDelayHigh.
+        frontend = [d.instance for d in sink.snapshot() if d.alertname == "FrontendDelayHigh"]
+        assert not frontend, f"FrontendDelayHigh without a front-end fault: {frontend}"

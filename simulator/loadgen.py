@@ -33,6 +33,8 @@ PROTOCOLS = ("chat", "completions", "messages")
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "messages": "/v1/messages"}
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MAX_IN_FLIGHT = 2000
+LOOP_LAG_TICK_S = 0.02  # the client loop-lag sampler's sleep
+MAX_LOOP_LAG_SAMPLES = 100_000  # ~33 min of samples; memory stays bounded on a long run
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +233,9 @@ class Progress:
     dropped: int = 0
     in_flight: int = 0
     elapsed_s: float = 0.0
+    # how late the client's own event loop woke (a 20 ms sleep's overshoot), sampled through the run: a client
+    # short of CPU adds this to every TTFT it measures, which the engine's own TTFT does not see
+    loop_lag_s: list[float] = field(default_factory=list)
 
 
 def summarize(spec: LoadSpec, results: list[Result], progress: Progress) -> dict[str, Any]:
@@ -259,6 +264,7 @@ def summarize(spec: LoadSpec, results: list[Result], progress: Progress) -> dict
         "ttft_s": stats([r.ttft_s for r in ok if r.ttft_s is not None]),
         "itl_s": stats([x for r in ok for x in r.itls]),
         "e2e_s": stats([r.e2e_s for r in ok]),
+        "client_loop_lag_s": stats(progress.loop_lag_s),
     }
 
 
@@ -312,6 +318,14 @@ async def _run_load(
             progress.finished += 1
             progress.errors += not res.ok
 
+        async def sample_loop_lag() -> None:
+            while True:
+                asked = time.perf_counter()
+                await asyncio.sleep(LOOP_LAG_TICK_S)
+                if len(progress.loop_lag_s) < MAX_LOOP_LAG_SAMPLES:
+                    progress.loop_lag_s.append(max(0.0, time.perf_counter() - asked - LOOP_LAG_TICK_S))
+
+        lag_sampler = asyncio.create_task(sample_loop_lag())
         start = time.perf_counter()
         next_at = start
         deadline = start + spec.duration_s if spec.duration_s else math.inf
@@ -350,6 +364,9 @@ async def _run_load(
             if on_progress is not None:
                 on_progress(progress)
         progress.elapsed_s = time.perf_counter() - start
+        lag_sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await lag_sampler
     return summarize(spec, results, progress)
 
 

@@ -173,9 +173,13 @@ def test_sources_per_model_and_span_ttft_agrees_with_the_client(tmp_path: Path) 
                 print(f"{model} TTFT spans q{q}={span_q * 1e3:.1f} ms, client {key}={client_q * 1e3:.1f} ms")
                 # p90 of spans against the client's p95: the summary has no p90, and p95 >= p90
                 assert span_q <= client_q * (1 + SKETCH_REL_ERROR), (model, q, span_q, client_q)
+                # what the client's own loop added while it was short of CPU (measured in the same run by the load
+                # generator) is the client's, not a disagreement with the engine's spans
+                lag = client["client_loop_lag_s"]["p95"] or 0.0
                 if key == "p50":
-                    assert client_q - span_q <= allowance, (model, span_q, client_q)
-            assert latency(m, model, "ttft", "spans", "0.9") <= client["ttft_s"]["p95"] + CLIENT_OVERHEAD_P90_S
+                    assert client_q - span_q <= allowance + lag, (model, span_q, client_q, lag)
+            lag = client["client_loop_lag_s"]["p95"] or 0.0
+            assert latency(m, model, "ttft", "spans", "0.9") <= client["ttft_s"]["p95"] + CLIENT_OVERHEAD_P90_S + lag
         # The verdict is published per model from the span sketches. Whether a healthy run is one mode is checked
         # deterministically in tests/test_sim_model.py (the same load in virtual time): here the wall clock of a
         # shared CI machine adds its own delays (a stalled event loop is a real second mode in what the client

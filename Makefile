@@ -21,7 +21,7 @@ PROMTOOL ?= promtool
 # Order matters: the dashboards name alerts (checked against the rule files), the link generator reads the
 # dashboards' variables, the SLO generator calls the link generator, and the Kubernetes manifests copy the rules
 # and dashboards they produce.
-GENERATORS := inferwatch.agent.catalog.docs inferwatch.dashboards.generate inferwatch.agent.alerts.links inferwatch.agent.alerts.slo deploy.kubernetes.generate inferwatch.agent.node.engine.coverage inferwatch.agent.node.collectordocs
+GENERATORS := inferwatch.agent.catalog.docs inferwatch.dashboards.generate inferwatch.agent.alerts.links inferwatch.agent.alerts.slo inferwatch.agent.alerts.table deploy.kubernetes.generate inferwatch.agent.node.engine.coverage inferwatch.agent.node.collectordocs
 
 .PHONY: all test lint fmt types generate check-generated rules
 

@@ -13,6 +13,7 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from inferwatch.agent.alerts.rulefiles import ROOT, rules
 from inferwatch.agent.errors import ConfigError
@@ -56,13 +57,13 @@ def when_it_fires(name: str, runbooks: Path = RUNBOOKS) -> tuple[str, str]:
 
 
 def table(runbooks: Path = RUNBOOKS) -> str:
-    by_alert: dict[str, list[dict[str, object]]] = {}
+    by_alert: dict[str, list[dict[str, Any]]] = {}
     for rule in rules():
         if "alert" in rule:
             by_alert.setdefault(str(rule["alert"]), []).append(rule)
     rows = [HEADER]
     for name, group in by_alert.items():
-        severities = {str((r.get("labels") or {}).get("severity", "")) for r in group}  # type: ignore[union-attr]
+        severities = {str((r.get("labels") or {}).get("severity", "")) for r in group}
         severity = " / ".join(s for s in SEVERITY_ORDER if s in severities) or "—"
         fors = sorted({str(r["for"]) for r in group if r.get("for")}, key=_seconds)
         for_ = "—" if not fors else fors[0] if len(fors) == 1 else f"{fors[0]} … {fors[-1]}"

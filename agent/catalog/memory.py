@@ -104,7 +104,7 @@ METRICS = (
     MetricSpec(
         "inferwatch.memory.transparent_hugepage",
         Kind.GAUGE,
-        "1",
+        "",
         "1 for the transparent huge page mode in force per setting (/sys/kernel/mm/transparent_hugepage/enabled and "
         "defrag): `always` lets khugepaged and faults compact memory behind a latency-sensitive process.",
         ("setting", "mode"),

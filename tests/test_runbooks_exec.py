@@ -92,6 +92,12 @@ MEMORY: dict[str, tuple[str, str]] = {
 LOW_INACTIVE_KB = re.search(r"^Inactive\(file\):\s+(\d+) kB", MEMORY["pressure"][0], re.M)[1]  # type: ignore[index]
 MEMORY_VIEW = ("meminfo", "pressure/memory")
 CPU_VIEW = ("cpuinfo", "cmdline", "sys/kernel/arch", "sys/kernel/osrelease")
+# The crafted node's transparent huge pages: `always` (its agent reads a crafted sysfs, _crafted_sysfs); an entry of a
+# view that starts with /sys/ is a path of that sysfs
+THP_ENABLED = "[always] madvise never\n"
+THP_DEFRAG = "always defer defer+madvise [madvise] never\n"
+THP_DIR = "kernel/mm/transparent_hugepage"
+THP_VIEW = (f"/sys/{THP_DIR}/enabled", f"/sys/{THP_DIR}/defrag")
 # 30% of requests stall 1.5 s before prefill: the jitter of TailLatencyRatioHigh, two TTFT modes for
 # LatencyBimodal, and, with the crafted node's memory, PageCachePressureTailLatency. The simulator's default (20%,
 # 0.55 s) is what the thresholds were measured with; on a loaded 2-core machine its modes, 0.55 s apart around a
@@ -131,6 +137,7 @@ FAULTS: dict[str, Fault] = {
     "StreamSchemaViolation": Fault(scenario="stream_usage_only"),
     # On the crafted node, which has no spans (no bimodality verdict) and no memory pressure: the generic alert.
     "TailLatencyRatioHigh": Fault("crafted", scenario=PAGE_CACHE, memory="healthy", view=MEMORY_VIEW, alert=True),
+    "TransparentHugePagesAlways": Fault("crafted", view=THP_VIEW, alert=True),
 }
 
 
@@ -227,6 +234,11 @@ EVIDENCE: dict[str, list[Evidence]] = {
         RatioAbove(_quantile("prefill", "0.99"), _quantile("prefill", "0.5"), 3.0),  # the rule's prefill P99/P50
         Above(_series("inferwatch_engine_latency_tail_ratio", 'quantity="ttft"', 'window="5m"'), 3.0),
         r"pagecache\W+ok",  # doctor on the node rules out page-cache pressure (the runbook's step 3)
+    ],
+    "TransparentHugePagesAlways": [
+        # the agent read it, and the node's own file as the runbook reads it
+        r'^inferwatch_memory_transparent_hugepage\{.*mode="always".*setting="enabled".*\} 1(\.0)?$',
+        r"^\[always\] madvise never$",
     ],
     "TTFTErrorBudgetBurn": [],
     "GPUThrottling": [],
@@ -452,6 +464,22 @@ def _agent_env(tmp: Path, name: str, tokens: Path, engine_url: str | None = None
     return env
 
 
+def _crafted_sysfs(root: Path) -> Path:
+    """This host's /sys (symlinks to its entries) except kernel/mm/transparent_hugepage, set to `always`."""
+    parts = Path(THP_DIR).parts
+    for depth, part in enumerate(parts):
+        here, real = root.joinpath(*parts[:depth]), Path("/sys").joinpath(*parts[:depth])
+        here.mkdir(parents=True, exist_ok=True)
+        for entry in real.iterdir() if real.is_dir() else ():
+            if entry.name != part:
+                (here / entry.name).symlink_to(entry)
+    thp = root / THP_DIR
+    thp.mkdir(parents=True, exist_ok=True)
+    (thp / "enabled").write_text(THP_ENABLED)
+    (thp / "defrag").write_text(THP_DEFRAG)
+    return root
+
+
 def _crafted_procfs(root: Path) -> Path:
     """A Graviton3 booted with arm64.nosve on NEW_KERNEL, healthy memory; faults rewrite its memory."""
     (root / "sys" / "kernel").mkdir(parents=True)
@@ -530,6 +558,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tokens.write_text(f"{TOKEN} read,snapshots,profile,evidence operator\n")
     tokens.chmod(0o600)
     crafted_procfs = _crafted_procfs(tmp / "procfs")
+    crafted_sysfs = _crafted_sysfs(tmp / "sysfs")
     with contextlib.ExitStack() as es:
         sink = es.enter_context(Sink())
         sim_port, spans_port = free_port(), free_port()
@@ -577,10 +606,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             str(crafted_port),
             "--interval",
             AGENT_INTERVAL_S,
+            "--path.procfs",
+            str(crafted_procfs),
+            "--path.sysfs",
+            str(crafted_sysfs),
+            "--collector.hugepages",
         ]
         crafted = es.enter_context(
             running(
-                [*crafted_cmd, "--path.procfs", str(crafted_procfs)],
+                crafted_cmd,
                 tmp / "crafted.log",
                 cwd=ROOT,
                 env=_agent_env(tmp, "crafted", tokens, sim_url),
@@ -697,7 +731,13 @@ def test_runbook_blocks_run_and_show_the_evidence(stack: Stack, name: str) -> No
         elif fault.scenario:
             time.sleep(3)  # the agent has seen the fault: a probe / profile / engine collection after the switch
         # (a file this host's kernel does not have, such as an older kernel's /proc/sys/kernel/arch, is left out)
-        view = {f"/proc/{r}": stack.crafted_procfs / r for r in fault.view if Path(f"/proc/{r}").exists()}
+        view = {
+            r if r.startswith("/sys/") else f"/proc/{r}": (
+                stack.tmp / "sysfs" / r.removeprefix("/sys/") if r.startswith("/sys/") else stack.crafted_procfs / r
+            )
+            for r in fault.view
+            if Path(r if r.startswith("/sys/") else f"/proc/{r}").exists()
+        }
         results = run_blocks(name, _env(stack, agent_url, runtime_url), stack.tmp, view)
         shell = "\n".join(out for _, _, out in results)
         # The PromQL as the reader would run it again: a scrape that failed or a collection that timed out on a

@@ -438,7 +438,7 @@ def engine_signal_rows(b: Board) -> None:
             "Adapters waiting for a slot",
             describe(
                 "Adapters whose requests wait while every slot is taken by other adapters: their requests queue "
-                "however idle the GPU is. Above 0 at every scrape for minutes pages.",
+                "however idle the GPU is. Above 0 at 15 % of the scrapes of 3 minutes pages.",
                 "LoRARequestsWaitingForAdapterSlot",
             ),
             "short",

@@ -56,9 +56,37 @@ class Stack:
     agent: str
 
 
+PORT_ATTEMPTS = 3  # free_port() releases the port it found: another worker's process may take it first
+
+
 @contextlib.contextmanager
 def stack(tmp_path: Path, name: str, *sim_args: str, transport: str = "grpc") -> Iterator[Stack]:
-    """Simulator and agent; the spans go over OTLP/gRPC, or OTLP/HTTP (``/v1/traces``) with ``transport="http"``."""
+    """Simulator and agent; the spans go over OTLP/gRPC, or OTLP/HTTP (``/v1/traces``) with ``transport="http"``.
+
+    Started again on new ports (at most PORT_ATTEMPTS times) when one of them was taken meanwhile."""
+    for attempt in range(PORT_ATTEMPTS):
+        logs = (tmp_path / f"{name}-agent.log", tmp_path / f"{name}-sim.log")
+        es = contextlib.ExitStack()
+        try:
+            s, agent, sim = _start(es, logs, *sim_args, transport=transport)
+            wait_http(s.agent + "/healthz", proc=agent)
+            wait_http(s.sim + "/health", proc=sim)
+        except RuntimeError:
+            es.close()
+            taken = any("Address already in use" in log.read_text(errors="replace") for log in logs if log.exists())
+            if taken and attempt + 1 < PORT_ATTEMPTS:
+                continue
+            raise
+        break
+    with es:
+        # the engine collector has scraped the idle engine at least once: every request is an increase
+        wait_until(s, lambda m: value(m, "inferwatch_engine_up") == 1.0)
+        yield s
+
+
+def _start(
+    es: contextlib.ExitStack, logs: tuple[Path, Path], *sim_args: str, transport: str
+) -> tuple[Stack, subprocess.Popen[bytes], subprocess.Popen[bytes]]:
     sim_port, agent_port, grpc_port, http_port = (free_port() for _ in range(4))
     otlp = f"http://127.0.0.1:{grpc_port}" if transport == "grpc" else f"http://127.0.0.1:{http_port}/v1/traces"
     sim_cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(sim_port), "--engines", "2", "--seed", "3",
@@ -70,16 +98,9 @@ def stack(tmp_path: Path, name: str, *sim_args: str, transport: str = "grpc") ->
         "INFERWATCH_RECEIVER__HTTP_ENDPOINT": f"127.0.0.1:{http_port}",
     }
     agent_cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(agent_port), "--interval", "1"]
-    with (
-        running(agent_cmd, tmp_path / f"{name}-agent.log", cwd=ROOT, env=env) as agent,
-        running(sim_cmd, tmp_path / f"{name}-sim.log", cwd=ROOT, env={"OTEL_BSP_SCHEDULE_DELAY": "100"}) as sim,
-    ):
-        s = Stack(f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{agent_port}")
-        wait_http(s.agent + "/healthz", proc=agent)
-        wait_http(s.sim + "/health", proc=sim)
-        # the engine collector has scraped the idle engine at least once: every request is an increase
-        wait_until(s, lambda m: value(m, "inferwatch_engine_up") == 1.0)
-        yield s
+    agent = es.enter_context(running(agent_cmd, logs[0], cwd=ROOT, env=env))
+    sim = es.enter_context(running(sim_cmd, logs[1], cwd=ROOT, env={"OTEL_BSP_SCHEDULE_DELAY": "100"}))
+    return Stack(f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{agent_port}"), agent, sim
 
 
 def loadgen(

@@ -195,23 +195,28 @@ def test_dashboard_cost_panels_on_real_prometheus(prom: str) -> None:
         prover.close()
     queries = {(q.panel, q.ref_id): q.expr for q in panel_queries(board)}
     macros = {**values, "__range": "20s"}
+    at = f"{time.time():.3f}"  # every query at one instant: the recorded rates move every second
 
     def run(key: tuple[str, str]) -> dict[str, float]:
-        res = httpx.get(f"{prom}/api/v1/query", params={"query": interpolate(queries[key], macros)}).json()
+        params = {"query": interpolate(queries[key], macros), "time": at}
+        res = httpx.get(f"{prom}/api/v1/query", params=params).json()
         return {x["metric"]["machine_type"]: float(x["value"][1]) for x in res["data"]["result"]}
 
     tokens = {
         x["metric"]["machine_type"]: float(x["value"][1])
         for x in httpx.get(
             f"{prom}/api/v1/query",
-            params={"query": "avg_over_time(model_hardware:inferwatch_engine_generation_tokens_per_node:rate5m[20s])"},
+            params={
+                "query": "avg_over_time(model_hardware:inferwatch_engine_generation_tokens_per_node:rate5m[20s])",
+                "time": at,
+            },
         ).json()["data"]["result"]
     }
     cost = run(("Cost ranking, one line per model and hardware type", "B"))
     match = run(("Cost ranking, one line per model and hardware type", "C"))
     price = run(("Cost ranking, one line per model and hardware type", "A"))
     assert price == {"p5.48xlarge": 10.0, "c7g.16xlarge": 2.0}
-    for mt, p in price.items():  # the same instant: tokens read just before, recorded rates move every second
+    for mt, p in price.items():  # tokens and cost at the same instant
         assert cost[mt] == pytest.approx(p / (tokens[mt] * 3600) * 1e6, rel=0.05)
     assert cost["c7g.16xlarge"] < cost["p5.48xlarge"]
     assert match["p5.48xlarge"] == 1.0 and match["c7g.16xlarge"] == pytest.approx(1 / 3, rel=0.15)

@@ -355,7 +355,7 @@ def test_page_cache_pressure_shows_two_modes_and_the_finding(stack: Stack, brows
     # the runbook is served rendered from its Markdown: its title and sections are headings, not raw "## " text
     assert browser.find_element(By.TAG_NAME, "h1").text == "LatencyBimodal"
     sections = [h.text for h in browser.find_elements(By.TAG_NAME, "h2")]
-    assert sections[:2] == ["Meaning", "Impact"], sections
+    assert sections[:3] == ["When it fires", "Meaning", "Impact"], sections
     assert "## Meaning" not in browser.find_element(By.TAG_NAME, "main").text
     assert not _console_errors(browser)
 

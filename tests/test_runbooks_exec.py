@@ -137,7 +137,7 @@ FAULTS: dict[str, Fault] = {
     "StreamSchemaViolation": Fault(scenario="stream_usage_only"),
     # On the crafted node, which has no spans (no bimodality verdict) and no memory pressure: the generic alert.
     "TailLatencyRatioHigh": Fault("crafted", scenario=PAGE_CACHE, memory="healthy", view=MEMORY_VIEW, alert=True),
-    "TransparentHugePagesAlways": Fault("crafted", view=THP_VIEW, alert=True),
+    "TransparentHugePagesAlways": Fault("crafted", memory="healthy", view=THP_VIEW, alert=True),
 }
 
 

@@ -33,14 +33,14 @@ test:
 lint:
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	cd $$(scripts/package-tree) && $(CURDIR)/$(VENV)/bin/lint-imports $(CURDIR)/pyproject.toml
+	$(VENV)/bin/lint-imports
 
 fmt:
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
 types:
-	cd $$(scripts/package-tree) && $(CURDIR)/$(VENV)/bin/mypy --config-file $(CURDIR)/pyproject.toml
+	$(VENV)/bin/mypy
 
 generate:
 	@set -e; for g in $(GENERATORS); do $(PY) -m $$g; done

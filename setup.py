@@ -1,9 +1,11 @@
 """The package layout: the repository's top-level folders are subpackages of the one import name ``inferwatch``.
 
 pyproject.toml holds everything else about the build; this file only computes the package list, which
-pyproject.toml cannot (its ``packages.find`` has no way to rename a folder). ``scripts/package-tree`` reads
-``FOLDERS`` to lay the same mapping out as a directory of symlinks for mypy and import-linter, which find
-modules on disk and do not see the mapping an editable install puts in place.
+pyproject.toml cannot (its ``packages.find`` has no way to rename a folder). In the repository the root folder
+``inferwatch/`` also holds one symlink per subpackage (``inferwatch/agent -> ../agent``, ...), so a checkout
+imports the installed names too and tools that find modules by walking folders (mypy, import-linter) see them;
+the build never walks those links: the root package is ``inferwatch/__init__.py`` alone, each subpackage comes
+from its own folder.
 """
 
 from setuptools import find_packages, setup
@@ -24,7 +26,8 @@ def layout() -> tuple[list[str], dict[str, str]]:
     package_dir: dict[str, str] = {}
     for folder, name in FOLDERS.items():
         package_dir[name] = folder
-        packages += [name, *(f"{name}.{sub}" for sub in find_packages(folder))]
+        below = [] if name == ROOT_PACKAGE else find_packages(folder)  # the root's subfolders are the links
+        packages += [name, *(f"{name}.{sub}" for sub in below)]
     return packages, package_dir
 
 

@@ -201,11 +201,15 @@ def test_kubernetes_targets_get_their_identity_and_their_process_by_cgroup() -> 
             "process:research/qwen-sglang-7f9c/sglang",
             "process:serving/llama-70b-0/vllm",
             "runtime_profile:serving/llama-70b-0/vllm",  # its pod names a profile path
+            "simd:research/qwen-sglang-7f9c/sglang",  # the SIMD check on each pod's own process
+            "simd:serving/llama-70b-0/vllm",
         ]
         a = by_name["process:serving/llama-70b-0/vllm"]
         b = by_name["process:research/qwen-sglang-7f9c/sglang"]
         assert isinstance(a, TargetCollector) and isinstance(b, TargetCollector)
         assert a.inner.ctx.locator.settings.pid == 4100 and b.inner.ctx.locator.settings.pid == 5100
+        simd_a, simd_b = by_name["simd:serving/llama-70b-0/vllm"], by_name["simd:research/qwen-sglang-7f9c/sglang"]
+        assert simd_a.inner.ctx.locator.settings.pid == 4100 and simd_b.inner.ctx.locator.settings.pid == 5100
         engine = by_name["engine:serving/llama-70b-0/vllm"]
         assert isinstance(engine, TargetCollector)
         errors = [dict(s.attributes) for s in engine.status_samples() if s.name == "inferwatch.engine.scrape.errors"]

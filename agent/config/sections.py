@@ -312,13 +312,16 @@ class RuntimeProfileSettings(_Section):
 
 
 class ProbeSettings(_Section):
-    """Synthetic streaming request against the runtime (off unless ``url`` is set).
+    """Synthetic streaming request against the runtime (off unless ``url`` is set), and against each discovered
+    engine target with ``targets`` (agent/node/targets.py).
 
     ``timeout_s`` bounds one protocol's request; the collector's interval and run timeout are
     ``collectors.probe.interval_s`` / ``timeout_s``.
     """
 
     url: str | None = None  # base URL of the runtime, e.g. http://127.0.0.1:8000
+    # True: each discovered engine target (discovery.*) is probed too, at its metrics URL's origin, its own model
+    targets: bool = False
     protocols: list[ProbeProtocol] = Field(default_factory=_default_protocols)
     timeout_s: float = Field(default=DEFAULT_PROBE_TIMEOUT_S, gt=0, le=300)
     model: str | None = None  # None: the first model of GET /v1/models

@@ -36,25 +36,29 @@ from urllib.parse import urlsplit
 
 from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
 from inferwatch.agent.common.samples import AnySample, Attributes, Collection, Finding
-from inferwatch.agent.config import DiscoverySettings, EngineSettings, RuntimeProfileSettings, Settings
+from inferwatch.agent.config import DiscoverySettings, EngineSettings, ProbeSettings, RuntimeProfileSettings, Settings
 from inferwatch.agent.errors import NoDataError, SourceFormatError
-from inferwatch.agent.node.collectors import Schedule, schedule
+from inferwatch.agent.node.collectors import Schedule, is_enabled, schedule
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext
 from inferwatch.agent.node.collectors.engine import EngineCollector
+from inferwatch.agent.node.collectors.probe import ProbeCollector
 from inferwatch.agent.node.collectors.process import ProcessCollector
 from inferwatch.agent.node.collectors.runtime_profile import RuntimeProfileCollector
+from inferwatch.agent.node.collectors.simd import SimdCollector
 from inferwatch.agent.node.debugprofile.reader import ProfileReader
 from inferwatch.agent.node.discovery.combined import Discovery
 from inferwatch.agent.node.discovery.target import EngineTarget
 from inferwatch.agent.node.host.podprocess import find_container_processes
 from inferwatch.agent.node.host.runtime import RuntimeLocator, pid_listening_on
 from inferwatch.agent.node.runner import Runner
+from inferwatch.agent.node.simd.codescan import CodeScanCache
 from inferwatch.agent.node.state import AgentState
 
 log = logging.getLogger(__name__)
 
 SUPERVISOR_TIMEOUT_S = 30.0  # one run of the supervisor: building the targets' clients, closing the removed ones
 PROCESS_RETRY_S = 60.0  # a target whose process was not found (a container starting) is looked for again this often
+PROCESS_KINDS = ("process", "simd")  # a target's collectors on its process's pid: found, and lost, together
 
 
 def discovery_configured(settings: DiscoverySettings) -> bool:
@@ -67,6 +71,12 @@ def target_attributes(target: EngineTarget) -> dict[str, str]:
     """The identity every series and finding of ``target`` carries (catalog ``TARGET_ATTRIBUTES``), where known."""
     engine = target.resource_attributes()
     return {"inferwatch.engine.name": target.name, **{k: v for k, v in engine.items() if k in TARGET_ATTRIBUTES}}
+
+
+def origin(url: str) -> str:
+    """``scheme://host:port`` of ``url``: where an engine serves its API beside its metrics."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
@@ -180,6 +190,7 @@ class EngineTargets(BaseCollector):
         self._clock = clock
         self._running: dict[str, _Running] = {}
         self._failing: set[str] = set()  # targets whose collectors could not be built at the last run
+        self._code_scans = CodeScanCache()  # the SIMD checks' library scans, shared: engines map the same libraries
 
     def plan(self) -> Schedule:
         """Its own schedule: the agent's interval, on a lane of its own, with time to start and stop targets (a
@@ -237,6 +248,12 @@ class EngineTargets(BaseCollector):
     def _profile(self, target: EngineTarget) -> RuntimeProfileSettings:
         return self.settings.runtime_profile.model_copy(update={"url": target.profile_url})
 
+    def _probe(self, target: EngineTarget) -> ProbeSettings:
+        """The target's streaming probe: the agent's section at the engine's API (its metrics URL's origin: vLLM,
+        SGLang, TGI and llama.cpp serve both on one port), asking the engine for its own model (``probe.model``
+        names the configured engine's)."""
+        return self.settings.probe.model_copy(update={"url": origin(target.metrics_url), "model": None})
+
     def _ctx(self, target: EngineTarget, locator: RuntimeLocator | None = None) -> CollectContext:
         s = self.settings
         loc = locator or self.ctx.locator
@@ -268,6 +285,8 @@ class EngineTargets(BaseCollector):
         self._add(running, EngineCollector(ctx, self._engine(target)))
         if target.profile_url:
             self._add(running, RuntimeProfileCollector(ctx, self._profile(target)))
+        if self.settings.probe.targets:
+            self._add(running, ProbeCollector(ctx, self._probe(target)))
         if process_findable(target):
             self._add_process(running)
         log.info("engine target %s (%s) started: %s", target.name, target.source, target.metrics_url)
@@ -290,6 +309,8 @@ class EngineTargets(BaseCollector):
         )
         ctx = self._ctx(target, RuntimeLocator(runtime, self.ctx.procfs))
         self._add(running, ProcessCollector(ctx, self.settings.pagecache))
+        if is_enabled("simd", self.settings):  # the SIMD check on this engine's own process, not the node's runtime
+            self._add(running, SimdCollector(ctx, self.settings.simd, cache=self._code_scans))
 
     def _find_pid(self, target: EngineTarget) -> int:
         """Through its container's cgroup on Kubernetes (a pod UID and container id); else, for an engine on this
@@ -309,17 +330,24 @@ class EngineTargets(BaseCollector):
         return pid
 
     def _process_gone(self, running: _Running) -> bool:
-        """Whether the target's process collector finds its pid gone; if so it is taken off, to be found again."""
+        """Whether the target's process collector finds its pid gone; if so it and the collectors on the same pid
+        (``PROCESS_KINDS``) are taken off, to be found again."""
         name = f"process:{running.target.name}"
         health = self.state.health().get(name)
         if name not in running.names or health is None or health.state != "absent":
             return False
+        for kind in PROCESS_KINDS:
+            self._remove(running, f"{kind}:{running.target.name}")
+        return True
+
+    def _remove(self, running: _Running, name: str) -> None:
+        if name not in running.names:
+            return
         collector = self.runner.remove(name)
         self.state.forget(name)
         running.names.remove(name)
         if collector is not None:
             collector.close()
-        return True
 
     def _stop(self, name: str, why: str) -> None:
         running = self._running.pop(name, None)

@@ -64,14 +64,21 @@ class SimdCollector(BaseCollector):
         "the runtime's `/proc/<pid>/arch_status`, its mapped code, PMU counters ([llamacpp.md](llamacpp.md))"
     )
 
-    def __init__(self, ctx: CollectContext, cfg: SimdSettings, runtime_port: int | None = None) -> None:
+    def __init__(
+        self,
+        ctx: CollectContext,
+        cfg: SimdSettings,
+        runtime_port: int | None = None,
+        cache: CodeScanCache | None = None,
+    ) -> None:
         """``runtime_port``: the port of ``engine.metrics_url``, whose listener is the runtime when ``runtime.*`` is
-        unset."""
+        unset. ``cache``: the mapped-code scans, shared by the checks of several engines on one node (each library
+        is scanned once, whichever engine maps it)."""
         super().__init__(ctx)
         self.cfg = cfg
         self.runtime_port = runtime_port
         self._analyzer: SimdAnalyzer | None = None
-        self._cache = CodeScanCache()
+        self._cache = cache if cache is not None else CodeScanCache()
 
     def _runtime_pid(self) -> int:
         """The runtime from the agent's one locator: ``runtime.*`` when set, else the engine port's listener."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import generate_latest
 
+from inferwatch.agent.node.collectors.engine import READ_AGAIN_MARGIN_S
 from inferwatch.agent.node.engine.adapters import EngineReading
 from inferwatch.agent.node.engine.hang import HangDetector, RankVerdict
 from inferwatch.agent.node.engine.scrape import EngineParser
@@ -112,11 +113,27 @@ class Scraper:
         self.history.append((self.engine.now, self.detector.update(self.engine.now, reading)))
         return reading
 
-    def run(self, seconds: float, every_s: float = SCRAPE_S) -> None:
+    def run(
+        self, seconds: float, every_s: float = SCRAPE_S, deadline_reads: bool = False, grid_from: float | None = None
+    ) -> None:
+        """Scrape every ``every_s`` for ``seconds`` (on a grid from ``grid_from``, default now); with
+        ``deadline_reads``, also when the detector's next verdict is due (:attr:`HangDetector.next_at`,
+        ``READ_AGAIN_MARGIN_S`` after it), as the agent's runner does."""
         end = self.engine.now + seconds
-        while self.engine.now + every_s <= end + 1e-9:
-            self.engine.advance(self.engine.now + every_s)
+        grid = (self.engine.now if grid_from is None else grid_from) + every_s
+        while grid <= self.engine.now:
+            grid += every_s
+        while True:
+            at = grid
+            due = self.detector.next_at
+            if deadline_reads and due is not None and self.engine.now < due + READ_AGAIN_MARGIN_S < grid:
+                at = due + READ_AGAIN_MARGIN_S
+            if at > end + 1e-9:
+                return
+            self.engine.advance(at)
             self.scrape()
+            if at == grid:
+                grid += every_s
 
     def first_stalled(self) -> float | None:
         return next((t for t, vs in self.history if any(v.stalled for v in vs)), None)

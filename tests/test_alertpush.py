@@ -205,6 +205,33 @@ def test_engine_down_is_pushed_after_6_s_when_wedged_and_45_s_when_refused(
     pusher.stop()
 
 
+@pytest.mark.parametrize(("reason", "fires_at"), [("timeout", 6.0 - 1.5), ("connect", 45.0)])
+def test_a_wedged_engines_for_counts_from_its_first_timed_out_read_and_the_sender_wakes_when_it_ends(
+    capture: Capture, reason: str, fires_at: float
+) -> None:
+    """The first read that timed out began ``engine_timeout_s`` (1.5 s) before it was recorded: EngineDown's 6 s
+    count from then, and the sender's next wake-up is when they end (``_due_at``), not its next 1 s tick. A refused
+    read is recorded at once: the rule's 45 s from the first down reading."""
+    state, clock = AgentState(), Clock()
+    cfg = AlertmanagerSettings(urls=[capture.url], instance="n:9435")
+    pusher = AlertPusher(cfg, state, clock=clock, engine_timeout_s=1.5)
+    _engine(state)
+    pusher.step()
+    assert pusher._due_at is None
+    first = clock.t = T0 + 0.3
+    _engine(state, up=0, **{"timeouts" if reason == "timeout" else "refused": 1})
+    pusher.step()
+    assert pusher._due_at == pytest.approx(first + fires_at)
+    clock.t = first + fires_at - 0.01
+    pusher.step()
+    assert not capture.got
+    clock.t = first + fires_at
+    pusher.step()
+    assert [a["labels"]["alertname"] for _t, batch in capture.got for a in batch] == ["EngineDown"]
+    assert pusher._due_at is None
+    pusher.stop()
+
+
 def test_a_gauge_condition_holds_as_long_as_the_gauge_while_a_counter_needs_an_increase() -> None:
     """RuntimeHardwareMismatch: ``missing_libraries > 0`` (a gauge) fires as long as it holds, past the rule's 5-minute
     increase window that applies to the probe's error counter only; a counter that stops rising stops firing."""

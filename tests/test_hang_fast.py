@@ -14,6 +14,7 @@ import pytest
 
 from inferwatch.agent.config import DEFAULT_ENGINE_INTERVAL_S, DEFAULT_HANG_FAST_STALL_S, Settings
 from inferwatch.agent.node.collectors import schedule
+from inferwatch.agent.node.collectors.engine import READ_AGAIN_MARGIN_S
 from inferwatch.agent.node.engine.hang import HangDetector
 from tests.hang_sim import Scraper, VirtualEngine
 
@@ -26,7 +27,7 @@ def _scraper(e: VirtualEngine, **kw: float) -> Scraper:
 
 
 def _run(s: Scraper, seconds: float) -> None:
-    s.run(seconds, every_s=EVERY_S)
+    s.run(seconds, every_s=EVERY_S, deadline_reads=True)  # as the agent's runner reads (read_again_in)
 
 
 def _stalled(s: Scraper, since: float = 0.0) -> list[tuple[float, str]]:
@@ -54,6 +55,34 @@ def test_a_busy_hang_is_found_within_10_s(phase: float) -> None:
     assert found, "never stalled"
     assert found[0][0] - start <= DETECT_S
     assert all(v.fast for _t, vs in s.history if _t >= found[0][0] for v in vs if v.stalled)
+
+
+@pytest.mark.parametrize("every_s", [2.0, 3.1, 4.3])  # the default cadence, and stretched by costly reads
+@pytest.mark.parametrize("phase", [0.0, 0.5, 1.0, 1.5, 1.99])  # x half the cadence: where in it the hang starts
+def test_the_verdict_comes_at_the_window_end_not_at_the_next_read(every_s: float, phase: float) -> None:
+    """From the last reading that saw a token, the fast window (6 s) ends between two reads of the cadence; the read
+    the detector asks for at its end (``next_at``) gives the verdict then. At most ``every_s`` (the last token fell
+    just after a read) + the window + the margin after the hang's start, where reads on the cadence alone take up to
+    a whole interval more: found no later, and no sooner than the window after the last reading that saw a token."""
+    found_at = {}
+    for deadline_reads in (True, False):
+        e = VirtualEngine("h100", 8.0)
+        s = _scraper(e)
+        for _ in range(24):
+            e.submit(512, 4000)
+        s.run(30, every_s=every_s, deadline_reads=deadline_reads)
+        last_read = e.now
+        e.advance(e.now + phase * every_s / 2.0)
+        e.hung.add(0)
+        start = e.now
+        s.run(40, every_s=every_s, deadline_reads=deadline_reads, grid_from=last_read)
+        found = _stalled(s, start)
+        assert found, "never stalled"
+        last_token = max(t for t, vs in s.history if t <= found[0][0] and any(v.stall_s == 0 for v in vs))
+        assert found[0][0] - last_token >= DEFAULT_HANG_FAST_STALL_S  # the window is not shortened
+        found_at[deadline_reads] = found[0][0] - start
+    assert found_at[True] <= every_s + DEFAULT_HANG_FAST_STALL_S + READ_AGAIN_MARGIN_S + 1e-6
+    assert found_at[True] <= found_at[False]
 
 
 def test_one_rank_of_a_data_parallel_engine_is_found_within_10_s_and_only_it() -> None:

@@ -460,3 +460,31 @@ def test_a_collector_without_a_schedule_is_refused() -> None:
     ctx = collect_context(load_settings())
     with pytest.raises(ValueError, match="no schedule for collector"):
         Runner(AgentState(), [Good(ctx), Raises(ctx)], {"good": Schedule(1.0, 1.0, "host")})
+
+
+def test_a_collector_that_has_a_verdict_due_sooner_is_run_then() -> None:
+    """``read_again_in()`` (the engine collector's hang verdict, due before its next timed run) brings the next run
+    forward to then; None leaves the interval."""
+
+    class Due(Counting):
+        name: ClassVar[str] = "due"
+        ask: ClassVar[list[float | None]] = [0.3, 0.3, None]
+
+        def read_again_in(self) -> float | None:
+            n = len(self.calls)
+            return self.ask[n - 1] if n <= len(self.ask) else None
+
+    settings = load_settings(overrides={"interval_s": 30.0, "timeout_s": 5.0})
+    ctx = collect_context(settings)
+    state = AgentState()
+    due = Due(ctx)
+    runner = _runner(settings, state, [due], {"due": Schedule(30.0, 5.0, "due")})
+    runner.start()
+    try:
+        assert _wait(lambda: len(due.calls) >= 3, 20), due.calls  # two runs asked for 0.3 s after the one before
+        time.sleep(1.0)  # the third asked for nothing: the 30 s interval holds
+        assert len(due.calls) == 3, due.calls
+    finally:
+        runner.stop()
+    gaps = [b - a for a, b in itertools.pairwise(due.calls)]
+    assert all(0.25 <= g < 15.0 for g in gaps), gaps  # asked-for runs, not the 30 s interval (generous under load)

@@ -10,7 +10,8 @@ line) and when it ends (recovered, or no data), never per cycle: while it lasts,
 adds a line (:func:`failure_cause`; a timeout is one cause, whichever deadline cut the run). A failure the runner
 decides itself (``timeout``, ``hung``) is told to the collector
 (:meth:`~inferwatch.agent.node.collectors.base.BaseCollector.run_failed`), so health it exports itself (``engine.up``)
-is true.
+is true. A collector that has a verdict due before its next timed run (the engine collector's hang window) says so
+with ``read_again_in()`` after a run, and its next run comes then.
 """
 
 from __future__ import annotations
@@ -68,6 +69,20 @@ def validate(collection: object) -> Collection:
 
 def _all_cycled(waiting: list[tuple[_Slot, int]]) -> bool:
     return all(slot.cycles > seen for slot, seen in waiting)
+
+
+def _read_again_in(collector: Collector) -> float | None:
+    """The collector's ``read_again_in()`` (seconds; the engine collector's, for a hang verdict due before its next
+    timed run), None when it has none or it fails: the timed run stands."""
+    hook = getattr(collector, "read_again_in", None)
+    if not callable(hook):
+        return None
+    try:
+        value = hook()
+    except Exception:  # a collector's bug must not stop the scheduler
+        log.debug("collector %s: read_again_in() failed", collector.name, exc_info=True)
+        return None
+    return float(value) if isinstance(value, int | float) and value == value else None
 
 
 def run_collection(collector: Collector) -> Collection:
@@ -488,6 +503,10 @@ class Runner:
                     cost = self._clock() - started if outcome[1] == "ok" else cpu
                     slot.interval = adaptive_interval(slot.fast_interval, slot.slow_interval, cost)
                 self._cycle_done(slot, started, self._clock())
+                if outcome[1] == "ok":  # a collector waiting on a verdict due sooner than its cadence asks for it
+                    sooner = _read_again_in(slot.collector)
+                    if sooner is not None:
+                        slot.due = min(slot.due, self._clock() + sooner)
                 if retry_s is not None:  # an absence that lasts: not called again before then (inf: never)
                     slot.due = max(slot.due, started + retry_s)
                 # The scheduler sleeps until its next timed run or this call's deadline. A timeout longer than the

@@ -18,8 +18,11 @@ Each alert that starts firing is also handed to ``on_fire`` (the composition roo
 webhook handler: the bundle an Alertmanager webhook would start, without waiting for Alertmanager).
 
 Runs in a thread of its own: a state listener wakes it after every collection of a collector that feeds a pushed
-alert, so a POST never delays a collection. Failures are logged once when they start and once when they end, and
-counted (``inferwatch.alertpush.sends{outcome}``).
+alert, so a POST never delays a collection, and a finding is sent the moment its collection is recorded; a pending
+alert's ``for:`` is checked the moment it elapses (the thread sleeps until then, not to its next tick). A wedged
+engine's ``for:`` (EngineDown, every failed read a timeout) counts from the start of the first read that timed out
+(``engine_timeout_s`` before it was recorded), as the engine has not answered since then. Failures are logged once
+when they start and once when they end, and counted (``inferwatch.alertpush.sends{outcome}``).
 """
 
 from __future__ import annotations
@@ -187,8 +190,10 @@ class AlertPusher:
         client: httpx.Client | None = None,
         clock: Callable[[], float] = time.time,
         on_fire: Callable[[Mapping[str, Any]], object] | None = None,
+        engine_timeout_s: float = 0.0,
     ) -> None:
         self.cfg = cfg
+        self.engine_timeout_s = engine_timeout_s  # a timed-out read started this long before it was recorded
         self.on_fire = on_fire  # told of each alert that starts firing, as Alertmanager's webhook would tell it
         self.state = state
         self.clock = clock
@@ -211,6 +216,7 @@ class AlertPusher:
         self._lock = threading.Lock()  # the alerts' state; held while the state's samples are read
         self._count_lock = threading.Lock()  # the send counts, read by the state (its samples) and the senders
         self._wake = threading.Event()
+        self._due_at: float | None = None  # when the earliest pending alert's for: elapses (the clock's time)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.urls)), thread_name_prefix="alertpush")
@@ -245,7 +251,8 @@ class AlertPusher:
     def _run(self) -> None:
         tick = min(1.0, self.cfg.resend_s)  # pending alerts' for: is checked at least this often
         while not self._stop.is_set():
-            self._wake.wait(tick)
+            due = self._due_at
+            self._wake.wait(tick if due is None else min(tick, max(0.0, due - self.clock())))
             self._wake.clear()
             if self._stop.is_set():
                 break
@@ -395,7 +402,10 @@ class AlertPusher:
                     if now - alert.sent_at >= self.cfg.resend_s:
                         batch.append(alert)
                     continue
-                pending = self._pending.setdefault(key, _Pending(now))
+                pending = self._pending.get(key)
+                if pending is None:  # a wedged engine has not answered since its first timed-out read began
+                    wedged = rule.fast_for_s is not None and self._timeouts_only
+                    pending = self._pending[key] = _Pending(now - (self.engine_timeout_s if wedged else 0.0))
                 if now - pending.since < self._for_s(rule):
                     continue
                 del self._pending[key]
@@ -404,6 +414,10 @@ class AlertPusher:
                 batch.append(alert)
             for key in set(self._pending) - set(current):
                 del self._pending[key]
+            self._due_at = min(
+                (p.since + self._for_s(current[k][0]) for k, p in self._pending.items()),
+                default=None,
+            )
             for key, alert in list(self._alerts.items()):
                 if key in current:
                     continue

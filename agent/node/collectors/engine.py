@@ -76,6 +76,9 @@ HEALTH_TIMEOUT_S = 1.0  # the /health probe runs only while a rank is stalled
 # ~5k series of vLLM; 20 models x 2 ranks expose 1.2 MB). Was 4 MiB: an agent at 50 models (3 MB) kept ~12 MB
 # more (99.4 against 87.5 MB after 6 collections, docs/benchmarks.md "Engine scale"); malloc_trim costs 0.2-2 ms.
 RELEASE_AFTER_BYTES = 512 << 10
+# A reading asked for at a hang verdict's due time starts this much after it: its time (taken when the read ends) is
+# then past the window however fast the read, and a few ms of timer slack cannot push the verdict a whole interval.
+READ_AGAIN_MARGIN_S = 0.05
 
 
 def _token_total(reading: EngineReading) -> float:
@@ -298,6 +301,13 @@ class EngineCollector(BaseCollector):
         if r.status_code == 404:
             return "absent"
         return "ok" if r.status_code == 200 else "failed"
+
+    def read_again_in(self) -> float | None:
+        """Seconds until the hang detector's next verdict is due (a silent busy rank reaching its window), a little
+        after, so the reading taken then is past it; None when no rank is waiting on one. The runner starts the next
+        read by then if its cadence would come later (agent/node/engine/hang.py, "When to read next")."""
+        at = self.hang.next_at
+        return None if at is None else max(0.0, at - self._clock() + READ_AGAIN_MARGIN_S)
 
     def run_failed(self, reason: str) -> None:
         """The runner gave up on a run (``timeout``) or found it still running (``hung``): ``up`` 0 and one

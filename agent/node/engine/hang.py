@@ -36,6 +36,13 @@ step, a full token budget of prefill, at the engine's own speed), capped at the 
 is unknown the allowance applies. Where the engine has no step signal (vLLM V0 and Ray Serve's copies, SGLang, TGI,
 llama.cpp, TensorRT-LLM), one request running that may be a prefill stays on the allowance.
 
+**When to read next** (:attr:`HangDetector.next_at`): after each update, the earliest time at which a busy rank
+that stays silent reaches its window (the fast path's from its last progress, the step window from its last step,
+else the allowance). A stall is judged only when a reading comes, so at a fixed cadence a rank whose window ends just
+after a read waits a whole interval more (a cadence stretched by costly reads, or jitter, makes that most of the
+time); the collector asks its scheduler for a reading at ``next_at`` instead, so the verdict comes at the window's
+end. The window itself and what counts as progress are unchanged: the extra reading judges with the same rules.
+
 Pure and clock-free: :meth:`HangDetector.update` takes the time. The ``/health`` probe is the collector's.
 """
 
@@ -116,6 +123,7 @@ class HangDetector:
         self.prefill_safety = prefill_safety
         self.max_stall_s = max(max_stall_s, min_stall_s)
         self._tracks: dict[tuple[str, str], _Track] = {}
+        self.next_at: float | None = None  # after update(): when a silent busy rank reaches its window (None: none)
 
     def learn(self, lens: Mapping[str, int]) -> None:
         """The engine's maximum model length in tokens per model, as its API reports it (replaces what was learnt).
@@ -160,6 +168,7 @@ class HangDetector:
     def update(self, t: float, reading: EngineReading) -> list[RankVerdict]:
         out: list[RankVerdict] = []
         live: set[tuple[str, str]] = set()
+        due: list[float] = []
         for model, m in sorted(reading.models.items()):
             per_token = prefill_seconds_per_token(m)
             events = sum(m.counters.get("finished", {}).values()) + sum(m.counters.get("preemptions", {}).values())
@@ -199,6 +208,8 @@ class HangDetector:
                     self.fast_stall_s > 0 and step_stall is not None and running >= 1 and step_stall >= window
                 )
                 stalled = stall >= allowance or fast
+                if track.busy_since is not None and not stalled:
+                    due.append(self._due(track, allowance, window, running, waiting, events, step is not None))
                 out.append(
                     RankVerdict(
                         model,
@@ -216,4 +227,19 @@ class HangDetector:
                 )
         for key in set(self._tracks) - live:  # the model or rank is gone (restart with other flags)
             del self._tracks[key]
+        self.next_at = min(due, default=None)
+        return out
+
+    def _due(
+        self, track: _Track, allowance: float, window: float, running: float, waiting: float, events: float, step: bool
+    ) -> float:
+        """When this busy rank's stall reaches its window if nothing moves and its request mix stays as it is."""
+        assert track.busy_since is not None
+        start = max(track.progress_at, track.busy_since)
+        out = start + allowance
+        if self.fast_stall_s > 0:
+            if self.fast(self.fast_stall_s, running, waiting, track.decoding == (running, events)):
+                out = min(out, start + self.fast_stall_s)
+            if step and running >= 1:
+                out = min(out, max(track.step_at, track.busy_since) + window)
         return out

@@ -116,7 +116,13 @@ def build_deps(
         snapshots=SnapshotStore(settings.snapshots, reader, settings.profiling, dump_interval_s),
         profiles=ProfileManager(settings.profiling, PidScope(locator), settings.snapshots.dir),
         evidence=evidence,
-        alertpush=AlertPusher(settings.alertmanager, state, settings.runbooks.base_url, on_fire=evidence.on_alerts),
+        alertpush=AlertPusher(
+            settings.alertmanager,
+            state,
+            settings.runbooks.base_url,
+            on_fire=evidence.on_alerts,
+            engine_timeout_s=settings.engine.timeout_s,
+        ),
     )
 
 

@@ -66,7 +66,7 @@ def read(name: str) -> dict[str, object]:
 
 def test_every_real_capture_has_a_hand_read_block() -> None:
     names = captures()
-    assert len(names) >= 19
+    assert len(names) >= 27
     for name in names:
         expected(name)
 
@@ -96,6 +96,24 @@ def test_inspect_reads_the_capture_as_read_by_hand(name: str) -> None:
             else:
                 have = entry["values"][key]
             assert have is not None and math.isclose(have, value, rel_tol=1e-5, abs_tol=1e-12), (model, key, have)
+
+
+def test_the_trtllm_collector_is_told_apart_by_what_serves_it() -> None:
+    """The same ``trtllm_`` families: beside Dynamo's ``dynamo_component_*`` runtime families they are a Dynamo
+    TRT-LLM worker; the real worker capture with those lines taken out reads as trtllm-serve, values unchanged."""
+    name = "trtllm-worker-via-dynamo.prom"
+    want = expected(name)
+    text = (ENGINES / name).read_text(encoding="utf-8")
+    kept = [line for line in text.splitlines(keepends=True) if "dynamo_component_" not in line]
+    assert len(kept) < len(text.splitlines()) and all("dynamo" not in line for line in kept)
+    alone = inspect(EngineParser("auto", "unknown").parse("".join(kept).encode()))
+    assert (alone["engine"], alone["schema"]) == ("trtllm", "trtllm-serve")
+    assert alone["release_range"] != want["release_range"]
+    model = alone["models"]["Qwen/Qwen3-0.6B"]
+    for key, value in want["models"]["Qwen/Qwen3-0.6B"].items():  # type: ignore[index]
+        quantity, _, field = key.partition(".")
+        have = model[quantity][field] if field else model["values"][key]
+        assert math.isclose(have, value, rel_tol=1e-9), (key, have)
 
 
 def test_the_command_prints_the_release_and_the_means(tmp_path: Path) -> None:

@@ -135,6 +135,13 @@ SCHEMAS: tuple[Schema, ...] = (
     ),
     # TensorRT-LLM: trtllm-serve, its PyTorch backend, NIM, and Triton (with or without the TensorRT-LLM backend)
     Schema(
+        "trtllm",
+        "trtllm-dynamo-worker",
+        "Dynamo TRT-LLM worker (trtllm_ beside dynamo_component_*)",
+        any_of=("trtllm_time_to_first_token_seconds", "trtllm_request_success_total"),
+        and_any_of=("dynamo_component_requests_total", "dynamo_component_uptime_seconds"),
+    ),
+    Schema(
         "trtllm", "trtllm-serve", "trtllm-serve >= 1.0 (trtllm_ prefix)", any_of=("trtllm_time_to_first_token_seconds",)
     ),
     Schema(

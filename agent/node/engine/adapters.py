@@ -329,7 +329,11 @@ DYNAMO = Adapter(
     },
     # queued_requests counts from HTTP entry to the first token (prefill included): not a queue, not mapped
     gauges={"running": _s("dynamo_frontend_inflight_requests")},
-    counters={"generation_tokens": _s("dynamo_frontend_output_tokens_total")},
+    counters={
+        # the per-request input length histogram's _sum: every prompt token the frontend has passed on
+        "prompt_tokens": _s("dynamo_frontend_input_sequence_tokens_sum"),
+        "generation_tokens": _s("dynamo_frontend_output_tokens_total"),
+    },
 )
 
 LITELLM = Adapter(

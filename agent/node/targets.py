@@ -141,6 +141,11 @@ class TargetCollector(BaseCollector):
     def run_failed(self, reason: str) -> None:
         self.inner.run_failed(reason)
 
+    def read_again_in(self) -> float | None:
+        """The inner collector's (the engine's: a hang verdict due before its next timed run), for the runner."""
+        hook = getattr(self.inner, "read_again_in", None)
+        return hook() if callable(hook) else None
+
     def close(self) -> None:
         self.inner.close()
 

@@ -66,6 +66,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from inferwatch.agent.node.analytics.explain import PREEMPTION, RecordingSink, TailExplainer, explain
 from inferwatch.agent.node.analytics.latency import LatencyAnalytics
+from inferwatch.agent.node.analytics.tailcauses import EngineSignals
 from inferwatch.agent.node.analytics.tailrecords import RequestRecords
 from inferwatch.agent.node.receiver.intake import SpanIntake
 from inferwatch.simulator.engine import EngineCore, Recorder, SimRequest
@@ -183,8 +184,10 @@ def run_dp(
     raise RuntimeError("simulation did not finish")
 
 
-def export(reqs: list[SimRequest], rng: random.Random, model: str = MODEL) -> bytes:
-    """The finished requests as one OTLP export of vLLM-style ``llm_request`` spans (simulator/tracing.py's keys)."""
+def export(reqs: list[SimRequest], rng: random.Random, model: str = MODEL, stock: bool = False) -> bytes:
+    """The finished requests as one OTLP export of vLLM-style ``llm_request`` spans (simulator/tracing.py's keys).
+
+    ``stock``: as stock vLLM sends them, without ``vllm.dp_rank`` and ``vllm.num_preemptions``."""
     out = ExportTraceServiceRequest()
     rs = out.resource_spans.add()
     rs.resource.attributes.add(key="service.name", value=AnyValue(string_value="vllm"))
@@ -203,8 +206,9 @@ def export(reqs: list[SimRequest], rng: random.Random, model: str = MODEL) -> by
         a.add(key="gen_ai.request.id", value=AnyValue(string_value=r.request_id))
         a.add(key="gen_ai.usage.prompt_tokens", value=AnyValue(int_value=r.prompt_tokens))
         a.add(key="gen_ai.usage.completion_tokens", value=AnyValue(int_value=r.generated))
-        a.add(key="vllm.dp_rank", value=AnyValue(int_value=r.engine_index))
-        a.add(key="vllm.num_preemptions", value=AnyValue(int_value=r.preemptions))
+        if not stock:
+            a.add(key="vllm.dp_rank", value=AnyValue(int_value=r.engine_index))
+            a.add(key="vllm.num_preemptions", value=AnyValue(int_value=r.preemptions))
         a.add(key="gen_ai.latency.e2e", value=AnyValue(double_value=end - r.arrival))
         if r.first_scheduled is not None and r.first_token is not None and r.last_token is not None:
             a.add(key="gen_ai.latency.time_in_queue", value=AnyValue(double_value=r.first_scheduled - r.queued))
@@ -240,6 +244,7 @@ def feed(
     end_s: float,
     on_minute: Callable[[TailExplainer, float], None] | None = None,
     model: str = MODEL,
+    stock: bool = False,
 ) -> tuple[LatencyAnalytics, TailExplainer]:
     """Hand the requests to the agent's intake, one export per virtual second; call ``on_minute`` at each minute."""
     clock = VirtualClock()
@@ -254,7 +259,7 @@ def feed(
         clock.now = float(second)
         batch = by_second.get(second)
         if batch:
-            intake.handle(export(batch, rng, model), "grpc")
+            intake.handle(export(batch, rng, model, stock), "grpc")
         if on_minute is not None and second % 60 == 0 and second > WARMUP_S:
             on_minute(explainer, float(second))
     return analytics, explainer
@@ -617,7 +622,43 @@ def episode_arrivals(ep: Episode, seconds: float) -> list[SimRequest]:
     return out
 
 
-def simulate_episode(ep: Episode, seconds: float) -> list[SimRequest]:
+class EngineSeriesRecorder(Recorder):
+    """The engine's own series as vLLM exports them, per second of virtual time: per data-parallel rank its
+    inter-token latency sum and count (``vllm:inter_token_latency_seconds{engine=N}``), and preemptions
+    (``vllm:num_preemptions_total``). What the agent reads from /metrics; stock spans carry neither."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.itl: dict[tuple[str, int], list[float]] = {}  # (rank, second) -> [sum, count]
+        self.preempted: Counter[int] = Counter()  # second -> preemptions
+
+    def on_token(self, req: SimRequest, now: float, itl: float | None) -> None:
+        self.now = now
+        if itl is not None:
+            cell = self.itl.setdefault((str(req.engine_index), math.ceil(now)), [0.0, 0.0])
+            cell[0] += itl
+            cell[1] += 1
+
+    def on_step(self, core: EngineCore, prompt_tokens: int, generation_tokens: int, preempted: int) -> None:
+        super().on_step(core, prompt_tokens, generation_tokens, preempted)
+        if preempted:
+            self.preempted[math.ceil(self.now)] += preempted
+
+    def signals(self, now: float, window_s: float) -> EngineSignals:
+        """The counters' increase over (now - window_s, now]: preemptions, and each rank's mean ITL."""
+        lo = now - window_s
+        sums: dict[str, list[float]] = {}
+        for (rank, sec), (total, count) in self.itl.items():
+            if lo < sec <= now:
+                cell = sums.setdefault(rank, [0.0, 0.0])
+                cell[0] += total
+                cell[1] += count
+        preempted = sum(n for sec, n in self.preempted.items() if lo < sec <= now)
+        return EngineSignals(float(preempted), {r: t / c for r, (t, c) in sums.items() if c})
+
+
+def simulate_episode(ep: Episode, seconds: float, recorder: Recorder | None = None) -> list[SimRequest]:
     dep = deploy(ep.model, ep.hardware, max_num_seqs=ep.max_num_seqs, max_model_len=32_768)
     if PREEMPTION in ep.params:  # the cache cut to a share of what this very traffic holds at its peak
         peak = [0] * ep.engines
@@ -629,7 +670,7 @@ def simulate_episode(ep: Episode, seconds: float) -> list[SimRequest]:
         per_block = dep.size.kv_bytes_per_token() * dep.block_size
         free = blocks * per_block / dep.tensor_parallel_size + dep.weight_bytes_per_device + 1024**3
         dep = replace(dep, gpu_memory_utilization=(free + per_block / 2) / dep.hardware.memory_bytes)
-    recorder = Recorder()
+    recorder = recorder or Recorder()
     run_dp(_cores(ep, dep, recorder), episode_arrivals(ep, seconds))
     return sorted(recorder.finished, key=lambda r: r.finished_at or 0.0)
 
@@ -646,25 +687,31 @@ def _cores(ep: Episode, dep: Deployment, recorder: Recorder | None = None) -> li
     return [EngineCore(i, dep, ScenarioSet(scenarios), rec, seed=ep.seed) for i in range(ep.engines)]
 
 
-def run_episode(ep: Episode) -> dict[str, Any]:
-    """Simulate, feed the agent's intake, and keep the explainer's verdicts at the end of each window."""
-    reqs = simulate_episode(ep, EPISODE_S)
+def run_episode(ep: Episode, stock: bool = True) -> dict[str, Any]:
+    """Simulate, feed the agent's intake, and keep the explainer's verdicts at the end of each window.
+
+    ``stock``: spans as stock vLLM sends them (no rank, no preemption count), the engine's per-rank ITL and
+    preemption counter over the same window handed to the explainer beside them."""
+    series = EngineSeriesRecorder()
+    reqs = simulate_episode(ep, EPISODE_S, series)
     windows: list[dict[str, Any]] = []
 
     def on_minute(ex: TailExplainer, now: float) -> None:
-        report = ex.explain(ep.model, 60.0, top=0)
+        signals = series.signals(now, 60.0) if stock else None
+        report = explain(ex.records, ep.model, 60.0, now, top=0, signals=signals)
         w: dict[str, Any] = {"t": now}
         for quantity in ("ttft", "e2e"):
             d = report["quantities"][quantity] if report else None
             w[quantity] = (
-                {"driver": d["driver"], "dominant_phase": d["dominant_phase"], "shares": d["shares"]}
+                {"driver": d["driver"], "drivers": d["drivers"], "dominant_phase": d["dominant_phase"]}
+                | {"shares": d["shares"]}
                 | {"why_not": d["why_not"], "headline": d["headline"]}
                 if d
                 else {"driver": "no data"}
             )
         windows.append(w)
 
-    feed(reqs, ep.seed, EPISODE_S, on_minute, ep.model)
+    feed(reqs, ep.seed, EPISODE_S, on_minute, ep.model, stock)
     last = [r for r in reqs if (r.finished_at or 0.0) > EPISODE_S - 60.0]
     ttfts = sorted(r.first_token - r.arrival for r in last if r.first_token is not None)
     return {
@@ -691,8 +738,13 @@ def _rate(k: int, n: int) -> dict[str, Any]:
     return {"right": k, "episodes": n, "accuracy": round(k / n, 4) if n else None, "ci95": [round(lo, 4), round(hi, 4)]}
 
 
-def out_of_sample(episodes: int, seed_base: int, two_cause_share: float, timeout_s: float) -> dict[str, Any]:
-    """Run ``episodes`` drawn episodes (seeds seed_base .. seed_base + episodes - 1); score the TTFT verdict."""
+def out_of_sample(
+    episodes: int, seed_base: int, two_cause_share: float, timeout_s: float, stock: bool = True
+) -> dict[str, Any]:
+    """Run ``episodes`` drawn episodes (seeds seed_base .. seed_base + episodes - 1); score the TTFT verdict.
+
+    Right: healthy, no driver named; one cause, its driver named first; two causes, both drivers named (the verdict's
+    ``drivers``). ``one_named`` keeps the looser score (the first driver named is one of the episode's)."""
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
     for i in range(episodes):
@@ -702,12 +754,14 @@ def out_of_sample(episodes: int, seed_base: int, two_cause_share: float, timeout
         ep = draw_episode(seed_base + i, two_cause_share)
         t0 = time.process_time()
         try:
-            res = run_episode(ep)
+            res = run_episode(ep, stock)
         except RuntimeError as exc:  # the scheduler did not finish: counted, never scored as right
             res = {"error": str(exc), "windows": []}
         cpu = time.process_time() - t0
         last = res["windows"][-1] if res["windows"] else {"ttft": {"driver": "error"}, "e2e": {"driver": "error"}}
         named = last["ttft"]["driver"]
+        drivers = last["ttft"].get("drivers", [])
+        right = ep.truths <= set(drivers) if len(ep.causes) == 2 else named in ep.truths
         row = {
             "seed": ep.seed,
             "label": ep.label,
@@ -716,7 +770,9 @@ def out_of_sample(episodes: int, seed_base: int, two_cause_share: float, timeout
             "named_ttft": named,
             "named_e2e": last["e2e"]["driver"],
             "named_ttft_first_window": res["windows"][0]["ttft"]["driver"] if res["windows"] else "error",
-            "right": named in ep.truths,
+            "drivers_ttft": drivers,
+            "right": right,
+            "one_named": named in ep.truths,
             "deployment": {
                 "hardware": ep.hardware,
                 "model": ep.model,
@@ -738,10 +794,15 @@ def out_of_sample(episodes: int, seed_base: int, two_cause_share: float, timeout
         print(
             f"{i:4d} seed {ep.seed} {mark} {ep.label:22} "
             + " ".join(f"{c}={s:.2f}" for c, s in ep.causes)
-            + f"  named {named:10} {ep.hardware}/{ep.max_num_seqs}x{ep.engines} load {ep.load:.2f}  {cpu:.1f}s",
+            + f"  named {'+'.join(drivers) or named:16} {ep.hardware}/{ep.max_num_seqs}x{ep.engines} load {ep.load:.2f}  {cpu:.1f}s",
             flush=True,
         )
-    return summarize(rows) | {"episodes": rows, "seed_base": seed_base, "two_cause_share": two_cause_share}
+    return summarize(rows) | {
+        "episodes": rows,
+        "seed_base": seed_base,
+        "two_cause_share": two_cause_share,
+        "spans": "stock (no rank, no preemption count; engine series beside)" if stock else "with rank and preemptions",
+    }
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -752,6 +813,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "overall": _rate(sum(r["right"] for r in rows), len(rows)),
         "single_cause": _rate(sum(r["right"] for r in single), len(single)),
         "two_causes": _rate(sum(r["right"] for r in double), len(double)),
+        "two_causes_one_named_first": _rate(sum(r["one_named"] for r in double), len(double)),
         "healthy": _rate(sum(r["right"] for r in healthy), len(healthy)),
     }
     fp_ttft = sum(r["named_ttft"] != "none" for r in healthy)
@@ -775,7 +837,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out["confusion_single"] = {k: dict(v) for k, v in confusion.items()}
     pairs: dict[str, Counter[str]] = {}
     for r in double:
-        pairs.setdefault(r["label"], Counter())[r["named_ttft"]] += 1
+        both = "+".join(sorted(TRUTH[c["cause"]] for c in r["causes"]))
+        pairs.setdefault(both, Counter())["+".join(sorted(r.get("drivers_ttft") or [])) or r["named_ttft"]] += 1
     out["confusion_two_causes"] = {k: dict(v) for k, v in sorted(pairs.items())}
     out["two_causes_both_weak"] = _rate(
         sum(r["right"] for r in double if all(c["weak"] for c in r["causes"])),
@@ -871,6 +934,11 @@ def main() -> None:
     ap.add_argument("--seed-base", type=int, help="first episode's seed (default: drawn fresh, printed)")
     ap.add_argument("--two-cause-share", type=float, default=0.3, help="share of episodes with two causes at once")
     ap.add_argument("--timeout", type=float, default=3600.0, help="stop drawing episodes after this many seconds")
+    ap.add_argument(
+        "--enriched-spans",
+        action="store_true",
+        help="out of sample: spans carry vllm.dp_rank and vllm.num_preemptions (default: stock vLLM spans, without)",
+    )
     args = ap.parse_args()
     if args.episodes:
         seed_base = args.seed_base if args.seed_base is not None else 10_000 + random.SystemRandom().randrange(10**6)
@@ -878,10 +946,10 @@ def main() -> None:
             f"out of sample: {args.episodes} episodes, seeds {seed_base}..{seed_base + args.episodes - 1}", flush=True
         )
         t0 = time.monotonic()
-        oos = out_of_sample(args.episodes, seed_base, args.two_cause_share, args.timeout)
+        oos = out_of_sample(args.episodes, seed_base, args.two_cause_share, args.timeout, not args.enriched_spans)
         oos["wall_s"] = round(time.monotonic() - t0, 1)
         print(oos_table(oos), flush=True)
-        for key in ("overall", "single_cause", "two_causes", "healthy_false_positive", "preemption_by_e2e"):
+        for key in ("overall", "single_cause", "two_causes", "two_causes_one_named_first", "healthy_false_positive"):
             print(f"{key}: {oos[key]}")
         for key in ("not_overloaded", "overloaded", "two_causes_both_weak", "healthy_false_positive_by"):
             print(f"{key}: {oos[key]}")

@@ -64,6 +64,19 @@ from typing import Any, Protocol
 from inferwatch.agent.catalog.engine import MODEL
 from inferwatch.agent.common.samples import UNKNOWN_MODEL, RequestTiming, Sample, attrs
 from inferwatch.agent.node.analytics.failures import ModelFailures
+from inferwatch.agent.node.analytics.tailcauses import (
+    BURST_TAIL_SHARE,
+    LONG_PROMPT_FACTOR,
+    PROMPT_PART_OF_PREFILL,
+    SATURATED_MIN_S,
+    SATURATED_QUEUE_SHARE,
+    SECOND_SHARE,
+    EngineSignals,
+    burst,
+    own_tails,
+    prompt_workload,
+    slow_rank_from_signals,
+)
 from inferwatch.agent.node.analytics.tailrecords import (
     HORIZON_S,
     SUB_WINDOW_S,
@@ -128,8 +141,9 @@ class _Phases:
         "output_length": ("decode",),
     }
 
-    def __init__(self, win: Window) -> None:
+    def __init__(self, win: Window, signals: EngineSignals | None = None) -> None:
         self.win = win
+        self.signals = signals  # the engine's own series over the window (for spans without rank or preemptions)
         self.f, self.comp = win.f, win.i["completion"]
         self._clean: dict[str, bool] = {}
         decode, comp = self.f["decode"], self.comp
@@ -138,6 +152,7 @@ class _Phases:
         self.itl_med = itls[len(itls) // 2] if itls else None
         self._slow: list[dict[str, Any] | None] = []  # computed once, on first use
         self._preempted: tuple[list[float], list[float]] | None = None
+        self._arrivals: list[float] | None = None  # every record's arrival (stamp - e2e), sorted, on first use
         self.tails: dict[str, list[int]] = {}  # quantity -> its tail band, when that band is over every record
 
     def slow_placement(self) -> dict[str, Any] | None:
@@ -347,27 +362,69 @@ def _decompose(
     top_phase = max(shares, key=shares.__getitem__)
     placement = next((s for s in separators if s["separates"] and s["attribute"] in PLACEMENT), None)
     separator = next((s for s in separators if s["separates"]), None)
-    engine = top_phase in ENGINE_PHASES and not reasons
-    slow = phases.slow_placement() if engine else None
-    preemption = _preemption(phases, separators, top_phase, shares[top_phase], tail, total) if engine else None
+    signals = phases.signals
+    saturated = _saturated(phases, mid, weights) if reasons and total >= MIN_REQUESTS else None
+    if saturated is not None:  # the median request waited: the whole window is the tail, P99/P50 says little
+        reasons = []
+    enough = total >= MIN_REQUESTS
+    slow = (phases.slow_placement() or slow_rank_from_signals(signals, SLOW_PLACEMENT_FACTOR)) if enough else None
+    evidence = _preemption_evidence(phases, separators, tail, total, signals) if enough else None
+    engine = (top_phase in ENGINE_PHASES and not reasons) or saturated is not None
+    preemption = _preemption(evidence, top_phase, shares[top_phase]) if engine else None
+    if saturated is not None and evidence is not None:
+        preemption = evidence
+    named_phase = top_phase
+    workload = (
+        prompt_workload(phases.win.i["prompt"], phases.f["prefill"], tail, mid, gap)
+        if "prefill" in shares and not reasons
+        else None
+    )
+    prefill_is_mix = (
+        workload is not None
+        and workload["share"] >= PROMPT_PART_OF_PREFILL * shares["prefill"]
+        and workload["factor"] < LONG_PROMPT_FACTOR
+    )
     driver = NONE
     if reasons:
         pass
     elif top_phase == "output_length" and shares[top_phase] >= DOMINANT_SHARE:
         reasons.append(f"{shares[top_phase]:.0%} of the gap is output length (the workload, not a fault)")
-    elif slow is not None:  # slower per token on one rank: the rank, whichever engine phase its tail shows as
+    elif slow is not None and engine:  # slower per token on one rank: the rank, whichever engine phase its tail shows
         key = (slow["attribute"], slow["value"])
         seen = next((s for s in separators if (s["attribute"], s["value"]) == key), None)
         placement = {"share_of_requests": 0.0, "share_of_tail": 0.0, **(seen or {}), **slow}
         driver = placement["attribute"]
     elif preemption is not None:  # the KV cache is full: requests wait for blocks or are recomputed
         driver = PREEMPTION
+    elif saturated is not None:  # no engine evidence: arrivals above what the engine serves
+        driver = "queue"
+        named_phase = "queue" if "queue" in shares else top_phase
     elif placement is not None and (shares[top_phase] < PHASE_OVER_PLACEMENT or placement["lift"] >= STRONG_LIFT):
         driver = placement["attribute"]
+    elif top_phase == "prefill" and prefill_is_mix and shares[top_phase] >= DOMINANT_SHARE:
+        assert workload is not None
+        reasons.append(
+            f"{shares[top_phase]:.0%} of the gap is prefill that follows prompt length: the tail's prompts are "
+            f"{workload['factor']:.1f}x the median band's (under {LONG_PROMPT_FACTOR:g}x: the prompt mix's own "
+            "spread, the workload)"
+        )
     elif shares[top_phase] >= DOMINANT_SHARE:
         driver = top_phase
     else:
-        reasons.append(f"no phase holds {DOMINANT_SHARE:.0%} of the gap (largest: {top_phase} {shares[top_phase]:.0%})")
+        parts = _phase_causes(shares, phases, tail, prefill_is_mix, workload)
+        if len(parts) >= 2 and sum(shares[p] for p in parts) >= DOMINANT_SHARE:
+            driver = named_phase = parts[0]
+        else:
+            reasons.append(
+                f"no phase holds {DOMINANT_SHARE:.0%} of the gap (largest: {top_phase} {shares[top_phase]:.0%})"
+            )
+    drivers = [] if driver == NONE else [driver]
+    if driver != NONE:
+        drivers += [
+            d
+            for d in _second_causes(shares, phases, tail, slow, evidence, prefill_is_mix, workload, p99 - p50)
+            if d not in drivers
+        ]
     shown = placement or separator
     if driver == PREEMPTION and preemption is not None:
         shown = preemption
@@ -384,13 +441,17 @@ def _decompose(
         "dominant_share": round(shares[top_phase], 4),
         "separators": separators[:8],
         "driver": driver,
-        "phase": top_phase if driver != NONE else NONE,
+        "drivers": drivers,
+        "phase": named_phase if driver != NONE else NONE,
         "attribute": _attr_text(shown) if driver != NONE else NONE,
         "confident": driver != NONE,
         "why_not": "; ".join(reasons) if driver == NONE else None,
         "slow_placement": slow,
         "preemption": preemption,
-        "headline": _headline(quantity, p50, p99, shares, top_phase, driver, shown, reasons, placement),
+        "saturated": saturated,
+        "prompt_workload": workload,
+        "headline": _headline(quantity, p50, p99, shares, named_phase, driver, shown, reasons, placement)
+        + _also(drivers[1:], shares, slow, evidence),
     }
 
 
@@ -427,29 +488,138 @@ def _e2e(
     return raw
 
 
-def _preemption(
-    phases: _Phases, separators: list[dict[str, Any]], top: str, share: float, tail: list[int], total: float
+def _preemption_evidence(
+    phases: _Phases,
+    separators: list[dict[str, Any]],
+    tail: list[int],
+    total: float,
+    signals: EngineSignals | None,
 ) -> dict[str, Any] | None:
+    """Enough preemptions in the window for the KV cache to explain a tail, with the tests' figures, or None.
+
+    From the spans (``preempted=yes``) when they count preemptions, else from the engine's preemption counter over
+    the window (:class:`~inferwatch.agent.node.analytics.tailcauses.EngineSignals`): at least
+    :data:`PREEMPTED_MIN_SHARE` of the window's requests, and at least :data:`PREEMPTED_MIN`.
+    """
+    yes = next((s for s in separators if s["attribute"] == "preempted" and s["value"] == "yes"), None)
+    if yes is not None:
+        if yes["share_of_requests"] < PREEMPTED_MIN_SHARE or yes["share_of_requests"] * total < PREEMPTED_MIN:
+            return None
+        return {**yes, "tail_in_flight_with_preempted": round(phases.in_flight_with_preempted(tail), 4)}
+    counted = any(v >= 0 for v in phases.win.i["preemptions"][:: max(1, len(phases.win) // 64)])
+    if counted or signals is None or signals.preemptions is None or total <= 0:
+        return None
+    n = signals.preemptions
+    if n < PREEMPTED_MIN or n / total < PREEMPTED_MIN_SHARE:
+        return None
+    return {
+        "attribute": "preemptions",
+        "value": f"{n:.0f}",
+        "share_of_requests": round(min(1.0, n / total), 4),
+        "source": "engine preemption counter",
+    }
+
+
+def _preemption(evidence: dict[str, Any] | None, top: str, share: float) -> dict[str, Any] | None:
     """The evidence that KV-cache preemptions explain an engine phase holding the gap, or None.
 
     vLLM preempts a running request only when no KV block is free (it is recomputed from the head of the queue),
-    and while blocks are short no waiting request is admitted. So when at least :data:`PREEMPTED_MIN_SHARE` of
-    the window's requests were preempted: a *queue* tail is explained when at least :data:`PREEMPT_IN_FLIGHT` of
-    the tail band was in flight beside a preempted request (waiting for blocks, or behind the re-queued); a
-    *prefill* or *decode* tail (the recomputation is charged to the preempted request itself) when preempted
-    requests are at least :data:`PREEMPT_LIFT` times more common in the tail than in the window.
+    and while blocks are short no waiting request is admitted. So with enough preemptions
+    (:func:`_preemption_evidence`): a *queue* tail is explained when at least :data:`PREEMPT_IN_FLIGHT` of the tail
+    band was in flight beside a preempted request (waiting for blocks, or behind the re-queued); a *prefill* or
+    *decode* tail (the recomputation is charged to the preempted request itself) when preempted requests are at
+    least :data:`PREEMPT_LIFT` times more common in the tail than in the window. From the engine's counter alone
+    (no request marked) the count is the evidence: an engine phase holding the gap while blocks ran out.
     """
-    if share < DOMINANT_SHARE:
+    if evidence is None or share < DOMINANT_SHARE:
         return None
-    yes = next((s for s in separators if s["attribute"] == "preempted" and s["value"] == "yes"), None)
-    if yes is None or yes["share_of_requests"] < PREEMPTED_MIN_SHARE:
+    if "lift" not in evidence:
+        return evidence
+    if top == "queue":
+        return evidence if evidence["tail_in_flight_with_preempted"] >= PREEMPT_IN_FLIGHT else None
+    return evidence if evidence["lift"] >= PREEMPT_LIFT else None
+
+
+def _saturated(phases: _Phases, mid: list[int], weights: list[float] | None) -> dict[str, Any] | None:
+    """The median band's queue wait and TTFT when the median request itself waited (saturation), else None."""
+    if not mid or not phases.clean("queue") or not phases.clean("ttft"):
         return None
-    if yes["share_of_requests"] * total < PREEMPTED_MIN:
+    queue, ttft = mean(mid, phases.f["queue"], weights), mean(mid, phases.f["ttft"], weights)
+    if ttft <= 0 or queue < SATURATED_QUEUE_SHARE * ttft or queue < SATURATED_MIN_S:
         return None
-    in_flight = phases.in_flight_with_preempted(tail)
-    if in_flight < PREEMPT_IN_FLIGHT if top == "queue" else yes["lift"] < PREEMPT_LIFT:
-        return None
-    return {**yes, "tail_in_flight_with_preempted": round(in_flight, 4)}
+    return {"median_band_queue_s": round(queue, 4), "median_band_ttft_s": round(ttft, 4)}
+
+
+def _phase_cause(
+    p: str, shares: Mapping[str, float], phases: _Phases, tail: list[int], mix: bool, workload: Any
+) -> bool:
+    """Whether phase ``p`` holds at least :data:`SECOND_SHARE` of the gap as a cause of its own."""
+    if shares.get(p, 0.0) < SECOND_SHARE:
+        return False
+    if p == "prefill":
+        return not mix
+    if p == "queue":
+        win = phases.win
+        return _burst_share(phases, tail) >= BURST_TAIL_SHARE if len(win) else False
+    return p == "frontend"
+
+
+def _phase_causes(shares: Mapping[str, float], phases: _Phases, tail: list[int], mix: bool, workload: Any) -> list[str]:
+    """The phases holding at least :data:`SECOND_SHARE` of the gap each as a cause of its own, largest first."""
+    names = sorted((p for p in ("frontend", "queue", "prefill") if p in shares), key=lambda p: -shares[p])
+    return [p for p in names if _phase_cause(p, shares, phases, tail, mix, workload)]
+
+
+def _second_causes(
+    shares: Mapping[str, float],
+    phases: _Phases,
+    tail: list[int],
+    slow: Mapping[str, Any] | None,
+    evidence: Mapping[str, Any] | None,
+    mix: bool,
+    workload: Any,
+    ttft_spread: float,
+) -> list[str]:
+    """Every cause with evidence of its own beside the first driver (module tailcauses): a rank slower per token,
+    preemptions, then the phases that hold :data:`SECOND_SHARE` of the gap as causes of their own."""
+    out = []
+    if slow is not None:
+        out.append(str(slow["attribute"]))
+    if evidence is not None and (
+        "lift" not in evidence
+        or evidence["lift"] >= PREEMPT_LIFT
+        or evidence["tail_in_flight_with_preempted"] >= PREEMPT_IN_FLIGHT
+    ):
+        out.append(PREEMPTION)
+    out += _phase_causes(shares, phases, tail, mix, workload)
+    if phases.clean("queue") and phases.clean("prefill") and phases.clean("ttft"):
+        out += list(own_tails(phases.f, phases.win.i["prompt"], ttft_spread))
+    return out
+
+
+def _burst_share(phases: _Phases, tail: list[int]) -> float:
+    """The share of the tail band that arrived in a burst (:func:`tailcauses.burst`), arrivals computed once."""
+    if phases._arrivals is None:
+        t, e2e = phases.f["t"], phases.f["e2e"]
+        phases._arrivals = sorted(a - d for a, d in zip(t, e2e, strict=True) if d == d)
+    t, e2e = phases.f["t"], phases.f["e2e"]
+    mine = [t[j] - e2e[j] for j in tail if e2e[j] == e2e[j]]
+    return burst(phases._arrivals, mine, phases.win.covered_s)
+
+
+def _also(
+    more: list[str], shares: Mapping[str, float], slow: Mapping[str, Any] | None, evidence: Mapping[str, Any] | None
+) -> str:
+    """The headline's tail naming the second causes with their evidence."""
+    parts = []
+    for d in more:
+        if d in PLACEMENT and slow is not None:
+            parts.append(f"{slow['attribute']}={slow['value']} {slow['itl_ratio']:.1f}x slower per output token")
+        elif d == PREEMPTION and evidence is not None:
+            parts.append(f"KV-cache preemptions on {evidence['share_of_requests']:.0%} of requests")
+        elif d in shares:
+            parts.append(f"{d} {shares[d]:.0%} of the gap")
+    return f"; also {', '.join(parts)}" if parts else ""
 
 
 def _attr_text(sep: Mapping[str, Any] | None) -> str:
@@ -475,6 +645,12 @@ def _headline(
     head = f"P99 {q} {_ms(p99)} vs P50 {_ms(p50)}: "
     if driver == NONE:
         return head + f"no dominant driver ({'; '.join(reasons)})"
+    if driver in PLACEMENT and sep is not None and sep.get("source") and not sep.get("share_of_requests"):
+        return head + (
+            f"{sep['attribute']}={sep['value']} is {sep['itl_ratio']:.1f}x slower per output token than the other "
+            f"ranks (mean ITL {_ms(sep['median_itl_s'])} vs {_ms(sep['others_median_itl_s'])}, the {sep['source']}; "
+            f"{shares[top]:.0%} of the gap is {top})"
+        )
     if driver in PLACEMENT and sep is not None:
         slow = (
             f" and {sep['itl_ratio']:.1f}x slower per output token (median ITL {_ms(sep['median_itl_s'])} vs "
@@ -485,6 +661,11 @@ def _headline(
         return head + (
             f"{sep['attribute']}={sep['value']} is {sep['share_of_requests']:.0%} of requests and "
             f"{sep['share_of_tail']:.0%} of the tail{slow} ({shares[top]:.0%} of the gap is {top})"
+        )
+    if driver == PREEMPTION and sep is not None and "lift" not in sep:
+        return head + (
+            f"{shares[top]:.0%} of the gap is {top} under KV-cache preemptions: {sep['value']} preemptions in the "
+            f"window ({sep['share_of_requests']:.0%} of its requests, the {sep['source']})"
         )
     if driver == PREEMPTION and sep is not None:
         text = head + (
@@ -516,12 +697,14 @@ def explain(
     by: str = "ttft",
     aliases: Iterable[str] = (),
     client: Mapping[str, float] | None = None,
+    signals: EngineSignals | None = None,
 ) -> dict[str, Any] | None:
     """The explanation of ``model``'s tail over the last ``window_s`` (None: no record of it in the window).
 
     ``aliases`` are the names its spans may carry instead (``unknown`` when vLLM's spans name no model).
     ``client`` maps a trace id to the TTFT a client saw (its CLIENT span): with it the report gains ``client``
-    (:func:`_client`) and each slow request its client TTFT and client − engine TTFT.
+    (:func:`_client`) and each slow request its client TTFT and client − engine TTFT. ``signals``: the engine's
+    preemption counter and per-rank ITL over the same window, for spans that carry neither (stock vLLM).
     """
     if by not in QUANTITIES:
         raise ValueError(f"by must be one of {', '.join(QUANTITIES)}, got {by!r}")
@@ -530,7 +713,7 @@ def explain(
         return None
     sampled = win.f["weight"].count(1.0) != len(win)
     weights = list(win.f["weight"]) if sampled else None
-    phases = _Phases(win)
+    phases = _Phases(win, signals)
     itl_med = phases.itl_med
     groups = _group_keys(win)
     out: dict[str, Any] = {

@@ -1,0 +1,170 @@
+"""What the tail explainer weighs beside the phase shares: the prompt-length workload, saturation, the engine's own
+signals, and a second cause beside the first (:mod:`inferwatch.agent.node.analytics.explain` calls these).
+
+**Prompt length.** Prefill grows with the prompt. The body's cost of a prompt token is read from the median band
+(its prefill over its prompt tokens); a request's *prompt-length prefill* is its prompt times that. When that part
+holds at least half of the prefill's share of the tail gap, the prefill tail is the prompt mix (the workload): it
+is named ``prefill`` (long prompts) only when the tail's prompts are at least :data:`LONG_PROMPT_FACTOR` times the
+median band's, a distinct long-prompt workload; a lognormal mix as wide as σ 0.8 puts its P98 at ~5x its median, the
+ordinary spread of a mix, named no driver. A prefill tail the prompt length does not explain (a stall before
+prefill: page-cache pressure, a slow disk or remote KV) is named ``prefill``.
+
+**Saturation.** When the median request itself waited (queue at least :data:`SATURATED_QUEUE_SHARE` of the median
+band's TTFT), P99/P50 shrinks however bad the cause: the whole window is the tail. The verdict then comes from the
+engine's evidence (a rank slower per token, KV-cache preemptions), else the queue (arrivals above capacity).
+
+**Engine signals** (:class:`EngineSignals`). Stock vLLM spans carry no data-parallel rank and no preemption count.
+The engine's per-rank series (mean inter-token latency per rank over the window, from its per-engine histograms) and
+its preemption counter (increase over the window) stand in: a rank whose mean ITL is at least
+``SLOW_PLACEMENT_FACTOR`` times the other ranks' median is named, and preemptions counted on at least
+``PREEMPTED_MIN_SHARE`` of the window's requests (at least ``PREEMPTED_MIN``) name the KV cache.
+
+**Second causes.** Beside the first driver, every cause with its own evidence is listed (``drivers``): a rank slower
+per token, preemptions, a front end holding at least :data:`SECOND_SHARE` of the gap, a prefill stall or long
+prompts holding that much, and a queue holding that much whose tail arrived in a burst (arrivals in the
+:data:`BURST_S` before a tail request at least :data:`BURST_FACTOR` times the window's mean rate): queueing behind a
+slow rank, a full cache or long prompts is theirs, not a second cause.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+LONG_PROMPT_FACTOR = 8.0  # the tail's prompts an order of magnitude over the median band's: a long-prompt workload
+PROMPT_PART_OF_PREFILL = 0.5  # prompt length holds at least half of prefill's share: the prefill tail is the mix
+SATURATED_QUEUE_SHARE = 0.5  # the median band waited in the queue for at least half its TTFT: saturated
+SATURATED_MIN_S = 0.2  # ... and at least this long (a 10 ms wait at a 15 ms TTFT is not saturation)
+SECOND_SHARE = 0.2  # a second phase cause holds at least a fifth of the gap
+BURST_S = 5.0  # arrivals in the 5 s before a tail request ...
+BURST_FACTOR = 1.5  # ... at least 1.5x the window's mean arrival rate: the tail arrived in a burst
+BURST_TAIL_SHARE = 0.5  # ... for at least half of the tail band
+
+
+@dataclass(frozen=True)
+class EngineSignals:
+    """The engine's own series over the explained window, for spans that lack them (stock vLLM).
+
+    ``preemptions``: the preemption counter's increase over the window (``vllm:num_preemptions_total``), None when
+    unknown. ``rank_itl_s``: per data-parallel rank (vLLM's ``engine`` label) its mean inter-token latency over the
+    window (the per-engine ITL histogram's sum over count increase).
+    """
+
+    preemptions: float | None = None
+    rank_itl_s: Mapping[str, float] = field(default_factory=dict)
+
+
+def slow_rank_from_signals(signals: EngineSignals | None, factor: float) -> dict[str, Any] | None:
+    """The rank whose mean ITL is at least ``factor`` times the other ranks' median (the slowest such), or None."""
+    if signals is None or len(signals.rank_itl_s) < 2:
+        return None
+    found: dict[str, Any] | None = None
+    for rank, itl in signals.rank_itl_s.items():
+        others = sorted(v for r, v in signals.rank_itl_s.items() if r != rank and v == v and v > 0)
+        if not others or itl != itl:
+            continue
+        theirs = others[len(others) // 2]
+        if itl >= factor * theirs and (found is None or itl / theirs > found["itl_ratio"]):
+            found = {
+                "attribute": "dp_rank",
+                "value": str(rank),
+                "itl_ratio": round(itl / theirs, 2),
+                "median_itl_s": itl,
+                "others_median_itl_s": theirs,
+                "source": "engine per-rank series",
+            }
+    return found
+
+
+def prompt_workload(
+    prompts: Sequence[int], prefill: Sequence[float], tail: list[int], mid: list[int], gap: float
+) -> dict[str, Any] | None:
+    """The prompt-length part of the prefill gap and how much longer the tail's prompts are than the median band's.
+
+    None when prompt counts are missing. ``share``: (prompt-length prefill in the tail band − in the median band) /
+    the gap, where a request's prompt-length prefill is its prompt tokens times the median band's prefill per token.
+    """
+    mid_p = [prompts[j] for j in mid if prompts[j] > 0]
+    tail_p = [prompts[j] for j in tail if prompts[j] > 0]
+    if not mid_p or not tail_p or gap <= 0:
+        return None
+    mid_tokens = math.fsum(mid_p) / len(mid_p)
+    mid_prefill = [prefill[j] for j in mid if prompts[j] > 0 and prefill[j] == prefill[j]]
+    if not mid_prefill or mid_tokens <= 0:
+        return None
+    per_token = math.fsum(mid_prefill) / len(mid_prefill) / mid_tokens
+    tail_tokens = math.fsum(tail_p) / len(tail_p)
+    return {
+        "share": round(per_token * (tail_tokens - mid_tokens) / gap, 4),
+        "tail_prompt_tokens": round(tail_tokens),
+        "median_band_prompt_tokens": round(mid_tokens),
+        "factor": round(tail_tokens / mid_tokens, 2),
+    }
+
+
+def burst(arrivals_sorted: Sequence[float], tail_arrivals: Sequence[float], covered_s: float) -> float:
+    """The share of tail requests that arrived in a burst: at least :data:`BURST_FACTOR` x the window's mean
+    arrival rate over the :data:`BURST_S` before them (``arrivals_sorted``: every record's arrival, sorted)."""
+    if not tail_arrivals or covered_s <= BURST_S or len(arrivals_sorted) < 2:
+        return 0.0
+    rate = len(arrivals_sorted) / covered_s
+    need = BURST_FACTOR * rate * BURST_S
+    hits = 0
+    for a in tail_arrivals:
+        n = bisect_right(arrivals_sorted, a) - bisect_left(arrivals_sorted, a - BURST_S)
+        hits += n >= need
+    return hits / len(tail_arrivals)
+
+
+OWN_TAIL_SAMPLE = 4_096  # a phase's own spread is read from at most ~4,096 of the window's requests (every k-th)
+LONG_PROMPT_MIN_SHARE = 0.005  # long prompts (LONG_PROMPT_FACTOR x the median) on at least 1 request in 200
+
+
+def _spread(values: list[float]) -> float:
+    """P99 − P50 of ``values`` (NaN dropped); 0 when there are none."""
+    vals = sorted(v for v in values if v == v)
+    if not vals:
+        return 0.0
+    return vals[min(len(vals) - 1, math.ceil(0.99 * len(vals)) - 1)] - vals[(len(vals) - 1) // 2]
+
+
+def own_tails(
+    f: Mapping[str, Sequence[float]], prompts: Sequence[int], ttft_spread: float
+) -> dict[str, dict[str, float]]:
+    """The phases whose own spread (P99 − P50 of the phase alone) is at least :data:`SECOND_SHARE` of the TTFT's:
+    a cause of their own even where another cause's tail hides them in the slowest requests.
+
+    ``frontend`` (TTFT − queue − prefill); ``prefill`` beyond prompt length (prefill − prompt tokens x the window's
+    median prefill per token: a stall, not the mix); ``prefill`` as long prompts (at least
+    :data:`LONG_PROMPT_MIN_SHARE` of requests with :data:`LONG_PROMPT_FACTOR` x the median prompt, whose mean TTFT
+    is that much over the median's).
+    """
+    n = len(prompts)
+    if n == 0 or ttft_spread <= 0:
+        return {}
+    step = max(1, n // OWN_TAIL_SAMPLE)
+    ttft, queue, prefill = f["ttft"][::step], f["queue"][::step], f["prefill"][::step]
+    toks = prompts[::step]
+    out: dict[str, dict[str, float]] = {}
+    front = _spread([t - q - p for t, q, p in zip(ttft, queue, prefill, strict=True)])
+    if front >= SECOND_SHARE * ttft_spread:
+        out["frontend"] = {"spread_s": round(front, 4)}
+    rates = sorted(p / k for p, k in zip(prefill, toks, strict=True) if k > 0 and p == p)
+    if rates:
+        rate = rates[len(rates) // 2]
+        stall = _spread([p - rate * k for p, k in zip(prefill, toks, strict=True) if k > 0])
+        if stall >= SECOND_SHARE * ttft_spread:
+            out["prefill"] = {"spread_s": round(stall, 4), "beyond_prompt_length": 1.0}
+    known = sorted(k for k in toks if k > 0)
+    if known and "prefill" not in out:
+        median = known[len(known) // 2]
+        long_t = [t for t, k in zip(ttft, toks, strict=True) if k >= LONG_PROMPT_FACTOR * median and t == t]
+        body = sorted(t for t in ttft if t == t)
+        if len(long_t) >= max(1, LONG_PROMPT_MIN_SHARE * len(toks)) and body:
+            excess = math.fsum(long_t) / len(long_t) - body[len(body) // 2]
+            if excess >= SECOND_SHARE * ttft_spread:
+                out["prefill"] = {"spread_s": round(excess, 4), "long_prompts": float(len(long_t))}
+    return out

@@ -116,6 +116,22 @@ def test_the_trtllm_collector_is_told_apart_by_what_serves_it() -> None:
         assert math.isclose(have, value, rel_tol=1e-9), (key, have)
 
 
+def test_dynamo_counts_the_frontends_failed_requests_only() -> None:
+    """The real frontend capture answered one request with success: no finished count. The same scrape after two
+    failed streamed requests (a second ``requests_total`` series, as the frontend labels it) counts two errors."""
+    text = (ENGINES / "dynamo-frontend-metrics-examples.prom").read_text(encoding="utf-8")
+    ok = (
+        'dynamo_frontend_requests_total{endpoint="chat_completions",model="qwen/qwen3-0.6b",'
+        'request_type="unary",status="success"} 1\n'
+    )
+    failed = ok.replace('"unary",status="success"} 1', '"stream",status="error"} 2')
+    assert text.count(ok) == 1
+    parser = EngineParser("auto", "unknown")
+    assert "finished" not in parser.parse(text.encode()).models["qwen/qwen3-0.6b"].counters
+    later = parser.parse(text.replace(ok, ok + failed).encode()).models["qwen/qwen3-0.6b"]
+    assert later.counters["finished"] == {"error": 2.0}
+
+
 def test_the_command_prints_the_release_and_the_means(tmp_path: Path) -> None:
     """As users run it: the release range, what is mapped and derived, and the means with their unit."""
     capture = ENGINES / "llamacpp-ik-pr695.prom"

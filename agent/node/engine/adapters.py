@@ -333,8 +333,9 @@ DYNAMO = Adapter(
         # the per-request input length histogram's _sum: every prompt token the frontend has passed on
         "prompt_tokens": _s("dynamo_frontend_input_sequence_tokens_sum"),
         "generation_tokens": _s("dynamo_frontend_output_tokens_total"),
-        # every request the frontend answered, by its status label (success, error)
-        "finished": _s("dynamo_frontend_requests_total", dimension="status"),
+        # the requests the frontend answered with an error; its successes have no stop/length split, so (as TGI's)
+        # only failures are counted
+        "finished": (Source("dynamo_frontend_requests_total", match=(("status", "error"),), fixed="error"),),
     },
 )
 

@@ -7,6 +7,10 @@ by the first unused exchange for its path; a request whose query differs from th
 exchange left, is answered 500 and recorded in :attr:`Replay.mismatches`, so a client that drifts from the
 conversation fails the test. With no exchange left for a watch, the stream is held open (no events) until
 :meth:`Replay.close` or ``idle_watch_s``, as a quiet API server does.
+
+An exchange may name its ``method`` (default GET; PATCH is served too): a PATCH must also carry the exchange's
+``content_type`` and a JSON body that contains ``json_match`` (every key, list item by position, and value it names;
+more is allowed), else it is a mismatch. The body of each PATCH is kept in :attr:`Replay.bodies`.
 """
 
 from __future__ import annotations
@@ -21,12 +25,22 @@ from urllib.parse import parse_qsl, urlsplit
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "k8s"
 
 
+def _contains(got: Any, want: Any) -> bool:
+    """``got`` holds everything ``want`` names: a mapping's keys (recursively), a list's items by position."""
+    if isinstance(want, dict):
+        return isinstance(got, dict) and all(k in got and _contains(got[k], v) for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(got, list) and len(got) == len(want) and all(map(_contains, got, want))
+    return bool(got == want)
+
+
 class Replay:
     def __init__(self, conversation: dict[str, Any], idle_watch_s: float = 20.0) -> None:
         self.exchanges = list(conversation["exchanges"])
         self.used = [False] * len(self.exchanges)
         self.requests: list[tuple[str, dict[str, str], dict[str, str]]] = []  # path, query, headers
         self.mismatches: list[str] = []
+        self.bodies: list[tuple[str, Any]] = []  # (path, JSON body) of each PATCH, in order
         self.idle_watch_s = idle_watch_s
         self.lock = threading.Lock()
         self.closing = threading.Event()
@@ -39,6 +53,9 @@ class Replay:
                 pass
 
             def do_GET(self) -> None:
+                replay._serve(self)
+
+            def do_PATCH(self) -> None:
                 replay._serve(self)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -58,14 +75,21 @@ class Replay:
         with self.lock:
             return self.used.count(False)
 
-    def _next(self, path: str, query: dict[str, str]) -> dict[str, Any] | None:
+    def _next(
+        self, path: str, query: dict[str, str], method: str = "GET", content_type: str = "", body: Any = None
+    ) -> dict[str, Any] | None:
         with self.lock:
             self.requests.append((path, query, {}))
             for i, ex in enumerate(self.exchanges):
-                if not self.used[i] and ex["request"]["path"] == path:
+                request = ex["request"]
+                if not self.used[i] and request["path"] == path and request.get("method", "GET") == method:
                     self.used[i] = True
-                    want = ex["request"]["query"]
+                    want = request["query"]
                     wrong = {k: (query.get(k), v) for k, v in want.items() if query.get(k) != v}
+                    if "content_type" in request and content_type != request["content_type"]:
+                        wrong["content-type"] = (content_type, request["content_type"])
+                    if "json_match" in request and not _contains(body, request["json_match"]):
+                        wrong["body"] = (body, request["json_match"])
                     if query.get("watch") and "watch" not in want:
                         wrong["watch"] = (query["watch"], None)
                     if wrong:
@@ -74,13 +98,22 @@ class Replay:
                     return dict(ex["response"])
         if query.get("watch"):
             return {"status": 200, "watch": [], "idle": True}
-        self.mismatches.append(f"{path}: no exchange left for {query}")
+        self.mismatches.append(f"{method} {path}: no exchange left for {query}")
         return None
 
     def _serve(self, h: BaseHTTPRequestHandler) -> None:
         parts = urlsplit(h.path)
         query = dict(parse_qsl(parts.query))
-        response = self._next(parts.path, query)
+        body: Any = None
+        if h.command == "PATCH":
+            raw = h.rfile.read(int(h.headers.get("Content-Length") or 0))
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = raw.decode("utf-8", "replace")
+            with self.lock:
+                self.bodies.append((parts.path, body))
+        response = self._next(parts.path, query, h.command, h.headers.get("Content-Type", ""), body)
         with self.lock:
             self.requests[-1] = (parts.path, query, dict(h.headers))
         if response is None:

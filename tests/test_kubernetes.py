@@ -45,6 +45,7 @@ OVERLAYS = (
     "profiling",
     "engine-readiness",
     "discovery",
+    "readiness-gate",
 )
 OPERATOR_GROUP = "monitoring.coreos.com"
 MEASURED_RSS_BYTES = 71.8e6  # docs/benchmarks.md, agent at a 5 s interval
@@ -424,7 +425,7 @@ def test_discovery_grants_read_only_pods_and_a_token_without_automount() -> None
     assert mounts["kube-api-access"]["readOnly"] is True
     refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in pod["containers"][0]["env"] if "valueFrom" in e}
     assert refs["NODE_NAME"] == "spec.nodeName"  # the field selector's node
-    others = [o for o in OVERLAYS if o != "discovery"]
+    others = [o for o in OVERLAYS if o not in ("discovery", "readiness-gate")]  # readiness-gate: discovery + its own
     assert not [o for o in others if any(d["kind"] in {"Role", "ClusterRole"} for d in render(o))]
 
 

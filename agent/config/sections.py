@@ -463,6 +463,9 @@ class AlertmanagerSettings(_Section):
 
 
 DEFAULT_READINESS_MAX_AGE_S = 10.0  # five engine reads at the 2 s cadence
+# The pod condition the agent sets on each discovered engine pod that declares it as a readiness gate
+# (agent/node/discovery/podcondition.py, docs/kubernetes.md "Readiness").
+DEFAULT_READINESS_POD_CONDITION = "inferwatch.io/engine-serving"
 
 
 class ReadinessSettings(_Section):
@@ -473,6 +476,13 @@ class ReadinessSettings(_Section):
 
     max_age_s: float = Field(default=DEFAULT_READINESS_MAX_AGE_S, gt=0, le=3600)
     shed_waiting: int = Field(default=0, ge=0, le=1_000_000)
+    # With discovery.kubernetes: set on every engine pod whose spec.readinessGates names it, True while the engine
+    # serves (as GET /engines/<target>/ready answers), else False; "" never sets one. A condition type is a
+    # qualified name (an optional DNS prefix and "/", then up to 63 characters).
+    pod_condition: str = Field(
+        default=DEFAULT_READINESS_POD_CONDITION,
+        pattern=r"^$|^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",
+    )
 
 
 class RunbooksSettings(_Section):

@@ -167,6 +167,8 @@ def pod_targets(pod: Mapping[str, Any], image_fallback: bool = True) -> tuple[li
             if engine is not None:
                 chosen.append((c, engine))
     ip = _host(str(status["podIP"]))
+    gates = {g.get("conditionType") for g in spec.get("readinessGates") or [] if isinstance(g, dict)}
+    readiness_gates = tuple(sorted(str(g) for g in gates if g))
     out = []
     for picked, engine in chosen:
         container = picked
@@ -213,6 +215,7 @@ def pod_targets(pod: Mapping[str, Any], image_fallback: bool = True) -> tuple[li
                 profile_url=origin + str(_path(profile, "/")) if profile else None,
                 identity=identity,
                 source="kubernetes",
+                readiness_gates=readiness_gates,
             )
         )
     return out, None

@@ -45,6 +45,8 @@ class EngineTarget:
     identity: TargetIdentity = field(default_factory=TargetIdentity)
     labels: tuple[tuple[str, str], ...] = ()
     source: str = "static"  # static | file | kubernetes
+    # the pod's spec.readinessGates[].conditionType, sorted: the agent sets readiness.pod_condition where it is one
+    readiness_gates: tuple[str, ...] = ()
 
     def prometheus_labels(self) -> dict[str, str]:
         """The target's labels plus the engine's ``namespace``/``pod``/``container`` where it has them."""

@@ -8,6 +8,9 @@ agent in this process with its targets from a ``file_sd`` file.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +18,16 @@ import pytest
 import yaml
 
 from inferwatch.agent.config import DiscoverySettings, Settings
+from inferwatch.agent.node.actions import pyspy
+from inferwatch.agent.node.actions.runtimes import UnknownTargetError
 from inferwatch.agent.node.app import Agent
 from inferwatch.agent.node.state import AgentState
 from inferwatch.agent.node.wiring import build_deps
 from tests import test_engine_targets
+from tests.conftest import PYTHON, ROOT, free_port
+from tests.e2e.test_alert_pipeline import SIM_CONTROL_TOKEN, SimProc
 from tests.fake_nvml import FakeNVML
+from tests.procs import running, wait_http
 from tests.test_engine_targets import _lines, _wait
 
 sims = test_engine_targets.sims  # the fixture: two simulators on 127.0.0.1, engine A with its runtime profile
@@ -30,6 +38,7 @@ def _of(state: AgentState, metric: str, target: str) -> list[str]:
 
 
 PROBE_SUCCESS = "inferwatch_probe_success"
+BINARY_COMPATIBLE = "inferwatch_runtime_binary_compatible"
 
 
 def _succeeding(state: AgentState, target: str) -> bool:
@@ -98,3 +107,82 @@ def test_each_target_has_its_own_probe_and_simd_check(tmp_path: Path, sims: list
         assert all(f.summary.startswith("gpu1: ") for f in errors)
     finally:
         agent.stop()
+
+
+@pytest.fixture
+def controlled(tmp_path: Path) -> Iterator[list[SimProc]]:
+    """Two simulators whose faults the test switches (``/control/scenario``), each under light load, so that a hang
+    is one engine's requests stopping while the other's keep going."""
+    with contextlib.ExitStack() as stack:
+        sims = []
+        for i, model in enumerate(("model-a", "model-b")):
+            port = free_port()
+            cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(port), "--model", model]
+            cmd += ["--seed", str(10 + i), "--control-token", SIM_CONTROL_TOKEN, "--log-level", "warning"]
+            sims.append(SimProc(model, port, stack.enter_context(running(cmd, tmp_path / f"sim{i}.log", cwd=ROOT))))
+        for sim in sims:
+            wait_http(f"{sim.url}/health", proc=sim.proc, timeout_s=90)
+            load = [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", sim.url, "--rate", "3", "--duration", "600"]
+            stack.enter_context(running([*load, "--no-progress"], tmp_path / f"load-{sim.model}.log", cwd=ROOT))
+        yield sims
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_actions_act_on_the_named_targets_process_and_a_hang_captures_its_own(
+    tmp_path: Path, controlled: list[SimProc]
+) -> None:
+    a, b = controlled
+    agent = _agent(tmp_path, [a.port, b.port], profiling={"enabled": True})
+    runtimes = agent.deps.runtimes
+    agent.start()
+    try:
+        _wait("both targets' processes", lambda: runtimes.names() == ["gpu0", "gpu1"])
+        assert runtimes.get("gpu0").pids()[0] == a.proc.pid and runtimes.get("gpu1").pids()[0] == b.proc.pid
+        with pytest.raises(UnknownTargetError, match=r"'gpu7'.*known: gpu0, gpu1"):
+            runtimes.get("gpu7")
+
+        # py-spy's scope: a request for gpu1 may profile gpu1's process, not gpu0's, nor the configured runtime's
+        profiles = agent.deps.profiles
+        assert profiles.scope_of("gpu1").check(b.proc.pid) == b.proc.pid
+        with pytest.raises(pyspy.PySpyError) as refused:
+            profiles.scope_of("gpu1").check(a.proc.pid)
+        assert refused.value.kind == "not_runtime"
+        with pytest.raises(UnknownTargetError):
+            profiles.start(a.proc.pid, pyspy.RecordOptions(), target="gpu7")
+
+        # the binary check of each engine's own executable, labelled with its target
+        for target in ("gpu0", "gpu1"):
+            _wait(f"{target}'s binary check", lambda t=target: _of(agent.state, BINARY_COMPATIBLE, t))  # type: ignore[misc]
+            report = agent.state.collections()[f"binary:{target}"].details
+            assert report["pid"] == (a if target == "gpu0" else b).proc.pid
+
+        # evidence on request for a named target: that engine's process and scrapes (a bundle of gpu0 now does not
+        # hold back gpu1's below: the rate limit is per process)
+        _wait("gpu0 scraped", lambda: agent.deps.evidence.scrapes("gpu0"))
+        meta = agent.deps.evidence.capture("api", "asked", target="gpu0")
+        bundle = agent.deps.evidence.get(meta.id)
+        assert bundle is not None and bundle["meta"]["target"] == "gpu0"
+        assert bundle["meta"]["identity"]["inferwatch.engine.name"] == "gpu0"
+        assert [p["pid"] for p in bundle["processes"]] == [a.proc.pid]
+        assert bundle["engine"]["scrapes"] and "absent" in bundle["runtime_profile"]
+        with pytest.raises(UnknownTargetError):
+            agent.deps.evidence.capture("api", "asked", target="gpu7")
+
+        # engine B hangs (its /health still 200): the hang of gpu1 captures gpu1's process, never gpu0's
+        b.control({"enable": "hang"})
+        hung = _wait(
+            "a bundle of gpu1's hang", lambda: [m for m in agent.deps.evidence.list() if m.trigger == "hang"], 120
+        )
+        agent.deps.evidence.wait()
+        bundle = agent.deps.evidence.get(hung[0].id)
+        assert bundle is not None and bundle["meta"]["target"] == "gpu1"
+        assert [p["pid"] for p in bundle["processes"]] == [b.proc.pid]
+        assert bundle["meta"]["finding"]["inferwatch.engine.name"] == "gpu1"
+        assert all(s["engine"] == bundle["engine"]["scrapes"][0]["engine"] for s in bundle["engine"]["scrapes"])
+        assert agent.state.health_of("engine:gpu0").state == "ok"
+        assert not [f for f in agent.state.findings() if f.id == "engine_hung" and "gpu0" in f.summary]
+    finally:
+        agent.stop()
+    # the targets' binary checks stopped with the agent
+    assert not [t for t in threading.enumerate() if t.name.startswith("binary:gpu")]

@@ -77,7 +77,10 @@ class Agent:
             from inferwatch.agent.node.discovery.combined import Discovery
             from inferwatch.agent.node.targets import EngineTargets
 
-            self.targets = EngineTargets(settings, self.ctx, self.state, self.runner, Discovery(settings.discovery))
+            discovery = Discovery(settings.discovery)
+            self.targets = EngineTargets(
+                settings, self.ctx, self.state, self.runner, discovery, runtimes=deps.runtimes, evidence=deps.evidence
+            )
             self.runner.add(self.targets, self.targets.plan())
         for collector in self.runner.collectors:  # status a collector exports even while failing (engine up)
             status = getattr(collector, "status_samples", None)

@@ -11,8 +11,13 @@ restarted or gone within one interval. Per target, built from the same classes a
   windows, hang detector, /health probe, model-length question and HTTP client) on a lane (thread) of its own, so a
   slow or hung engine delays no other;
 - ``runtime_profile:<name>``: a runtime-profile reader of its own, where the target has a profile URL;
-- ``process:<name>``: the engine's process, where the target has a pod UID and container id: found through the
-  container's cgroup (:mod:`inferwatch.agent.node.host.podprocess`), never a command-line pattern.
+- ``probe:<name>``: the streaming probe at the engine's API, with ``probe.targets``;
+- ``process:<name>`` and ``simd:<name>``: the engine's process, where the target has a pod UID and container id:
+  found through the container's cgroup (:mod:`inferwatch.agent.node.host.podprocess`), or for an engine on this
+  host's loopback as the listener of its port, never a command-line pattern. Once found, the process is registered
+  in :class:`~inferwatch.agent.node.actions.runtimes.Runtimes` under the target's name, where the actions (py-spy,
+  evidence capture) find it when a request or a hang names the target, with a binary check of its own
+  (``binary:<name>``).
 
 Why a collector instance per target and not one collector that loops over targets: the runner already gives each
 collector its timeout, its health record (``inferwatch.collector.success{collector="engine:<name>"}``), its failure
@@ -38,6 +43,9 @@ from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
 from inferwatch.agent.common.samples import AnySample, Attributes, Collection, Finding
 from inferwatch.agent.config import DiscoverySettings, EngineSettings, ProbeSettings, RuntimeProfileSettings, Settings
 from inferwatch.agent.errors import NoDataError, SourceFormatError
+from inferwatch.agent.node.actions.binary import BinaryCheck
+from inferwatch.agent.node.actions.evidence import EvidenceStore
+from inferwatch.agent.node.actions.runtimes import Runtime, Runtimes
 from inferwatch.agent.node.collectors import Schedule, is_enabled, schedule
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext
 from inferwatch.agent.node.collectors.engine import EngineCollector
@@ -170,6 +178,7 @@ class _Running:
     names: list[str]  # its collectors' names on the runner
     process_looked_at: float = float("-inf")
     process_error: str | None = None
+    binary: BinaryCheck | None = None  # its process's binary check, while the process is known
 
 
 class EngineTargets(BaseCollector):
@@ -186,12 +195,18 @@ class EngineTargets(BaseCollector):
         runner: Runner,
         discovery: Discovery,
         clock: Callable[[], float] = time.monotonic,
+        runtimes: Runtimes | None = None,
+        evidence: EvidenceStore | None = None,
     ) -> None:
+        """``runtimes``: where each target's process is registered for the actions once found; ``evidence``: told
+        when a target goes, to drop what it kept of it."""
         super().__init__(ctx)
         self.settings = settings
         self.state = state
         self.runner = runner
         self.discovery = discovery
+        self.runtimes = runtimes
+        self.evidence = evidence
         self._clock = clock
         self._running: dict[str, _Running] = {}
         self._failing: set[str] = set()  # targets whose collectors could not be built at the last run
@@ -312,10 +327,25 @@ class EngineTargets(BaseCollector):
         runtime = self.settings.runtime.model_copy(
             update={"pid": pid, "pidfile": None, "cmdline_pattern": None, "name": target.name}
         )
-        ctx = self._ctx(target, RuntimeLocator(runtime, self.ctx.procfs))
+        locator = RuntimeLocator(runtime, self.ctx.procfs)
+        ctx = self._ctx(target, locator)
         self._add(running, ProcessCollector(ctx, self.settings.pagecache))
         if is_enabled("simd", self.settings):  # the SIMD check on this engine's own process, not the node's runtime
             self._add(running, SimdCollector(ctx, self.settings.simd, cache=self._code_scans))
+        if self.runtimes is not None:
+            identity = tuple(sorted(target_attributes(target).items()))
+            if self.settings.collector("binary").enabled is not False:  # off only where collectors.binary says so
+                running.binary = BinaryCheck(
+                    self.settings.binary,
+                    locator,
+                    absent_interval_s=self.settings.interval_s,
+                    state=self.state,
+                    identity=identity,
+                    record=f"binary:{target.name}",
+                )
+                running.binary.start()
+            reader = ctx.profile_reader if target.profile_url else None
+            self.runtimes.register(target.name, Runtime(locator, None, reader, identity, running.binary))
 
     def _find_pid(self, target: EngineTarget) -> int:
         """Through its container's cgroup on Kubernetes (a pod UID and container id); else, for an engine on this
@@ -343,7 +373,18 @@ class EngineTargets(BaseCollector):
             return False
         for kind in PROCESS_KINDS:
             self._remove(running, f"{kind}:{running.target.name}")
+        self._drop_runtime(running)
         return True
+
+    def _drop_runtime(self, running: _Running) -> None:
+        """The target's process is no longer the actions' to act on: unregistered, its binary check stopped."""
+        name = running.target.name
+        if self.runtimes is not None:
+            self.runtimes.drop(name)
+        if running.binary is not None:
+            running.binary.stop()
+            running.binary = None
+            self.state.forget(f"binary:{name}")
 
     def _remove(self, running: _Running, name: str) -> None:
         if name not in running.names:
@@ -358,6 +399,9 @@ class EngineTargets(BaseCollector):
         running = self._running.pop(name, None)
         if running is None:
             return
+        self._drop_runtime(running)
+        if self.evidence is not None:
+            self.evidence.forget(name)
         for collector_name in running.names:
             collector = self.runner.remove(collector_name)
             self.state.forget(collector_name)
@@ -369,5 +413,8 @@ class EngineTargets(BaseCollector):
         log.info("engine target %s %s: its collectors stopped", name, why)
 
     def close(self) -> None:
-        """Stop discovery (its watch threads); the runner closes the targets' collectors with its own."""
+        """Stop discovery (its watch threads) and the targets' binary checks; the runner closes the targets'
+        collectors with its own."""
         self.discovery.stop()
+        for running in list(self._running.values()):
+            self._drop_runtime(running)

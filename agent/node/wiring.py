@@ -23,6 +23,7 @@ from inferwatch.agent.node.actions.binary import BinaryCheck, binary_configured
 from inferwatch.agent.node.actions.evidence import EvidenceStore
 from inferwatch.agent.node.actions.profiles import ProfileManager
 from inferwatch.agent.node.actions.pyspy import PidScope
+from inferwatch.agent.node.actions.runtimes import Runtime, Runtimes
 from inferwatch.agent.node.actions.snapshots import SnapshotStore
 from inferwatch.agent.node.api.auth import Authenticator
 from inferwatch.agent.node.api.server import ApiServices
@@ -53,6 +54,7 @@ class Deps:
     profiles: ProfileManager
     evidence: EvidenceStore
     alertpush: AlertPusher  # off (no thread, no sends) unless alertmanager.urls is set
+    runtimes: Runtimes  # the configured runtime and each engine target's, for the actions (agent/node/targets.py)
 
     def collect_context(self) -> CollectContext:
         return self.sources
@@ -88,6 +90,7 @@ def build_deps(
         engine_http=engine_http,
         read_limits=ReadLimits.of(settings.read_limits, LimitHits()),
     )
+    runtimes = Runtimes(Runtime(locator, url_port(settings.engine.metrics_url), reader))
     evidence = EvidenceStore(
         settings.evidence,
         locator,
@@ -96,6 +99,7 @@ def build_deps(
         procfs=settings.path.procfs,
         engine_port=url_port(settings.engine.metrics_url),
         py_spy=settings.profiling.py_spy,
+        runtimes=runtimes,
     )
     binary_on = binary_configured(settings.collector("binary").enabled, settings.binary, settings.runtime)
     binary = BinaryCheck(
@@ -114,8 +118,9 @@ def build_deps(
         auth=Authenticator(settings.api),
         binary=binary,
         snapshots=SnapshotStore(settings.snapshots, reader, settings.profiling, dump_interval_s),
-        profiles=ProfileManager(settings.profiling, PidScope(locator), settings.snapshots.dir),
+        profiles=ProfileManager(settings.profiling, PidScope(locator), settings.snapshots.dir, runtimes),
         evidence=evidence,
+        runtimes=runtimes,
         alertpush=AlertPusher(
             settings.alertmanager,
             state,

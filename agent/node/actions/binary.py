@@ -12,7 +12,10 @@ The glibc a binary requires is the highest ``GLIBC_x.y`` version it references.
 ``interval_s`` while the runtime is not found, a procfs lookup with no program run), and by
 ``POST /api/v1/binary``; it posts
 its result into the state as the ``binary`` record (``inferwatch.runtime.binary.*`` and the
-``runtime.hardware_mismatch`` finding), which the sinks translate.
+``runtime.hardware_mismatch`` finding), which the sinks translate. Each discovered engine target whose process the
+agent finds has a check of its own (agent/node/targets.py) on that process's executable, posted as
+``binary:<target>`` with the target's identity on its series and findings; ``POST /api/v1/binary?target=<name>``
+runs it.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from inferwatch.agent.common.samples import Collection, Finding, Sample, attrs
+from inferwatch.agent.common.samples import Attributes, Collection, Finding, Sample, attrs
 from inferwatch.agent.config import BinarySettings, RuntimeSettings
 from inferwatch.agent.errors import NoDataError, ToolError
 from inferwatch.agent.node.host.runtime import RuntimeLocator
@@ -153,6 +156,15 @@ def deleted_mappings(procfs: Path, pid: int) -> list[str]:
     return sorted(out)
 
 
+def same_mount_namespace(procfs: Path, pid: int) -> bool:
+    """Whether ``pid`` sees the agent's files (its ``ns/mnt`` is the agent's); True where the links cannot be read
+    (no namespace to tell apart, as on a host without them)."""
+    try:
+        return os.readlink(procfs / str(pid) / "ns" / "mnt") == os.readlink(procfs / "self" / "ns" / "mnt")
+    except OSError:
+        return True
+
+
 def _ldd() -> Path:
     for candidate in LDD_CANDIDATES:
         if candidate.is_file():
@@ -263,8 +275,14 @@ class BinaryCheck:
         absent_interval_s: float,
         engine_port: int | None = None,
         state: AgentState | None = None,
+        identity: Attributes = (),
+        record: str = NAME,
     ) -> None:
+        """``identity``: an engine target's attributes, added to every series and finding (empty: the configured
+        runtime); ``record``: the name its result is posted under (``binary:<target>`` for a target)."""
         self.cfg = cfg
+        self.identity = identity
+        self.record = record
         self.absent_interval_s = absent_interval_s
         self.engine_port = engine_port
         self.locator = locator
@@ -280,7 +298,7 @@ class BinaryCheck:
     def start(self) -> None:
         """The check at start, on a thread of its own, then on its schedule (:meth:`next_check_in`)."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._scheduled, name="binary-check", daemon=True)
+            self._thread = threading.Thread(target=self._scheduled, name=f"{self.record}-check", daemon=True)
             self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -320,6 +338,12 @@ class BinaryCheck:
                             hint="the agent needs the same pid namespace and permission to read it, or set binary.path",
                         ) from None
                     path = Path(exe.removesuffix(" (deleted)"))
+                    if not same_mount_namespace(procfs, pid):
+                        raise NoDataError(
+                            f"the runtime (pid {pid}) runs in another mount namespace (a container): its {path} and "
+                            "its libraries are not the agent's, and ldd would resolve them against the agent's files",
+                            hint="run `inferwatch doctor` inside the engine's image, or set binary.path to a copy",
+                        )
                 self.report = check_binary(path, pid, procfs, self.cfg.timeout_s)
                 self.error = None
                 self.absent = None
@@ -332,17 +356,23 @@ class BinaryCheck:
 
     def findings(self) -> list[Finding]:
         if self.report is not None:
-            return list(binary_findings(self.report))
-        if self.error is not None:
-            return [Finding("runtime.binary", "fail", f"binary check failed: {self.error}")]
-        return []
+            found = list(binary_findings(self.report))
+        elif self.error is not None:
+            found = [Finding("runtime.binary", "fail", f"binary check failed: {self.error}")]
+        else:
+            return []
+        if not self.identity:
+            return found
+        who = dict(self.identity)
+        name = who.get("inferwatch.engine.name", "")
+        return [Finding(f.id, f.status, f"{name}: {f.summary}", {**f.evidence, **who}, f.runbook) for f in found]
 
     def collection(self) -> Collection | None:
         """The last result as the state keeps it (None before the first check or while the runtime is absent)."""
         report = self.report
         if report is None:
             return None if self.error is None else Collection((), self.findings(), {"error": self.error})
-        runtime = attrs(runtime=self.locator.name)
+        runtime = tuple(sorted((*attrs(runtime=self.locator.name), *self.identity)))
         samples = [
             Sample("inferwatch.runtime.binary.missing_libraries", len(report.missing_libraries), runtime),
             Sample("inferwatch.runtime.binary.compatible", 1 if report.compatible else 0, runtime),
@@ -354,8 +384,8 @@ class BinaryCheck:
             return
         if self.absent is not None:
             absent = self.absent
-            self.state.post(NAME, Collection(), "absent", duration_s, str(absent.args[0]), absent.hint)
+            self.state.post(self.record, Collection(), "absent", duration_s, str(absent.args[0]), absent.hint)
         elif self.error is not None:
-            self.state.post(NAME, self.collection(), "exception", duration_s, self.error)
+            self.state.post(self.record, self.collection(), "exception", duration_s, self.error)
         else:
-            self.state.post(NAME, self.collection(), "ok", duration_s)
+            self.state.post(self.record, self.collection(), "ok", duration_s)

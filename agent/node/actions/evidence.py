@@ -23,8 +23,15 @@ own bounded ring (``evidence.dir``, ``evidence.max_count`` / ``max_bytes``, olde
 - ``meta``: trigger (``hang`` | ``alert`` | ``api``), the alerts or finding behind it, wall time and CPU
   seconds of the capture (the agent thread and the py-spy children), a one-line ``summary``.
 
+Per engine: with discovered engine targets (agent/node/targets.py) each target's engine scrapes and probe result are
+kept apart (its collectors ``engine:<target>``, ``probe:<target>``), and a bundle is of one engine: its ``meta.target``
+names it (``""``: the configured runtime), its processes are that target's runtime (found through its container's
+cgroup or its port, :mod:`inferwatch.agent.node.actions.runtimes`), its engine scrapes, probe and runtime profile
+that target's. A hang of target X captures X's process, never the node's other engines'.
+
 Triggers: :meth:`EvidenceStore.on_record` (a state listener) starts a capture in a thread the moment an
-``engine_hung`` finding turns on; :meth:`EvidenceStore.on_alerts` for a webhook of firing critical alerts;
+``engine_hung`` finding turns on (of the engine whose collector found it); :meth:`EvidenceStore.on_alerts` for a
+webhook of firing critical alerts;
 :meth:`EvidenceStore.capture` on an API request. Automatic captures are rate-limited per runtime process
 (``evidence.min_interval_s``): a burst of alerts gives one bundle. A capture is bounded by
 ``evidence.time_limit_s`` (py-spy runs in parallel, each with what is left of it). Nothing here runs on the
@@ -63,6 +70,7 @@ from inferwatch.agent.node.actions.evidencecapture import (
     thread_states,
 )
 from inferwatch.agent.node.actions.ring import FileRing, new_id, valid_id
+from inferwatch.agent.node.actions.runtimes import DEFAULT, Runtime, Runtimes, UnknownTargetError
 from inferwatch.agent.node.debugprofile.reader import ProfileReader
 from inferwatch.agent.node.host.nvml import NVMLClient
 from inferwatch.agent.node.host.runtime import RuntimeLocator
@@ -119,12 +127,15 @@ class EvidenceStore:
         engine_port: int | None = None,
         py_spy: Path | None = None,
         monotonic: Clock = time.monotonic,
+        runtimes: Runtimes | None = None,
     ) -> None:
         """``cfg``: the evidence section; ``procfs``: the host's /proc; ``engine_port``: the port of the engine whose
-        process is the runtime (the locator's serving process); ``py_spy``: profiling.py_spy (None: resolved)."""
+        process is the runtime (the locator's serving process); ``py_spy``: profiling.py_spy (None: resolved);
+        ``runtimes``: the configured runtime and the engine targets' (None: the configured one alone)."""
         self.cfg = cfg
         self.locator = locator
         self.reader = reader
+        self.runtimes = runtimes or Runtimes(Runtime(locator, engine_port, reader))
         self.nvml = nvml
         self.procfs = procfs
         self.engine_port = engine_port
@@ -138,13 +149,13 @@ class EvidenceStore:
         self._ring: FileRing | None = None
         # per scrape: (time, engine, the ranks' keys, each rank's values in that order): a tuple a rank, where a
         # dict took ~250 bytes more (at 200 models x 2 ranks, 12 scrapes held ~1.2 MB more); dicts again in scrapes()
-        self._scrapes: deque[tuple[float, Any, tuple[str, ...], list[tuple[Any, ...] | dict[str, Any]]]] = deque(
-            maxlen=SCRAPES_KEPT
-        )
-        self._hung: set[tuple[str, str]] = set()
+        # per engine target (DEFAULT: the configured engine)
+        self._scrapes: dict[str, deque[tuple[float, Any, tuple[str, ...], list[tuple[Any, ...] | dict[str, Any]]]]]
+        self._scrapes = {}
+        self._hung: dict[str, set[tuple[str, str]]] = {}
         self._last_by_pid: dict[int, tuple[float, str]] = {}
         self._threads: list[threading.Thread] = []
-        self._probe: dict[str, Any] | None = None
+        self._probe: dict[str, dict[str, Any]] = {}
         self._recent_spans: Callable[[], Sequence[FinishedSpan]] | None = None
 
     def attach_spans(self, recent: Callable[[], Sequence[FinishedSpan]]) -> None:
@@ -164,38 +175,54 @@ class EvidenceStore:
 
     # --- triggers ---
     def on_record(self, name: str, collection: Collection) -> None:
-        """State listener: keep the engine scrapes and the probe's last result; start a capture when a rank's hang
-        finding turns on."""
-        if name == PROBE_SOURCE:
-            self._probe = {"at": time.time(), "protocols": dict(collection.details)}
+        """State listener: keep each engine's scrapes and probe result (the configured engine's ``engine`` and
+        ``probe``, a target's ``engine:<target>`` and ``probe:<target>``); start a capture of that engine when a
+        rank's hang finding turns on."""
+        source, _, target = name.partition(":")
+        if source == PROBE_SOURCE:
+            self._probe[target] = {"at": time.time(), "protocols": dict(collection.details)}
             return
-        if name != ENGINE_SOURCE:
+        if source != ENGINE_SOURCE:
             return
         ranks = collection.details.get("hang", [])
         keys = tuple(ranks[0]) if ranks else ()
         rows = [tuple(r.values()) if tuple(r) == keys else dict(r) for r in ranks]  # a rank of other keys: as it is
-        self._scrapes.append((time.time(), collection.details.get("engine"), keys, rows))
+        with self._lock:
+            kept = self._scrapes.setdefault(target, deque(maxlen=SCRAPES_KEPT))
+        kept.append((time.time(), collection.details.get("engine"), keys, rows))
         hung = {
             (str(f.evidence.get("model")), str(f.evidence.get("rank"))): f
             for f in collection.findings
             if f.id == HANG_FINDING
         }
         with self._lock:
-            onset = set(hung) - self._hung
-            self._hung = set(hung)
+            onset = set(hung) - self._hung.get(target, set())
+            self._hung[target] = set(hung)
         if onset and self.cfg.enabled and self.cfg.on_hang:
             first = hung[sorted(onset)[0]]
-            self.trigger_async("hang", first.summary, alertnames=(HANG_ALERT,), finding=dict(first.evidence))
+            self.trigger_async(
+                "hang", first.summary, target=target, alertnames=(HANG_ALERT,), finding=dict(first.evidence)
+            )
 
-    def scrapes(self) -> list[dict[str, Any]]:
-        """The engine scrapes kept, oldest first: ``{"at", "engine", "ranks": [the rank's hang verdict dict]}``."""
+    def forget(self, target: str) -> None:
+        """Drop what is kept of an engine target that is gone (its scrapes, probe result and hang state)."""
+        with self._lock:
+            self._scrapes.pop(target, None)
+            self._probe.pop(target, None)
+            self._hung.pop(target, None)
+
+    def scrapes(self, target: str = DEFAULT) -> list[dict[str, Any]]:
+        """Engine ``target``'s scrapes kept (DEFAULT: the configured engine's), oldest first: ``{"at", "engine",
+        "ranks": [the rank's hang verdict dict]}``."""
+        with self._lock:
+            kept = list(self._scrapes.get(target, ()))
         return [
             {
                 "at": at,
                 "engine": engine,
                 "ranks": [dict(zip(keys, r, strict=True)) if isinstance(r, tuple) else dict(r) for r in rows],
             }
-            for at, engine, keys, rows in list(self._scrapes)
+            for at, engine, keys, rows in kept
         ]
 
     def on_alerts(self, payload: Mapping[str, Any]) -> dict[str, Any]:
@@ -224,15 +251,15 @@ class EvidenceStore:
             for a in firing
         ]
         reason = ", ".join(names)
-        existing = self._limited()
+        existing = self._limited(DEFAULT)
         if existing is not None:
             return {"captured": None, "rate_limited": True, "latest": existing}
         self.trigger_async("alert", reason, alertnames=names, alerts=brief)
         return {"captured": "started", "rate_limited": False}
 
-    def _limited(self) -> str | None:
-        """The id of this process's bundle when one was captured within ``min_interval_s``, else None."""
-        pids = self._pids()
+    def _limited(self, target: str) -> str | None:
+        """The id of this engine's process's bundle when one was captured within ``min_interval_s``, else None."""
+        pids = self._pids(target)
         now = self.monotonic()
         with self._lock:
             recent = [self._last_by_pid[p] for p in pids if p in self._last_by_pid]
@@ -244,12 +271,15 @@ class EvidenceStore:
                 return last[1]
         return None
 
-    def trigger_async(self, trigger: str, reason: str, **context: Any) -> threading.Thread | None:
-        """An automatic capture in its own thread, unless rate-limited (see :meth:`_limited`)."""
-        if self._limited() is not None:
+    def trigger_async(
+        self, trigger: str, reason: str, target: str = DEFAULT, **context: Any
+    ) -> threading.Thread | None:
+        """An automatic capture of engine ``target`` in its own thread, unless rate-limited (see :meth:`_limited`)."""
+        if self._limited(target) is not None:
             return None
+        kwargs = {**context, "target": target}
         t = threading.Thread(
-            target=self._capture_logged, args=(trigger, reason), kwargs=context, daemon=True, name=f"evidence-{trigger}"
+            target=self._capture_logged, args=(trigger, reason), kwargs=kwargs, daemon=True, name=f"evidence-{trigger}"
         )
         with self._lock:
             self._threads = [x for x in self._threads if x.is_alive()] + [t]
@@ -271,26 +301,34 @@ class EvidenceStore:
             log.exception("evidence capture (%s) failed", trigger)
 
     # --- the capture ---
-    def _pids(self) -> list[int]:
-        """The runtime and its descendants: runtime.* when configured, else the engine port's listener."""
+    def _runtime(self, target: str) -> Runtime | None:
+        """Engine ``target``'s runtime; None for a target whose process is not known (not on this host, not found
+        yet)."""
         try:
-            if self.locator.configured:
-                return sorted(self.locator.pids())
-            proc = self.locator.find_serving(self.engine_port)
-            return sorted({proc.pid} | {c.pid for c in proc.children(recursive=True)})
-        except Exception:
-            return []
+            return self.runtimes.get(target)
+        except UnknownTargetError:
+            return None
 
-    def capture(self, trigger: str, reason: str = "", **context: Any) -> EvidenceMeta:
-        """Capture one bundle now, redact it, store it; returns its listing entry. One capture at a time."""
+    def _pids(self, target: str = DEFAULT) -> list[int]:
+        """Engine ``target``'s runtime and its descendants (the configured one: runtime.* when set, else the engine
+        port's listener; a target's: its process found through its container or port)."""
+        runtime = self._runtime(target)
+        return runtime.pids() if runtime is not None else []
+
+    def capture(self, trigger: str, reason: str = "", target: str = DEFAULT, **context: Any) -> EvidenceMeta:
+        """Capture one bundle of engine ``target`` now (DEFAULT: the configured runtime), redact it, store it; returns
+        its listing entry. One capture at a time. UnknownTargetError for a target the agent knows nothing of."""
+        if target and self._runtime(target) is None and target not in self._scrapes:
+            raise UnknownTargetError(target, sorted({*self.runtimes.names(), *(t for t in self._scrapes if t)}))
         with self._capture_lock:
-            return self._capture(trigger, reason, context)
+            return self._capture(trigger, reason, target, context)
 
-    def _capture(self, trigger: str, reason: str, context: dict[str, Any]) -> EvidenceMeta:
+    def _capture(self, trigger: str, reason: str, target: str, context: dict[str, Any]) -> EvidenceMeta:
         t0, cpu0, kids0 = time.monotonic(), time.thread_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
         deadline = t0 + self.cfg.time_limit_s
         bundle_id = new_id()
-        pids = self._pids()
+        runtime = self._runtime(target)
+        pids = self._pids(target)
         processes = [process_info(self.procfs, pid) | {"threads": thread_states(self.procfs, pid)} for pid in pids]
         if self.cfg.py_spy and processes:
             self._py_spy(processes, deadline)
@@ -310,17 +348,25 @@ class EvidenceStore:
                 "alerts": context.get("alerts", []),
                 "finding": context.get("finding"),
                 "time_limit_s": self.cfg.time_limit_s,
+                "target": target,
+                "identity": dict(runtime.identity) if runtime is not None else {},
             },
             "processes": processes,
-            "engine": {"scrapes": self.scrapes()},
-            "runtime_profile": self._runtime_profile(),
+            "engine": {"scrapes": self.scrapes(target)},
+            "runtime_profile": self._runtime_profile(runtime),
             "gpus": nvml_state(self.nvml),
-            "spans": self._spans(),
+            "spans": self._spans(target),
         }
-        if not pids:
+        if not pids and not target:
             bundle["processes_absent"] = (
                 "no runtime process found: set runtime.pid / runtime.pidfile / runtime.cmdline_pattern, or run the "
                 "agent where it can see the process listening on engine.metrics_url's port"
+            )
+        elif not pids:
+            bundle["processes_absent"] = (
+                f"engine target {target}'s process is not known: it is found through its container's cgroup "
+                "(Kubernetes: the host's /proc at path.procfs) or, off Kubernetes, as the listener of its metrics "
+                "port on this host's loopback"
             )
         kids = resource.getrusage(resource.RUSAGE_CHILDREN)
         agent_cpu = time.thread_time() - cpu0
@@ -369,18 +415,22 @@ class EvidenceStore:
         with ThreadPoolExecutor(max_workers=PY_SPY_WORKERS, thread_name_prefix="evidence-py-spy") as pool:
             list(pool.map(one, processes))
 
-    def _spans(self) -> dict[str, Any]:
+    def _spans(self, target: str = DEFAULT) -> dict[str, Any]:
+        probe = self._probe.get(target)
         try:
             recent = self._recent_spans() if self._recent_spans is not None else None
         except Exception as exc:
-            out = spans_section(self.scrapes(), self._probe, [])
+            out = spans_section(self.scrapes(target), probe, [])
             out["recent_finished"] = {"absent": f"reading the receiver's spans failed: {exc}"}
             return out
-        return spans_section(self.scrapes(), self._probe, recent)
+        return spans_section(self.scrapes(target), probe, recent)
 
-    def _runtime_profile(self) -> dict[str, Any]:
+    def _runtime_profile(self, runtime: Runtime | None) -> dict[str, Any]:
+        reader = runtime.reader if runtime is not None else None
+        if reader is None:
+            return {"absent": "this engine target has no runtime profile (inferwatch.io/profile-path)"}
         try:
-            return dict(self.reader.read("evidence").document)
+            return dict(reader.read("evidence").document)
         except NoDataError as exc:
             return {"absent": str(exc)}
         except Exception as exc:

@@ -1,7 +1,8 @@
 """py-spy recordings on demand (CLI and ``POST /api/v1/profiles``): asynchronous, one per target.
 
 A request is validated (pid, duration ≤ ``profiling.max_duration_s``, rate, format), refused unless the
-pid is the runtime's or one of its descendants' (:class:`~inferwatch.agent.node.actions.pyspy.PidScope`), refused while
+pid is the runtime's or one of its descendants' (:class:`~inferwatch.agent.node.actions.pyspy.PidScope`; the runtime
+of the engine target the request names, else the configured one), refused while
 a recording of the same pid runs, recorded on a worker thread, then moved into a bounded ring (count and
 bytes). Never started from the collection path.
 """
@@ -19,6 +20,7 @@ from inferwatch.agent.config import ProfilingSettings
 from inferwatch.agent.errors import StorageError
 from inferwatch.agent.node.actions import pyspy
 from inferwatch.agent.node.actions.ring import FileRing, new_id, valid_id
+from inferwatch.agent.node.actions.runtimes import DEFAULT, Runtimes
 
 MAX_JOBS_KEPT = 100
 
@@ -38,11 +40,13 @@ class ProfileJob:
     error: str | None = None
     error_kind: str | None = None
     size_bytes: int | None = None
+    target: str = DEFAULT  # the engine target whose runtime it is ("": the configured runtime)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "pid": self.pid,
+            "target": self.target,
             "state": self.state,
             "format": self.options.fmt,
             "duration_s": self.options.duration_s,
@@ -59,12 +63,16 @@ class ProfileJob:
 
 class ProfileManager:
     """py-spy profiles on request (``cfg``: on or off, py-spy, duration cap, ring); ``snapshots_dir``: the snapshot
-    directory, beside which profiles are kept (``../profiles``) when ``profiling.dir`` is unset."""
+    directory, beside which profiles are kept (``../profiles``) when ``profiling.dir`` is unset; ``runtimes``: the
+    engine targets' runtimes a request may name (None: only the configured one, ``scope``'s)."""
 
-    def __init__(self, cfg: ProfilingSettings, scope: pyspy.PidScope, snapshots_dir: Path) -> None:
+    def __init__(
+        self, cfg: ProfilingSettings, scope: pyspy.PidScope, snapshots_dir: Path, runtimes: Runtimes | None = None
+    ) -> None:
         self.cfg = cfg
         self.snapshots_dir = snapshots_dir
         self.scope = scope
+        self.runtimes = runtimes
         self._lock = threading.Lock()
         self._jobs: dict[str, ProfileJob] = {}
         self._busy: set[int] = set()
@@ -80,17 +88,27 @@ class ProfileManager:
             self._ring = FileRing(self.directory(), self.cfg.ring_count, self.cfg.ring_bytes)
         return self._ring
 
-    def start(self, pid: object, options: pyspy.RecordOptions) -> ProfileJob:
-        """Validate and start a recording; raise ValueError (bad request), ProfileBusyError, PySpyError
-        (``invalid_pid``, ``not_runtime``, ``no_runtime`` before anything runs)."""
+    def scope_of(self, target: str = DEFAULT) -> pyspy.PidScope:
+        """The processes a request for engine ``target`` may profile: that target's runtime and its descendants
+        (UnknownTargetError for a target whose process is not known)."""
+        if not target:
+            return self.scope
+        if self.runtimes is None:
+            raise ValueError("this agent watches no discovered engine targets: leave target out")
+        return pyspy.PidScope(self.runtimes.get(target).locator, self.scope.agent_pid)
+
+    def start(self, pid: object, options: pyspy.RecordOptions, target: str = DEFAULT) -> ProfileJob:
+        """Validate and start a recording of a process of engine ``target``'s runtime (DEFAULT: the configured
+        one); raise ValueError (bad request), ProfileBusyError, PySpyError (``invalid_pid``, ``not_runtime``,
+        ``no_runtime`` before anything runs), UnknownTargetError."""
         options.validate(self.cfg.max_duration_s)
-        pid = self.scope.check(pid)
+        pid = self.scope_of(target).check(pid)
         exe = pyspy.resolve_executable(self.cfg.py_spy)
         with self._lock:
             if pid in self._busy:
                 raise ProfileBusyError(f"a profile of pid {pid} is already running; one at a time per target")
             self._busy.add(pid)
-            job = ProfileJob(new_id(), pid, options)
+            job = ProfileJob(new_id(), pid, options, target=target)
             self._jobs[job.id] = job
             while len(self._jobs) > MAX_JOBS_KEPT:
                 self._jobs.pop(next(iter(self._jobs)))

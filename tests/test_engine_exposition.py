@@ -245,14 +245,14 @@ def test_after_a_burst_the_caches_and_the_memory_are_given_back(monkeypatch: pyt
     assert hostile.models_dropped == 39_996 and len(r._pairs) < 100  # dropped models' label pairs are not kept
     read(adapter, hostile, keys=keys)
     after = r.read(normal)  # the burst is over: its cached series are dropped, the next read is a cold one
-    assert len(r._heads) == 0 and released == []
+    assert len(r._heads) == 0 and len(r._raw) == 0 and released == []
     read(adapter, after, keys=keys)
     again = r.read(normal)  # which begins by handing the freed memory back to the OS
     assert released == [1] and again.generation != hostile.generation
     read(adapter, again, keys=keys)
     assert keys.size == 1  # the memo of the burst's label tuples went with them
-    r.read(normal)
-    assert released == [1] and len(r._heads) == 1
+    r.read(normal)  # a whole body is read through the cache of label texts (heads are the line-by-line read's)
+    assert released == [1] and len(r._raw) == 1
 
 
 def test_a_stream_of_chunks_reads_as_the_whole_text() -> None:

@@ -8,7 +8,8 @@ import pytest
 
 from inferwatch.agent.config import Settings
 from inferwatch.agent.node.collectors.engine import EngineCollector
-from inferwatch.agent.node.engine.exposition import MAX_HEADS
+from inferwatch.agent.node.engine.adapters import ADAPTERS
+from inferwatch.agent.node.engine.exposition import MAX_HEADS, Exposition, ExpositionReader
 from inferwatch.agent.node.engine.fetch import EngineScrapeError
 from inferwatch.agent.node.engine.limits import EngineLimits, SampleLineCounter, count_sample_lines
 from inferwatch.agent.node.engine.scrape import EngineParser
@@ -145,23 +146,29 @@ def test_samples_of_dropped_models_are_checked_not_cached() -> None:
 
 def test_caches_of_a_burst_of_series_are_given_back() -> None:
     parser = EngineParser("auto", "unknown", EngineLimits(max_models=4))
-    parser.parse(ranks(30_000).encode())
+    parser.parse(ranks(30_000).encode())  # a whole body: read through the label texts' cache, no head cached
     reader, keys = parser._readers["vllm"], parser._keys["vllm"]
-    assert len(reader._heads) == MAX_HEADS and len(reader._raw) == 30_000  # heads up to the bound
+    assert len(reader._raw) == 30_000 and len(reader._heads) == 0
     parser.parse(gauges(3).encode())  # the engine is back to three models
-    assert len(reader._heads) == 0 and keys.size <= 3
+    assert len(reader._raw) == 0 and keys.size <= 3
     parser.parse(gauges(3).encode())
-    assert len(reader._heads) == 3  # a steady target keeps its warm cache
+    assert len(reader._raw) == 3  # a steady target keeps its warm cache
+
+
+def fed(reader: ExpositionReader, text: str) -> Exposition:
+    """``text`` read line by line, as the collector's stream feeds it (the path that caches heads)."""
+    p = reader.begin()
+    reader.feed(p, text.split("\n"))
+    return reader.end(p)
 
 
 def test_an_exposition_past_the_head_bound_caches_no_head() -> None:
     """Past MAX_HEADS lines, the heads cached would cover a small share of the read: none is kept, the same reading."""
-    parser = EngineParser("auto", "unknown", EngineLimits(max_models=4, max_series=100_000))
-    first = parser.parse(ranks(30_000).encode())
-    reader = parser._readers["vllm"]
+    reader = ADAPTERS["vllm"].reader(EngineLimits(max_models=4, max_series=100_000))
+    first = fed(reader, ranks(30_000))
     assert len(reader._heads) == MAX_HEADS  # the first read cannot know
-    again = parser.parse(ranks(30_000).encode())
+    again = fed(reader, ranks(30_000))
     assert len(reader._heads) == 0 and again == first
-    parser.parse(ranks(MAX_HEADS // 2).encode())  # smaller again: the read after it caches every head
-    parser.parse(ranks(MAX_HEADS // 2).encode())
+    fed(reader, ranks(MAX_HEADS // 2))  # smaller again: the read after it caches every head
+    fed(reader, ranks(MAX_HEADS // 2))
     assert len(reader._heads) == MAX_HEADS // 2

@@ -45,6 +45,9 @@ import re
 from array import array
 from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import eq, itemgetter
+from typing import cast
 
 from inferwatch.agent.node.engine.heap import release_freed_memory
 from inferwatch.agent.node.engine.labelblock import (
@@ -173,6 +176,13 @@ MAX_UNKEPT_HEADS = 20_000  # per read: lines of families not read checked for du
 MAX_HEADS = 16_384
 MAX_DROPPED_MODELS_COUNTED = 65_536  # distinct dropped models counted per read (beyond: a lower bound)
 
+# A whole sample line of the common shape, for the whole-text read: a metric name valid unquoted, a label block or
+# none, one space, a value of the characters a number may hold (``float`` judges it). A line of any other shape (a
+# timestamp, blanks, a quoted name) leaves the body to the line-by-line read.
+_PLAIN_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^\n]*)\})? ([-+.0-9a-zA-Z]+)$", re.M)
+WHOLE_CHUNK = 1 << 18  # characters of sample lines matched at once (bounds the rows held: ~2,700 vLLM lines)
+_LABELS, _BAD, _CANON, _MODEL = (itemgetter(i) for i in range(4))  # the fields of an _Info
+
 
 _Info = tuple[Labels, "str | None", int, "str | None"]  # (labels, bad bound, canonical id, model)
 _UNKEPT = -2  # the canonical id of a label set of a name not wanted, not interned (see ExpositionReader.feed)
@@ -204,6 +214,7 @@ class ReadPass:
         "typed_hist",
         "types",
         "unkept",
+        "unkept_blocks",
     )
 
     def __init__(self, om: bool) -> None:
@@ -217,6 +228,8 @@ class ReadPass:
         # per name: the canonical ids of its label sets read (ints the reader's caches hold: none made per line)
         self.seen_by_name: dict[str, set[int]] = {}
         self.unkept = 0  # lines of names not wanted whose text was added to ``seen`` (at most MAX_UNKEPT_HEADS)
+        # the whole-text read's ``seen``: per name not wanted, the label texts of its lines checked for duplicates
+        self.unkept_blocks: dict[str, set[str]] = {}
         self.seen_ts: set[tuple[int, float]] = set()  # (series id: the name's identity and the label set's id, ts)
         self.last_name = ""
         self.lines = 0
@@ -230,7 +243,8 @@ class ReadPass:
 
     def series(self) -> int:
         """Series read so far (those checked for duplicates)."""
-        return len(self.seen) + len(self.seen_ts) + sum(map(len, self.seen_by_name.values()))
+        seen = len(self.seen) + len(self.seen_ts) + sum(map(len, self.unkept_blocks.values()))
+        return seen + sum(map(len, self.seen_by_name.values()))
 
 
 class ExpositionReader:
@@ -299,33 +313,161 @@ class ExpositionReader:
 
     def read(self, text: str, openmetrics: bool | None = None) -> Exposition:
         om = is_openmetrics(text) if openmetrics is None else openmetrics
+        if not om:
+            return self._read_text(text)
         lines = text.split("\n")
-        if om:
-            p = self.begin(om=True)
-            p.last_lineno = len(lines)
-            self.feed(p, lines)
-            if self.max_bad_lines and (lines[-1] if lines[-1] else lines[-2:][0]) != "# EOF":
-                n = len(lines)  # a body cut short is no exposition (the family check below may stop before it)
-                raise ExpositionError(f"line {n}: no '# EOF' at the end of an OpenMetrics body", n, True)
-            while True:  # a tolerant read: the lines dropped are skipped, a line or family rule broken is reported
-                try:
-                    check_openmetrics(lines, expo_line_parser=parse_line, skip=p.bad_ids)
-                    break
-                except ExpositionError as exc:
-                    cut = exc.last and exc.reason == "parse"  # a body cut short (no # EOF) is no exposition
-                    if not self.max_bad_lines or cut or (exc.line is None and exc.reason != "openmetrics"):
-                        raise
-                    self._drop(p, exc)
-                    if exc.reason == "openmetrics":  # a family rule: its samples were read, the rule is reported
-                        break
-            return self.end(p)
-        if lines[-1].strip(BLANK):
-            n = len(lines)
-            raise ExpositionError(f"line {n}: no newline at the end of the input: {lines[-1][:120]!r}", n, True)
-        p = self.begin()
+        p = self.begin(om=True)
         p.last_lineno = len(lines)
         self.feed(p, lines)
+        if self.max_bad_lines and (lines[-1] if lines[-1] else lines[-2:][0]) != "# EOF":
+            n = len(lines)  # a body cut short is no exposition (the family check below may stop before it)
+            raise ExpositionError(f"line {n}: no '# EOF' at the end of an OpenMetrics body", n, True)
+        while True:  # a tolerant read: the lines dropped are skipped, a line or family rule broken is reported
+            try:
+                check_openmetrics(lines, expo_line_parser=parse_line, skip=p.bad_ids)
+                break
+            except ExpositionError as exc:
+                cut = exc.last and exc.reason == "parse"  # a body cut short (no # EOF) is no exposition
+                if not self.max_bad_lines or cut or (exc.line is None and exc.reason != "openmetrics"):
+                    raise
+                self._drop(p, exc)
+                if exc.reason == "openmetrics":  # a family rule: its samples were read, the rule is reported
+                    break
         return self.end(p)
+
+    def _read_text(self, text: str) -> Exposition:
+        """A whole text-format body: :meth:`_read_whole` when it can, else line by line (:meth:`feed`)."""
+        n = text.count("\n") + 1  # the lines str.split makes (the last one empty when the body ends with \n)
+        last = text[text.rfind("\n") + 1 :]
+        if last.strip(BLANK):
+            raise ExpositionError(f"line {n}: no newline at the end of the input: {last[:120]!r}", n, True)
+        p = self.begin()
+        p.last_lineno = n
+        if not last and self._read_whole(p, text):
+            p.lines = n
+            self._open_lines = n
+            return self.end(p)
+        p = ReadPass(False)  # what the whole-text read cached is as the line-by-line read would cache it
+        p.last_lineno = n
+        self.feed(p, text.split("\n"))
+        return self.end(p)
+
+    def _read_whole(self, p: ReadPass, text: str) -> bool:
+        """Read a text-format body ending in a newline with bulk operations; False: read it line by line instead.
+
+        The comment lines are read one by one (:meth:`_comment`); the sample lines between them are matched
+        :data:`WHOLE_CHUNK` characters at a time by :data:`_PLAIN_LINE` (one regex call for thousands of lines),
+        and read family by family (:meth:`_whole_family`): their values by ``map(float, ...)``, their label texts
+        looked up in the caches the line-by-line read fills. Whatever this path does not take as it is (a line of
+        another shape, a value that is no number, any problem a line may have, a model past ``max_models``) makes
+        it give up, and the line-by-line read judges the body from its start: the same result and the same errors.
+        """
+        n = len(text)
+        at = 0
+        try:
+            while at < n:
+                if text.startswith("#", at):
+                    end = text.index("\n", at)
+                    self._comment(p, [], text[at:end])
+                    at = end + 1
+                    continue
+                stop = text.find("#", at)  # the next comment line: a "#" that begins a line (memchr: fast)
+                while stop != -1 and text[stop - 1] != "\n":
+                    stop = text.find("#", stop + 1)
+                if stop == -1:
+                    stop = n
+                while at < stop:
+                    end = stop if stop - at <= WHOLE_CHUNK else text.index("\n", at + WHOLE_CHUNK) + 1
+                    rows = _PLAIN_LINE.findall(text, at, end)
+                    if len(rows) != text.count("\n", at, end) or not self._whole_rows(p, rows):
+                        return False
+                    at = end
+        except (ExpositionError, ValueError):
+            return False
+        return True
+
+    def _whole_rows(self, p: ReadPass, rows: list[tuple[str, str, str]]) -> bool:
+        """The (name, label text, value text) of consecutive sample lines, family by family; False: give up."""
+        names, blocks, values = zip(*rows, strict=True)
+        floats = list(map(float, values))  # ValueError: no number (the line-by-line read words it)
+        first = names[0]
+        if names.count(first) == len(names):  # one family (a gauge, a counter): the common chunk
+            return self._whole_family(p, first, blocks, values, floats)
+        for name in dict.fromkeys(names):  # the families of a histogram or summary, interleaved series by series
+            take = list(map(eq, names, repeat(name)))
+            if not self._whole_family(
+                p, name, tuple(compress(blocks, take)), tuple(compress(values, take)), list(compress(floats, take))
+            ):
+                return False
+        return True
+
+    def _whole_family(
+        self, p: ReadPass, text_name: str, blocks: tuple[str, ...], values: tuple[str, ...], floats: list[float]
+    ) -> bool:
+        """The samples of one family from one chunk, checked and kept as :meth:`_feed` would; False: give up."""
+        name = self._plain_names.get(text_name) or self._name(text_name)
+        total = sum(floats)
+        if total != total:  # a NaN among them (or infinities of both signs): parse_float's sign rule, one by one
+            if any(f != f and v[0] in "+-" for v, f in zip(values, floats, strict=True)):
+                return False
+            negative = any(f < 0 for f in floats)
+        else:
+            negative = min(floats) < 0
+        if negative and name in p.nonneg:
+            return False
+        keep = name in self.wanted
+        raw, unkept = self._raw, self._raw_unkept
+        # a name not wanted needs only its label text checked and its bad bound: one checked for a wanted name will do
+        found = list(map(raw.get, blocks)) if keep else list(map(unkept.get, blocks, map(raw.get, blocks)))
+        if None in found:  # label texts new to the reader: each checked and cached once, as _feed does
+            for i, info in enumerate(found):
+                if info is None:
+                    block = blocks[i]
+                    info = (raw.get(block) if keep else unkept.get(block, raw.get(block))) or self._plain_info(
+                        p, [], "", name, block, keep
+                    )
+                    if info is None:
+                        return False
+                    found[i] = info
+        infos = cast("list[_Info]", found)
+        if name in p.typed_hist:
+            typ = p.types.get(name)
+            if any(bound_error(bad, typ) is not None for bad in set(map(_BAD, infos)) if bad is not None):
+                return False
+        rules = self.scrape_rules
+        if keep:
+            models = set(map(_MODEL, infos))
+            if not models <= p.kept:
+                fresh = models - p.kept
+                if len(p.kept) + len(fresh) > self.max_models:
+                    self.clear()  # it cached the label sets of models past the cap, as the line-by-line read does not
+                    return False
+                p.kept |= fresh
+            ids = set(map(_CANON, infos))
+            family = p.seen_by_name.get(name)
+            if family is None:
+                family = p.seen_by_name[name] = set()
+            if rules and (len(ids) != len(infos) or not family.isdisjoint(ids)):
+                return False
+            family |= ids
+            series = p.out.get(name)
+            if series is None:
+                series = p.out[name] = Series()
+            series.labels.extend(map(_LABELS, infos))
+            series.values.fromlist(floats)
+        else:
+            checked = min(len(blocks), MAX_UNKEPT_HEADS - p.unkept)  # as _feed: the first lines of a read only
+            if checked > 0:
+                texts = set(blocks[:checked])
+                family_texts = p.unkept_blocks.get(name)
+                if family_texts is None:
+                    family_texts = p.unkept_blocks[name] = set()
+                if rules and (len(texts) != checked or not family_texts.isdisjoint(texts)):
+                    return False
+                family_texts |= texts
+                p.unkept += checked
+        p.sampled.add(name)
+        return True
 
     def begin(self, om: bool = False) -> ReadPass:
         """Start a read (see :meth:`feed`)."""

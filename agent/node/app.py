@@ -82,6 +82,13 @@ class Agent:
                 settings, self.ctx, self.state, self.runner, discovery, runtimes=deps.runtimes, evidence=deps.evidence
             )
             self.runner.add(self.targets, self.targets.plan())
+        self.pod_conditions: Any = None  # the readiness gate's condition on engine pods (discovery/podcondition.py)
+        if self.targets is not None and self.targets.discovery.pods is not None and settings.readiness.pod_condition:
+            from inferwatch.agent.node.api.readinessgate import pod_conditions
+
+            pods = self.targets.discovery.pods
+            self.pod_conditions = pod_conditions(settings.readiness, settings.engine, self.state, pods)
+            self.state.add_listener(self.pod_conditions.on_record)  # a hang's collection patches its pod at once
         for collector in self.runner.collectors:  # status a collector exports even while failing (engine up)
             status = getattr(collector, "status_samples", None)
             if callable(status):
@@ -156,6 +163,8 @@ class Agent:
         if self.targets is not None:
             self.targets.start()  # the Kubernetes watch threads; targets start at the supervisor's first run
         self.runner.start()
+        if self.pod_conditions is not None:
+            self.pod_conditions.start()
         self.deps.alertpush.start()
         if self.deps.binary.state is not None:
             self.deps.binary.start()
@@ -167,6 +176,8 @@ class Agent:
                 return
             self._stopped = True
         self.runner.stop()
+        if self.pod_conditions is not None:
+            self.pod_conditions.stop()
         self.deps.alertpush.stop()
         self.deps.evidence.wait(self.settings.evidence.time_limit_s)
         self.deps.binary.stop()

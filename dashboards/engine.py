@@ -437,8 +437,9 @@ def engine_signal_rows(b: Board) -> None:
         ts(
             "Adapters waiting for a slot",
             describe(
-                "Adapters whose requests wait while every slot is taken by other adapters: their requests queue "
-                "however idle the GPU is. Above 0 at 15 % of the scrapes of 3 minutes pages.",
+                "Adapters whose requests waited while every slot was taken by other adapters, at any step of the 15 s "
+                "before each scrape: their requests queue however idle the GPU is. Above 0 at half the scrapes of 3 "
+                "minutes pages.",
                 "LoRARequestsWaitingForAdapterSlot",
             ),
             "short",

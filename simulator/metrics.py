@@ -49,7 +49,9 @@ FINISH_REASONS = ("stop", "length", "abort", "error")
 # NixlPromMetrics (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py): xfer time drops the first edge
 NIXL_TIME_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
 NIXL_BYTES_BUCKETS = tuple(2 ** (10 + i) for i in range(1, 25, 2))  # 2 KiB .. 8 GiB
-LORA_INFO_KEEP = 16  # vLLM keeps every label set it ever set; the simulator the newest 16 (the agent reads the newest)
+# vLLM keeps every label set it ever set; the simulator the newest 256 (the agent reads those of the last 15 s: at
+# 8 adapters contending for one slot a step's set changes every few steps)
+LORA_INFO_KEEP = 256
 LABELS = ["model_name", "engine"]
 
 

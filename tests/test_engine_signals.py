@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from inferwatch.agent.catalog import CATALOG
 from inferwatch.agent.common.samples import HistogramSample, Sample
 from inferwatch.agent.errors import SourceFormatError
-from inferwatch.agent.node.engine.adapters import ADAPTERS, LoraState, read_lora
+from inferwatch.agent.node.engine.adapters import ADAPTERS, LORA_RECENT_S, LoraState, read_lora
 from inferwatch.agent.node.engine.emit import reading_samples
 from inferwatch.agent.node.engine.exposition import ExpositionReader
 from inferwatch.agent.node.engine.scrape import EngineParser
@@ -105,6 +105,27 @@ def test_lora_state_blocked_only_when_every_slot_is_taken() -> None:
     assert LoraState(frozenset({"a"}), frozenset({"b"}), 2).blocked == 0  # a free slot: b gets it next step
     assert LoraState(frozenset({"a", "b"}), frozenset({"a", "b"}), 2).blocked == 0  # waiting in resident slots
     assert LoraState(frozenset({"a", "b"}), frozenset({"c", "d", "a"}), 2).blocked == 2
+
+
+def test_lora_blocked_counts_any_label_set_of_the_last_15_s() -> None:
+    """vLLM sets the info gauge to now under each step's label set and keeps every set: a slot taken and freed
+    between two reads shows in the sets of the last 15 s (engine clock), not in the newest one."""
+    sets = [  # (waiting, running, seconds before the newest)
+        ("", "a", 0.0),  # the newest step: a slot free of contention
+        ("b,c", "a", 9.0),  # 9 s earlier: b and c waited while a held the one slot
+        ("b,c,d", "a", 40.0),  # 40 s earlier: older than the last read
+    ]
+    body = "".join(
+        f'vllm:lora_requests_info{{max_lora="1",running_lora_adapters="{r}",waiting_lora_adapters="{w}"}} '
+        f"{1_765_000_000.0 - ago}\n"
+        for w, r, ago in sets
+    )
+    expo = ExpositionReader(("vllm:",), ADAPTERS["vllm"].wanted()).read(body)
+    state = read_lora(ADAPTERS["vllm"], expo)
+    assert state is not None
+    assert (state.running, state.waiting, state.blocked) == (frozenset({"a"}), frozenset(), 0)
+    assert state.blocked_recent == 2  # b and c, not the 40 s old set's three
+    assert LORA_RECENT_S == 15.0
 
 
 def test_lora_bad_max_lora_is_a_source_format_error() -> None:

@@ -315,7 +315,8 @@ METRICS = (
         "inferwatch.engine.lora.blocked",
         Kind.GAUGE,
         "{adapter}",
-        "Adapters whose requests wait for an adapter slot: waiting, not resident, while every slot is taken.",
+        "Adapters whose requests waited for an adapter slot (waiting, not resident, while every slot is taken) at "
+        "any engine step of the last 15 s (vLLM's lora_requests_info label sets, each at the time it was last set).",
         _M,
     ),
     MetricSpec(

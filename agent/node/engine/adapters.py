@@ -15,7 +15,7 @@ per engine", "Data-parallel ranks and models", "Detection").
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from inferwatch.agent.catalog.engine import ENGINE_KINDS, QUANTITIES  # noqa: F401  (QUANTITIES re-exported)
 from inferwatch.agent.catalog.engine_schemas import (
@@ -425,6 +425,12 @@ def detect(text: str | bytes | bytearray) -> str | None:
     return None
 
 
+# How far back from the newest ``lora_requests_info`` label set a blocked one counts (engine clock): the agent's default
+# collection interval and Prometheus's scrape, so each scrape says whether requests were blocked at any step since the
+# one before, not only at the instant it was taken.
+LORA_RECENT_S = 15.0
+
+
 @dataclass(frozen=True, slots=True)
 class LoraState:
     """vLLM's LoRA scheduler state from ``vllm:lora_requests_info`` (the label set with the newest timestamp).
@@ -432,11 +438,13 @@ class LoraState:
     ``running`` / ``waiting``: adapters with requests running / waiting; ``max_lora``: adapter slots per batch
     (``--max-loras``). ``blocked``: adapters with waiting requests that are not resident while every slot is
     taken, i.e. requests waiting for an adapter slot (vLLM's scheduler skips them until a slot frees).
+    ``blocked_recent``: the most ``blocked`` of any label set set within :data:`LORA_RECENT_S` of the newest one.
     """
 
     running: frozenset[str]
     waiting: frozenset[str]
     max_lora: int
+    blocked_recent: int = 0
 
     @property
     def blocked(self) -> int:
@@ -445,18 +453,8 @@ class LoraState:
         return len(self.waiting - self.running)
 
 
-def read_lora(adapter: Adapter, expo: Exposition) -> LoraState | None:
-    """The newest ``lora_requests_info`` label set (vLLM keeps every past set, each at the time it was last set)."""
-    best: tuple[float, Labels] | None = None
-    for src in adapter.lora:
-        for labels, value in expo.get(src.name):
-            if math.isnan(value):
-                continue
-            if best is None or value > best[0]:
-                best = (value, labels)
-    if best is None:
-        return None
-    have = dict(best[1])
+def _lora_state(labels: Labels) -> LoraState:
+    have = dict(labels)
 
     def names(key: str) -> frozenset[str]:
         return frozenset(n for n in have.get(key, "").split(",") if n)
@@ -469,6 +467,23 @@ def read_lora(adapter: Adapter, expo: Exposition) -> LoraState | None:
     if max_lora < 0:
         raise ReadingError(f"lora_requests_info max_lora={max_lora}: below zero", "negative_value")
     return LoraState(names("running_lora_adapters"), names("waiting_lora_adapters"), max_lora)
+
+
+def read_lora(adapter: Adapter, expo: Exposition) -> LoraState | None:
+    """The newest ``lora_requests_info`` label set, and how many adapters were blocked at most in the label sets of
+    the :data:`LORA_RECENT_S` before it.
+
+    vLLM sets the gauge to the current time under the label set of every step's adapters (its value is that
+    wall-clock time) and keeps every set it ever set, so the sets with recent timestamps are the steps since then:
+    slot contention between two reads shows even when a slot is free at the instant of the read.
+    """
+    sets = [(value, labels) for src in adapter.lora for labels, value in expo.get(src.name) if not math.isnan(value)]
+    if not sets:
+        return None
+    newest_t, newest = max(sets, key=lambda s: s[0])
+    state = _lora_state(newest)
+    recent = max(_lora_state(labels).blocked for t, labels in sets if t >= newest_t - LORA_RECENT_S)
+    return replace(state, blocked_recent=recent)
 
 
 @dataclass

@@ -138,5 +138,5 @@ def signal_samples(model: str, m: ModelReading) -> list[AnySample]:
         for state, names in (("running", lora.running), ("waiting", lora.waiting)):
             out.append(Sample("inferwatch.engine.lora.adapters", len(names), attrs({MODEL: model}, state=state)))
         out.append(Sample("inferwatch.engine.lora.max_adapters", lora.max_lora, attrs({MODEL: model})))
-        out.append(Sample("inferwatch.engine.lora.blocked", lora.blocked, attrs({MODEL: model})))
+        out.append(Sample("inferwatch.engine.lora.blocked", lora.blocked_recent, attrs({MODEL: model})))
     return out

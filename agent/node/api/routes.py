@@ -15,9 +15,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastapi import Body, FastAPI, Response
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from inferwatch.agent.common.samples import UNKNOWN_MODEL, Finding, Sample, attrs
 from inferwatch.agent.config import EngineSettings, ReadinessSettings
@@ -28,6 +30,7 @@ from inferwatch.agent.node.actions.evidencebundle import render_text
 from inferwatch.agent.node.actions.profiles import ProfileBusyError
 from inferwatch.agent.node.analytics import explain, explaintext
 from inferwatch.agent.node.api.auth import Authenticator
+from inferwatch.agent.node.api.endpoints import json_object, query_int, query_str, route
 from inferwatch.agent.node.api.pagehistory import PageHistory
 from inferwatch.agent.node.api.readiness import readiness
 from inferwatch.agent.node.api.services import ApiServices
@@ -96,7 +99,7 @@ class Authenticate:
 
 
 def install(
-    app: FastAPI,
+    app: Starlette,
     state: AgentState,
     services: ApiServices,
     *,
@@ -118,29 +121,30 @@ def install(
     history = PageHistory()
     state.add_listener(history.on_collection)
 
-    @app.get("/", response_class=HTMLResponse)
-    def status_page(refresh: int | None = None) -> HTMLResponse:
+    @route(app, "GET", "/")
+    def status_page(request: Request) -> HTMLResponse:
+        refresh = query_int(request, "refresh")
         refresh_s = None if refresh is None else min(max(refresh, MIN_PAGE_REFRESH_S), MAX_PAGE_REFRESH_S)
         return HTMLResponse(render_page(build_overview(state, history), refresh_s))
 
-    @app.get("/api/v1/overview")
-    def overview() -> dict[str, Any]:
+    @route(app, "GET", "/api/v1/overview")
+    def overview(request: Request) -> dict[str, Any]:
         return build_overview(state, history)
 
-    @app.get("/api/v1/findings")
-    def findings() -> list[dict[str, Any]]:
+    @route(app, "GET", "/api/v1/findings")
+    def findings(request: Request) -> list[dict[str, Any]]:
         return [finding_dict(f) for f in state.findings()]
 
     # --- whether an engine serves (agent/node/api/readiness.py): from the state, on the event loop, never the engine
     # ---
-    @app.get("/engines/{name}/ready")
-    async def engine_ready(name: str) -> JSONResponse:
-        code, body = readiness(readiness_cfg, engine_cfg, state, name)
+    @route(app, "GET", "/engines/{name}/ready")
+    async def engine_ready(request: Request) -> JSONResponse:
+        code, body = readiness(readiness_cfg, engine_cfg, state, request.path_params["name"])
         return JSONResponse(body, status_code=code)
 
     # --- runtime_profile snapshots ---
-    @app.get("/api/v1/snapshots", response_model=None)
-    def list_snapshots() -> dict[str, Any] | JSONResponse:
+    @route(app, "GET", "/api/v1/snapshots")
+    def list_snapshots(request: Request) -> dict[str, Any] | JSONResponse:
         if not snapshots.directory.is_dir():
             return {"snapshots": []}
         try:
@@ -156,8 +160,9 @@ def install(
             out.append({"id": e.id, "size_bytes": e.size_bytes, **{k: meta.get(k) for k in ("captured_at", "outcome")}})
         return {"snapshots": out}
 
-    @app.get("/api/v1/snapshots/{snap_id}")
-    def get_snapshot(snap_id: str) -> Response:
+    @route(app, "GET", "/api/v1/snapshots/{snap_id}")
+    def get_snapshot(request: Request) -> Response:
+        snap_id = request.path_params["snap_id"]
         try:
             entry = snapshots.get(snap_id) if snapshots.directory.is_dir() else None
         except StorageError as exc:
@@ -169,8 +174,8 @@ def install(
         except OSError:  # evicted between the listing and the read
             return JSONResponse({"error": "not_found", "message": f"no snapshot {snap_id!r}"}, status_code=404)
 
-    @app.post("/api/v1/snapshots")
-    def capture_snapshot() -> JSONResponse:
+    @route(app, "POST", "/api/v1/snapshots")
+    def capture_snapshot(request: Request) -> JSONResponse:
         try:
             result = snapshots.capture("api")
         except NoDataError as exc:
@@ -192,38 +197,44 @@ def install(
             return PlainTextResponse(render_text(bundle))
         return JSONResponse(bundle)
 
-    @app.get("/api/v1/evidence")
-    def list_evidence() -> dict[str, Any]:
+    @route(app, "GET", "/api/v1/evidence")
+    def list_evidence(request: Request) -> dict[str, Any]:
         return {"evidence": [m.as_dict() for m in evidence.list()]}
 
-    @app.get("/api/v1/evidence/latest")
-    def latest_evidence(alertname: str | None = None, format: str | None = None) -> Response:
-        return bundle_answer(evidence.latest(alertname), "yet", format)
+    @route(app, "GET", "/api/v1/evidence/latest")
+    def latest_evidence(request: Request) -> Response:
+        latest = evidence.latest(query_str(request, "alertname"))
+        return bundle_answer(latest, "yet", query_str(request, "format"))
 
-    @app.get("/api/v1/evidence/{bundle_id}")
-    def get_evidence(bundle_id: str, format: str | None = None) -> Response:
-        return bundle_answer(evidence.get(bundle_id), repr(bundle_id[:40]), format)
+    @route(app, "GET", "/api/v1/evidence/{bundle_id}")
+    def get_evidence(request: Request) -> Response:
+        bundle_id = request.path_params["bundle_id"]
+        return bundle_answer(evidence.get(bundle_id), repr(bundle_id[:40]), query_str(request, "format"))
 
-    @app.post("/api/v1/evidence")
-    def capture_evidence() -> JSONResponse:
+    @route(app, "POST", "/api/v1/evidence")
+    def capture_evidence(request: Request) -> JSONResponse:
         try:
             meta = evidence.capture("api", "requested through the API")
         except NoDataError as exc:
             return JSONResponse({"error": "store_failed", "message": str(exc)}, status_code=503)
         return JSONResponse(meta.as_dict() | {"url": f"/api/v1/evidence/{meta.id}"}, status_code=201)
 
-    @app.post("/api/v1/alertmanager")
-    def alertmanager_webhook(body: dict[str, Any] = Body(default_factory=dict)) -> JSONResponse:
+    @route(app, "POST", "/api/v1/alertmanager")
+    async def alertmanager_webhook(request: Request) -> JSONResponse:
         """Alertmanager's webhook (version 4): firing critical alerts for this node start one capture."""
-        return JSONResponse(evidence.on_alerts(body), status_code=202)
+        body = await json_object(request)
+        return JSONResponse(await run_in_threadpool(evidence.on_alerts, body), status_code=202)
 
     # --- tail explainer (agent/node/analytics/explain.py) ---
-    @app.get("/api/v1/explain")
-    def explain_tail(
-        model: str | None = None, window: str = "5m", top: int = explain.DEFAULT_TOP, by: str = "ttft", format: str = ""
-    ) -> Response:
+    @route(app, "GET", "/api/v1/explain")
+    def explain_tail(request: Request) -> Response:
         """Why the tail of a model is slow: from the receiver's spans, else from the engine's histograms."""
+        model = query_str(request, "model")
+        window = query_str(request, "window", "5m") or "5m"
+        by = query_str(request, "by", "ttft") or "ttft"
+        fmt = query_str(request, "format", "")
         try:
+            top = query_int(request, "top", explain.DEFAULT_TOP) or 0
             window_s = explain.parse_window(window)
             if not 0 <= top <= explain.MAX_TOP:
                 raise ValueError(f"top must be 0..{explain.MAX_TOP}, got {top}")
@@ -259,8 +270,10 @@ def install(
                     status_code=404,
                 )
             report = explain.explain_histograms(quantiles, model, label, requests)
-        if format == "text":
+        if fmt == "text":
             return PlainTextResponse(explaintext.render_text(report))
+        if fmt == "html":
+            return HTMLResponse(explaintext.render_html(report))
         return JSONResponse(report)
 
     # --- binary compatibility ---
@@ -271,20 +284,24 @@ def install(
             return JSONResponse({"error": "no_runtime", "message": str(svc.absent)}, status_code=404)
         return JSONResponse({"error": "check_failed", "message": svc.error or "not run yet"}, status_code=503)
 
-    @app.get("/api/v1/binary")
-    def get_binary() -> JSONResponse:
+    @route(app, "GET", "/api/v1/binary")
+    def get_binary(request: Request) -> JSONResponse:
         return binary_answer(services.binary)
 
-    @app.post("/api/v1/binary")
-    def run_binary() -> JSONResponse:
+    @route(app, "POST", "/api/v1/binary")
+    def run_binary(request: Request) -> JSONResponse:
         services.binary.check()
         return binary_answer(services.binary)
 
     # --- py-spy profiles ---
     manager = services.profiles
 
-    @app.post("/api/v1/profiles")
-    def start_profile(body: dict[str, Any] = Body(default_factory=dict)) -> JSONResponse:
+    @route(app, "POST", "/api/v1/profiles")
+    async def start_profile(request: Request) -> JSONResponse:
+        body = await json_object(request)
+        return await run_in_threadpool(start_profile_job, body)
+
+    def start_profile_job(body: dict[str, Any]) -> JSONResponse:
         if not manager.cfg.enabled:
             return JSONResponse(
                 {"error": "profiling_disabled", "message": "py-spy profiles are off: set profiling.enabled=true"},
@@ -321,19 +338,21 @@ def install(
             status_code=202,
         )
 
-    @app.get("/api/v1/profiles")
-    def list_profiles() -> dict[str, Any]:
+    @route(app, "GET", "/api/v1/profiles")
+    def list_profiles(request: Request) -> dict[str, Any]:
         return {"profiles": [j.as_dict() for j in manager.jobs()]}
 
-    @app.get("/api/v1/profiles/{job_id}/status")
-    def profile_status(job_id: str) -> JSONResponse:
+    @route(app, "GET", "/api/v1/profiles/{job_id}/status")
+    def profile_status(request: Request) -> JSONResponse:
+        job_id = request.path_params["job_id"]
         job = manager.get(job_id)
         if job is None:
             return JSONResponse({"error": "not_found", "message": f"no profile {job_id!r}"}, status_code=404)
         return JSONResponse(job.as_dict())
 
-    @app.get("/api/v1/profiles/{job_id}")
-    def download_profile(job_id: str) -> Response:
+    @route(app, "GET", "/api/v1/profiles/{job_id}")
+    def download_profile(request: Request) -> Response:
+        job_id = request.path_params["job_id"]
         mgr = manager
         job = mgr.get(job_id)
         if job is None:

@@ -1,4 +1,4 @@
-"""The agent's HTTP API (FastAPI): /metrics, /healthz, /readyz, /api/v1/status, /runbooks/<AlertName>."""
+"""The agent's HTTP API (Starlette): /metrics, /healthz, /readyz, /api/v1/status, /runbooks/<AlertName>."""
 
 from __future__ import annotations
 
@@ -6,14 +6,16 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from inferwatch.agent import __version__
 from inferwatch.agent.common.redact import redact_url
 from inferwatch.agent.common.runbooks import MARKDOWN_TYPE, Runbooks, to_html, wants_markdown
 from inferwatch.agent.config import EngineSettings, ReadinessSettings, RunbooksSettings
 from inferwatch.agent.node.api.auth import Authenticator
+from inferwatch.agent.node.api.endpoints import query_str, route
 from inferwatch.agent.node.api.routes import finding_dict, install
 from inferwatch.agent.node.api.services import ApiServices
 from inferwatch.agent.node.state import AgentState
@@ -24,7 +26,7 @@ Pull = Callable[[float], Awaitable[None]]  # Runner.pull_async: bring the due co
 
 
 class MetricsEndpoint:
-    """``GET /metrics`` as plain ASGI, in front of the whole API (FastAPI and its middleware).
+    """``GET /metrics`` as plain ASGI, in front of the whole API (its routes and middleware).
 
     A scrape runs no routing, no middleware stack and no thread hand-off (why: docs/benchmarks.md, "The agent's CPU
     target"): it checks the token when ``/metrics`` is not an open path, pulls the collections due for it on the
@@ -100,7 +102,7 @@ def create_app(
     exemplars: bool,
 ) -> MetricsEndpoint:
     """The agent's ASGI application: :class:`MetricsEndpoint` (``pull``, ``scrape_wait_s``, ``exemplars``) in front
-    of the FastAPI app (:func:`create_api`)."""
+    of the API's routes (:func:`create_api`)."""
     api = create_api(state, services, engine_cfg=engine_cfg, readiness_cfg=readiness_cfg, runbooks_cfg=runbooks_cfg)
     return MetricsEndpoint(api, state, services.auth, pull, scrape_wait_s, exemplars)
 
@@ -112,24 +114,24 @@ def create_api(
     engine_cfg: EngineSettings,
     readiness_cfg: ReadinessSettings,
     runbooks_cfg: RunbooksSettings,
-) -> FastAPI:
+) -> Starlette:
     """Every route but ``/metrics`` (answered in front of it by :class:`MetricsEndpoint`); ``runbooks_cfg``: where
     the runbook links point, the engine and readiness sections: ``GET /engines/{name}/ready``."""
-    app = FastAPI(title="inferwatch agent", version=__version__, docs_url=None, redoc_url=None)
+    app = Starlette()
 
-    @app.get("/healthz")
-    def healthz() -> dict[str, str]:
+    @route(app, "GET", "/healthz")
+    async def healthz(request: Request) -> dict[str, str]:
         return {"status": "alive"}
 
-    @app.get("/readyz")
-    def readyz() -> JSONResponse:
+    @route(app, "GET", "/readyz")
+    def readyz(request: Request) -> JSONResponse:
         health = state.health()
         pending = sorted(n for n, h in health.items() if h.runs == 0)
         code = 200 if not pending else 503
         return JSONResponse({"ready": not pending, "pending": pending}, status_code=code)
 
-    @app.get("/api/v1/status")
-    def status() -> dict[str, Any]:
+    @route(app, "GET", "/api/v1/status")
+    def status(request: Request) -> dict[str, Any]:
         return {
             "version": __version__,
             "environment": state.environment,
@@ -145,18 +147,19 @@ def create_api(
     # agent serves on, not the default's 9435).
     runbooks_base_set = "base_url" in runbooks_cfg.model_fields_set
 
-    @app.get("/runbooks")
+    @route(app, "GET", "/runbooks")
     def runbook_index(request: Request) -> dict[str, Any]:
         base = runbooks_cfg.base_url if runbooks_base_set else f"{str(request.base_url).rstrip('/')}/runbooks"
         base = redact_url(base)  # an open path: never a credential in a link
         return {"runbooks": [{"alert": n, "url": f"{base}/{n}"} for n in runbooks.names()]}
 
-    @app.get("/runbooks/{name}")
-    def runbook(name: str, request: Request, format: str | None = None) -> Response:
+    @route(app, "GET", "/runbooks/{name}")
+    def runbook(request: Request) -> Response:
+        name = request.path_params["name"]
         text = runbooks.read(name)
         if text is None:
             return PlainTextResponse(f"no runbook named {name[:128]!r}\n", status_code=404)
-        if wants_markdown(format, request.headers.get("accept", "")):
+        if wants_markdown(query_str(request, "format"), request.headers.get("accept", "")):
             return Response(text, media_type=MARKDOWN_TYPE)
         return HTMLResponse(to_html(name, text))
 

@@ -262,7 +262,7 @@ def _model_card(m: dict[str, Any]) -> str:
         for q, label in (("ttft", "TTFT"), ("itl", "ITL"))
     )
     engine = f" <span class='muted'>({_e(m['engine'])})</span>" if m["engine"] else ""
-    explain = f"api/v1/explain?model={quote(model, safe='')}&amp;format=text"
+    explain = f"api/v1/explain?model={quote(model, safe='')}&amp;format=html"
     stats.append(("why the tail is slow", f'<a href="{explain}" class="explain">tail explanation</a>'))
     kv = "".join(f"<dt>{_e(k)}</dt><dd>{v}</dd>" for k, v in stats)
     return (

@@ -75,8 +75,8 @@ ASSIGN = {  # simd_missing last: its node boots (~30 s here) before it joins
     "simd_missing": "c7g-nosve",
 }
 # The engine-signal set: each engine-signal fault and named cause on its own node with the engine feature it needs
-# (spec decode, LoRA, a KV connector, two data-parallel ranks), and a hang whose backlog must not page again after it
-# recovers.
+# (spec decode, LoRA, a KV connector, two data-parallel ranks, the runtime's process and cgroup found by the agent), and
+# a hang whose backlog must not page again after it recovers.
 # Run with --set issue33 (these nodes only, on Prometheus by default: compose's stack).
 ISSUE33 = {
     "prefix_cache_collapse": "p5-prefix",
@@ -87,6 +87,8 @@ ISSUE33 = {
     "slow_rank": "p5-dp",
     "frontend_delay": "p5-frontend",
     "hang": "p5-hang",
+    "simd_fallback_restart": "p5-simd",
+    "cgroup_thrashing": "p5-cgroup",
 }
 NOISE_ROLES = {
     "load_a": "p5-h100",

@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -45,6 +47,14 @@ NOSVE_CMDLINE = "BOOT_IMAGE=/vmlinuz ro quiet arm64.nosve\n"
 MEMORY_PRESSURE = (  # memory PSI in the kernel's format: some avg60 12.4 %, over the rule's 5 %
     "some avg10=18.20 avg60=12.40 avg300=4.10 total=91833411\nfull avg10=6.10 avg60=3.90 avg300=1.20 total=29114067\n"
 )
+NO_PRESSURE = "some avg10=0.00 avg60=0.00 avg300=0.00 total=1204\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=311\n"
+# The runtime's cgroup on a node where the agent finds the runtime (NodeSpec.runtime_process): a systemd unit, as a
+# vLLM service on a bare host runs, with its cgroup v2 memory files in the node's sysfs tree.
+RUNTIME_CGROUP = "system.slice/vllm.service"
+RUNTIME_MEMORY_STAT = (  # a runtime cgroup's memory.stat (the fields the agent reads; bytes and event counts)
+    "anon 2147483648\nfile 17179869184\nactive_file 12884901888\ninactive_file 4294967296\n"
+    "workingset_refault_anon 0\nworkingset_refault_file 1200\nworkingset_activate_file 300\npgmajfault 52\n"
+)
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,10 @@ class NodeSpec:
     prompt_tokens: str | None = None  # loadgen's --prompt-tokens; None: the drill's (Timings.prompt_tokens)
     spans: bool = False  # the simulator exports a span per request to the agent's OTLP receiver (bimodality)
     load_args: tuple[str, ...] = ()  # more loadgen flags, e.g. a shared system prompt
+    # The agent finds the simulator as its runtime (runtime.cmdline_pattern), as it finds vLLM on a real node: the
+    # node's procfs holds the simulator's pid, whose files are the simulator's own but for its cgroup (RUNTIME_CGROUP,
+    # with its memory files in the node's sysfs). The process and SIMD collectors then read it.
+    runtime_process: bool = False
 
 
 @dataclass(frozen=True)
@@ -179,6 +193,24 @@ CATALOG: dict[str, NodeSpec] = {
             "acme/dp-8B-Instruct",
             sim_args=("--engines", "2"),
         ),
+        NodeSpec(  # the runtime found by the agent (its process, its cgroup): a restart is seen, its SIMD view read
+            "p5-simd",
+            "h100",
+            "p5.48xlarge",
+            "x86_amd_epyc_9654_zen4",
+            H100,
+            "acme/simd-8B-Instruct",
+            runtime_process=True,
+        ),
+        NodeSpec(
+            "p5-cgroup",
+            "h100",
+            "p5.48xlarge",
+            "x86_amd_epyc_9654_zen4",
+            H100,
+            "acme/cgroup-8B-Instruct",
+            runtime_process=True,
+        ),
         NodeSpec("p5-frontend", "h100", "p5.48xlarge", "x86_amd_epyc_9654_zen4", H100, "acme/frontend-8B-Instruct"),
         NodeSpec("p5-hang", "h100", "p5.48xlarge", "x86_amd_epyc_9654_zen4", H100, "acme/hang-8B-Instruct"),
         NodeSpec("c7g-joiner", "graviton3-cpu", "c7g.8xlarge", "graviton3_neoverse_v1", None, QWEN05, **GRAVITON_LOAD),
@@ -213,6 +245,11 @@ class FleetNode:
         self.procfs = self.dir / "proc"
         self.sysfs = _fake_sysfs(self.dir / "sys", spec.machine_type)
         self.write_procfs(no_sve=spec.no_sve)
+        if spec.runtime_process:
+            self.cgroup = self.sysfs / "fs" / "cgroup" / RUNTIME_CGROUP
+            self.cgroup.mkdir(parents=True)
+            (self.cgroup / "memory.stat").write_text(RUNTIME_MEMORY_STAT)
+            self.cgroup_pressure(False)
 
     # identity --------------------------------------------------------------------------------------------------
 
@@ -237,6 +274,27 @@ class FleetNode:
             psi.write_text(MEMORY_PRESSURE)
         elif psi.exists():
             psi.unlink()
+
+    def cgroup_pressure(self, on: bool) -> None:
+        """The runtime cgroup's memory PSI at 12 % (its memory.max squeezes its page cache), or none."""
+        (self.cgroup / "memory.pressure").write_text(MEMORY_PRESSURE if on else NO_PRESSURE)
+
+    def link_runtime(self, pid: int) -> None:
+        """Put the runtime ``pid`` (the simulator) in the node's procfs: a directory of links to the process's own
+        /proc files (psutil, the SIMD collector's maps, threads and arch_status read them), but for its cgroup, which
+        names RUNTIME_CGROUP; the previous runtime's directory goes (it exited). psutil reads the boot time from
+        ``stat``: its btime line is the host's."""
+        for old in self.procfs.iterdir():
+            if old.name.isdigit():
+                shutil.rmtree(old)
+        btime = next(ln for ln in Path("/proc/stat").read_text().splitlines() if ln.startswith("btime "))
+        (self.procfs / "stat").write_text(btime + "\n")
+        own = self.procfs / str(pid)
+        own.mkdir()
+        for name in os.listdir(f"/proc/{pid}"):
+            if name != "cgroup":
+                (own / name).symlink_to(f"/proc/{pid}/{name}")
+        (own / "cgroup").write_text(f"0::/{RUNTIME_CGROUP}\n")
 
     @property
     def sim_url(self) -> str:
@@ -266,6 +324,8 @@ class FleetNode:
         proc = es.enter_context(running(cmd, self.dir / f"sim-{self._starts}.log", cwd=ROOT, env=env))
         self._sim = es
         wait_http(f"{self.sim_url}/health", proc=proc, timeout_s=90, ok=lambda r: r.status_code == 200)
+        if self.spec.runtime_process:
+            self.link_runtime(proc.pid)
 
     def stop_sim(self) -> None:
         if self._sim is not None:
@@ -291,6 +351,9 @@ class FleetNode:
             env["INFERWATCH_RECEIVER__HTTP_ENDPOINT"] = f"127.0.0.1:{self.span_port}"
         if self.timings.scrape_wait_s is not None:
             env["INFERWATCH_SCRAPE_WAIT_S"] = str(self.timings.scrape_wait_s)
+        if self.spec.runtime_process:  # the simulator's own command line, as 'vllm serve' finds vLLM
+            env["INFERWATCH_RUNTIME__NAME"] = "vllm"
+            env["INFERWATCH_RUNTIME__CMDLINE_PATTERN"] = f"inferwatch.agent simulate .*--port {self.sim_port} "
         if self.spec.runtime_profile:
             env["INFERWATCH_RUNTIME_PROFILE__URL"] = f"{self.sim_url}/debug/runtime_profile"
             env["INFERWATCH_RUNTIME_PROFILE__INTERVAL_S"] = str(self.timings.profile_interval_s)
@@ -491,16 +554,36 @@ def _scenario(node: str, spec: str) -> tuple[Callable[[Fleet], None], Callable[[
     return (lambda f: f[node].control({"enable": spec})), (lambda f: f[node].control({"disable": name}))
 
 
-def _pagecache(node: str, spec: str) -> tuple[Callable[[Fleet], None], Callable[[Fleet], None]]:
+def _pagecache(node: str, spec: str, cgroup: bool = False) -> tuple[Callable[[Fleet], None], Callable[[Fleet], None]]:
+    """Requests stall (``spec``) while page cache is squeezed: the host's (low Inactive(file), memory PSI 12 %), or
+    with ``cgroup`` the runtime cgroup's own (PSI 12 % in its memory.pressure; the host's cache above its floor)."""
     on, off = _scenario(node, spec)
 
+    def squeeze(f: Fleet, how: bool) -> None:
+        (f[node].cgroup_pressure if cgroup else f[node].memory_pressure)(how)
+
     def inject(f: Fleet) -> None:
-        f[node].memory_pressure(True)
+        squeeze(f, True)
         on(f)
 
     def recover(f: Fleet) -> None:
         off(f)
-        f[node].memory_pressure(False)
+        squeeze(f, False)
+
+    return inject, recover
+
+
+def _restart_into(node: str, spec: str) -> tuple[Callable[[Fleet], None], Callable[[Fleet], None]]:
+    """The runtime restarts into a new image that carries the fault (``--scenario spec`` from its start); recovery is
+    a restart onto the old image. Both are runtime restarts the agent sees (a new pid of its runtime)."""
+
+    def inject(f: Fleet) -> None:
+        f[node].stop_sim()
+        f[node].start_sim(None, "--scenario", spec)
+
+    def recover(f: Fleet) -> None:
+        f[node].stop_sim()
+        f[node].start_sim()
 
     return inject, recover
 
@@ -636,6 +719,24 @@ def faults(assign: dict[str, str]) -> list[Fault]:
             OTHER_S,
             _scenario(n, "slow_rank"),
             instance=lambda f, n=n: f[n].engine_instance,
+        ),
+        # a GPU node's runtime restarted into an image whose kernels fall back to a narrower SIMD path (every step
+        # 1.22x), no debug profile: only the engine's own time per token against its node's, tied to the SIMD view
+        "simd_fallback_restart": lambda n: _fault(
+            "simd_fallback_restart",
+            n,
+            "RuntimeSlowerAfterRestart",
+            "ticket",
+            OTHER_S,
+            _restart_into(n, "simd_fallback"),
+        ),
+        "cgroup_thrashing": lambda n: _fault(
+            "cgroup_thrashing",
+            n,
+            "RuntimePageCacheThrashing",
+            "ticket",
+            OTHER_S,
+            _pagecache(n, "page_cache_pressure:fraction=0.2,extra_s=0.3", cgroup=True),
         ),
         "frontend_delay": lambda n: _fault(
             "frontend_delay", n, "FrontendDelayHigh", "ticket", OTHER_S, _scenario(n, "frontend_delay")

@@ -21,12 +21,13 @@ import dataclasses
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from inferwatch.agent.alerts.profile import render_file
 from tests.conftest import ROOT
 from tests.e2e.harness import Sink
-from tests.fleet import CATALOG, Fleet, NoiseEvent, Timings, faults, hardware_types, matrix, run_drill
+from tests.fleet import CATALOG, Fleet, FleetNode, NoiseEvent, Timings, faults, hardware_types, matrix, run_drill
 from tests.tools import require
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.cpu_heavy]
@@ -83,3 +84,42 @@ def test_fleet_drill_pages_each_fault_and_nothing_while_healthy(tmp_path: Path) 
     missed = {r.fault: (r.alertname, r.receiver) for r in result.faults if r.delivered_s is None}
     assert not missed, f"never reached their receivers: {missed}; delivered: {result.fault_phase_deliveries}"
     assert seen >= {CATALOG[n].machine_type for n in (*NODES, NOSVE)}, seen
+
+
+def _series(node: FleetNode, prefix: str) -> dict[str, float]:
+    text = httpx.get(f"http://{node.instance}/metrics", timeout=30).text
+    return {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(prefix)}
+
+
+def _wait_series(node: FleetNode, name: str, want: float, timeout_s: float = 90.0) -> dict[str, float]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = _series(node, "inferwatch_runtime_")
+        if got.get(name) == want or time.monotonic() > deadline:
+            return got
+        time.sleep(1)
+
+
+def test_runtime_node_gives_the_agent_its_runtime_process_and_cgroup(tmp_path: Path) -> None:
+    """A drill node with runtime_process: the agent finds the simulator as its runtime (process collector up, the
+    SIMD collector's capable view from the node's cpuinfo, the runtime cgroup's memory PSI from the node's sysfs),
+    sees the cgroup squeezed, and counts a restart into a new image as a runtime restart (the inputs of
+    RuntimePageCacheThrashing and RuntimeSlowerAfterRestart)."""
+    node = FleetNode(CATALOG["p5-cgroup"], tmp_path, dataclasses.replace(TIMINGS, agent_interval_s=1.0), 0)
+    try:
+        node.start_sim()
+        node.start_agent()
+        got = _wait_series(node, 'inferwatch_runtime_up{runtime="vllm"}', 1.0)
+        assert got.get('inferwatch_runtime_up{runtime="vllm"}') == 1.0, got
+        got = _wait_series(node, 'inferwatch_runtime_simd_capable{feature="avx512"}', 1.0)
+        assert got.get('inferwatch_runtime_simd_capable{feature="avx512"}') == 1.0, got  # the recorded Zen 4 cpuinfo
+        psi = 'inferwatch_runtime_cgroup_pressure_memory_avg_ratio{kind="some",window="60s"}'
+        assert _wait_series(node, psi, 0.0).get(psi) == 0.0
+        node.cgroup_pressure(True)
+        assert _wait_series(node, psi, 0.124).get(psi) == 0.124
+        node.stop_sim()
+        node.start_sim(None, "--scenario", "simd_fallback")
+        restarts = 'inferwatch_runtime_restarts_total{runtime="vllm"}'
+        assert _wait_series(node, restarts, 1.0).get(restarts) == 1.0
+    finally:
+        node.close()

@@ -1,11 +1,10 @@
-"""Prometheus exposition of the agent state.
+"""Prometheus exposition of the agent state, with names and labels from the catalog, so they match what the
+OpenTelemetry Collector produces from our OTLP export.
 
-A custom ``prometheus_client`` collector on the agent's own :class:`CollectorRegistry` (never the
-global one): ``collect()`` builds metric families from the latest state, with names and labels from
-the catalog, so they match what the OpenTelemetry Collector produces from our OTLP export.
-
-``/metrics`` is answered by :func:`render`, which writes the same text format straight from the state:
-byte for byte what ``generate_latest`` makes of the registry (tests/test_exposition.py holds it to that),
+``/metrics`` is answered by :func:`render`, which writes the text format straight from the state: byte for
+byte what prometheus_client's ``generate_latest`` makes of the agent's registry
+(:mod:`inferwatch.exporters.openmetrics`, a custom collector on its own registry; tests/test_exposition.py holds
+it to that),
 without building a family object per metric and re-validating every name and label on every scrape (a
 scrape's cost grows with the code and memory it touches: docs/benchmarks.md, "The agent's CPU target").
 """
@@ -15,38 +14,45 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import Any
-
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.openmetrics.exposition import generate_latest as _openmetrics_latest
-from prometheus_client.registry import Collector as _PromCollector
-from prometheus_client.samples import Exemplar
-from prometheus_client.utils import floatToGoString
 
 from inferwatch.agent import catalog
 from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
 from inferwatch.agent.catalog.spec import Kind, MetricSpec
-from inferwatch.agent.common.samples import AnySample, HistogramSample, Sample
+from inferwatch.agent.common.samples import AnySample, HistogramSample
 from inferwatch.agent.node.state import AgentState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 
-def _fmt_le(bound: float) -> str:
+def float_text(value: float) -> str:
+    """A sample value as prometheus_client writes it (``prometheus_client.utils.floatToGoString``, Apache-2.0):
+    Python's repr, ``+Inf``/``-Inf``/``NaN``, and Go's exponent form for positive values of 10^7 and above. Here
+    so that the text path does not import prometheus_client (~4 MB per agent); tests/test_exposition.py compares
+    the two byte for byte."""
+    d = float(value)
+    if d == math.inf:
+        return "+Inf"
+    if d == -math.inf:
+        return "-Inf"
+    if math.isnan(d):
+        return "NaN"
+    s = repr(d)
+    dot = s.find(".")
+    if d > 0 and dot > 6:
+        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1 :]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return s
+
+
+def fmt_le(bound: float) -> str:
     return "+Inf" if math.isinf(bound) else repr(float(bound))
 
 
 Series = list[tuple[tuple[str, ...], AnySample]]
 
 
-def _series(state: AgentState) -> Iterator[tuple[MetricSpec, tuple[str, ...], Series]]:
+def state_series(state: AgentState) -> Iterator[tuple[MetricSpec, tuple[str, ...], Series]]:
     """Every catalog metric in the state, by name: its spec, the target attributes its series carry, and (label
     values: catalog order, then those target attributes; sample).
 
@@ -54,7 +60,7 @@ def _series(state: AgentState) -> Iterator[tuple[MetricSpec, tuple[str, ...], Se
     watches several) is a label of a family where one of its series has it, empty on the others (an empty label is
     no label to Prometheus); a family without any is as the catalog declares it. The same series from two sources
     keeps the first; a sample whose name the catalog lacks is dropped (the runner validates; an attached source
-    might not). Both :class:`StateCollector` and :func:`render` read this.
+    might not). Both :func:`render` and the OpenMetrics collector read this.
     """
     grouped: dict[str, list[AnySample]] = defaultdict(list)
     for s in state.samples():
@@ -74,38 +80,6 @@ def _series(state: AgentState) -> Iterator[tuple[MetricSpec, tuple[str, ...], Se
                 seen.add(values)
                 series.append((values, s))
         yield spec, keys[len(spec.attributes) :], series
-
-
-class StateCollector(_PromCollector):
-    def __init__(self, state: AgentState) -> None:
-        self.state = state
-
-    def collect(self) -> Iterator[Metric]:
-        for spec, targets, series in _series(self.state):
-            yield self._family(spec, targets, series)
-
-    @staticmethod
-    def _family(spec: MetricSpec, targets: tuple[str, ...], series: Series) -> Metric:
-        labels = [*spec.prometheus_labels, *(TARGET_ATTRIBUTES[k] for k in targets)]
-        prom = spec.prometheus
-        family: Metric
-        if spec.kind is Kind.HISTOGRAM:
-            family = HistogramMetricFamily(prom, spec.description, labels=labels)
-        elif spec.kind is Kind.COUNTER:
-            family = CounterMetricFamily(prom, spec.description, labels=labels)
-        else:
-            family = GaugeMetricFamily(prom, spec.description, labels=labels)
-        for values, s in series:
-            if isinstance(s, HistogramSample):
-                assert isinstance(family, HistogramMetricFamily)
-                buckets: list[Any] = [(_fmt_le(le), c) for le, c in s.buckets]
-                for i, ex in enumerate(s.exemplars[: len(buckets)]):
-                    if ex is not None:  # only the OpenMetrics format writes them
-                        buckets[i] = (*buckets[i], Exemplar({"trace_id": ex[0]}, ex[1], ex[2] or None))
-                family.add_metric(list(values), buckets, s.sum)
-            elif isinstance(s, Sample) and isinstance(family, (GaugeMetricFamily, CounterMetricFamily)):
-                family.add_metric(list(values), float(s.value))
-        return family
 
 
 class _Format:
@@ -146,7 +120,7 @@ def render(state: AgentState) -> bytes:
     """
     body = bytearray()
     out: list[str] = []
-    for spec, targets, series in _series(state):
+    for spec, targets, series in state_series(state):
         if out:
             body += "".join(out).encode()
             out.clear()
@@ -162,16 +136,16 @@ def render(state: AgentState) -> bytes:
                     continue
                 at = fmt.buckets
                 for le, count in s.buckets:
-                    parts.insert(at, f'le="{_fmt_le(le)}"')
-                    out.append(f"{prom}_bucket{{{','.join(parts)}}} {floatToGoString(count)}\n")
+                    parts.insert(at, f'le="{fmt_le(le)}"')
+                    out.append(f"{prom}_bucket{{{','.join(parts)}}} {float_text(count)}\n")
                     del parts[at]
                 if s.buckets and s.buckets[0][0] >= 0:  # prometheus_client drops count and sum below zero
                     labels = f"{{{','.join(parts)}}}" if parts else ""
-                    out.append(f"{prom}_count{labels} {floatToGoString(s.buckets[-1][1])}\n")
-                    out.append(f"{prom}_sum{labels} {floatToGoString(s.sum)}\n")
+                    out.append(f"{prom}_count{labels} {float_text(s.buckets[-1][1])}\n")
+                    out.append(f"{prom}_sum{labels} {float_text(s.sum)}\n")
             elif fmt.kind is not Kind.HISTOGRAM:
                 labels = f"{{{','.join(parts)}}}" if parts else ""
-                out.append(f"{prom}{labels} {floatToGoString(s.value)}\n")
+                out.append(f"{prom}{labels} {float_text(s.value)}\n")
     body += "".join(out).encode()
     return bytes(body)
 
@@ -180,12 +154,10 @@ def render_openmetrics(state: AgentState) -> bytes:
     """The state in the OpenMetrics text format, with the latency histograms' exemplars (trace ids).
 
     Served when the scraper asks for it (Prometheus does, first, in its Accept header) and the span receiver feeds
-    histograms (``receiver.emit_histograms``): through prometheus_client's registry, slower than :func:`render`.
+    histograms (``receiver.emit_histograms``): through prometheus_client's registry
+    (:mod:`inferwatch.exporters.openmetrics`, imported on the first such scrape: an agent without exemplars never
+    loads prometheus_client, ~4 MB), slower than :func:`render`.
     """
-    return _openmetrics_latest(make_registry(state))
+    from inferwatch.exporters.openmetrics import render_openmetrics as render
 
-
-def make_registry(state: AgentState) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(StateCollector(state))
-    return registry
+    return render(state)

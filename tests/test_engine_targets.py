@@ -34,7 +34,8 @@ from inferwatch.agent.node.runner import Runner
 from inferwatch.agent.node.state import AgentState
 from inferwatch.agent.node.targets import EngineTargets, TargetCollector
 from inferwatch.agent.node.wiring import build_deps
-from inferwatch.exporters.prometheus import make_registry, render
+from inferwatch.exporters.openmetrics import make_registry
+from inferwatch.exporters.prometheus import render
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.fake_nvml import FakeNVML
 from tests.k8s_replay import Replay

@@ -18,7 +18,8 @@ from inferwatch.agent.catalog.spec import Kind
 from inferwatch.agent.common.samples import HistogramSample, Sample
 from inferwatch.agent.node.collectors.base import Collection
 from inferwatch.agent.node.state import AgentState, CollectorHealth
-from inferwatch.exporters.prometheus import make_registry, render
+from inferwatch.exporters.openmetrics import make_registry
+from inferwatch.exporters.prometheus import render
 
 AWKWARD = ["plain", "back\\slash", 'quote"d', "new\nline", "ünïcode ✓", "", "a,b=c{d}"]
 VALUES = [0.0, 1.0, -2.5, 1e22, 123456789.0, 0.1 + 0.2, 5e-324, math.inf, -math.inf, math.nan, 7]

@@ -1,6 +1,6 @@
 """The running agent: dependencies (:mod:`inferwatch.agent.node.wiring`) → collectors → runner → state → sinks.
 
-Sinks: the Prometheus registry, the OTLP metric exporter, the snapshot store and OTLP log sink (state
+Sinks: the Prometheus exposition, the OTLP metric exporter, the snapshot store and OTLP log sink (state
 listeners), and the HTTP API (:meth:`Agent.asgi`). The binary check is an action started here.
 """
 
@@ -19,7 +19,6 @@ from inferwatch.agent.node.runner import Runner
 from inferwatch.agent.node.state import CollectorHealth
 from inferwatch.agent.node.targets import discovery_configured
 from inferwatch.agent.node.wiring import Deps, build_deps
-from inferwatch.exporters.prometheus import make_registry
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +109,6 @@ class Agent:
         if deps.alertpush.enabled:  # critical findings straight to Alertmanager (agent/node/actions/alertpush.py)
             self.state.add_listener(deps.alertpush.on_record)
             self.state.add_source("alertpush", deps.alertpush.samples)
-        self.registry = make_registry(self.state)
         self.otlp: Any = None
         self.otlp_logs: Any = None
         self._started = False
@@ -142,6 +140,14 @@ class Agent:
         swept = self.deps.snapshots.sweep()  # temp files of writes a crash interrupted
         if swept:
             log.info("removed %d unfinished snapshot temp files from %s", swept, self.deps.snapshots.directory)
+    @property
+    def registry(self) -> Any:
+        """The state on a prometheus_client registry (:mod:`inferwatch.exporters.openmetrics`), made on request:
+        what /metrics writes compared with what prometheus_client's ``generate_latest`` writes."""
+        from inferwatch.exporters.openmetrics import make_registry
+
+        return make_registry(self.state)
+
         if self.settings.otlp_enabled():
             from inferwatch.exporters.otlp import OTLPExporter, build_resource, make_exporter
 

@@ -115,6 +115,14 @@ class Agent:
         self._stopped = False
         self._lock = threading.Lock()
 
+    @property
+    def registry(self) -> Any:
+        """The state on a prometheus_client registry (:mod:`inferwatch.exporters.openmetrics`), made on request:
+        what /metrics writes compared with what prometheus_client's ``generate_latest`` writes."""
+        from inferwatch.exporters.openmetrics import make_registry
+
+        return make_registry(self.state)
+
     def asgi(self) -> Any:
         """The agent's HTTP application (``/metrics`` in front of the API)."""
         from inferwatch.agent.node.api.server import create_app
@@ -140,14 +148,6 @@ class Agent:
         swept = self.deps.snapshots.sweep()  # temp files of writes a crash interrupted
         if swept:
             log.info("removed %d unfinished snapshot temp files from %s", swept, self.deps.snapshots.directory)
-    @property
-    def registry(self) -> Any:
-        """The state on a prometheus_client registry (:mod:`inferwatch.exporters.openmetrics`), made on request:
-        what /metrics writes compared with what prometheus_client's ``generate_latest`` writes."""
-        from inferwatch.exporters.openmetrics import make_registry
-
-        return make_registry(self.state)
-
         if self.settings.otlp_enabled():
             from inferwatch.exporters.otlp import OTLPExporter, build_resource, make_exporter
 

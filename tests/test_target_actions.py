@@ -186,3 +186,64 @@ def test_actions_act_on_the_named_targets_process_and_a_hang_captures_its_own(
         agent.stop()
     # the targets' binary checks stopped with the agent
     assert not [t for t in threading.enumerate() if t.name.startswith("binary:gpu")]
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_each_engines_spans_are_analysed_apart(tmp_path: Path) -> None:
+    """Two engines on one node send spans to one receiver, each naming its pod in its resource (the Downward API's
+    ``OTEL_RESOURCE_ATTRIBUTES``): each target's latency series hold its own requests under its own model, none in the
+    node's; a pod the agent does not watch is no target's (its spans stay the node's)."""
+    grpc = free_port()
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for i, model in enumerate(("model-a", "model-b")):
+            port = free_port()
+            cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(port), "--model", model]
+            cmd += [
+                "--seed",
+                str(20 + i),
+                "--otlp-traces-endpoint",
+                f"http://127.0.0.1:{grpc}",
+                "--log-level",
+                "warning",
+            ]
+            env = {"OTEL_RESOURCE_ATTRIBUTES": f"k8s.namespace.name=serving,k8s.pod.name=vllm-{i}"}
+            sim = stack.enter_context(running(cmd, tmp_path / f"sim{i}.log", cwd=ROOT, env=env))
+            wait_http(f"http://127.0.0.1:{port}/health", proc=sim, timeout_s=90)
+            ports.append(port)
+        path = tmp_path / "targets.yaml"
+        groups = [
+            {"targets": [f"127.0.0.1:{port}"], "labels": {"__inferwatch_name__": f"gpu{i}", "namespace": "serving",
+                                                          "pod": f"vllm-{i}"}}
+            for i, port in enumerate(ports)
+        ]  # fmt: skip
+        path.write_text(yaml.safe_dump(groups))
+        settings = Settings(
+            interval_s=1.0,
+            discovery=DiscoverySettings(file=path),
+            receiver={"enabled": True, "grpc_endpoint": f"127.0.0.1:{grpc}", "http_endpoint": None},
+            snapshots={"dir": str(tmp_path / "snap")},
+            evidence={"dir": str(tmp_path / "ev"), "py_spy": False},
+        )
+        agent = Agent(settings, build_deps(settings, nvml=FakeNVML([])))
+        agent.start()
+        try:
+            for port in ports:
+                load = [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", f"http://127.0.0.1:{port}"]
+                load += ["--rate", "4", "--duration", "600", "--no-progress"]
+                stack.enter_context(running(load, tmp_path / f"load-{port}.log", cwd=ROOT))
+            for target, model in (("gpu0", "model-a"), ("gpu1", "model-b")):
+                lines = _wait(
+                    f"{target}'s span latency",
+                    lambda t=target: [x for x in _lines(agent.state, "inferwatch_engine_latency_seconds")  # type: ignore[misc]
+                                      if f'engine_name="{t}"' in x and 'source="spans"' in x],
+                    120,
+                )  # fmt: skip
+                assert all(f'gen_ai_request_model="{model}"' in x for x in lines), lines  # its engine's one model
+            spans = agent.spans
+            assert spans.engine_of((("k8s.namespace.name", "serving"), ("k8s.pod.name", "vllm-1"))) == "gpu1"
+            assert spans.engine_of((("k8s.namespace.name", "other"), ("k8s.pod.name", "vllm-1"))) is None
+            assert agent.analytics.models() == []  # the node's own analytics got none of the two engines' requests
+        finally:
+            agent.stop()

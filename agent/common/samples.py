@@ -100,6 +100,9 @@ class RequestTiming:
     operation: str | None = None
     provider: str | None = None
     error_type: str | None = None
+    # Which engine sent it: the span's resource identity (k8s.namespace.name, k8s.pod.name, k8s.container.name where
+    # set, sorted pairs), by which the span analytics tell the engines of one node apart.
+    resource: Attributes = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,8 @@ restarted or gone within one interval. Per target, built from the same classes a
   slow or hung engine delays no other;
 - ``runtime_profile:<name>``: a runtime-profile reader of its own, where the target has a profile URL;
 - ``probe:<name>``: the streaming probe at the engine's API, with ``probe.targets``;
+- ``spans:<name>``: with the span receiver on and a pod identity, the latency analytics and tail explainer of the
+  requests whose spans' resource names its pod (:mod:`inferwatch.agent.node.analytics.pertarget`);
 - ``process:<name>`` and ``simd:<name>``: the engine's process, where the target has a pod UID and container id:
   found through the container's cgroup (:mod:`inferwatch.agent.node.host.podprocess`), or for an engine on this
   host's loopback as the listener of its port, never a command-line pattern. Once found, the process is registered
@@ -46,7 +48,8 @@ from inferwatch.agent.errors import NoDataError, SourceFormatError
 from inferwatch.agent.node.actions.binary import BinaryCheck
 from inferwatch.agent.node.actions.evidence import EvidenceStore
 from inferwatch.agent.node.actions.runtimes import Runtime, Runtimes
-from inferwatch.agent.node.collectors import Schedule, is_enabled, schedule
+from inferwatch.agent.node.analytics.pertarget import TargetSpanAnalytics, TargetSpans
+from inferwatch.agent.node.collectors import HOST_LANE, Schedule, is_enabled, schedule
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext
 from inferwatch.agent.node.collectors.engine import EngineCollector
 from inferwatch.agent.node.collectors.probe import ProbeCollector
@@ -197,9 +200,11 @@ class EngineTargets(BaseCollector):
         clock: Callable[[], float] = time.monotonic,
         runtimes: Runtimes | None = None,
         evidence: EvidenceStore | None = None,
+        spans: TargetSpans | None = None,
     ) -> None:
         """``runtimes``: where each target's process is registered for the actions once found; ``evidence``: told
-        when a target goes, to drop what it kept of it."""
+        when a target goes, to drop what it kept of it; ``spans``: the span receiver's sink (receiver on), where
+        each target with a pod gets span analytics of its own."""
         super().__init__(ctx)
         self.settings = settings
         self.state = state
@@ -207,6 +212,7 @@ class EngineTargets(BaseCollector):
         self.discovery = discovery
         self.runtimes = runtimes
         self.evidence = evidence
+        self.spans = spans
         self._clock = clock
         self._running: dict[str, _Running] = {}
         self._failing: set[str] = set()  # targets whose collectors could not be built at the last run
@@ -307,6 +313,12 @@ class EngineTargets(BaseCollector):
             self._add(running, RuntimeProfileCollector(ctx, self._profile(target)))
         if self.settings.probe.targets:
             self._add(running, ProbeCollector(ctx, self._probe(target)))
+        engine_spans = self.spans.add(target.name, target_attributes(target)) if self.spans is not None else None
+        if engine_spans is not None:  # its requests' latencies apart from the node's other engines'
+            s = self.settings
+            processor = TargetSpanAnalytics(engine_spans, self.state, tuple(sorted(target_attributes(target).items())))
+            self.runner.add(processor, Schedule(s.interval_s, min(s.timeout_s, s.interval_s), HOST_LANE, True))
+            running.names.append(processor.name)
         if process_findable(target):
             self._add_process(running)
         log.info("engine target %s (%s) started: %s", target.name, target.source, target.metrics_url)
@@ -402,6 +414,8 @@ class EngineTargets(BaseCollector):
         self._drop_runtime(running)
         if self.evidence is not None:
             self.evidence.forget(name)
+        if self.spans is not None:
+            self.spans.remove(name)
         for collector_name in running.names:
             collector = self.runner.remove(collector_name)
             self.state.forget(collector_name)

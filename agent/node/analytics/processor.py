@@ -23,13 +23,21 @@ class SpanAnalytics:
 
     name: ClassVar[str] = "spans"
 
-    def __init__(self, analytics: LatencyAnalytics, state: AgentState, explainer: TailExplainer | None = None) -> None:
+    def __init__(
+        self,
+        analytics: LatencyAnalytics,
+        state: AgentState,
+        explainer: TailExplainer | None = None,
+        engine: str = ENGINE,
+    ) -> None:
+        """``engine``: the collector whose models the spans are matched to (an engine target's ``engine:<name>``)."""
         self.analytics = analytics
         self.state = state
         self.explainer = explainer
+        self.engine = engine
 
     def collect(self) -> Collection:
-        engine = EngineSeries.of(self.state.collections().get(ENGINE))
+        engine = EngineSeries.of(self.state.collections().get(self.engine))
         samples = self.analytics.compute(engine)
         samples.extend(self.analytics.failures.samples())
         if self.explainer is not None:  # the tail verdict the alerts quote (inferwatch.engine.tail.driver)

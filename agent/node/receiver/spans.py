@@ -19,6 +19,8 @@ gen_ai.latency.time_in_model_inference     inference  scheduled → last token
 V0-only keys (``time_in_scheduler``, ``time_in_model_forward``, ``time_in_model_execute``) are not
 quantities of the catalog and are ignored. Tokens come from ``gen_ai.usage.prompt_tokens`` /
 ``completion_tokens`` (the old GenAI keys vLLM uses) or ``input_tokens`` / ``output_tokens`` (current).
+The engine is the resource's ``k8s.namespace.name`` / ``k8s.pod.name`` / ``k8s.container.name`` where set
+(``RequestTiming.resource``: the span analytics keep each discovered engine's requests apart by it).
 The model is the span's ``gen_ai.request.model``, else its ``gen_ai.response.model`` (other emitters),
 else the same keys on the resource (``OTEL_RESOURCE_ATTRIBUTES=gen_ai.request.model=NAME`` tags every
 span of a process), else ``unknown``. vLLM v1 puts no model on its spans (engines.md §2: one process,
@@ -176,6 +178,21 @@ def _resource_model(attributes: object) -> str | None:
     return request or response or None
 
 
+RESOURCE_IDENTITY_KEYS = frozenset({"k8s.namespace.name", "k8s.pod.name", "k8s.container.name"})
+
+
+def _resource_identity(attributes: object) -> tuple[tuple[str, str], ...]:
+    """The engine's identity from its resource (``OTEL_RESOURCE_ATTRIBUTES=k8s.pod.name=...`` from the Downward
+    API), sorted pairs; empty where the resource names none."""
+    return tuple(
+        sorted(
+            (kv.key, kv.value.string_value[:MAX_LABEL_CHARS])
+            for kv in attributes  # type: ignore[attr-defined]
+            if kv.key in RESOURCE_IDENTITY_KEYS and kv.value.string_value
+        )
+    )
+
+
 def extract(req: ExportTraceServiceRequest) -> Extracted:
     """Per-request timings from every span with ``gen_ai.latency.*`` attributes."""
     out = Extracted()
@@ -185,6 +202,7 @@ def extract(req: ExportTraceServiceRequest) -> Extracted:
     label_keys = LABEL_KEYS
     for rs in req.resource_spans:
         resource_model = _resource_model(rs.resource.attributes)
+        resource = _resource_identity(rs.resource.attributes)
         for ss in rs.scope_spans:
             spans = ss.spans
             out.spans += len(spans)
@@ -270,6 +288,7 @@ def extract(req: ExportTraceServiceRequest) -> Extracted:
                         operation,
                         provider or provider_old,
                         error_type or (_ERROR_OTHER if span.status.code == _STATUS_CODE_ERROR else None),
+                        resource,
                     )
                 )
                 out.sources.append(span)

@@ -35,6 +35,7 @@ class Agent:
         self.analytics: Any = None  # LatencyAnalytics when the OTLP trace receiver is on
         self.receiver: Any = None
         self.explainer: Any = None  # TailExplainer when the OTLP trace receiver is on
+        self.spans: Any = None  # TargetSpans when the receiver is on with discovery: each engine's spans apart
         processors: list[Collector] = []
         if settings.receiver.enabled:
             from inferwatch.agent.node.analytics.explain import RecordingSink, TailExplainer
@@ -55,7 +56,24 @@ class Agent:
             self.explainer = (
                 TailExplainer()
             )  # the last 5 minutes of requests, bounded (agent/node/analytics/explain.py)
-            self.receiver = Receiver(settings.receiver, RecordingSink(self.analytics, self.explainer))
+            sink: Any = RecordingSink(self.analytics, self.explainer)
+            if discovery_configured(settings.discovery):  # each engine target's requests apart (analytics/pertarget.py)
+                from inferwatch.agent.node.analytics.pertarget import TargetSpans
+
+                def engine_spans() -> tuple[LatencyAnalytics, TailExplainer]:
+                    options = GenAIOptions(
+                        rs.genai_operation_name, rs.genai_provider_name, tuple(rs.ttft_extra_buckets_s)
+                    )
+                    analytics = LatencyAnalytics(
+                        max_models=rs.max_models,
+                        histograms=rs.emit_histograms,
+                        prompt_bands=rs.prompt_band_histograms,
+                        genai_options=options,
+                    )
+                    return analytics, TailExplainer()
+
+                sink = self.spans = TargetSpans(sink, engine_spans)
+            self.receiver = Receiver(settings.receiver, sink)
             processors.append(SpanAnalytics(self.analytics, self.state, self.explainer))  # on the runner's schedule
             self.state.add_source("receiver", self.receiver.samples)
         from inferwatch.agent.node.analytics.series import SeriesBudget
@@ -78,7 +96,14 @@ class Agent:
 
             discovery = Discovery(settings.discovery)
             self.targets = EngineTargets(
-                settings, self.ctx, self.state, self.runner, discovery, runtimes=deps.runtimes, evidence=deps.evidence
+                settings,
+                self.ctx,
+                self.state,
+                self.runner,
+                discovery,
+                runtimes=deps.runtimes,
+                evidence=deps.evidence,
+                spans=self.spans,
             )
             self.runner.add(self.targets, self.targets.plan())
         self.pod_conditions: Any = None  # the readiness gate's condition on engine pods (discovery/podcondition.py)

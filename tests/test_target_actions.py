@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -247,3 +248,55 @@ def test_each_engines_spans_are_analysed_apart(tmp_path: Path) -> None:
             assert agent.analytics.models() == []  # the node's own analytics got none of the two engines' requests
         finally:
             agent.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_api_takes_the_target_name(tmp_path: Path, sims: list[tuple[int, Any]]) -> None:
+    """The agent as it runs (its own process, its HTTP API): py-spy, evidence and the binary check of a named engine
+    target act on that engine's process; an unknown name is a 404 that lists the known ones."""
+    (port_a, proc_a), (port_b, proc_b) = sims
+    token = "prof-token-0123456789abcdef"
+    (tmp_path / "tokens").write_text(f"{token} profile,read,evidence ops\n")
+    agent_port = free_port()
+    env = {
+        "INFERWATCH_API__TOKENS_FILE": str(tmp_path / "tokens"),
+        "INFERWATCH_PROFILING__ENABLED": "true",
+        "INFERWATCH_DISCOVERY__FILE": str(_targets(tmp_path, [port_a, port_b])),
+        "INFERWATCH_ENGINE__METRICS_URL": "",
+        "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap"),
+        "INFERWATCH_EVIDENCE__DIR": str(tmp_path / "ev"),
+        "INFERWATCH_EVIDENCE__PY_SPY": "false",
+    }
+    cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(agent_port), "--interval", "1"]
+    auth = {"Authorization": f"Bearer {token}"}
+    with running(cmd, tmp_path / "agent.log", cwd=ROOT, env=env) as agent:
+        base = f"http://127.0.0.1:{agent_port}"
+        wait_http(f"{base}/healthz", proc=agent, timeout_s=90)
+        binary = _wait(
+            "gpu1's binary check", lambda: (r := httpx.get(f"{base}/api/v1/binary?target=gpu1", headers=auth))
+            .status_code == 200 and r.json(), 120,
+        )  # fmt: skip
+        assert binary["report"]["pid"] == proc_b.pid
+        missing = httpx.post(f"{base}/api/v1/binary?target=gpu7", headers=auth)
+        assert missing.status_code == 404 and missing.json()["known"] == ["gpu0", "gpu1"]
+
+        r = httpx.post(f"{base}/api/v1/evidence?target=gpu0", headers=auth, timeout=60)
+        assert r.status_code == 201, r.text
+        bundle = httpx.get(base + r.json()["url"], headers=auth).json()
+        assert bundle["meta"]["target"] == "gpu0" and [p["pid"] for p in bundle["processes"]] == [proc_a.pid]
+        assert httpx.post(f"{base}/api/v1/evidence?target=gpu7", headers=auth).json()["error"] == "unknown_target"
+
+        r = httpx.post(f"{base}/api/v1/profiles", json={"target": "gpu1", "duration_s": 1}, headers=auth)
+        assert r.status_code == 202, r.text
+        job = r.json()
+        assert job["pid"] == proc_b.pid and job["target"] == "gpu1"
+        done = _wait(
+            "gpu1's profile", lambda: (s := httpx.get(base + job["status_url"], headers=auth).json())["state"]
+            != "running" and s, 90,
+        )  # fmt: skip
+        assert done["state"] == "done", done
+        other = httpx.post(f"{base}/api/v1/profiles", json={"target": "gpu1", "pid": proc_a.pid}, headers=auth)
+        assert other.json()["error"] == "not_runtime"  # gpu0's process is not gpu1's to profile
+        unknown = httpx.post(f"{base}/api/v1/profiles", json={"target": "gpu7"}, headers=auth)
+        assert unknown.status_code == 404 and unknown.json()["error"] == "unknown_target"

@@ -8,6 +8,9 @@ Alertmanager webhook ``POST /api/v1/alertmanager``; ``read`` for ``GET /engines/
 ``/engines/*`` to ``api.open_paths`` for a load balancer or probe that sends no token). Paths in
 ``api.open_paths`` (default ``/metrics``, ``/healthz``, ``/readyz``) need no token. 401 = no valid token,
 403 = token lacks scope.
+
+The actions on a runtime (binary check, evidence capture, py-spy profiles) take a discovered engine target's name
+(``?target=`` or the body's ``target``) and act on that target's process; without one, on the configured runtime.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from inferwatch.agent.node.actions import pyspy
 from inferwatch.agent.node.actions.binary import BinaryCheck
 from inferwatch.agent.node.actions.evidencebundle import render_text
 from inferwatch.agent.node.actions.profiles import ProfileBusyError
+from inferwatch.agent.node.actions.runtimes import UnknownTargetError
 from inferwatch.agent.node.analytics import explain, explaintext
 from inferwatch.agent.node.api.auth import Authenticator
 from inferwatch.agent.node.api.endpoints import json_object, query_int, query_str, route
@@ -211,10 +215,18 @@ def install(
         bundle_id = request.path_params["bundle_id"]
         return bundle_answer(evidence.get(bundle_id), repr(bundle_id[:40]), query_str(request, "format"))
 
+    runtimes = evidence.runtimes  # the configured runtime and each engine target's (actions/runtimes.py)
+
+    def unknown_target(exc: UnknownTargetError) -> JSONResponse:
+        return JSONResponse({"error": "unknown_target", "message": str(exc), "known": exc.known}, status_code=404)
+
     @route(app, "POST", "/api/v1/evidence")
     def capture_evidence(request: Request) -> JSONResponse:
+        """A bundle now, of engine target ``?target=`` (default: the configured runtime)."""
         try:
-            meta = evidence.capture("api", "requested through the API")
+            meta = evidence.capture("api", "requested through the API", target=query_str(request, "target") or "")
+        except UnknownTargetError as exc:
+            return unknown_target(exc)
         except NoDataError as exc:
             return JSONResponse({"error": "store_failed", "message": str(exc)}, status_code=503)
         return JSONResponse(meta.as_dict() | {"url": f"/api/v1/evidence/{meta.id}"}, status_code=201)
@@ -284,14 +296,32 @@ def install(
             return JSONResponse({"error": "no_runtime", "message": str(svc.absent)}, status_code=404)
         return JSONResponse({"error": "check_failed", "message": svc.error or "not run yet"}, status_code=503)
 
+    def binary_of(request: Request) -> BinaryCheck | JSONResponse:
+        """The binary check of engine target ``?target=`` (default: the configured runtime's)."""
+        target = query_str(request, "target") or ""
+        if not target:
+            return services.binary
+        try:
+            check = runtimes.get(target).binary
+        except UnknownTargetError as exc:
+            return unknown_target(exc)
+        if check is None:
+            message = f"engine target {target!r} has no binary check (collectors.binary.enabled is false)"
+            return JSONResponse({"error": "no_check", "message": message}, status_code=404)
+        return check
+
     @route(app, "GET", "/api/v1/binary")
     def get_binary(request: Request) -> JSONResponse:
-        return binary_answer(services.binary)
+        check = binary_of(request)
+        return check if isinstance(check, JSONResponse) else binary_answer(check)
 
     @route(app, "POST", "/api/v1/binary")
     def run_binary(request: Request) -> JSONResponse:
-        services.binary.check()
-        return binary_answer(services.binary)
+        check = binary_of(request)
+        if isinstance(check, JSONResponse):
+            return check
+        check.check()
+        return binary_answer(check)
 
     # --- py-spy profiles ---
     manager = services.profiles
@@ -308,11 +338,14 @@ def install(
                 status_code=409,
             )
         try:
+            target = body.get("target") or ""  # an engine target's runtime instead of the configured one
+            if not isinstance(target, str):
+                raise ValueError(f"target is an engine target's name, not {target!r:.40}")
             pid: object
             if body.get("pid") is not None:
                 pid = body["pid"]  # validated by the profile manager's scope: a positive int, the runtime's
             elif body.get("runtime", True):
-                pid = services.locator.find().pid
+                pid = runtimes.get(target).locator.find().pid if target else services.locator.find().pid
             else:
                 raise ValueError("give pid or runtime: true")
             opts = pyspy.RecordOptions(
@@ -322,9 +355,11 @@ def install(
                 native=bool(body.get("native", False)),
                 nonblocking=bool(body.get("nonblocking", False)),
             )
-            job = manager.start(pid, opts)
+            job = manager.start(pid, opts, target=target)
         except (ValueError, TypeError) as exc:
             return JSONResponse({"error": "bad_request", "message": str(exc)}, status_code=400)
+        except UnknownTargetError as exc:
+            return unknown_target(exc)
         except NoDataError as exc:
             return JSONResponse({"error": "no_runtime", "message": str(exc)}, status_code=404)
         except ProfileBusyError as exc:

@@ -9,6 +9,8 @@ agent in this process with its targets from a ``file_sd`` file.
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -300,3 +302,12 @@ def test_the_api_takes_the_target_name(tmp_path: Path, sims: list[tuple[int, Any
         assert other.json()["error"] == "not_runtime"  # gpu0's process is not gpu1's to profile
         unknown = httpx.post(f"{base}/api/v1/profiles", json={"target": "gpu7"}, headers=auth)
         assert unknown.status_code == 404 and unknown.json()["error"] == "unknown_target"
+
+    # the CLI, with no agent: the target found from the same discovery settings, its process by its port
+    cli = [PYTHON, "-m", "inferwatch.agent", "profile", "--duration", "1", "-o", str(tmp_path / "gpu0.json")]
+    env_cli = {**os.environ, "INFERWATCH_DISCOVERY__FILE": env["INFERWATCH_DISCOVERY__FILE"]}
+    done_cli = subprocess.run([*cli, "--target", "gpu0"], env=env_cli, capture_output=True, text=True, timeout=120)
+    assert done_cli.returncode == 0, done_cli.stderr
+    assert f"recording pid {proc_a.pid} " in done_cli.stderr and (tmp_path / "gpu0.json").stat().st_size > 0
+    bad = subprocess.run([*cli, "--target", "gpu7"], env=env_cli, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "'gpu7'" in bad.stderr and "gpu0, gpu1" in bad.stderr

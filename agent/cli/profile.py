@@ -18,6 +18,9 @@ def register(app: typer.Typer) -> None:
     def profile(
         runtime: bool = typer.Option(False, "--runtime", help="Profile the configured runtime process."),
         pid: int | None = typer.Option(None, "--pid", min=1, help="Profile this pid."),
+        target: str | None = typer.Option(
+            None, "--target", help="Profile this discovered engine target's runtime (discovery.*: its name)."
+        ),
         duration: float = typer.Option(5.0, "--duration", help="Seconds to record (cap: profiling.max_duration_s)."),
         rate: int = typer.Option(100, "--rate", help="Samples per second (1..1000)."),
         fmt: str = typer.Option("speedscope", "--format", help="speedscope, flamegraph or raw."),
@@ -27,13 +30,14 @@ def register(app: typer.Typer) -> None:
         config: Path | None = ConfigOpt,
         procfs: Path | None = ProcfsOpt,
     ) -> None:
-        """Record a py-spy profile of the runtime (--runtime) or of --pid."""
-        from inferwatch.agent.errors import NoDataError
+        """Record a py-spy profile of the runtime (--runtime), of a discovered engine target's (--target) or of
+        --pid."""
+        from inferwatch.agent.errors import InferwatchError
         from inferwatch.agent.node.actions import pyspy
         from inferwatch.agent.node.host.runtime import RuntimeLocator
 
-        if runtime == (pid is not None):
-            typer.echo("inferwatch: give exactly one of --runtime or --pid", err=True)
+        if [runtime, pid is not None, target is not None].count(True) != 1:
+            typer.echo("inferwatch: give exactly one of --runtime, --target or --pid", err=True)
             raise typer.Exit(2)
         settings = build_settings(config, procfs, None, [])
         opts = pyspy.RecordOptions(duration, rate, fmt, native, nonblocking)
@@ -44,8 +48,15 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2) from None
         if pid is None:
             try:
-                pid = RuntimeLocator(settings.runtime, settings.path.procfs).find().pid
-            except NoDataError as exc:
+                if target is not None:  # its process through its container's cgroup, or its loopback port
+                    from inferwatch.agent.node.host.procfs import ReadLimits
+                    from inferwatch.agent.node.targets import find_target, target_pid
+
+                    found = find_target(settings.discovery, target)
+                    pid = target_pid(found, settings.path.procfs, ReadLimits.of(settings.read_limits))
+                else:
+                    pid = RuntimeLocator(settings.runtime, settings.path.procfs).find().pid
+            except InferwatchError as exc:
                 typer.echo(f"inferwatch: {exc}", err=True)
                 raise typer.Exit(2) from None
         out = output or Path(f"profile-{pid}{pyspy.FORMATS[fmt]}")

@@ -38,6 +38,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -47,7 +48,7 @@ from inferwatch.agent.config import DiscoverySettings, EngineSettings, ProbeSett
 from inferwatch.agent.errors import NoDataError, SourceFormatError
 from inferwatch.agent.node.actions.binary import BinaryCheck
 from inferwatch.agent.node.actions.evidence import EvidenceStore
-from inferwatch.agent.node.actions.runtimes import Runtime, Runtimes
+from inferwatch.agent.node.actions.runtimes import Runtime, Runtimes, UnknownTargetError
 from inferwatch.agent.node.analytics.pertarget import TargetSpanAnalytics, TargetSpans
 from inferwatch.agent.node.collectors import HOST_LANE, Schedule, is_enabled, schedule
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext
@@ -60,6 +61,7 @@ from inferwatch.agent.node.debugprofile.reader import ProfileReader
 from inferwatch.agent.node.discovery.combined import Discovery
 from inferwatch.agent.node.discovery.target import EngineTarget
 from inferwatch.agent.node.host.podprocess import find_container_processes
+from inferwatch.agent.node.host.procfs import ReadLimits
 from inferwatch.agent.node.host.runtime import RuntimeLocator, pid_listening_on
 from inferwatch.agent.node.runner import Runner
 from inferwatch.agent.node.simd.codescan import CodeScanCache
@@ -69,6 +71,8 @@ log = logging.getLogger(__name__)
 
 SUPERVISOR_TIMEOUT_S = 30.0  # one run of the supervisor: building the targets' clients, closing the removed ones
 PROCESS_RETRY_S = 60.0  # a target whose process was not found (a container starting) is looked for again this often
+DEFAULT_FIND_TIMEOUT_S = 15.0  # find_target: how long a one-off command waits for the Kubernetes list
+FIND_POLL_S = 0.5
 PROCESS_KINDS = ("process", "simd")  # a target's collectors on its process's pid: found, and lost, together
 
 
@@ -108,6 +112,42 @@ def process_findable(target: EngineTarget) -> bool:
     as the listener of its port on this host's loopback."""
     ident = target.identity
     return bool(ident.pod_uid and ident.container_id) or local_port(target) is not None
+
+
+def target_pid(target: EngineTarget, procfs: Path, limits: ReadLimits) -> int:
+    """The engine's process: through its container's cgroup on Kubernetes (a pod UID and container id); else, for
+    an engine on this host's loopback, the process listening on its metrics port. Never a command-line pattern: two
+    engines on one node would match one pattern. NoDataError (or SourceFormatError) when not found."""
+    ident = target.identity
+    if ident.pod_uid and ident.container_id:
+        return find_container_processes(procfs, ident.pod_uid, ident.container_id, limits).pid
+    port = local_port(target)
+    pid = pid_listening_on(procfs, port) if port is not None else None
+    if pid is None:
+        raise NoDataError(
+            f"no process listening on port {port} of this host",
+            hint="run the agent as root in the engine's network and PID namespaces",
+        )
+    return pid
+
+
+def find_target(settings: DiscoverySettings, name: str, timeout_s: float = DEFAULT_FIND_TIMEOUT_S) -> EngineTarget:
+    """Target ``name`` from a discovery of its own (a one-off command with no agent running): the static and file
+    targets at once, the Kubernetes pods once listed (waited for up to ``timeout_s``). UnknownTargetError listing the
+    targets found when there is no such target."""
+    discovery = Discovery(settings)
+    discovery.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            poll = discovery.poll()
+            if name in poll.targets:
+                return poll.targets[name]
+            if not settings.kubernetes or time.monotonic() >= deadline:
+                raise UnknownTargetError(name, sorted(poll.targets))
+            time.sleep(FIND_POLL_S)
+    finally:
+        discovery.stop()
 
 
 def stamp(samples: list[AnySample] | tuple[AnySample, ...], identity: Attributes) -> list[AnySample]:
@@ -360,21 +400,7 @@ class EngineTargets(BaseCollector):
             self.runtimes.register(target.name, Runtime(locator, None, reader, identity, running.binary))
 
     def _find_pid(self, target: EngineTarget) -> int:
-        """Through its container's cgroup on Kubernetes (a pod UID and container id); else, for an engine on this
-        host's loopback, the process listening on its metrics port. Never a command-line pattern: two engines on one
-        node would match one pattern."""
-        ident = target.identity
-        if ident.pod_uid and ident.container_id:
-            procfs, limits = self.ctx.procfs, self.ctx.read_limits
-            return find_container_processes(procfs, ident.pod_uid, ident.container_id, limits).pid
-        port = local_port(target)
-        pid = pid_listening_on(self.ctx.procfs, port) if port is not None else None
-        if pid is None:
-            raise NoDataError(
-                f"no process listening on port {port} of this host",
-                hint="run the agent as root in the engine's network and PID namespaces",
-            )
-        return pid
+        return target_pid(target, self.ctx.procfs, self.ctx.read_limits)
 
     def _process_gone(self, running: _Running) -> bool:
         """Whether the target's process collector finds its pid gone; if so it and the collectors on the same pid

@@ -794,7 +794,8 @@ def out_of_sample(
         print(
             f"{i:4d} seed {ep.seed} {mark} {ep.label:22} "
             + " ".join(f"{c}={s:.2f}" for c, s in ep.causes)
-            + f"  named {'+'.join(drivers) or named:16} {ep.hardware}/{ep.max_num_seqs}x{ep.engines} load {ep.load:.2f}  {cpu:.1f}s",
+            + f"  named {'+'.join(drivers) or named:16} {ep.hardware}/{ep.max_num_seqs}x{ep.engines}"
+            + f" load {ep.load:.2f}  {cpu:.1f}s",
             flush=True,
         )
     return summarize(rows) | {
@@ -829,6 +830,12 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "not_weak": _rate(sum(r["right"] for r in strong), len(strong)),
         }
     out["per_cause"] = per
+    # A driver listed that no active cause has (the verdict's drivers beyond the first included): naming every
+    # cause would make two-cause episodes right, so this is reported beside them.
+    out["extra_driver"] = {
+        k: _rate(sum(bool(set(r.get("drivers_ttft") or []) - set(r["truths"])) for r in rs), len(rs))
+        for k, rs in (("single_cause", single), ("two_causes", double))
+    }
     pre = [r for r in single if r["label"] == PREEMPTION]
     out["preemption_by_e2e"] = _rate(sum(r["named_e2e"] == PREEMPTION for r in pre), len(pre))
     confusion: dict[str, Counter[str]] = {}
@@ -952,6 +959,8 @@ def main() -> None:
         for key in ("overall", "single_cause", "two_causes", "two_causes_one_named_first", "healthy_false_positive"):
             print(f"{key}: {oos[key]}")
         for key in ("not_overloaded", "overloaded", "two_causes_both_weak", "healthy_false_positive_by"):
+            print(f"{key}: {oos[key]}")
+        for key in ("extra_driver", "preemption_no_request_preempted"):
             print(f"{key}: {oos[key]}")
         print(f"wall {oos['wall_s']} s, CPU {oos['cpu_s_total']} s")
         if args.json:

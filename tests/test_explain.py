@@ -26,11 +26,13 @@ from inferwatch.agent import catalog
 from inferwatch.agent.common.samples import RequestTiming
 from inferwatch.agent.node.analytics import explain as ex
 from inferwatch.agent.node.analytics import tailrecords, tailstats
+from inferwatch.agent.node.analytics.explaintext import render_html, render_text
 from inferwatch.agent.node.receiver.spans import extract
 from tests.conftest import PYTHON, ROOT, free_port
 from tests.procs import running, wait_http
 
 MODEL = "m"
+TRACE_URL = "http://127.0.0.1:6006/redirects/traces/"
 
 
 def timing(
@@ -281,6 +283,7 @@ def test_agent_explains_spans_over_the_api_the_cli_and_metrics(tmp_path) -> None
         "INFERWATCH_RECEIVER__ENABLED": "true",
         "INFERWATCH_RECEIVER__GRPC_ENDPOINT": "",
         "INFERWATCH_RECEIVER__HTTP_ENDPOINT": f"127.0.0.1:{spans_port}",
+        "INFERWATCH_RECEIVER__TRACE_URL": TRACE_URL,
         "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap"),
         "INFERWATCH_EVIDENCE__DIR": str(tmp_path / "evidence"),
     }
@@ -301,8 +304,14 @@ def test_agent_explains_spans_over_the_api_the_cli_and_metrics(tmp_path) -> None
         assert report["quantities"]["ttft"]["driver"] == "queue"
         slowest_queue = max(q for q, _, _, _ in rows)
         assert report["slowest"][0]["queue_s"] == pytest.approx(slowest_queue, abs=1e-6)
+        first = report["slowest"][0]
+        assert first["trace_url"] == TRACE_URL + first["trace_id"]  # receiver.trace_url + the id, as dashboards link
         text = httpx.get(f"{base}/api/v1/explain", params={"model": MODEL, "format": "text"}).text
         assert "of the gap is queue" in text and "slowest 10 by ttft" in text
+        assert TRACE_URL + first["trace_id"] in text
+        page = httpx.get(f"{base}/api/v1/explain", params={"model": MODEL, "format": "html"})
+        assert page.headers["content-type"].startswith("text/html")
+        assert f'<a href="{TRACE_URL}{first["trace_id"]}"' in page.text  # the status page's model card links here
         bad = httpx.get(f"{base}/api/v1/explain", params={"window": "2h"})
         assert bad.status_code == 400 and "window must be" in bad.json()["message"]
         missing = httpx.get(f"{base}/api/v1/explain", params={"model": "nope"})
@@ -321,6 +330,7 @@ def test_agent_explains_spans_over_the_api_the_cli_and_metrics(tmp_path) -> None
         assert json.loads(out.stdout)["quantities"]["ttft"]["phase"] == "queue"
         out = subprocess.run(cli, capture_output=True, text=True, cwd=ROOT, timeout=60, env=env_cli)
         assert out.returncode == 0 and "TTFT: P99 TTFT" in out.stdout and "request_id" in out.stdout
+        assert TRACE_URL + first["trace_id"] in out.stdout  # the CLI prints the link, not a bare id
         out = subprocess.run([*cli[:-1], "10m"], capture_output=True, text=True, cwd=ROOT, timeout=60)
         assert out.returncode == 2 and "window must be" in out.stderr
 
@@ -426,3 +436,19 @@ def test_a_lora_adapter_or_a_tenant_that_holds_the_tail_is_named() -> None:
     assert t["driver"] == "lora" and t["attribute"] == "lora=sql-adapter"
     assert "lora=sql-adapter is 20% of requests" in t["headline"]
     assert all(s["attribute"] != "tenant" for s in t["separators"])  # one value for every request: no contrast
+
+
+def test_trace_url_must_be_a_url_and_unset_prints_bare_ids() -> None:
+    from pydantic import ValidationError
+
+    from inferwatch.agent.config import ReceiverSettings
+
+    assert ReceiverSettings(trace_url=TRACE_URL).trace_url == TRACE_URL
+    with pytest.raises(ValidationError):
+        ReceiverSettings(trace_url="localhost:6006/traces/")
+    rng = random.Random(9)
+    explainer = ex.TailExplainer(clock=lambda: 100.0)
+    explainer.record([timing(rng) for _ in range(60)])
+    report = explainer.explain(MODEL, 60.0, top=2)
+    assert report is not None and report["slowest"][0]["trace_url"] is None
+    assert report["slowest"][0]["trace_id"] in render_text(report) and "<a href" not in render_html(report)

@@ -480,7 +480,7 @@ def test_page_escapes_what_the_engine_names_and_renders_an_empty_state() -> None
     (m,) = ov["models"]
     assert m["latency"]["ttft"] == {"source": "histogram", "window": "1m", "p50": 0.05, "p95": 0.09, "p99": 0.1}
     assert m["ttft_histogram"]["total"] == 12 and m["ttft_histogram"]["goodput"]["ratio"] == 1.0
-    assert "explain?model=%3Cscript%3Ealert%281%29%3C%2Fscript%3E%22x&amp;format=text" in page
+    assert "explain?model=%3Cscript%3Ealert%281%29%3C%2Fscript%3E%22x&amp;format=html" in page
 
 
 def test_feature_table_marks_a_runtime_fallback() -> None:

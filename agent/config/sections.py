@@ -212,6 +212,8 @@ class ReceiverSettings(_Section):
     ``prompt_band_histograms`` makes the spans feed TTFT and time-per-output-token histograms split by prompt-length
     band (``inferwatch.engine.time_to_first_token`` / ``.time_per_output_token``, label ``prompt_band``), which the
     conformance band compares per band (docs/matrix.md); independent of ``emit_histograms``.
+    ``trace_url``: where a trace opens, up to the trace id (the id is appended), as the dashboards' ``$trace_url``:
+    the tail explainer's slowest requests (``inferwatch explain``, the status page) link there; ``None`` prints ids.
     """
 
     enabled: bool = False
@@ -228,6 +230,7 @@ class ReceiverSettings(_Section):
     genai_operation_name: str = Field(default="chat", min_length=1, max_length=64)
     genai_provider_name: str = Field(default="vllm", min_length=1, max_length=64)
     ttft_extra_buckets_s: list[float] = Field(default_factory=list, max_length=MAX_TTFT_EXTRA_BUCKETS)
+    trace_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://\S+$")
 
     @field_validator("ttft_extra_buckets_s")
     @classmethod

@@ -53,8 +53,8 @@ class Agent:
                     rs.genai_operation_name, rs.genai_provider_name, tuple(rs.ttft_extra_buckets_s)
                 ),
             )
-            self.explainer = (
-                TailExplainer()
+            self.explainer = TailExplainer(
+                trace_url=rs.trace_url
             )  # the last 5 minutes of requests, bounded (agent/node/analytics/explain.py)
             sink: Any = RecordingSink(self.analytics, self.explainer)
             if discovery_configured(settings.discovery):  # each engine target's requests apart (analytics/pertarget.py)
@@ -70,7 +70,7 @@ class Agent:
                         prompt_bands=rs.prompt_band_histograms,
                         genai_options=options,
                     )
-                    return analytics, TailExplainer()
+                    return analytics, TailExplainer(trace_url=rs.trace_url)
 
                 sink = self.spans = TargetSpans(sink, engine_spans)
             self.receiver = Receiver(settings.receiver, sink)
@@ -152,7 +152,7 @@ class Agent:
         """The agent's HTTP application (``/metrics`` in front of the API)."""
         from inferwatch.agent.node.api.server import create_app
 
-        services = replace(self.deps.api_services(), explainer=self.explainer)
+        services = replace(self.deps.api_services(), explainer=self.explainer, spans=self.spans)
         s = self.settings
         return create_app(
             self.state,

@@ -66,7 +66,9 @@ from inferwatch.agent.common.samples import UNKNOWN_MODEL, RequestTiming, Sample
 from inferwatch.agent.node.analytics.failures import ModelFailures
 from inferwatch.agent.node.analytics.tailcauses import (
     BURST_TAIL_SHARE,
+    HEAD_OF_LINE_SHARE,
     LONG_PROMPT_FACTOR,
+    OWN_TAIL_SAMPLE,
     PROMPT_PART_OF_PREFILL,
     SATURATED_MIN_S,
     SATURATED_QUEUE_SHARE,
@@ -153,6 +155,7 @@ class _Phases:
         self._slow: list[dict[str, Any] | None] = []  # computed once, on first use
         self._preempted: tuple[list[float], list[float]] | None = None
         self._arrivals: list[float] | None = None  # every record's arrival (stamp - e2e), sorted, on first use
+        self._long: tuple[list[float], list[float], float] | None = None  # long prompts' prefills (ends, starts)
         self.tails: dict[str, list[int]] = {}  # quantity -> its tail band, when that band is over every record
 
     def slow_placement(self) -> dict[str, Any] | None:
@@ -220,6 +223,37 @@ class _Phases:
             start = t[j] - (e2e[j] if e2e[j] == e2e[j] else 0.0)
             k = _bisect_left(ends, start)
             hits += k < len(ends) and earliest[k] <= t[j]
+        return hits / len(idx)
+
+    def behind_long_prompts(self, idx: list[int]) -> float:
+        """The share of records ``idx`` that are long prompts or waited while a long prompt was being prefilled
+        (arrival to first token; long: :data:`LONG_PROMPT_FACTOR` x the window's median prompt): head-of-line
+        blocking, where one long prefill takes the engine's token budget and the requests behind it queue."""
+        if self._long is None:
+            prompts = self.win.i["prompt"]
+            known = sorted(prompts[:: max(1, len(prompts) // ITL_SAMPLE)])
+            known = [k for k in known if k > 0]
+            floor = LONG_PROMPT_FACTOR * known[len(known) // 2] if known else math.inf
+            t, e2e, ttft = self.f["t"], self.f["e2e"], self.f["ttft"]
+            spans = sorted(
+                (t[j] - e2e[j] + ttft[j], t[j] - e2e[j])
+                for j in range(len(prompts))
+                if prompts[j] >= floor and e2e[j] == e2e[j] and ttft[j] == ttft[j]
+            )
+            ends = [e for e, _ in spans]
+            starts = [a for _, a in spans]
+            for k in range(len(starts) - 2, -1, -1):  # earliest arrival from k on
+                starts[k] = min(starts[k], starts[k + 1])
+            self._long = (ends, starts, floor)
+        ends, earliest, floor = self._long
+        if not ends or not idx:
+            return 0.0
+        t, e2e, prompts = self.f["t"], self.f["e2e"], self.win.i["prompt"]
+        hits = 0
+        for j in idx:
+            start = t[j] - (e2e[j] if e2e[j] == e2e[j] else 0.0)
+            k = _bisect_left(ends, start)
+            hits += prompts[j] >= floor or (k < len(ends) and earliest[k] <= t[j] - e2e[j] + self.f["ttft"][j])
         return hits / len(idx)
 
     def at(self, name: str, idx: list[int]) -> list[float]:
@@ -401,6 +435,20 @@ def _decompose(
         named_phase = "queue" if "queue" in shares else top_phase
     elif placement is not None and (shares[top_phase] < PHASE_OVER_PLACEMENT or placement["lift"] >= STRONG_LIFT):
         driver = placement["attribute"]
+    elif (
+        top_phase == "queue"
+        and shares[top_phase] >= DOMINANT_SHARE
+        and phases.behind_long_prompts(tail) >= HEAD_OF_LINE_SHARE
+        and _burst_share(phases, tail) < BURST_TAIL_SHARE
+    ):  # the queue tail waited behind long prefills: the long prompts are the cause
+        driver = "prefill"
+    elif (
+        top_phase in ("queue", "prefill")
+        and shares["queue"] + shares["prefill"] >= DOMINANT_SHARE
+        and shares["queue"] >= SECOND_SHARE
+        and _burst_share(phases, tail) >= BURST_TAIL_SHARE
+    ):  # the tail arrived in a burst: queue and prefill both stretch when arrivals pass capacity
+        driver = named_phase = "queue"
     elif top_phase == "prefill" and prefill_is_mix and shares[top_phase] >= DOMINANT_SHARE:
         assert workload is not None
         reasons.append(
@@ -412,19 +460,23 @@ def _decompose(
         driver = top_phase
     else:
         parts = _phase_causes(shares, phases, tail, prefill_is_mix, workload)
+        engine_cause = (slow or {}).get("attribute") or (PREEMPTION if evidence is not None else None)
+        if engine_cause is not None and "queue" not in parts and shares.get("queue", 0.0) >= SECOND_SHARE:
+            parts.append("queue")  # the queue share is the rank's or the cache's: it waits behind them
         if len(parts) >= 2 and sum(shares[p] for p in parts) >= DOMINANT_SHARE:
+            parts.sort(key=lambda p: -shares[p])
             driver = named_phase = parts[0]
+            if engine_cause is not None and driver == "queue":
+                driver = engine_cause
         else:
             reasons.append(
                 f"no phase holds {DOMINANT_SHARE:.0%} of the gap (largest: {top_phase} {shares[top_phase]:.0%})"
             )
     drivers = [] if driver == NONE else [driver]
     if driver != NONE:
-        drivers += [
-            d
-            for d in _second_causes(shares, phases, tail, slow, evidence, prefill_is_mix, workload, p99 - p50)
-            if d not in drivers
-        ]
+        for d in _second_causes(shares, phases, tail, slow, evidence, prefill_is_mix, workload, p99 - p50):
+            if d not in drivers:
+                drivers.append(d)
     shown = placement or separator
     if driver == PREEMPTION and preemption is not None:
         shown = preemption
@@ -594,7 +646,24 @@ def _second_causes(
     out += _phase_causes(shares, phases, tail, mix, workload)
     if phases.clean("queue") and phases.clean("prefill") and phases.clean("ttft"):
         out += list(own_tails(phases.f, phases.win.i["prompt"], ttft_spread))
+        if "queue" not in out and _queue_burst(phases, ttft_spread):
+            out.append("queue")
     return out
+
+
+def _queue_burst(phases: _Phases, ttft_spread: float) -> bool:
+    """Whether the queue's own tail (the longest waits, on a sample of the window) is at least :data:`SECOND_SHARE`
+    of the TTFT's spread and arrived in a burst: queueing from arrivals, even where another cause holds the tail."""
+    queue = phases.f["queue"]
+    n = len(queue)
+    if n < MIN_REQUESTS:
+        return False
+    idx = range(0, n, max(1, n // OWN_TAIL_SAMPLE))
+    top = heapq.nlargest(max(5, len(idx) // 50), idx, key=queue.__getitem__)
+    waits = sorted(queue[j] for j in idx)
+    if queue[top[-1]] - waits[len(waits) // 2] < SECOND_SHARE * ttft_spread:
+        return False
+    return _burst_share(phases, top) >= BURST_TAIL_SHARE
 
 
 def _burst_share(phases: _Phases, tail: list[int]) -> float:
@@ -928,8 +997,14 @@ def driver_samples(report: Mapping[str, Any], label: str, window: str) -> list[S
 class TailExplainer:
     """The records and the clock they are stamped with; what the processor, the API and the metrics call."""
 
-    def __init__(self, records: RequestRecords | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        records: RequestRecords | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        trace_url: str | None = None,
+    ) -> None:
         self.records = records or RequestRecords()
+        self.trace_url = trace_url  # a trace's page up to its id (receiver.trace_url): each slow request links there
         self.clock = clock
         self._cached: tuple[tuple[int, tuple[str, ...]], list[Sample]] | None = None
         self.failures = ModelFailures("explain")  # models whose verdict raised: left out, counted
@@ -959,7 +1034,11 @@ class TailExplainer:
     ) -> dict[str, Any] | None:
         first, *aliases = self.names_for(model, engine_models)
         now = self.clock()
-        return explain(self.records, first, window_s, now, top, by, aliases, self.client.snapshot(now))
+        report = explain(self.records, first, window_s, now, top, by, aliases, self.client.snapshot(now))
+        if report is not None:
+            for row in report["slowest"]:
+                row["trace_url"] = f"{self.trace_url}{row['trace_id']}" if self.trace_url and row["trace_id"] else None
+        return report
 
     def samples(self, engine_models: Sequence[str], published: Mapping[tuple[str, str, str], Any]) -> list[Sample]:
         """``inferwatch.engine.tail.driver`` over :data:`METRIC_WINDOW` for every model with records in it.

@@ -2,11 +2,13 @@
 
 What ``inferwatch explain`` prints and ``/api/v1/explain?format=text`` serves: the client's verdict first when there
 is one, then per quantity the verdict, each phase's share of the tail gap and the best separators, then the slowest
-requests.
+requests, each with its trace's URL where ``receiver.trace_url`` is set (else its trace id); ``format=html`` (the
+status page's link) serves the same with the URLs as links.
 """
 
 from __future__ import annotations
 
+import html
 from collections.abc import Mapping
 from typing import Any
 
@@ -69,7 +71,7 @@ def render_text(report: Mapping[str, Any]) -> str:
             table.append(
                 (
                     str(r["request_id"] or "-")[:28],
-                    str(r["trace_id"] or "-"),
+                    str(r.get("trace_url") or r["trace_id"] or "-"),
                     _cell(r["prompt_tokens"]),
                     _cell(r["completion_tokens"]),
                     _sec(r["queue_s"]),
@@ -86,6 +88,22 @@ def render_text(report: Mapping[str, Any]) -> str:
         widths = [max(len(row[c]) for row in table) for c in range(len(head))]
         lines.extend("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table)
     return "\n".join(lines) + "\n"
+
+
+def render_html(report: Mapping[str, Any]) -> str:
+    """The terminal table as a page: the same text, each slow request's trace id or trace URL a link to its trace
+    (``trace_url`` in the rows, from the receiver's ``trace_url``)."""
+    body = html.escape(render_text(report))
+    for row in report.get("slowest") or []:
+        link, tid = row.get("trace_url"), row.get("trace_id")
+        if link and tid:
+            shown = html.escape(link)
+            body = body.replace(shown, f'<a href="{shown}" target="_blank" rel="noopener">{shown}</a>', 1)
+    title = html.escape(f"tail explanation: {report['model']}")
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title></head>'
+        f"<body><pre>{body}</pre></body></html>\n"
+    )
 
 
 def _cell(v: object) -> str:

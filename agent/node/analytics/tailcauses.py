@@ -42,6 +42,7 @@ SECOND_SHARE = 0.2  # a second phase cause holds at least a fifth of the gap
 BURST_S = 5.0  # arrivals in the 5 s before a tail request ...
 BURST_FACTOR = 1.5  # ... at least 1.5x the window's mean arrival rate: the tail arrived in a burst
 BURST_TAIL_SHARE = 0.5  # ... for at least half of the tail band
+HEAD_OF_LINE_SHARE = 0.5  # half the queue tail waited while a long prompt was prefilled: the long prompts' tail
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 import yaml
 
 from inferwatch.agent.config import DiscoverySettings, Settings
@@ -47,6 +48,20 @@ BINARY_COMPATIBLE = "inferwatch_runtime_binary_compatible"
 def _succeeding(state: AgentState, target: str) -> bool:
     lines = _of(state, PROBE_SUCCESS, target)
     return bool(lines) and all(x.endswith(" 1.0") for x in lines)
+
+
+@contextlib.contextmanager
+def _served(app: Any) -> Iterator[str]:
+    """``app`` served by uvicorn on 127.0.0.1 (a free port) for the block: its base URL."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        _wait("uvicorn started", lambda: server.started, 30)
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 def _targets(tmp_path: Path, ports: list[int]) -> Path:
@@ -248,6 +263,17 @@ def test_each_engines_spans_are_analysed_apart(tmp_path: Path) -> None:
             assert spans.engine_of((("k8s.namespace.name", "serving"), ("k8s.pod.name", "vllm-1"))) == "gpu1"
             assert spans.engine_of((("k8s.namespace.name", "other"), ("k8s.pod.name", "vllm-1"))) is None
             assert agent.analytics.models() == []  # the node's own analytics got none of the two engines' requests
+
+            # the tail explainer of one engine, through the API served on 127.0.0.1
+            with _served(agent.asgi()) as base:
+                _wait("gpu1's explainer", lambda: spans.explainer("gpu1").records.models(), 60)
+                r = httpx.get(f"{base}/api/v1/explain?target=gpu1&model=model-b&window=1m", timeout=30)
+                assert r.status_code == 200, r.text
+                assert r.json()["model"] == "model-b"
+                r = httpx.get(f"{base}/api/v1/explain?target=gpu9&model=model-b", timeout=30)
+                assert r.status_code == 404 and r.json()["known"] == ["gpu0", "gpu1"]
+                r = httpx.get(f"{base}/api/v1/explain?model=model-b&window=1m", timeout=30)  # not the node's: apart
+                assert r.status_code == 404 and "give target=" in r.json()["message"]
         finally:
             agent.stop()
 

@@ -80,6 +80,12 @@ class TargetSpans:
                 if container:
                     self._by_pod.setdefault((namespace, pod, ""), other)
 
+    def explainer(self, name: str) -> TailExplainer | None:
+        """Target ``name``'s tail explainer; None when it has none (no pod identity, or gone)."""
+        with self._lock:
+            found = self._engines.get(name)
+        return found[0].explainer if found is not None else None
+
     def engine_of(self, resource: Attributes) -> str | None:
         """The target a span's resource identity names, or None."""
         if not resource:

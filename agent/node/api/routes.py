@@ -44,6 +44,7 @@ from inferwatch.agent.node.state import AgentState
 
 MEDIA_TYPES = {"speedscope": "application/json", "flamegraph": "image/svg+xml", "raw": "text/plain"}
 # py-spy refusals before anything runs: a malformed pid, a process outside the runtime's, no runtime.
+TARGET_NAME = "inferwatch.engine.name"  # the attribute naming a discovered engine target's series (catalog)
 PYSPY_STATUS = {"invalid_pid": 400, "not_runtime": 403, "no_runtime": 404}
 INSUFFICIENT_STORAGE = ("no_space", "too_large")  # StorageError reasons answered 507; the others 500
 MIN_PAGE_REFRESH_S, MAX_PAGE_REFRESH_S = 5, 3600  # the status page's ?refresh=N, clamped
@@ -240,8 +241,10 @@ def install(
     # --- tail explainer (agent/node/analytics/explain.py) ---
     @route(app, "GET", "/api/v1/explain")
     def explain_tail(request: Request) -> Response:
-        """Why the tail of a model is slow: from the receiver's spans, else from the engine's histograms."""
+        """Why the tail of a model is slow: from the receiver's spans, else from the engine's histograms; of engine
+        target ``?target=`` (its own spans and histograms), else of the configured engine and the unattributed spans."""
         model = query_str(request, "model")
+        target = query_str(request, "target") or ""
         window = query_str(request, "window", "5m") or "5m"
         by = query_str(request, "by", "ttft") or "ttft"
         fmt = query_str(request, "format", "")
@@ -254,9 +257,14 @@ def install(
                 raise ValueError(f"by must be one of {', '.join(explain.QUANTITIES)}, got {by!r}")
         except ValueError as exc:
             return JSONResponse({"error": "bad_request", "message": str(exc)}, status_code=400)
-        engine = state.collections().get("engine")
+        engine = state.collections().get(f"engine:{target}" if target else "engine")
+        if target and engine is None:
+            known_targets = sorted(name.partition(":")[2] for name in state.collections() if name.startswith("engine:"))
+            return unknown_target(UnknownTargetError(target, known_targets))
         engine_models = [str(m) for m in engine.details.get("models", ())] if engine is not None else []
         explainer = services.explainer
+        if target:
+            explainer = services.spans.explainer(target) if services.spans is not None else None
         span_models = explainer.records.models() if explainer is not None else []
         known = sorted({*engine_models, *(m for m in span_models if m != UNKNOWN_MODEL or not engine_models)})
         if model is None:
@@ -269,7 +277,8 @@ def install(
         report = explainer.explain(model, window_s, top, by, engine_models) if explainer is not None else None
         if report is None:
             label = window if window in explain.WINDOW_SECONDS else "5m"
-            quantiles, requests = explain.histogram_quantiles(state.samples(), model, label)
+            own = (s for s in state.samples() if dict(s.attributes).get(TARGET_NAME, "") == target)  # one engine's
+            quantiles, requests = explain.histogram_quantiles(own, model, label)
             if not quantiles:
                 why = "no spans and no engine histograms" if explainer is not None else "the span receiver is off and "
                 return JSONResponse(
@@ -277,7 +286,12 @@ def install(
                         "error": "not_found",
                         "message": f"nothing to explain for model {model!r} over {window}: {why}"
                         + ("" if explainer is not None else "the engine has no latency histograms")
-                        + f" (known: {', '.join(known) or 'none'})",
+                        + f" (known: {', '.join(known) or 'none'})"
+                        + (
+                            ""
+                            if target or not any(n.startswith("engine:") for n in state.collections())
+                            else "; an engine target's: give target="
+                        ),
                     },
                     status_code=404,
                 )

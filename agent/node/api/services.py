@@ -9,6 +9,7 @@ from inferwatch.agent.node.actions.evidence import EvidenceStore
 from inferwatch.agent.node.actions.profiles import ProfileManager
 from inferwatch.agent.node.actions.snapshots import SnapshotStore
 from inferwatch.agent.node.analytics.explain import TailExplainer
+from inferwatch.agent.node.analytics.pertarget import TargetSpans
 from inferwatch.agent.node.api.auth import Authenticator
 from inferwatch.agent.node.host.runtime import RuntimeLocator
 
@@ -26,3 +27,4 @@ class ApiServices:
     explainer: TailExplainer | None = (
         None  # the span receiver's tail explainer (inferwatch.agent.node.app sets it when on)
     )
+    spans: TargetSpans | None = None  # each engine target's span analytics (receiver on with discovery)

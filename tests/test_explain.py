@@ -23,7 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from inferwatch.agent import catalog
-from inferwatch.agent.common.samples import RequestTiming
+from inferwatch.agent.common.samples import RequestTiming, Sample, attrs
 from inferwatch.agent.node.analytics import explain as ex
 from inferwatch.agent.node.analytics import tailrecords, tailstats
 from inferwatch.agent.node.analytics.explaintext import render_html, render_text
@@ -452,3 +452,56 @@ def test_trace_url_must_be_a_url_and_unset_prints_bare_ids() -> None:
     report = explainer.explain(MODEL, 60.0, top=2)
     assert report is not None and report["slowest"][0]["trace_url"] is None
     assert report["slowest"][0]["trace_id"] in render_text(report) and "<a href" not in render_html(report)
+
+
+def _stock(t: RequestTiming) -> RequestTiming:
+    """As stock vLLM sends it: no rank, no preemption count."""
+    return replace(t, preemptions=None, labels=())
+
+
+def test_stock_spans_name_preemption_and_a_slow_rank_from_the_engines_own_series() -> None:
+    rng = random.Random(11)
+    reqs = [_stock(timing(rng)) for _ in range(950)] + [_stock(timing(rng, queue=rng.uniform(1, 2))) for _ in range(50)]
+    records = tailrecords.RequestRecords()
+    records.add(reqs, 100.0)
+    plain = ex.explain(records, MODEL, 60.0, 100.0, top=0)
+    assert plain is not None and plain["quantities"]["ttft"]["driver"] == "queue"  # spans alone cannot tell
+    counted = ex.explain(records, MODEL, 60.0, 100.0, top=0, signals=ex.EngineSignals(preemptions=40))
+    assert counted is not None
+    t = counted["quantities"]["ttft"]
+    assert t["driver"] == "preemption" and t["phase"] == "queue" and "engine preemption counter" in t["headline"]
+    few = ex.explain(records, MODEL, 60.0, 100.0, top=0, signals=ex.EngineSignals(preemptions=2))
+    assert few is not None and few["quantities"]["ttft"]["driver"] == "queue"  # 2 of 1,000: not a full cache
+    ranks = ex.EngineSignals(rank_itl_s={"0": 0.010, "1": 0.031, "2": 0.011})
+    slow = ex.explain(records, MODEL, 60.0, 100.0, top=0, signals=ranks)
+    assert slow is not None
+    s = slow["quantities"]["ttft"]
+    assert s["driver"] == "dp_rank" and s["attribute"] == "dp_rank=1" and "engine per-rank series" in s["headline"]
+    # the daemon's path: the engine collector's counter readings, kept by time, give the window's increase
+    clock = [40.0]
+    explainer = ex.TailExplainer(records, clock=lambda: clock[0])
+    explainer.observe_engine([Sample("inferwatch.engine.preemptions", 100.0, attrs({"gen_ai.request.model": MODEL}))])
+    clock[0] = 100.0
+    explainer.observe_engine([Sample("inferwatch.engine.preemptions", 160.0, attrs({"gen_ai.request.model": MODEL}))])
+    report = explainer.explain(MODEL, 60.0, top=0)
+    assert report is not None and report["quantities"]["ttft"]["driver"] == "preemption"
+
+
+def test_a_wide_prompt_mix_is_the_workload_and_two_causes_are_both_named() -> None:
+    rng = random.Random(12)
+
+    def mixed(frontend: float = 0.004, rank: int = 0, per_token: float = 0.01) -> RequestTiming:
+        prompt = min(4096, round(rng.lognormvariate(math.log(500), 0.8)))
+        return timing(rng, prefill=0.01 + 0.00005 * prompt, prompt=prompt, frontend=frontend, rank=rank,
+                      decode_per_token=per_token)  # fmt: skip
+
+    wide = explained([mixed() for _ in range(1000)])["quantities"]["ttft"]
+    assert wide["dominant_phase"] == "prefill" and wide["driver"] == "none"
+    assert "prefill that follows prompt length" in wide["why_not"] and wide["prompt_workload"]["factor"] < 8
+    # a front-end delay on 10 % of requests and a rank 3x slower per token at once: both named
+    reqs = [mixed(rank=rng.randrange(2)) for _ in range(700)]
+    reqs += [mixed(frontend=0.6, rank=rng.randrange(2)) for _ in range(60)]
+    reqs += [timing(rng, rank=2, queue=0.3, prefill=0.09, decode_per_token=0.03) for _ in range(240)]
+    both = explained(reqs)["quantities"]["ttft"]
+    assert set(both["drivers"]) >= {"dp_rank", "frontend"}, both["headline"]
+    assert "also" in both["headline"]

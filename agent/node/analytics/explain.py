@@ -73,6 +73,7 @@ from inferwatch.agent.node.analytics.tailcauses import (
     SATURATED_MIN_S,
     SATURATED_QUEUE_SHARE,
     SECOND_SHARE,
+    EngineCounters,
     EngineSignals,
     burst,
     own_tails,
@@ -1009,6 +1010,15 @@ class TailExplainer:
         self._cached: tuple[tuple[int, tuple[str, ...]], list[Sample]] | None = None
         self.failures = ModelFailures("explain")  # models whose verdict raised: left out, counted
         self.client = ClientTTFTs()
+        self.engine = EngineCounters()  # the engine's preemption counter: stock vLLM spans carry no count
+
+    def observe_engine(self, samples: Iterable[Any]) -> None:
+        """The engine collector's last collection: its ``inferwatch.engine.preemptions`` counter per model, kept
+        with the time read, so a window's verdict weighs the preemptions counted over that same window."""
+        now = self.clock()
+        for s in samples:
+            if isinstance(s, Sample) and s.name == "inferwatch.engine.preemptions":
+                self.engine.observe(dict(s.attributes).get(MODEL, ""), float(s.value), now)
 
     def record(self, timings: list[RequestTiming]) -> None:
         self.records.add(timings, self.clock())
@@ -1034,7 +1044,8 @@ class TailExplainer:
     ) -> dict[str, Any] | None:
         first, *aliases = self.names_for(model, engine_models)
         now = self.clock()
-        report = explain(self.records, first, window_s, now, top, by, aliases, self.client.snapshot(now))
+        signals = self.engine.signals([model, *engine_models[:1]], window_s, now)
+        report = explain(self.records, first, window_s, now, top, by, aliases, self.client.snapshot(now), signals)
         if report is not None:
             for row in report["slowest"]:
                 row["trace_url"] = f"{self.trace_url}{row['trace_id']}" if self.trace_url and row["trace_id"] else None
@@ -1069,7 +1080,9 @@ class TailExplainer:
         ttft, e2e = (published.get((label, q, METRIC_WINDOW)) for q in QUANTITIES)
         if ttft is not None and e2e is not None:
             self.records.slow[name] = (ttft.quantiles[0.95], e2e.quantiles[0.95])
-        report = explain(self.records, name, WINDOW_SECONDS[METRIC_WINDOW], now, top=0)
+        window_s = WINDOW_SECONDS[METRIC_WINDOW]
+        signals = self.engine.signals([label], window_s, now)
+        report = explain(self.records, name, window_s, now, top=0, signals=signals)
         return driver_samples(report, label, METRIC_WINDOW) if report is not None else []
 
 

@@ -37,7 +37,10 @@ class SpanAnalytics:
         self.engine = engine
 
     def collect(self) -> Collection:
-        engine = EngineSeries.of(self.state.collections().get(self.engine))
+        collection = self.state.collections().get(self.engine)
+        engine = EngineSeries.of(collection)
+        if self.explainer is not None and collection is not None:  # its preemption counter, for stock spans
+            self.explainer.observe_engine(collection.samples)
         samples = self.analytics.compute(engine)
         samples.extend(self.analytics.failures.samples())
         if self.explainer is not None:  # the tail verdict the alerts quote (inferwatch.engine.tail.driver)

@@ -29,7 +29,9 @@ slow rank, a full cache or long prompts is theirs, not a second cause.
 from __future__ import annotations
 
 import math
+import threading
 from bisect import bisect_left, bisect_right
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -169,3 +171,39 @@ def own_tails(
             if excess >= SECOND_SHARE * ttft_spread:
                 out["prefill"] = {"spread_s": round(excess, 4), "long_prompts": float(len(long_t))}
     return out
+
+
+COUNTER_HISTORY = 64  # readings kept per model: 5 minutes at the agent's 5 s interval, with room
+
+
+class EngineCounters:
+    """The engine's cumulative preemption counter per model, as the engine collector read it, over time: its
+    increase over an explained window is the :class:`EngineSignals` for spans without a preemption count.
+
+    A reset (the engine restarted: the counter went down) starts the history again.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: dict[str, deque[tuple[float, float]]] = {}
+
+    def observe(self, model: str, preemptions: float, now: float) -> None:
+        with self._lock:
+            hist = self._seen.setdefault(model, deque(maxlen=COUNTER_HISTORY))
+            if hist and preemptions < hist[-1][1]:
+                hist.clear()
+            hist.append((now, preemptions))
+
+    def signals(self, models: Sequence[str], window_s: float, now: float) -> EngineSignals | None:
+        """The counter's increase over the last ``window_s`` (from the last reading at or before its start, else
+        the first kept), summed over ``models``; None when no model has two readings."""
+        total, found = 0.0, False
+        with self._lock:
+            for model in models:
+                hist = self._seen.get(model)
+                if not hist or len(hist) < 2:
+                    continue
+                start = next((v for t, v in reversed(hist) if t <= now - window_s), hist[0][1])
+                total += hist[-1][1] - start
+                found = True
+        return EngineSignals(preemptions=total) if found else None

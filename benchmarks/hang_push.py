@@ -144,6 +144,7 @@ def one(work: Path, shape: str, sim: SimProc, sink: Sink, pl: Any, push: bool) -
         watch = EvidenceWatch(base)
         time.sleep(WARM_S)
         t0_wall, t0 = time.time(), time.monotonic()
+        load1 = os.getloadavg()[0]
         inject(shape, sim)
         try:
             page = sink.wait_for(
@@ -155,7 +156,7 @@ def one(work: Path, shape: str, sim: SimProc, sink: Sink, pl: Any, push: bool) -
         finally:
             clear(shape, sim)
         watch.stop()
-        out: dict[str, Any] = {"shape": shape, "push": push, "instance": instance}
+        out: dict[str, Any] = {"shape": shape, "push": push, "instance": instance, "load1": round(load1, 2)}
         out["page_s"] = round(page.t - t0, 2) if page is not None else None
         out["alertname"] = page.alertname if page is not None else None
         starts = [_ts(a["startsAt"]) for a in held]
@@ -197,6 +198,7 @@ def main() -> int:
     args = ap.parse_args()
     rows: list[dict[str, Any]] = []
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="hang-push-") as tmp, contextlib.ExitStack() as stack:
         work = Path(tmp)
         sink = stack.enter_context(Sink())
@@ -233,8 +235,16 @@ def main() -> int:
         "started": started,
         "command": "benchmarks/hang_push.py " + " ".join(sys.argv[1:]),
         "timings": "Prometheus 15 s scrape/evaluation, shipped rules and routes (critical group_wait 10s)",
+        "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_average": {  # the machine is shared: 1/5/15-minute load at start and end, 1-minute at each hang
+            "start": [round(x, 2) for x in load_start],
+            "end": [round(x, 2) for x in os.getloadavg()],
+            "at_hangs": summary(rows, "load1"),
+            "cpus": os.cpu_count(),
+        },
         "push": {k: summary(pushed, k) for k in ("alert_s", "page_s", "bundle_s")},
         "by_shape": {s: summary([r for r in pushed if r["shape"] == s], "page_s") for s in SHAPES},
+        "alert_by_shape": {s: summary([r for r in pushed if r["shape"] == s], "alert_s") for s in SHAPES},
         "baseline_rule_only": summary(base, "page_s"),
         "rows": rows,
     }

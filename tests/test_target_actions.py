@@ -200,6 +200,18 @@ def test_actions_act_on_the_named_targets_process_and_a_hang_captures_its_own(
         assert all(s["engine"] == bundle["engine"]["scrapes"][0]["engine"] for s in bundle["engine"]["scrapes"])
         assert agent.state.health_of("engine:gpu0").state == "ok"
         assert not [f for f in agent.state.findings() if f.id == "engine_hung" and "gpu0" in f.summary]
+
+        # gpu1 removed from the targets: its process, binary check and kept scrapes go; gpu0's stay
+        _targets(tmp_path, [a.port])
+        _wait("gpu1 gone", lambda: runtimes.names() == ["gpu0"])
+        _wait(
+            "gpu1's binary check stopped",
+            lambda: not [t for t in threading.enumerate() if t.name == "binary:gpu1-check"],
+        )
+        assert "binary:gpu1" not in agent.state.health() and "binary:gpu0" in agent.state.health()
+        assert agent.deps.evidence.scrapes("gpu1") == [] and agent.deps.evidence.scrapes("gpu0")
+        with pytest.raises(UnknownTargetError):
+            agent.deps.evidence.capture("api", "asked", target="gpu1")
     finally:
         agent.stop()
     # the targets' binary checks stopped with the agent

@@ -27,6 +27,7 @@ was reused is told by httpcore's ``trace`` request extension: no ``connection.co
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -134,6 +135,25 @@ class StaleConnectionRetry(httpx.BaseTransport):
         self._inner.close()
 
 
+_SSL_CONTEXTS: dict[bool, ssl.SSLContext] = {}
+_SSL_LOCK = threading.Lock()
+
+
+def shared_ssl_context(trust_env: bool) -> ssl.SSLContext:
+    """The verifying TLS context every client of this process uses (one per ``trust_env``: whether
+    ``SSL_CERT_FILE``/``SSL_CERT_DIR`` count), made on first use.
+
+    httpx builds a context per transport, parsing certifi's CA bundle each time: 0.8–2.7 MB per client, measured
+    (docs/benchmarks.md, "Where the megabytes go"), with a client per source and per engine target. An
+    :class:`ssl.SSLContext` is safe to share between threads and connections.
+    """
+    with _SSL_LOCK:
+        ctx = _SSL_CONTEXTS.get(trust_env)
+        if ctx is None:
+            ctx = _SSL_CONTEXTS[trust_env] = httpx.create_ssl_context(trust_env=trust_env)
+        return ctx
+
+
 def http_client(
     source: str,
     counts: RetryCounts | None = None,
@@ -151,9 +171,12 @@ def http_client(
     ``trust_env``: take proxies and CA files from the environment (httpx's default; the engine's client does not).
     A request sent through an environment proxy gets the expiry, not the retry. ``retry`` False and
     ``keepalive_expiry_s`` are for comparing with httpx's defaults (benchmarks/keepalive_race.py);
-    ``transport`` replaces the network transport (the retry still wraps it).
+    ``transport`` replaces the network transport (the retry still wraps it). TLS: :func:`shared_ssl_context`.
     """
     limits = httpx.Limits(keepalive_expiry=keepalive_expiry_s)
-    inner = transport or httpx.HTTPTransport(limits=limits, trust_env=trust_env)
+    verify = shared_ssl_context(trust_env)
+    inner = transport or httpx.HTTPTransport(limits=limits, trust_env=trust_env, verify=verify)
     outer = StaleConnectionRetry(inner, source, counts) if retry else inner
-    return httpx.Client(transport=outer, limits=limits, timeout=timeout, follow_redirects=False, trust_env=trust_env)
+    return httpx.Client(
+        transport=outer, limits=limits, timeout=timeout, follow_redirects=False, trust_env=trust_env, verify=verify
+    )

@@ -109,7 +109,10 @@ class EngineCollector(BaseCollector):
         self.health_url = health_url(cfg.metrics_url, cfg.health_url)
         injected = ctx.engine_http
         self._own_client = injected is None
-        self._client: httpx.Client = injected or http_client("engine", ctx.http_retries)
+        self._made_client: httpx.Client | None = injected  # made on first use: no engine URL, no client
+        self._retries = ctx.http_retries
+        if self._retries is not None and injected is None:
+            self._retries.register("engine")  # its retries series exists from the start, as the client's would
         self._lock = threading.Lock()
         self._up: float | None = None
         self._kind: str = cfg.kind if cfg.kind != "auto" else "unknown"
@@ -334,10 +337,21 @@ class EngineCollector(BaseCollector):
                 out.append(Sample("inferwatch.engine.models.dropped", self._models_dropped, attrs()))
             return out
 
+    @property
+    def _client(self) -> httpx.Client:
+        """The engine's HTTP client, made on the first request: an agent with no engine URL never loads httpcore
+        or a TLS context (~5 MB; docs/benchmarks.md, "Where the megabytes go")."""
+        with self._lock:
+            if self._made_client is None:
+                self._made_client = http_client("engine", self._retries)
+            return self._made_client
+
     def close(self) -> None:
         self.join_model_len()  # bounded: the request's own timeout
-        if self._own_client:
-            self._client.close()
+        with self._lock:
+            client, self._made_client = self._made_client, None
+        if self._own_client and client is not None:
+            client.close()
 
 
 ENTRY = Entry(

@@ -58,7 +58,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from itertools import compress, repeat
-from operator import gt, sub
+from operator import ge, gt, sub
 from typing import Any, Protocol
 
 from inferwatch.agent.catalog.engine import MODEL
@@ -76,6 +76,7 @@ from inferwatch.agent.node.analytics.tailcauses import (
     EngineCounters,
     EngineSignals,
     burst,
+    own_spreads,
     own_tails,
     prompt_workload,
     slow_rank_from_signals,
@@ -155,6 +156,8 @@ class _Phases:
         self.itl_med = itls[len(itls) // 2] if itls else None
         self._slow: list[dict[str, Any] | None] = []  # computed once, on first use
         self._preempted: tuple[list[float], list[float]] | None = None
+        self._spreads: dict[str, float] | None = None  # each phase cause's own spread (tailcauses.own_spreads)
+        self._queue_tail: tuple[float, float] | None = None  # the queue's own spread and its burst share
         self._arrivals: list[float] | None = None  # every record's arrival (stamp - e2e), sorted, on first use
         self._long: tuple[list[float], list[float], float] | None = None  # long prompts' prefills (ends, starts)
         self.tails: dict[str, list[int]] = {}  # quantity -> its tail band, when that band is over every record
@@ -236,10 +239,9 @@ class _Phases:
             known = [k for k in known if k > 0]
             floor = LONG_PROMPT_FACTOR * known[len(known) // 2] if known else math.inf
             t, e2e, ttft = self.f["t"], self.f["e2e"], self.f["ttft"]
+            longs = compress(range(len(prompts)), map(ge, prompts, repeat(floor)))  # C speed: few are long
             spans = sorted(
-                (t[j] - e2e[j] + ttft[j], t[j] - e2e[j])
-                for j in range(len(prompts))
-                if prompts[j] >= floor and e2e[j] == e2e[j] and ttft[j] == ttft[j]
+                (t[j] - e2e[j] + ttft[j], t[j] - e2e[j]) for j in longs if e2e[j] == e2e[j] and ttft[j] == ttft[j]
             )
             ends = [e for e, _ in spans]
             starts = [a for _, a in spans]
@@ -646,7 +648,9 @@ def _second_causes(
         out.append(PREEMPTION)
     out += _phase_causes(shares, phases, tail, mix, workload)
     if phases.clean("queue") and phases.clean("prefill") and phases.clean("ttft"):
-        out += list(own_tails(phases.f, phases.win.i["prompt"], ttft_spread))
+        if phases._spreads is None:
+            phases._spreads = own_spreads(phases.f, phases.win.i["prompt"])
+        out += own_tails(phases._spreads, ttft_spread)
         if "queue" not in out and _queue_burst(phases, ttft_spread):
             out.append("queue")
     return out
@@ -655,24 +659,26 @@ def _second_causes(
 def _queue_burst(phases: _Phases, ttft_spread: float) -> bool:
     """Whether the queue's own tail (the longest waits, on a sample of the window) is at least :data:`SECOND_SHARE`
     of the TTFT's spread and arrived in a burst: queueing from arrivals, even where another cause holds the tail."""
-    queue = phases.f["queue"]
-    n = len(queue)
-    if n < MIN_REQUESTS:
-        return False
-    idx = range(0, n, max(1, n // OWN_TAIL_SAMPLE))
-    top = heapq.nlargest(max(5, len(idx) // 50), idx, key=queue.__getitem__)
-    waits = sorted(queue[j] for j in idx)
-    if queue[top[-1]] - waits[len(waits) // 2] < SECOND_SHARE * ttft_spread:
-        return False
-    return _burst_share(phases, top) >= BURST_TAIL_SHARE
+    if phases._queue_tail is None:
+        queue = phases.f["queue"]
+        n = len(queue)
+        if n < MIN_REQUESTS:
+            phases._queue_tail = (0.0, 0.0)
+        else:
+            idx = range(0, n, max(1, n // OWN_TAIL_SAMPLE))
+            top = heapq.nlargest(max(5, len(idx) // 50), idx, key=queue.__getitem__)
+            waits = sorted(queue[j] for j in idx)
+            phases._queue_tail = (queue[top[-1]] - waits[len(waits) // 2], _burst_share(phases, top))
+    spread, share = phases._queue_tail
+    return spread >= SECOND_SHARE * ttft_spread and share >= BURST_TAIL_SHARE
 
 
 def _burst_share(phases: _Phases, tail: list[int]) -> float:
     """The share of the tail band that arrived in a burst (:func:`tailcauses.burst`), arrivals computed once."""
-    if phases._arrivals is None:
-        t, e2e = phases.f["t"], phases.f["e2e"]
-        phases._arrivals = sorted(a - d for a, d in zip(t, e2e, strict=True) if d == d)
     t, e2e = phases.f["t"], phases.f["e2e"]
+    step = max(1, len(t) // OWN_TAIL_SAMPLE)  # the rate around an arrival from a systematic sample of the window
+    if phases._arrivals is None:
+        phases._arrivals = sorted(a - d for a, d in zip(t[::step], e2e[::step], strict=True) if d == d)
     mine = [t[j] - e2e[j] for j in tail if e2e[j] == e2e[j]]
     return burst(phases._arrivals, mine, phases.win.covered_s)
 

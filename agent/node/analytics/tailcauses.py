@@ -122,7 +122,7 @@ def burst(arrivals_sorted: Sequence[float], tail_arrivals: Sequence[float], cove
     return hits / len(tail_arrivals)
 
 
-OWN_TAIL_SAMPLE = 4_096  # a phase's own spread is read from at most ~4,096 of the window's requests (every k-th)
+OWN_TAIL_SAMPLE = 2_048  # a phase's own spread is read from at most ~2,048 of the window's requests (every k-th)
 LONG_PROMPT_MIN_SHARE = 0.005  # long prompts (LONG_PROMPT_FACTOR x the median) on at least 1 request in 200
 
 
@@ -134,42 +134,44 @@ def _spread(values: list[float]) -> float:
     return vals[min(len(vals) - 1, math.ceil(0.99 * len(vals)) - 1)] - vals[(len(vals) - 1) // 2]
 
 
-def own_tails(
-    f: Mapping[str, Sequence[float]], prompts: Sequence[int], ttft_spread: float
-) -> dict[str, dict[str, float]]:
-    """The phases whose own spread (P99 − P50 of the phase alone) is at least :data:`SECOND_SHARE` of the TTFT's:
-    a cause of their own even where another cause's tail hides them in the slowest requests.
+def own_spreads(f: Mapping[str, Sequence[float]], prompts: Sequence[int]) -> dict[str, float]:
+    """Each phase cause's own spread over a sample of the window (seconds), whatever holds the tail.
 
-    ``frontend`` (TTFT − queue − prefill); ``prefill`` beyond prompt length (prefill − prompt tokens x the window's
-    median prefill per token: a stall, not the mix); ``prefill`` as long prompts (at least
-    :data:`LONG_PROMPT_MIN_SHARE` of requests with :data:`LONG_PROMPT_FACTOR` x the median prompt, whose mean TTFT
-    is that much over the median's).
+    ``frontend``: P99 − P50 of TTFT − queue − prefill. ``prefill``: P99 − P50 of prefill beyond prompt length
+    (prefill − prompt tokens x the window's median prefill per token: a stall, not the mix); where that is small,
+    the long prompts' (:data:`LONG_PROMPT_FACTOR` x the median prompt, at least :data:`LONG_PROMPT_MIN_SHARE` of
+    requests) mean TTFT over the median TTFT. :func:`own_tails` compares them with the TTFT's spread.
     """
     n = len(prompts)
-    if n == 0 or ttft_spread <= 0:
+    if n == 0:
         return {}
     step = max(1, n // OWN_TAIL_SAMPLE)
     ttft, queue, prefill = f["ttft"][::step], f["queue"][::step], f["prefill"][::step]
     toks = prompts[::step]
-    out: dict[str, dict[str, float]] = {}
-    front = _spread([t - q - p for t, q, p in zip(ttft, queue, prefill, strict=True)])
-    if front >= SECOND_SHARE * ttft_spread:
-        out["frontend"] = {"spread_s": round(front, 4)}
+    out = {"frontend": _spread([t - q - p for t, q, p in zip(ttft, queue, prefill, strict=True)])}
     rates = sorted(p / k for p, k in zip(prefill, toks, strict=True) if k > 0 and p == p)
     if rates:
         rate = rates[len(rates) // 2]
-        stall = _spread([p - rate * k for p, k in zip(prefill, toks, strict=True) if k > 0])
-        if stall >= SECOND_SHARE * ttft_spread:
-            out["prefill"] = {"spread_s": round(stall, 4), "beyond_prompt_length": 1.0}
+        out["prefill"] = _spread([p - rate * k for p, k in zip(prefill, toks, strict=True) if k > 0])
     known = sorted(k for k in toks if k > 0)
-    if known and "prefill" not in out:
+    if known:
         median = known[len(known) // 2]
         long_t = [t for t, k in zip(ttft, toks, strict=True) if k >= LONG_PROMPT_FACTOR * median and t == t]
         body = sorted(t for t in ttft if t == t)
         if len(long_t) >= max(1, LONG_PROMPT_MIN_SHARE * len(toks)) and body:
-            excess = math.fsum(long_t) / len(long_t) - body[len(body) // 2]
-            if excess >= SECOND_SHARE * ttft_spread:
-                out["prefill"] = {"spread_s": round(excess, 4), "long_prompts": float(len(long_t))}
+            out["long_prompts"] = math.fsum(long_t) / len(long_t) - body[len(body) // 2]
+    return out
+
+
+def own_tails(spreads: Mapping[str, float], ttft_spread: float) -> list[str]:
+    """The phase causes whose own spread (:func:`own_spreads`) is at least :data:`SECOND_SHARE` of the TTFT's
+    P99 − P50: a cause of their own even where another cause's tail hides them in the slowest requests (long
+    prompts count as ``prefill``)."""
+    if ttft_spread <= 0:
+        return []
+    out = [p for p in ("frontend", "prefill") if spreads.get(p, 0.0) >= SECOND_SHARE * ttft_spread]
+    if "prefill" not in out and spreads.get("long_prompts", 0.0) >= SECOND_SHARE * ttft_spread:
+        out.append("prefill")
     return out
 
 

@@ -45,8 +45,8 @@ import re
 from array import array
 from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import compress, repeat
-from operator import eq, itemgetter
+from itertools import chain, compress, count, groupby, islice, repeat
+from operator import eq, is_, itemgetter
 from typing import cast
 
 from inferwatch.agent.node.engine.heap import release_freed_memory
@@ -54,6 +54,7 @@ from inferwatch.agent.node.engine.labelblock import (
     BOUNDS,
     MAX_LABEL_PAIRS,
     Pair,
+    _pair,
     bad_bound,
     bound_error,
     long_block_limit_error,
@@ -182,6 +183,9 @@ MAX_DROPPED_MODELS_COUNTED = 65_536  # distinct dropped models counted per read 
 _PLAIN_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^\n]*)\})? ([-+.0-9a-zA-Z]+)$", re.M)
 WHOLE_CHUNK = 1 << 18  # characters of sample lines matched at once (bounds the rows held: ~2,700 vLLM lines)
 _LABELS, _BAD, _CANON, _MODEL = (itemgetter(i) for i in range(4))  # the fields of an _Info
+_NAME = itemgetter(0)  # of a row
+_PAIR, _FLAG, _LAST = itemgetter(0), itemgetter(1), itemgetter(-1)  # of a Pair; of a list
+_ALL_BUT_LAST = itemgetter(slice(0, -1))
 
 
 _Info = tuple[Labels, "str | None", int, "str | None"]  # (labels, bad bound, canonical id, model)
@@ -343,7 +347,7 @@ class ExpositionReader:
             raise ExpositionError(f"line {n}: no newline at the end of the input: {last[:120]!r}", n, True)
         p = self.begin()
         p.last_lineno = n
-        if not last and self._read_whole(p, text):
+        if not last and self._read_whole(p, text, n - 1):
             p.lines = n
             self._open_lines = n
             return self.end(p)
@@ -352,7 +356,7 @@ class ExpositionReader:
         self.feed(p, text.split("\n"))
         return self.end(p)
 
-    def _read_whole(self, p: ReadPass, text: str) -> bool:
+    def _read_whole(self, p: ReadPass, text: str, newlines: int | None = None) -> bool:
         """Read a text-format body ending in a newline with bulk operations; False: read it line by line instead.
 
         The comment lines are read one by one (:meth:`_comment`); the sample lines between them are matched
@@ -361,15 +365,18 @@ class ExpositionReader:
         looked up in the caches the line-by-line read fills. Whatever this path does not take as it is (a line of
         another shape, a value that is no number, any problem a line may have, a model past ``max_models``) makes
         it give up, and the line-by-line read judges the body from its start: the same result and the same errors.
+        Every line was taken when the lines matched and the comment lines add up to the body's newlines
+        (``newlines``: ``text.count("\\n")``, which the caller knows).
         """
         n = len(text)
-        at = 0
+        at = taken = 0
         try:
             while at < n:
                 if text.startswith("#", at):
                     end = text.index("\n", at)
                     self._comment(p, [], text[at:end])
                     at = end + 1
+                    taken += 1
                     continue
                 stop = text.find("#", at)  # the next comment line: a "#" that begins a line (memchr: fast)
                 while stop != -1 and text[stop - 1] != "\n":
@@ -378,33 +385,33 @@ class ExpositionReader:
                     stop = n
                 while at < stop:
                     end = stop if stop - at <= WHOLE_CHUNK else text.index("\n", at + WHOLE_CHUNK) + 1
-                    rows = _PLAIN_LINE.findall(text, at, end)
-                    if len(rows) != text.count("\n", at, end) or not self._whole_rows(p, rows):
+                    rows = _PLAIN_LINE.findall(text, at, end)  # a line of another shape is not among them
+                    if rows and not self._whole_rows(p, rows):
                         return False
+                    taken += len(rows)
                     at = end
         except (ExpositionError, ValueError):
             return False
-        return True
+        return taken == (text.count("\n") if newlines is None else newlines)
 
     def _whole_rows(self, p: ReadPass, rows: list[tuple[str, str, str]]) -> bool:
         """The (name, label text, value text) of consecutive sample lines, family by family; False: give up."""
-        names, blocks, values = zip(*rows, strict=True)
-        floats = list(map(float, values))  # ValueError: no number (the line-by-line read words it)
-        first = names[0]
-        if names.count(first) == len(names):  # one family (a gauge, a counter): the common chunk
-            return self._whole_family(p, first, blocks, values, floats)
-        for name in dict.fromkeys(names):  # the families of a histogram or summary, interleaved series by series
-            take = list(map(eq, names, repeat(name)))
-            if not self._whole_family(
-                p, name, tuple(compress(blocks, take)), tuple(compress(values, take)), list(compress(floats, take))
-            ):
+        first = rows[0][0]
+        if rows[-1][0] == first and all(map(eq, map(_NAME, rows), repeat(first))):  # one family: the common chunk
+            _, blocks, values = zip(*rows, strict=True)
+            return self._whole_family(p, first, blocks, values)
+        # the families of a histogram or summary, interleaved series by series: each one's lines in order (a stable
+        # sort), the families in the order they come
+        families = {name: tuple(group) for name, group in groupby(sorted(rows, key=_NAME), _NAME)}
+        for name in dict.fromkeys(map(_NAME, rows)):
+            _, blocks, values = zip(*families[name], strict=True)
+            if not self._whole_family(p, name, blocks, values):
                 return False
         return True
 
-    def _whole_family(
-        self, p: ReadPass, text_name: str, blocks: tuple[str, ...], values: tuple[str, ...], floats: list[float]
-    ) -> bool:
+    def _whole_family(self, p: ReadPass, text_name: str, blocks: tuple[str, ...], values: tuple[str, ...]) -> bool:
         """The samples of one family from one chunk, checked and kept as :meth:`_feed` would; False: give up."""
+        floats = list(map(float, values))  # ValueError: no number (the line-by-line read words it)
         name = self._plain_names.get(text_name) or self._name(text_name)
         total = sum(floats)
         if total != total:  # a NaN among them (or infinities of both signs): parse_float's sign rule, one by one
@@ -419,6 +426,8 @@ class ExpositionReader:
         raw, unkept = self._raw, self._raw_unkept
         # a name not wanted needs only its label text checked and its bad bound: one checked for a wanted name will do
         found = list(map(raw.get, blocks)) if keep else list(map(unkept.get, blocks, map(raw.get, blocks)))
+        if None in found and keep and self._new_label_texts(p, blocks, found):
+            found = list(map(raw.get, blocks))
         if None in found:  # label texts new to the reader: each checked and cached once, as _feed does
             for i, info in enumerate(found):
                 if info is None:
@@ -467,6 +476,56 @@ class ExpositionReader:
                 family_texts |= texts
                 p.unkept += checked
         p.sampled.add(name)
+        return True
+
+    def _new_label_texts(self, p: ReadPass, blocks: tuple[str, ...], found: list[_Info | None]) -> bool:
+        """Cache the label texts of a wanted family new to the reader in bulk, as :meth:`_plain_info` would one by one.
+
+        Only the common case: one model label, plain ASCII texts within the label limits, every ``a="x"`` pair valid
+        and no bound that is not a number, no duplicate label name, no label set met under another text, no model
+        past ``max_models``. False (nothing cached): the texts go one by one through :meth:`_plain_info`.
+        """
+        label = self._model_label
+        if label is None:
+            return False
+        texts = list(dict.fromkeys(compress(blocks, map(is_, found, repeat(None)))))
+        joined = ",".join(texts)
+        if "\\" in joined or (
+            self.limits is not None and not (joined.isascii() and max(map(len, texts)) <= self._short_labels)
+        ):
+            return False
+        splits = list(map(str.split, map(str.__add__, texts, repeat(",")), repeat('",')))  # 'a="x",' → ['a="x', '']
+        if set(map(_LAST, splits)) != {""}:
+            return False  # an empty block, a trailing comma, a value not closed: one by one
+        parts = list(map(_ALL_BUT_LAST, splits))
+        lens = list(map(len, parts))
+        flat = list(chain.from_iterable(parts))
+        known = self._pairs
+        fresh: dict[str, Pair] = {}
+        for text in set(flat).difference(known):
+            hit = _pair(text, label)
+            if hit is None:
+                return False
+            fresh[text] = hit
+        hits = cast("list[Pair]", list(map(known.get, flat, map(fresh.get, flat))))
+        if not set(map(_FLAG, hits)) <= {None, ""}:
+            return False  # a bound that is not a number: one by one
+        pairs = iter(list(map(_PAIR, hits)))
+        tuples = [tuple(islice(pairs, n)) for n in lens]
+        dicts = list(map(dict, tuples))
+        if list(map(len, dicts)) != lens or any(map(self._labels.get, tuples)):
+            return False  # a duplicate label name; a label set met under another text
+        models = list(map(dict.get, dicts, repeat(label)))
+        if len(p.kept | set(models)) > self.max_models:
+            return False
+        canon = self._canon
+        keys = list(map(_sorted, tuples))
+        canon.update(zip([k for k in dict.fromkeys(keys) if k not in canon], count(len(canon))))
+        infos = list(zip(tuples, repeat(None), map(canon.__getitem__, keys), models, strict=False))
+        self._labels.update(zip(tuples, infos, strict=True))
+        self._raw.update(zip(texts, infos, strict=True))
+        if len(known) + len(fresh) <= MAX_LABEL_PAIRS:
+            known.update(fresh)
         return True
 
     def begin(self, om: bool = False) -> ReadPass:

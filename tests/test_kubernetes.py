@@ -295,7 +295,7 @@ def test_probes_and_resources() -> None:
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     server = (ROOT / "agent" / "node" / "api" / "server.py").read_text(encoding="utf-8")
-    assert '@app.get("/healthz")' in server and '@app.get("/readyz")' in server
+    assert 'route(app, "GET", "/healthz")' in server and 'route(app, "GET", "/readyz")' in server
     open_paths = ApiSettings().open_paths
     assert "/healthz" in open_paths and "/readyz" in open_paths  # the kubelet sends no token
     mem = container["resources"]

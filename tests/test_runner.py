@@ -216,6 +216,41 @@ def test_a_scrape_pulls_due_runs_forward_and_waits_for_them() -> None:
         runner.stop()
 
 
+class Costly(Counting):
+    """A collection that takes 0.6 s of wall time (an engine with hundreds of models)."""
+
+    name: ClassVar[str] = "costly"
+
+    def collect(self) -> Collection:
+        self.calls.append(time.monotonic())
+        time.sleep(0.6)
+        return Collection([Sample("process.uptime", float(len(self.calls)), attrs(runtime="r"))])
+
+
+def test_a_scrape_pulls_a_costly_run_forward_but_does_not_wait_for_it() -> None:
+    """A collector slower than PULL_WAIT_BUDGET_S is run for the scrape, which answers with its previous cycle."""
+    settings = load_settings(overrides={"interval_s": 2.0, "timeout_s": 1.5})
+    ctx = collect_context(settings)
+    costly, quick = Costly(ctx), Counting(ctx)
+    state = AgentState()
+    runner = _runner(settings, state, [costly, quick], {"costly": Schedule(2.0, 1.5, "engine")})  # own lane, as engines
+    while time.monotonic() % 2.0 > 0.05:  # just after a grid point: the next timed run is ~1.95 s away
+        time.sleep(0.01)
+    runner.start()
+    try:
+        assert _wait(lambda: state.health()["costly"].runs == 1 and state.health()["counting"].runs == 1)
+        time.sleep(1.2)  # past half the interval: both are due before the next scrape
+        t = time.monotonic()
+        runner.pull(3.0)
+        waited = time.monotonic() - t
+        assert len(quick.calls) == 2 and state.health()["counting"].runs == 2  # the quick one: run and waited for
+        assert len(costly.calls) == 2 and costly.calls[1] - t < 0.5  # the costly one: pulled forward too ...
+        assert waited < 0.5 and state.health()["costly"].runs == 1, waited  # ... but not waited for
+        assert _wait(lambda: state.health()["costly"].runs == 2, 3)  # its values come for the next scrape
+    finally:
+        runner.stop()
+
+
 def test_pull_never_waits_on_a_hung_collector() -> None:
     settings = load_settings(overrides={"interval_s": 0.2, "timeout_s": 0.2})
     ctx = collect_context(settings)

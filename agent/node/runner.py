@@ -97,6 +97,10 @@ STANDBY_SAFETY_S = 60.0  # a standing-by scheduler still looks once a minute (sh
 RUNNER_FAILURES = ("timeout", "hung")  # outcomes the runner records without the collector having raised them
 MAX_LOGGED_CAUSES = 8  # causes logged (and kept) within one failure; past them, further causes are only counted
 
+# A scrape waits for a pulled run only if that collector's last call took at most this long (see Runner.pull):
+# /metrics answers within ~0.1 s whatever the slowest source costs (issue 38: median <= 100 ms at 200 models).
+PULL_WAIT_BUDGET_S = 0.1
+
 
 def failure_cause(exc: BaseException) -> str:
     """What a failure is logged under: the ``reason`` an error carries (an engine scrape's ``timeout``,
@@ -134,6 +138,7 @@ class _Slot:
     stuck: bool = False  # its last call timed out and has not returned yet
     cycles: int = 0  # completed cycles (any outcome)
     removed: bool = False  # taken off the runner (Runner.remove): a call still running records nothing
+    last_s: float = 0.0  # wall seconds of its last completed call: a scrape waits only for a quick one
 
     def times(self) -> SlotTimes:
         return SlotTimes(self.interval, self.due, self.started, self.running, self.stuck, self.on_scrape)
@@ -232,6 +237,9 @@ class Runner:
         collected for it, as an exporter that collects on scrape would. Two scrapers (an HA pair) at most double
         the collection rate. A run in progress is waited for, not repeated; a hung collector is left to its
         schedule. Waits at most ``wait_s``; whatever has not finished by then is served from the last cycle.
+        A collector whose last call took longer than :data:`PULL_WAIT_BUDGET_S` (an engine with hundreds of
+        models: ~1 s) is pulled forward but not waited for: the scrape gets its previous cycle at once, the new
+        values the next scrape, instead of every scrape taking as long as that collection.
         """
         with self._lock:
             waiting = self._begin_pull()
@@ -301,11 +309,15 @@ class Runner:
         gap = None if self._last_pull is None else now - self._last_pull
         self._last_pull, self._pull_gap = now, gap
         self._expire(now)
-        waiting: list[tuple[_Slot, int]] = [(slot, slot.cycles) for slot in self._slots if slot.running]
+        quick = PULL_WAIT_BUDGET_S
+        waiting: list[tuple[_Slot, int]] = [
+            (slot, slot.cycles) for slot in self._slots if slot.running and slot.last_s <= quick
+        ]
         for i in pulled_runs(now, [slot.times() for slot in self._slots], gap):
             slot = self._slots[i]
             slot.due = now
-            waiting.append((slot, slot.cycles))
+            if slot.last_s <= quick:
+                waiting.append((slot, slot.cycles))
         self._queue_due(now)  # the pulled runs, and a hung collector's due cycle
         if not self._standby and self._deadline() < self._planned:  # a deadline before its planned wake
             self._wake.notify()
@@ -495,6 +507,7 @@ class Runner:
                         slot.interval = adaptive_interval(slot.fast_interval, slot.slow_interval, cpu)
                     return
                 self._finish(slot.collector, started, *outcome)
+                slot.last_s = self._clock() - started
                 lane.current, lane.deadline = None, math.inf
                 if slot.slow_interval is not None:  # adaptive cadence: a costly run stretches the next interval
                     # A read's cost: its wall time when it succeeded (the peer rendering, the transfer, the parse:

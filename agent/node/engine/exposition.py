@@ -414,13 +414,10 @@ class ExpositionReader:
         floats = list(map(float, values))  # ValueError: no number (the line-by-line read words it)
         name = self._plain_names.get(text_name) or self._name(text_name)
         total = sum(floats)
-        if total != total:  # a NaN among them (or infinities of both signs): parse_float's sign rule, one by one
-            if any(f != f and v[0] in "+-" for v, f in zip(values, floats, strict=True)):
-                return False
-            negative = any(f < 0 for f in floats)
-        else:
-            negative = min(floats) < 0
-        if negative and name in p.nonneg:
+        nan = total != total  # a NaN among them (or infinities of both signs)
+        if nan and any(f != f and v[0] in "+-" for v, f in zip(values, floats, strict=True)):
+            return False  # parse_float's sign rule
+        if name in p.nonneg and (any(f < 0 for f in floats) if nan else min(floats) < 0):
             return False
         keep = name in self.wanted
         raw, unkept = self._raw, self._raw_unkept

@@ -47,6 +47,7 @@ from inferwatch.agent import catalog
 from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
 from inferwatch.agent.catalog.spec import prometheus_label
 from inferwatch.agent.common import assets
+from inferwatch.agent.common.httpclient import shared_ssl_context
 from inferwatch.agent.common.redact import redact_url
 from inferwatch.agent.common.samples import AnySample, Collection, Sample, attrs
 from inferwatch.agent.common.userfiles import read_text_bounded
@@ -205,9 +206,11 @@ class AlertPusher:
         auth = auth_of(cfg)
         headers = auth if isinstance(auth, dict) else None
         basic = auth if isinstance(auth, httpx.BasicAuth) else None
-        self._own_client = client is None
-        self.client = client or httpx.Client(trust_env=False, follow_redirects=False, headers=headers, auth=basic)
         self.urls = [u.rstrip("/") + API_PATH for u in cfg.urls]
+        self._own_client = client is None
+        self._client_args: dict[str, Any] = {"headers": headers, "auth": basic}
+        self._made_client = client  # made on the first push: no Alertmanager configured, no client (~5 MB)
+        self._client_lock = threading.Lock()
         self._alerts: dict[tuple[tuple[str, str], ...], _Alert] = {}
         self._pending: dict[tuple[tuple[str, str], ...], _Pending] = {}
         self._history: dict[tuple[str, tuple[tuple[str, str], ...]], _History] = {}
@@ -228,6 +231,16 @@ class AlertPusher:
     def enabled(self) -> bool:
         return bool(self.urls)
 
+    @property
+    def client(self) -> httpx.Client:
+        """The HTTP client the pushes go through, made on first use with the process's one TLS context."""
+        with self._client_lock:
+            if self._made_client is None:
+                self._made_client = httpx.Client(
+                    trust_env=False, follow_redirects=False, verify=shared_ssl_context(False), **self._client_args
+                )
+            return self._made_client
+
     # --- the state listener and the thread ---
     def on_record(self, name: str, collection: Collection) -> None:
         """Wake the sender after a collection (cheap: no I/O on the collector's thread)."""
@@ -245,8 +258,10 @@ class AlertPusher:
         if self._thread is not None:
             self._thread.join(self.cfg.timeout_s + 1.0)
         self._pool.shutdown(wait=False, cancel_futures=True)
-        if self._own_client:
-            self.client.close()
+        with self._client_lock:
+            client, self._made_client = self._made_client, None
+        if self._own_client and client is not None:
+            client.close()
 
     def _run(self) -> None:
         tick = min(1.0, self.cfg.resend_s)  # pending alerts' for: is checked at least this often

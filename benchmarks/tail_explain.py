@@ -31,11 +31,15 @@ drawn at random from a seed never used in development (``--seed-base``, else dra
 range wider than the tuned value on both sides (``draw_episode``), the load (0.3-0.75 of the deployment's measured
 capacity), the prompt mix (lognormal median 256-1024 tokens, sigma 0.3-0.8), the output cap (256/512/1024 tokens),
 the hardware (H100, A100, L40S), the model (Llama 3.1 8B, Qwen2.5 7B), 2 or 3 engines and max_num_seqs 16/32/64;
-``--two-cause-share`` of the episodes carry two causes at once. Each runs a warm-up minute and two windows; the TTFT
-verdict over the last window counts, right when it names one of the active causes' drivers. Output: accuracy with
-Wilson 95 % intervals (overall, single-cause, two-cause, per cause, weak intensities apart), the confusion table,
-the healthy false-positive rate, the episodes missed with the explainer's reason, and the episodes where the fault
-overloaded the deployment (P50 TTFT over 1 s) apart. Nothing here feeds back into the rules.
+``--two-cause-share`` of the episodes carry two causes at once. Spans are stock vLLM's (no ``vllm.dp_rank``, no
+``vllm.num_preemptions``; ``--enriched-spans`` adds them), and the explainer gets the engine's own series over the
+same window beside them (:class:`EngineSeriesRecorder`: per-rank mean ITL, preemptions). Each runs a warm-up minute
+and two windows; the TTFT verdict over the last window counts: healthy, right when no driver is named; one cause,
+when its driver is named first; two causes, when both are in the verdict's ``drivers``. Output: accuracy with
+Wilson 95 % intervals (overall, single-cause, two-cause, per cause, weak intensities apart), the confusion tables,
+the healthy false-positive rate, the share of verdicts listing a driver no active cause has, the episodes missed
+with the explainer's reason, and the episodes where the fault overloaded the deployment (P50 TTFT over 1 s) apart.
+Nothing here feeds back into the rules: develop against a fixed ``--seed-base``, measure with fresh draws.
 
 Run: ``.venv/bin/python benchmarks/tail_explain.py [--minutes 20] [--json out.json]`` (about a minute on one core);
 out of sample: ``... --episodes 300 --json out.json`` (about 5 minutes on one core).

@@ -201,6 +201,17 @@ def test_actions_act_on_the_named_targets_process_and_a_hang_captures_its_own(
         assert agent.state.health_of("engine:gpu0").state == "ok"
         assert not [f for f in agent.state.findings() if f.id == "engine_hung" and "gpu0" in f.summary]
 
+        # a page about one engine (its engine_name label) is that engine's: each answered with its own bundle here
+        def page(*engines: str) -> dict[str, Any]:
+            labels = [{"alertname": "EngineDown", "severity": "critical", "engine_name": e} for e in engines]
+            return agent.deps.evidence.on_alerts({"alerts": [{"status": "firing", "labels": x} for x in labels]})
+
+        assert page("gpu1") == {"captured": None, "rate_limited": True, "latest": hung[0].id, "targets": {
+            "gpu1": {"captured": None, "rate_limited": True, "latest": hung[0].id}}}  # fmt: skip
+        assert page("gpu0")["latest"] == meta.id  # gpu0's bundle (the API's, above), not gpu1's
+        assert page("gpu9") == {"captured": None, "reason": "engine targets not watched by this agent: gpu9"}
+        assert page("gpu0", "gpu9")["not_watched"] == ["gpu9"]
+
         # gpu1 removed from the targets: its process, binary check and kept scrapes go; gpu0's stay
         _targets(tmp_path, [a.port])
         _wait("gpu1 gone", lambda: runtimes.names() == ["gpu0"])

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
 from inferwatch.agent.common.samples import Collection
 from inferwatch.agent.config import EvidenceSettings
 from inferwatch.agent.errors import NoDataError
@@ -85,6 +86,7 @@ ENGINE_SOURCE = "engine"
 PROBE_SOURCE = "probe"
 HANG_FINDING = "engine_hung"
 HANG_ALERT = "EngineHungButHealthy"
+ENGINE_NAME_LABEL = TARGET_ATTRIBUTES["inferwatch.engine.name"]  # an alert's label naming a discovered engine target
 SCRAPES_KEPT = 12  # 3 minutes of engine scrapes at 15 s
 PY_SPY_WORKERS = 4
 
@@ -227,7 +229,8 @@ class EvidenceStore:
 
     def on_alerts(self, payload: Mapping[str, Any]) -> dict[str, Any]:
         """An Alertmanager webhook: a capture for its firing critical alerts for this node (``evidence.instances``;
-        rate-limited), else nothing."""
+        rate-limited), else nothing. An alert about a discovered engine target (its ``engine_name`` label) captures
+        that target; one naming a target this agent does not watch captures nothing."""
         alerts = [a for a in payload.get("alerts", []) if isinstance(a, Mapping)]
         mine = set(self.cfg.instances)
         firing = [
@@ -240,6 +243,25 @@ class EvidenceStore:
         if not firing or not self.cfg.enabled:
             why = "no firing critical alert for this node" if self.cfg.enabled else "evidence off"
             return {"captured": None, "reason": why}
+        by_target: dict[str, list[Mapping[str, Any]]] = {}
+        for a in firing:
+            by_target.setdefault(str(a["labels"].get(ENGINE_NAME_LABEL) or DEFAULT), []).append(a)
+        unknown = sorted(t for t in by_target if t and self._runtime(t) is None and t not in self._scrapes)
+        answers = {t: self._on_target_alerts(t, group) for t, group in by_target.items() if t not in unknown}
+        if not answers:
+            return {"captured": None, "reason": f"engine targets not watched by this agent: {', '.join(unknown)}"}
+        started = [a for a in answers.values() if a["captured"]]
+        limited = [a["latest"] for a in answers.values() if a["rate_limited"]]
+        out: dict[str, Any] = {"captured": "started" if started else None, "rate_limited": not started}
+        if limited and not started:
+            out["latest"] = limited[0]
+        if set(by_target) != {DEFAULT}:
+            out["targets"] = answers
+        if unknown:
+            out["not_watched"] = unknown
+        return out
+
+    def _on_target_alerts(self, target: str, firing: list[Mapping[str, Any]]) -> dict[str, Any]:
         names = tuple(sorted({str(a["labels"].get("alertname")) for a in firing}))
         brief = [
             {
@@ -250,11 +272,10 @@ class EvidenceStore:
             }
             for a in firing
         ]
-        reason = ", ".join(names)
-        existing = self._limited(DEFAULT)
+        existing = self._limited(target)
         if existing is not None:
             return {"captured": None, "rate_limited": True, "latest": existing}
-        self.trigger_async("alert", reason, alertnames=names, alerts=brief)
+        self.trigger_async("alert", ", ".join(names), target=target, alertnames=names, alerts=brief)
         return {"captured": "started", "rate_limited": False}
 
     def _limited(self, target: str) -> str | None:

@@ -9,6 +9,7 @@ agent in this process with its targets from a ``file_sd`` file.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import threading
@@ -297,6 +298,12 @@ def test_each_engines_spans_are_analysed_apart(tmp_path: Path) -> None:
                 assert r.status_code == 404 and r.json()["known"] == ["gpu0", "gpu1"]
                 r = httpx.get(f"{base}/api/v1/explain?model=model-b&window=1m", timeout=30)  # not the node's: apart
                 assert r.status_code == 404 and "give target=" in r.json()["message"]
+                cli = [PYTHON, "-m", "inferwatch.agent", "explain", "--agent", base, "--window", "1m", "--json"]
+                done = subprocess.run([*cli, "--target", "gpu0"], capture_output=True, text=True, timeout=120)
+                assert done.returncode == 0, done.stderr
+                assert json.loads(done.stdout)["model"] == "model-a"  # gpu0's one model, without --model
+                bad = subprocess.run([*cli, "--target", "gpu9"], capture_output=True, text=True, timeout=120)
+                assert bad.returncode == 1 and "gpu9" in bad.stderr
         finally:
             agent.stop()
 

@@ -27,6 +27,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def explain(
         model: str = typer.Option(None, "--model", help="The model (gen_ai.request.model); optional with one model."),
+        target: str = typer.Option(None, "--target", help="A discovered engine target's name: explain that engine."),
         window: str = typer.Option("5m", "--window", help="How far back: 30s .. 5m."),
         top: int = typer.Option(DEFAULT_TOP, "--top", help=f"How many of the slowest requests to list (0..{MAX_TOP})."),
         by: str = typer.Option("ttft", "--by", help="Rank the slowest requests by ttft or e2e."),
@@ -47,6 +48,7 @@ def register(app: typer.Typer) -> None:
         token = read_token(token_file, "explain")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         params = {"window": window, "top": str(top), "by": by} | ({"model": model} if model else {})
+        params |= {"target": target} if target else {}
         url = f"{agent.rstrip('/')}/api/v1/explain?{urlencode(params)}"
         try:
             r = httpx.get(url, headers=headers, timeout=API_TIMEOUT_S)

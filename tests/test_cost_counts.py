@@ -1,0 +1,107 @@
+"""The agent's cost per engine series, counted rather than timed (issue 38: a regression check on the cheap axes).
+
+Wall time on a shared 2-core machine moves by several times; the number of Python function calls (Python and C,
+counted with ``sys.setprofile``) that one piece of work makes does not. Two pieces, each at 4, 8 and 16 vLLM models
+× 2 data-parallel ranks read by the real engine collector from a real HTTP server on 127.0.0.1:
+
+- one render of the agent's ``/metrics`` (``inferwatch.exporters.prometheus.render``) of the state holding that
+  collection;
+- one ingest of the engine's exposition (the reader + the vLLM adapter, cold: a new reader each time).
+
+Each must grow at most linearly (the calls added from 8 to 16 models per added series no more than 1.25× those
+added from 4 to 8), and stay under a stated number of calls per series (``RENDER_CALLS_PER_SERIES``,
+``INGEST_CALLS_PER_SAMPLE``: about 1.5× what this build makes, so a change that makes each series cost half as
+much again fails). benchmarks/cost_profile.py measures the same axes as CPU and RSS in a live agent.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from typing import Any
+
+from inferwatch.agent.config import Settings
+from inferwatch.agent.node.collectors.base import Collection
+from inferwatch.agent.node.collectors.engine import EngineCollector
+from inferwatch.agent.node.engine.adapters import VLLM, read
+from inferwatch.agent.node.engine.limits import EngineLimits
+from inferwatch.agent.node.state import AgentState, CollectorHealth
+from inferwatch.agent.node.wiring import collect_context
+from inferwatch.exporters.prometheus import render
+from tests import engine_server as es
+from tests.engine_expo import VllmLike
+from tests.test_exposition_whole import python_calls
+
+SIZES = (4, 8, 16)  # models, each × 2 ranks
+RENDER_CALLS_PER_SERIES = 29.0  # this build: 19.2 calls per added /metrics series (2026-12-07)
+INGEST_CALLS_PER_SAMPLE = 11.0  # this build: 7.1 calls per added exposition sample line, cold
+SUPERLINEAR = 1.25  # the second step's calls per added series over the first step's
+
+
+def calls(fn: Callable[[], Any]) -> int:
+    """Python and C function calls made by ``fn()``, the garbage collector held off (its finalizers would vary)."""
+    gc.collect()
+    gc.disable()
+    try:
+        return python_calls(fn)
+    finally:
+        gc.enable()
+
+
+def engine(models: int) -> VllmLike:
+    gen = VllmLike([f"org/model-{i:03d}" for i in range(models)], engines=2, seed=7)
+    gen.observe(5)
+    return gen
+
+
+def collected(gen: VllmLike) -> Collection:
+    """Two collections by the real engine collector (the second one has windows to report), the second returned."""
+    with es.EngineServer() as srv:
+        srv.routes["/metrics"] = es.body(gen.text())
+        settings = Settings(engine={"metrics_url": srv.url("/metrics"), "kind": "vllm"})
+        collector = EngineCollector(collect_context(settings), settings.engine)
+        try:
+            collector.collect()
+            gen.observe(5)
+            srv.routes["/metrics"] = es.body(gen.text())
+            return collector.collect()
+        finally:
+            collector.close()
+
+
+def series(body: bytes) -> int:
+    return sum(1 for ln in body.splitlines() if ln and not ln.startswith(b"#"))
+
+
+def growth(points: list[tuple[int, int]]) -> tuple[float, float]:
+    """Calls per added unit for the two steps between three (units, calls) points."""
+    (u0, c0), (u1, c1), (u2, c2) = points
+    return (c1 - c0) / (u1 - u0), (c2 - c1) / (u2 - u1)
+
+
+def test_metrics_render_calls_grow_linearly_with_engine_series() -> None:
+    points = []
+    for models in SIZES:
+        state = AgentState(environment="test")
+        state.register(CollectorHealth("engine", 5.0, 5.0))
+        state.record("engine", CollectorHealth("engine", 5.0, 5.0, runs=2, state="ok"), collected(engine(models)))
+        count = calls(lambda state=state: render(state))  # the first render of this collection: all of it
+        points.append((series(render(state)), count))
+    assert points[2][0] > 3 * points[0][0] > 0, points  # the engine series dominate and grow with the models
+    first, second = growth(points)
+    print(f"render: (series, calls) {points}; calls per added series {first:.1f}, {second:.1f}")
+    assert second <= SUPERLINEAR * first, points
+    assert second <= RENDER_CALLS_PER_SERIES, f"{second:.1f} calls per series, bound {RENDER_CALLS_PER_SERIES}"
+
+
+def test_engine_ingest_calls_grow_linearly_with_samples() -> None:
+    points = []
+    for models in SIZES:
+        text = engine(models).text()
+        samples = sum(1 for ln in text.splitlines() if ln and not ln.startswith("#"))
+        limits = EngineLimits(max_series=samples * 2, max_models=models * 4)
+        points.append((samples, calls(lambda text=text, limits=limits: read(VLLM, VLLM.reader(limits).read(text)))))
+    first, second = growth(points)
+    print(f"ingest: (samples, calls) {points}; calls per added sample {first:.1f}, {second:.1f}")
+    assert second <= SUPERLINEAR * first, points
+    assert second <= INGEST_CALLS_PER_SAMPLE, f"{second:.1f} calls per sample, bound {INGEST_CALLS_PER_SAMPLE}"

@@ -52,7 +52,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -208,7 +208,8 @@ class Viewer:
     """One status-page viewer: ``GET /?refresh=10`` every 10 s; the page's latency."""
 
     def __init__(self, base: str) -> None:
-        self.url, self.ms, self.errors = f"{base}/?refresh=10", [], 0
+        self.url, self.errors = f"{base}/?refresh=10", 0
+        self.ms: list[float] = []
         self.client = httpx.Client(timeout=30)
         self.periodic = Periodic(self._view, 10.0)
 
@@ -281,7 +282,7 @@ class Bench:
         sink: MetricsSink | None = None,
     ) -> dict[str, Any]:
         """One agent with ``env`` and node_exporter beside it, measured over the window."""
-        print(f"[{datetime.now(UTC):%H:%M:%S}] {label} ...", flush=True)
+        print(f"[{datetime.now(timezone.utc):%H:%M:%S}] {label} ...", flush=True)
         with tempfile.TemporaryDirectory(prefix="cost-profile-") as tmp:
             agent_port, ne_port = free_port(), free_port()
             full = {
@@ -458,7 +459,7 @@ def main() -> int:
         return 2
     python = runtime_venv(args.venv.resolve())
     uncommitted = installed_changes(python)
-    started = datetime.now(UTC)
+    started = datetime.now(timezone.utc)
     load_start = os.getloadavg()
     bench = Bench(python, ne, args.interval, args.window, args.scrapes)
     rows: list[dict[str, Any]] = []
@@ -553,7 +554,7 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     meta = {
         "started_utc": started.isoformat(timespec="seconds"),
-        "ended_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+        "ended_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "commit": commit.stdout.strip(),
         "machine": " ".join(platform.uname()),
         "cpus": os.cpu_count(),

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from inferwatch.agent.node.engine.adapters import VLLM, KeyCache, read  # noqa: E402
-from inferwatch.agent.node.engine.exposition import Exposition, Series  # noqa: E402
+from inferwatch.agent.node.engine.exposition import PLAIN_LINE, Exposition, Series  # noqa: E402
 from inferwatch.agent.node.engine.limits import EngineLimits  # noqa: E402
 from tests.engine_expo import big_exposition  # noqa: E402
 
@@ -106,6 +106,27 @@ def check_identical(text: str, lim: EngineLimits | None = None) -> tuple[int, in
     return ours.matched, len(theirs.samples)
 
 
+def floor_steps(text: str, repeat: int) -> dict[str, float]:
+    """Median CPU ms of the bulk steps any pure-Python read of ``text`` pays per sample line (see ``--floor``)."""
+    rows = PLAIN_LINE.findall(text)
+    values = [value for _, _, value in rows]
+    steps: dict[str, Callable[[], object]] = {
+        "regex findall (name, label text, value)": lambda: PLAIN_LINE.findall(text),
+        "map(float) over the values": lambda: list(map(float, values)),
+        "rows transposed (zip)": lambda: list(zip(*rows, strict=True)),
+        "str.split into lines (the line-by-line read's)": lambda: text.split("\n"),
+    }
+    out = {}
+    for step, fn in steps.items():
+        cpu = []
+        for _ in range(repeat):
+            c0 = time.process_time()
+            fn()
+            cpu.append(time.process_time() - c0)
+        out[step] = round(statistics.median(cpu) * 1e3, 2)
+    return out
+
+
 def revision_modules(rev: str, into: Path) -> ModuleType:
     """The adapters module of git revision ``rev``, with that revision's exposition module under it."""
 
@@ -152,6 +173,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--compare", metavar="REV", help="also time the reader and adapter of this git revision")
     ap.add_argument("--out", type=Path, help="write the figures as JSON")
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time the bulk steps every pure-Python reading of the body pays (the whole-text read's regex, "
+        "map(float) over the values, the rows transposed): what a million samples per second leaves room for",
+    )
     args = ap.parse_args()
     load_before = os.getloadavg()
 
@@ -235,6 +262,12 @@ def main() -> None:
         del result
         row["peak_mib"] = round(peak / 2**20, 1)
         print(f"{name:<52} {peak / 2**20:>38.1f}")
+    floor = floor_steps(text, args.repeat) if args.floor else None
+    if floor is not None:
+        print(f"\n{'bulk step over every sample line':<52} {'median CPU ms':>14}")
+        for step, ms in floor.items():
+            print(f"{step:<52} {ms:>14.2f}")
+        print(f"{'a million samples per second allows':<52} {len(lines) / 1e3:>14.2f}")
     if args.out:
         doc = {
             "series": len(lines),
@@ -246,6 +279,8 @@ def main() -> None:
             "python": sys.version.split()[0],
             "cases": figures,
         }
+        if floor is not None:
+            doc["floor_cpu_median_ms"] = floor
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=2) + "\n")
 

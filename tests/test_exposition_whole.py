@@ -233,7 +233,7 @@ def test_operations_of_a_read_grow_with_families_and_label_texts_not_lines() -> 
         warm = python_calls(lambda: warm_reader.read(text))  # noqa: B023
         lines = python_calls(lambda: line_by_line(VLLM.reader(EngineLimits()))(text))  # noqa: B023
         measured[series] = (len(body), texts, cold, warm, lines)
-        # measured at this change: 2,088 lines, 520 label texts: cold 14,311, warm 2,561, line by line 35,088;
-        # 8,352 lines, 2,080 texts: cold 46,211, warm 2,561, line by line 132,432
-        assert (cold - warm) / texts < 30 and lines / len(body) > 10, measured
+        # measured at this change: 2,088 lines, 520 label texts: cold 6,740, warm 2,532, line by line 35,230;
+        # 8,352 lines, 2,080 texts: cold 16,704, warm 2,532, line by line 132,574
+        assert (cold - warm) / texts < 15 and lines / len(body) > 10, measured
     assert measured[8_000][3] <= measured[2_000][3] * 1.05, measured  # warm: flat in the lines read

@@ -180,7 +180,7 @@ MAX_DROPPED_MODELS_COUNTED = 65_536  # distinct dropped models counted per read 
 # A whole sample line of the common shape, for the whole-text read: a metric name valid unquoted, a label block or
 # none, one space, a value of the characters a number may hold (``float`` judges it). A line of any other shape (a
 # timestamp, blanks, a quoted name) leaves the body to the line-by-line read.
-_PLAIN_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^\n]*)\})? ([-+.0-9a-zA-Z]+)$", re.M)
+PLAIN_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^\n]*)\})? ([-+.0-9a-zA-Z]+)$", re.M)
 WHOLE_CHUNK = 1 << 18  # characters of sample lines matched at once (bounds the rows held: ~2,700 vLLM lines)
 _LABELS, _BAD, _CANON, _MODEL = (itemgetter(i) for i in range(4))  # the fields of an _Info
 _NAME = itemgetter(0)  # of a row
@@ -360,7 +360,7 @@ class ExpositionReader:
         """Read a text-format body ending in a newline with bulk operations; False: read it line by line instead.
 
         The comment lines are read one by one (:meth:`_comment`); the sample lines between them are matched
-        :data:`WHOLE_CHUNK` characters at a time by :data:`_PLAIN_LINE` (one regex call for thousands of lines),
+        :data:`WHOLE_CHUNK` characters at a time by :data:`PLAIN_LINE` (one regex call for thousands of lines),
         and read family by family (:meth:`_whole_family`): their values by ``map(float, ...)``, their label texts
         looked up in the caches the line-by-line read fills. Whatever this path does not take as it is (a line of
         another shape, a value that is no number, any problem a line may have, a model past ``max_models``) makes
@@ -385,7 +385,7 @@ class ExpositionReader:
                     stop = n
                 while at < stop:
                     end = stop if stop - at <= WHOLE_CHUNK else text.index("\n", at + WHOLE_CHUNK) + 1
-                    rows = _PLAIN_LINE.findall(text, at, end)  # a line of another shape is not among them
+                    rows = PLAIN_LINE.findall(text, at, end)  # a line of another shape is not among them
                     if rows and not self._whole_rows(p, rows):
                         return False
                     taken += len(rows)

@@ -32,6 +32,11 @@ the label block, each ``a="x"`` pair (so a known block costs a slice and a looku
 known pairs a split and a few lookups); any other shape goes through the full line parser. Only
 wanted samples are stored (``_created`` ones only when asked for).
 
+A whole text-format body (:meth:`ExpositionReader.read`) is first read with bulk operations instead of a
+Python loop per line (:meth:`ExpositionReader._read_whole`: one regex call per chunk of sample lines, values
+by ``map(float, ...)``, label texts by cache look-ups, set-based duplicate checks); on anything that path does
+not take as it is, the line-by-line read above judges the body from its start, with the same result and errors.
+
 Memory: what a burst of series cached (a read far longer than the next, or caches much larger than
 the series read) is dropped, and the next read begins by handing the freed memory back to the OS
 (:func:`release_freed_memory`); the series of dropped models are checked but never cached.
@@ -54,11 +59,11 @@ from inferwatch.agent.node.engine.labelblock import (
     BOUNDS,
     MAX_LABEL_PAIRS,
     Pair,
-    _pair,
     bad_bound,
     bound_error,
     long_block_limit_error,
     plain_block,
+    plain_pair,
 )
 from inferwatch.agent.node.engine.limits import EngineLimits, label_limit_error
 from inferwatch.agent.node.engine.openmetrics import check_openmetrics
@@ -500,7 +505,7 @@ class ExpositionReader:
         known = self._pairs
         fresh: dict[str, Pair] = {}
         for text in set(flat).difference(known):
-            hit = _pair(text, label)
+            hit = plain_pair(text, label)
             if hit is None:
                 return False
             fresh[text] = hit

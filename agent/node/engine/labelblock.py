@@ -16,10 +16,10 @@ BOUNDS = ("le", "quantile")
 MAX_LABEL_PAIRS = 16_384  # label pair texts remembered per reader (names and values repeat across series)
 
 
-Pair = tuple[tuple[str, str], "str | None"]  # ((name, value), flag): see _pair
+Pair = tuple[tuple[str, str], "str | None"]  # ((name, value), flag): see plain_pair
 
 
-def _pair(text: str, model_label: str | None) -> Pair | None:
+def plain_pair(text: str, model_label: str | None) -> Pair | None:
     """A plain pair text as the split leaves it (``a="x``) → ((name, value), flag), None if not plain.
 
     flag: ``"le"`` or ``"quantile"`` when that bound is not a number, ``""`` for the model label, else None.
@@ -46,7 +46,7 @@ def plain_block(
     Plain: names unquoted, values without escapes, no blanks around ``=`` and ``,``; parse_line reads
     these the same way. None for any other shape, a duplicate label name or ``__name__``: parse_line
     judges those lines and reports the error. In a block without backslashes every ``"`` delimits a
-    value, so ``",`` only ends one. ``known``: the pair texts already checked → :func:`_pair`'s answer,
+    value, so ``",`` only ends one. ``known``: the pair texts already checked → :func:`plain_pair`'s answer,
     whose (name, value) tuple is shared by every label set holding the pair; the pairs not in it are
     appended to ``fresh`` (the caller adds them once it caches the label set: the pairs of dropped
     models are not remembered). model: the value of ``model_label`` (None: absent, or no single model
@@ -65,7 +65,7 @@ def plain_block(
     for part in parts:
         hit = known.get(part)
         if hit is None:
-            hit = _pair(part, model_label)
+            hit = plain_pair(part, model_label)
             if hit is None:
                 return None
             fresh.append((part, hit))

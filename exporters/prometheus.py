@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from inferwatch.agent import catalog
 from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
 from inferwatch.agent.catalog.spec import Kind, MetricSpec
-from inferwatch.agent.common.samples import AnySample, HistogramSample
+from inferwatch.agent.common.samples import AnySample, Collection, HistogramSample
 from inferwatch.agent.node.state import AgentState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -111,42 +111,138 @@ def _escape(value: str) -> str:
     return value
 
 
+def _target_keys(present: set[str] | frozenset[str]) -> tuple[str, ...]:
+    return tuple(k for k in TARGET_ATTRIBUTES if k in present)
+
+
+class _Block:
+    """One family's samples from one collection, and their series lines once rendered.
+
+    The lines depend only on the samples and on the target attributes the whole family carries (a label of every
+    series of the family once one series has it, :func:`state_series`), so a collection's block is rendered once,
+    for the targets it was asked with, and reused by every scrape until the collector records a new collection.
+    ``values`` are the label values of its series (deduplicated), kept only when the family has another source to
+    be checked against.
+    """
+
+    __slots__ = ("_text", "_values", "present", "samples")
+
+    def __init__(self, samples: list[AnySample]) -> None:
+        self.samples = samples
+        self.present = frozenset(k for s in samples for k, _ in s.attributes if k in TARGET_ATTRIBUTES)
+        self._text: tuple[tuple[str, ...], str] | None = None
+        self._values: tuple[tuple[str, ...], set[tuple[str, ...]]] | None = None
+
+    def values(self, spec: MetricSpec, targets: tuple[str, ...]) -> set[tuple[str, ...]]:
+        if self._values is None or self._values[0] != targets:
+            keys = (*spec.attributes, *targets)
+            self._values = (targets, {tuple(dict(s.attributes).get(k, "") for k in keys) for s in self.samples})
+        return self._values[1]
+
+    def text(self, spec: MetricSpec, targets: tuple[str, ...], skip: set[tuple[str, ...]] | None = None) -> str:
+        """The series lines; ``skip``: label values already written by another source (never cached then)."""
+        if skip is None and self._text is not None and self._text[0] == targets:
+            return self._text[1]
+        text = _lines(spec, targets, self.samples, skip)
+        if skip is None:
+            self._text = (targets, text)
+        return text
+
+
+def _lines(
+    spec: MetricSpec, targets: tuple[str, ...], samples: list[AnySample], skip: set[tuple[str, ...]] | None
+) -> str:
+    fmt = _FORMATS.get((spec.name, targets))
+    if fmt is None:
+        fmt = _FORMATS[(spec.name, targets)] = _Format(spec, targets)
+    keys = (*spec.attributes, *targets)
+    seen: set[tuple[str, ...]] = set() if skip is None else set(skip)
+    prom = fmt.name
+    out: list[str] = []
+    for s in samples:
+        a = dict(s.attributes)
+        values = tuple(a.get(k, "") for k in keys)
+        if values in seen:  # the same series twice: the first is kept, as prometheus_client's registry would
+            continue
+        seen.add(values)
+        parts = [f'{head}{_escape(values[i])}"' for head, i in fmt.labels]
+        if isinstance(s, HistogramSample):
+            if fmt.kind is not Kind.HISTOGRAM:
+                continue
+            at = fmt.buckets
+            for le, count in s.buckets:
+                parts.insert(at, f'le="{fmt_le(le)}"')
+                out.append(f"{prom}_bucket{{{','.join(parts)}}} {float_text(count)}\n")
+                del parts[at]
+            if s.buckets and s.buckets[0][0] >= 0:  # prometheus_client drops count and sum below zero
+                labels = f"{{{','.join(parts)}}}" if parts else ""
+                out.append(f"{prom}_count{labels} {float_text(s.buckets[-1][1])}\n")
+                out.append(f"{prom}_sum{labels} {float_text(s.sum)}\n")
+        elif fmt.kind is not Kind.HISTOGRAM:
+            labels = f"{{{','.join(parts)}}}" if parts else ""
+            out.append(f"{prom}{labels} {float_text(s.value)}\n")
+    return "".join(out)
+
+
+def _blocks(samples: Iterable[AnySample]) -> dict[str, _Block]:
+    grouped: dict[str, list[AnySample]] = defaultdict(list)
+    for s in samples:
+        grouped[s.name].append(s)
+    return {name: _Block(group) for name, group in grouped.items() if name in catalog.CATALOG}
+
+
+def prerender(collection: Collection) -> None:
+    """Render ``collection``'s series lines now, in the collector's thread, for the scrapes that will serve it.
+
+    The runner calls it after a run, outside its lock (the composition root passes it as the runner's
+    ``prepare``): a scrape then writes the collection's families from text made before it arrived, and an engine of
+    hundreds of models costs its scrape a concatenation, not a render. Each family is rendered for the target
+    attributes it carries itself; a scrape that finds the family carrying more (another source's) renders again.
+    """
+    blocks = _blocks(collection.samples)
+    for name, block in blocks.items():
+        block.text(catalog.CATALOG[name], _target_keys(block.present))
+    collection.rendered["prometheus"] = blocks
+
+
+def _collection_blocks(collection: Collection) -> dict[str, _Block]:
+    blocks = collection.rendered.get("prometheus")
+    if blocks is None:  # not prerendered (an action's result, a test's state): made now, kept for the next scrape
+        blocks = collection.rendered["prometheus"] = _blocks(collection.samples)
+    return blocks
+
+
 def render(state: AgentState) -> bytes:
     """The state in the Prometheus text format, as ``generate_latest(make_registry(state))`` writes it.
 
-    Written a family at a time into one buffer: a line's text lives until its family is encoded, not until the
-    whole body is (one render at 50 engine models, 10,323 lines: an allocation peak of 3.2 MB against 9.3 MB with
-    every line held; benchmarks/results/engine_scale_2026-12-02_1615-1639.json).
+    Each collection's families come from its blocks (:func:`prerender`: rendered once per collection, in the
+    collector's thread); the attached sources and the runner's health, small and computed on demand, are rendered
+    here. A family is written once, its sources' lines one after the other, in the order :func:`state_series`
+    reads them; a series a later source repeats is dropped.
     """
+    families: dict[str, list[_Block]] = defaultdict(list)
+    for collection in state.collections().values():
+        for name, block in _collection_blocks(collection).items():
+            families[name].append(block)
+    for name, block in _blocks(state.loose_samples()).items():
+        families[name].append(block)
     body = bytearray()
-    out: list[str] = []
-    for spec, targets, series in state_series(state):
-        if out:
-            body += "".join(out).encode()
-            out.clear()
+    for name in sorted(families):
+        spec = catalog.CATALOG[name]
+        blocks = families[name]
+        targets = _target_keys(frozenset().union(*(b.present for b in blocks)))
         fmt = _FORMATS.get((spec.name, targets))
         if fmt is None:
             fmt = _FORMATS[(spec.name, targets)] = _Format(spec, targets)
-        out.append(fmt.header)
-        prom = fmt.name
-        for values, s in series:
-            parts = [f'{head}{_escape(values[i])}"' for head, i in fmt.labels]
-            if isinstance(s, HistogramSample):
-                if fmt.kind is not Kind.HISTOGRAM:
-                    continue
-                at = fmt.buckets
-                for le, count in s.buckets:
-                    parts.insert(at, f'le="{fmt_le(le)}"')
-                    out.append(f"{prom}_bucket{{{','.join(parts)}}} {float_text(count)}\n")
-                    del parts[at]
-                if s.buckets and s.buckets[0][0] >= 0:  # prometheus_client drops count and sum below zero
-                    labels = f"{{{','.join(parts)}}}" if parts else ""
-                    out.append(f"{prom}_count{labels} {float_text(s.buckets[-1][1])}\n")
-                    out.append(f"{prom}_sum{labels} {float_text(s.sum)}\n")
-            elif fmt.kind is not Kind.HISTOGRAM:
-                labels = f"{{{','.join(parts)}}}" if parts else ""
-                out.append(f"{prom}{labels} {float_text(s.value)}\n")
-    body += "".join(out).encode()
+        body += fmt.header.encode()
+        if len(blocks) == 1:
+            body += blocks[0].text(spec, targets).encode()
+            continue
+        written: set[tuple[str, ...]] = set()
+        for block in blocks:
+            values = block.values(spec, targets)
+            body += block.text(spec, targets, None if written.isdisjoint(values) else written).encode()
+            written |= values
     return bytes(body)
 
 

@@ -118,3 +118,6 @@ class Collection:
     findings: Sequence[Finding] = ()
     details: Mapping[str, Any] = field(default_factory=dict)  # shown in the status API
     events: Sequence[Mapping[str, Any]] = ()
+    # What a sink made of this collection for reuse until the next one (the Prometheus exposition's rendered text,
+    # inferwatch.exporters.prometheus.prerender), by sink; not part of its value.
+    rendered: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)

@@ -19,6 +19,7 @@ from inferwatch.agent.node.runner import Runner
 from inferwatch.agent.node.state import CollectorHealth
 from inferwatch.agent.node.targets import discovery_configured
 from inferwatch.agent.node.wiring import Deps, build_deps
+from inferwatch.exporters.prometheus import prerender
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ class Agent:
             self.state,
             [*collectors, *processors],
             {**schedules(collectors, settings), **{p.name: processing for p in processors}},
+            prepare=prerender,  # each collection's exposition text made in its collector's thread, not on a scrape
         )
         if discovery_configured(settings.discovery):
             from inferwatch.agent.node.discovery.combined import Discovery

@@ -183,6 +183,11 @@ class AgentState:
         """Every current sample: collectors' latest values, attached sources, and the runner's health."""
         for collection in self.collections().values():
             yield from collection.samples
+        yield from self.loose_samples()
+
+    def loose_samples(self) -> Iterator[AnySample]:
+        """The samples not held in a collection: attached sources' (computed now), the agent's info and the runner's
+        health of every collector."""
         with self._lock:
             sources = list(self._sources.values())
         for source in sources:

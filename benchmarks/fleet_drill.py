@@ -128,6 +128,13 @@ def main() -> int:
     ap.add_argument("--deliver-timeout", type=float, default=1080.0, help="per fault, seconds (default 18 min)")
     ap.add_argument("--resolve-timeout", type=float, default=600.0, help="per fault, seconds (default 10 min)")
     ap.add_argument("--hold", type=float, default=60.0, help="fault kept on after its page arrived, seconds")
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=0.0,
+        help="seconds of watching after every fault resolved: later deliveries count as collateral (Alertmanager's "
+        "group_interval is 5 min: a symptom freed from inhibition comes within it)",
+    )
     ap.add_argument("--smoke", action="store_true", help="do not write the results file")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     ap.add_argument("--faults", help="comma-separated subset of the faults (only their nodes run; no noise)")
@@ -262,7 +269,15 @@ def run_issue33(args: argparse.Namespace) -> int:
         with fleet.running(nodes, rules, binaries):
             log(f"fleet up ({backend}): {fleet.vm}, Alertmanager {fleet.alertmanager}")
             result = run_drill(
-                fleet, args.healthy_s, [], faults(assign), args.deliver_timeout, args.resolve_timeout, args.hold, log
+                fleet,
+                args.healthy_s,
+                [],
+                faults(assign),
+                args.deliver_timeout,
+                args.resolve_timeout,
+                args.hold,
+                log,
+                args.settle,
             )
     data = {
         "what": "issue 33 drill at production timings (benchmarks/fleet_drill.py --set issue33)",

@@ -861,10 +861,12 @@ def run_drill(
     resolve_timeout_s: float,
     hold_s: float,
     log: Callable[[str], None] = print,
+    settle_s: float = 0.0,
 ) -> DrillResult:
     """Healthy phase (``events`` at their times), then every fault injected at once, each on its own node; each
     fault recovers ``hold_s`` after its page arrived (or at ``deliver_timeout_s``), and its resolution is
-    awaited up to ``resolve_timeout_s``."""
+    awaited up to ``resolve_timeout_s``; then ``settle_s`` more of watching, so that what a recovered node delivers
+    later (a symptom whose inhibiting cause resolved first, a backlog's page) is counted as collateral too."""
     sink = fleet.sink
     start = time.monotonic()
     watchdog = sink.wait_for(lambda d: d.alertname == "Watchdog", 120)
@@ -937,6 +939,9 @@ def run_drill(
                     log(f"{name}: not resolved within {resolve_timeout_s:.0f}s")
                     del pending[name]
         time.sleep(1)
+    if settle_s > 0:
+        log(f"every fault recovered; watching {settle_s:.0f}s more for late deliveries")
+        time.sleep(settle_s)
 
     snap = sink.snapshot()
     expected = [(f, fleet[f.node]) for f in fault_list]

@@ -237,3 +237,17 @@ def test_operations_of_a_read_grow_with_families_and_label_texts_not_lines() -> 
         # 8,352 lines, 2,080 texts: cold 16,704, warm 2,532, line by line 132,574
         assert (cold - warm) / texts < 15 and lines / len(body) > 10, measured
     assert measured[8_000][3] <= measured[2_000][3] * 1.05, measured  # warm: flat in the lines read
+
+
+def test_a_body_past_max_models_caches_what_the_line_by_line_read_caches() -> None:
+    """Past ``max_models`` in a family's own lines the whole-text read gives up where the line-by-line read drops the
+    model: no cache is dropped, and the label texts and sets cached are the line-by-line read's (the next read is
+    warm). (In a chunk of interleaved families, read family by family, it drops its caches: the hostile edit
+    "third model" above.)"""
+    text = BASE.replace(LINE, LINE + 'vllm:num_requests_running{engine="0",model_name="m3"} 1\n')
+    whole, lines = VLLM.reader(EngineLimits(max_models=2)), VLLM.reader(EngineLimits(max_models=2))
+    for _ in range(2):
+        got = outcome(whole.read, text)
+        assert got == outcome(line_by_line(lines), text) and got[5] == 1  # one model dropped
+        assert whole.generation == 0 and set(whole._raw) == set(lines._raw)
+        assert set(whole._labels) == set(lines._labels) and set(whole._canon) == set(lines._canon)

@@ -404,18 +404,26 @@ class ExpositionReader:
         first = rows[0][0]
         if rows[-1][0] == first and all(map(eq, map(_NAME, rows), repeat(first))):  # one family: the common chunk
             _, blocks, values = zip(*rows, strict=True)
-            return self._whole_family(p, first, blocks, values)
+            return self._whole_family(p, first, blocks, values, True)
         # the families of a histogram or summary, interleaved series by series: each one's lines in order (a stable
         # sort), the families in the order they come
         families = {name: tuple(group) for name, group in groupby(sorted(rows, key=_NAME), _NAME)}
         for name in dict.fromkeys(map(_NAME, rows)):
             _, blocks, values = zip(*families[name], strict=True)
-            if not self._whole_family(p, name, blocks, values):
+            if not self._whole_family(p, name, blocks, values, False):
                 return False
         return True
 
-    def _whole_family(self, p: ReadPass, text_name: str, blocks: tuple[str, ...], values: tuple[str, ...]) -> bool:
-        """The samples of one family from one chunk, checked and kept as :meth:`_feed` would; False: give up."""
+    def _whole_family(
+        self, p: ReadPass, text_name: str, blocks: tuple[str, ...], values: tuple[str, ...], ordered: bool
+    ) -> bool:
+        """The samples of one family from one chunk, checked and kept as :meth:`_feed` would; False: give up.
+
+        ``ordered``: the chunk holds this family alone, so its lines are read in their order. The models it keeps
+        are counted line by line as :meth:`_feed` counts them, so it caches the label sets :meth:`_feed` would;
+        past ``max_models`` it gives up. A chunk of several families, read family by family, may have cached a
+        label set of a model :meth:`_feed` would drop: the caches are dropped when such a chunk gives up there.
+        """
         floats = list(map(float, values))  # ValueError: no number (the line-by-line read words it)
         name = self._plain_names.get(text_name) or self._name(text_name)
         total = sum(floats)
@@ -431,6 +439,7 @@ class ExpositionReader:
         if None in found and keep and self._new_label_texts(p, blocks, found):
             found = list(map(raw.get, blocks))
         if None in found:  # label texts new to the reader: each checked and cached once, as _feed does
+            kept, cap = p.kept, self.max_models
             for i, info in enumerate(found):
                 if info is None:
                     block = blocks[i]
@@ -440,6 +449,10 @@ class ExpositionReader:
                     if info is None:
                         return False
                     found[i] = info
+                if keep and info[3] not in kept:  # a model met first: counted at its line, as _feed does
+                    if len(kept) >= cap or info[2] < 0:
+                        return self._past_cap(ordered)
+                    kept.add(info[3])
         infos = cast("list[_Info]", found)
         if name in p.typed_hist:
             typ = p.types.get(name)
@@ -451,8 +464,7 @@ class ExpositionReader:
             if not models <= p.kept:
                 fresh = models - p.kept
                 if len(p.kept) + len(fresh) > self.max_models:
-                    self.clear()  # it cached the label sets of models past the cap, as the line-by-line read does not
-                    return False
+                    return self._past_cap(ordered)
                 p.kept |= fresh
             ids = set(map(_CANON, infos))
             family = p.seen_by_name.get(name)
@@ -479,6 +491,12 @@ class ExpositionReader:
                 p.unkept += checked
         p.sampled.add(name)
         return True
+
+    def _past_cap(self, ordered: bool) -> bool:
+        """Give up at a model past ``max_models`` (False); see :meth:`_whole_family` for when the caches go."""
+        if not ordered:
+            self.clear()
+        return False
 
     def _new_label_texts(self, p: ReadPass, blocks: tuple[str, ...], found: list[_Info | None]) -> bool:
         """Cache the label texts of a wanted family new to the reader in bulk, as :meth:`_plain_info` would one by one.
@@ -518,8 +536,8 @@ class ExpositionReader:
         if list(map(len, dicts)) != lens or any(map(self._labels.get, tuples)):
             return False  # a duplicate label name; a label set met under another text
         models = list(map(dict.get, dicts, repeat(label)))
-        if len(p.kept | set(models)) > self.max_models:
-            return False
+        if len(p.kept.union(models, map(_MODEL, filter(None, found)))) > self.max_models:
+            return False  # the family's models, known or new, past the cap: one by one, counted line by line
         canon = self._canon
         keys = list(map(_sorted, tuples))
         canon.update(zip([k for k in dict.fromkeys(keys) if k not in canon], count(len(canon))))

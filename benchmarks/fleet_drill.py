@@ -23,7 +23,7 @@ Writes benchmarks/results/fleet_drill.json (not with --smoke) and prints the doc
 Prometheus as compose runs it (``--backend vm`` for vmalert), started empty; writes
 benchmarks/results/fleet_drill_issue33.json, and ``--doc`` turns its last run into the table of docs/alerts.md:
 
-    .venv/bin/python benchmarks/fleet_drill.py --set issue33 --healthy-s 1800 --hold 120   # ~50 min
+    .venv/bin/python benchmarks/fleet_drill.py --set issue33 --healthy-s 1800 --hold 120 --settle 360   # ~50 min
     .venv/bin/python benchmarks/fleet_drill.py --doc
 """
 

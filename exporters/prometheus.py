@@ -91,7 +91,7 @@ class _Format:
         name = spec.prometheus
         kind = "histogram" if spec.kind is Kind.HISTOGRAM else "counter" if spec.kind is Kind.COUNTER else "gauge"
         doc = spec.description.replace("\\", r"\\").replace("\n", r"\n")
-        self.header = f"# HELP {name} {doc}\n# TYPE {name} {kind}\n"
+        self.header = f"# HELP {name} {doc}\n# TYPE {name} {kind}\n".encode()
         self.name = name
         self.kind = spec.kind
         # prometheus_client writes labels sorted by label name; a histogram's "le" takes its sorted place too.
@@ -130,7 +130,7 @@ class _Block:
     def __init__(self, samples: list[AnySample]) -> None:
         self.samples = samples
         self.present = frozenset(k for s in samples for k, _ in s.attributes if k in TARGET_ATTRIBUTES)
-        self._text: tuple[tuple[str, ...], str] | None = None
+        self._text: tuple[tuple[str, ...], bytes] | None = None
         self._values: tuple[tuple[str, ...], set[tuple[str, ...]]] | None = None
 
     def values(self, spec: MetricSpec, targets: tuple[str, ...]) -> set[tuple[str, ...]]:
@@ -139,11 +139,11 @@ class _Block:
             self._values = (targets, {tuple(dict(s.attributes).get(k, "") for k in keys) for s in self.samples})
         return self._values[1]
 
-    def text(self, spec: MetricSpec, targets: tuple[str, ...], skip: set[tuple[str, ...]] | None = None) -> str:
-        """The series lines; ``skip``: label values already written by another source (never cached then)."""
+    def text(self, spec: MetricSpec, targets: tuple[str, ...], skip: set[tuple[str, ...]] | None = None) -> bytes:
+        """The series lines, encoded; ``skip``: label values already written by another source (never cached then)."""
         if skip is None and self._text is not None and self._text[0] == targets:
             return self._text[1]
-        text = _lines(spec, targets, self.samples, skip)
+        text = _lines(spec, targets, self.samples, skip).encode()
         if skip is None:
             self._text = (targets, text)
         return text
@@ -226,7 +226,7 @@ def render(state: AgentState) -> bytes:
             families[name].append(block)
     for name, block in _blocks(state.loose_samples()).items():
         families[name].append(block)
-    body = bytearray()
+    body: list[bytes] = []
     for name in sorted(families):
         spec = catalog.CATALOG[name]
         blocks = families[name]
@@ -234,16 +234,16 @@ def render(state: AgentState) -> bytes:
         fmt = _FORMATS.get((spec.name, targets))
         if fmt is None:
             fmt = _FORMATS[(spec.name, targets)] = _Format(spec, targets)
-        body += fmt.header.encode()
+        body.append(fmt.header)
         if len(blocks) == 1:
-            body += blocks[0].text(spec, targets).encode()
+            body.append(blocks[0].text(spec, targets))
             continue
         written: set[tuple[str, ...]] = set()
         for block in blocks:
             values = block.values(spec, targets)
-            body += block.text(spec, targets, None if written.isdisjoint(values) else written).encode()
+            body.append(block.text(spec, targets, None if written.isdisjoint(values) else written))
             written |= values
-    return bytes(body)
+    return b"".join(body)  # one copy of the prerendered text, no re-encoding on the scrape
 
 
 def render_openmetrics(state: AgentState) -> bytes:

@@ -137,7 +137,7 @@ def install(
         return build_overview(state, history)
 
     @route(app, "GET", "/api/v1/findings")
-    def findings(request: Request) -> list[dict[str, Any]]:
+    async def findings(request: Request) -> list[dict[str, Any]]:
         return [finding_dict(f) for f in state.findings()]
 
     # --- whether an engine serves (agent/node/api/readiness.py): from the state, on the event loop, never the engine

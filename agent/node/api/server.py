@@ -119,19 +119,21 @@ def create_api(
     the runbook links point, the engine and readiness sections: ``GET /engines/{name}/ready``."""
     app = Starlette()
 
+    # Answered from the state on the event loop (no thread hand-off): they are what probes and routers poll, and a
+    # read of the state takes microseconds.
     @route(app, "GET", "/healthz")
     async def healthz(request: Request) -> dict[str, str]:
         return {"status": "alive"}
 
     @route(app, "GET", "/readyz")
-    def readyz(request: Request) -> JSONResponse:
+    async def readyz(request: Request) -> JSONResponse:
         health = state.health()
         pending = sorted(n for n, h in health.items() if h.runs == 0)
         code = 200 if not pending else 503
         return JSONResponse({"ready": not pending, "pending": pending}, status_code=code)
 
     @route(app, "GET", "/api/v1/status")
-    def status(request: Request) -> dict[str, Any]:
+    async def status(request: Request) -> dict[str, Any]:
         return {
             "version": __version__,
             "environment": state.environment,

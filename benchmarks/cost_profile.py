@@ -23,12 +23,14 @@ Cases:
    status-page viewer (``GET /?refresh=10`` every 10 s). Targets: CPU per cycle ≤ 0.5× node_exporter's, VmRSS
    ≤ 60 MB;
 3. **axes**, one varied at a time from the defaults: engine models (``--models``, 1, 10, 50, 200, each × 2 DP
-   ranks as ``engine_scale.exposition`` builds them; engine limits raised to hold the exposition), span rate
+   ranks as ``engine_scale.exposition`` builds them; past 64 models the engine limits and timeouts raised, as a user
+   must), span rate
    (``--rates``, 10, 100, 1000 req/s, receiver on, no engine) and engines per agent (``--engines``, 1, 4, 16
    idle simulators as ``file_sd`` targets, as benchmarks/engine_targets.py). Per axis a least-squares slope of
    CPU, RSS and scrape time.
 
     .venv/bin/python benchmarks/cost_profile.py [--window 60] [--venv build/cost-venv] [--out FILE]
+        [--cases defaults,all,models,span_rate,engines] [--models 1,10,50,200] [--rates ...] [--engines ...]
 
 Needs ``prometheus-node-exporter`` on PATH or in /usr/bin. Not a test: prints a table, writes
 benchmarks/results/cost_profile.json.

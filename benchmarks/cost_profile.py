@@ -23,10 +23,10 @@ Cases:
    status-page viewer (``GET /?refresh=10`` every 10 s). Targets: CPU per cycle ≤ 0.5× node_exporter's, VmRSS
    ≤ 60 MB;
 3. **axes**, one varied at a time from the defaults: engine models (``--models``, 1, 10, 50, 200, each × 2 DP
-   ranks as ``engine_scale.exposition`` builds them; past 64 models the engine limits and timeouts raised, as a user
-   must), span rate
-   (``--rates``, 10, 100, 1000 req/s, receiver on, no engine) and engines per agent (``--engines``, 1, 4, 16
-   idle simulators as ``file_sd`` targets, as benchmarks/engine_targets.py). Per axis a least-squares slope of
+   ranks as ``engine_scale.exposition`` builds them; above 32 models the engine limits and timeouts raised as
+   engine_scale.py raises them, as a user must), span rate (``--rates``, 10, 100, 1000 req/s, receiver on, no
+   engine) and engines per agent (``--engines``, 1, 4, 16 idle simulators as ``file_sd`` targets, as
+   benchmarks/engine_targets.py). Per axis a least-squares slope of
    CPU, RSS and scrape time.
 
     .venv/bin/python benchmarks/cost_profile.py [--window 60] [--venv build/cost-venv] [--out FILE]
@@ -404,7 +404,7 @@ class Bench:
 
 def engine_env(url: str, models: int, series: int) -> dict[str, str]:
     env = {"INFERWATCH_ENGINE__METRICS_URL": url, "INFERWATCH_ENGINE__KIND": "vllm"}
-    if models * 2 > 64 or series > 100_000:  # past the defaults (64 models, 100k series): raised as a user must
+    if models * 2 > 64 or series > 100_000:  # engine_scale's limits pass the defaults (64 models, 100k series)
         env.update(
             INFERWATCH_ENGINE__MAX_MODELS=str(models * 2),
             INFERWATCH_ENGINE__MAX_SERIES=str(series * 2),

@@ -15,6 +15,7 @@ from inferwatch.agent.common.samples import Sample, attrs
 from inferwatch.agent.config import Settings
 from inferwatch.agent.node.collectors import HOST_LANE, Collector, Schedule, enabled_collectors, schedules
 from inferwatch.agent.node.identity import node_identity
+from inferwatch.agent.node.gcpolicy import CollectionFreezer, chain
 from inferwatch.agent.node.runner import Runner
 from inferwatch.agent.node.state import CollectorHealth
 from inferwatch.agent.node.targets import discovery_configured
@@ -90,7 +91,9 @@ class Agent:
             self.state,
             [*collectors, *processors],
             {**schedules(collectors, settings), **{p.name: processing for p in processors}},
-            prepare=prerender,  # each collection's exposition text made in its collector's thread, not on a scrape
+            # Each collection's exposition text made in its collector's thread, not on a scrape; then what a large
+            # collection left behind kept out of full garbage collections (agent/node/gcpolicy.py).
+            prepare=chain(prerender, CollectionFreezer().after),
         )
         if discovery_configured(settings.discovery):
             from inferwatch.agent.node.discovery.combined import Discovery

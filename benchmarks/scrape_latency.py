@@ -1,0 +1,189 @@
+"""/metrics and the API while an engine of hundreds of models is read: latency, GC pauses, memory, per build.
+
+Run from the repository root: ``python benchmarks/scrape_latency.py [--models 200] [--seconds 90]
+[--tree DIR ...] [--rounds 2] [--out FILE]``.
+
+The engine is engine_scale.py's live vLLM exposition (``--models`` x 2 data-parallel ranks, every read the next
+version: an engine under steady traffic). For each ``--tree`` (a checkout of some build; default this one, and a
+``git worktree`` of an earlier build is the baseline) an agent runs as a process with that tree first on its path
+(its ``inferwatch/`` links resolve to that build), the engine collector raised to hold the exposition
+(``max_models``, ``max_series``, ``max_bytes``, a 30 s timeout). Once it has read the engine twice, ``/metrics``
+is scraped once a second and ``/api/v1/status`` five times a second for ``--seconds``; the agent's own garbage
+collections over 5 ms are logged by a ``gc.callbacks`` hook loaded through ``sitecustomize``. Trees run in turn,
+``--rounds`` times, so a load change hits each. Reported per run: scrape and API medians, p99 and max, the
+exposition's size, engine reads, GC pauses by generation (count, total, over 50 ms), VmRSS/VmHWM at the end and the
+load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+
+from benchmarks.engine_scale import LiveExposition, exposition, free_port  # noqa: E402
+
+GC_HOOK = """
+import gc, os, time
+_t = {}
+_f = open(os.path.join(os.environ["SCRAPE_LATENCY_GC_DIR"], f"gc-{os.getpid()}.log"), "w", buffering=1)
+def _cb(phase, info):
+    if phase == "start":
+        _t["s"] = time.perf_counter()
+    else:
+        d = time.perf_counter() - _t.get("s", time.perf_counter())
+        if d > 0.005:
+            _f.write(f"{info['generation']} {d * 1000:.1f} {info['collected']}\\n")
+gc.callbacks.append(_cb)
+"""
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run_one(tree: Path, url: str, models: int, seconds: float, live: LiveExposition) -> dict[str, Any]:
+    hook = Path(tempfile.mkdtemp(prefix="scrape-latency-"))
+    (hook / "sitecustomize.py").write_text(GC_HOOK)
+    config = hook / "agent.json"
+    config.write_text(
+        json.dumps(
+            {
+                "engine": {
+                    "metrics_url": url,
+                    "kind": "vllm",
+                    "max_models": models * 2 + 10,
+                    "max_series": 400_000,
+                    "max_bytes": 64 << 20,
+                    "timeout_s": 30,
+                },
+                "collectors": {"engine": {"timeout_s": 35}},
+            }
+        )
+    )
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=f"{tree}:{hook}", SCRAPE_LATENCY_GC_DIR=str(hook))
+    env.pop("INFERWATCH_CONFIG", None)
+    cmd = [sys.executable, "-m", "inferwatch.agent", "run", "--port", str(port), "-c", str(config)]
+    proc = subprocess.Popen([*cmd, "--no-collector.gpu"], env=env, cwd=str(hook), stdout=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    scrapes: list[float] = []
+    api: list[float] = []
+    size = 0
+    try:
+        with httpx.Client(timeout=60) as client:
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:
+                try:
+                    status = client.get(base + "/api/v1/status").json()
+                    engine = next(c for c in status["collectors"] if c["name"] == "engine")
+                    if engine["runs"] - engine["errors"] >= 2:
+                        break
+                except (httpx.HTTPError, StopIteration, ValueError):
+                    pass
+                time.sleep(1)
+            else:
+                raise SystemExit(f"{tree}: the agent did not read the engine twice in 180 s")
+            reads0 = live.reads
+            stop = threading.Event()
+
+            def poll_api() -> None:
+                with httpx.Client(timeout=60) as c2:
+                    while not stop.is_set():
+                        t = time.perf_counter()
+                        c2.get(base + "/api/v1/status")
+                        api.append(time.perf_counter() - t)
+                        stop.wait(0.2)
+
+            poller = threading.Thread(target=poll_api)
+            poller.start()
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                t = time.perf_counter()
+                size = len(client.get(base + "/metrics").content)
+                scrapes.append(time.perf_counter() - t)
+                time.sleep(1.0)
+            stop.set()
+            poller.join()
+            reads = live.reads - reads0
+        status_lines = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+        mem = {ln.split(":")[0]: int(ln.split()[1]) for ln in status_lines if ln.startswith(("VmRSS", "VmHWM"))}
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    pauses: dict[str, dict[str, float]] = {}
+    for log in hook.glob("gc-*.log"):
+        for line in log.read_text().splitlines():
+            gen, ms, _ = line.split()
+            p = pauses.setdefault(f"gen{gen}", {"count": 0, "total_ms": 0.0, "over_50ms": 0})
+            p["count"] += 1
+            p["total_ms"] = round(p["total_ms"] + float(ms), 1)
+            p["over_50ms"] += float(ms) > 50
+    ms = 1000.0
+    return {
+        "tree": str(tree),
+        "build": subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip(),
+        "metrics_ms": {"n": len(scrapes), "median": round(statistics.median(scrapes) * ms, 1),
+                       "p99": round(quantile(scrapes, 0.99) * ms, 1), "max": round(max(scrapes) * ms, 1)},
+        "status_ms": {"n": len(api), "median": round(statistics.median(api) * ms, 1),
+                      "p99": round(quantile(api, 0.99) * ms, 1), "max": round(max(api) * ms, 1)},
+        "exposition_bytes": size,
+        "engine_reads": reads,
+        "gc_pauses": pauses,
+        "vmrss_mb": round(mem["VmRSS"] / 1024, 1),
+        "vmhwm_mb": round(mem["VmHWM"] / 1024, 1),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", type=int, default=200)
+    ap.add_argument("--seconds", type=float, default=90.0)
+    ap.add_argument("--tree", action="append", type=Path, help="a checkout to run (repeatable; default: this one)")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    trees = [t.resolve() for t in (args.tree or [ROOT])]
+    _, gen = exposition(args.models)
+    live = LiveExposition(gen)
+    runs = []
+    try:
+        for r in range(args.rounds):
+            for tree in trees:
+                result = run_one(tree, live.url, args.models, args.seconds, live) | {"round": r + 1}
+                print(json.dumps(result), flush=True)
+                runs.append(result)
+    finally:
+        live.close()
+    record = {
+        "benchmark": "scrape_latency",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "models": args.models,
+        "ranks": 2,
+        "seconds": args.seconds,
+        "runs": runs,
+    }
+    if args.out:
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

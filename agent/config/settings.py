@@ -69,7 +69,8 @@ class Settings(BaseSettings):
     # The agent's own /metrics series this node may hold before AgentSeriesBudgetExceeded (docs/cardinality.md).
     series_budget: int = Field(default=DEFAULT_SERIES_BUDGET, ge=100, le=100_000_000)
     # A scrape of /metrics runs the collections due before the next scrape and waits for them (at most
-    # scrape_wait_s; not for one whose last run took over 0.1 s, Runner.pull): fresh values, and one wake-up per cycle instead of two (docs/collectors.md).
+    # scrape_wait_s; not for one whose last run took over 0.1 s, Runner.pull): fresh values, and one wake-up per
+    # cycle instead of two (docs/collectors.md).
     collect_on_scrape: bool = True
     scrape_wait_s: float = Field(default=2.0, gt=0, le=60)
     log_level: Literal["debug", "info", "warning", "error"] = "info"

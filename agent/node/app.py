@@ -14,8 +14,8 @@ from typing import Any
 from inferwatch.agent.common.samples import Sample, attrs
 from inferwatch.agent.config import Settings
 from inferwatch.agent.node.collectors import HOST_LANE, Collector, Schedule, enabled_collectors, schedules
-from inferwatch.agent.node.identity import node_identity
 from inferwatch.agent.node.gcpolicy import CollectionFreezer, chain
+from inferwatch.agent.node.identity import node_identity
 from inferwatch.agent.node.runner import Runner
 from inferwatch.agent.node.state import CollectorHealth
 from inferwatch.agent.node.targets import discovery_configured

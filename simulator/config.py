@@ -33,6 +33,7 @@ class SimConfig:
     scenarios: tuple[Scenario, ...] = ()
     seed: int = 0
     otlp_traces_endpoint: str | None = None
+    stock_spans: bool = False  # spans as stock vLLM v1 sends them: no vllm.dp_rank, no vllm.num_preemptions
     debug_profile: bool = False
     debug_header: str = DEFAULT_DEBUG_HEADER
     control_token: str | None = None

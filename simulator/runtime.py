@@ -208,7 +208,12 @@ class Runtime:
         endpoint = config.otlp_traces_endpoint
         several = len(config.models) > 1  # one provider per model, the model on its resource (see tracing.py)
         self.spans: dict[str, SpanEmitter] = (
-            {m: SpanEmitter(endpoint, resource_model=m if several else None) for m in config.models} if endpoint else {}
+            {
+                m: SpanEmitter(endpoint, resource_model=m if several else None, stock=config.stock_spans)
+                for m in config.models
+            }
+            if endpoint
+            else {}
         )
         self.models: dict[str, ModelServer] = {}
         for m, dep in self.deployments.items():

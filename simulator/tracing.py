@@ -60,7 +60,15 @@ def parent_context(headers: Mapping[str, str]) -> Context | None:
 class SpanEmitter:
     """Turns finished :class:`SimRequest` objects into ``llm_request`` spans."""
 
-    def __init__(self, endpoint: str, exporter: SpanExporter | None = None, resource_model: str | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        exporter: SpanExporter | None = None,
+        resource_model: str | None = None,
+        stock: bool = False,
+    ) -> None:
+        """``stock``: the span as stock vLLM v1 sends it, without ``vllm.dp_rank`` and ``vllm.num_preemptions``."""
+        self.stock = stock
         service = os.environ.get("OTEL_SERVICE_NAME", DEFAULT_SERVICE_NAME)
         resource: dict[str, str] = {"service.name": service}
         if resource_model is not None:
@@ -85,6 +93,8 @@ class SpanEmitter:
             "vllm.dp_rank": req.engine_index,
             "vllm.num_preemptions": req.preemptions,
         }
+        if self.stock:
+            del attrs["vllm.dp_rank"], attrs["vllm.num_preemptions"]
         if req.max_tokens_param:
             attrs["gen_ai.request.max_tokens"] = req.max_tokens_param
         for key in ("temperature", "top_p"):

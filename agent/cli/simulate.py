@@ -34,6 +34,9 @@ def register(app: typer.Typer) -> None:
         otlp: str | None = typer.Option(
             None, "--otlp-traces-endpoint", help="Send one llm_request span per request to this OTLP endpoint."
         ),
+        stock_spans: bool = typer.Option(
+            False, "--stock-spans", help="Spans as stock vLLM v1 sends them: no vllm.dp_rank, no vllm.num_preemptions."
+        ),
         debug_profile: bool = typer.Option(
             False, "--debug-profile", help="Enable GET /debug/runtime_profile (only at start, like the real thing)."
         ),
@@ -84,6 +87,7 @@ def register(app: typer.Typer) -> None:
                 scenarios=tuple(parse(s) for s in scenario or ()),
                 seed=seed,
                 otlp_traces_endpoint=otlp,
+                stock_spans=stock_spans,
                 debug_profile=debug_profile,
                 debug_header=debug_header,
                 control_token=control_token,

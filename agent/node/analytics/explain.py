@@ -1016,15 +1016,19 @@ class TailExplainer:
         self._cached: tuple[tuple[int, tuple[str, ...]], list[Sample]] | None = None
         self.failures = ModelFailures("explain")  # models whose verdict raised: left out, counted
         self.client = ClientTTFTs()
-        self.engine = EngineCounters()  # the engine's preemption counter: stock vLLM spans carry no count
+        self.engine = EngineCounters()  # the engine's preemption counter and per-rank ITL: stock spans lack both
 
-    def observe_engine(self, samples: Iterable[Any]) -> None:
-        """The engine collector's last collection: its ``inferwatch.engine.preemptions`` counter per model, kept
-        with the time read, so a window's verdict weighs the preemptions counted over that same window."""
+    def observe_engine(self, samples: Iterable[Any], rank_itl: Mapping[str, Any] | None = None) -> None:
+        """The engine collector's last collection: its ``inferwatch.engine.preemptions`` counter per model and
+        (``rank_itl``, its ``details["rank_itl"]``) each data-parallel rank's cumulative ITL sum and count per model,
+        kept with the time read, so a window's verdict weighs the preemptions and each rank's mean ITL over that same
+        window (stock vLLM spans carry neither a preemption count nor a rank)."""
         now = self.clock()
         for s in samples:
             if isinstance(s, Sample) and s.name == "inferwatch.engine.preemptions":
                 self.engine.observe(dict(s.attributes).get(MODEL, ""), float(s.value), now)
+        for model, ranks in (rank_itl or {}).items():
+            self.engine.observe_ranks(model, ranks, now)
 
     def record(self, timings: list[RequestTiming]) -> None:
         self.records.add(timings, self.clock())

@@ -39,8 +39,8 @@ class SpanAnalytics:
     def collect(self) -> Collection:
         collection = self.state.collections().get(self.engine)
         engine = EngineSeries.of(collection)
-        if self.explainer is not None and collection is not None:  # its preemption counter, for stock spans
-            self.explainer.observe_engine(collection.samples)
+        if self.explainer is not None and collection is not None:  # preemptions and per-rank ITL, for stock spans
+            self.explainer.observe_engine(collection.samples, collection.details.get("rank_itl"))
         samples = self.analytics.compute(engine)
         samples.extend(self.analytics.failures.samples())
         if self.explainer is not None:  # the tail verdict the alerts quote (inferwatch.engine.tail.driver)

@@ -179,15 +179,18 @@ COUNTER_HISTORY = 64  # readings kept per model: 5 minutes at the agent's 5 s in
 
 
 class EngineCounters:
-    """The engine's cumulative preemption counter per model, as the engine collector read it, over time: its
-    increase over an explained window is the :class:`EngineSignals` for spans without a preemption count.
+    """The engine's cumulative counters per model, as the engine collector read them, over time: their increase over
+    an explained window is the :class:`EngineSignals` for spans without a rank or a preemption count.
 
-    A reset (the engine restarted: the counter went down) starts the history again.
+    Kept: the preemption counter, and per data-parallel rank its ITL histogram's sum (seconds) and count (the
+    collection's ``details["rank_itl"]``, :mod:`inferwatch.agent.node.engine.rankitl`). A reset (the engine
+    restarted: a counter went down) starts that history again.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._seen: dict[str, deque[tuple[float, float]]] = {}
+        self._ranks: dict[str, deque[tuple[float, Mapping[str, Sequence[float]]]]] = {}
 
     def observe(self, model: str, preemptions: float, now: float) -> None:
         with self._lock:
@@ -196,10 +199,22 @@ class EngineCounters:
                 hist.clear()
             hist.append((now, preemptions))
 
+    def observe_ranks(self, model: str, ranks: Mapping[str, Sequence[float]], now: float) -> None:
+        """One reading of ``rank -> (ITL sum s, ITL count)``, cumulative."""
+        with self._lock:
+            hist = self._ranks.setdefault(model, deque(maxlen=COUNTER_HISTORY))
+            if hist:
+                last = hist[-1][1]
+                if set(last) != set(ranks) or any(ranks[r][1] < last[r][1] for r in ranks):
+                    hist.clear()  # a restart, or another set of ranks
+            hist.append((now, dict(ranks)))
+
     def signals(self, models: Sequence[str], window_s: float, now: float) -> EngineSignals | None:
-        """The counter's increase over the last ``window_s`` (from the last reading at or before its start, else
-        the first kept), summed over ``models``; None when no model has two readings."""
+        """The counters' increase over the last ``window_s`` (from the last reading at or before its start, else
+        the first kept): preemptions summed over ``models``, and each rank's mean ITL (the first of ``models`` with
+        per-rank readings); None when no model has two readings."""
         total, found = 0.0, False
+        rank_itl: dict[str, float] = {}
         with self._lock:
             for model in models:
                 hist = self._seen.get(model)
@@ -208,4 +223,17 @@ class EngineCounters:
                 start = next((v for t, v in reversed(hist) if t <= now - window_s), hist[0][1])
                 total += hist[-1][1] - start
                 found = True
-        return EngineSignals(preemptions=total) if found else None
+            for model in models:
+                ranks = self._ranks.get(model)
+                if not ranks or len(ranks) < 2:
+                    continue
+                first = next((v for t, v in reversed(ranks) if t <= now - window_s), ranks[0][1])
+                last = ranks[-1][1]
+                for rank, (itl_sum, count) in last.items():
+                    n = count - first[rank][1]
+                    if n > 0:
+                        rank_itl[rank] = (itl_sum - first[rank][0]) / n
+                break
+        if not found and not rank_itl:
+            return None
+        return EngineSignals(preemptions=total if found else None, rank_itl_s=rank_itl)

@@ -6,9 +6,14 @@ pyproject.toml cannot (its ``packages.find`` has no way to rename a folder). In 
 imports the installed names too and tools that find modules by walking folders (mypy, import-linter) see them;
 the build never walks those links: the root package is ``inferwatch/__init__.py`` alone, each subpackage comes
 from its own folder.
+
+It also declares the one C extension, ``inferwatch.agent.node.engine._fastparse`` (the exposition reader's bulk
+steps, agent/node/engine/bulkparse.py): optional, so where no C compiler or Python headers are there the build
+says so and goes on, and the package reads expositions with the pure-Python steps. With it the wheel is
+specific to the Python version and platform it was built on (``inferwatch-0.1.0-cp311-cp311-linux_x86_64.whl``).
 """
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 ROOT_PACKAGE = "inferwatch"
 # folder in the repository -> its import name
@@ -33,4 +38,9 @@ def layout() -> tuple[list[str], dict[str, str]]:
 
 if __name__ == "__main__":
     packages, package_dir = layout()
-    setup(packages=packages, package_dir=package_dir)
+    fastparse = Extension(
+        "inferwatch.agent.node.engine._fastparse",
+        sources=["agent/node/engine/_fastparse.c"],
+        optional=True,  # no compiler or headers: the pure-Python steps (bulkparse.COMPILED is False)
+    )
+    setup(packages=packages, package_dir=package_dir, ext_modules=[fastparse])

@@ -44,7 +44,8 @@ sys.path.insert(0, str(ROOT))
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from inferwatch.agent.node.engine.adapters import VLLM, KeyCache, read  # noqa: E402
-from inferwatch.agent.node.engine.exposition import PLAIN_LINE, Exposition, Series  # noqa: E402
+from inferwatch.agent.node.engine.bulkparse import PLAIN_LINE  # noqa: E402
+from inferwatch.agent.node.engine.exposition import Exposition, Series  # noqa: E402
 from inferwatch.agent.node.engine.limits import EngineLimits  # noqa: E402
 from tests.engine_expo import big_exposition  # noqa: E402
 

@@ -50,10 +50,12 @@ import re
 from array import array
 from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import chain, compress, count, groupby, islice, repeat
-from operator import eq, is_, itemgetter
+from itertools import compress, count, repeat
+from operator import is_, itemgetter
 from typing import cast
 
+from inferwatch.agent.node.engine.bulkparse import label_sets, scan
+from inferwatch.agent.node.engine.bulkparse import sorted_labels as _sorted
 from inferwatch.agent.node.engine.heap import release_freed_memory
 from inferwatch.agent.node.engine.labelblock import (
     BOUNDS,
@@ -182,15 +184,8 @@ MAX_UNKEPT_HEADS = 20_000  # per read: lines of families not read checked for du
 MAX_HEADS = 16_384
 MAX_DROPPED_MODELS_COUNTED = 65_536  # distinct dropped models counted per read (beyond: a lower bound)
 
-# A whole sample line of the common shape, for the whole-text read: a metric name valid unquoted, a label block or
-# none, one space, a value of the characters a number may hold (``float`` judges it). A line of any other shape (a
-# timestamp, blanks, a quoted name) leaves the body to the line-by-line read.
-PLAIN_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^\n]*)\})? ([-+.0-9a-zA-Z]+)$", re.M)
 WHOLE_CHUNK = 1 << 18  # characters of sample lines matched at once (bounds the rows held: ~2,700 vLLM lines)
 _LABELS, _BAD, _CANON, _MODEL = (itemgetter(i) for i in range(4))  # the fields of an _Info
-_NAME = itemgetter(0)  # of a row
-_PAIR, _FLAG, _LAST = itemgetter(0), itemgetter(1), itemgetter(-1)  # of a Pair; of a list
-_ALL_BUT_LAST = itemgetter(slice(0, -1))
 
 
 _Info = tuple[Labels, "str | None", int, "str | None"]  # (labels, bad bound, canonical id, model)
@@ -390,33 +385,22 @@ class ExpositionReader:
                     stop = n
                 while at < stop:
                     end = stop if stop - at <= WHOLE_CHUNK else text.index("\n", at + WHOLE_CHUNK) + 1
-                    rows = PLAIN_LINE.findall(text, at, end)  # a line of another shape is not among them
-                    if rows and not self._whole_rows(p, rows):
+                    # the families of a histogram or summary come interleaved series by series: each one's lines
+                    # in order, the families in the order they come
+                    families = scan(text, at, end)
+                    if families is None:  # a line of another shape, or a value that is no number
                         return False
-                    taken += len(rows)
+                    ordered = len(families) == 1
+                    for name, blocks, floats in families:
+                        if not self._whole_family(p, name, blocks, floats, ordered):
+                            return False
+                        taken += len(floats)
                     at = end
         except (ExpositionError, ValueError):
             return False
         return taken == (text.count("\n") if newlines is None else newlines)
 
-    def _whole_rows(self, p: ReadPass, rows: list[tuple[str, str, str]]) -> bool:
-        """The (name, label text, value text) of consecutive sample lines, family by family; False: give up."""
-        first = rows[0][0]
-        if rows[-1][0] == first and all(map(eq, map(_NAME, rows), repeat(first))):  # one family: the common chunk
-            _, blocks, values = zip(*rows, strict=True)
-            return self._whole_family(p, first, blocks, values, True)
-        # the families of a histogram or summary, interleaved series by series: each one's lines in order (a stable
-        # sort), the families in the order they come
-        families = {name: tuple(group) for name, group in groupby(sorted(rows, key=_NAME), _NAME)}
-        for name in dict.fromkeys(map(_NAME, rows)):
-            _, blocks, values = zip(*families[name], strict=True)
-            if not self._whole_family(p, name, blocks, values, False):
-                return False
-        return True
-
-    def _whole_family(
-        self, p: ReadPass, text_name: str, blocks: tuple[str, ...], values: tuple[str, ...], ordered: bool
-    ) -> bool:
+    def _whole_family(self, p: ReadPass, text_name: str, blocks: list[str], floats: list[float], ordered: bool) -> bool:
         """The samples of one family from one chunk, checked and kept as :meth:`_feed` would; False: give up.
 
         ``ordered``: the chunk holds this family alone, so its lines are read in their order. The models it keeps
@@ -424,12 +408,9 @@ class ExpositionReader:
         past ``max_models`` it gives up. A chunk of several families, read family by family, may have cached a
         label set of a model :meth:`_feed` would drop: the caches are dropped when such a chunk gives up there.
         """
-        floats = list(map(float, values))  # ValueError: no number (the line-by-line read words it)
         name = self._plain_names.get(text_name) or self._name(text_name)
         total = sum(floats)
         nan = total != total  # a NaN among them (or infinities of both signs)
-        if nan and any(f != f and v[0] in "+-" for v, f in zip(values, floats, strict=True)):
-            return False  # parse_float's sign rule
         if name in p.nonneg and (any(f < 0 for f in floats) if nan else min(floats) < 0):
             return False
         keep = name in self.wanted
@@ -498,7 +479,7 @@ class ExpositionReader:
             self.clear()
         return False
 
-    def _new_label_texts(self, p: ReadPass, blocks: tuple[str, ...], found: list[_Info | None]) -> bool:
+    def _new_label_texts(self, p: ReadPass, blocks: list[str], found: list[_Info | None]) -> bool:
         """Cache the label texts of a wanted family new to the reader in bulk, as :meth:`_plain_info` would one by one.
 
         Only the common case: one model label, plain ASCII texts within the label limits, every ``a="x"`` pair valid
@@ -514,32 +495,17 @@ class ExpositionReader:
             self.limits is not None and not (joined.isascii() and max(map(len, texts)) <= self._short_labels)
         ):
             return False
-        splits = list(map(str.split, map(str.__add__, texts, repeat(",")), repeat('",')))  # 'a="x",' → ['a="x', '']
-        if set(map(_LAST, splits)) != {""}:
-            return False  # an empty block, a trailing comma, a value not closed: one by one
-        parts = list(map(_ALL_BUT_LAST, splits))
-        lens = list(map(len, parts))
-        flat = list(chain.from_iterable(parts))
         known = self._pairs
-        fresh: dict[str, Pair] = {}
-        for text in set(flat).difference(known):
-            hit = plain_pair(text, label)
-            if hit is None:
-                return False
-            fresh[text] = hit
-        hits = cast("list[Pair]", list(map(known.get, flat, map(fresh.get, flat))))
-        if not set(map(_FLAG, hits)) <= {None, ""}:
-            return False  # a bound that is not a number: one by one
-        pairs = iter(list(map(_PAIR, hits)))
-        tuples = [tuple(islice(pairs, n)) for n in lens]
-        dicts = list(map(dict, tuples))
-        if list(map(len, dicts)) != lens or any(map(self._labels.get, tuples)):
-            return False  # a duplicate label name; a label set met under another text
-        models = list(map(dict.get, dicts, repeat(label)))
+        # an empty block, a trailing comma, a value not closed, a bound that is not a number, a label name twice: None
+        sets = label_sets(texts, known, label, plain_pair)
+        if sets is None:
+            return False  # one by one
+        tuples, keys, models, fresh = sets
+        if any(map(self._labels.get, tuples)):
+            return False  # a label set met under another text
         if len(p.kept.union(models, map(_MODEL, filter(None, found)))) > self.max_models:
             return False  # the family's models, known or new, past the cap: one by one, counted line by line
         canon = self._canon
-        keys = list(map(_sorted, tuples))
         canon.update(zip([k for k in dict.fromkeys(keys) if k not in canon], count(len(canon))))
         infos = list(zip(tuples, repeat(None), map(canon.__getitem__, keys), models, strict=False))
         self._labels.update(zip(tuples, infos, strict=True))
@@ -973,17 +939,6 @@ class ExpositionReader:
         else:
             lineno, message = 0, f"{why}: {line[:120]!r}"
         return ExpositionError(message, lineno, lineno == p.last_lineno, reason, line)
-
-
-def _sorted(labels: Labels) -> Labels:
-    """The pairs in name order (the label set's one form): ``labels`` itself when already so (the common case).
-
-    A tuple, not a frozenset: the garbage collector stops tracking a tuple of strings, never a frozenset.
-    """
-    n = len(labels)
-    if n < 2 or (n == 2 and labels[0] < labels[1]) or (n == 3 and labels[0] < labels[1] < labels[2]):
-        return labels
-    return tuple(sorted(labels))
 
 
 def _model_of(labels: Labels, order: tuple[str, ...]) -> str | None:

@@ -1,0 +1,361 @@
+/* The two bulk steps of a whole-body read, compiled: inferwatch.agent.node.engine.bulkparse holds their
+ * definition in pure Python (the reference, and the path taken when this module is not built) and says what
+ * each returns. This file must return exactly what those functions return for every input, or None where they
+ * return None; tests/test_bulkparse.py holds the two equal on generated and hostile inputs.
+ *
+ * scan(text, start, end): the sample lines of text[start:end] of the common shape (bulkparse.PLAIN_LINE) grouped
+ *     into families, values parsed as float() parses them; None when a line is of another shape or its value is
+ *     no number (or a NaN with a sign).
+ * label_sets(texts, known, label, plain_pair): plain label texts split into label sets (see bulkparse).
+ *
+ * Every index is bounded by the string's length; nothing is written outside the objects it creates; any failure
+ * of the C API (memory) propagates as a Python exception, never a crash.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <string.h>
+
+static inline int is_name_start(Py_UCS4 c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':';
+}
+
+static inline int is_name_char(Py_UCS4 c) { return is_name_start(c) || (c >= '0' && c <= '9'); }
+
+static inline int is_value_char(Py_UCS4 c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '+' ||
+           c == '.';
+}
+
+/* A family of the chunk: its name's place in the text (the first line's), its objects. */
+typedef struct {
+    Py_ssize_t at, len;
+    PyObject *name, *blocks, *values;
+} Family;
+
+static int same_text(int kind, const void *data, Py_ssize_t a, Py_ssize_t b, Py_ssize_t len) {
+    if (kind == PyUnicode_1BYTE_KIND) return memcmp((const char *)data + a, (const char *)data + b, len) == 0;
+    for (Py_ssize_t k = 0; k < len; k++)
+        if (PyUnicode_READ(kind, data, a + k) != PyUnicode_READ(kind, data, b + k)) return 0;
+    return 1;
+}
+
+/* float(value) as Python parses it, for a text of value characters only (ASCII): 0 and *out, or 1 (no number,
+ * or a NaN with a sign: parse_float's rule), or -1 with an exception set (memory). */
+static int parse_value(int kind, const void *data, Py_ssize_t at, Py_ssize_t len, double *out) {
+    char small[64];
+    char *buf = small;
+    if (len >= (Py_ssize_t)sizeof(small)) {
+        buf = PyMem_Malloc((size_t)len + 1);
+        if (buf == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    for (Py_ssize_t k = 0; k < len; k++) buf[k] = (char)PyUnicode_READ(kind, data, at + k);
+    buf[len] = '\0';
+    char *end = NULL;
+    double d = PyOS_string_to_double(buf, &end, NULL);
+    int bad = 0;
+    if (d == -1.0 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_ValueError)) {
+            if (buf != small) PyMem_Free(buf);
+            return -1;
+        }
+        PyErr_Clear();
+        bad = 1;
+    } else if (end != buf + len) {
+        bad = 1;
+    } else if (isnan(d) && (buf[0] == '+' || buf[0] == '-')) {
+        bad = 1;
+    }
+    if (buf != small) PyMem_Free(buf);
+    *out = d;
+    return bad;
+}
+
+static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyUnicode_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "scan(text: str, start: int, end: int)");
+        return NULL;
+    }
+    PyObject *text = args[0];
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    Py_ssize_t start = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
+    if (start == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t end = PyNumber_AsSsize_t(args[2], PyExc_OverflowError);
+    if (end == -1 && PyErr_Occurred()) return NULL;
+    /* as re's pos and endpos: clamped to the text */
+    if (start < 0) start = 0;
+    if (end > n) end = n;
+    int kind = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    /* as re's "^": a line begins at the text's start or after a newline */
+    if (start > 0 && start < end && PyUnicode_READ(kind, data, start - 1) != '\n') Py_RETURN_NONE;
+
+    PyObject *empty = PyUnicode_New(0, 0);
+    if (empty == NULL) return NULL;
+    Py_ssize_t cap = 8, count = 0, last = -1;
+    Family *fams = PyMem_Calloc((size_t)cap, sizeof(Family));
+    PyObject *result = NULL;
+    if (fams == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t pos = start;
+    while (pos < end) {
+        Py_ssize_t eol;
+        if (kind == PyUnicode_1BYTE_KIND) {
+            const char *hit = memchr((const char *)data + pos, '\n', (size_t)(end - pos));
+            eol = hit ? hit - (const char *)data : end;
+        } else {
+            eol = pos;
+            while (eol < end && PyUnicode_READ(kind, data, eol) != '\n') eol++;
+        }
+        Py_ssize_t i = pos;
+        if (i >= eol || !is_name_start(PyUnicode_READ(kind, data, i))) goto nomatch;
+        i++;
+        while (i < eol && is_name_char(PyUnicode_READ(kind, data, i))) i++;
+        Py_ssize_t name_end = i;
+        if (i >= eol) goto nomatch;
+        Py_ssize_t sp = eol - 1; /* the last space of the line: the value holds none */
+        while (sp >= i && PyUnicode_READ(kind, data, sp) != ' ') sp--;
+        if (sp < i) goto nomatch;
+        Py_UCS4 after = PyUnicode_READ(kind, data, i);
+        Py_ssize_t lb = 0, le = 0;
+        if (after == '{') {
+            if (sp - 1 <= i || PyUnicode_READ(kind, data, sp - 1) != '}') goto nomatch;
+            lb = i + 1;
+            le = sp - 1;
+        } else if (after != ' ' || sp != i) {
+            goto nomatch;
+        }
+        Py_ssize_t vlen = eol - (sp + 1);
+        if (vlen <= 0) goto nomatch;
+        for (Py_ssize_t k = sp + 1; k < eol; k++)
+            if (!is_value_char(PyUnicode_READ(kind, data, k))) goto nomatch;
+        double value;
+        int bad = parse_value(kind, data, sp + 1, vlen, &value);
+        if (bad < 0) goto done;
+        if (bad) goto nomatch;
+
+        Py_ssize_t nlen = name_end - pos;
+        Py_ssize_t f = -1;
+        if (last >= 0 && fams[last].len == nlen && same_text(kind, data, fams[last].at, pos, nlen)) {
+            f = last;
+        } else {
+            for (Py_ssize_t k = 0; k < count; k++) {
+                if (fams[k].len == nlen && same_text(kind, data, fams[k].at, pos, nlen)) {
+                    f = k;
+                    break;
+                }
+            }
+        }
+        if (f < 0) {
+            if (count == cap) {
+                Family *grown = PyMem_Realloc(fams, (size_t)cap * 2 * sizeof(Family));
+                if (grown == NULL) {
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                memset(grown + cap, 0, (size_t)cap * sizeof(Family));
+                fams = grown;
+                cap *= 2;
+            }
+            f = count++;
+            fams[f].at = pos;
+            fams[f].len = nlen;
+            fams[f].name = PyUnicode_Substring(text, pos, name_end);
+            fams[f].blocks = PyList_New(0);
+            fams[f].values = PyList_New(0);
+            if (fams[f].name == NULL || fams[f].blocks == NULL || fams[f].values == NULL) goto done;
+        }
+        last = f;
+        PyObject *block;
+        if (le > lb) {
+            block = PyUnicode_Substring(text, lb, le);
+            if (block == NULL) goto done;
+        } else {
+            block = Py_NewRef(empty);
+        }
+        int failed = PyList_Append(fams[f].blocks, block);
+        Py_DECREF(block);
+        if (failed) goto done;
+        PyObject *number = PyFloat_FromDouble(value);
+        if (number == NULL) goto done;
+        failed = PyList_Append(fams[f].values, number);
+        Py_DECREF(number);
+        if (failed) goto done;
+        pos = eol + 1;
+        continue;
+    nomatch:
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    result = PyList_New(count);
+    if (result == NULL) goto done;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *item = PyTuple_Pack(3, fams[k].name, fams[k].blocks, fams[k].values);
+        if (item == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, k, item);
+    }
+done:
+    if (fams != NULL) {
+        for (Py_ssize_t k = 0; k < count; k++) {
+            Py_XDECREF(fams[k].name);
+            Py_XDECREF(fams[k].blocks);
+            Py_XDECREF(fams[k].values);
+        }
+        PyMem_Free(fams);
+    }
+    Py_DECREF(empty);
+    return result;
+}
+
+/* The label set's one form (bulkparse.sorted_labels): the pairs in order, the same object when already so. */
+static PyObject *sorted_form(PyObject *labels) {
+    Py_ssize_t n = PyTuple_GET_SIZE(labels);
+    if (n < 2) return Py_NewRef(labels);
+    if (n == 2 || n == 3) {
+        int lt = PyObject_RichCompareBool(PyTuple_GET_ITEM(labels, 0), PyTuple_GET_ITEM(labels, 1), Py_LT);
+        if (lt < 0) return NULL;
+        if (lt && n == 3) {
+            lt = PyObject_RichCompareBool(PyTuple_GET_ITEM(labels, 1), PyTuple_GET_ITEM(labels, 2), Py_LT);
+            if (lt < 0) return NULL;
+        }
+        if (lt) return Py_NewRef(labels);
+    }
+    PyObject *list = PySequence_List(labels);
+    if (list == NULL) return NULL;
+    if (PyList_Sort(list) < 0) {
+        Py_DECREF(list);
+        return NULL;
+    }
+    PyObject *out = PyList_AsTuple(list);
+    Py_DECREF(list);
+    return out;
+}
+
+/* 1: a duplicate label name among the pairs of ``labels``; 0: none; -1: error. */
+static int duplicate_name(PyObject *labels) {
+    Py_ssize_t n = PyTuple_GET_SIZE(labels);
+    for (Py_ssize_t a = 1; a < n; a++) {
+        PyObject *name = PyTuple_GET_ITEM(PyTuple_GET_ITEM(labels, a), 0);
+        for (Py_ssize_t b = 0; b < a; b++) {
+            int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(PyTuple_GET_ITEM(labels, b), 0), name, Py_EQ);
+            if (eq != 0) return eq;
+        }
+    }
+    return 0;
+}
+
+/* The Pair of one pair text (known, fresh, or plain_pair's answer, then entered in fresh), borrowed; NULL with
+ * no exception: not plain. */
+static PyObject *pair_of(PyObject *piece, PyObject *known, PyObject *fresh, PyObject *label, PyObject *plain) {
+    PyObject *hit = PyDict_GetItemWithError(known, piece);
+    if (hit != NULL || PyErr_Occurred()) return hit;
+    hit = PyDict_GetItemWithError(fresh, piece);
+    if (hit != NULL || PyErr_Occurred()) return hit;
+    PyObject *made = PyObject_CallFunctionObjArgs(plain, piece, label, NULL);
+    if (made == NULL || made == Py_None) {
+        Py_XDECREF(made);
+        return NULL;
+    }
+    int failed = PyDict_SetItem(fresh, piece, made);
+    Py_DECREF(made); /* fresh holds it */
+    return failed ? NULL : made;
+}
+
+static PyObject *label_sets(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyList_Check(args[0]) || !PyDict_Check(args[1]) || !PyUnicode_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "label_sets(texts: list[str], known: dict, label: str, plain_pair)");
+        return NULL;
+    }
+    PyObject *texts = args[0], *known = args[1], *label = args[2], *plain = args[3];
+    Py_ssize_t count = PyList_GET_SIZE(texts);
+    PyObject *tuples = PyList_New(count), *keys = PyList_New(count), *models = PyList_New(count);
+    PyObject *fresh = PyDict_New(), *result = NULL;
+    if (tuples == NULL || keys == NULL || models == NULL || fresh == NULL) goto done;
+    for (Py_ssize_t t = 0; t < count; t++) {
+        PyObject *text = PyList_GET_ITEM(texts, t);
+        if (!PyUnicode_Check(text)) {
+            PyErr_SetString(PyExc_TypeError, "label texts must be str");
+            goto done;
+        }
+        Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+        int kind = PyUnicode_KIND(text);
+        const void *data = PyUnicode_DATA(text);
+        if (n == 0 || PyUnicode_READ(kind, data, n - 1) != '"') goto none;
+        Py_ssize_t pieces = 1;
+        for (Py_ssize_t j = 0; j + 1 < n; j++)
+            if (PyUnicode_READ(kind, data, j) == '"' && PyUnicode_READ(kind, data, j + 1) == ',') pieces++, j++;
+        PyObject *labels = PyTuple_New(pieces);
+        if (labels == NULL) goto done;
+        PyList_SET_ITEM(tuples, t, labels);
+        Py_ssize_t s = 0, k = 0;
+        PyObject *model = Py_None;
+        for (Py_ssize_t j = 0; k < pieces; j++) {
+            int cut = j == n - 1 || (j + 1 < n && PyUnicode_READ(kind, data, j) == '"' &&
+                                     PyUnicode_READ(kind, data, j + 1) == ',');
+            if (!cut) continue;
+            PyObject *piece = PyUnicode_Substring(text, s, j);
+            if (piece == NULL) goto done;
+            PyObject *hit = pair_of(piece, known, fresh, label, plain);
+            Py_DECREF(piece);
+            if (hit == NULL) {
+                if (PyErr_Occurred()) goto done;
+                goto none;
+            }
+            if (!PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) != 2 || !PyTuple_Check(PyTuple_GET_ITEM(hit, 0)) ||
+                PyTuple_GET_SIZE(PyTuple_GET_ITEM(hit, 0)) != 2) {
+                PyErr_SetString(PyExc_TypeError, "a pair is ((name, value), flag)");
+                goto done;
+            }
+            PyObject *flag = PyTuple_GET_ITEM(hit, 1);
+            if (flag != Py_None && !(PyUnicode_Check(flag) && PyUnicode_GET_LENGTH(flag) == 0)) goto none;
+            PyObject *pair = PyTuple_GET_ITEM(hit, 0);
+            PyTuple_SET_ITEM(labels, k, Py_NewRef(pair));
+            int is_model = PyObject_RichCompareBool(PyTuple_GET_ITEM(pair, 0), label, Py_EQ);
+            if (is_model < 0) goto done;
+            if (is_model) model = PyTuple_GET_ITEM(pair, 1);
+            k++;
+            s = j + 2;
+            j++;
+        }
+        int dup = duplicate_name(labels);
+        if (dup < 0) goto done;
+        if (dup) goto none;
+        PyList_SET_ITEM(models, t, Py_NewRef(model));
+        PyObject *key = sorted_form(labels);
+        if (key == NULL) goto done;
+        PyList_SET_ITEM(keys, t, key);
+    }
+    result = PyTuple_Pack(4, tuples, keys, models, fresh);
+    goto done;
+none:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(tuples);
+    Py_XDECREF(keys);
+    Py_XDECREF(models);
+    Py_XDECREF(fresh);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
+     "scan(text, start, end): the sample lines of text[start:end] as families (see bulkparse.scan)."},
+    {"label_sets", (PyCFunction)(void (*)(void))label_sets, METH_FASTCALL,
+     "label_sets(texts, known, label, plain_pair): plain label texts as label sets (see bulkparse.label_sets)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_fastparse", "Compiled bulk steps of the exposition reader (see bulkparse.py).", -1,
+    methods,
+};
+
+PyMODINIT_FUNC PyInit__fastparse(void) { return PyModule_Create(&module); }

@@ -1,0 +1,268 @@
+"""The compiled bulk steps (``_fastparse``) against their pure-Python definition (bulkparse.py); the reader with each.
+
+The extension must give exactly what the pure-Python steps give, for every input: step by step on generated and
+hostile texts (huge lines, NUL bytes, every string width, escapes, values that are no number), and through the
+reader (the engine corpus, the expfmt text cases, the hostile edits of test_exposition_whole, generated bodies):
+the same exposition or the same error, and the same caches after. Where a C compiler and the Python headers are
+there the extension must have been built (``pip install -e .`` builds it in place); the pure path is forced with
+``INFERWATCH_PURE_PARSER=1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sysconfig
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from inferwatch.agent.node.engine import bulkparse, exposition
+from inferwatch.agent.node.engine.adapters import VLLM
+from inferwatch.agent.node.engine.exposition import Everything, ExpositionReader
+from inferwatch.agent.node.engine.labelblock import plain_pair
+from inferwatch.agent.node.engine.limits import EngineLimits
+from tests.conftest import PYTHON, ROOT
+from tests.engine_expo import big_exposition
+from tests.test_exposition_whole import BASE, CORPUS, FIXTURES, HOSTILE, READERS, outcome
+
+
+def compiler_here() -> bool:
+    """A C compiler and the Python headers: what the optional extension's build needs."""
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    return headers.is_file() and any(shutil.which(cc) for cc in ("cc", "gcc", "clang"))
+
+
+def extension() -> Any:
+    try:
+        from inferwatch.agent.node.engine import _fastparse  # type: ignore[attr-defined]
+    except ImportError:
+        if compiler_here():
+            pytest.fail("a C compiler and Python.h are here but _fastparse is not built: run pip install -e .")
+        pytest.skip("no C compiler or Python headers here: the extension cannot be built")
+    return _fastparse
+
+
+@pytest.fixture
+def ext() -> Any:
+    return extension()
+
+
+def canon(result: Any) -> Any:
+    """A step's answer with floats as their repr (NaN equals NaN)."""
+    if result is None:
+        return None
+    return [(name, blocks, [repr(v) for v in values]) for name, blocks, values in result]
+
+
+# --- scan: step by step ------------------------------------------------------------------------------------------
+
+NAME = st.sampled_from(["a", "vllm:x_total", "_b", ":c", "x1", "1x", "a.b", "é", ""])
+VALUE = st.sampled_from(
+    ["1", "1.0", "-2.5e3", "+Inf", "-Inf", "inf", "Infinity", "NaN", "nan", "+NaN", "-nan", "1e999", "1e-400",
+     "0x10", "1_0", "1e", ".", "", "one", "1.", ".5", "+.5e+2", "٣", " 1", "1 2", "\x00", "9" * 400]
+)  # fmt: skip
+LABELS = st.sampled_from(
+    ["", "{}", '{a="x"}', '{a="x",b="y"}', '{a="x",}', '{a="x} 1"}', '{a="\\"q"}', '{a="x\\q"}', '{a="\x00"}',
+     '{a="ü"}', '{a="\U0001f600"}', '{a="ꙮ"}', "{a=x}", '{ a="x" }', '{"a.b"="x"}', "{", "}", '{a="' + "v" * 300 + '"}']
+)  # fmt: skip
+SEP = st.sampled_from([" ", " ", " ", "\t", "  ", ""])
+TS = st.sampled_from(["", "", " 17"])
+LINE = st.builds(lambda n, lb, s, v, ts: f"{n}{lb}{s}{v}{ts}", NAME, LABELS, SEP, VALUE, TS)
+BODY = st.lists(st.one_of(LINE, st.sampled_from(["", "# HELP a x", "\r"])), max_size=12).map("\n".join)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=BODY, newline=st.booleans(), cut=st.tuples(st.integers(-3, 400), st.integers(-3, 400)))
+def test_scan_is_the_pure_step(body: str, newline: bool, cut: tuple[int, int]) -> None:
+    ext = extension()
+    text = body + ("\n" if newline else "")
+    assert canon(ext.scan(text, 0, len(text))) == canon(bulkparse.scan_py(text, 0, len(text))), text
+    start, end = cut
+    assert canon(ext.scan(text, start, end)) == canon(bulkparse.scan_py(text, start, end)), (text, cut)
+
+
+HOSTILE_TEXTS = {
+    "a 1 MB value": "a " + "9" * 1_000_000 + "\n",
+    "a 1 MB label text": 'a{x="' + "v" * 1_000_000 + '"} 1\n',
+    "a 1 MB name": "a" * 1_000_000 + " 1\n",
+    "a 1 MB line of blanks": " " * 1_000_000 + "\n",
+    "NUL bytes": 'a{x="\x00"} 1\n\x00 1\na \x00\n',
+    "a NUL in the value": "a 1\x00\n",
+    "latin-1": 'a{x="é"} 1\nb 2\n',
+    "two-byte characters": 'a{x="ꙮ"} 1\nb 2\n',
+    "four-byte characters": 'a{x="\U0001f600"} 1\nb 2\n',
+    "a non-ASCII digit": "a \u0663\n",
+    "a lone surrogate": 'a{x="\ud800"} 1\n',
+    "malformed escapes": 'a{x="\\"} 1\na{x="\\q"} 2\na{x="\\\\"} 3\n',
+    "invalid floats": "a 1e\na .\na 0x10\na 1_0\na --1\na 1e+\n",
+    "huge exponents": "a 1e999999999999\na -1e-999999999999\n",
+    "signed NaN": "a +nan\n",
+    "interleaved families": "a_bucket 1\na_sum 2\na_bucket 3\na_count 4\na_sum 5\n",
+    "no newline at the end": "a 1\nb 2",
+    "only newlines": "\n\n\n",
+    "empty": "",
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE_TEXTS, ids=list(HOSTILE_TEXTS))
+def test_scan_on_hostile_text_is_the_pure_step(ext: Any, case: str) -> None:
+    text = HOSTILE_TEXTS[case]
+    for start, end in ((0, len(text)), (0, len(text) // 2), (2, len(text)), (-5, 10**9), (len(text), 0)):
+        assert canon(ext.scan(text, start, end)) == canon(bulkparse.scan_py(text, start, end)), (case, start, end)
+
+
+def test_scan_refuses_what_is_not_a_string(ext: Any) -> None:
+    for args in ((b"a 1\n", 0, 4), ("a 1\n", "0", 4), ("a 1\n",), ("a 1\n", 0, 10**30)):
+        with pytest.raises((TypeError, OverflowError)):
+            ext.scan(*args)
+
+
+# --- label_sets: step by step --------------------------------------------------------------------------------------
+
+PAIR = st.sampled_from(
+    ['a="x"', 'b="y"', 'model_name="m1"', 'model_name="m2"', 'le="0.5"', 'le="+Inf"', 'le="half"', 'quantile="q"',
+     'a="z"', '__name__="n"', "1a=\"x\"", 'a=x', 'a="x', "", 'a="é"', 'a="\U0001f600"', 'a="x"y"', 'engine="0"']
+)  # fmt: skip
+TEXT = st.lists(PAIR, min_size=1, max_size=6).map(",".join) | st.sampled_from(["", '"', 'a="x",', ",", '",'])
+
+
+@settings(max_examples=400, deadline=None)
+@given(texts=st.lists(TEXT, max_size=6, unique=True), known=st.lists(PAIR, max_size=4))
+def test_label_sets_is_the_pure_step(texts: list[str], known: list[str]) -> None:
+    ext = extension()
+    cache = {t: hit for t in known if (hit := plain_pair(t, "model_name")) is not None}
+    before = dict(cache)
+    a = ext.label_sets(texts, cache, "model_name", plain_pair)
+    assert cache == before  # the caller adds the fresh pairs
+    b = bulkparse.label_sets_py(texts, cache, "model_name", plain_pair)
+    assert a == b, texts
+    if a is not None:  # the pairs are the cached tuples themselves, and a sorted form is the set itself when sorted
+        for labels, key in zip(a[0], a[1], strict=True):
+            for pair in labels:
+                assert any(pair is hit[0] for hit in (*cache.values(), *a[3].values()))
+            assert (key is labels) == (bulkparse.sorted_labels(labels) is labels)
+
+
+def test_label_sets_passes_on_an_error_of_the_pair_check(ext: Any) -> None:
+    def broken(text: str, label: str) -> None:
+        raise RuntimeError(text)
+
+    with pytest.raises(RuntimeError):
+        ext.label_sets(['a="x"'], {}, "model_name", broken)
+    with pytest.raises(TypeError):
+        ext.label_sets(['a="x"'], {}, "model_name", lambda t, lb: ("not a pair", None))
+    with pytest.raises(TypeError):
+        ext.label_sets([b'a="x"'], {}, "model_name", plain_pair)
+
+
+# --- the reader with each ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pure() -> Iterator[Callable[[], None]]:
+    """Switch the reader to the pure-Python steps (call it); restored after the test."""
+    saved = exposition.scan, exposition.label_sets
+
+    def switch() -> None:
+        exposition.scan, exposition.label_sets = bulkparse.scan_py, bulkparse.label_sets_py
+
+    yield switch
+    exposition.scan, exposition.label_sets = saved
+
+
+def both(text: str, ext: Any, pure: Callable[[], None]) -> None:
+    """Every reader of test_exposition_whole reads ``text`` cold and warm alike with either step, caches included."""
+    exposition.scan, exposition.label_sets = ext.scan, ext.label_sets
+    compiled = [(make(), make) for make in READERS.values()]
+    got = [[outcome(r.read, text) for _ in range(2)] for r, _ in compiled]
+    pure()
+    for (r, make), seen in zip(compiled, got, strict=True):
+        other = make()
+        assert [outcome(other.read, text) for _ in range(2)] == seen, text[:300]
+        for cache in ("_raw", "_labels", "_canon", "_pairs", "_raw_unkept", "_names"):
+            assert getattr(r, cache) == getattr(other, cache), cache
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=[p.name for p in CORPUS])
+def test_the_engine_corpus_reads_the_same_with_either(path: Path, ext: Any, pure: Callable[[], None]) -> None:
+    both(path.read_text(), ext, pure)
+
+
+def test_the_expfmt_text_cases_read_the_same_with_either(ext: Any, pure: Callable[[], None]) -> None:
+    cases = json.loads((FIXTURES / "expfmt" / "manifest.json").read_text())["cases"]
+    texts = [
+        (FIXTURES / "expfmt" / c["file"]).read_bytes().decode("utf-8", errors="replace")
+        for c in cases
+        if c.get("format") == "text"
+    ]
+    assert len(texts) > 20
+    for text in texts:
+        both(text, ext, pure)
+
+
+@pytest.mark.parametrize("edit", HOSTILE, ids=list(HOSTILE))
+def test_hostile_edits_read_the_same_with_either(edit: str, ext: Any, pure: Callable[[], None]) -> None:
+    old, new = HOSTILE[edit]
+    both(BASE.replace(old, new, 1), ext, pure)
+
+
+def test_a_large_body_reads_the_same_with_either(ext: Any, pure: Callable[[], None]) -> None:
+    text, _ = big_exposition(6_000)
+    both(text, ext, pure)
+    at = text.index("vllm:generation_tokens_total{")
+    line = text[at : text.index("\n", at) + 1]
+    both(text.replace(line, line + line, 1), ext, pure)
+
+
+GENERATED_PAIRS = ['engine="0"', 'engine="1"', 'model_name="m1"', 'model_name="m2"', 'le="0.5"', 'le="+Inf"', 'a="x"']
+GENERATED = st.lists(
+    st.tuples(
+        st.sampled_from(["vllm:num_requests_running", "vllm:prompt_tokens_total", "vllm:x_bucket", "other"]),
+        st.lists(st.sampled_from(GENERATED_PAIRS), max_size=4),
+        st.sampled_from(["1", "2.5", "-1", "NaN", "+Inf", "0"]),
+    ),
+    max_size=20,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=GENERATED, typed=st.booleans())
+def test_generated_expositions_read_the_same_with_either(
+    rows: list[tuple[str, list[str], str]], typed: bool, pure: Callable[[], None]
+) -> None:
+    ext = extension()
+    head = "# TYPE vllm:prompt_tokens_total counter\n# TYPE vllm:x histogram\n" if typed else ""
+    text = head + "".join(f"{n}{{{','.join(lb)}}} {v}\n" if lb else f"{n} {v}\n" for n, lb, v in rows)
+    both(text, ext, pure)
+    exposition.scan, exposition.label_sets = ext.scan, ext.label_sets
+
+
+def test_a_conforming_body_takes_the_compiled_step(ext: Any) -> None:
+    """The reader reads a vLLM body through the extension when it is built (the selection at import)."""
+    forced = os.environ.get(bulkparse.PURE_ENV, "") not in ("", "0")
+    assert bulkparse.COMPILED is not forced
+    text, _ = big_exposition(2_000)
+    calls = []
+    saved = exposition.scan
+    exposition.scan = lambda *a: calls.append(1) or ext.scan(*a)  # type: ignore[assignment]
+    try:
+        reader = VLLM.reader(EngineLimits())
+        assert reader._read_whole(reader.begin(), text) and calls
+    finally:
+        exposition.scan = saved
+    assert ExpositionReader(("",), Everything()).read(text).matched > 2_000
+
+
+@pytest.mark.parametrize(("value", "compiled"), [("1", False), ("yes", False), ("0", True), ("", True)])
+def test_the_environment_variable_forces_the_pure_steps(ext: Any, value: str, compiled: bool) -> None:
+    code = "from inferwatch.agent.node.engine import bulkparse as b; print(b.COMPILED, b.scan is b.scan_py)"
+    env = {**os.environ, bulkparse.PURE_ENV: value}
+    out = subprocess.run([PYTHON, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(compiled), str(not compiled)]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from operator import is_
 
 from inferwatch.agent import catalog
 from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
@@ -198,9 +199,17 @@ def prerender(collection: Collection) -> None:
     ``prepare``): a scrape then writes the collection's families from text made before it arrived, and an engine of
     hundreds of models costs its scrape a concatenation, not a render. Each family is rendered for the target
     attributes it carries itself; a scrape that finds the family carrying more (another source's) renders again.
+    A collection that carries its predecessor's blocks (``rendered``, as the engine collector's progress passes do)
+    keeps each block whose samples are the very same objects, text and all: only the families that changed are
+    rendered.
     """
+    before: dict[str, _Block] = collection.rendered.get("prometheus") or {}
     blocks = _blocks(collection.samples)
     for name, block in blocks.items():
+        old = before.get(name)
+        if old is not None and len(old.samples) == len(block.samples) and all(map(is_, old.samples, block.samples)):
+            blocks[name] = old
+            continue
         block.text(catalog.CATALOG[name], _target_keys(block.present))
     collection.rendered["prometheus"] = blocks
 

@@ -10,20 +10,53 @@ model load (the engine down, then back with a burst), and an idle engine (no req
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
+
+import httpx
 import pytest
 
-from inferwatch.agent.config import DEFAULT_ENGINE_INTERVAL_S, DEFAULT_HANG_FAST_STALL_S, Settings
+from inferwatch.agent.config import (
+    DEFAULT_ENGINE_INTERVAL_S,
+    DEFAULT_HANG_FAST_STALL_S,
+    DEFAULT_INTERVAL_S,
+    Settings,
+)
 from inferwatch.agent.node.collectors import schedule
-from inferwatch.agent.node.collectors.engine import READ_AGAIN_MARGIN_S
+from inferwatch.agent.node.collectors.engine import FULL_READ_DUE, READ_AGAIN_MARGIN_S, EngineCollector
+from inferwatch.agent.node.engine.adapters import EngineReading
 from inferwatch.agent.node.engine.hang import HangDetector
+from inferwatch.agent.node.engine.progress import ProgressReader
+from inferwatch.agent.node.wiring import collect_context
 from tests.hang_sim import Scraper, VirtualEngine
 
 EVERY_S = DEFAULT_ENGINE_INTERVAL_S
+FULL_EVERY_S = DEFAULT_INTERVAL_S  # the engine collector reads in full once per agent interval, progress passes between
 DETECT_S = 10.0  # issue 34: the agent knows within 10 s of the hang's start
 
 
-def _scraper(e: VirtualEngine, **kw: float) -> Scraper:
-    return Scraper(e, HangDetector(**kw))  # type: ignore[arg-type]
+@dataclass
+class _AgentScraper(Scraper):
+    """Reads as the engine collector does (agent/node/collectors/engine.py): a full read once per agent interval, a
+    progress pass (agent/node/engine/progress.py) between, judged with the last full read's prefill speed."""
+
+    progress: ProgressReader = field(default_factory=lambda: ProgressReader("vllm"))
+    full_at: float = -math.inf
+    reads: list[str] = field(default_factory=list)
+
+    def scrape(self) -> EngineReading:
+        body, now = self.engine.exposition(), self.engine.now
+        reading = self.progress.read(body) if now - self.full_at < FULL_READ_DUE * FULL_EVERY_S else None
+        full = reading is None
+        if reading is None:
+            reading, self.full_at = self.parser.parse(body), now
+        self.reads.append("full" if full else "progress")
+        self.history.append((now, self.detector.update(now, reading, full=full)))
+        return reading
+
+
+def _scraper(e: VirtualEngine, **kw: float) -> _AgentScraper:
+    return _AgentScraper(e, HangDetector(**kw))  # type: ignore[arg-type]
 
 
 def _run(s: Scraper, seconds: float) -> None:
@@ -55,6 +88,52 @@ def test_a_busy_hang_is_found_within_10_s(phase: float) -> None:
     assert found, "never stalled"
     assert found[0][0] - start <= DETECT_S
     assert all(v.fast for _t, vs in s.history if _t >= found[0][0] for v in vs if v.stalled)
+    assert 2 * s.reads.count("full") <= s.reads.count("progress")  # one full read in three, or fewer
+
+
+@pytest.mark.parametrize("phase", [0.0, 1.3])
+def test_the_engine_collector_finds_a_busy_hang_within_10_s_on_its_progress_passes(phase: float) -> None:
+    """The real collector (HTTP to the virtual engine at virtual time), at its 2 s cadence and the reads its runner
+    adds (``read_again_in``): full reads once per agent interval, progress passes between, the verdict within 10 s."""
+    e = VirtualEngine("h100", 8.0)
+
+    def answer(req: httpx.Request) -> httpx.Response:
+        if req.url.path != "/metrics":
+            return httpx.Response(404)
+        return httpx.Response(200, content=e.exposition(), headers={"content-type": "text/plain"})
+
+    settings = Settings(engine={"metrics_url": "http://engine:8000/metrics", "health_url": ""})
+    client = httpx.Client(transport=httpx.MockTransport(answer))
+    c = EngineCollector(collect_context(settings, engine_http=client), settings.engine, FULL_EVERY_S, lambda: e.now)
+    history: list[tuple[float, dict[str, object]]] = []
+
+    def run(seconds: float) -> None:
+        end, grid = e.now + seconds, e.now + EVERY_S
+        while True:
+            sooner = c.read_again_in()
+            at = e.now + sooner if sooner is not None and e.now + sooner < grid else grid
+            if at > end + 1e-9:
+                return
+            e.advance(at)
+            history.append((e.now, dict(c.collect().details)))
+            if at == grid:
+                grid += EVERY_S
+
+    try:
+        for _ in range(24):
+            e.submit(512, 4000)
+        run(30)
+        e.advance(e.now + phase)
+        e.hung.add(0)
+        start = e.now
+        run(30)
+    finally:
+        c.close()
+    found = [t for t, d in history if t >= start and any(v["stalled"] for v in d["hang"])]  # type: ignore[attr-defined]
+    assert found and found[0] - start <= DETECT_S
+    kinds = [d["read"]["kind"] for _t, d in history]  # type: ignore[index]
+    assert kinds[0] == "full" and kinds.count("progress") >= 2 * kinds.count("full") - 2, kinds
+    assert c.read_counts["fallback"] == 0
 
 
 @pytest.mark.parametrize("every_s", [2.0, 3.1, 4.3])  # the default cadence, and stretched by costly reads

@@ -85,6 +85,20 @@ def _read_again_in(collector: Collector) -> float | None:
     return float(value) if isinstance(value, int | float) and value == value else None
 
 
+def _paces_cadence(collector: Collector) -> bool:
+    """The collector's ``paces_cadence()``: False when its last run's cost is not to set its next interval (the
+    engine collector's full read, made once per collection interval between its cheap progress passes); True when
+    it has no such hook or the hook fails."""
+    hook = getattr(collector, "paces_cadence", None)
+    if not callable(hook):
+        return True
+    try:
+        return bool(hook())
+    except Exception:  # a collector's bug must not stop the scheduler
+        log.debug("collector %s: paces_cadence() failed", collector.name, exc_info=True)
+        return True
+
+
 def run_collection(collector: Collector) -> Collection:
     """Run one collector in the calling thread and validate what it returns."""
     return validate(collector.collect())
@@ -518,7 +532,7 @@ class Runner:
                 self._finish(slot.collector, started, *outcome)
                 slot.last_s = self._clock() - started
                 lane.current, lane.deadline = None, math.inf
-                if slot.slow_interval is not None:  # adaptive cadence: a costly run stretches the next interval
+                if slot.slow_interval is not None and _paces_cadence(slot.collector):  # a costly run stretches it
                     # A read's cost: its wall time when it succeeded (the peer rendering, the transfer, the parse:
                     # what every read costs the engine and the agent); only its own CPU when it failed, so a peer
                     # that is down or silent (a timeout is waiting, not work) is still looked at at the fast pace.

@@ -27,6 +27,19 @@ a failed one, a counter reset, another set of models), in a thread of its own so
 answer): counted by reason in ``details["max_model_len"]``, logged once when it starts and once when it ends,
 asked again after :data:`MODEL_LEN_RETRY_S`.
 
+**Progress passes.** Hang detection reads the engine every 2 s (its fast path, see the ENTRY below), the rest of
+the collection needs a read once per collection interval (``full_every_s``: the agent's ``interval_s``). So a run
+is a **full read** (the whole exposition parsed as it streams in, every quantity mapped, the latency windows moved,
+the hang verdicts) when ``FULL_READ_DUE`` of that interval has passed since the last one, and otherwise a
+**progress pass** (:mod:`inferwatch.agent.node.engine.progress`): the body fetched whole, only the lines of the
+families hang detection reads taken out of it and read, the verdicts made on them, and the collection returned
+is the last full read's series (the same objects, so the exposition reuses their text) with the new verdicts, its
+details with the new ``hang`` and ``read``. A pass that cannot stand for a full read (a line it keeps is bad, a
+rank quantity the last full read gave is missing from it) reads the same body in full instead (``fallback`` in
+``details["read"]["runs"]``). At 10 models x 2 ranks a pass costs ~7 ms of CPU against ~30 ms for a full read,
+at 200 models ~90 ms against ~640 ms (docs/benchmarks.md, "Cost at every size"). Between full reads the engine's
+own series in ``/metrics`` are up to one interval old, as a collector reading at the interval would give them.
+
 The histogram-derived stats are kept in the collector's own :class:`~inferwatch.agent.node.engine.board.LatencyBoard`
 (``EngineCollector.board``, for inspection). The span analytics learn what they need from this
 collector's collection in the state (``details["models"]`` and its ``frontend_gap`` series), and the tail
@@ -40,7 +53,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import ClassVar
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any, ClassVar
 
 import httpx
 
@@ -54,7 +69,7 @@ from inferwatch.agent.node.engine.adapters import DEFAULT_MODEL, QUANTITIES, Eng
 from inferwatch.agent.node.engine.board import LatencyBoard
 from inferwatch.agent.node.engine.derived import EngineTimeline
 from inferwatch.agent.node.engine.emit import keep_sums, reading_samples
-from inferwatch.agent.node.engine.fetch import REASONS, EngineScrapeError, fetch_into
+from inferwatch.agent.node.engine.fetch import REASONS, EngineScrapeError, fetch, fetch_into
 from inferwatch.agent.node.engine.hang import HangDetector
 from inferwatch.agent.node.engine.hangreport import hang_dict, hang_findings, hang_samples, health_url
 from inferwatch.agent.node.engine.heap import release_freed_memory
@@ -68,6 +83,7 @@ from inferwatch.agent.node.engine.modellen import (
     ask_model_len,
     model_len_url,
 )
+from inferwatch.agent.node.engine.progress import ProgressReader
 from inferwatch.agent.node.engine.rankitl import rank_itl
 from inferwatch.agent.node.engine.scrape import EngineParser
 
@@ -81,6 +97,34 @@ RELEASE_AFTER_BYTES = 512 << 10
 # A reading asked for at a hang verdict's due time starts this much after it: its time (taken when the read ends) is
 # then past the window however fast the read, and a few ms of timer slack cannot push the verdict a whole interval.
 READ_AGAIN_MARGIN_S = 0.05
+# A full read is made once this share of ``full_every_s`` has passed since the last one (on a 2 s cadence and a 5 s
+# interval: every third run, 6 s apart); the runs between are progress passes.
+FULL_READ_DUE = 0.9
+EVENTS = ("finished", "preemptions")  # the request events hang detection counts per model
+READS = ("full", "progress", "fallback")  # fallback: a progress pass that read its body in full
+
+
+@dataclass(eq=False)
+class _FullRead:
+    """What the last full read made (``at``: its time, seconds), for the progress passes after it: its series but
+    the hang verdicts, its details, the models it kept and the ranks it judged, and the collection last returned."""
+
+    at: float
+    kind: str
+    models: frozenset[str]
+    judged: frozenset[tuple[str, str, str]]  # its _progress_shape
+    dropped: int
+    samples: list[AnySample]
+    details: dict[str, Any]
+    made: Collection
+
+
+def _progress_shape(reading: EngineReading) -> frozenset[tuple[str, str, str]]:
+    """What hang detection reads of ``reading``: (model, rank, quantity) of every rank quantity, (model, "",
+    counter) of the request events; a progress pass must give all of the last full read's."""
+    ranks = ((model, rank, q) for model, m in reading.models.items() for rank, qs in m.ranks.items() for q in qs)
+    events = ((model, "", c) for model, m in reading.models.items() for c in EVENTS if c in m.counters)
+    return frozenset(chain(ranks, events))
 
 
 def _token_total(reading: EngineReading) -> float:
@@ -94,10 +138,23 @@ class EngineCollector(BaseCollector):
     description: ClassVar[str] = "Inference engine /metrics (vLLM, SGLang, TGI, llama.cpp, TensorRT-LLM)"
     reads: ClassVar[str] = "the engine's own `/metrics` over HTTP ([engine.md](engine.md))"
 
-    def __init__(self, ctx: CollectContext, cfg: EngineSettings, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        ctx: CollectContext,
+        cfg: EngineSettings,
+        full_every_s: float = 0.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``full_every_s``: seconds between full reads; a run sooner than that after the last one is a progress pass
+        (the module's "Progress passes"); 0: every run reads in full. The registry passes the agent's interval."""
         super().__init__(ctx)
         self._clock = clock  # wall time of each scrape, seconds
         self.cfg = cfg
+        self.full_every_s = full_every_s
+        self._progress: ProgressReader | None = None  # made for the engine kind the last full read found
+        self._full: _FullRead | None = None  # what the last full read made, for the progress passes after it
+        self.read_counts = dict.fromkeys(READS, 0)  # runs by the read they made
+        self._last_read = ""  # the last run's: full (planned), progress, or fallback (a progress pass read in full)
         self.limits = EngineLimits.of(cfg)
         self.parser = EngineParser(cfg.kind, cfg.model_name or DEFAULT_MODEL, self.limits)
         self.timeline = EngineTimeline()
@@ -157,11 +214,23 @@ class EngineCollector(BaseCollector):
             )
         with self._lock:
             run = self._given_up
-        try:  # parsed while it streams in: the body is never held (a limit stops the fetch at once)
-            stream = self.parser.stream()
-            size = fetch_into(self._client, url, self.cfg.timeout_s, self.cfg.max_bytes, stream, self.limits.max_series)
-            self._read_bytes = size
-            reading = stream.finish()
+        last = self._full
+        full = self.full_every_s <= 0 or last is None or self._clock() - last.at >= FULL_READ_DUE * self.full_every_s
+        progress: EngineReading | None = None
+        try:
+            if full:  # parsed while it streams in: the body is never held (a limit stops the fetch at once)
+                stream = self.parser.stream()
+                size = fetch_into(
+                    self._client, url, self.cfg.timeout_s, self.cfg.max_bytes, stream, self.limits.max_series
+                )
+                self._read_bytes = size
+                reading = stream.finish()
+            else:  # a progress pass: the body held, its progress lines read; in full if they cannot be trusted
+                body = fetch(self._client, url, self.cfg.timeout_s, self.cfg.max_bytes, self.limits.max_series)
+                size = self._read_bytes = len(body)
+                progress = self._progress_reading(body)
+                reading = progress if progress is not None else self.parser.parse(body)
+                del body
         except EngineScrapeError as exc:
             self._engine_mark = None  # the next scrape that succeeds may be of a restarted engine
             with self._lock:
@@ -189,8 +258,14 @@ class EngineCollector(BaseCollector):
                 )
             else:
                 log.info("engine models back within engine.max_models=%d", self.limits.max_models)
-        self.timeline.update(now, reading)
         self._model_len_step(now, reading)
+        if progress is not None:
+            self.read_counts["progress"] += 1
+            self._last_read = "progress"
+            return self._progress_collection(now, progress)
+        self._last_read = "full" if full else "fallback"
+        self.read_counts[self._last_read] += 1
+        self.timeline.update(now, reading)
         verdicts = self.hang.update(now, reading)
         ranks_itl = rank_itl(reading)  # per rank, before keep_sums sums the ranks (the tail explainer's)
         keep_sums(reading)  # the per-series histograms are read: what is left to do needs their sums only
@@ -199,6 +274,7 @@ class EngineCollector(BaseCollector):
         self.board.set_models("histogram", reading.models)
         samples: list[AnySample] = reading_samples(reading)
         samples.extend(self.timeline.derived_samples(stats))
+        hang_from = len(samples)  # the hang verdicts last: a progress pass replaces them
         health = self._health() if any(v.stalled for v in verdicts) else "not_probed"
         samples.extend(hang_samples(verdicts, health))
         findings = hang_findings(verdicts, health, self.health_url)
@@ -225,7 +301,57 @@ class EngineCollector(BaseCollector):
         details["hang"] = [hang_dict(v) for v in verdicts]
         details["max_model_len"] = self._model_len_dict()
         details["rank_itl"] = ranks_itl
-        return Collection(samples=samples, findings=findings, details=details)
+        details["read"] = self._read_dict("full")
+        out = Collection(samples=samples, findings=findings, details=details)
+        judged = _progress_shape(reading)
+        self._full = _FullRead(
+            now, reading.kind, frozenset(reading.models), judged, dropped, samples[:hang_from], details, out
+        )
+        return out
+
+    def _progress_reading(self, body: bytes) -> EngineReading | None:
+        """The progress pass over ``body`` (agent/node/engine/progress.py), limited to the models of the last full
+        read; None when it cannot stand for a full read: its reader gave up, or a quantity the last full read gave
+        hang detection (a rank's, or a model's request events) is missing from it (a series written in a form it
+        does not take, such as a quoted name: the full read judges the body)."""
+        last = self._full
+        assert last is not None
+        if self._progress is None or self._progress.kind != last.kind:
+            self._progress = ProgressReader(last.kind, self.cfg.model_name or DEFAULT_MODEL, self.limits)
+        reading = self._progress.read(body)
+        if reading is None:
+            return None
+        reading.models = {name: m for name, m in reading.models.items() if name in last.models}
+        reading.models_dropped = last.dropped  # the full read's count (it meets the models in its own order)
+        return reading if last.judged <= _progress_shape(reading) else None
+
+    def _progress_collection(self, now: float, reading: EngineReading) -> Collection:
+        """The last full read's series with this pass's hang verdicts. It carries what the sinks made of the last
+        collection (``rendered``): every series but the verdicts' are the same objects, which a sink reuses."""
+        last = self._full
+        assert last is not None
+        verdicts = self.hang.update(now, reading, full=False)
+        health = self._health() if any(v.stalled for v in verdicts) else "not_probed"
+        samples = [*last.samples, *hang_samples(verdicts, health)]
+        findings = hang_findings(verdicts, health, self.health_url)
+        details = {
+            **last.details,
+            "hang": [hang_dict(v) for v in verdicts],
+            "max_model_len": self._model_len_dict(),
+            "read": self._read_dict("progress"),
+        }
+        out = Collection(samples=samples, findings=findings, details=details, rendered=dict(last.made.rendered))
+        last.made = out
+        return out
+
+    def _read_dict(self, kind: str) -> dict[str, object]:
+        last = self._full
+        return {
+            "kind": kind,  # full, or progress: the last full read's series, this pass's hang verdicts
+            "full_at": last.at if last is not None and kind == "progress" else None,
+            "progress_lines": self._progress.lines if self._progress is not None and kind == "progress" else None,
+            "runs": dict(self.read_counts),
+        }
 
     def _model_len_step(self, now: float, reading: EngineReading) -> None:
         """Hand a finished answer to the hang detector; ask (in a thread) when the engine (re)started or a failed
@@ -316,6 +442,11 @@ class EngineCollector(BaseCollector):
         at = self.hang.next_at
         return None if at is None else max(0.0, at - self._clock() + READ_AGAIN_MARGIN_S)
 
+    def paces_cadence(self) -> bool:
+        """Whether the last run's cost sets the next interval (the runner's adaptive cadence): not a full read made
+        between progress passes, which comes once per ``full_every_s`` whatever the cadence; every run otherwise."""
+        return self.full_every_s <= 0 or self._last_read != "full"
+
     def run_failed(self, reason: str) -> None:
         """The runner gave up on a run (``timeout``) or found it still running (``hung``): ``up`` 0 and one
         scrape error of reason ``timeout`` (as ``inferwatch.collector.errors`` counts a hung run), as for a fetch
@@ -361,7 +492,7 @@ class EngineCollector(BaseCollector):
 ENTRY = Entry(
     EngineCollector,
     order=50,
-    sections=lambda s: (s.engine,),
+    sections=lambda s: (s.engine, s.interval_s),  # full reads at the agent's interval, progress passes between
     lane=None,
     configured=lambda s: bool(s.engine.metrics_url),
     needs="absent until `engine.metrics_url` or discovery is set",

@@ -43,6 +43,11 @@ after a read waits a whole interval more (a cadence stretched by costly reads, o
 time); the collector asks its scheduler for a reading at ``next_at`` instead, so the verdict comes at the window's
 end. The window itself and what counts as progress are unchanged: the extra reading judges with the same rules.
 
+**Progress passes.** Between two full readings the collector may feed a reading of the progress families alone
+(:mod:`inferwatch.agent.node.engine.progress`: the rank quantities, finished and preempted requests, no histogram):
+``update(t, reading, full=False)`` judges it with the same rules, each model's prefill speed being the one its last
+full reading gave (a mean since the engine started, which a few seconds do not move).
+
 Pure and clock-free: :meth:`HangDetector.update` takes the time. The ``/health`` probe is the collector's.
 """
 
@@ -123,6 +128,7 @@ class HangDetector:
         self.prefill_safety = prefill_safety
         self.max_stall_s = max(max_stall_s, min_stall_s)
         self._tracks: dict[tuple[str, str], _Track] = {}
+        self._per_token: dict[str, float | None] = {}  # each model's prefill s/token at the last full reading
         self.next_at: float | None = None  # after update(): when a silent busy rank reaches its window (None: none)
 
     def learn(self, lens: Mapping[str, int]) -> None:
@@ -165,12 +171,16 @@ class HangDetector:
             return False
         return running >= 2 or (running <= 0 and waiting > 0) or (decoding and running >= 1)
 
-    def update(self, t: float, reading: EngineReading) -> list[RankVerdict]:
+    def update(self, t: float, reading: EngineReading, full: bool = True) -> list[RankVerdict]:
+        """Judge every rank of ``reading`` taken at ``t`` (seconds); ``full`` False: a progress pass's reading (see
+        the module), whose prefill speeds are the last full reading's."""
         out: list[RankVerdict] = []
         live: set[tuple[str, str]] = set()
         due: list[float] = []
+        if full:
+            self._per_token = {model: prefill_seconds_per_token(m) for model, m in reading.models.items()}
         for model, m in sorted(reading.models.items()):
-            per_token = prefill_seconds_per_token(m)
+            per_token = self._per_token.get(model)
             events = sum(m.counters.get("finished", {}).values()) + sum(m.counters.get("preemptions", {}).values())
             allowance = self.allowance(per_token, model)
             window = self.step_window(per_token, allowance)

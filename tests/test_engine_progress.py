@@ -1,0 +1,171 @@
+"""The engine collector's progress pass (agent/node/engine/progress.py): what hang detection reads, taken from the
+progress families' lines alone between two full reads.
+
+Its values are the full read's, for every recorded engine exposition it takes; where it cannot be sure of that (a
+bad line, a series in a form it does not take) the collector reads the same body in full. Between full reads a
+collection repeats the last full read's series (the very objects, so /metrics reuses their text) with new verdicts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from inferwatch.agent.config import Settings
+from inferwatch.agent.node.collectors.engine import EngineCollector
+from inferwatch.agent.node.engine.adapters import EngineReading
+from inferwatch.agent.node.engine.fetch import EngineScrapeError
+from inferwatch.agent.node.engine.progress import PROGRESS_COUNTERS, PROGRESS_GAUGES, ProgressReader
+from inferwatch.agent.node.engine.scrape import EngineParser
+from inferwatch.agent.node.wiring import collect_context
+from inferwatch.exporters.prometheus import prerender
+from tests import engine_server as es
+from tests.engine_expo import VllmLike
+from tests.test_exposition_whole import python_calls
+
+FIXTURES = sorted((Path(__file__).parent / "fixtures" / "engines").glob("*.prom"))
+HANG = ("inferwatch.engine.stall", "inferwatch.engine.stall.allowance", "inferwatch.engine.hung")
+
+
+def _progress_view(r: EngineReading) -> dict[str, object]:
+    """What hang detection reads of a reading, per model that has any of it (a model with histograms alone, as an
+    OpenVINO model server's, gives hang detection nothing)."""
+    return {
+        name: (
+            m.ranks,
+            {q: m.gauges.get(q) for q in PROGRESS_GAUGES},
+            {c: m.counters.get(c) for c in PROGRESS_COUNTERS},
+            {q: m.sources.get(q) for q in (*PROGRESS_GAUGES, *PROGRESS_COUNTERS)},
+        )
+        for name, m in r.models.items()
+        if m.ranks or any(q in m.gauges or q in m.counters for q in (*PROGRESS_GAUGES, *PROGRESS_COUNTERS))
+    }
+
+
+def test_the_progress_pass_gives_the_full_reads_values_on_every_recorded_exposition() -> None:
+    taken = 0
+    for path in FIXTURES:
+        body = path.read_bytes()
+        try:
+            full = EngineParser().parse(body)
+        except EngineScrapeError:
+            continue  # not a whole exposition of a known engine: no full read to stand for
+        progress = ProgressReader(full.kind).read(body)
+        if progress is None:
+            continue  # it reads in full instead (OpenMetrics exemplars, a timestamp form it does not take...)
+        taken += 1
+        assert _progress_view(progress) == _progress_view(full), path.name
+    assert taken >= 10, f"only {taken} of {len(FIXTURES)} recorded expositions read by the progress pass"
+
+
+def test_the_progress_pass_reads_only_its_families_lines() -> None:
+    gen = VllmLike([f"m{i}" for i in range(4)], engines=2, seed=3)
+    gen.observe(5)
+    body = gen.text().encode()
+    r = ProgressReader("vllm")
+    reading = r.read(body)
+    assert reading is not None and set(reading.models) == {f"m{i}" for i in range(4)}
+    kept = {ln.split(b"{")[0] for ln in body.splitlines() if ln and not ln.startswith(b"#")}
+    assert 0 < r.lines < sum(1 for ln in body.splitlines() if ln and not ln.startswith(b"#")) / 5
+    assert all(m.histograms == {} for m in reading.models.values()) and len(kept) > 20
+
+
+def _collector(url: str, clock: list[float]) -> EngineCollector:
+    settings = Settings(engine={"metrics_url": url, "kind": "vllm", "health_url": ""})
+    return EngineCollector(collect_context(settings), settings.engine, 5.0, lambda: clock[0])
+
+
+def test_between_full_reads_a_collection_repeats_the_full_reads_series_with_new_verdicts() -> None:
+    gen = VllmLike([f"m{i}" for i in range(3)], engines=2, seed=5)
+    gen.observe(4)
+    clock = [1000.0]
+    with es.EngineServer() as srv:
+        srv.routes["/metrics"] = es.body(gen.text())
+        c = _collector(srv.url("/metrics"), clock)
+        try:
+            kinds, made = [], []
+            for _ in range(7):  # a 2 s cadence and a 5 s interval: full, progress, progress, full, ...
+                col = c.collect()
+                prerender(col)
+                kinds.append(col.details["read"]["kind"])
+                made.append(col)
+                gen.observe(1)
+                srv.routes["/metrics"] = es.body(gen.text())
+                clock[0] += 2.0
+                if kinds[-1] == "full":
+                    assert not c.paces_cadence()  # a full read between passes does not set the cadence
+        finally:
+            c.close()
+    assert kinds == ["full", "progress", "progress", "full", "progress", "progress", "full"]
+    full, progress = made[0], made[1]
+    same = [s for s in full.samples if s.name not in HANG]
+    assert [s for s in progress.samples if s.name not in HANG] == same
+    assert all(a is b for a, b in zip(same, [s for s in progress.samples if s.name not in HANG], strict=True))
+    stall = [s for s in progress.samples if s.name == HANG[0]]
+    assert len(stall) == len(progress.details["hang"]) == 6  # three models x two ranks judged on the pass's reading
+    assert not {id(s) for s in stall} & {id(s) for s in full.samples}  # new objects: the verdicts of this pass
+    # the exposition reuses what it rendered for the series that did not change: the pass costs it the verdicts
+    blocks, before = progress.rendered["prometheus"], full.rendered["prometheus"]
+    assert all(blocks[n] is before[n] for n in blocks if n not in HANG)
+    assert all(blocks[n] is not before[n] for n in HANG)
+
+
+def _pass_and_full_calls(body: str) -> tuple[int, int]:
+    clock = [1000.0]
+    with es.EngineServer() as srv:
+        srv.routes["/metrics"] = es.body(body)
+        c = _collector(srv.url("/metrics"), clock)
+        try:
+            first = c.collect()
+            prerender(first)
+            clock[0] += 2.0
+            progress = python_calls(lambda: prerender(c.collect()))
+            clock[0] += 4.0
+            full = python_calls(lambda: prerender(c.collect()))
+        finally:
+            c.close()
+    return progress, full
+
+
+def test_a_progress_pass_costs_a_fraction_of_a_full_read() -> None:
+    """Counted, not timed: the calls of one pass and its /metrics text against a full read's, at 8 models x 2 ranks."""
+    gen = VllmLike([f"m{i}" for i in range(8)], engines=2, seed=9)
+    gen.observe(5)
+    progress, full = _pass_and_full_calls(gen.text())
+    print(f"calls: progress pass {progress}, full read {full}")
+    assert progress * 4 < full, (progress, full)
+
+
+RUNNING = 'vllm:num_requests_running{engine="1",model_name="m0"}'
+GENERATED = 'vllm:generation_tokens_total{engine="1",model_name="m0"}'
+
+
+@pytest.mark.parametrize(
+    ("head", "into"),
+    [
+        (RUNNING + " ", RUNNING + " x"),  # a bad value on a progress line: the full read drops and counts that line
+        # a rank's tokens written with a quoted name (Prometheus 3): the pass does not take it, the full read does
+        (GENERATED, '{"vllm:generation_tokens_total",engine="1",model_name="m0"}'),
+    ],
+)
+def test_a_pass_that_cannot_stand_for_a_full_read_reads_the_body_in_full(head: str, into: str) -> None:
+    gen = VllmLike(["m0", "m1"], engines=2, seed=2)
+    gen.observe(3)
+    clean = gen.text()
+    line = next(ln for ln in clean.splitlines() if ln.startswith(head))
+    changed = clean.replace(line, into if head.endswith(" ") else into + line[len(head) :])  # the value kept, or not
+    assert changed != clean
+    clock = [1000.0]
+    with es.EngineServer() as srv:
+        srv.routes["/metrics"] = es.body(clean)
+        c = _collector(srv.url("/metrics"), clock)
+        try:
+            c.collect()
+            clock[0] += 2.0
+            srv.routes["/metrics"] = es.body(changed)
+            col = c.collect()
+        finally:
+            c.close()
+    assert col.details["read"]["kind"] == "full" and c.read_counts["fallback"] == 1
+    assert {(v["model"], v["rank"]) for v in col.details["hang"]} == {(m, r) for m in ("m0", "m1") for r in "01"}

@@ -76,8 +76,10 @@ from inferwatch.agent.node.analytics.tailcauses import (
     EngineCounters,
     EngineSignals,
     burst,
+    frontend_delay,
     own_spreads,
     own_tails,
+    prefill_stall,
     prompt_workload,
     slow_rank_from_signals,
 )
@@ -160,6 +162,8 @@ class _Phases:
         self._queue_tail: tuple[float, float] | None = None  # the queue's own spread and its burst share
         self._arrivals: list[float] | None = None  # every record's arrival (stamp - e2e), sorted, on first use
         self._long: tuple[list[float], list[float], float] | None = None  # long prompts' prefills (ends, starts)
+        self._stall: list[dict[str, Any] | None] = []  # tailcauses.prefill_stall, computed once, on first use
+        self._front: list[dict[str, Any] | None] = []  # tailcauses.frontend_delay, likewise
         self.tails: dict[str, list[int]] = {}  # quantity -> its tail band, when that band is over every record
 
     def slow_placement(self) -> dict[str, Any] | None:
@@ -201,6 +205,20 @@ class _Phases:
                     }
         self._slow.append(found)
         return found
+
+    def stall(self) -> dict[str, Any] | None:
+        """A stall before prefill on a share of the window's requests (:func:`tailcauses.prefill_stall`), or None."""
+        if not self._stall:
+            self._stall.append(prefill_stall(self.f["prefill"], self.win.i["prompt"]))
+        return self._stall[0]
+
+    def front(self) -> dict[str, Any] | None:
+        """A front-end delay on a share of the window's requests (:func:`tailcauses.frontend_delay`), or None."""
+        if not self._front:
+            clean = self.clean("ttft") and self.clean("queue") and self.clean("prefill")
+            f = self.f
+            self._front.append(frontend_delay(f["ttft"], f["queue"], f["prefill"]) if clean else None)
+        return self._front[0]
 
     def in_flight_with_preempted(self, idx: list[int]) -> float:
         """The share of records ``idx`` in flight (arrival to end) while some preempted request was.
@@ -433,6 +451,9 @@ def _decompose(
         driver = placement["attribute"]
     elif preemption is not None:  # the KV cache is full: requests wait for blocks or are recomputed
         driver = PREEMPTION
+    elif saturated is not None and phases.stall() is not None:  # prefills stalled: they held the engine back
+        driver = "prefill"
+        named_phase = "queue" if "queue" in shares else top_phase
     elif saturated is not None:  # no engine evidence: arrivals above what the engine serves
         driver = "queue"
         named_phase = "queue" if "queue" in shares else top_phase
@@ -477,9 +498,16 @@ def _decompose(
             )
     drivers = [] if driver == NONE else [driver]
     if driver != NONE:
-        for d in _second_causes(shares, phases, tail, slow, evidence, prefill_is_mix, workload, p99 - p50):
+        contended = slow is not None or evidence is not None or driver == "queue"
+        for d in _second_causes(shares, phases, tail, slow, evidence, prefill_is_mix, workload, p99 - p50, contended):
             if d not in drivers:
                 drivers.append(d)
+    if driver == "queue" and saturated is None and _burst_share(phases, tail) < BURST_TAIL_SHARE:
+        # a queue tail neither in a burst nor saturated is the load's: a cause seen in its own phase comes first
+        own = [d for d in drivers if (d == "frontend" and phases.front()) or (d == "prefill" and phases.stall())]
+        if own:
+            driver = own[0]
+            drivers = own + [d for d in drivers if d not in own and d != "queue"]
     shown = placement or separator
     if driver == PREEMPTION and preemption is not None:
         shown = preemption
@@ -505,8 +533,11 @@ def _decompose(
         "preemption": preemption,
         "saturated": saturated,
         "prompt_workload": workload,
-        "headline": _headline(quantity, p50, p99, shares, named_phase, driver, shown, reasons, placement)
-        + _also(drivers[1:], shares, slow, evidence),
+        "prefill_stall": phases.stall() if "prefill" in drivers else None,
+        "headline": _headline(
+            quantity, p50, p99, shares, named_phase, driver, shown, reasons, placement, phases.stall(), phases.front()
+        )
+        + _also(drivers[1:], shares, slow, evidence, phases.stall(), phases.front()),
     }
 
 
@@ -634,9 +665,14 @@ def _second_causes(
     mix: bool,
     workload: Any,
     ttft_spread: float,
+    contended: bool = False,
 ) -> list[str]:
     """Every cause with evidence of its own beside the first driver (module tailcauses): a rank slower per token,
-    preemptions, then the phases that hold :data:`SECOND_SHARE` of the gap as causes of their own."""
+    preemptions, then the phases that hold :data:`SECOND_SHARE` of the gap as causes of their own.
+
+    ``contended``: a slow rank, KV-cache preemptions or arrivals above capacity are named; they stretch prefill too
+    (the slow rank's prefills run at its pace, recomputation and full batches share the steps), so prefill is then a
+    cause of its own only with its own evidence: a stall (:func:`tailcauses.prefill_stall`) or long prompts."""
     out = []
     if slow is not None:
         out.append(str(slow["attribute"]))
@@ -647,10 +683,19 @@ def _second_causes(
     ):
         out.append(PREEMPTION)
     out += _phase_causes(shares, phases, tail, mix, workload)
+    if contended and "prefill" in out:
+        out.remove("prefill")  # its share of the gap is the contention's
+    if phases.stall() is not None:
+        out.append("prefill")
+    if phases.front() is not None:
+        out.append("frontend")
     if phases.clean("queue") and phases.clean("prefill") and phases.clean("ttft"):
         if phases._spreads is None:
             phases._spreads = own_spreads(phases.f, phases.win.i["prompt"])
-        out += own_tails(phases._spreads, ttft_spread)
+        own = own_tails(phases._spreads, ttft_spread)
+        if contended and "prefill" in own and phases._spreads.get("long_prompts", 0.0) < SECOND_SHARE * ttft_spread:
+            own.remove("prefill")  # prefill beyond prompt length spreads under contention too
+        out += own
         if "queue" not in out and _queue_burst(phases, ttft_spread):
             out.append("queue")
     return out
@@ -683,13 +728,36 @@ def _burst_share(phases: _Phases, tail: list[int]) -> float:
     return burst(phases._arrivals, mine, phases.win.covered_s)
 
 
+def _stall_text(stall: Mapping[str, Any]) -> str:
+    return (
+        f"prefill stalls: {stall['share_of_requests']:.0%} of requests waited a median {_ms(stall['median_stall_s'])} "
+        f"before prefill ({stall['prefill_over_prompt']:.0f}x their prompt's prefill time)"
+    )
+
+
+def _front_text(front: Mapping[str, Any]) -> str:
+    return (
+        f"front-end delays: {front['share_of_requests']:.0%} of requests waited a median "
+        f"{_ms(front['median_delay_s'])} more in the front end"
+    )
+
+
 def _also(
-    more: list[str], shares: Mapping[str, float], slow: Mapping[str, Any] | None, evidence: Mapping[str, Any] | None
+    more: list[str],
+    shares: Mapping[str, float],
+    slow: Mapping[str, Any] | None,
+    evidence: Mapping[str, Any] | None,
+    stall: Mapping[str, Any] | None = None,
+    front: Mapping[str, Any] | None = None,
 ) -> str:
     """The headline's tail naming the second causes with their evidence."""
     parts = []
     for d in more:
-        if d in PLACEMENT and slow is not None:
+        if d == "prefill" and stall is not None:
+            parts.append(_stall_text(stall))
+        elif d == "frontend" and front is not None:
+            parts.append(_front_text(front))
+        elif d in PLACEMENT and slow is not None:
             parts.append(f"{slow['attribute']}={slow['value']} {slow['itl_ratio']:.1f}x slower per output token")
         elif d == PREEMPTION and evidence is not None:
             parts.append(f"KV-cache preemptions on {evidence['share_of_requests']:.0%} of requests")
@@ -716,11 +784,17 @@ def _headline(
     sep: Mapping[str, Any] | None,
     reasons: list[str],
     placement: Mapping[str, Any] | None = None,
+    stall: Mapping[str, Any] | None = None,
+    front: Mapping[str, Any] | None = None,
 ) -> str:
     q = {"ttft": "TTFT", "e2e": "e2e"}.get(quantity, quantity)
     head = f"P99 {q} {_ms(p99)} vs P50 {_ms(p50)}: "
     if driver == NONE:
         return head + f"no dominant driver ({'; '.join(reasons)})"
+    if driver == "prefill" and top != "prefill" and stall is not None:
+        return head + f"{shares[top]:.0%} of the gap is {top} behind {_stall_text(stall)}"
+    if driver == "frontend" and top != "frontend" and front is not None:
+        return head + f"{_front_text(front)} ({shares[top]:.0%} of the gap is {top}: the load's, no burst)"
     if driver in PLACEMENT and sep is not None and sep.get("source") and not sep.get("share_of_requests"):
         return head + (
             f"{sep['attribute']}={sep['value']} is {sep['itl_ratio']:.1f}x slower per output token than the other "

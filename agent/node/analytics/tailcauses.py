@@ -19,6 +19,13 @@ its preemption counter (increase over the window) stand in: a rank whose mean IT
 ``SLOW_PLACEMENT_FACTOR`` times the other ranks' median is named, and preemptions counted on at least
 ``PREEMPTED_MIN_SHARE`` of the window's requests (at least ``PREEMPTED_MIN``) name the KV cache.
 
+**Prefill stalls** (:func:`prefill_stall`). A share of requests whose prefill took many times what their prompt
+needs waited before prefill (page cache, disk, remote KV): named ``prefill`` beside any other cause, and first
+where a saturated window has no engine evidence (it was otherwise read as arrivals above capacity, ``queue``).
+
+**Front-end delays** (:func:`frontend_delay`). A share of requests that spent tens of milliseconds more than the
+median between arrival and the engine's queue: named ``frontend`` beside any other cause.
+
 **Second causes.** Beside the first driver, every cause with its own evidence is listed (``drivers``): a rank slower
 per token, preemptions, a front end holding at least :data:`SECOND_SHARE` of the gap, a prefill stall or long
 prompts holding that much, and a queue holding that much whose tail arrived in a burst (arrivals in the
@@ -34,6 +41,7 @@ from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import sub
 from typing import Any
 
 LONG_PROMPT_FACTOR = 8.0  # the tail's prompts an order of magnitude over the median band's: a long-prompt workload
@@ -173,6 +181,67 @@ def own_tails(spreads: Mapping[str, float], ttft_spread: float) -> list[str]:
     if "prefill" not in out and spreads.get("long_prompts", 0.0) >= SECOND_SHARE * ttft_spread:
         out.append("prefill")
     return out
+
+
+STALL_MIN_S = 0.1  # a prefill at least 100 ms over its prompt's own prefill time ...
+STALL_FACTOR = 3.0  # ... and at least 3x it is *stalled* (a slow rank or a full batch stretches prefill ~3-5x)
+STALL_MIN_SHARE = 0.08  # a prefill stall: at least 8 % of requests stalled ...
+STALL_RATIO = 6.0  # ... by a median 6x their prompt's prefill time or more: waiting (disk, page cache), not computing
+
+
+def prefill_stall(prefill: Sequence[float], prompts: Sequence[int]) -> dict[str, Any] | None:
+    """A stall before prefill seen in the prefills themselves, whatever holds the TTFT tail, or None.
+
+    A request's *expected* prefill is its prompt tokens times the window's median prefill per token. A request is
+    stalled when its prefill is at least :data:`STALL_MIN_S` over that and :data:`STALL_FACTOR` times it. When at least
+    :data:`STALL_MIN_SHARE` of the requests are, and their median prefill is :data:`STALL_RATIO` times what their
+    prompts need or more, the prefills waited for something (a page-cache miss reading weights or a KV block from
+    disk, a remote KV fetch): a cause of its own. Slower compute does not look like that: a slow rank, a batch full
+    of decodes, or KV-cache recomputation stretch prefill in proportion to the prompt (3-5x in the development
+    episodes), and a long-prompt mix is prefill that follows its prompts. Such a stall hides under a saturating
+    cause's tail (a queue of tens of seconds beside a 0.3 s stall), so it is read from the prefills, not the TTFT.
+    Read from a systematic sample of at most :data:`OWN_TAIL_SAMPLE` requests.
+    """
+    step = max(1, len(prompts) // OWN_TAIL_SAMPLE)
+    pairs = [(p, k) for p, k in zip(prefill[::step], prompts[::step], strict=True) if k > 0 and p == p]
+    if len(pairs) < 50:
+        return None
+    rates = sorted(p / k for p, k in pairs)
+    rate = rates[len(rates) // 2]
+    if rate <= 0:
+        return None
+    ratios = sorted(p / (rate * k) for p, k in pairs if p - rate * k >= STALL_MIN_S and p >= STALL_FACTOR * rate * k)
+    share = len(ratios) / len(pairs)
+    if share < STALL_MIN_SHARE or ratios[len(ratios) // 2] < STALL_RATIO:
+        return None
+    excess = sorted(p - rate * k for p, k in pairs if p - rate * k >= STALL_MIN_S and p >= STALL_FACTOR * rate * k)
+    return {
+        "share_of_requests": round(share, 4),
+        "median_stall_s": round(excess[len(excess) // 2], 4),
+        "prefill_over_prompt": round(ratios[len(ratios) // 2], 2),
+    }
+
+
+FRONT_MIN_S = 0.05  # a request 50 ms or more over the window's median front-end gap waited in the front end ...
+FRONT_MIN_SHARE = 0.02  # ... and 1 request in 50 doing so is a front-end delay of its own
+
+
+def frontend_delay(ttft: Sequence[float], queue: Sequence[float], prefill: Sequence[float]) -> dict[str, Any] | None:
+    """A front-end delay seen in the front-end gaps themselves (TTFT − queue − prefill: API server, tokenizer, a
+    proxy), whatever holds the TTFT tail, or None: at least :data:`FRONT_MIN_SHARE` of the requests spent
+    :data:`FRONT_MIN_S` or more over the window's median gap there. The engine's queue and prefill do not enter the
+    gap, so a saturated engine does not make one (in the development episodes no window without a front-end fault
+    had a request 50 ms over the median), while its queue of seconds hides a 0.2-0.9 s delay from the TTFT's own
+    tail. Read from a systematic sample of at most :data:`OWN_TAIL_SAMPLE` requests."""
+    step = max(1, len(ttft) // OWN_TAIL_SAMPLE)
+    gaps = sorted(g for g in map(sub, map(sub, ttft[::step], queue[::step]), prefill[::step]) if g == g)
+    if len(gaps) < 50:
+        return None
+    median = gaps[len(gaps) // 2]
+    late = [g - median for g in gaps if g - median >= FRONT_MIN_S]
+    if len(late) < FRONT_MIN_SHARE * len(gaps):
+        return None
+    return {"share_of_requests": round(len(late) / len(gaps), 4), "median_delay_s": round(late[len(late) // 2], 4)}
 
 
 COUNTER_HISTORY = 64  # readings kept per model: 5 minutes at the agent's 5 s interval, with room

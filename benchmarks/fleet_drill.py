@@ -1,30 +1,32 @@
-"""Fleet drill at production timings: ten simulated nodes, the shipped rules and routes, a local pager.
+"""Drill at production timings: every scenario the simulator makes, on stacks started empty, to a local pager.
 
-Eight nodes serve from the start, each with its own identity (tests/fleet.py: recorded cpuinfo and meminfo
-trees, DMI machine type, a fake NVML GPU, a simulator on the matching --hardware profile with its model, load
-from ``inferwatch loadgen`` at 2 req/s with lognormal prompts). vmagent scrapes the agents and the engines every
-15 s and remote-writes to VictoriaMetrics; vmalert evaluates alerts/*.rules.yml unchanged every 15 s and notifies
-Alertmanager running the shipped alertmanager.yml (only receiver URLs and the key file replaced), which delivers
-to a local PagerDuty Events v2 / webhook sink.
+One command runs every scenario (``--set all``, the default) in two parts, each on its own cold stack (no history):
 
-Phases: a healthy phase (default 30 min) with noise — load steps, a runtime restart, a model redeploy, a node
-joining and leaving — where every delivery is a false page; then every fault at once, each on its own node (three
-nodes carry two independent faults: different alerts, different Alertmanager groups); each fault recovers a
-minute after its page arrived (or when it never arrives within --deliver-timeout), and its resolution is awaited.
-Finally ``inferwatch matrix`` (raw and --recorded) reads the fleet storage.
+- the fleet set: ten simulated nodes, each with its own identity (tests/fleet.py: recorded cpuinfo and meminfo
+  trees, DMI machine type, a fake NVML GPU, a simulator on the matching --hardware profile with its model, load from
+  ``inferwatch loadgen`` at 2 req/s with lognormal prompts); vmagent scrapes the agents and the engines every 15 s
+  and remote-writes to VictoriaMetrics; vmalert evaluates alerts/*.rules.yml unchanged every 15 s. Its healthy
+  phase has noise — load steps, a runtime restart, a model redeploy, a node joining and leaving — and it ends with
+  ``inferwatch matrix`` (raw and --recorded) over the fleet storage;
+- the engine-signal set: one node per engine feature (spec decode, LoRA, a KV connector, two data-parallel ranks,
+  the runtime's process and cgroup found by the agent) and the named causes, on one Prometheus as compose runs it,
+  with a quiet healthy phase (default 30 min).
 
-    .venv/bin/python benchmarks/fleet_drill.py                          # ~65 min
-    .venv/bin/python benchmarks/fleet_drill.py --healthy-s 60 --deliver-timeout 45 --resolve-timeout 20 --smoke
-    .venv/bin/python benchmarks/fleet_drill.py --faults bimodal --healthy-s 120 --results FILE   # a subset, no noise
+Both alert through Alertmanager running the shipped alertmanager.yml (only receiver URLs and the key file
+replaced) to a local PagerDuty Events v2 / webhook sink, and every agent pushes its critical findings to that
+Alertmanager as docker-compose.yml wires it (``--no-push``: the rules alone). In each part, every delivery in the
+healthy phase is a false page; then every fault at once, each on its own node (some nodes carry two independent
+faults: different alerts, different Alertmanager groups); each fault recovers ``--hold`` after its page arrived (or
+when it never arrives within --deliver-timeout), its resolution is awaited, and ``--settle`` more seconds count
+late deliveries (a backlog's page, a symptom freed from inhibition) as collateral.
 
-Writes benchmarks/results/fleet_drill.json (not with --smoke) and prints the docs/benchmarks.md table.
+    .venv/bin/python benchmarks/fleet_drill.py --hold 120 --settle 360 --deliver-timeout 420  # ~80 min
+    .venv/bin/python benchmarks/fleet_drill.py --set fleet --healthy-s 60 --deliver-timeout 45 --smoke
+    .venv/bin/python benchmarks/fleet_drill.py --faults bimodal,hang --healthy-s 120 --results FILE   # a subset
+    .venv/bin/python benchmarks/fleet_drill.py --doc   # docs/alerts.md's table from results/fleet_drill_all.json
 
-``--set issue33``: the engine-signal set: its faults and named causes (ISSUE33), one node per engine feature, on one
-Prometheus as compose runs it (``--backend vm`` for vmalert), started empty; writes
-benchmarks/results/fleet_drill_issue33.json, and ``--doc`` turns its last run into the table of docs/alerts.md:
-
-    .venv/bin/python benchmarks/fleet_drill.py --set issue33 --healthy-s 1800 --hold 120 --settle 360   # ~50 min
-    .venv/bin/python benchmarks/fleet_drill.py --doc
+Writes benchmarks/results/fleet_drill_all.json (``--set fleet``: fleet_drill.json, ``--set issue33``:
+fleet_drill_issue33.json; not with --smoke) and prints the table ``--doc`` puts in docs/alerts.md.
 """
 
 from __future__ import annotations
@@ -104,27 +106,21 @@ def _fmt(v: float | None) -> str:
     return "—" if v is None else f"{v:.0f} s" if v < 120 else f"{v / 60:.1f} min"
 
 
-def table(data: dict[str, Any]) -> str:
-    rows = [
-        "| pitfall | node (machine type) | alert → receiver | injection → delivery | target | met | "
-        "recovery → resolved | also delivered for this node |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for f in data["faults"]:
-        met = "—" if f["delivered_s"] is None else ("yes" if f["delivered_s"] <= f["target_s"] else "no")
-        if f["delivered_s"] is None:
-            met = "no (never)"
-        rows.append(
-            f"| {f['fault']} | {f['node']} ({f['machine_type']}) | {f['alertname']} → {f['receiver']} | "
-            f"{_fmt(f['delivered_s'])} | ≤ {_fmt(f['target_s'])} | {met} | {_fmt(f['resolved_s'])} | "
-            f"{', '.join(f['other_deliveries']) or '—'} |"
-        )
-    return "\n".join(rows)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--healthy-s", type=float, default=1800.0)
+    ap.add_argument(
+        "--set",
+        choices=("all", "fleet", "issue33"),
+        default="all",
+        help="all: every scenario the simulator makes, the fleet set then the engine-signal set, each on its own "
+        "cold stack (default); fleet or issue33: one of them",
+    )
+    ap.add_argument(
+        "--healthy-s",
+        type=float,
+        help="healthy phase, seconds (default: 1800; 600 for the fleet part "
+        "of --set all, whose noise the engine-signal part's quiet 30 minutes do not have)",
+    )
     ap.add_argument("--deliver-timeout", type=float, default=1080.0, help="per fault, seconds (default 18 min)")
     ap.add_argument("--resolve-timeout", type=float, default=600.0, help="per fault, seconds (default 10 min)")
     ap.add_argument("--hold", type=float, default=60.0, help="fault kept on after its page arrived, seconds")
@@ -138,140 +134,108 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="do not write the results file")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     ap.add_argument("--faults", help="comma-separated subset of the faults (only their nodes run; no noise)")
-    ap.add_argument("--results", type=Path, default=RESULTS, help="where the JSON goes")
-    ap.add_argument("--set", choices=("fleet", "issue33"), default="fleet", help="which faults and nodes")
+    ap.add_argument("--results", type=Path, help="where the JSON goes (default: per --set, under benchmarks/results)")
     ap.add_argument(
         "--backend",
         choices=("vm", "prometheus"),
         help="vm: vmagent → VictoriaMetrics ← vmalert; prometheus: one Prometheus as compose runs it "
-        "(default: vm for --set fleet, prometheus for --set issue33)",
+        "(default: vm for the fleet set, prometheus for the engine-signal set)",
     )
+    ap.add_argument("--no-push", action="store_true", help="agents do not push to Alertmanager (the rules alone)")
     args = ap.parse_args()
-    if args.set == "issue33":
-        return run_issue33(args)
-    missing = [b for b in BINARIES if shutil.which(b) is None]
-    if missing:
-        raise SystemExit(f"not installed: {missing} (Debian: victoria-metrics prometheus-alertmanager)")
-    binaries = {b: str(shutil.which(b)) for b in BINARIES}
 
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, stop)
-    tmp = Path(tempfile.mkdtemp(prefix="fleet-drill-"))
-    print(f"work directory {tmp}", flush=True)
     started = time.time()
-
-    def log(msg: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-    rules = sorted((ROOT / "alerts").glob("*.rules.yml"))
-    assign, nodes, events = ASSIGN, NODES, noise(NOISE_ROLES)
-    if args.faults:
-        assign = {k: v for k, v in ASSIGN.items() if k in args.faults.split(",")}
-        nodes = tuple(n for n in NODES if n in assign.values())
-        events = []
-    timings = Timings()
-    with Sink() as sink:
-        fleet = Fleet(tmp, sink, timings, [CATALOG[n] for n in (*nodes, JOINER, NOSVE)])
-        with fleet.running(nodes, rules, binaries):
-            log(f"fleet up: VictoriaMetrics {fleet.vm}, vmalert {fleet.vmalert}, Alertmanager {fleet.alertmanager}")
-            result = run_drill(
-                fleet,
-                args.healthy_s,
-                events,
-                faults(assign),
-                args.deliver_timeout,
-                args.resolve_timeout,
-                args.hold,
-                log,
-            )
-            raw = matrix(fleet.vm, "30m", recorded=False)
-            recorded = matrix(fleet.vm, "30m", recorded=True)
-            whole = f"{int((time.time() - started) / 60) + 5}m"  # the whole run: the joiner left long ago
-            raw_all = matrix(fleet.vm, whole, recorded=False)
-            recorded_all = matrix(fleet.vm, whole, recorded=True)
-    expected = sorted({CATALOG[n].machine_type for n in fleet.ever})
+    sets = ("fleet", "issue33") if args.set == "all" else (args.set,)
+    parts = []
+    for name in sets:
+        healthy_s = (
+            args.healthy_s
+            if args.healthy_s is not None
+            else (600.0 if args.set == "all" and name == "fleet" else 1800.0)
+        )
+        part = run_part(name, args, healthy_s)
+        if part is not None:
+            parts.append(part)
+    if not parts:
+        raise SystemExit(f"--faults {args.faults}: no such fault (faults: {sorted({*ASSIGN, *ISSUE33})})")
     data = {
-        "what": "fleet drill at production timings (benchmarks/fleet_drill.py)",
+        "what": "drill at production timings (benchmarks/fleet_drill.py): every scenario of its sets, each set on a "
+        "cold stack",
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "wall_s": round(time.time() - started),
-        "timings": "vmagent scrape 15s, vmalert evaluation 15s, alerts/*.rules.yml unchanged, shipped "
-        "alertmanager.yml (receivers at a local sink), agents at 15s (probe 30s, runtime profile 60s), "
-        "loadgen 2 req/s per node, prompts lognormal:512:0.6, 32 output tokens",
-        "nodes": {
-            n.name: {
-                "hardware": n.hardware,
-                "machine_type": n.machine_type,
-                "cpuinfo": n.cpuinfo,
-                "gpu": n.gpu,
-                "model": n.model,
-            }
-            for n in (CATALOG[x] for x in (*NODES, JOINER, NOSVE))
-        },
-        **result_json(result),
-        "matrix": {
-            "expected_machine_types": expected,
-            "raw_30m": sorted(hardware_types(raw)),
-            "recorded_30m": sorted(hardware_types(recorded)),
-            "whole_run_window": whole,
-            "raw_whole_run": sorted(hardware_types(raw_all)),
-            "recorded_whole_run": sorted(hardware_types(recorded_all)),
-            "raw_error": raw.get("error"),
-            "recorded_error": recorded.get("error"),
-            "raw_models": raw.get("models"),
-        },
+        "machine": f"{platform.node()} ({os.cpu_count()} CPUs, {platform.machine()}), load average at the end "
+        f"{os.getloadavg()[0]:.1f}",
+        "command": " ".join(["benchmarks/fleet_drill.py", *sys.argv[1:]]),
+        "parts": parts,
     }
-    print(json.dumps(data, indent=2))
-    print(table(data))
+    print(drill_table(data))
     if not args.smoke:
-        args.results.parent.mkdir(parents=True, exist_ok=True)
-        args.results.write_text(json.dumps(data, indent=2) + "\n")
-        print(f"wrote {args.results}")
-    if not args.keep:
-        shutil.rmtree(tmp, ignore_errors=True)
+        out = args.results or RESULTS_BY_SET[args.set]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(data, indent=2) + "\n")
+        print(f"wrote {out}")
     return 0
 
 
-ISSUE33_RESULTS = ROOT / "benchmarks" / "results" / "fleet_drill_issue33.json"
+RESULTS_BY_SET = {
+    "all": ROOT / "benchmarks" / "results" / "fleet_drill_all.json",
+    "fleet": RESULTS,
+    "issue33": ROOT / "benchmarks" / "results" / "fleet_drill_issue33.json",
+}
+TIMINGS_TEXT = (
+    "scrape 15s, evaluation 15s, alerts/*.rules.yml unchanged, shipped alertmanager.yml (receivers at a local sink), "
+    "agents at 15s (probe 30s, runtime profile 60s) pushing their critical findings to Alertmanager as compose wires "
+    "them, loadgen 2 req/s per node, prompts lognormal:512:0.6, 32 output tokens, no history (empty storage at start)"
+)
 
 
-def run_issue33(args: argparse.Namespace) -> int:
-    """The engine-signal set: every node of ISSUE33 at once (its own simulator, agent and loadgen, as compose wires
-    one), a healthy phase, every fault at once, then recovery; Prometheus (or vmalert) with the shipped rules and routes
-    unchanged at 15 s, started empty: no history."""
-    backend = args.backend or "prometheus"
-    needed = ("prometheus", "promtool", "prometheus-alertmanager") if backend == "prometheus" else BINARIES
+def run_part(name: str, args: argparse.Namespace, healthy_s: float) -> dict[str, Any] | None:
+    """One set on its own stack, started empty: its nodes (each with its simulator, agent and loadgen, as compose wires
+    one), a healthy phase (with the fleet set's noise), every fault at once, each on its own node, then recovery; the
+    shipped rules and routes unchanged at 15 s. None when ``--faults`` leaves none of this set's faults."""
+    fleet_set = name == "fleet"
+    assign = dict(ASSIGN if fleet_set else ISSUE33)
+    if args.faults:
+        assign = {k: v for k, v in assign.items() if k in args.faults.split(",")}
+        if not assign:
+            return None
+    backend = args.backend or ("vm" if fleet_set else "prometheus")
+    needed = BINARIES if backend == "vm" else ("prometheus", "promtool", "prometheus-alertmanager")
     missing = [b for b in needed if shutil.which(b) is None]
     if missing:
-        raise SystemExit(f"not installed: {missing}")
+        raise SystemExit(f"not installed: {missing} (Debian: prometheus victoria-metrics prometheus-alertmanager)")
     binaries = {b: str(shutil.which(b)) for b in BINARIES if shutil.which(b)}
-
-    def stop(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, stop)
-    tmp = Path(tempfile.mkdtemp(prefix="fleet-drill-33-"))
-    print(f"work directory {tmp}", flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"fleet-drill-{name}-"))
+    print(f"[{name}] work directory {tmp}", flush=True)
     started = time.time()
 
     def log(msg: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+        print(f"[{time.strftime('%H:%M:%S')}] [{name}] {msg}", flush=True)
 
-    assign = dict(ISSUE33)
-    if args.faults:
-        assign = {k: v for k, v in assign.items() if k in args.faults.split(",")}
-    nodes = tuple(dict.fromkeys(assign.values()))
+    if fleet_set:
+        nodes = tuple(n for n in NODES if n in assign.values())
+        events = [] if args.faults else noise(NOISE_ROLES)
+        specs = [CATALOG[n] for n in (*nodes, JOINER, NOSVE)]
+    else:
+        nodes = tuple(dict.fromkeys(assign.values()))
+        events = []
+        specs = [CATALOG[n] for n in nodes]
     rules = sorted((ROOT / "alerts").glob("*.rules.yml"))
+    extra: dict[str, Any] = {}
     with Sink() as sink:
-        fleet = Fleet(tmp, sink, Timings(), [CATALOG[n] for n in nodes])
+        fleet = Fleet(tmp, sink, Timings(), specs)
         fleet.backend = backend
+        fleet.push = not args.no_push
         with fleet.running(nodes, rules, binaries):
-            log(f"fleet up ({backend}): {fleet.vm}, Alertmanager {fleet.alertmanager}")
+            log(f"up ({backend}): {fleet.vm}, Alertmanager {fleet.alertmanager}")
             result = run_drill(
                 fleet,
-                args.healthy_s,
-                [],
+                healthy_s,
+                events,
                 faults(assign),
                 args.deliver_timeout,
                 args.resolve_timeout,
@@ -279,30 +243,49 @@ def run_issue33(args: argparse.Namespace) -> int:
                 log,
                 args.settle,
             )
-    data = {
-        "what": "issue 33 drill at production timings (benchmarks/fleet_drill.py --set issue33)",
-        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "wall_s": round(time.time() - started),
-        "machine": f"{platform.node()} ({os.cpu_count()} CPUs, {platform.machine()}), load average at the end "
-        f"{os.getloadavg()[0]:.1f}",
-        "backend": backend,
-        "timings": "scrape 15s, evaluation 15s, alerts/*.rules.yml unchanged, shipped alertmanager.yml (receivers at "
-        "a local sink), agents at 15s, loadgen 2 req/s per node, prompts lognormal:512:0.6, 32 output tokens, "
-        "no history (empty storage at start)",
-        "command": " ".join(["benchmarks/fleet_drill.py", *sys.argv[1:]]),
-        "nodes": {n: {"model": CATALOG[n].model, "sim_args": list(CATALOG[n].sim_args)} for n in nodes},
-        **result_json(result),
-    }
-    print(json.dumps(data, indent=2))
-    print(issue33_table(data))
-    if not args.smoke:
-        out = args.results if args.results != RESULTS else ISSUE33_RESULTS
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(data, indent=2) + "\n")
-        print(f"wrote {out}")
+            if fleet_set and backend == "vm":
+                extra["matrix"] = fleet_matrix(fleet, started)
     if not args.keep:
         shutil.rmtree(tmp, ignore_errors=True)
-    return 0
+    return {
+        "set": name,
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "wall_s": round(time.time() - started),
+        "backend": backend,
+        "timings": TIMINGS_TEXT if fleet.push else TIMINGS_TEXT.replace(" pushing", " not pushing"),
+        "nodes": {
+            n.name: {
+                "hardware": n.hardware,
+                "machine_type": n.machine_type,
+                "gpu": n.gpu,
+                "model": n.model,
+                "sim_args": list(n.sim_args),
+            }
+            for n in specs
+        },
+        **result_json(result),
+        **extra,
+    }
+
+
+def fleet_matrix(fleet: Fleet, started: float) -> dict[str, Any]:
+    """``inferwatch matrix`` (raw and --recorded) over the fleet storage: every machine type that ever served."""
+    raw = matrix(fleet.vm, "30m", recorded=False)
+    recorded = matrix(fleet.vm, "30m", recorded=True)
+    whole = f"{int((time.time() - started) / 60) + 5}m"  # the whole run: the joiner left long ago
+    raw_all = matrix(fleet.vm, whole, recorded=False)
+    recorded_all = matrix(fleet.vm, whole, recorded=True)
+    return {
+        "expected_machine_types": sorted({CATALOG[n].machine_type for n in fleet.ever}),
+        "raw_30m": sorted(hardware_types(raw)),
+        "recorded_30m": sorted(hardware_types(recorded)),
+        "whole_run_window": whole,
+        "raw_whole_run": sorted(hardware_types(raw_all)),
+        "recorded_whole_run": sorted(hardware_types(recorded_all)),
+        "raw_error": raw.get("error"),
+        "recorded_error": recorded.get("error"),
+        "raw_models": raw.get("models"),
+    }
 
 
 def baseline(fault: dict[str, Any]) -> str:
@@ -310,25 +293,45 @@ def baseline(fault: dict[str, Any]) -> str:
     return f" (baseline: {fault['baseline']})" if fault.get("baseline") else ""
 
 
-def issue33_table(data: dict[str, Any]) -> str:
-    """The docs/alerts.md table of an issue-33 run: per scenario, what reached a person and when."""
+def drill_table(data: dict[str, Any]) -> str:
+    """The docs/alerts.md table of a run: per scenario, what reached a person and when, one block per set (a record
+    of one set written before sets were parts is read as one part)."""
+    parts = data.get("parts") or [data]
     rows = [
-        f"Run {data['started_utc']} on {data['machine']}; {data['backend']}; healthy phase "
-        f"{data['healthy_phase_s'] / 60:.0f} min with {len(data['healthy_deliveries'])} deliveries other than "
-        f"Watchdog. Command: `.venv/bin/python {data['command']}`.",
+        f"Run {data['started_utc']} on {data['machine']} ({data['wall_s'] / 60:.0f} min). "
+        f"Command: `.venv/bin/python {data['command']}`."
+        if "wall_s" in data
+        else f"Run {data['started_utc']} on {data['machine']}. Command: `.venv/bin/python {data['command']}`.",
         "",
-        "| scenario | node | expected alert → receiver | injection → delivery | ≤ target | repeats | "
-        "recovery → resolved | also delivered for this node |",
-        "|---|---|---|---|---|---|---|---|",
     ]
-    for f in data["faults"]:
-        met = "no (never)" if f["delivered_s"] is None else ("yes" if f["delivered_s"] <= f["target_s"] else "no")
+    for part in parts:
+        name = part.get("set", "issue33")
         rows.append(
-            f"| `{f['fault']}` | {f['node']} | {f['alertname']}{baseline(f)} → {f['receiver']} | "
-            f"{_fmt(f['delivered_s'])} | "
-            f"{met} (≤ {_fmt(f['target_s'])}) | {f.get('repeats', 0)} | {_fmt(f['resolved_s'])} | "
-            f"{', '.join(f['other_deliveries']) or '—'} |"
+            f"Set `{name}` ({part['backend']}, started {part['started_utc']}): healthy phase "
+            f"{part['healthy_phase_s'] / 60:.0f} min{' with noise' if part.get('noise') else ''}, "
+            f"{len(part['healthy_deliveries'])} {'delivery' if len(part['healthy_deliveries']) == 1 else 'deliveries'} "
+            "other than Watchdog"
+            + (
+                f" ({', '.join(d if isinstance(d, str) else str(d) for d in part['healthy_deliveries'])})"
+                if part["healthy_deliveries"]
+                else ""
+            )
+            + "."
         )
+    rows += [
+        "",
+        "| scenario | set | node | expected alert → receiver | injection → delivery | ≤ target | repeats | "
+        "recovery → resolved | also delivered for this node |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for part in parts:
+        for f in part["faults"]:
+            met = "no (never)" if f["delivered_s"] is None else ("yes" if f["delivered_s"] <= f["target_s"] else "no")
+            rows.append(
+                f"| `{f['fault']}` | {part.get('set', 'issue33')} | {f['node']} | {f['alertname']}{baseline(f)} → "
+                f"{f['receiver']} | {_fmt(f['delivered_s'])} | {met} (≤ {_fmt(f['target_s'])}) | "
+                f"{f.get('repeats', 0)} | {_fmt(f['resolved_s'])} | {', '.join(f['other_deliveries']) or '—'} |"
+            )
     return "\n".join(rows)
 
 
@@ -336,7 +339,7 @@ DOC = ROOT / "docs" / "alerts.md"
 BEGIN, END = "<!-- drill-table:begin (benchmarks/fleet_drill.py --doc) -->", "<!-- drill-table:end -->"
 
 
-def write_doc(results: Path = ISSUE33_RESULTS, doc: Path = DOC) -> None:
+def write_doc(results: Path = RESULTS_BY_SET["all"], doc: Path = DOC) -> None:
     """Replace the table between the markers of docs/alerts.md with the one of the last run's JSON (and of each
     ``<results stem>_*.json`` beside it: a subset re-run with ``--faults``, ``--results``)."""
     text = doc.read_text()
@@ -345,7 +348,7 @@ def write_doc(results: Path = ISSUE33_RESULTS, doc: Path = DOC) -> None:
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     runs = [results, *sorted(results.parent.glob(f"{results.stem}_*.json"))]
-    table = "\n\n".join(issue33_table(json.loads(r.read_text())) for r in runs)
+    table = "\n\n".join(drill_table(json.loads(r.read_text())) for r in runs)
     doc.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
 
 

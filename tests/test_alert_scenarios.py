@@ -62,13 +62,33 @@ def test_drill_table_is_generated_from_the_last_run(tmp_path: Path) -> None:
     assert spec is not None and spec.loader is not None
     drill = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(drill)
-    run = {
-        "started_utc": "2026-12-06T23:37:00Z",
-        "machine": "host (2 CPUs, x86_64), load average at the end 8.0",
+    fleet_part = {
+        "set": "fleet",
+        "started_utc": "2026-12-06T23:37:10Z",
+        "backend": "vm",
+        "healthy_phase_s": 600.0,
+        "noise": [{"t_s": 72.0, "what": "load step"}],
+        "healthy_deliveries": ["LatencyBimodal@ticket"],
+        "faults": [
+            {
+                "fault": "engine_down",
+                "node": "g6e-l40s",
+                "alertname": "EngineDown",
+                "receiver": "pagerduty",
+                "delivered_s": 55.1,
+                "target_s": 90.0,
+                "repeats": 0,
+                "resolved_s": 236.5,
+                "other_deliveries": [],
+            }
+        ],
+    }
+    signals_part = {
+        "set": "issue33",
+        "started_utc": "2026-12-07T00:02:00Z",
         "backend": "prometheus",
         "healthy_phase_s": 1800.0,
         "healthy_deliveries": [],
-        "command": "benchmarks/fleet_drill.py --set issue33",
         "faults": [
             {
                 "fault": "slow_rank",
@@ -94,13 +114,28 @@ def test_drill_table_is_generated_from_the_last_run(tmp_path: Path) -> None:
             },
         ],
     }
+    run = {
+        "started_utc": "2026-12-06T23:37:00Z",
+        "wall_s": 4800,
+        "machine": "host (2 CPUs, x86_64), load average at the end 8.0",
+        "command": "benchmarks/fleet_drill.py",
+        "parts": [fleet_part, signals_part],
+    }
     results, doc = tmp_path / "run.json", tmp_path / "alerts.md"
     results.write_text(json.dumps(run))
     doc.write_text(f"before\n{drill.BEGIN}\nold table\n{drill.END}\nafter\n")
     drill.write_doc(results, doc)
     text = doc.read_text()
     assert "old table" not in text and text.startswith("before\n") and text.endswith("after\n")
-    assert "Run 2026-12-06T23:37:00Z on host (2 CPUs" in text and "30 min with 0 deliveries" in text
-    assert "| `slow_rank` | p5-dp | DataParallelRankSlow → ticket | 2.3 min | yes (≤ 4.0 min) | 0 | — |" in text
-    assert "LatencyBimodal@ticket" in text
-    assert "| `kv_saturation` | p5-kv | KVCacheSaturatedWithPreemptions → ticket | — | no (never)" in text
+    assert "Run 2026-12-06T23:37:00Z on host (2 CPUs, x86_64), load average at the end 8.0 (80 min)" in text
+    assert "Set `fleet` (vm, started 2026-12-06T23:37:10Z): healthy phase 10 min with noise, 1 delivery" in text
+    assert "(LatencyBimodal@ticket)" in text
+    assert "Set `issue33` (prometheus, started 2026-12-07T00:02:00Z): healthy phase 30 min, 0 deliveries" in text
+    assert (
+        "| `engine_down` | fleet | g6e-l40s | EngineDown → pagerduty | 55 s | yes (≤ 90 s) | 0 | 3.9 min | — |" in text
+    )
+    assert (
+        "| `slow_rank` | issue33 | p5-dp | DataParallelRankSlow → ticket | 2.3 min | yes (≤ 4.0 min) | 0 | — |" in text
+    )
+    assert "LatencyBimodal@ticket |" in text
+    assert "| `kv_saturation` | issue33 | p5-kv | KVCacheSaturatedWithPreemptions → ticket | — | no (never)" in text

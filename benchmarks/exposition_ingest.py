@@ -11,7 +11,9 @@ Baseline: ``prometheus_client.parser.text_string_to_metric_families`` consumed t
 every family; it has no way to skip). Ours: :class:`inferwatch.agent.node.engine.exposition.ExpositionReader` as the
 collector builds it (``VLLM.reader(EngineLimits())``: the vLLM adapter's families, the default engine
 limits, the model cap), cold (a new reader: empty caches) and warm (the collector's case: the same
-reader scrape after scrape), alone and with the adapter mapping (``inferwatch.agent.node.engine.adapters.read``).
+reader scrape after scrape), alone and with the adapter mapping (``inferwatch.agent.node.engine.adapters.read``),
+each twice: with the reader's bulk steps compiled (the C extension ``_fastparse``, rows "C extension"; left out
+where it is not built) and in pure Python (rows "pure Python"), in the same interleaved rounds.
 Before timing, the samples of every family the adapter uses are asserted identical to the baseline's
 (names, labels, values), and so are the per-model quantities derived from either side.
 
@@ -43,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from inferwatch.agent.node.engine import bulkparse, exposition  # noqa: E402
 from inferwatch.agent.node.engine.adapters import VLLM, KeyCache, read  # noqa: E402
 from inferwatch.agent.node.engine.bulkparse import PLAIN_LINE  # noqa: E402
 from inferwatch.agent.node.engine.exposition import Exposition, Series  # noqa: E402
@@ -75,6 +78,31 @@ def cold_read(text: str) -> tuple[object, object]:
 def cold_ingest(text: str) -> tuple[object, object]:
     reader = VLLM.reader(EngineLimits())
     return reader, read(VLLM, reader.read(text))
+
+
+STEPS = ("scan", "label_sets", "family")  # the reader's bulk steps (bulkparse.py), by the name exposition.py uses
+PURE = {name: getattr(bulkparse, f"{name}_py") for name in STEPS}
+try:  # the compiled steps, where built, even when INFERWATCH_PURE_PARSER made the reader select the pure ones
+    from inferwatch.agent.node.engine import _fastparse as EXTENSION  # type: ignore[attr-defined]
+except ImportError:
+    EXTENSION = None
+
+
+def with_steps(compiled: bool, fn: Callable[[], object]) -> object:
+    """Call ``fn`` with the reader's bulk steps compiled (the C extension) or in pure Python, whatever was selected
+    at import (``INFERWATCH_PURE_PARSER``): both rows come from the same process and the same interleaved rounds."""
+    saved = {name: getattr(exposition, name) for name in STEPS}
+    for name in STEPS:
+        setattr(exposition, name, getattr(EXTENSION, name) if compiled else PURE[name])
+    try:
+        return fn()
+    finally:
+        for name, step in saved.items():
+            setattr(exposition, name, step)
+
+
+def steps(compiled: bool, fn: Callable[..., object], *args: object) -> Callable[[], object]:
+    return lambda: with_steps(compiled, lambda: fn(*args))
 
 
 def baseline_samples(text: str, wanted: frozenset[str]) -> Exposition:
@@ -189,16 +217,28 @@ def main() -> None:
     print(f"exposition: {len(lines)} samples, {len(text) / 1e6:.2f} MB, {len(gen.models)} models x 2 engines")
     print(f"families used by the vLLM adapter: {matched} samples, identical to prometheus_client's (asserted)")
 
-    warm = VLLM.reader(EngineLimits())
-    warm_keys = KeyCache(VLLM.model_labels, "unknown")
-    read(VLLM, warm.read(text), keys=warm_keys)
     cases: list[tuple[str, Callable[[], object]]] = [
         ("prometheus_client text_string_to_metric_families", lambda: list(text_string_to_metric_families(text))),
-        ("inferwatch reader, cold (new label cache)", lambda: cold_read(text)),
-        ("inferwatch reader, warm (collector's case)", lambda: warm.read(text)),
-        ("inferwatch reader + vLLM adapter, cold", lambda: cold_ingest(text)),
-        ("inferwatch reader + vLLM adapter, warm", lambda: read(VLLM, warm.read(text), keys=warm_keys)),
     ]
+    modes = [("pure Python", False)]
+    if EXTENSION is not None:
+        modes.insert(0, ("C extension", True))
+    else:
+        print("the C extension (_fastparse) is not built here: pure-Python rows only")
+    for mode, compiled in modes:
+        with_steps(compiled, lambda: check_identical(text))  # each path reads what prometheus_client reads
+        warm = VLLM.reader(EngineLimits())
+        warm_keys = KeyCache(VLLM.model_labels, "unknown")
+        with_steps(compiled, lambda: read(VLLM, warm.read(text), keys=warm_keys))  # noqa: B023  (called at once)
+        cases += [
+            (f"reader, cold (new label cache), {mode}", steps(compiled, lambda: cold_read(text))),
+            (f"reader, warm (collector's case), {mode}", steps(compiled, warm.read, text)),
+            (f"reader + vLLM adapter, cold, {mode}", steps(compiled, lambda: cold_ingest(text))),
+            (
+                f"reader + vLLM adapter, warm, {mode}",
+                steps(compiled, lambda w=warm, k=warm_keys: read(VLLM, w.read(text), keys=k)),
+            ),
+        ]
     if args.compare:
         old = revision_modules(args.compare, Path(tempfile.mkdtemp(prefix="iw-ingest-")))
         old_warm = old.VLLM.reader(EngineLimits())

@@ -124,6 +124,25 @@ def test_scan_refuses_what_is_not_a_string(ext: Any) -> None:
             ext.scan(*args)
 
 
+NUMBER = st.one_of(
+    st.floats(allow_nan=False).map(repr),
+    st.floats(allow_nan=False, allow_infinity=False).map(lambda f: f"{f:.{abs(hash(f)) % 25}f}"),
+    st.from_regex(r"[-+]?[0-9]{0,25}(\.[0-9]{0,25})?([eE][-+]?[0-9]{1,3})?", fullmatch=True),
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(value=NUMBER)
+def test_scan_reads_numbers_as_float_does(value: str) -> None:
+    """Values are read as ``float()`` reads them, bit for bit (the extension reads the common ones without strtod)."""
+    ext = extension()
+    text = f"a {value}\n"
+    got = ext.scan(text, 0, len(text))
+    assert canon(got) == canon(bulkparse.scan_py(text, 0, len(text)))
+    if got is not None:
+        assert repr(got[0][2][0]) == repr(float(value)), value
+
+
 # --- label_sets: step by step --------------------------------------------------------------------------------------
 
 PAIR = st.sampled_from(
@@ -150,6 +169,23 @@ def test_label_sets_is_the_pure_step(texts: list[str], known: list[str]) -> None
             assert (key is labels) == (bulkparse.sorted_labels(labels) is labels)
 
 
+def test_label_sets_of_texts_that_share_pieces_is_the_pure_step(ext: Any) -> None:
+    """Texts of a family repeat most pairs at the same places (the extension reuses the piece before): buckets,
+    a wider string between, more pairs than it remembers, a pair moved."""
+    many = ",".join(f'l{i}="{i}"' for i in range(40))
+    cases = [
+        [f'engine="0",le="{le}",model_name="m1"' for le in ("0.1", "0.5", "1.0", "+Inf")],
+        ['a="x",b="y"', 'a="ü",b="y"', 'a="x",b="y",c="z"', 'a="\U0001f600",b="y"', 'a="x",b="z"'],
+        [many, many.replace('l39="39"', 'l39="x"'), many.replace('l3="3"', 'l3="x"'), many + ',z="1"'],
+        ['b="y",a="x"', 'a="x",b="y"', 'a="x",a="y"'],
+        ['a="x",model_name="m1"', 'a="x",model_name="m2"', 'model_name="m2",a="x"'],
+    ]
+    for texts in cases:
+        assert ext.label_sets(texts, {}, "model_name", plain_pair) == bulkparse.label_sets_py(
+            texts, {}, "model_name", plain_pair
+        ), texts
+
+
 def test_label_sets_passes_on_an_error_of_the_pair_check(ext: Any) -> None:
     def broken(text: str, label: str) -> None:
         raise RuntimeError(text)
@@ -160,6 +196,33 @@ def test_label_sets_passes_on_an_error_of_the_pair_check(ext: Any) -> None:
         ext.label_sets(['a="x"'], {}, "model_name", lambda t, lb: ("not a pair", None))
     with pytest.raises(TypeError):
         ext.label_sets([b'a="x"'], {}, "model_name", plain_pair)
+
+
+INFOS = {
+    'a="x"': ((("a", "x"),), None, 0, None),
+    'a="y",model_name="m1"': ((("a", "y"), ("model_name", "m1")), None, 1, "m1"),
+    'le="x",model_name="m2"': ((("le", "x"), ("model_name", "m2")), "le", 2, "m2"),
+    "": ((), None, 3, None),
+}
+
+
+@settings(max_examples=200, deadline=None)
+@given(blocks=st.lists(st.sampled_from([*INFOS, 'b="z"']), max_size=8))
+def test_family_is_the_pure_step(blocks: list[str]) -> None:
+    ext = extension()
+    assert ext.family(blocks, INFOS) == bulkparse.family_py(blocks, INFOS)
+    got = ext.family(blocks, INFOS)
+    if got is not None:  # the label sets are the cached tuples themselves
+        assert all(a is INFOS[b][0] for a, b in zip(got[0], blocks, strict=True))
+
+
+def test_family_refuses_what_is_not_a_cache_entry(ext: Any) -> None:
+    with pytest.raises(TypeError):
+        ext.family(["a"], {"a": ("labels", None)})
+    with pytest.raises(TypeError):
+        ext.family(("a",), INFOS)
+    with pytest.raises(TypeError):
+        ext.family([["unhashable"]], INFOS)
 
 
 # --- the reader with each ------------------------------------------------------------------------------------------

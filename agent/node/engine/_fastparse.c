@@ -7,6 +7,7 @@
  *     into families, values parsed as float() parses them; None when a line is of another shape or its value is
  *     no number (or a NaN with a sign).
  * label_sets(texts, known, label, plain_pair): plain label texts split into label sets (see bulkparse).
+ * family(blocks, cache): a family's label texts looked up in the reader's cache, in one pass (see bulkparse).
  *
  * Every index is bounded by the string's length; nothing is written outside the objects it creates; any failure
  * of the C API (memory) propagates as a Python exception, never a crash.
@@ -14,6 +15,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 static inline int is_name_start(Py_UCS4 c) {
@@ -42,7 +44,46 @@ static int same_text(int kind, const void *data, Py_ssize_t a, Py_ssize_t b, Py_
 
 /* float(value) as Python parses it, for a text of value characters only (ASCII): 0 and *out, or 1 (no number,
  * or a NaN with a sign: parse_float's rule), or -1 with an exception set (memory). */
+/* Powers of ten a double holds exactly (10^0 .. 10^22). */
+static const double EXACT_POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                                     1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* The common value, [sign] digits [. digits] with at most 15 significant digits and 22 decimals, read exactly: both
+ * the digits (an integer below 2^53) and the power of ten are exact doubles, so their quotient is the correctly
+ * rounded value, the one strtod (and float()) gives. 0 and *out; 1: not of that shape (the caller uses strtod). */
+static int simple_value(int kind, const void *data, Py_ssize_t at, Py_ssize_t len, double *out) {
+    Py_ssize_t k = at, end = at + len;
+    int negative = 0;
+    Py_UCS4 c = PyUnicode_READ(kind, data, k);
+    if (c == '-' || c == '+') {
+        negative = c == '-';
+        k++;
+    }
+    int64_t digits = 0;
+    int significant = 0, decimals = 0, point = 0, seen = 0;
+    for (; k < end; k++) {
+        c = PyUnicode_READ(kind, data, k);
+        if (c >= '0' && c <= '9') {
+            if (digits != 0 || c != '0') significant++;
+            if (significant > 15) return 1;
+            digits = digits * 10 + (c - '0');
+            decimals += point;
+            seen = 1;
+        } else if (c == '.' && !point) {
+            point = 1;
+            if (!seen) return 1; /* ".5": strtod's */
+        } else {
+            return 1;
+        }
+    }
+    if (!seen || decimals > 22 || (point && PyUnicode_READ(kind, data, end - 1) == '.')) return 1;
+    double d = (double)digits / EXACT_POW10[decimals];
+    *out = negative ? -d : d;
+    return 0;
+}
+
 static int parse_value(int kind, const void *data, Py_ssize_t at, Py_ssize_t len, double *out) {
+    if (simple_value(kind, data, at, len, out) == 0) return 0;
     char small[64];
     char *buf = small;
     if (len >= (Py_ssize_t)sizeof(small)) {
@@ -269,6 +310,29 @@ static PyObject *pair_of(PyObject *piece, PyObject *known, PyObject *fresh, PyOb
     return failed ? NULL : made;
 }
 
+/* The (name, value) pair of text[s:j] (a new reference), *is_model set; NULL with no exception: not plain, or a
+ * bound that is not a number. */
+static PyObject *piece_pair(PyObject *text, Py_ssize_t s, Py_ssize_t j, PyObject *known, PyObject *fresh,
+                            PyObject *label, PyObject *plain, int *is_model) {
+    PyObject *piece = PyUnicode_Substring(text, s, j);
+    if (piece == NULL) return NULL;
+    PyObject *hit = pair_of(piece, known, fresh, label, plain);
+    Py_DECREF(piece);
+    if (hit == NULL) return NULL;
+    if (!PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) != 2 || !PyTuple_Check(PyTuple_GET_ITEM(hit, 0)) ||
+        PyTuple_GET_SIZE(PyTuple_GET_ITEM(hit, 0)) != 2) {
+        PyErr_SetString(PyExc_TypeError, "a pair is ((name, value), flag)");
+        return NULL;
+    }
+    PyObject *flag = PyTuple_GET_ITEM(hit, 1);
+    if (flag != Py_None && !(PyUnicode_Check(flag) && PyUnicode_GET_LENGTH(flag) == 0)) return NULL;
+    PyObject *pair = PyTuple_GET_ITEM(hit, 0);
+    int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(pair, 0), label, Py_EQ);
+    if (eq < 0) return NULL;
+    *is_model = eq;
+    return Py_NewRef(pair);
+}
+
 static PyObject *label_sets(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4 || !PyList_Check(args[0]) || !PyDict_Check(args[1]) || !PyUnicode_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError, "label_sets(texts: list[str], known: dict, label: str, plain_pair)");
@@ -279,6 +343,13 @@ static PyObject *label_sets(PyObject *self, PyObject *const *args, Py_ssize_t na
     PyObject *tuples = PyList_New(count), *keys = PyList_New(count), *models = PyList_New(count);
     PyObject *fresh = PyDict_New(), *result = NULL;
     if (tuples == NULL || keys == NULL || models == NULL || fresh == NULL) goto done;
+    /* The pieces of the text before (one-byte texts, the first REUSE of them): a piece equal to the one at the same
+     * place there is the same pair (texts of a family differ in a label or two). The pairs are held by its tuple. */
+    enum { REUSE = 32 };
+    const char *prev = NULL;
+    Py_ssize_t prev_start[REUSE], prev_len[REUSE], prev_pieces = 0;
+    PyObject *prev_pair[REUSE];
+    int prev_model[REUSE];
     for (Py_ssize_t t = 0; t < count; t++) {
         PyObject *text = PyList_GET_ITEM(texts, t);
         if (!PyUnicode_Check(text)) {
@@ -301,29 +372,37 @@ static PyObject *label_sets(PyObject *self, PyObject *const *args, Py_ssize_t na
             int cut = j == n - 1 || (j + 1 < n && PyUnicode_READ(kind, data, j) == '"' &&
                                      PyUnicode_READ(kind, data, j + 1) == ',');
             if (!cut) continue;
-            PyObject *piece = PyUnicode_Substring(text, s, j);
-            if (piece == NULL) goto done;
-            PyObject *hit = pair_of(piece, known, fresh, label, plain);
-            Py_DECREF(piece);
-            if (hit == NULL) {
-                if (PyErr_Occurred()) goto done;
-                goto none;
+            PyObject *pair;
+            int is_model;
+            if (prev != NULL && kind == PyUnicode_1BYTE_KIND && k < prev_pieces && prev_len[k] == j - s &&
+                memcmp(prev + prev_start[k], (const char *)data + s, (size_t)(j - s)) == 0) {
+                pair = Py_NewRef(prev_pair[k]);
+                is_model = prev_model[k];
+            } else {
+                pair = piece_pair(text, s, j, known, fresh, label, plain, &is_model);
+                if (pair == NULL) {
+                    if (PyErr_Occurred()) goto done;
+                    goto none;
+                }
             }
-            if (!PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) != 2 || !PyTuple_Check(PyTuple_GET_ITEM(hit, 0)) ||
-                PyTuple_GET_SIZE(PyTuple_GET_ITEM(hit, 0)) != 2) {
-                PyErr_SetString(PyExc_TypeError, "a pair is ((name, value), flag)");
-                goto done;
-            }
-            PyObject *flag = PyTuple_GET_ITEM(hit, 1);
-            if (flag != Py_None && !(PyUnicode_Check(flag) && PyUnicode_GET_LENGTH(flag) == 0)) goto none;
-            PyObject *pair = PyTuple_GET_ITEM(hit, 0);
-            PyTuple_SET_ITEM(labels, k, Py_NewRef(pair));
-            int is_model = PyObject_RichCompareBool(PyTuple_GET_ITEM(pair, 0), label, Py_EQ);
-            if (is_model < 0) goto done;
+            PyTuple_SET_ITEM(labels, k, pair);
             if (is_model) model = PyTuple_GET_ITEM(pair, 1);
+            if (k < REUSE) { /* this text's piece, for the next */
+                prev_pair[k] = pair;
+                prev_start[k] = s;
+                prev_len[k] = j - s;
+                prev_model[k] = is_model;
+            }
             k++;
             s = j + 2;
             j++;
+        }
+        if (kind == PyUnicode_1BYTE_KIND) {
+            prev = (const char *)data;
+            prev_pieces = pieces < REUSE ? pieces : REUSE;
+        } else {
+            prev = NULL;
+            prev_pieces = 0;
         }
         int dup = duplicate_name(labels);
         if (dup < 0) goto done;
@@ -345,11 +424,49 @@ done:
     return result;
 }
 
+/* family(blocks, cache): one pass over a family's label texts, each looked up in the reader's cache of
+ * (labels, bad bound, canonical id, model) entries (see bulkparse.family). */
+static PyObject *family(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "family(blocks: list[str], cache: dict)");
+        return NULL;
+    }
+    PyObject *blocks = args[0], *cache = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(blocks);
+    PyObject *labels = PyList_New(n), *ids = PySet_New(NULL), *models = PySet_New(NULL), *bads = PySet_New(NULL);
+    PyObject *result = NULL;
+    if (labels == NULL || ids == NULL || models == NULL || bads == NULL) goto done;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *info = PyDict_GetItemWithError(cache, PyList_GET_ITEM(blocks, k));
+        if (info == NULL) {
+            if (!PyErr_Occurred()) result = Py_NewRef(Py_None);
+            goto done;
+        }
+        if (!PyTuple_Check(info) || PyTuple_GET_SIZE(info) != 4) {
+            PyErr_SetString(PyExc_TypeError, "a cache entry is (labels, bad bound, canonical id, model)");
+            goto done;
+        }
+        PyList_SET_ITEM(labels, k, Py_NewRef(PyTuple_GET_ITEM(info, 0)));
+        if (PySet_Add(bads, PyTuple_GET_ITEM(info, 1)) < 0 || PySet_Add(ids, PyTuple_GET_ITEM(info, 2)) < 0 ||
+            PySet_Add(models, PyTuple_GET_ITEM(info, 3)) < 0)
+            goto done;
+    }
+    result = PyTuple_Pack(4, labels, ids, models, bads);
+done:
+    Py_XDECREF(labels);
+    Py_XDECREF(ids);
+    Py_XDECREF(models);
+    Py_XDECREF(bads);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "scan(text, start, end): the sample lines of text[start:end] as families (see bulkparse.scan)."},
     {"label_sets", (PyCFunction)(void (*)(void))label_sets, METH_FASTCALL,
      "label_sets(texts, known, label, plain_pair): plain label texts as label sets (see bulkparse.label_sets)."},
+    {"family", (PyCFunction)(void (*)(void))family, METH_FASTCALL,
+     "family(blocks, cache): a family's cached label sets, ids, models and bad bounds (see bulkparse.family)."},
     {NULL, NULL, 0, NULL},
 };
 

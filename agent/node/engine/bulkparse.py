@@ -1,8 +1,9 @@
 """The bulk steps of a whole-body read (exposition.py's ``_read_whole``), compiled when the extension is built.
 
-Two steps do per-line work for every sample line of a text-format body: :func:`scan` (the sample lines of
-the common shape, grouped into families, with their values) and, on a cold read, :func:`label_sets` (label
-texts new to the reader split into label sets). Each is defined here in pure Python; ``_fastparse``
+Three steps do per-line work for every sample line of a text-format body: :func:`scan` (the sample lines of
+the common shape, grouped into families, with their values), :func:`family` (a family's label texts looked up
+in the reader's cache) and, on a cold read, :func:`label_sets` (label texts new to the reader split into label
+sets). Each is defined here in pure Python; ``_fastparse``
 (``_fastparse.c`` beside this file, built by ``pip install`` where a C compiler and the Python headers are
 there) computes the same answers in one C loop. :data:`COMPILED` says which one runs: the extension when it
 imports, unless the environment variable ``INFERWATCH_PURE_PARSER`` is set to anything but ``""`` or ``0``
@@ -17,7 +18,7 @@ import re
 from collections.abc import Callable
 from itertools import chain, groupby, islice, repeat
 from operator import itemgetter
-from typing import Any
+from typing import Any, cast
 
 from inferwatch.agent.node.engine.labelblock import Pair
 from inferwatch.agent.node.engine.textformat import Labels
@@ -30,8 +31,11 @@ PURE_ENV = "INFERWATCH_PURE_PARSER"  # set (not "" or "0"): the pure-Python step
 PLAIN_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^\n]*)\})? ([-+.0-9a-zA-Z]+)$", re.M)
 
 Family = tuple[str, list[str], list[float]]  # (name, label texts: "" for none, values), lines in order
+Info = tuple[Labels, "str | None", int, "str | None"]  # a label text's entry: (labels, bad bound, canonical id, model)
+FamilySets = tuple[list[Labels], set[int], set["str | None"], set["str | None"]]
 LabelSets = tuple[list[Labels], list[Labels], list["str | None"], dict[str, Pair]]
 _PAIR, _FLAG, _LAST = itemgetter(0), itemgetter(1), itemgetter(-1)
+_LABELS, _BAD, _CANON, _MODEL = (itemgetter(i) for i in range(4))  # the fields of an Info
 _ALL_BUT_LAST = itemgetter(slice(0, -1))
 
 
@@ -115,6 +119,20 @@ def label_sets_py(
     return tuples, list(map(sorted_labels, tuples)), list(map(dict.get, dicts, repeat(label))), fresh
 
 
+def family_py(blocks: list[str], cache: dict[str | None, Info]) -> FamilySets | None:
+    """A family's label texts looked up in the reader's cache of :data:`Info` entries: (the label sets in order, the
+    set of their canonical ids, of their models, of their bad bounds); None when a text is not cached."""
+    infos = list(map(cache.get, blocks))
+    if None in infos:
+        return None
+    return family_of(cast("list[Info]", infos))
+
+
+def family_of(infos: list[Info]) -> FamilySets:
+    """:func:`family_py`'s answer from the entries themselves."""
+    return list(map(_LABELS, infos)), set(map(_CANON, infos)), set(map(_MODEL, infos)), set(map(_BAD, infos))
+
+
 def _compiled() -> Any:
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
         return None
@@ -128,6 +146,7 @@ def _compiled() -> Any:
 _EXT = _compiled()
 COMPILED = _EXT is not None  # the compiled steps run (see the module's docstring)
 scan: Callable[[str, int, int], list[Family] | None] = scan_py if _EXT is None else _EXT.scan
+family: Callable[[list[str], dict[str | None, Info]], FamilySets | None] = family_py if _EXT is None else _EXT.family
 label_sets: Callable[[list[str], dict[str, Pair], str, Callable[[str, str], Pair | None]], LabelSets | None] = (
     label_sets_py if _EXT is None else _EXT.label_sets
 )

@@ -50,11 +50,11 @@ import re
 from array import array
 from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import compress, count, repeat
+from itertools import compress, count, filterfalse, repeat
 from operator import is_, itemgetter
 from typing import cast
 
-from inferwatch.agent.node.engine.bulkparse import label_sets, scan
+from inferwatch.agent.node.engine.bulkparse import FamilySets, family, family_of, label_sets, scan
 from inferwatch.agent.node.engine.bulkparse import sorted_labels as _sorted
 from inferwatch.agent.node.engine.heap import release_freed_memory
 from inferwatch.agent.node.engine.labelblock import (
@@ -341,34 +341,35 @@ class ExpositionReader:
 
     def _read_text(self, text: str) -> Exposition:
         """A whole text-format body: :meth:`_read_whole` when it can, else line by line (:meth:`feed`)."""
-        n = text.count("\n") + 1  # the lines str.split makes (the last one empty when the body ends with \n)
         last = text[text.rfind("\n") + 1 :]
         if last.strip(BLANK):
+            n = text.count("\n") + 1  # the lines str.split makes
             raise ExpositionError(f"line {n}: no newline at the end of the input: {last[:120]!r}", n, True)
         p = self.begin()
-        p.last_lineno = n
-        if not last and self._read_whole(p, text, n - 1):
-            p.lines = n
-            self._open_lines = n
+        if not last and self._read_whole(p, text):  # it counts the lines it reads (p.lines)
+            self._open_lines = p.lines
             return self.end(p)
+        n = text.count("\n") + 1  # the lines str.split makes (the last one empty when the body ends with \n)
         p = ReadPass(False)  # what the whole-text read cached is as the line-by-line read would cache it
         p.last_lineno = n
         self.feed(p, text.split("\n"))
         return self.end(p)
 
-    def _read_whole(self, p: ReadPass, text: str, newlines: int | None = None) -> bool:
+    def _read_whole(self, p: ReadPass, text: str) -> bool:
         """Read a text-format body ending in a newline with bulk operations; False: read it line by line instead.
 
         The comment lines are read one by one (:meth:`_comment`); the sample lines between them are matched
-        :data:`WHOLE_CHUNK` characters at a time by :data:`PLAIN_LINE` (one regex call for thousands of lines),
-        and read family by family (:meth:`_whole_family`): their values by ``map(float, ...)``, their label texts
-        looked up in the caches the line-by-line read fills. Whatever this path does not take as it is (a line of
-        another shape, a value that is no number, any problem a line may have, a model past ``max_models``) makes
-        it give up, and the line-by-line read judges the body from its start: the same result and the same errors.
-        Every line was taken when the lines matched and the comment lines add up to the body's newlines
-        (``newlines``: ``text.count("\\n")``, which the caller knows).
+        :data:`WHOLE_CHUNK` characters at a time (:func:`~inferwatch.agent.node.engine.bulkparse.scan`: every line
+        of the common shape, grouped into families, with their values, or None), and read family by family
+        (:meth:`_whole_family`), their label texts looked up in the caches the line-by-line read fills. Whatever
+        this path does not take as it is (a line of another shape, a value that is no number, any problem a line
+        may have, a model past ``max_models``) makes it give up, and the line-by-line read judges the body from its
+        start: the same result and the same errors. Each line is taken once, as a comment or in a chunk whose
+        lines all matched, so on success ``p.lines`` is the lines ``str.split`` makes of the body.
         """
         n = len(text)
+        if n and text[-1] != "\n":
+            return False
         at = taken = 0
         try:
             while at < n:
@@ -398,7 +399,9 @@ class ExpositionReader:
                     at = end
         except (ExpositionError, ValueError):
             return False
-        return taken == (text.count("\n") if newlines is None else newlines)
+        p.lines = taken + 1  # the last, empty, after the final newline
+        p.last_lineno = p.lines
+        return True
 
     def _whole_family(self, p: ReadPass, text_name: str, blocks: list[str], floats: list[float], ordered: bool) -> bool:
         """The samples of one family from one chunk, checked and kept as :meth:`_feed` would; False: give up.
@@ -415,10 +418,18 @@ class ExpositionReader:
             return False
         keep = name in self.wanted
         raw, unkept = self._raw, self._raw_unkept
+        # a wanted family whose label texts are all cached (a warm read; a cold one once they are): one pass over them
+        sets = family(blocks, raw) if keep else None
+        if sets is not None:
+            return self._keep_family(p, name, sets, floats, ordered)
         # a name not wanted needs only its label text checked and its bad bound: one checked for a wanted name will do
         found = list(map(raw.get, blocks)) if keep else list(map(unkept.get, blocks, map(raw.get, blocks)))
-        if None in found and keep and self._new_label_texts(p, blocks, found):
-            found = list(map(raw.get, blocks))
+        if keep and self._new_label_texts(p, blocks, found):  # label texts new to the reader: in bulk if common
+            sets = family(blocks, raw)
+            if sets is not None:
+                return self._keep_family(p, name, sets, floats, ordered)
+        elif not keep and None in found and self._new_unkept_texts(blocks, found):
+            found = list(map(unkept.get, blocks, map(raw.get, blocks)))
         if None in found:  # label texts new to the reader: each checked and cached once, as _feed does
             kept, cap = p.kept, self.max_models
             for i, info in enumerate(found):
@@ -435,43 +446,54 @@ class ExpositionReader:
                         return self._past_cap(ordered)
                     kept.add(info[3])
         infos = cast("list[_Info]", found)
-        if name in p.typed_hist:
-            typ = p.types.get(name)
-            if any(bound_error(bad, typ) is not None for bad in set(map(_BAD, infos)) if bad is not None):
-                return False
-        rules = self.scrape_rules
         if keep:
-            models = set(map(_MODEL, infos))
-            if not models <= p.kept:
-                fresh = models - p.kept
-                if len(p.kept) + len(fresh) > self.max_models:
-                    return self._past_cap(ordered)
-                p.kept |= fresh
-            ids = set(map(_CANON, infos))
-            family = p.seen_by_name.get(name)
-            if family is None:
-                family = p.seen_by_name[name] = set()
-            if rules and (len(ids) != len(infos) or not family.isdisjoint(ids)):
+            return self._keep_family(p, name, family_of(infos), floats, ordered)
+        if name in p.typed_hist and self._bad_bound(p, name, set(map(_BAD, infos))):
+            return False
+        rules = self.scrape_rules
+        checked = min(len(blocks), MAX_UNKEPT_HEADS - p.unkept)  # as _feed: the first lines of a read only
+        if checked > 0:
+            texts = set(blocks[:checked])
+            family_texts = p.unkept_blocks.get(name)
+            if family_texts is None:
+                family_texts = p.unkept_blocks[name] = set()
+            if rules and (len(texts) != checked or not family_texts.isdisjoint(texts)):
                 return False
-            family |= ids
-            series = p.out.get(name)
-            if series is None:
-                series = p.out[name] = Series()
-            series.labels.extend(map(_LABELS, infos))
-            series.values.fromlist(floats)
-        else:
-            checked = min(len(blocks), MAX_UNKEPT_HEADS - p.unkept)  # as _feed: the first lines of a read only
-            if checked > 0:
-                texts = set(blocks[:checked])
-                family_texts = p.unkept_blocks.get(name)
-                if family_texts is None:
-                    family_texts = p.unkept_blocks[name] = set()
-                if rules and (len(texts) != checked or not family_texts.isdisjoint(texts)):
-                    return False
-                family_texts |= texts
-                p.unkept += checked
+            family_texts |= texts
+            p.unkept += checked
         p.sampled.add(name)
         return True
+
+    def _keep_family(self, p: ReadPass, name: str, sets: FamilySets, floats: list[float], ordered: bool) -> bool:
+        """Keep the samples of a wanted family from one chunk (:meth:`_whole_family`): its label sets (and their
+        canonical ids, models and bad bounds: :func:`~inferwatch.agent.node.engine.bulkparse.family`) and values."""
+        labels, ids, models, bads = sets
+        if name in p.typed_hist and self._bad_bound(p, name, bads):
+            return False
+        if not models <= p.kept:
+            fresh = models - p.kept
+            if len(p.kept) + len(fresh) > self.max_models:
+                return self._past_cap(ordered)
+            p.kept |= fresh
+        family_ids = p.seen_by_name.get(name)
+        if family_ids is None:
+            family_ids = p.seen_by_name[name] = set()
+        if self.scrape_rules and (len(ids) != len(labels) or not family_ids.isdisjoint(ids)):
+            return False
+        family_ids |= ids
+        series = p.out.get(name)
+        if series is None:
+            series = p.out[name] = Series()
+        series.labels.extend(labels)
+        series.values.fromlist(floats)
+        p.sampled.add(name)
+        return True
+
+    @staticmethod
+    def _bad_bound(p: ReadPass, name: str, bads: set[str | None]) -> bool:
+        """A bound that is not a number breaks a sample of the histogram or summary family ``name``."""
+        typ = p.types.get(name)
+        return any(bound_error(bad, typ) is not None for bad in bads if bad is not None)
 
     def _past_cap(self, ordered: bool) -> bool:
         """Give up at a model past ``max_models`` (False); see :meth:`_whole_family` for when the caches go."""
@@ -490,10 +512,7 @@ class ExpositionReader:
         if label is None:
             return False
         texts = list(dict.fromkeys(compress(blocks, map(is_, found, repeat(None)))))
-        joined = ",".join(texts)
-        if "\\" in joined or (
-            self.limits is not None and not (joined.isascii() and max(map(len, texts)) <= self._short_labels)
-        ):
+        if not self._plain_texts(texts):
             return False
         known = self._pairs
         # an empty block, a trailing comma, a value not closed, a bound that is not a number, a label name twice: None
@@ -506,10 +525,41 @@ class ExpositionReader:
         if len(p.kept.union(models, map(_MODEL, filter(None, found)))) > self.max_models:
             return False  # the family's models, known or new, past the cap: one by one, counted line by line
         canon = self._canon
-        canon.update(zip([k for k in dict.fromkeys(keys) if k not in canon], count(len(canon))))
+        canon.update(zip(filterfalse(canon.__contains__, dict.fromkeys(keys)), count(len(canon))))
         infos = list(zip(tuples, repeat(None), map(canon.__getitem__, keys), models, strict=False))
         self._labels.update(zip(tuples, infos, strict=True))
         self._raw.update(zip(texts, infos, strict=True))
+        if len(known) + len(fresh) <= MAX_LABEL_PAIRS:
+            known.update(fresh)
+        return True
+
+    def _plain_texts(self, texts: list[str]) -> bool:
+        """The label texts can be split in bulk: no backslash, and within the label limits at a glance (ASCII, none
+        longer than the smaller limit: see :meth:`_plain_info`)."""
+        joined = ",".join(texts)
+        return "\\" not in joined and (
+            self.limits is None or (joined.isascii() and max(map(len, texts), default=0) <= self._short_labels)
+        )
+
+    def _new_unkept_texts(self, blocks: list[str], found: list[_Info | None]) -> bool:
+        """Check and cache the label texts of a family not read, new to the reader, in bulk, as :meth:`_plain_info`
+        would one by one (its label set is not kept: only its text is cached, as checked, with no bad bound).
+
+        Only the common case, as :meth:`_new_label_texts`, and room for every text in the cache; a family's line
+        without labels goes one by one. False (nothing cached): the texts go one by one through :meth:`_plain_info`.
+        """
+        label = self._model_label
+        texts = list(filter(None, dict.fromkeys(compress(blocks, map(is_, found, repeat(None))))))
+        if label is None or not texts or len(self._raw_unkept) + len(texts) > MAX_UNKEPT_HEADS:
+            return False
+        if not self._plain_texts(texts):
+            return False
+        known = self._pairs
+        sets = label_sets(texts, known, label, plain_pair)  # None also for a bound that is not a number: one by one
+        if sets is None:
+            return False
+        self._raw_unkept.update(zip(texts, repeat(_UNKEPT_INFO)))
+        fresh = sets[3]
         if len(known) + len(fresh) <= MAX_LABEL_PAIRS:
             known.update(fresh)
         return True

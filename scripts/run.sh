@@ -16,6 +16,21 @@ if [ ! -x .venv/bin/python ]; then
   echo "== creating the virtual environment .venv ($(python3 --version 2>&1))"
   python3 -m venv .venv
 fi
+# The exposition reader's C extension (agent/node/engine/_fastparse.c) is built by pip below where a C compiler and
+# the Python headers are there; without them pip says so and inferwatch reads in pure Python (same results, about
+# half the speed). On Debian/Ubuntu they are gcc and python3-dev: installed here when missing and apt-get can.
+need_build=()
+command -v gcc >/dev/null 2>&1 || need_build+=(gcc libc6-dev)
+.venv/bin/python -c 'import os, sysconfig, sys; sys.exit(not os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' ||
+  need_build+=(python3-dev)
+if [ ${#need_build[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  echo "== installing ${need_build[*]} (to build the exposition reader's C extension)"
+  { $SUDO apt-get update -qq &&
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_build[@]}" >/dev/null; } ||
+    echo "== could not install ${need_build[*]}: inferwatch reads expositions in pure Python"
+fi
 # pip -q prints nothing while it works (~30 s when the dependencies are there already, a few minutes the first time):
 # say what runs, and how long it took.
 echo "== installing inferwatch and its dependencies into .venv (pip install -e .; the first time takes a few minutes)"

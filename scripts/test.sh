@@ -68,6 +68,9 @@ command -v make >/dev/null 2>&1 || need_apt+=(make)
 command -v cmake >/dev/null 2>&1 || need_apt+=(cmake)
 command -v objdump >/dev/null 2>&1 || need_apt+=(binutils)  # SIMD code-scan cross-check
 command -v gcc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)  # diag: binary-compatibility test builds a program
+# the exposition reader's C extension (agent/node/engine/_fastparse.c; pip builds it with the venv below): Python.h
+python3 -c 'import os, sysconfig, sys; sys.exit(not os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' ||
+  need_apt+=(python3-dev)
 command -v ldd >/dev/null 2>&1 || need_apt+=(libc-bin)
 command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)  # compose test: services in a private netns
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)

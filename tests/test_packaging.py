@@ -33,6 +33,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import threading
 import time
@@ -67,7 +68,7 @@ UV = ROOT / ".venv" / "bin" / "uv"
 FOLDERS: dict[str, str] = runpy.run_path(str(ROOT / "setup.py"), run_name="layout")["FOLDERS"]
 COPY_IGNORE = shutil.ignore_patterns(
     ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache",
-    ".hypothesis", "tmp",
+    ".hypothesis", "tmp", "*.so",
 )  # fmt: skip
 
 
@@ -98,7 +99,8 @@ def package_files() -> dict[str, Path]:
         for directory, dirs, files in os.walk(ROOT / package, followlinks=True):
             dirs[:] = [d for d in dirs if d != "__pycache__"]
             for name in files:
-                if not name.endswith((".pyc", ".pyo")):
+                # not the C extension's source or a binary built in place: the wheel has the one its build makes
+                if not name.endswith((".pyc", ".pyo", ".c", ".so")):
                     path = Path(directory) / name
                     out[wheel_path(path.relative_to(ROOT).as_posix())] = path
     return out
@@ -301,6 +303,47 @@ def test_wheel_carries_every_file_of_the_packages(dist: dict[str, Path]) -> None
         for rel, source in expected.items():
             if not rel.endswith(".py"):
                 assert whl.read(rel) == source.read_bytes(), rel
+
+
+READ_SCRIPT = """
+import json, sys
+from inferwatch.agent.node.engine import bulkparse
+from inferwatch.agent.node.engine.exposition import Everything, ExpositionReader
+from inferwatch.agent.node.engine.textformat import ExpositionError
+out = {}
+for path in sys.argv[1:]:
+    try:
+        e = ExpositionReader(("",), Everything()).read(open(path, encoding="utf-8").read())
+    except ExpositionError as exc:
+        out[path] = str(exc)
+        continue
+    out[path] = {n: [[list(map(list, labels)), repr(v)] for labels, v in series] for n, series in e.samples.items()}
+print(json.dumps([bulkparse.COMPILED, out]))
+"""
+
+
+def test_wheel_carries_the_compiled_reader(dist: dict[str, Path], installed: Install) -> None:
+    """Where a C compiler and Python.h are (scripts/run.sh and test.sh install them), the wheel carries the exposition
+    reader's extension and the install reads through it; ``INFERWATCH_PURE_PARSER=1`` reads in pure Python, alike."""
+    compiler = (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file() and bool(shutil.which("gcc"))
+    with zipfile.ZipFile(dist["wheel"]) as whl:
+        built = [n for n in whl.namelist() if re.fullmatch(r"inferwatch/agent/node/engine/_fastparse\..+\.so", n)]
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert dist["wheel"].name.startswith(f"inferwatch-{VERSION}-{tag}-{tag}-"), dist["wheel"].name  # not py3-none-any
+    if compiler:
+        assert built, "a C compiler and Python.h are here, but the wheel lacks _fastparse"
+    corpus = [str(p) for p in sorted((ROOT / "tests" / "fixtures" / "engines").glob("*.prom"))]
+    runs = {}
+    for pure in ("", "1"):
+        r = subprocess.run(
+            [installed.python, "-c", READ_SCRIPT, *corpus], cwd=installed.cwd,
+            env={**installed.env, "INFERWATCH_PURE_PARSER": pure}, capture_output=True, text=True, timeout=120,
+            check=False,
+        )  # fmt: skip
+        no_traceback(r, "reading the engine corpus (install)")
+        runs[pure] = json.loads(r.stdout)
+    assert runs[""][0] is bool(built) and runs["1"][0] is False, (runs[""][0], runs["1"][0])
+    assert runs[""][1] == runs["1"][1] and len(runs[""][1]) == len(corpus)
 
 
 def test_agent_imports_from_the_install_only(installed: Install) -> None:

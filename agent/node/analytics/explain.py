@@ -37,7 +37,10 @@ times its share of the requests (a slow rank the balancer already avoids: 24 % o
 else the phase with at least :data:`DOMINANT_SHARE` of the gap, the separating attribute named beside it ("100 %
 of the gap is queue; dp_rank=1 is 49 % of requests and 100 % of the tail" is a queue burst that one rank took).
 ``output_length`` is reported as the workload, never as a fault driver. Otherwise the answer is ``none`` ("no
-dominant driver"). The thresholds and their measured accuracy are in docs/explain.md (benchmarks/tail_explain.py).
+dominant driver"), unless a cause is seen in its own phase (:mod:`~inferwatch.agent.node.analytics.tailcauses`: a
+prefill stall, a front-end delay), which is also named first over a queue tail that is neither a burst nor
+saturation (the load's). Beside the first driver, every cause with evidence of its own is listed (``drivers``). The
+thresholds and their measured accuracy are in docs/explain.md (benchmarks/tail_explain.py).
 
 **Sampled windows.** Above their bound the records keep 1 request in k with weight k, and always the slowest
 (:mod:`~inferwatch.agent.node.analytics.tailrecords`); a sampled window's quantiles and band means are weighted, and
@@ -68,6 +71,7 @@ from inferwatch.agent.node.analytics.tailcauses import (
     BURST_TAIL_SHARE,
     HEAD_OF_LINE_SHARE,
     LONG_PROMPT_FACTOR,
+    LONG_PROMPT_WORKLOAD,
     OWN_TAIL_SAMPLE,
     PROMPT_PART_OF_PREFILL,
     SATURATED_MIN_S,
@@ -77,6 +81,7 @@ from inferwatch.agent.node.analytics.tailcauses import (
     EngineSignals,
     burst,
     frontend_delay,
+    long_prompt_share,
     own_spreads,
     own_tails,
     prefill_stall,
@@ -440,6 +445,7 @@ def _decompose(
         and workload["factor"] < LONG_PROMPT_FACTOR
     )
     driver = NONE
+    gated = bool(reasons)  # no tail to explain (too few requests, P99/P50 or P99 - P50 too small)
     if reasons:
         pass
     elif top_phase == "output_length" and shares[top_phase] >= DOMINANT_SHARE:
@@ -496,6 +502,12 @@ def _decompose(
             reasons.append(
                 f"no phase holds {DOMINANT_SHARE:.0%} of the gap (largest: {top_phase} {shares[top_phase]:.0%})"
             )
+    if driver == NONE and not gated and top_phase != "output_length":
+        # the tail's phases name no cause (the prompt mix's spread, no phase at half the gap), but one is seen in its
+        # own phase: front-end delays, prefill stalls
+        own = [d for d, seen in (("frontend", phases.front()), ("prefill", phases.stall())) if seen is not None]
+        if own:
+            driver, reasons = own[0], []
     drivers = [] if driver == NONE else [driver]
     if driver != NONE:
         contended = slow is not None or evidence is not None or driver == "queue"
@@ -687,6 +699,8 @@ def _second_causes(
         out.remove("prefill")  # its share of the gap is the contention's
     if phases.stall() is not None:
         out.append("prefill")
+    if contended and long_prompt_share(phases.win.i["prompt"]) >= LONG_PROMPT_WORKLOAD:
+        out.append("prefill")  # long prompts, whose own tail the contention's hides
     if phases.front() is not None:
         out.append("frontend")
     if phases.clean("queue") and phases.clean("prefill") and phases.clean("ttft"):
@@ -794,7 +808,7 @@ def _headline(
     if driver == "prefill" and top != "prefill" and stall is not None:
         return head + f"{shares[top]:.0%} of the gap is {top} behind {_stall_text(stall)}"
     if driver == "frontend" and top != "frontend" and front is not None:
-        return head + f"{_front_text(front)} ({shares[top]:.0%} of the gap is {top}: the load's, no burst)"
+        return head + f"{_front_text(front)}; {shares[top]:.0%} of the gap is {top}"
     if driver in PLACEMENT and sep is not None and sep.get("source") and not sep.get("share_of_requests"):
         return head + (
             f"{sep['attribute']}={sep['value']} is {sep['itl_ratio']:.1f}x slower per output token than the other "

@@ -222,6 +222,21 @@ def prefill_stall(prefill: Sequence[float], prompts: Sequence[int]) -> dict[str,
     }
 
 
+LONG_PROMPT_WORKLOAD = 0.01  # prompts LONG_PROMPT_FACTOR x the median on 1 request in 100: a long-prompt workload
+
+
+def long_prompt_share(prompts: Sequence[int]) -> float:
+    """The share of requests whose prompt is at least :data:`LONG_PROMPT_FACTOR` times the window's median prompt
+    (a systematic sample of at most :data:`OWN_TAIL_SAMPLE`). An ordinary lognormal mix, as wide as σ 0.8, puts
+    about 0.5 % there; :data:`LONG_PROMPT_WORKLOAD` or more is a distinct long-prompt workload, whose prefills take
+    8x the median's and hold the step budget while they run (head-of-line blocking)."""
+    known = [k for k in prompts[:: max(1, len(prompts) // OWN_TAIL_SAMPLE)] if k > 0]
+    if len(known) < 50:
+        return 0.0
+    floor = LONG_PROMPT_FACTOR * sorted(known)[len(known) // 2]
+    return sum(k >= floor for k in known) / len(known)
+
+
 FRONT_MIN_S = 0.05  # a request 50 ms or more over the window's median front-end gap waited in the front end ...
 FRONT_MIN_SHARE = 0.02  # ... and 1 request in 50 doing so is a front-end delay of its own
 

@@ -67,3 +67,35 @@ def running(
             yield proc
         finally:
             stop(proc)
+
+
+@contextlib.contextmanager
+def agent_beside_simulator(
+    tmp_path: Path, sim_args: Sequence[str], agent_env: dict[str, str] | None = None
+) -> Iterator[tuple[str, int, str]]:
+    """A real agent receiving spans over OTLP/HTTP and a real simulator sending its spans there, both on 127.0.0.1
+    and answering: yields the agent's base URL, the simulator's port and the span endpoint (for client spans too).
+    ``sim_args`` are the simulator's flags past its port and endpoint; ``agent_env`` adds to the agent's settings."""
+    from tests.conftest import PYTHON, ROOT, free_port
+
+    sim_port, agent_port, spans_port = free_port(), free_port(), free_port()
+    endpoint = f"http://127.0.0.1:{spans_port}/v1/traces"
+    env = {
+        "INFERWATCH_RECEIVER__ENABLED": "true",
+        "INFERWATCH_RECEIVER__GRPC_ENDPOINT": "",
+        "INFERWATCH_RECEIVER__HTTP_ENDPOINT": f"127.0.0.1:{spans_port}",
+        "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap"),
+        "INFERWATCH_EVIDENCE__DIR": str(tmp_path / "evidence"),
+        **{k: v.format(sim_port=sim_port) for k, v in (agent_env or {}).items()},
+    }
+    sim_cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(sim_port), *sim_args]
+    sim_cmd += ["--otlp-traces-endpoint", endpoint]
+    agent_cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(agent_port)]
+    with (
+        running(agent_cmd, tmp_path / "agent.log", cwd=ROOT, env=env) as agent,
+        running(sim_cmd, tmp_path / "sim.log", cwd=ROOT, env={"OTEL_BSP_SCHEDULE_DELAY": "100"}) as sim,
+    ):
+        base = f"http://127.0.0.1:{agent_port}"
+        wait_http(f"{base}/healthz", proc=agent)
+        wait_http(f"http://127.0.0.1:{sim_port}/health", proc=sim)
+        yield base, sim_port, endpoint

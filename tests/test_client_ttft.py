@@ -24,7 +24,7 @@ from inferwatch.agent.node.analytics.latency import LatencyAnalytics
 from inferwatch.agent.node.analytics.tailrecords import HORIZON_S, ClientTTFTs
 from inferwatch.agent.node.receiver import Receiver
 from tests.conftest import PYTHON, ROOT, free_port
-from tests.procs import running, wait_http
+from tests.procs import agent_beside_simulator, running, wait_http
 from tests.trace_receiver import http_trace_receiver
 
 NS = 1_000_000_000
@@ -176,26 +176,9 @@ def test_openai_client_middleware_makes_the_engine_span_its_child(tmp_path) -> N
 def test_frontend_delay_is_named_from_the_clients_ttft(tmp_path) -> None:
     """Simulator with frontend_delay → spans to the agent; loadgen's client spans to the same receiver; the
     explainer's first verdict is the client TTFT's, and names the engine's front end."""
-    sim_port, agent_port, spans_port = free_port(), free_port(), free_port()
-    endpoint = f"http://127.0.0.1:{spans_port}/v1/traces"
-    env = {
-        "INFERWATCH_RECEIVER__ENABLED": "true",
-        "INFERWATCH_RECEIVER__GRPC_ENDPOINT": "",
-        "INFERWATCH_RECEIVER__HTTP_ENDPOINT": f"127.0.0.1:{spans_port}",
-        "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap"),
-        "INFERWATCH_EVIDENCE__DIR": str(tmp_path / "evidence"),
-    }
-    sim_cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(sim_port), "--seed", "4", "--scenario"]
-    sim_cmd += ["frontend_delay", "--otlp-traces-endpoint", endpoint]
-    agent_cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(agent_port)]
     count = 200
-    with (
-        running(agent_cmd, tmp_path / "agent.log", cwd=ROOT, env=env) as agent,
-        running(sim_cmd, tmp_path / "sim.log", cwd=ROOT, env={"OTEL_BSP_SCHEDULE_DELAY": "100"}) as sim,
-    ):
-        base = f"http://127.0.0.1:{agent_port}"
-        wait_http(f"{base}/healthz", proc=agent)
-        wait_http(f"http://127.0.0.1:{sim_port}/health", proc=sim)
+    sim_args = ["--seed", "4", "--scenario", "frontend_delay"]
+    with agent_beside_simulator(tmp_path, sim_args) as (base, sim_port, endpoint):
         out = subprocess.run(
             [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", f"http://127.0.0.1:{sim_port}", "--json", "--count",
              str(count), "--rate", "20", "--seed", "2", "--output-tokens", "4", "--otlp-traces-endpoint", endpoint],

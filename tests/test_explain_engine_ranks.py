@@ -13,8 +13,8 @@ from inferwatch.agent.node.analytics.explain import TailExplainer
 from inferwatch.agent.node.analytics.tailcauses import EngineCounters
 from inferwatch.agent.node.engine.rankitl import rank_itl
 from inferwatch.agent.node.engine.scrape import EngineParser
-from tests.conftest import PYTHON, ROOT, free_port
-from tests.procs import running, wait_http
+from tests.conftest import PYTHON, ROOT
+from tests.procs import agent_beside_simulator
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -66,28 +66,10 @@ def test_engine_counters_give_each_ranks_mean_itl_over_the_window() -> None:
 def test_a_slow_rank_is_named_behind_stock_spans(tmp_path) -> None:
     """The simulator with two data-parallel engines, rank 1 three times slower, spans as stock vLLM sends them; the
     agent reads its /metrics and receives its spans; ``/api/v1/explain`` names dp_rank=1 from the engine's series."""
-    sim_port, agent_port, spans_port = free_port(), free_port(), free_port()
-    endpoint = f"http://127.0.0.1:{spans_port}/v1/traces"
-    env = {
-        "INFERWATCH_RECEIVER__ENABLED": "true",
-        "INFERWATCH_RECEIVER__GRPC_ENDPOINT": "",
-        "INFERWATCH_RECEIVER__HTTP_ENDPOINT": f"127.0.0.1:{spans_port}",
-        "INFERWATCH_ENGINE__METRICS_URL": f"http://127.0.0.1:{sim_port}/metrics",
-        "INFERWATCH_INTERVAL_S": "1",
-        "INFERWATCH_SNAPSHOTS__DIR": str(tmp_path / "snap"),
-        "INFERWATCH_EVIDENCE__DIR": str(tmp_path / "evidence"),
-    }
-    sim_cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(sim_port), "--engines", "2", "--seed", "6"]
-    sim_cmd += ["--scenario", "slow_rank", "--stock-spans", "--otlp-traces-endpoint", endpoint]
-    agent_cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(agent_port)]
+    sim_args = ["--engines", "2", "--seed", "6", "--scenario", "slow_rank", "--stock-spans"]
+    agent_env = {"INFERWATCH_ENGINE__METRICS_URL": "http://127.0.0.1:{sim_port}/metrics", "INFERWATCH_INTERVAL_S": "1"}
     count = 400
-    with (
-        running(agent_cmd, tmp_path / "agent.log", cwd=ROOT, env=env) as agent,
-        running(sim_cmd, tmp_path / "sim.log", cwd=ROOT, env={"OTEL_BSP_SCHEDULE_DELAY": "100"}) as sim,
-    ):
-        base = f"http://127.0.0.1:{agent_port}"
-        wait_http(f"{base}/healthz", proc=agent)
-        wait_http(f"http://127.0.0.1:{sim_port}/health", proc=sim)
+    with agent_beside_simulator(tmp_path, sim_args, agent_env) as (base, sim_port, _):
         out = subprocess.run(
             [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", f"http://127.0.0.1:{sim_port}", "--json", "--count",
              str(count), "--rate", "16", "--seed", "3", "--output-tokens", "uniform:16:64"],

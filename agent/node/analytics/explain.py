@@ -169,6 +169,7 @@ class _Phases:
         self._long: tuple[list[float], list[float], float] | None = None  # long prompts' prefills (ends, starts)
         self._stall: list[dict[str, Any] | None] = []  # tailcauses.prefill_stall, computed once, on first use
         self._front: list[dict[str, Any] | None] = []  # tailcauses.frontend_delay, likewise
+        self._long_share: list[float] = []  # tailcauses.long_prompt_share, likewise
         self.tails: dict[str, list[int]] = {}  # quantity -> its tail band, when that band is over every record
 
     def slow_placement(self) -> dict[str, Any] | None:
@@ -224,6 +225,12 @@ class _Phases:
             f = self.f
             self._front.append(frontend_delay(f["ttft"], f["queue"], f["prefill"]) if clean else None)
         return self._front[0]
+
+    def long_share(self) -> float:
+        """The share of requests with a long prompt (:func:`tailcauses.long_prompt_share`)."""
+        if not self._long_share:
+            self._long_share.append(long_prompt_share(self.win.i["prompt"]))
+        return self._long_share[0]
 
     def in_flight_with_preempted(self, idx: list[int]) -> float:
         """The share of records ``idx`` in flight (arrival to end) while some preempted request was.
@@ -549,7 +556,7 @@ def _decompose(
         "headline": _headline(
             quantity, p50, p99, shares, named_phase, driver, shown, reasons, placement, phases.stall(), phases.front()
         )
-        + _also(drivers[1:], shares, slow, evidence, phases.stall(), phases.front()),
+        + _also(drivers[1:], shares, slow, evidence, phases.stall(), phases.front(), phases.long_share()),
     }
 
 
@@ -699,7 +706,7 @@ def _second_causes(
         out.remove("prefill")  # its share of the gap is the contention's
     if phases.stall() is not None:
         out.append("prefill")
-    if contended and long_prompt_share(phases.win.i["prompt"]) >= LONG_PROMPT_WORKLOAD:
+    if contended and phases.long_share() >= LONG_PROMPT_WORKLOAD:
         out.append("prefill")  # long prompts, whose own tail the contention's hides
     if phases.front() is not None:
         out.append("frontend")
@@ -763,12 +770,15 @@ def _also(
     evidence: Mapping[str, Any] | None,
     stall: Mapping[str, Any] | None = None,
     front: Mapping[str, Any] | None = None,
+    long_share: float = 0.0,
 ) -> str:
     """The headline's tail naming the second causes with their evidence."""
     parts = []
     for d in more:
         if d == "prefill" and stall is not None:
             parts.append(_stall_text(stall))
+        elif d == "prefill" and long_share >= LONG_PROMPT_WORKLOAD:
+            parts.append(f"long prompts ({long_share:.1%} of requests at {LONG_PROMPT_FACTOR:g}x the median prompt)")
         elif d == "frontend" and front is not None:
             parts.append(_front_text(front))
         elif d in PLACEMENT and slow is not None:

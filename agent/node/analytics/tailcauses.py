@@ -184,9 +184,9 @@ def own_tails(spreads: Mapping[str, float], ttft_spread: float) -> list[str]:
 
 
 STALL_MIN_S = 0.1  # a prefill at least 100 ms over its prompt's own prefill time ...
-STALL_FACTOR = 3.0  # ... and at least 3x it is *stalled* (a slow rank or a full batch stretches prefill ~3-5x)
+STALL_FACTOR = 3.0  # ... and at least 3x it is *stalled* (a slow rank or a full batch stretches prefill 3-6x)
 STALL_MIN_SHARE = 0.08  # a prefill stall: at least 8 % of requests stalled ...
-STALL_RATIO = 6.0  # ... by a median 6x their prompt's prefill time or more: waiting (disk, page cache), not computing
+STALL_RATIO = 7.0  # ... by a median 7x their prompt's prefill time or more: waiting (disk, page cache), not computing
 
 
 def prefill_stall(prefill: Sequence[float], prompts: Sequence[int]) -> dict[str, Any] | None:
@@ -198,8 +198,9 @@ def prefill_stall(prefill: Sequence[float], prompts: Sequence[int]) -> dict[str,
     prompts need or more, the prefills waited for something (a page-cache miss reading weights or a KV block from
     disk, a remote KV fetch): a cause of its own. Slower compute does not look like that: a slow rank, a batch full
     of decodes, or KV-cache recomputation stretch prefill in proportion to the prompt (3-5x in the development
-    episodes), and a long-prompt mix is prefill that follows its prompts. Such a stall hides under a saturating
-    cause's tail (a queue of tens of seconds beside a 0.3 s stall), so it is read from the prefills, not the TTFT.
+    episodes, up to 6x under bursts of 3x capacity), and a long-prompt mix is prefill that follows its prompts. Such
+    a stall hides under a saturating cause's tail (a queue of tens of seconds beside a 0.3 s stall), so it is read
+    from the prefills, not the TTFT.
     Read from a systematic sample of at most :data:`OWN_TAIL_SAMPLE` requests.
     """
     step = max(1, len(prompts) // OWN_TAIL_SAMPLE)

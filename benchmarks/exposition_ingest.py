@@ -12,8 +12,10 @@ every family; it has no way to skip). Ours: :class:`inferwatch.agent.node.engine
 collector builds it (``VLLM.reader(EngineLimits())``: the vLLM adapter's families, the default engine
 limits, the model cap), cold (a new reader: empty caches) and warm (the collector's case: the same
 reader scrape after scrape), alone and with the adapter mapping (``inferwatch.agent.node.engine.adapters.read``),
-each twice: with the reader's bulk steps compiled (the C extension ``_fastparse``, rows "C extension"; left out
-where it is not built) and in pure Python (rows "pure Python"), in the same interleaved rounds.
+and the collector's own read (``EngineParser.stream``: the body's bytes fed in 64 KiB chunks, decoded, read and
+mapped as they come; cold). Each twice: with the reader's bulk steps compiled (the C extension ``_fastparse``,
+rows "C extension"; left out where it is not built) and in pure Python (rows "pure Python"); the streamed read
+also with every chunk read line by line, as before issue 38 (its baseline); all in the same interleaved rounds.
 Before timing, the samples of every family the adapter uses are asserted identical to the baseline's
 (names, labels, values), and so are the per-model quantities derived from either side.
 
@@ -48,8 +50,9 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from inferwatch.agent.node.engine import bulkparse, exposition  # noqa: E402
 from inferwatch.agent.node.engine.adapters import VLLM, KeyCache, read  # noqa: E402
 from inferwatch.agent.node.engine.bulkparse import PLAIN_LINE  # noqa: E402
-from inferwatch.agent.node.engine.exposition import Exposition, Series  # noqa: E402
+from inferwatch.agent.node.engine.exposition import Exposition, ExpositionReader, ReadPass, Series  # noqa: E402
 from inferwatch.agent.node.engine.limits import EngineLimits  # noqa: E402
+from inferwatch.agent.node.engine.scrape import EngineParser  # noqa: E402
 from tests.engine_expo import big_exposition  # noqa: E402
 
 
@@ -73,6 +76,33 @@ CPU: dict[object, list[float]] = {}  # CPU seconds of each call, by function (pr
 def cold_read(text: str) -> tuple[object, object]:
     reader = VLLM.reader(EngineLimits())
     return reader, reader.read(text)
+
+
+def cold_stream(body: bytes) -> tuple[object, object]:
+    """The collector's read (a new parser: cold): the body streamed in 64 KiB chunks, read and mapped as it comes."""
+    parser = EngineParser("vllm")
+    stream = parser.stream()
+    stream.begin("text/plain")
+    for i in range(0, len(body), 1 << 16):
+        stream.feed(body[i : i + (1 << 16)])
+    return parser, stream.finish()
+
+
+def cold_stream_by_lines(body: bytes) -> tuple[object, object]:
+    """:func:`cold_stream` with every chunk read line by line (``ExpositionReader.feed``), as before the chunks were
+    read in bulk: the streamed read's baseline."""
+
+    def by_lines(reader: ExpositionReader, p: ReadPass, text: str) -> None:
+        lines = text.split("\n")
+        lines.pop()
+        reader.feed(p, lines)
+
+    saved = ExpositionReader.feed_text
+    ExpositionReader.feed_text = by_lines  # type: ignore[method-assign]
+    try:
+        return cold_stream(body)
+    finally:
+        ExpositionReader.feed_text = saved  # type: ignore[method-assign]
 
 
 def cold_ingest(text: str) -> tuple[object, object]:
@@ -217,6 +247,7 @@ def main() -> None:
     print(f"exposition: {len(lines)} samples, {len(text) / 1e6:.2f} MB, {len(gen.models)} models x 2 engines")
     print(f"families used by the vLLM adapter: {matched} samples, identical to prometheus_client's (asserted)")
 
+    body = text.encode()
     cases: list[tuple[str, Callable[[], object]]] = [
         ("prometheus_client text_string_to_metric_families", lambda: list(text_string_to_metric_families(text))),
     ]
@@ -238,7 +269,9 @@ def main() -> None:
                 f"reader + vLLM adapter, warm, {mode}",
                 steps(compiled, lambda w=warm, k=warm_keys: read(VLLM, w.read(text), keys=k)),
             ),
+            (f"collector's streamed read, cold, {mode}", steps(compiled, cold_stream, body)),
         ]
+    cases.append(("collector's streamed read, cold, line by line", lambda: cold_stream_by_lines(body)))
     if args.compare:
         old = revision_modules(args.compare, Path(tempfile.mkdtemp(prefix="iw-ingest-")))
         old_warm = old.VLLM.reader(EngineLimits())

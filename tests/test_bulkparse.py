@@ -329,3 +329,82 @@ def test_the_environment_variable_forces_the_pure_steps(ext: Any, value: str, co
     env = {**os.environ, bulkparse.PURE_ENV: value}
     out = subprocess.run([PYTHON, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == [str(compiled), str(not compiled)]
+
+
+# --- the streamed read: chunks in bulk where they can be -----------------------------------------------------------
+
+
+def chunked(reader: ExpositionReader, size: int) -> Callable[[str], Any]:
+    """Read a body as the collector's stream does (scrape.ExpositionStream): its complete lines chunk by chunk through
+    ``feed_text``; the lines and the last line's number counted as ``read`` counts them (the stream knows no end)."""
+
+    def read(text: str) -> Any:
+        last = text[text.rfind("\n") + 1 :]
+        if last.strip(" \t"):
+            return reader.read(text)  # the same error (the stream words its own)
+        p = reader.begin()
+        p.last_lineno = text.count("\n") + 1
+        carry = ""
+        for i in range(0, len(text), size):
+            piece = carry + text[i : i + size]
+            cut = piece.rfind("\n") + 1
+            carry = piece[cut:]
+            if cut:
+                reader.feed_text(p, piece[:cut])
+        reader.feed(p, [carry])
+        return reader.end(p)
+
+    return read
+
+
+def stream_same(text: str, sizes: tuple[int, ...] = (64, 700, 1 << 16)) -> None:
+    """Every reader of test_exposition_whole reads ``text`` in chunks as it reads it whole, cold and warm."""
+    for make in READERS.values():
+        for size in sizes:
+            whole, streamed = make(), make()
+            for _ in range(2):
+                assert outcome(chunked(streamed, size), text) == outcome(whole.read, text), (size, text[:300])
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=[p.name for p in CORPUS])
+def test_the_engine_corpus_streams_as_it_reads(path: Path) -> None:
+    stream_same(path.read_text())
+
+
+@pytest.mark.parametrize("edit", HOSTILE, ids=list(HOSTILE))
+def test_hostile_edits_stream_as_they_read(edit: str) -> None:
+    old, new = HOSTILE[edit]
+    stream_same(BASE.replace(old, new, 1), sizes=(16, 64, 200, 1 << 16))
+
+
+SPLIT = {  # a problem whose lines fall in different chunks
+    "duplicate wanted": 'vllm:num_requests_running{engine="0",model_name="m1"} 7\n',
+    "duplicate not wanted": 'other_gauge{a="x"} 5\n',
+    "duplicate not wanted, no labels": "other_plain 5\n",
+    "TYPE after samples": "# TYPE other_gauge gauge\n",
+    "HELP twice": "# HELP vllm:num_requests_running again\n",
+    "negative counter": 'vllm:prompt_tokens_total{engine="0",model_name="m9"} -1\n',
+    "third model": 'vllm:num_requests_running{engine="0",model_name="m3"} 1\n',
+    "a line of another shape": 'other_gauge{a="q"} 1 17\n',
+}
+
+
+@pytest.mark.parametrize("case", SPLIT, ids=list(SPLIT))
+def test_problems_across_chunks_stream_as_they_read(case: str) -> None:
+    text = BASE + BASE.replace("# ", "#x ").replace("vllm:", "vllmx:").replace("other_", "otherx_") + SPLIT[case]
+    stream_same(text, sizes=(40, 300, 900))
+    stream_same(SPLIT[case] + text, sizes=(40, 300, 900))
+
+
+def test_a_large_body_streams_in_bulk() -> None:
+    """The chunks of a conforming body are read in bulk (none line by line), with the reading of a whole read."""
+    text, _ = big_exposition(6_000)
+    reader = VLLM.reader(EngineLimits())
+    lines: list[int] = []
+    feed = reader.feed
+    reader.feed = lambda p, ls: lines.append(len(ls)) or feed(p, ls)  # type: ignore[method-assign]
+    for _ in range(2):
+        assert outcome(chunked(reader, 1 << 16), text) == outcome(VLLM.reader(EngineLimits()).read, text)
+    assert lines == [1, 1], lines  # only the empty line after the last newline
+    edited = text.replace("} 1.0\n", "}  1.0\n", 1)  # two blanks: that chunk goes line by line, the others in bulk
+    assert outcome(chunked(reader, 1 << 16), edited) == outcome(VLLM.reader(EngineLimits()).read, edited)

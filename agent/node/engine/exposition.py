@@ -33,9 +33,11 @@ known pairs a split and a few lookups); any other shape goes through the full li
 wanted samples are stored (``_created`` ones only when asked for).
 
 A whole text-format body (:meth:`ExpositionReader.read`) is first read with bulk operations instead of a
-Python loop per line (:meth:`ExpositionReader._read_whole`: one regex call per chunk of sample lines, values
-by ``map(float, ...)``, label texts by cache look-ups, set-based duplicate checks); on anything that path does
-not take as it is, the line-by-line read above judges the body from its start, with the same result and errors.
+Python loop per line (:meth:`ExpositionReader._read_whole`: the lines' shape, values and label texts by the bulk
+steps of bulkparse.py, compiled where the C extension is built, one call per chunk or family; set-based
+duplicate checks); on anything that path does not take as it is, the line-by-line read above judges the body from
+its start, with the same result and errors. A streamed body (:meth:`ExpositionReader.feed_text`, the collector's
+read) is read so chunk by chunk: a chunk the bulk read does not take goes line by line, the others in bulk.
 
 Memory: what a burst of series cached (a read far longer than the next, or caches much larger than
 the series read) is dropped, and the next read begins by handing the freed memory back to the OS
@@ -201,6 +203,7 @@ class ReadPass:
     __slots__ = (
         "bad",
         "bad_ids",
+        "base",
         "dropped",
         "helps",
         "kept",
@@ -244,6 +247,40 @@ class ReadPass:
         self.bad: dict[str, int] = {}  # reason → lines a tolerant read dropped
         self.bad_ids: set[int] = set()  # id() of each line dropped (an OpenMetrics body's family check skips them)
         self.problems: list[tuple[str, str]] = []  # the first PROBLEMS_KEPT: (reason, words with the line number)
+        # a chunk of a streamed read tried with bulk operations (ExpositionReader.feed_text): the read it belongs to,
+        # whose series and texts the chunk's duplicate checks also look at; None: a whole body, or a read itself
+        self.base: ReadPass | None = None
+
+    def overlay(self) -> ReadPass:
+        """A pass for a chunk of this read, tried in bulk: this read's small state copied (types, models, names
+        met), its own sets of what the chunk adds (merged into this read by :meth:`merge` if it is taken)."""
+        q = ReadPass(self.om)
+        q.types, q.helps, q.nonneg = dict(self.types), set(self.helps), set(self.nonneg)
+        q.typed_hist, q.sampled, q.kept = set(self.typed_hist), set(self.sampled), set(self.kept)
+        q.unkept = self.unkept
+        q.base = self
+        return q
+
+    def merge(self, q: ReadPass) -> None:
+        """Take the chunk read by ``q`` (:meth:`overlay`) into this read."""
+        for name, series in q.out.items():
+            kept = self.out.get(name)
+            if kept is None:
+                self.out[name] = series
+            else:
+                kept.labels.extend(series.labels)
+                kept.values.extend(series.values)
+        for name, ids in q.seen_by_name.items():
+            seen = self.seen_by_name.get(name)
+            if seen is None:
+                self.seen_by_name[name] = ids
+            else:
+                seen |= ids
+        self.seen |= q.seen
+        self.types, self.helps, self.nonneg = q.types, q.helps, q.nonneg
+        self.typed_hist, self.sampled, self.kept, self.unkept = q.typed_hist, q.sampled, q.kept, q.unkept
+        self.lines += q.lines - 1  # q counts the empty line after the chunk's last newline
+        self.last_name = ""  # the line-by-line read of a next chunk looks its family up again
 
     def series(self) -> int:
         """Series read so far (those checked for duplicates)."""
@@ -443,7 +480,7 @@ class ExpositionReader:
                     found[i] = info
                 if keep and info[3] not in kept:  # a model met first: counted at its line, as _feed does
                     if len(kept) >= cap or info[2] < 0:
-                        return self._past_cap(ordered)
+                        return self._past_cap(p, ordered)
                     kept.add(info[3])
         infos = cast("list[_Info]", found)
         if keep:
@@ -452,7 +489,17 @@ class ExpositionReader:
             return False
         rules = self.scrape_rules
         checked = min(len(blocks), MAX_UNKEPT_HEADS - p.unkept)  # as _feed: the first lines of a read only
-        if checked > 0:
+        if checked > 0 and p.base is not None:
+            # a chunk of a streamed read: the series are the heads' texts, as _feed checks them (a line without
+            # labels, "name" or "name{}", goes line by line: the two are different heads there)
+            if "" in blocks[:checked]:
+                return False
+            heads = set(map(f"{name}{{".__add__, map(str.__add__, blocks[:checked], repeat("}"))))
+            if rules and (len(heads) != checked or not p.base.seen.isdisjoint(heads) or not p.seen.isdisjoint(heads)):
+                return False
+            p.seen |= heads
+            p.unkept += checked
+        elif checked > 0:
             texts = set(blocks[:checked])
             family_texts = p.unkept_blocks.get(name)
             if family_texts is None:
@@ -473,13 +520,17 @@ class ExpositionReader:
         if not models <= p.kept:
             fresh = models - p.kept
             if len(p.kept) + len(fresh) > self.max_models:
-                return self._past_cap(ordered)
+                return self._past_cap(p, ordered)
             p.kept |= fresh
         family_ids = p.seen_by_name.get(name)
         if family_ids is None:
             family_ids = p.seen_by_name[name] = set()
         if self.scrape_rules and (len(ids) != len(labels) or not family_ids.isdisjoint(ids)):
             return False
+        if p.base is not None and self.scrape_rules:  # a chunk of a streamed read: the read's series before it
+            before = p.base.seen_by_name.get(name)
+            if before is not None and not before.isdisjoint(ids):
+                return False
         family_ids |= ids
         series = p.out.get(name)
         if series is None:
@@ -495,9 +546,10 @@ class ExpositionReader:
         typ = p.types.get(name)
         return any(bound_error(bad, typ) is not None for bad in bads if bad is not None)
 
-    def _past_cap(self, ordered: bool) -> bool:
-        """Give up at a model past ``max_models`` (False); see :meth:`_whole_family` for when the caches go."""
-        if not ordered:
+    def _past_cap(self, p: ReadPass, ordered: bool) -> bool:
+        """Give up at a model past ``max_models`` (False); see :meth:`_whole_family` for when the caches go (not in
+        a chunk of a streamed read: the read's series ids come from them)."""
+        if not ordered and p.base is None:
             self.clear()
         return False
 
@@ -625,6 +677,21 @@ class ExpositionReader:
     def _cached(self) -> int:
         """Entries of the largest cache (heads, label texts, label pairs, label texts of names not read, names)."""
         return max(len(self._heads), len(self._raw), len(self._pairs), len(self._raw_unkept), len(self._names))
+
+    def feed_text(self, p: ReadPass, text: str) -> None:
+        """Read complete lines of the body read by ``p`` (``text`` ends with a newline; the streamed read's chunks):
+        with bulk operations where :meth:`_read_whole` takes them as they are, else line by line (:meth:`feed`),
+        with the same result and errors. A chunk tried in bulk is read into its own pass (:meth:`ReadPass.overlay`)
+        and merged into ``p`` only when every line of it was taken."""
+        if not p.om:
+            q = p.overlay()
+            if self._read_whole(q, text):
+                p.merge(q)
+                self._open_lines = p.lines
+                return
+        lines = text.split("\n")
+        lines.pop()  # the empty string after the last newline
+        self.feed(p, lines)
 
     def feed(self, p: ReadPass, lines: list[str]) -> None:
         """Read complete lines (no ``\\n``) of the body read by ``p``, in order; raise ExpositionError.

@@ -139,7 +139,8 @@ class ExpositionStream:
     usually crosses that limit there, and is refused by the fetch before any line is parsed, which
     costs far less than parsing it — and the engine is told from them (``engine.kind`` auto). After
     that, or at the end of a shorter body, the held bytes and every further chunk are decoded (UTF-8,
-    incrementally), split into lines and read by the target's :class:`ExpositionReader` at once: only
+    incrementally) and their complete lines read by the target's :class:`ExpositionReader` at once, in
+    bulk where they are of the common shape, else line by line (:meth:`ExpositionReader.feed_text`): only
     the line a chunk cuts is held, so raising ``engine.max_bytes`` does not let memory follow the body,
     and a limit (a label limit, a bad line) stops the read — and the fetch feeding it — at the line
     that breaks it. Held longer: the body of a program that is no known engine (to say what it is),
@@ -234,11 +235,13 @@ class ExpositionStream:
             self._long.append(text)
             text = "".join(self._long)
             self._long.clear()
-        lines = (self._carry + text).split("\n") if self._carry else text.split("\n")
-        self._carry = lines.pop()
+        if self._carry:
+            text = self._carry + text
+        cut = text.rfind("\n") + 1
+        self._carry = text[cut:]
         assert self._reader is not None and self._pass is not None
-        try:
-            self._reader.feed(self._pass, lines)
+        try:  # the complete lines: in bulk where they are of the common shape, else line by line
+            self._reader.feed_text(self._pass, text[:cut])
         except ExpositionError as exc:
             self._reader.abandon(self._pass)
             raise EngineScrapeError(exc.reason, str(exc)) from None

@@ -343,7 +343,11 @@ def main() -> None:
             print(f"{step:<52} {ms:>14.2f}")
         print(f"{'a million samples per second allows':<52} {len(lines) / 1e3:>14.2f}")
     if args.out:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
         doc = {
+            "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+            "commit": commit.stdout.strip(),
+            "extension_built": EXTENSION is not None,
             "series": len(lines),
             "repeat": args.repeat,
             "compare": args.compare,

@@ -110,7 +110,7 @@ def cold_ingest(text: str) -> tuple[object, object]:
     return reader, read(VLLM, reader.read(text))
 
 
-STEPS = ("scan", "label_sets", "family")  # the reader's bulk steps (bulkparse.py), by the name exposition.py uses
+STEPS = bulkparse.STEPS  # the reader's bulk steps, by the name exposition.py uses
 PURE = {name: getattr(bulkparse, f"{name}_py") for name in STEPS}
 try:  # the compiled steps, where built, even when INFERWATCH_PURE_PARSER made the reader select the pure ones
     from inferwatch.agent.node.engine import _fastparse as EXTENSION  # type: ignore[attr-defined]

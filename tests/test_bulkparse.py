@@ -231,18 +231,21 @@ def test_family_refuses_what_is_not_a_cache_entry(ext: Any) -> None:
 @pytest.fixture
 def pure() -> Iterator[Callable[[], None]]:
     """Switch the reader to the pure-Python steps (call it); restored after the test."""
-    saved = exposition.scan, exposition.label_sets
+    saved = {name: getattr(exposition, name) for name in bulkparse.STEPS}
+    yield lambda: use(None)
+    for name, step in saved.items():
+        setattr(exposition, name, step)
 
-    def switch() -> None:
-        exposition.scan, exposition.label_sets = bulkparse.scan_py, bulkparse.label_sets_py
 
-    yield switch
-    exposition.scan, exposition.label_sets = saved
+def use(ext: Any) -> None:
+    """The reader's bulk steps from the extension ``ext``, or (None) the pure-Python ones."""
+    for name in bulkparse.STEPS:
+        setattr(exposition, name, getattr(ext, name) if ext is not None else getattr(bulkparse, f"{name}_py"))
 
 
 def both(text: str, ext: Any, pure: Callable[[], None]) -> None:
     """Every reader of test_exposition_whole reads ``text`` cold and warm alike with either step, caches included."""
-    exposition.scan, exposition.label_sets = ext.scan, ext.label_sets
+    use(ext)
     compiled = [(make(), make) for make in READERS.values()]
     got = [[outcome(r.read, text) for _ in range(2)] for r, _ in compiled]
     pure()
@@ -304,7 +307,6 @@ def test_generated_expositions_read_the_same_with_either(
     head = "# TYPE vllm:prompt_tokens_total counter\n# TYPE vllm:x histogram\n" if typed else ""
     text = head + "".join(f"{n}{{{','.join(lb)}}} {v}\n" if lb else f"{n} {v}\n" for n, lb, v in rows)
     both(text, ext, pure)
-    exposition.scan, exposition.label_sets = ext.scan, ext.label_sets
 
 
 def test_a_conforming_body_takes_the_compiled_step(ext: Any) -> None:
@@ -408,3 +410,23 @@ def test_a_large_body_streams_in_bulk() -> None:
     assert lines == [1, 1], lines  # only the empty line after the last newline
     edited = text.replace("} 1.0\n", "}  1.0\n", 1)  # two blanks: that chunk goes line by line, the others in bulk
     assert outcome(chunked(reader, 1 << 16), edited) == outcome(VLLM.reader(EngineLimits()).read, edited)
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.sampled_from([(), (("a", "x"),), (("a", "y"),), (("a", "x"), ("b", "y"))]), max_size=8))
+def test_canon_ids_is_the_pure_step(keys: list[tuple[tuple[str, str], ...]]) -> None:
+    ext = extension()
+    for start in ({}, {(("a", "y"),): 0}, {(("b", "z"),): 0, (("a", "x"),): 1}):
+        a, b = dict(start), dict(start)
+        assert ext.canon_ids(keys, a) == bulkparse.canon_ids_py(keys, b)
+        assert list(a.items()) == list(b.items())  # the same ids, entered in the same order
+    with pytest.raises(TypeError):
+        ext.canon_ids([["unhashable"]], {})
+
+
+def test_each_step_is_selected_at_import(ext: Any) -> None:
+    """Every step the reader calls is the extension's where it is selected, else its pure-Python definition."""
+    for name in bulkparse.STEPS:
+        chosen = getattr(bulkparse, name)
+        assert chosen is (getattr(ext, name) if bulkparse.COMPILED else getattr(bulkparse, f"{name}_py")), name
+        assert getattr(exposition, name) is chosen, name

@@ -8,6 +8,7 @@
  *     no number (or a NaN with a sign).
  * label_sets(texts, known, label, plain_pair): plain label texts split into label sets (see bulkparse).
  * family(blocks, cache): a family's label texts looked up in the reader's cache, in one pass (see bulkparse).
+ * canon_ids(keys, canon): label sets' canonical ids, new ones entered in order (see bulkparse).
  *
  * Every index is bounded by the string's length; nothing is written outside the objects it creates; any failure
  * of the C API (memory) propagates as a Python exception, never a crash.
@@ -460,6 +461,30 @@ done:
     return result;
 }
 
+/* canon_ids(keys, canon): each key's id in canon, a key new to it entered with the next id (see bulkparse). */
+static PyObject *canon_ids(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "canon_ids(keys: list, canon: dict)");
+        return NULL;
+    }
+    PyObject *keys = args[0], *canon = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    PyObject *ids = PyList_New(n);
+    if (ids == NULL) return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *next = PyLong_FromSsize_t(PyDict_GET_SIZE(canon));
+        if (next == NULL) goto fail;
+        PyObject *id = PyDict_SetDefault(canon, PyList_GET_ITEM(keys, k), next); /* borrowed */
+        Py_DECREF(next);
+        if (id == NULL) goto fail;
+        PyList_SET_ITEM(ids, k, Py_NewRef(id));
+    }
+    return ids;
+fail:
+    Py_DECREF(ids);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "scan(text, start, end): the sample lines of text[start:end] as families (see bulkparse.scan)."},
@@ -467,6 +492,8 @@ static PyMethodDef methods[] = {
      "label_sets(texts, known, label, plain_pair): plain label texts as label sets (see bulkparse.label_sets)."},
     {"family", (PyCFunction)(void (*)(void))family, METH_FASTCALL,
      "family(blocks, cache): a family's cached label sets, ids, models and bad bounds (see bulkparse.family)."},
+    {"canon_ids", (PyCFunction)(void (*)(void))canon_ids, METH_FASTCALL,
+     "canon_ids(keys, canon): each label set's canonical id, new ones entered (see bulkparse.canon_ids)."},
     {NULL, NULL, 0, NULL},
 };
 

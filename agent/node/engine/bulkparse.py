@@ -1,9 +1,9 @@
 """The bulk steps of a whole-body read (exposition.py's ``_read_whole``), compiled when the extension is built.
 
-Three steps do per-line work for every sample line of a text-format body: :func:`scan` (the sample lines of
+The steps that do per-line work for the sample lines of a text-format body: :func:`scan` (the sample lines of
 the common shape, grouped into families, with their values), :func:`family` (a family's label texts looked up
 in the reader's cache) and, on a cold read, :func:`label_sets` (label texts new to the reader split into label
-sets). Each is defined here in pure Python; ``_fastparse``
+sets) and :func:`canon_ids` (their canonical ids). Each is defined here in pure Python; ``_fastparse``
 (``_fastparse.c`` beside this file, built by ``pip install`` where a C compiler and the Python headers are
 there) computes the same answers in one C loop. :data:`COMPILED` says which one runs: the extension when it
 imports, unless the environment variable ``INFERWATCH_PURE_PARSER`` is set to anything but ``""`` or ``0``
@@ -16,13 +16,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from itertools import chain, groupby, islice, repeat
+from itertools import chain, count, filterfalse, groupby, islice, repeat
 from operator import itemgetter
 from typing import Any, cast
 
 from inferwatch.agent.node.engine.labelblock import Pair
 from inferwatch.agent.node.engine.textformat import Labels
 
+STEPS = ("scan", "family", "label_sets", "canon_ids")  # each has its pure-Python definition here as NAME_py
 PURE_ENV = "INFERWATCH_PURE_PARSER"  # set (not "" or "0"): the pure-Python steps even where the extension is built
 
 # A whole sample line of the common shape: a metric name valid unquoted, a label block or none, one space, a value
@@ -133,6 +134,13 @@ def family_of(infos: list[Info]) -> FamilySets:
     return list(map(_LABELS, infos)), set(map(_CANON, infos)), set(map(_MODEL, infos)), set(map(_BAD, infos))
 
 
+def canon_ids_py(keys: list[Labels], canon: dict[Labels, int]) -> list[int]:
+    """Each label set's id in ``canon`` (its :func:`sorted_labels` form → one id); a set new to it is entered with
+    the next id (``len(canon)``), in the order the sets first come."""
+    canon.update(zip(filterfalse(canon.__contains__, dict.fromkeys(keys)), count(len(canon))))
+    return list(map(canon.__getitem__, keys))
+
+
 def _compiled() -> Any:
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
         return None
@@ -147,6 +155,7 @@ _EXT = _compiled()
 COMPILED = _EXT is not None  # the compiled steps run (see the module's docstring)
 scan: Callable[[str, int, int], list[Family] | None] = scan_py if _EXT is None else _EXT.scan
 family: Callable[[list[str], dict[str | None, Info]], FamilySets | None] = family_py if _EXT is None else _EXT.family
+canon_ids: Callable[[list[Labels], dict[Labels, int]], list[int]] = canon_ids_py if _EXT is None else _EXT.canon_ids
 label_sets: Callable[[list[str], dict[str, Pair], str, Callable[[str, str], Pair | None]], LabelSets | None] = (
     label_sets_py if _EXT is None else _EXT.label_sets
 )

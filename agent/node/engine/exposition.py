@@ -52,11 +52,11 @@ import re
 from array import array
 from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import compress, count, filterfalse, repeat
+from itertools import compress, repeat
 from operator import is_, itemgetter
 from typing import cast
 
-from inferwatch.agent.node.engine.bulkparse import FamilySets, family, family_of, label_sets, scan
+from inferwatch.agent.node.engine.bulkparse import FamilySets, canon_ids, family, family_of, label_sets, scan
 from inferwatch.agent.node.engine.bulkparse import sorted_labels as _sorted
 from inferwatch.agent.node.engine.heap import release_freed_memory
 from inferwatch.agent.node.engine.labelblock import (
@@ -576,9 +576,7 @@ class ExpositionReader:
             return False  # a label set met under another text
         if len(p.kept.union(models, map(_MODEL, filter(None, found)))) > self.max_models:
             return False  # the family's models, known or new, past the cap: one by one, counted line by line
-        canon = self._canon
-        canon.update(zip(filterfalse(canon.__contains__, dict.fromkeys(keys)), count(len(canon))))
-        infos = list(zip(tuples, repeat(None), map(canon.__getitem__, keys), models, strict=False))
+        infos = list(zip(tuples, repeat(None), canon_ids(keys, self._canon), models, strict=False))
         self._labels.update(zip(tuples, infos, strict=True))
         self._raw.update(zip(texts, infos, strict=True))
         if len(known) + len(fresh) <= MAX_LABEL_PAIRS:

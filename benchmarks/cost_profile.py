@@ -23,14 +23,18 @@ Cases:
    status-page viewer (``GET /?refresh=10`` every 10 s). Targets: CPU per cycle ≤ 0.5× node_exporter's, VmRSS
    ≤ 60 MB;
 3. **axes**, one varied at a time from the defaults: engine models (``--models``, 1, 10, 50, 200, each × 2 DP
-   ranks as ``engine_scale.exposition`` builds them; above 32 models the engine limits and timeouts raised as
-   engine_scale.py raises them, as a user must), span rate (``--rates``, 10, 100, 1000 req/s, receiver on, no
-   engine) and engines per agent (``--engines``, 1, 4, 16 idle simulators as ``file_sd`` targets, as
-   benchmarks/engine_targets.py). Per axis a least-squares slope of
-   CPU, RSS and scrape time.
+   ranks as ``engine_scale.exposition`` builds them; above 32 models the engine limits (and a baseline build's
+   timeouts) raised as engine_scale.py raises them, as a user must), span rate (``--rates``, 10, 100, 1000 req/s,
+   receiver on, no engine) and engines per agent (``--engines``, 1, 4, 16 idle simulators as ``file_sd`` targets,
+   as benchmarks/engine_targets.py). Per axis a least-squares slope of CPU, RSS and scrape time.
 
     .venv/bin/python benchmarks/cost_profile.py [--window 60] [--venv build/cost-venv] [--out FILE]
         [--cases defaults,all,models,span_rate,engines] [--models 1,10,50,200] [--rates ...] [--engines ...]
+        [--baseline-venv build/cost-venv-base --baseline-label COMMIT]
+
+``--baseline-venv``: an earlier build's runtime-only venv (``requirements.lock``, then ``pip install --no-deps`` of
+that build's tree); every case then runs with both builds, one right after the other, the order alternating from
+case to case, so the two are compared within one run (the rows say which ``build``).
 
 Needs ``prometheus-node-exporter`` on PATH or in /usr/bin. Not a test: prints a table, writes
 benchmarks/results/cost_profile.json.
@@ -53,6 +57,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter as Tally
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -263,8 +268,12 @@ def back_to_back(url: str, n: int) -> tuple[list[float], str]:
 
 
 class Bench:
-    def __init__(self, python: Path, ne: str, interval_s: float, window_s: float, scrapes: int) -> None:
+    def __init__(
+        self, python: Path, ne: str, interval_s: float, window_s: float, scrapes: int, build: str = "current"
+    ) -> None:
         self.python, self.ne, self.interval, self.window, self.scrapes = python, ne, interval_s, window_s, scrapes
+        self.build = build  # which agent build this bench runs ("current", or the baseline's venv)
+        self.profile: Path | None = None  # a folder: py-spy samples the agent over each window (raw stacks there)
         self.marker = f"cost-profile-runtime-{os.getpid()}"
         self.runtime = launch([sys.executable, "-c", "import time; time.sleep(7200)", self.marker], clean_env(), ROOT)
 
@@ -327,6 +336,7 @@ class Bench:
                 posts0 = sink.posts if sink else 0
                 procs = {"agent": psutil.Process(agent.pid), "node_exporter": psutil.Process(node.pid)}
                 urls = {"agent": agent_url, "node_exporter": ne_url}
+                spy = spy_start(self.profile, self.build, self.window, agent.pid, label)
                 cpu0 = {n: cpu_s(p) for n, p in procs.items()}
                 scrape_ms: dict[str, list[float]] = {n: [] for n in procs}
                 cycles, t0 = 0, time.monotonic()
@@ -342,6 +352,7 @@ class Bench:
                         time.sleep(max(0.0, self.interval - (time.monotonic() - tick)))
                 elapsed = time.monotonic() - t0
                 used = {n: cpu_s(p) - cpu0[n] for n, p in procs.items()}
+                profile = spy_end(spy)
                 load1 = os.getloadavg()
                 rss_mb = status_kib(agent.pid, "VmRSS") * 1024 / 1e6
                 hwm_mb = status_kib(agent.pid, "VmHWM") * 1024 / 1e6
@@ -383,7 +394,10 @@ class Bench:
             "engines_expected": engines,
             "findings": {f["id"]: f["status"] for f in sorted(findings, key=lambda f: f["id"])},
             "load_avg_1m_start_end": [round(load0[0], 2), round(load1[0], 2)],
+            "build": self.build,
         }
+        if profile is not None:
+            row["profile"] = profile
         if span_rate:
             assert sender is not None
             row["spans_sent"], row["spans_failed"] = sender.sent, sender.failed
@@ -402,19 +416,75 @@ class Bench:
         return row
 
 
-def engine_env(url: str, models: int, series: int) -> dict[str, str]:
+SPY = Path(sys.executable).parent / "py-spy"
+
+
+def _frame(f: str) -> str:
+    """``func (.../inferwatch/agent/x.py:12)`` as ``func (agent/x.py)``."""
+    name, _, where = f.partition(" (")
+    return f"{name} ({where.split('inferwatch/')[-1].split(':')[0]})"
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+
+
+def spy_start(
+    folder: Path | None, build: str, window_s: float, pid: int, label: str
+) -> tuple[subprocess.Popen[bytes], Path] | None:
+    """py-spy sampling ``pid`` for the window (100 Hz, not pausing it), collapsed stacks into ``folder``."""
+    if folder is None:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"{_slug(label)}-{_slug(build)}.txt"
+    cmd = [str(SPY if SPY.exists() else "py-spy"), "record", "--pid", str(pid), "--duration", str(int(window_s)),
+           "--rate", "100", "--nonblocking", "--format", "raw", "--output", str(out)]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out
+
+
+def spy_end(spy: tuple[subprocess.Popen[bytes], Path] | None) -> dict[str, Any] | None:
+    """Wait for py-spy; summarise its collapsed stacks: the share of samples per innermost agent function and per
+    function anywhere on the stack (the agent's own code, inferwatch/...), the top 15 of each."""
+    if spy is None:
+        return None
+    proc, out = spy
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    if not out.exists():
+        return {"error": "py-spy wrote nothing (ptrace not permitted?)"}
+    total, inner, anywhere = 0, Tally[str](), Tally[str]()
+    for line in out.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not n.isdigit():
+            continue
+        count = int(n)
+        total += count
+        own = [_frame(f) for f in stack.split(";") if "inferwatch/" in f]
+        if own:
+            inner[own[-1]] += count
+        for f in set(own):
+            anywhere[f] += count
+    share = lambda t: {k: round(v / total, 3) for k, v in t.most_common(15)} if total else {}  # noqa: E731
+    return {"file": out.name, "samples": total, "innermost_agent_function": share(inner), "on_stack": share(anywhere)}
+
+
+def engine_env(url: str, models: int, series: int, raise_timeouts: bool = False) -> dict[str, str]:
+    """The engine collector's settings at ``models`` (x 2 ranks): above the default limits (64 models, 100k series,
+    10 MiB) raised as engine_scale.py raises them, as a user must. ``raise_timeouts``: the engine timeouts too (30 s),
+    for a baseline build from before the deadline grew with the body (its fixed 1.5 s cut every read of a 12 MB
+    body); the current build's grows by itself (agent/node/collectors/engine.py, ``fetch_timeout_s``)."""
     env = {"INFERWATCH_ENGINE__METRICS_URL": url, "INFERWATCH_ENGINE__KIND": "vllm"}
-    if models * 2 > 64 or series > 100_000:  # engine_scale's limits pass the defaults (64 models, 100k series)
+    if models * 2 > 64 or series > 100_000:
         env.update(
             INFERWATCH_ENGINE__MAX_MODELS=str(models * 2),
             INFERWATCH_ENGINE__MAX_SERIES=str(series * 2),
             INFERWATCH_ENGINE__MAX_BYTES=str(256 << 20),
             INFERWATCH_SERIES_BUDGET=str(10_000_000),
-            # the default 1.5 s bounds the read of a 12 MB body: past it the collection fails and the engine's
-            # series go (engine_scale.py raises it alike)
-            INFERWATCH_ENGINE__TIMEOUT_S="30",
-            INFERWATCH_COLLECTORS__ENGINE__TIMEOUT_S="30",
         )
+        if raise_timeouts:
+            env.update(INFERWATCH_ENGINE__TIMEOUT_S="30", INFERWATCH_COLLECTORS__ENGINE__TIMEOUT_S="30")
     return env
 
 
@@ -496,38 +566,74 @@ def main() -> int:
     )
     ap.add_argument("--out", type=Path, default=RESULTS / "cost_profile.json")
     ap.add_argument("--cases", default="defaults,all,models,span_rate,engines", help="which cases and axes to run")
+    ap.add_argument(
+        "--baseline-venv",
+        type=Path,
+        help="a runtime-only venv holding an earlier build (made by hand: requirements.lock, then that build's "
+        "tree): each case runs with it too, right after or before the current build's, alternating",
+    )
+    ap.add_argument(
+        "--installed",
+        action="store_true",
+        help="--venv already holds the build to measure (made as the baseline's is): not reinstalled from here",
+    )
+    ap.add_argument("--profile", type=Path, help="a folder: py-spy samples each agent over its window (raw stacks)")
+    ap.add_argument("--baseline-label", default="baseline", help="what the baseline venv holds (a commit)")
     args = ap.parse_args()
     ne = node_exporter()
     if ne is None:
         print(f"{NODE_EXPORTER} not found: apt-get install -y --no-install-recommends {NODE_EXPORTER}", file=sys.stderr)
         return 2
-    python = runtime_venv(args.venv.resolve())
+    python = args.venv.resolve() / "bin" / "python" if args.installed else runtime_venv(args.venv.resolve())
     uncommitted = installed_changes(python)
     started = datetime.now(timezone.utc)
     load_start = os.getloadavg()
     bench = Bench(python, ne, args.interval, args.window, args.scrapes)
+    benches = [bench]
+    if args.baseline_venv is not None:
+        base_python = args.baseline_venv.resolve() / "bin" / "python"
+        benches.append(Bench(base_python, ne, args.interval, args.window, args.scrapes, build=args.baseline_label))
+    for b in benches:
+        b.profile = args.profile
     rows: list[dict[str, Any]] = []
     cases = set(args.cases.split(","))
+
+    def each(make: Callable[[Bench], dict[str, Any]]) -> None:
+        """One case with every build, the order alternating from case to case; a baseline's row is kept out of
+        the axes' slopes and the targets (its axis gets ``/baseline``)."""
+        turn = sum(1 for r in rows if r["build"] == "current")
+        for b in benches if turn % 2 == 0 else benches[::-1]:
+            row = make(b)
+            if b is not bench:
+                row["axis"] = f"{row['axis']}/baseline"
+            rows.append(row)
+
     try:
         if "defaults" in cases:
-            rows.append(bench.case("defaults", "defaults", 0, {}))
+            each(lambda b: b.case("defaults", "defaults", 0, {}))
 
         if "all" in cases:
-            rows.append(everything_on(bench))
+            each(everything_on)
 
         for n in (int(v) for v in args.models.split(",") if "models" in cases):
             text, gen = exposition(n)
             live = LiveExposition(gen)
             try:
-                row = bench.case(f"{n} models", "models", n, engine_env(live.url, n, series_of(text)), engines=1)
-                row["exposition_series"], row["exposition_reads"] = series_of(text), live.reads
-                rows.append(row)
+
+                def models_case(b: Bench, n: int = n, text: str = text, live: LiveExposition = live) -> dict[str, Any]:
+                    reads = live.reads
+                    env = engine_env(live.url, n, series_of(text), raise_timeouts=b.build != "current")
+                    row = b.case(f"{n} models", "models", n, env, engines=1)
+                    row["exposition_series"], row["exposition_reads"] = series_of(text), live.reads - reads
+                    return row
+
+                each(models_case)
             finally:
                 live.close()
             del text, gen, live
 
         for rate in (int(v) for v in args.rates.split(",") if "span_rate" in cases):
-            rows.append(bench.case(f"{rate} req/s", "span_rate", rate, {}, span_rate=rate))
+            each(lambda b, rate=rate: b.case(f"{rate} req/s", "span_rate", rate, {}, span_rate=rate))
 
         counts = [int(v) for v in args.engines.split(",") if "engines" in cases]
         with simulators(max(counts, default=0)) as ports:
@@ -537,13 +643,13 @@ def main() -> int:
                 path = Path(tempfile.gettempdir()) / f"cost-profile-targets-{os.getpid()}-{n}.yaml"
                 path.write_text(yaml.safe_dump(groups))
                 try:
-                    rows.append(
-                        bench.case(f"{n} engines", "engines", n, {"INFERWATCH_DISCOVERY__FILE": str(path)}, engines=n)
-                    )
+                    env = {"INFERWATCH_DISCOVERY__FILE": str(path)}
+                    each(lambda b, n=n, env=env: b.case(f"{n} engines", "engines", n, env, engines=n))
                 finally:
                     path.unlink()
     finally:
-        bench.close()
+        for b in benches:
+            b.close()
 
     slopes: dict[str, dict[str, Any]] = {}
     units = {"models": ("model", 1), "span_rate": ("100 req/s", 100), "engines": ("engine", 1)}
@@ -556,7 +662,7 @@ def main() -> int:
             fit = slope(axis_rows, key)
             slopes[axis][key] = {"slope_per_unit": round(fit["slope"] * scale, 4), "intercept": fit["intercept"]}
     targets = targets_of(rows)
-    cols = ["case", "agent_cpu_percent_one_core", "agent_cpu_per_cycle_ms", "node_exporter_cpu_per_cycle_ms",
+    cols = ["case", "build", "agent_cpu_percent_one_core", "agent_cpu_per_cycle_ms", "node_exporter_cpu_per_cycle_ms",
             "agent_vmrss_mb", "agent_vmhwm_mb", "agent_scrape_median_ms", "agent_scrape_p99_ms", "agent_series",
             "load_avg_1m_start_end"]  # fmt: skip
     print("| " + " | ".join(cols) + " |")
@@ -580,6 +686,7 @@ def main() -> int:
         "compiled by pip), started outside the checkout",
         "installed_files_differing_from_commit": uncommitted,
         "node_exporter": (version.stderr or version.stdout).split("\n")[0],
+        "baseline": f"{args.baseline_label} in {args.baseline_venv}" if args.baseline_venv else None,
         "interval_s": args.interval,
         "window_s": args.window,
         "scrapes_back_to_back": args.scrapes,

@@ -3,8 +3,9 @@
 A slow engine body used to make the engine collector's failure flap between the fetch's own deadline
 (``engine.timeout_s``, 1.5 s: reason ``timeout``, outcome ``exception``) and the runner's collector timeout
 (2 s: outcome ``timeout``, then ``hung`` while the abandoned call still runs): 7 error lines in 40 s. Here a
-real server on 127.0.0.1 sends its body slowly at the agent's default timeouts, the real runner runs the real
-engine collector, and the log lines are counted over a bounded period.
+real server on 127.0.0.1 sends its body slowly, longer than any deadline the fetch takes (``engine.timeout_s`` 0.5 s,
+growing to 8x after a timeout: 4 s; the runner's timeout 4 + 5 s), the real runner runs the real engine collector,
+and the log lines are counted over a bounded period.
 """
 
 from __future__ import annotations
@@ -31,13 +32,13 @@ from tests import engine_server as es
 from tests.conftest import FIXTURES
 
 VLLM = (FIXTURES / "engines" / "vllm-v1-dp2-synthetic.prom").read_bytes()
-INTERVAL_S = 2.5  # the default timeouts (engine 1.5 s, collector 2 s), a run every 2.5 s instead of 5 s
+INTERVAL_S = 2.5  # a run every 2.5 s instead of 5 s
+ENGINE_TIMEOUT_S = 0.5  # the fetch deadline: 0.5 s, then 4 s (8x) after a timeout; the body takes 6 s
 
 
 def slow_body(seed: int) -> es.Route:
-    """A line of exposition at uneven gaps (0.3 to 1.4 s) for 6 s: the fetch sees its 1.5 s deadline passed when a
-    line comes before the runner's 2 s timeout, else the runner gives up first — the order varies from run to run.
-    """
+    """A line of exposition at uneven gaps (0.3 to 1.4 s) for 6 s: the fetch sees its deadline passed when a line
+    comes after it (at ~0.5 s, then ~4 s), at a time that varies from read to read."""
     rng = random.Random(seed)
 
     def send(h: BaseHTTPRequestHandler) -> None:
@@ -82,7 +83,8 @@ def test_a_slow_engine_body_logs_one_line_when_it_starts_and_one_when_it_ends(
 ) -> None:
     caplog.set_level(logging.INFO, logger="inferwatch.agent.node.runner")
     with es.EngineServer({"/metrics": es.body(VLLM)}) as srv:
-        settings = Settings(interval_s=INTERVAL_S, engine={"metrics_url": srv.url("/metrics")})
+        engine = {"metrics_url": srv.url("/metrics"), "timeout_s": ENGINE_TIMEOUT_S}
+        settings = Settings(interval_s=INTERVAL_S, engine=engine)
         state = AgentState()
         collectors = [EngineCollector(collect_context(settings), settings.engine)]
         runner = Runner(state, collectors, schedules(collectors, settings))
@@ -91,7 +93,7 @@ def test_a_slow_engine_body_logs_one_line_when_it_starts_and_one_when_it_ends(
             assert _wait(lambda: state.health()["engine"].state == "ok", 30)
             runs = state.health()["engine"].runs
             srv.routes["/metrics"] = slow_body(31)
-            # at least 8 failed runs (20 s at 2.5 s), whichever timeout cut each one
+            # at least 8 failed runs (~30 s at 4 s), whichever timeout cut each one
             assert _wait(lambda: state.health()["engine"].errors >= 8, 90), state.health()["engine"]
             failed = state.health()["engine"]
             assert failed.state == "failed" and failed.runs - runs >= 8

@@ -64,7 +64,7 @@ from inferwatch.agent.common.samples import AnySample, Sample, attrs
 from inferwatch.agent.config import DEFAULT_ENGINE_INTERVAL_S, EngineSettings
 from inferwatch.agent.errors import NoDataError
 from inferwatch.agent.node.collectors.base import BaseCollector, CollectContext, Collection
-from inferwatch.agent.node.collectors.registry import TIMING_MARGIN_S, Entry
+from inferwatch.agent.node.collectors.registry import MAX_TIMEOUT_S, TIMING_MARGIN_S, Entry
 from inferwatch.agent.node.engine.adapters import DEFAULT_MODEL, QUANTITIES, EngineReading
 from inferwatch.agent.node.engine.board import LatencyBoard
 from inferwatch.agent.node.engine.derived import EngineTimeline
@@ -85,7 +85,7 @@ from inferwatch.agent.node.engine.modellen import (
 )
 from inferwatch.agent.node.engine.progress import ProgressReader
 from inferwatch.agent.node.engine.rankitl import rank_itl
-from inferwatch.agent.node.engine.scrape import EngineParser
+from inferwatch.agent.node.engine.scrape import EngineParser, ExpositionStream
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +97,12 @@ RELEASE_AFTER_BYTES = 512 << 10
 # A reading asked for at a hang verdict's due time starts this much after it: its time (taken when the read ends) is
 # then past the window however fast the read, and a few ms of timer slack cannot push the verdict a whole interval.
 READ_AGAIN_MARGIN_S = 0.05
+# The fetch deadline grows with the engine's exposition (fetch_timeout_s): this much per MB of its last body, up to
+# this many times engine.timeout_s. At 200 models x 2 ranks of vLLM (12 MB) the engine took 0.2-1.1 s to send a body
+# on the project's 2-core VM at load 4 (2026-12-07): the 7.5 s it gets is a margin of 7x and more.
+TIMEOUT_S_PER_MB = 0.5
+TIMEOUT_MAX_FACTOR = 8.0
+TIMEOUT_SLOW_FACTOR = 2.0  # and at least twice what the engine took to send its last body
 # A full read is made once this share of ``full_every_s`` has passed since the last one (on a 2 s cadence and a 5 s
 # interval: every third run, 6 s apart); the runs between are progress passes.
 FULL_READ_DUE = 0.9
@@ -117,6 +123,41 @@ class _FullRead:
     samples: list[AnySample]
     details: dict[str, Any]
     made: Collection
+
+
+def fetch_timeout_s(base_s: float, last: tuple[int, float] | None, timed_out: bool = False) -> float:
+    """The fetch deadline of a read (seconds), from ``engine.timeout_s`` (``base_s``) and the last read that succeeded
+    (``last``: its body's bytes and the seconds the engine took to send it): ``base_s`` plus :data:`TIMEOUT_S_PER_MB`
+    per MB of that body, at least :data:`TIMEOUT_SLOW_FACTOR` times those seconds, at most
+    :data:`TIMEOUT_MAX_FACTOR` times ``base_s``; that most after a read that timed out (``timed_out``: a large engine,
+    slow to render, is then read instead of cut again and again), ``base_s`` before any read. An engine renders and
+    sends its exposition in a time that grows with its size: at 200 models x 2 ranks of vLLM (12 MB) the deadline is
+    7.5 s by default, where 1.5 s cut every read (docs/benchmarks.md, "Cost at every size"); a small engine that
+    stops answering is still cut at about the base deadline."""
+    cap = min(base_s * TIMEOUT_MAX_FACTOR, MAX_TIMEOUT_S)
+    if timed_out:
+        return cap
+    if last is None:
+        return base_s
+    size, took_s = last
+    return min(cap, max(base_s + TIMEOUT_S_PER_MB * size / 1e6, TIMEOUT_SLOW_FACTOR * took_s))
+
+
+class _Timed:
+    """A fetch's sink that counts the seconds spent in it (the agent's parsing), so the engine's are the rest."""
+
+    def __init__(self, sink: ExpositionStream) -> None:
+        self.sink, self.spent_s = sink, 0.0
+
+    def begin(self, content_type: str) -> None:
+        self.sink.begin(content_type)
+
+    def feed(self, chunk: bytes) -> None:
+        t = time.perf_counter()
+        try:
+            self.sink.feed(chunk)
+        finally:
+            self.spent_s += time.perf_counter() - t
 
 
 def _progress_shape(reading: EngineReading) -> frozenset[tuple[str, str, str]]:
@@ -192,6 +233,8 @@ class EngineCollector(BaseCollector):
         self._len_failing = False
         self._engine_mark: tuple[frozenset[str], float] | None = None  # models and token total of the last scrape
         self._read_bytes = 0  # the size of the body the collection under way read
+        self._last_fetch: tuple[int, float] | None = None  # the last body read: bytes, seconds the engine took
+        self._timed_out = False  # the last read timed out
 
     def collect(self) -> Collection:
         """One scrape of the engine; after a body over :data:`RELEASE_AFTER_BYTES`, once everything the read held
@@ -217,22 +260,26 @@ class EngineCollector(BaseCollector):
         last = self._full
         full = self.full_every_s <= 0 or last is None or self._clock() - last.at >= FULL_READ_DUE * self.full_every_s
         progress: EngineReading | None = None
+        deadline_s = self.fetch_timeout_s()
         try:
+            started = time.perf_counter()
             if full:  # parsed while it streams in: the body is never held (a limit stops the fetch at once)
                 stream = self.parser.stream()
-                size = fetch_into(
-                    self._client, url, self.cfg.timeout_s, self.cfg.max_bytes, stream, self.limits.max_series
-                )
+                timed = _Timed(stream)
+                size = fetch_into(self._client, url, deadline_s, self.cfg.max_bytes, timed, self.limits.max_series)
+                sent_s = time.perf_counter() - started - timed.spent_s
                 self._read_bytes = size
                 reading = stream.finish()
             else:  # a progress pass: the body held, its progress lines read; in full if they cannot be trusted
-                body = fetch(self._client, url, self.cfg.timeout_s, self.cfg.max_bytes, self.limits.max_series)
+                body = fetch(self._client, url, deadline_s, self.cfg.max_bytes, self.limits.max_series)
+                sent_s = time.perf_counter() - started
                 size = self._read_bytes = len(body)
                 progress = self._progress_reading(body)
                 reading = progress if progress is not None else self.parser.parse(body)
                 del body
         except EngineScrapeError as exc:
             self._engine_mark = None  # the next scrape that succeeds may be of a restarted engine
+            self._timed_out = exc.reason == "timeout"  # the next read may take the longest deadline (large, slow)
             with self._lock:
                 if run != self._given_up:  # already counted as a timeout; the runner drops this run
                     raise
@@ -241,6 +288,7 @@ class EngineCollector(BaseCollector):
                 if exc.reason in self._limit_hits:
                     self._limit_hits[exc.reason] += 1
             raise  # the runner logs the failure once when it starts and once when it ends
+        self._last_fetch, self._timed_out = (size, sent_s), False
         now = self._clock()
         dropped = reading.models_dropped
         with self._lock:
@@ -442,6 +490,10 @@ class EngineCollector(BaseCollector):
         at = self.hang.next_at
         return None if at is None else max(0.0, at - self._clock() + READ_AGAIN_MARGIN_S)
 
+    def fetch_timeout_s(self) -> float:
+        """The next read's fetch deadline, seconds (:func:`fetch_timeout_s`)."""
+        return fetch_timeout_s(self.cfg.timeout_s, self._last_fetch, self._timed_out)
+
     def paces_cadence(self) -> bool:
         """Whether the last run's cost sets the next interval (the runner's adaptive cadence): not a full read made
         between progress passes, which comes once per ``full_every_s`` whatever the cadence; every run otherwise."""
@@ -502,5 +554,5 @@ ENTRY = Entry(
     slow_interval_s=lambda s: s.interval_s,
     # the fetch's own deadline plus the parse, not the 2 s interval: a large exposition's 2-5 s read is finished,
     # not cut (the runner starts the next run when a long one ends; the cadence then adapts)
-    timeout_s=lambda s: s.engine.timeout_s + TIMING_MARGIN_S,
+    timeout_s=lambda s: min(s.engine.timeout_s * TIMEOUT_MAX_FACTOR, MAX_TIMEOUT_S) + TIMING_MARGIN_S,
 )

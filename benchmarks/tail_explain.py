@@ -42,7 +42,8 @@ with the explainer's reason, and the episodes where the fault overloaded the dep
 Nothing here feeds back into the rules: develop against a fixed ``--seed-base``, measure with fresh draws.
 
 Run: ``.venv/bin/python benchmarks/tail_explain.py [--minutes 20] [--json out.json]`` (about a minute on one core);
-out of sample: ``... --episodes 300 --json out.json`` (about 5 minutes on one core).
+out of sample: ``... --episodes 300 --json out.json`` (about 5 minutes on one core); ``--previous FILE`` (another
+build's explain.py) scores that build on the same episodes beside this one.
 """
 
 from __future__ import annotations
@@ -318,6 +319,16 @@ def confusion_table(acc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def load_previous(path: Path) -> Any:
+    """Another build's explain.py as a module (``git show REV:agent/node/analytics/explain.py > FILE``); the modules
+    it imports (tailcauses, tailrecords, tailstats) are this checkout's."""
+    spec = importlib.util.spec_from_file_location("previous_explain", path)
+    assert spec is not None and spec.loader is not None
+    prev = sys.modules["previous_explain"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+    spec.loader.exec_module(prev)
+    return prev
+
+
 def cost(seed: int, repeats: int = 15, previous: Path | None = None) -> dict[str, Any]:
     """5 minutes at 100 req/s recorded; explain(5m) CPU time against LatencyAnalytics.compute() on the same data.
 
@@ -335,10 +346,7 @@ def cost(seed: int, repeats: int = 15, previous: Path | None = None) -> dict[str
     sink: Any = RecordingSink(analytics, explainer)
     prev: Any = None
     if previous is not None:
-        spec = importlib.util.spec_from_file_location("previous_explain", previous)
-        assert spec is not None and spec.loader is not None
-        prev = sys.modules["previous_explain"] = importlib.util.module_from_spec(spec)  # dataclasses look it up
-        spec.loader.exec_module(prev)
+        prev = load_previous(previous)
         prev_records = prev.RequestRecords()
         inner = sink
 
@@ -691,11 +699,12 @@ def _cores(ep: Episode, dep: Deployment, recorder: Recorder | None = None) -> li
     return [EngineCore(i, dep, ScenarioSet(scenarios), rec, seed=ep.seed) for i in range(ep.engines)]
 
 
-def run_episode(ep: Episode, stock: bool = True) -> dict[str, Any]:
+def run_episode(ep: Episode, stock: bool = True, previous: Any = None) -> dict[str, Any]:
     """Simulate, feed the agent's intake, and keep the explainer's verdicts at the end of each window.
 
     ``stock``: spans as stock vLLM sends them (no rank, no preemption count), the engine's per-rank ITL and
-    preemption counter over the same window handed to the explainer beside them."""
+    preemption counter over the same window handed to the explainer beside them. ``previous``: another build's
+    explain module (:func:`load_previous`), whose TTFT verdict on the same records is kept beside (``previous``)."""
     series = EngineSeriesRecorder()
     reqs = simulate_episode(ep, EPISODE_S, series)
     windows: list[dict[str, Any]] = []
@@ -704,6 +713,10 @@ def run_episode(ep: Episode, stock: bool = True) -> dict[str, Any]:
         signals = series.signals(now, 60.0) if stock else None
         report = explain(ex.records, ep.model, 60.0, now, top=0, signals=signals)
         w: dict[str, Any] = {"t": now}
+        if previous is not None:
+            old = previous.explain(ex.records, ep.model, 60.0, now, top=0, signals=signals)
+            d = old["quantities"]["ttft"] if old else None
+            w["previous"] = {"driver": d["driver"], "drivers": d["drivers"]} if d else {"driver": "no data"}
         for quantity in ("ttft", "e2e"):
             d = report["quantities"][quantity] if report else None
             w[quantity] = (
@@ -743,12 +756,13 @@ def _rate(k: int, n: int) -> dict[str, Any]:
 
 
 def out_of_sample(
-    episodes: int, seed_base: int, two_cause_share: float, timeout_s: float, stock: bool = True
+    episodes: int, seed_base: int, two_cause_share: float, timeout_s: float, stock: bool = True, previous: Any = None
 ) -> dict[str, Any]:
     """Run ``episodes`` drawn episodes (seeds seed_base .. seed_base + episodes - 1); score the TTFT verdict.
 
     Right: healthy, no driver named; one cause, its driver named first; two causes, both drivers named (the verdict's
-    ``drivers``). ``one_named`` keeps the looser score (the first driver named is one of the episode's)."""
+    ``drivers``). ``one_named`` keeps the looser score (the first driver named is one of the episode's). ``previous``:
+    another build's explain module, scored the same way on the same records (``previous_rules``)."""
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
     for i in range(episodes):
@@ -758,14 +772,14 @@ def out_of_sample(
         ep = draw_episode(seed_base + i, two_cause_share)
         t0 = time.process_time()
         try:
-            res = run_episode(ep, stock)
+            res = run_episode(ep, stock, previous)
         except RuntimeError as exc:  # the scheduler did not finish: counted, never scored as right
             res = {"error": str(exc), "windows": []}
         cpu = time.process_time() - t0
         last = res["windows"][-1] if res["windows"] else {"ttft": {"driver": "error"}, "e2e": {"driver": "error"}}
         named = last["ttft"]["driver"]
         drivers = last["ttft"].get("drivers", [])
-        right = ep.truths <= set(drivers) if len(ep.causes) == 2 else named in ep.truths
+        right = _right(ep, named, drivers)
         row = {
             "seed": ep.seed,
             "label": ep.label,
@@ -793,6 +807,10 @@ def out_of_sample(
             "shares": last["ttft"].get("shares"),
             "cpu_s": round(cpu, 2),
         } | {k: v for k, v in res.items() if k != "windows"}
+        if previous is not None and res["windows"]:
+            old = res["windows"][-1]["previous"]
+            row["previous"] = {"named_ttft": old["driver"], "drivers_ttft": old.get("drivers", [])}
+            row["previous"]["right"] = _right(ep, old["driver"], old.get("drivers", []))
         rows.append(row)
         mark = "ok " if row["right"] else "MISS"
         print(
@@ -802,12 +820,27 @@ def out_of_sample(
             + f" load {ep.load:.2f}  {cpu:.1f}s",
             flush=True,
         )
-    return summarize(rows) | {
+    out = summarize(rows)
+    if previous is not None:
+        scored = [
+            r | r["previous"] | {"one_named": r["previous"]["named_ttft"] in r["truths"]}
+            for r in rows
+            if "previous" in r
+        ]
+        old = summarize(scored)
+        keys = ("overall", "single_cause", "two_causes", "two_causes_one_named_first", "healthy_false_positive")
+        out["previous_rules"] = {k: old[k] for k in (*keys, "extra_driver", "per_cause", "confusion_single")}
+    return out | {
         "episodes": rows,
         "seed_base": seed_base,
         "two_cause_share": two_cause_share,
         "spans": "stock (no rank, no preemption count; engine series beside)" if stock else "with rank and preemptions",
     }
+
+
+def _right(ep: Episode, named: str, drivers: list[str]) -> bool:
+    """Healthy: nothing named; one cause: its driver named first; two causes: both among the verdict's drivers."""
+    return ep.truths <= set(drivers) if len(ep.causes) == 2 else named in ep.truths
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -938,7 +971,11 @@ def main() -> None:
         "--cases",
         help="comma-separated scenario names to run (default: all): " + ", ".join(sorted({c.name for c in CASES})),
     )
-    ap.add_argument("--previous", type=Path, help="another build's explain.py, timed beside this one (cost part)")
+    ap.add_argument(
+        "--previous",
+        type=Path,
+        help="another build's explain.py: timed beside this one (cost part), scored on the same episodes (--episodes)",
+    )
     ap.add_argument("--cost-repeats", type=int, default=15, help="explain() calls timed in the cost part")
     ap.add_argument("--llamacpp", action="store_true", help="also run on the real llama.cpp server's timings")
     ap.add_argument("--episodes", type=int, help="out of sample: run this many randomly drawn episodes instead")
@@ -957,7 +994,8 @@ def main() -> None:
             f"out of sample: {args.episodes} episodes, seeds {seed_base}..{seed_base + args.episodes - 1}", flush=True
         )
         t0 = time.monotonic()
-        oos = out_of_sample(args.episodes, seed_base, args.two_cause_share, args.timeout, not args.enriched_spans)
+        prev = load_previous(args.previous) if args.previous else None
+        oos = out_of_sample(args.episodes, seed_base, args.two_cause_share, args.timeout, not args.enriched_spans, prev)
         oos["wall_s"] = round(time.monotonic() - t0, 1)
         print(oos_table(oos), flush=True)
         for key in ("overall", "single_cause", "two_causes", "two_causes_one_named_first", "healthy_false_positive"):
@@ -966,6 +1004,9 @@ def main() -> None:
             print(f"{key}: {oos[key]}")
         for key in ("extra_driver", "preemption_no_request_preempted"):
             print(f"{key}: {oos[key]}")
+        for key, value in oos.get("previous_rules", {}).items():
+            if key not in ("per_cause", "confusion_single"):
+                print(f"previous rules, {key}: {value}")
         print(f"wall {oos['wall_s']} s, CPU {oos['cpu_s_total']} s")
         if args.json:
             args.json.write_text(json.dumps({"out_of_sample": oos}, indent=1) + "\n")

@@ -49,3 +49,51 @@ def test_chain_runs_each_step_in_order() -> None:
     seen: list[str] = []
     chain(lambda c: seen.append("a"), lambda c: seen.append("b"))(Collection())
     assert seen == ["a", "b"]
+
+
+def test_a_large_collectors_run_is_made_with_collection_off_and_frozen_before_it_is_on_again() -> None:
+    """The first large run shows the collector is large; its next runs and their prepare have automatic collection
+    off, and what they left is frozen (after) before it is turned on: no collection walks a large read's objects."""
+    freezer = CollectionFreezer(large=100, clock=Clock())
+    try:
+        gc.unfreeze()
+        assert gc.isenabled()
+        with freezer.around("engine"):
+            assert gc.isenabled()  # not known to be large yet
+            freezer.after(_collection(100))
+        seen: list[tuple[bool, int]] = []
+        with freezer.around("engine"):
+            made = [(i,) for i in range(1000)]  # a read's containers
+            seen.append((gc.isenabled(), freezer.freezes))
+            freezer.after(_collection(100))
+            seen.append((gc.isenabled(), freezer.freezes))
+        assert seen == [(False, 1), (False, 2)] and gc.isenabled() and freezer.pauses == 1
+        assert gc.get_freeze_count() >= len(made)  # frozen while collection was off
+        with freezer.around("cpu"):  # another collector, small: collection stays on
+            assert gc.isenabled()
+            freezer.after(_collection(3))
+        with freezer.around("engine"):
+            freezer.after(_collection(5))  # the engine got small: no longer paused after this run
+        with freezer.around("engine"):
+            assert gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
+def test_collection_stays_off_until_the_last_of_two_paused_runs_ends() -> None:
+    freezer = CollectionFreezer(large=10, clock=Clock())
+    try:
+        for name in ("engine:a", "engine:b"):
+            with freezer.around(name):
+                freezer.after(_collection(10))
+        a, b = freezer.around("engine:a"), freezer.around("engine:b")
+        a.__enter__()
+        b.__enter__()
+        a.__exit__(None, None, None)
+        assert not gc.isenabled()  # b still runs
+        b.__exit__(None, None, None)
+        assert gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()

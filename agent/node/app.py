@@ -87,13 +87,16 @@ class Agent:
         self.targets: Any = None  # EngineTargets when discovery is set: collectors per engine target
         if discovery_configured(settings.discovery) and not settings.engine.metrics_url:
             collectors = [c for c in collectors if c.name != "engine"]  # only the discovered engines
+        freezer = CollectionFreezer()
         self.runner = Runner(
             self.state,
             [*collectors, *processors],
             {**schedules(collectors, settings), **{p.name: processing for p in processors}},
             # Each collection's exposition text made in its collector's thread, not on a scrape; then what a large
-            # collection left behind kept out of full garbage collections (agent/node/gcpolicy.py).
-            prepare=chain(prerender, CollectionFreezer().after),
+            # collection left behind kept out of full garbage collections, and no collection while it is made
+            # (agent/node/gcpolicy.py).
+            prepare=chain(prerender, freezer.after),
+            around=freezer.around,
         )
         if discovery_configured(settings.discovery):
             from inferwatch.agent.node.discovery.combined import Discovery

@@ -195,12 +195,15 @@ class Runner:
         schedules: Mapping[str, Schedule],
         clock: Callable[[], float] = time.monotonic,
         prepare: Callable[[Collection], None] | None = None,
+        around: Callable[[str], contextlib.AbstractContextManager[object]] | None = None,
     ) -> None:
         """``schedules``: each collector's, by name (the composition root takes them from the registry,
         :func:`inferwatch.agent.node.collectors.schedules`); a collector without one is a ValueError. ``prepare``:
         called with each run's collection in the collector's thread, before it is recorded and outside the runner's
-        lock (a sink's work done ahead of its readers: the exposition's text)."""
+        lock (a sink's work done ahead of its readers: the exposition's text). ``around``: a context each run and its
+        ``prepare`` are made in, given the collector's name (the garbage collector's policy, agent/node/gcpolicy.py)."""
         self._prepare = prepare
+        self._around = around
         self.state = state
         self.collectors = list(collectors)
         missing = sorted({c.name for c in self.collectors} - set(schedules))
@@ -510,12 +513,13 @@ class Runner:
                 started = slot.started = self._clock()
                 lane.current, lane.deadline = slot, started + slot.timeout
             cpu = time.thread_time()
-            outcome, retry_s = self._call(slot)
-            if self._prepare is not None and outcome[0] is not None:
-                try:
-                    self._prepare(outcome[0])
-                except Exception:  # a sink's bug must not fail the collector that fed it; it renders on demand
-                    log.debug("preparing %s's collection failed", slot.collector.name, exc_info=True)
+            with self._around(slot.collector.name) if self._around is not None else contextlib.nullcontext():
+                outcome, retry_s = self._call(slot)
+                if self._prepare is not None and outcome[0] is not None:
+                    try:
+                        self._prepare(outcome[0])
+                    except Exception:  # a sink's bug must not fail the collector that fed it; it renders on demand
+                        log.debug("preparing %s's collection failed", slot.collector.name, exc_info=True)
             cpu = time.thread_time() - cpu
             with self._lock:
                 if slot.removed:  # taken off the runner meanwhile (Runner.remove): nothing of it is recorded

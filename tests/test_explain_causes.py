@@ -77,3 +77,14 @@ def test_prefill_beside_a_slow_rank_needs_its_own_evidence() -> None:
     stalled = reqs[:810] + [timing(rng, prefill=0.6) for _ in range(90)]
     verdict = _with_signals(stalled, signals)
     assert verdict["driver"] == "dp_rank" and "prefill" in verdict["drivers"], verdict["headline"]
+
+
+def test_a_saturated_window_with_a_long_prompt_workload_is_the_long_prompts() -> None:
+    rng = random.Random(7)
+    plain = _saturated(rng, 900)
+    assert explained(plain)["quantities"]["ttft"]["driver"] == "queue"
+    # 5 % of the prompts are 20x the median: they took the step budget while the queue built up
+    long = plain[:855] + [timing(rng, queue=rng.uniform(1.0, 3.0), prompt=10_000, prefill=0.6) for _ in range(45)]
+    verdict = explained(long)["quantities"]["ttft"]
+    assert verdict["driver"] == "prefill" and verdict["phase"] == "queue", verdict["headline"]
+    assert "behind long prompts (5.0% of requests at 8x the median prompt)" in verdict["headline"]

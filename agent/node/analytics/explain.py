@@ -464,7 +464,8 @@ def _decompose(
         driver = placement["attribute"]
     elif preemption is not None:  # the KV cache is full: requests wait for blocks or are recomputed
         driver = PREEMPTION
-    elif saturated is not None and phases.stall() is not None:  # prefills stalled: they held the engine back
+    elif saturated is not None and (phases.stall() is not None or phases.long_share() >= LONG_PROMPT_WORKLOAD):
+        # prefills stalled, or long prompts took the step budget: they held the engine back
         driver = "prefill"
         named_phase = "queue" if "queue" in shares else top_phase
     elif saturated is not None:  # no engine evidence: arrivals above what the engine serves
@@ -554,7 +555,18 @@ def _decompose(
         "prompt_workload": workload,
         "prefill_stall": phases.stall() if "prefill" in drivers else None,
         "headline": _headline(
-            quantity, p50, p99, shares, named_phase, driver, shown, reasons, placement, phases.stall(), phases.front()
+            quantity,
+            p50,
+            p99,
+            shares,
+            named_phase,
+            driver,
+            shown,
+            reasons,
+            placement,
+            phases.stall(),
+            phases.front(),
+            phases.long_share(),
         )
         + _also(drivers[1:], shares, slow, evidence, phases.stall(), phases.front(), phases.long_share()),
     }
@@ -756,6 +768,10 @@ def _stall_text(stall: Mapping[str, Any]) -> str:
     )
 
 
+def _long_text(long_share: float) -> str:
+    return f"long prompts ({long_share:.1%} of requests at {LONG_PROMPT_FACTOR:g}x the median prompt)"
+
+
 def _front_text(front: Mapping[str, Any]) -> str:
     return (
         f"front-end delays: {front['share_of_requests']:.0%} of requests waited a median "
@@ -778,7 +794,7 @@ def _also(
         if d == "prefill" and stall is not None:
             parts.append(_stall_text(stall))
         elif d == "prefill" and long_share >= LONG_PROMPT_WORKLOAD:
-            parts.append(f"long prompts ({long_share:.1%} of requests at {LONG_PROMPT_FACTOR:g}x the median prompt)")
+            parts.append(_long_text(long_share))
         elif d == "frontend" and front is not None:
             parts.append(_front_text(front))
         elif d in PLACEMENT and slow is not None:
@@ -810,6 +826,7 @@ def _headline(
     placement: Mapping[str, Any] | None = None,
     stall: Mapping[str, Any] | None = None,
     front: Mapping[str, Any] | None = None,
+    long_share: float = 0.0,
 ) -> str:
     q = {"ttft": "TTFT", "e2e": "e2e"}.get(quantity, quantity)
     head = f"P99 {q} {_ms(p99)} vs P50 {_ms(p50)}: "
@@ -817,6 +834,8 @@ def _headline(
         return head + f"no dominant driver ({'; '.join(reasons)})"
     if driver == "prefill" and top != "prefill" and stall is not None:
         return head + f"{shares[top]:.0%} of the gap is {top} behind {_stall_text(stall)}"
+    if driver == "prefill" and top != "prefill" and long_share >= LONG_PROMPT_WORKLOAD:
+        return head + f"{shares[top]:.0%} of the gap is {top} behind {_long_text(long_share)}"
     if driver == "frontend" and top != "frontend" and front is not None:
         return head + f"{_front_text(front)}; {shares[top]:.0%} of the gap is {top}"
     if driver in PLACEMENT and sep is not None and sep.get("source") and not sep.get("share_of_requests"):

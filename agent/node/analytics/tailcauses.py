@@ -11,7 +11,8 @@ prefill: page-cache pressure, a slow disk or remote KV) is named ``prefill``.
 
 **Saturation.** When the median request itself waited (queue at least :data:`SATURATED_QUEUE_SHARE` of the median
 band's TTFT), P99/P50 shrinks however bad the cause: the whole window is the tail. The verdict then comes from the
-engine's evidence (a rank slower per token, KV-cache preemptions), else the queue (arrivals above capacity).
+engine's evidence (a rank slower per token, KV-cache preemptions), then from the prefills (a stall, a long-prompt
+workload: :func:`prefill_stall`, :func:`long_prompt_share`), else the queue (arrivals above capacity).
 
 **Engine signals** (:class:`EngineSignals`). Stock vLLM spans carry no data-parallel rank and no preemption count.
 The engine's per-rank series (mean inter-token latency per rank over the window, from its per-engine histograms) and

@@ -6,7 +6,10 @@ counted with ``sys.setprofile``) that one piece of work makes does not. Two piec
 
 - recording that collection in the agent's state and one render of its ``/metrics``
   (``inferwatch.exporters.prometheus.render``): all the work a collection costs the exposition, wherever it is done;
-- one ingest of the engine's exposition (the reader + the vLLM adapter, cold: a new reader each time).
+- one ingest of the engine's exposition (the reader + the vLLM adapter, cold: a new reader each time);
+- one progress pass over the same exposition (agent/node/engine/progress.py, warm, as the engine collector makes it
+  between full reads): only the lines of hang detection's families are read, so it must cost a small fraction of an
+  ingest per exposition line (``PROGRESS_CALLS_PER_SAMPLE``).
 
 Each must grow at most linearly (the calls added from 8 to 16 models per added series no more than 1.25× those
 added from 4 to 8), and stay under a stated number of calls per series (``RENDER_CALLS_PER_SERIES``,
@@ -25,6 +28,7 @@ from inferwatch.agent.node.collectors.base import Collection
 from inferwatch.agent.node.collectors.engine import EngineCollector
 from inferwatch.agent.node.engine.adapters import VLLM, read
 from inferwatch.agent.node.engine.limits import EngineLimits
+from inferwatch.agent.node.engine.progress import ProgressReader
 from inferwatch.agent.node.state import AgentState, CollectorHealth
 from inferwatch.agent.node.wiring import collect_context
 from inferwatch.exporters.prometheus import render
@@ -35,6 +39,7 @@ from tests.test_exposition_whole import python_calls
 SIZES = (4, 8, 16)  # models, each × 2 ranks
 RENDER_CALLS_PER_SERIES = 29.0  # 16.9-19.2 calls per added /metrics series on 2026-12-07 builds
 INGEST_CALLS_PER_SAMPLE = 11.0  # this build: 7.1 calls per added exposition sample line, cold
+PROGRESS_CALLS_PER_SAMPLE = 1.0  # 0.61 calls per added exposition sample line on 2026-12-07 (16 per line it reads)
 SUPERLINEAR = 1.25  # the second step's calls per added series over the first step's
 
 
@@ -112,3 +117,17 @@ def test_engine_ingest_calls_grow_linearly_with_samples() -> None:
     print(f"ingest: (samples, calls) {points}; calls per added sample {first:.1f}, {second:.1f}")
     assert second <= SUPERLINEAR * first, points
     assert second <= INGEST_CALLS_PER_SAMPLE, f"{second:.1f} calls per sample, bound {INGEST_CALLS_PER_SAMPLE}"
+
+
+def test_a_progress_pass_costs_a_fraction_of_an_ingest_per_exposition_line() -> None:
+    points = []
+    for models in SIZES:
+        body = engine(models).text().encode()
+        samples = sum(1 for ln in body.splitlines() if ln and not ln.startswith(b"#"))
+        reader = ProgressReader("vllm")
+        assert reader.read(body) is not None  # warm: its caches hold the series, as between the collector's reads
+        points.append((samples, calls(lambda body=body, reader=reader: reader.read(body))))
+    first, second = growth(points)
+    print(f"progress pass: (samples, calls) {points}; calls per added sample {first:.2f}, {second:.2f}")
+    assert second <= SUPERLINEAR * first, points
+    assert second <= PROGRESS_CALLS_PER_SAMPLE, f"{second:.2f} calls per sample, bound {PROGRESS_CALLS_PER_SAMPLE}"

@@ -23,6 +23,7 @@ late deliveries (a backlog's page, a symptom freed from inhibition) as collatera
     .venv/bin/python benchmarks/fleet_drill.py --hold 120 --settle 360 --deliver-timeout 420  # ~80 min
     .venv/bin/python benchmarks/fleet_drill.py --set fleet --healthy-s 60 --deliver-timeout 45 --smoke
     .venv/bin/python benchmarks/fleet_drill.py --faults bimodal,hang --healthy-s 120 --results FILE   # a subset
+    .venv/bin/python benchmarks/fleet_drill.py --faults bimodal --noise --healthy-s 600   # one fault, the noise too
     .venv/bin/python benchmarks/fleet_drill.py --doc   # docs/alerts.md's table from results/fleet_drill_all.json
 
 Writes benchmarks/results/fleet_drill_all.json (``--set fleet``: fleet_drill.json, ``--set issue33``:
@@ -134,6 +135,9 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="do not write the results file")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     ap.add_argument("--faults", help="comma-separated subset of the faults (only their nodes run; no noise)")
+    ap.add_argument(
+        "--noise", action="store_true", help="with --faults: the fleet set's healthy noise too (and its nodes)"
+    )
     ap.add_argument("--results", type=Path, help="where the JSON goes (default: per --set, under benchmarks/results)")
     ap.add_argument(
         "--backend",
@@ -217,8 +221,10 @@ def run_part(name: str, args: argparse.Namespace, healthy_s: float) -> dict[str,
         print(f"[{time.strftime('%H:%M:%S')}] [{name}] {msg}", flush=True)
 
     if fleet_set:
-        nodes = tuple(n for n in NODES if n in assign.values())
-        events = [] if args.faults else noise(NOISE_ROLES)
+        with_noise = not args.faults or args.noise
+        noisy = {n for role, n in NOISE_ROLES.items() if role != "joiner"} if with_noise else set()
+        nodes = tuple(n for n in NODES if n in assign.values() or n in noisy)
+        events = noise(NOISE_ROLES) if with_noise else []
         specs = [CATALOG[n] for n in (*nodes, JOINER, NOSVE)]
     else:
         nodes = tuple(dict.fromkeys(assign.values()))

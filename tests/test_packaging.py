@@ -346,6 +346,20 @@ def test_wheel_carries_the_compiled_reader(dist: dict[str, Path], installed: Ins
     assert runs[""][1] == runs["1"][1] and len(runs[""][1]) == len(corpus)
 
 
+def test_a_machine_without_a_compiler_builds_the_pure_package(tmp_path: Path) -> None:
+    """The extension is optional: with no working C compiler the build says so, succeeds, and builds no module (the
+    package then reads in pure Python: tests/test_bulkparse.py)."""
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, symlinks=True, ignore=COPY_IGNORE)
+    r = subprocess.run(
+        [PYTHON, "setup.py", "build_ext", "--inplace"], cwd=src, env=clean_env(CC="/bin/false"),
+        capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert 'building extension "inferwatch.agent.node.engine._fastparse" failed' in r.stdout + r.stderr
+    assert not list((src / "agent" / "node" / "engine").glob("_fastparse*.so"))
+
+
 def test_agent_imports_from_the_install_only(installed: Install) -> None:
     probe = subprocess.run(
         [installed.python, "-c", "import inferwatch.agent as a, json, sys; print(json.dumps([a.__file__, sys.path]))"],

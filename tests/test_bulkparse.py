@@ -30,6 +30,7 @@ from inferwatch.agent.node.engine.labelblock import plain_pair
 from inferwatch.agent.node.engine.limits import EngineLimits
 from tests.conftest import PYTHON, ROOT
 from tests.engine_expo import big_exposition
+from tests import test_exposition_whole as whole
 from tests.test_exposition_whole import BASE, CORPUS, FIXTURES, HOSTILE, READERS, outcome
 
 
@@ -430,3 +431,11 @@ def test_each_step_is_selected_at_import(ext: Any) -> None:
         chosen = getattr(bulkparse, name)
         assert chosen is (getattr(ext, name) if bulkparse.COMPILED else getattr(bulkparse, f"{name}_py")), name
         assert getattr(exposition, name) is chosen, name
+
+
+def test_the_pure_steps_make_no_python_call_per_line(pure: Callable[[], None]) -> None:
+    """test_exposition_whole's operation count (Python-level calls flat in the lines of a warm read) with the
+    pure-Python steps, whichever were selected at import: without the extension the reader is still bulk."""
+    pure()
+    assert exposition.scan is bulkparse.scan_py
+    whole.test_operations_of_a_read_grow_with_families_and_label_texts_not_lines()

@@ -28,9 +28,9 @@ from inferwatch.agent.node.engine.adapters import VLLM
 from inferwatch.agent.node.engine.exposition import Everything, ExpositionReader
 from inferwatch.agent.node.engine.labelblock import plain_pair
 from inferwatch.agent.node.engine.limits import EngineLimits
+from tests import test_exposition_whole as whole
 from tests.conftest import PYTHON, ROOT
 from tests.engine_expo import big_exposition
-from tests import test_exposition_whole as whole
 from tests.test_exposition_whole import BASE, CORPUS, FIXTURES, HOSTILE, READERS, outcome
 
 

@@ -93,7 +93,8 @@ def main() -> None:
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "venvs": [],
     }
-    for python in args.python:
+    for given in args.python:
+        python = os.path.abspath(given)  # the venv's own path (not resolved: that would leave the venv); run elsewhere
         floor = rss_after(python, "import asyncio")
         adds = {}
         for dep in DEPENDENCIES:

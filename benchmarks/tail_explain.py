@@ -626,11 +626,13 @@ def episode_arrivals(ep: Episode, seconds: float) -> list[SimRequest]:
     peak = max(ep.rate, q["burst_rate"] if q else 0.0)
     out: list[SimRequest] = []
     for k, t in enumerate(poisson(rate, peak, seconds, rng)):
+        injected = "arrival_burst" if q and t % q["period_s"] < q["burst_s"] else ""
         if lp and rng.random() < lp["share"]:
             prompt = rng.randint(lp["min_tokens"], lp["max_tokens"])
+            injected = "long_prompt"
         else:
             prompt = min(4096, max(16, round(rng.lognormvariate(math.log(ep.prompt_median), ep.prompt_sigma))))
-        out.append(SimRequest(f"cmpl-{ep.seed}-{k}", prompt, ep.max_tokens, t))
+        out.append(SimRequest(f"cmpl-{ep.seed}-{k}", prompt, ep.max_tokens, t, injected=injected))
     return out
 
 
@@ -732,12 +734,87 @@ def run_episode(ep: Episode, stock: bool = True, previous: Any = None) -> dict[s
     last = [r for r in reqs if (r.finished_at or 0.0) > EPISODE_S - 60.0]
     ttfts = sorted(r.first_token - r.arrival for r in last if r.first_token is not None)
     return {
+        "groundtruth": ground_truth(last, tuple(c for c, _ in ep.causes)),
         "windows": windows,
         "requests_last_window": len(last),
         "preempted_share_last_window": round(sum(r.preemptions > 0 for r in last) / max(1, len(last)), 4),
         "ttft_p50_s": round(ttfts[len(ttfts) // 2], 4) if ttfts else None,
         "ttft_p99_s": round(ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))], 4) if ttfts else None,
     }
+
+
+# Ground truth from what the simulator did (simulator/engine.py's ``SimRequest.causes``), by the cause it belongs to.
+EFFECT_CAUSE = {
+    "arrival_burst": "queue",
+    "long_prompt": "prefill",
+    "kv_blocks": PREEMPTION,
+    "slow_rank": "dp_rank",
+    "frontend_delay": "frontend",
+    "page_cache_pressure": "page_cache",
+}
+EFFECTIVE_SHARE = 0.2  # fixed before any scored run: see ground_truth()
+
+
+def ground_truth(reqs: list[SimRequest], injected: tuple[str, ...]) -> dict[str, Any]:
+    """Which injected causes acted on the TTFT tail of ``reqs`` (the scored window), decided from the simulator alone.
+
+    The quantity: the excess time over the window's median of the requests at or above its P99 (P50 and P99 as
+    :func:`run_episode` takes them), not the P99 − P50 gap itself: the gap is one request's TTFT, so its attribution
+    would rest on one draw of the noise, while the requests above P99 (6 to 40 here) are the tail the explainer is
+    asked about. Each such request's excess is split between the seconds each injected effect added to it
+    (``SimRequest.causes``, mapped to causes by :data:`EFFECT_CAUSE`); where those exceed the excess (the median
+    request carries some of them too) they share the excess pro rata, so a cause accounts for at most the excess.
+    A cause's share is its seconds over the tail's whole excess; what no injected effect claims is the traffic's own.
+
+    A cause is *effective* when its share is at least :data:`EFFECTIVE_SHARE` (20 %). The threshold was fixed before
+    any scored run, not fitted: a cause that accounts for less than a fifth of the tail's excess is not what an
+    engineer would be sent to fix first, and with at most two causes beside the traffic's own queueing, 20 % leaves
+    room for both of two causes to count (two causes at 40 % and 25 % are both effective). ``dominant`` is the
+    effective cause with the largest share (None: no injected cause acted on the tail)."""
+    causes = tuple(dict.fromkeys(injected))
+    ttft = sorted((r.first_token - r.arrival, i) for i, r in enumerate(reqs) if r.first_token is not None)
+    shares = dict.fromkeys(causes, 0.0)
+    out: dict[str, Any] = {"threshold": EFFECTIVE_SHARE, "shares": shares, "effective": [], "dominant": None}
+    if not ttft:
+        return out
+    p50 = ttft[len(ttft) // 2][0]
+    p99 = ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))][0]
+    tail = [(v, i) for v, i in ttft if v >= p99]
+    total = 0.0
+    for v, i in tail:
+        excess = max(0.0, v - p50)
+        total += excess
+        seconds = dict.fromkeys(causes, 0.0)
+        for effect, s in reqs[i].causes.items():
+            cause = EFFECT_CAUSE.get(effect)
+            if cause in seconds:
+                seconds[cause] += s
+        claimed = sum(seconds.values())
+        scale = min(1.0, excess / claimed) if claimed > 0 else 0.0
+        for cause, s in seconds.items():
+            shares[cause] += s * scale
+    for cause in causes:
+        shares[cause] = round(shares[cause] / total, 4) if total > 0 else 0.0
+    effective = sorted((c for c in causes if shares[c] >= EFFECTIVE_SHARE), key=lambda c: -shares[c])
+    return out | {
+        "p50_s": round(p50, 4),
+        "p99_s": round(p99, 4),
+        "tail_requests": len(tail),
+        "excess_s": round(total, 4),
+        "effective": effective,
+        "dominant": effective[0] if effective else None,
+    }
+
+
+def right_by_groundtruth(gt: dict[str, Any], named: str, drivers: list[str]) -> bool:
+    """No effective cause: right when no driver is named (naming one is a false positive, as on a healthy episode);
+    one: its driver named first; two: both drivers among the verdict's ``drivers``."""
+    effective = gt["effective"]
+    if not effective:
+        return named == "none"
+    if len(effective) == 1:
+        return named == TRUTH[effective[0]]
+    return {TRUTH[c] for c in effective} <= set(drivers)
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -774,12 +851,14 @@ def out_of_sample(
         try:
             res = run_episode(ep, stock, previous)
         except RuntimeError as exc:  # the scheduler did not finish: counted, never scored as right
-            res = {"error": str(exc), "windows": []}
+            res = {"error": str(exc), "windows": [], "groundtruth": {"effective": ["error"], "dominant": "error"}}
         cpu = time.process_time() - t0
         last = res["windows"][-1] if res["windows"] else {"ttft": {"driver": "error"}, "e2e": {"driver": "error"}}
         named = last["ttft"]["driver"]
         drivers = last["ttft"].get("drivers", [])
         right = _right(ep, named, drivers)
+        gt = res["groundtruth"]
+        right_gt = bool(res["windows"]) and right_by_groundtruth(gt, named, drivers)
         row = {
             "seed": ep.seed,
             "label": ep.label,
@@ -790,6 +869,7 @@ def out_of_sample(
             "named_ttft_first_window": res["windows"][0]["ttft"]["driver"] if res["windows"] else "error",
             "drivers_ttft": drivers,
             "right": right,
+            "right_gt": right_gt,
             "one_named": named in ep.truths,
             "deployment": {
                 "hardware": ep.hardware,
@@ -811,16 +891,18 @@ def out_of_sample(
             old = res["windows"][-1]["previous"]
             row["previous"] = {"named_ttft": old["driver"], "drivers_ttft": old.get("drivers", [])}
             row["previous"]["right"] = _right(ep, old["driver"], old.get("drivers", []))
+            row["previous"]["right_gt"] = right_by_groundtruth(gt, old["driver"], old.get("drivers", []))
         rows.append(row)
-        mark = "ok " if row["right"] else "MISS"
+        mark = ("ok " if row["right"] else "MISS") + "/" + ("ok " if right_gt else "MISS")
         print(
             f"{i:4d} seed {ep.seed} {mark} {ep.label:22} "
             + " ".join(f"{c}={s:.2f}" for c, s in ep.causes)
             + f"  named {'+'.join(drivers) or named:16} {ep.hardware}/{ep.max_num_seqs}x{ep.engines}"
-            + f" load {ep.load:.2f}  {cpu:.1f}s",
+            + f" load {ep.load:.2f}  effective {'+'.join(gt['effective']) or '-'}  {cpu:.1f}s",
             flush=True,
         )
     out = summarize(rows)
+    out["groundtruth_scoring"] = summarize_groundtruth(rows)
     if previous is not None:
         scored = [
             r | r["previous"] | {"one_named": r["previous"]["named_ttft"] in r["truths"]}
@@ -830,12 +912,22 @@ def out_of_sample(
         old = summarize(scored)
         keys = ("overall", "single_cause", "two_causes", "two_causes_one_named_first", "healthy_false_positive")
         out["previous_rules"] = {k: old[k] for k in (*keys, "extra_driver", "per_cause", "confusion_single")}
+        out["previous_rules"]["groundtruth_scoring"] = summarize_groundtruth(
+            [r | r["previous"] for r in rows if "previous" in r]
+        )
     return out | {
         "episodes": rows,
         "seed_base": seed_base,
         "two_cause_share": two_cause_share,
         "spans": "stock (no rank, no preemption count; engine series beside)" if stock else "with rank and preemptions",
     }
+
+
+def _pct(rate: dict[str, Any]) -> str:
+    if not rate["episodes"]:
+        return "0/0"
+    lo, hi = rate["ci95"]
+    return f"{rate['right']}/{rate['episodes']} = {100 * rate['accuracy']:.1f} % ({100 * lo:.1f}-{100 * hi:.1f})"
 
 
 def _right(ep: Episode, named: str, drivers: list[str]) -> bool:
@@ -939,6 +1031,75 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def summarize_groundtruth(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The same episodes scored against the ground truth (:func:`ground_truth`, :func:`right_by_groundtruth`), by
+    how many injected causes were effective in the scored window; episodes with a cause injected but none effective
+    apart from healthy ones (nothing injected), with what the explainer named on them."""
+    ok = [r for r in rows if r.get("groundtruth", {}).get("effective") != ["error"]]
+    healthy = [r for r in ok if not r["causes"]]
+    idle = [r for r in ok if r["causes"] and not r["groundtruth"]["effective"]]
+    one = [r for r in ok if len(r["groundtruth"]["effective"]) == 1]
+    two = [r for r in ok if len(r["groundtruth"]["effective"]) == 2]
+    out: dict[str, Any] = {
+        "threshold": EFFECTIVE_SHARE,
+        "errors": len(rows) - len(ok),
+        "one_effective_named_first": _rate(sum(r["right_gt"] for r in one), len(one)),
+        "one_effective_of_two_injected": _rate(
+            sum(r["right_gt"] for r in one if len(r["causes"]) == 2), sum(len(r["causes"]) == 2 for r in one)
+        ),
+        "two_effective_both_named": _rate(sum(r["right_gt"] for r in two), len(two)),
+        "no_effective_cause_none_named": _rate(sum(r["right_gt"] for r in idle), len(idle)),
+        "healthy_none_named": _rate(sum(r["right_gt"] for r in healthy), len(healthy)),
+        "overall": _rate(sum(r["right_gt"] for r in rows), len(rows)),
+    }
+    moved: dict[str, Counter[str]] = {}
+    for r in idle:
+        moved.setdefault(r["label"], Counter())[r["named_ttft"]] += 1
+    out["no_effective_cause_named"] = {k: dict(v) for k, v in sorted(moved.items())}
+    conf: dict[str, Counter[str]] = {}
+    for r in one:
+        conf.setdefault(r["groundtruth"]["dominant"], Counter())[r["named_ttft"]] += 1
+    out["confusion_one_effective"] = {k: dict(v) for k, v in sorted(conf.items())}
+    out["per_dominant_cause"] = {
+        c: _rate(sum(r["right_gt"] for r in one if r["groundtruth"]["dominant"] == c), sum(v.values()))
+        for c, v in conf.items()
+    }
+    pairs: dict[str, Counter[str]] = {}
+    for r in two:
+        both = "+".join(sorted(TRUTH[c] for c in r["groundtruth"]["effective"]))
+        pairs.setdefault(both, Counter())["+".join(sorted(r.get("drivers_ttft") or [])) or r["named_ttft"]] += 1
+    out["confusion_two_effective"] = {k: dict(v) for k, v in sorted(pairs.items())}
+    # How the configured causes map to the effective ones: one injected cause that is not effective, two injected of
+    # which one is, ... (rows: causes injected, columns: causes effective).
+    out["injected_vs_effective"] = dict(
+        Counter(f"{len(r['causes'])} injected, {len(r['groundtruth']['effective'])} effective" for r in ok)
+    )
+    out["failures"] = [
+        {k: r.get(k) for k in ("seed", "label", "named_ttft", "drivers_ttft", "load")}
+        | {"effective": r["groundtruth"]["effective"], "shares": r["groundtruth"]["shares"]}
+        for r in ok
+        if not r["right_gt"]
+    ]
+    return out
+
+
+def groundtruth_table(gt: dict[str, Any]) -> str:
+    """The ground-truth scoring's confusion table as Markdown (rows: the one effective cause, or no effective cause
+    by the cause injected; columns: driver named on TTFT)."""
+    drivers = ["none", "queue", "prefill", "frontend", PREEMPTION, "dp_rank"]
+    rows = [(c, TRUTH[c], v) for c, v in gt["confusion_one_effective"].items()]
+    rows += [(f"{label} (not effective)", "none", v) for label, v in gt["no_effective_cause_named"].items()]
+    drivers += sorted({d for _, _, v in rows for d in v} - set(drivers))
+    lines = [
+        "| effective cause | true driver | " + " | ".join(drivers) + " | right |",
+        "|---|---|" + "---|" * len(drivers) + "---|",
+    ]
+    for name, truth, v in rows:
+        cells = [(f"**{v[d]}**" if d == truth else str(v[d])) if v.get(d) else "" for d in drivers]
+        lines.append(f"| {name} | {truth} | " + " | ".join(cells) + f" | {v.get(truth, 0)}/{sum(v.values())} |")
+    return "\n".join(lines)
+
+
 def oos_table(summary: dict[str, Any]) -> str:
     """The single-cause confusion table as Markdown (rows: cause injected, columns: driver named on TTFT)."""
     conf = summary["confusion_single"]
@@ -1004,6 +1165,16 @@ def main() -> None:
             print(f"{key}: {oos[key]}")
         for key in ("extra_driver", "preemption_no_request_preempted"):
             print(f"{key}: {oos[key]}")
+        gts = oos["groundtruth_scoring"]
+        print(groundtruth_table(gts), flush=True)
+        print("scoring          configured causes            ground truth (effective causes)")
+        print(f"one cause        {_pct(oos['single_cause']):28} {_pct(gts['one_effective_named_first'])}")
+        print(f"two causes       {_pct(oos['two_causes']):28} {_pct(gts['two_effective_both_named'])}")
+        print(f"healthy          {_pct(oos['healthy']):28} {_pct(gts['healthy_none_named'])}")
+        print(f"no effective     {'':28} {_pct(gts['no_effective_cause_none_named'])}")
+        print(f"overall          {_pct(oos['overall']):28} {_pct(gts['overall'])}")
+        for key in ("injected_vs_effective", "no_effective_cause_named", "confusion_two_effective", "errors"):
+            print(f"ground truth, {key}: {gts[key]}")
         for key, value in oos.get("previous_rules", {}).items():
             if key not in ("per_cause", "confusion_single"):
                 print(f"previous rules, {key}: {value}")

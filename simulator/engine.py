@@ -10,6 +10,22 @@ step's requests and reports tokens, steps and finished requests to an :class:`En
 
 Timestamps follow vLLM: ``arrival`` (frontend), ``queued`` (engine), ``scheduled`` (most recent),
 ``first_token``, ``last_token``; all in seconds of the driver's clock.
+
+Ground truth (benchmarks only; no span or metric carries it, and it changes no timing or RNG draw): each request's
+``causes`` holds the seconds of its time to first token that an injected effect added, by effect:
+
+* ``frontend_delay``, ``page_cache_pressure``: the scenario's own extra seconds for this request (exact);
+* ``slow_rank``: on the slow engine, (1 - 1/factor) of every second the request spent waiting or in a prefill step;
+* ``kv_blocks``: seconds waiting while admission stopped for want of free KV blocks, and the prefill steps that
+  recompute a request preempted before its first token;
+* ``arrival_burst``: seconds waiting while admission stopped for want of slots or token budget with a request of an
+  injected burst (``injected="arrival_burst"``, set by the load) in the queue;
+* ``long_prompt``: an injected long prompt's (``injected="long_prompt"``) own prefill steps, and for every other
+  request waiting or prefilling, the long prompts' share of the tokens of each step it waited or prefilled through.
+
+Waiting is accounted per engine as running integrals (one rate per effect between two :meth:`EngineCore.plan` calls),
+so the cost is O(1) per step and per request. Seconds no effect claims (the frontend's base time, base prefill,
+queueing under the traffic's own load, waiting for budget after a stall) are nobody's.
 """
 
 from __future__ import annotations
@@ -84,6 +100,9 @@ class SimRequest:
     finish_reason: str | None = None
     finished_at: float | None = None
     sink: Any = None  # the runtime's token stream
+    injected: str = ""  # set by a load that injects a fault through its requests: "arrival_burst", "long_prompt"
+    causes: dict[str, float] = field(default_factory=dict)  # ground truth: TTFT seconds per injected effect
+    wait_mark: dict[str, float] | None = None  # the engine's waiting integrals when this request began to wait
 
     @property
     def prefill_done(self) -> bool:
@@ -104,6 +123,8 @@ class Step:
     duration: float
     prefill: list[tuple[SimRequest, int]]
     decode: list[SimRequest]
+    slow: float = 1.0  # slow_rank's factor on this engine (ground truth)
+    long_share: float = 0.0  # the injected long prompts' share of the step's tokens (ground truth)
 
 
 class EngineCore:
@@ -145,6 +166,11 @@ class EngineCore:
         self.spec_accepted_per_pos = [0] * k
         self.kv_transfers: list[tuple[float, int]] = []  # (seconds, bytes) not yet reported; drained by listeners
         self._seq = itertools.count()
+        # Ground truth (module docstring): waiting seconds per effect integrated since start, their rates now.
+        self._wait_t: float | None = None
+        self._wait_cum: dict[str, float] = {}
+        self._wait_rate: dict[str, float] = {}
+        self._bursts_waiting = 0
 
     # -- intake ----------------------------------------------------------------------------------
     def add(self, req: SimRequest) -> None:
@@ -158,6 +184,8 @@ class EngineCore:
         limit = max(1, self.dep.size.max_model_len - req.prompt_tokens)
         req.target_tokens = self.model.output_tokens(min(req.max_tokens, limit), req.ignore_eos)
         req.queued = req.arrival + self.model.frontend_seconds(req.prompt_tokens)
+        if self.model.last_frontend_extra > 0:
+            req.causes["frontend_delay"] = self.model.last_frontend_extra
         heapq.heappush(self.pending, (req.queued, next(self._seq), req))
 
     def abort(self, req: SimRequest, now: float) -> None:
@@ -169,6 +197,7 @@ class EngineCore:
             self._free(req)
         elif req in self.waiting:
             self.waiting.remove(req)
+            self._bursts_waiting -= req.injected == "arrival_burst"
         else:
             self.pending = [p for p in self.pending if p[2] is not req]
             heapq.heapify(self.pending)
@@ -245,6 +274,50 @@ class EngineCore:
         times += [r.stall_until for r in self.running if not r.prefill_done]
         return min(times) if times else None
 
+    # -- ground truth (module docstring): nothing here changes a timing or draws a random number ------
+    def _advance(self, now: float) -> None:
+        """Integrate the waiting rates of the interval since the last plan up to ``now``."""
+        if self._wait_t is not None and now > self._wait_t:
+            dt = now - self._wait_t
+            for k, rate in self._wait_rate.items():
+                self._wait_cum[k] = self._wait_cum.get(k, 0.0) + rate * dt
+        self._wait_t = now if self._wait_t is None else max(self._wait_t, now)
+
+    def _start_waiting(self, req: SimRequest, since: float) -> None:
+        """``req`` waits from ``since`` (<= the last plan's time, within the interval whose rates are current)."""
+        back = (self._wait_t or since) - since
+        req.wait_mark = {k: v - self._wait_rate.get(k, 0.0) * back for k, v in self._wait_cum.items()}
+        self._bursts_waiting += req.injected == "arrival_burst"
+
+    def _stop_waiting(self, req: SimRequest) -> None:
+        mark = req.wait_mark or {}
+        for k, v in self._wait_cum.items():
+            d = v - mark.get(k, 0.0)
+            if d > 1e-12 and req.first_token is None:
+                req.causes[k] = req.causes.get(k, 0.0) + d
+        req.wait_mark = None
+        self._bursts_waiting -= req.injected == "arrival_burst"
+
+    def _slow_factor(self) -> float:
+        slow = self.scenarios.get("slow_rank")
+        return max(1.0, slow.get("factor")) if slow and int(slow.get("engine")) == self.index else 1.0
+
+    def _set_wait_rates(self, slow: float, long_share: float, kv_blocked: bool) -> None:
+        """Which effect each second of waiting belongs to until the next plan."""
+        rate: dict[str, float] = {}
+        rest = 1.0
+        if slow > 1.0:
+            rate["slow_rank"] = 1.0 - 1.0 / slow
+            rest = 1.0 / slow
+        if long_share > 0:
+            rate["long_prompt"] = rest * long_share
+            rest *= 1.0 - long_share
+        if self.waiting and kv_blocked:
+            rate["kv_blocks"] = rest
+        elif self.waiting and self._bursts_waiting > 0:
+            rate["arrival_burst"] = rest
+        self._wait_rate = rate
+
     # -- scheduling ------------------------------------------------------------------------------
     def _blocks_for(self, tokens: int) -> int:
         return math.ceil(tokens / self.dep.block_size)
@@ -260,6 +333,7 @@ class EngineCore:
         victim.scheduled = None
         victim.preemptions += 1
         self.waiting.appendleft(victim)
+        self._start_waiting(victim, self._wait_t if self._wait_t is not None else 0.0)
         return True
 
     def _lookup_prefix(self, req: SimRequest) -> int:
@@ -318,14 +392,20 @@ class EngineCore:
         Like a vLLM engine stuck in a forward pass (a wedged collective or GPU): the batch it was running
         stays running, new requests pile up waiting, and the token counters stop.
         """
+        self._advance(now)
         while self.pending and self.pending[0][0] <= now:
-            self.waiting.append(heapq.heappop(self.pending)[2])
+            req = heapq.heappop(self.pending)[2]
+            self.waiting.append(req)
+            self._start_waiting(req, req.queued)
         self.listener.on_step(self, 0, 0, 0)
 
     def plan(self, now: float) -> Step | None:
         """Build the next step at ``now``; None when nothing can run yet (see :meth:`next_wakeup`)."""
+        self._advance(now)
         while self.pending and self.pending[0][0] <= now:
-            self.waiting.append(heapq.heappop(self.pending)[2])
+            req = heapq.heappop(self.pending)[2]
+            self.waiting.append(req)
+            self._start_waiting(req, req.queued)
         self._reserve()
         budget = self.dep.batched_tokens
         preempted = 0
@@ -357,6 +437,7 @@ class EngineCore:
         max_loras = self.features.max_loras
         adapters = {r.adapter for r in self.running} if max_loras else set()
         skipped: list[SimRequest] = []  # waiting for a LoRA slot: vLLM's scheduler skips them, keeping their order
+        kv_blocked = False
         while self.waiting and budget > 0 and len(self.running) < self.dep.seqs:
             req = self.waiting[0]
             if max_loras and req.adapter not in adapters and len(adapters) >= max_loras:
@@ -368,15 +449,20 @@ class EngineCore:
                 self._count_sources(req)
             need = self._blocks_for(req.prompt_tokens + req.generated)
             if need > self.free_blocks and self.running:  # alone, a request always fits (vLLM sizes the cache so)
+                kv_blocked = True
                 break
             self.waiting.popleft()
+            self._stop_waiting(req)
             adapters.add(req.adapter)
             self.free_blocks -= need
             req.blocks = need
             req.scheduled = now
             if req.first_scheduled is None:
                 req.first_scheduled = now
-                req.stall_until = now + self.model.slow_path_seconds() + self._pull_kv(req)
+                stall = self.model.slow_path_seconds()
+                if stall > 0:
+                    req.causes["page_cache_pressure"] = stall
+                req.stall_until = now + stall + self._pull_kv(req)
             self.running.append(req)
             if req.stall_until <= now:
                 chunk = min(req.to_prefill, budget)
@@ -385,12 +471,34 @@ class EngineCore:
         self.waiting.extendleft(reversed(skipped))
         if preempted:
             self.listener.on_step(self, 0, 0, preempted)
+        slow = self._slow_factor()
         if not prefill and not decode:
+            self._set_wait_rates(slow, 0.0, kv_blocked)
             return None
         prefill_tokens = sum(c for _, c in prefill)
         context = sum(r.prompt_tokens + r.generated for r in decode)
         duration = self.model.step_seconds(prefill_tokens, len(decode), context)
-        return Step(now, duration, prefill, decode)
+        long_tokens = sum(c for r, c in prefill if r.injected == "long_prompt")
+        long_share = long_tokens / (prefill_tokens + len(decode)) if long_tokens else 0.0
+        self._set_wait_rates(slow, long_share, kv_blocked)
+        return Step(now, duration, prefill, decode, slow, long_share)
+
+    @staticmethod
+    def _attribute_prefill(step: Step, req: SimRequest, seconds: float) -> None:
+        """A prefill step's seconds for a request before its first token, by effect (module docstring)."""
+        c = req.causes
+        rest = seconds
+        if step.slow > 1.0:
+            c["slow_rank"] = c.get("slow_rank", 0.0) + seconds * (1.0 - 1.0 / step.slow)
+            rest = seconds / step.slow
+        if req.injected == "long_prompt":
+            c["long_prompt"] = c.get("long_prompt", 0.0) + rest
+            return
+        if step.long_share > 0:
+            c["long_prompt"] = c.get("long_prompt", 0.0) + rest * step.long_share
+            rest *= 1.0 - step.long_share
+        if req.preemptions:
+            c["kv_blocks"] = c.get("kv_blocks", 0.0) + rest
 
     def complete(self, step: Step, end: float) -> None:
         """Apply ``step`` as finished at ``end``: emit tokens, finish requests, report the step."""
@@ -399,6 +507,8 @@ class EngineCore:
         for req, chunk in step.prefill:
             if req.finish_reason is not None:
                 continue
+            if req.first_token is None:
+                self._attribute_prefill(step, req, end - step.start)
             req.to_prefill -= chunk
             if req.to_prefill == 0:
                 if req.generated == 0:

@@ -49,6 +49,7 @@ class TimingModel:
         bandwidth = hw.mem_bandwidth_bytes_s * hw.bandwidth_efficiency * tp_speedup
         self._weights_s = deployment.weight_bytes / bandwidth
         self._kv_s_per_token = deployment.size.kv_bytes_per_token() / bandwidth
+        self.last_frontend_extra = 0.0  # frontend_delay's part of the last frontend_seconds() (ground truth only)
 
     def step_seconds(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
         """Duration of one engine step; deterministic given the RNG state."""
@@ -69,8 +70,10 @@ class TimingModel:
         mean = hw.frontend_overhead_s + FRONTEND_PER_PROMPT_TOKEN_S * prompt_tokens
         seconds = mean * _lognormal_mean_one(self.rng, hw.noise_sigma)
         delay = self.scenarios.get("frontend_delay")
+        self.last_frontend_extra = 0.0
         if delay is not None and self.rng.random() < delay.get("fraction"):
-            seconds += delay.get("extra_s") * _lognormal_mean_one(self.rng, SLOW_PATH_SIGMA)
+            self.last_frontend_extra = delay.get("extra_s") * _lognormal_mean_one(self.rng, SLOW_PATH_SIGMA)
+            seconds += self.last_frontend_extra
         return seconds
 
     def slow_path_seconds(self) -> float:

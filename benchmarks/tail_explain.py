@@ -34,16 +34,22 @@ the hardware (H100, A100, L40S), the model (Llama 3.1 8B, Qwen2.5 7B), 2 or 3 en
 ``--two-cause-share`` of the episodes carry two causes at once. Spans are stock vLLM's (no ``vllm.dp_rank``, no
 ``vllm.num_preemptions``; ``--enriched-spans`` adds them), and the explainer gets the engine's own series over the
 same window beside them (:class:`EngineSeriesRecorder`: per-rank mean ITL, preemptions). Each runs a warm-up minute
-and two windows; the TTFT verdict over the last window counts: healthy, right when no driver is named; one cause,
-when its driver is named first; two causes, when both are in the verdict's ``drivers``. Output: accuracy with
-Wilson 95 % intervals (overall, single-cause, two-cause, per cause, weak intensities apart), the confusion tables,
+and two windows; the TTFT verdict over the last window counts, scored twice. Against the configured causes: healthy,
+right when no driver is named; one cause, when its driver is named first; two causes, when both are in the verdict's
+``drivers``. Against the ground truth (:func:`ground_truth`: what the simulator did to the window's tail, recorded per
+request in ``SimRequest.causes`` and decided before and apart from the verdict): the injected causes with at least
+20 % of the tail's excess are effective; one, right when its driver is named first; two, when both are in
+``drivers``; none (injected but not acting on the tail, or healthy), right when no driver is named. Output: accuracy
+with Wilson 95 % intervals (overall, single-cause, two-cause, per cause, weak intensities apart), the confusion tables,
 the healthy false-positive rate, the share of verdicts listing a driver no active cause has, the episodes missed
-with the explainer's reason, and the episodes where the fault overloaded the deployment (P50 TTFT over 1 s) apart.
+with the explainer's reason, and the episodes where the fault overloaded the deployment (P50 TTFT over 1 s) apart;
+then the ground-truth scoring (``groundtruth_scoring``: its confusion table, the injected causes found not effective
+and what the explainer named on them) beside the configured one.
 Nothing here feeds back into the rules: develop against a fixed ``--seed-base``, measure with fresh draws.
 
 Run: ``.venv/bin/python benchmarks/tail_explain.py [--minutes 20] [--json out.json]`` (about a minute on one core);
-out of sample: ``... --episodes 300 --json out.json`` (about 5 minutes on one core); ``--previous FILE`` (another
-build's explain.py) scores that build on the same episodes beside this one.
+out of sample: ``... --episodes 300 --json out.json`` (about 5 minutes on one core, 10 loaded); ``--previous FILE``
+(another build's explain.py) scores that build on the same episodes beside this one.
 """
 
 from __future__ import annotations

@@ -13,9 +13,10 @@ collector builds it (``VLLM.reader(EngineLimits())``: the vLLM adapter's familie
 limits, the model cap), cold (a new reader: empty caches) and warm (the collector's case: the same
 reader scrape after scrape), alone and with the adapter mapping (``inferwatch.agent.node.engine.adapters.read``),
 and the collector's own read (``EngineParser.stream``: the body's bytes fed in 64 KiB chunks, decoded, read and
-mapped as they come; cold). Each twice: with the reader's bulk steps compiled (the C extension ``_fastparse``,
-rows "C extension"; left out where it is not built) and in pure Python (rows "pure Python"); the streamed read
-also with every chunk read line by line, as before issue 38 (its baseline); all in the same interleaved rounds.
+mapped as they come; cold). Each twice: with the reader's and the adapters' bulk steps compiled (the C extension
+``_fastparse``, rows "C extension"; left out where it is not built) and in pure Python (rows "pure Python"); the
+streamed read also with every chunk read line by line, as before issue 38 (its baseline); all in the same
+interleaved rounds.
 Before timing, the samples of every family the adapter uses are asserted identical to the baseline's
 (names, labels, values), and so are the per-model quantities derived from either side.
 
@@ -47,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from inferwatch.agent.node.engine import bulkparse, exposition  # noqa: E402
+from inferwatch.agent.node.engine import adapters, bulkparse, exposition, seriesmaps  # noqa: E402
 from inferwatch.agent.node.engine.adapters import VLLM, KeyCache, read  # noqa: E402
 from inferwatch.agent.node.engine.bulkparse import PLAIN_LINE  # noqa: E402
 from inferwatch.agent.node.engine.exposition import Exposition, ExpositionReader, ReadPass, Series  # noqa: E402
@@ -110,8 +111,10 @@ def cold_ingest(text: str) -> tuple[object, object]:
     return reader, read(VLLM, reader.read(text))
 
 
-STEPS = bulkparse.STEPS  # the reader's bulk steps, by the name exposition.py uses
-PURE = {name: getattr(bulkparse, f"{name}_py") for name in STEPS}
+# the bulk steps, by the module that calls them under the name it uses: the reader's (bulkparse.py) and the adapters'
+# (seriesmaps.py)
+STEPS = [(exposition, bulkparse, name) for name in bulkparse.STEPS]
+STEPS += [(adapters, seriesmaps, name) for name in seriesmaps.STEPS]
 try:  # the compiled steps, where built, even when INFERWATCH_PURE_PARSER made the reader select the pure ones
     from inferwatch.agent.node.engine import _fastparse as EXTENSION  # type: ignore[attr-defined]
 except ImportError:
@@ -119,16 +122,17 @@ except ImportError:
 
 
 def with_steps(compiled: bool, fn: Callable[[], object]) -> object:
-    """Call ``fn`` with the reader's bulk steps compiled (the C extension) or in pure Python, whatever was selected
-    at import (``INFERWATCH_PURE_PARSER``): both rows come from the same process and the same interleaved rounds."""
-    saved = {name: getattr(exposition, name) for name in STEPS}
-    for name in STEPS:
-        setattr(exposition, name, getattr(EXTENSION, name) if compiled else PURE[name])
+    """Call ``fn`` with the reader's and the adapters' bulk steps compiled (the C extension) or in pure Python,
+    whatever was selected at import (``INFERWATCH_PURE_PARSER``): both rows come from the same process and the same
+    interleaved rounds."""
+    saved = [(user, name, getattr(user, name)) for user, _, name in STEPS]
+    for user, definer, name in STEPS:
+        setattr(user, name, getattr(EXTENSION, name) if compiled else getattr(definer, f"{name}_py"))
     try:
         return fn()
     finally:
-        for name, step in saved.items():
-            setattr(exposition, name, step)
+        for user, name, step in saved:
+            setattr(user, name, step)
 
 
 def steps(compiled: bool, fn: Callable[..., object], *args: object) -> Callable[[], object]:

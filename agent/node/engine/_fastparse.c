@@ -1,4 +1,4 @@
-/* The two bulk steps of a whole-body read, compiled: inferwatch.agent.node.engine.bulkparse holds their
+/* The bulk steps of a whole-body read, compiled: inferwatch.agent.node.engine.bulkparse holds their
  * definition in pure Python (the reference, and the path taken when this module is not built) and says what
  * each returns. This file must return exactly what those functions return for every input, or None where they
  * return None; tests/test_bulkparse.py holds the two equal on generated and hostile inputs.
@@ -9,6 +9,13 @@
  * label_sets(texts, known, label, plain_pair): plain label texts split into label sets (see bulkparse).
  * family(blocks, cache): a family's label texts looked up in the reader's cache, in one pass (see bulkparse).
  * canon_ids(keys, canon): label sets' canonical ids, new ones entered in order (see bulkparse).
+ *
+ * And the engine adapters' bulk steps, whose pure-Python definitions are in seriesmaps.py (held equal by
+ * tests/test_seriesmaps.py):
+ * unmemoised(labels, memo): the label tuples whose id is not a key of memo, each once, in order.
+ * split_labels(labels, order, skip, same, default): label tuples split into (model, other labels, le text).
+ * bucket_tuples(labels, values, memo): a _bucket family as each series' ((bound, count), ...), or None.
+ * totals(labels, values, memo): a _sum or _count family as one value per series, or None.
  *
  * Every index is bounded by the string's length; nothing is written outside the objects it creates; any failure
  * of the C API (memory) propagates as a Python exception, never a crash.
@@ -485,6 +492,277 @@ fail:
     return NULL;
 }
 
+/* --- the engine adapters' bulk steps (seriesmaps.py) --------------------------------------------------------- */
+
+/* unmemoised(labels, memo): the label tuples whose id is not a key of memo, each once, in order. */
+static PyObject *unmemoised(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "unmemoised(labels: list, memo: dict)");
+        return NULL;
+    }
+    PyObject *labels = args[0], *memo = args[1], *out = PyList_New(0), *met = NULL;
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(labels); i++) {
+        PyObject *one = PyList_GET_ITEM(labels, i);
+        PyObject *id = PyLong_FromVoidPtr(one);
+        if (id == NULL) goto fail;
+        int known = PyDict_Contains(memo, id);
+        if (known == 0) {
+            if (met == NULL && (met = PySet_New(NULL)) == NULL) known = -1;
+            else if ((known = PySet_Contains(met, id)) == 0) {
+                if (PySet_Add(met, id) < 0 || PyList_Append(out, one) < 0) known = -1;
+            }
+        }
+        Py_DECREF(id);
+        if (known < 0) goto fail;
+    }
+    Py_XDECREF(met);
+    return out;
+fail:
+    Py_XDECREF(met);
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* split_labels(labels, order, skip, same, default): seriesmaps.split_one of each label tuple, in order. */
+static PyObject *split_labels(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyList_Check(args[0]) || !PyTuple_Check(args[1]) || !PyAnySet_Check(args[2]) ||
+        !PyDict_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "split_labels(labels: list, order: tuple, skip: frozenset, same: dict, default)");
+        return NULL;
+    }
+    PyObject *all = args[0], *order = args[1], *skip = args[2], *same = args[3], *fallback = args[4];
+    static PyObject *le_name = NULL;
+    if (le_name == NULL && (le_name = PyUnicode_InternFromString("le")) == NULL) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(all), norder = PyTuple_GET_SIZE(order);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *labels = PyList_GET_ITEM(all, i);
+        if (!PyTuple_Check(labels)) {
+            PyErr_SetString(PyExc_TypeError, "a label set is a tuple of (name, value) pairs");
+            goto fail;
+        }
+        PyObject *model = NULL, *le = Py_None; /* borrowed from the pairs */
+        Py_ssize_t rank = norder;
+        PyObject *rest = PyList_New(0);
+        if (rest == NULL) goto fail;
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(labels); j++) {
+            PyObject *pair = PyTuple_GET_ITEM(labels, j);
+            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+                PyErr_SetString(PyExc_TypeError, "a label is a (name, value) tuple");
+                goto fail_rest;
+            }
+            PyObject *name = PyTuple_GET_ITEM(pair, 0);
+            int eq = PyObject_RichCompareBool(name, le_name, Py_EQ);
+            if (eq < 0) goto fail_rest;
+            if (eq) {
+                le = PyTuple_GET_ITEM(pair, 1);
+                continue;
+            }
+            Py_ssize_t at = -1;
+            for (Py_ssize_t r = 0; r < norder && at < 0; r++) {
+                eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(order, r), name, Py_EQ);
+                if (eq < 0) goto fail_rest;
+                if (eq) at = r;
+            }
+            if (at >= 0) {
+                if (at < rank) {
+                    model = PyTuple_GET_ITEM(pair, 1);
+                    rank = at;
+                }
+                continue;
+            }
+            int skipped = PySet_Contains(skip, name);
+            if (skipped < 0 || (!skipped && PyList_Append(rest, pair) < 0)) goto fail_rest;
+        }
+        if (PyList_GET_SIZE(rest) > 1 && PyList_Sort(rest) < 0) goto fail_rest;
+        PyObject *others = PyList_AsTuple(rest);
+        Py_DECREF(rest);
+        if (others == NULL) goto fail;
+        PyObject *who = fallback, *kept = NULL; /* borrowed; the model interned first, as split_one does */
+        if (model == NULL || (who = PyDict_SetDefault(same, model, model)) != NULL)
+            kept = PyDict_SetDefault(same, others, others);
+        Py_DECREF(others);
+        if (kept == NULL) goto fail;
+        PyObject *split = PyTuple_Pack(3, who, kept, le);
+        if (split == NULL) goto fail;
+        PyList_SET_ITEM(out, i, split);
+        continue;
+    fail_rest:
+        Py_DECREF(rest);
+        goto fail;
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* The doubles of a family's values (a buffer of format "d", as array("d")), as many as its label tuples: 0; -1 with
+ * an exception set. */
+static int family_values(PyObject *labels, PyObject *values, Py_buffer *view) {
+    if (!PyList_Check(labels)) {
+        PyErr_SetString(PyExc_TypeError, "a family's label tuples are a list");
+        return -1;
+    }
+    if (PyObject_GetBuffer(values, view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (view->format == NULL || strcmp(view->format, "d") != 0 || view->itemsize != sizeof(double)) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_TypeError, "a family's values are an array of doubles");
+        return -1;
+    }
+    if (view->len / view->itemsize != PyList_GET_SIZE(labels)) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "a family's label tuples and values differ in length");
+        return -1;
+    }
+    return 0;
+}
+
+/* seriesmaps._plain: no value below zero, none a negative zero, the first no NaN. */
+static int plain_values(const double *v, Py_ssize_t n) {
+    if (n > 0 && isnan(v[0])) return 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (v[i] < 0 || (v[i] == 0 && signbit(v[i]))) return 0;
+    return 1;
+}
+
+/* The key memoised for a label tuple (borrowed), Py_None where there is none or it is None; NULL: an error. */
+static PyObject *memoised(PyObject *memo, PyObject *labels) {
+    PyObject *id = PyLong_FromVoidPtr(labels);
+    if (id == NULL) return NULL;
+    PyObject *key = PyDict_GetItemWithError(memo, id);
+    Py_DECREF(id);
+    if (key == NULL) return PyErr_Occurred() ? NULL : Py_None;
+    if (key != Py_None && (!PyTuple_Check(key) || PyTuple_GET_SIZE(key) != 3)) {
+        PyErr_SetString(PyExc_TypeError, "a memo entry is (model, labels, bound) or None");
+        return NULL;
+    }
+    return key;
+}
+
+/* totals(labels, values, memo): one value per series, or None (see seriesmaps.totals). */
+static PyObject *totals_of(PyObject *labels, const double *v, PyObject *memo) {
+    PyObject *result = NULL, *out = PyDict_New();
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(labels); i++) {
+        PyObject *key = memoised(memo, PyList_GET_ITEM(labels, i));
+        if (key == NULL) goto done;
+        if (key == Py_None) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        PyObject *series = PyTuple_GetSlice(key, 0, 2);
+        if (series == NULL) goto done;
+        int seen = PyDict_Contains(out, series);
+        if (seen == 0) {
+            PyObject *value = PyFloat_FromDouble(v[i]);
+            if (value == NULL || PyDict_SetItem(out, series, value) < 0) seen = -1;
+            Py_XDECREF(value);
+        }
+        Py_DECREF(series);
+        if (seen < 0) goto done;
+        if (seen > 0) {
+            result = Py_NewRef(Py_None); /* a series twice */
+            goto done;
+        }
+    }
+    result = Py_NewRef(out);
+done:
+    Py_DECREF(out);
+    return result;
+}
+
+/* One series' buckets, ended: the tuple of its pairs entered in out when its last bound is +Inf; 0, -1 error. */
+static int end_series(PyObject *out, PyObject *series, PyObject *pairs, double last) {
+    if (series == NULL || !(isinf(last) && last > 0)) return 0;
+    PyObject *buckets = PyList_AsTuple(pairs);
+    if (buckets == NULL) return -1;
+    int set = PyDict_SetItem(out, series, buckets);
+    Py_DECREF(buckets);
+    return set;
+}
+
+/* bucket_tuples(labels, values, memo): each series' ((bound, count), ...), or None (see seriesmaps.bucket_tuples). */
+static PyObject *buckets_of(PyObject *labels, const double *v, PyObject *memo) {
+    PyObject *result = NULL;
+    PyObject *out = PyDict_New(), *seen = PySet_New(NULL), *pairs = NULL, *series = NULL;
+    double last = 0;
+    if (out == NULL || seen == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(labels); i++) {
+        PyObject *key = memoised(memo, PyList_GET_ITEM(labels, i));
+        if (key == NULL) goto done;
+        if (key == Py_None || !PyFloat_CheckExact(PyTuple_GET_ITEM(key, 2))) {
+            result = Py_NewRef(Py_None); /* not memoised, left out, or a bucket without a bound */
+            goto done;
+        }
+        PyObject *bound = PyTuple_GET_ITEM(key, 2);
+        int same = 0;
+        if (series != NULL) {
+            same = PyObject_RichCompareBool(PyTuple_GET_ITEM(key, 0), PyTuple_GET_ITEM(series, 0), Py_EQ);
+            if (same > 0) same = PyObject_RichCompareBool(PyTuple_GET_ITEM(key, 1), PyTuple_GET_ITEM(series, 1), Py_EQ);
+            if (same < 0) goto done;
+        }
+        if (!same) {
+            if (end_series(out, series, pairs, last) < 0) goto done;
+            Py_CLEAR(series);
+            Py_CLEAR(pairs);
+            if ((series = PyTuple_GetSlice(key, 0, 2)) == NULL) goto done;
+            int twice = PySet_Contains(seen, series);
+            if (twice != 0) {
+                if (twice > 0) result = Py_NewRef(Py_None); /* the series' samples apart */
+                goto done;
+            }
+            if (PySet_Add(seen, series) < 0 || (pairs = PyList_New(0)) == NULL) goto done;
+        } else if (!(last < PyFloat_AS_DOUBLE(bound))) {
+            result = Py_NewRef(Py_None); /* bounds not in ascending order, or one twice */
+            goto done;
+        }
+        last = PyFloat_AS_DOUBLE(bound);
+        PyObject *count = PyFloat_FromDouble(v[i]);
+        if (count == NULL) goto done;
+        PyObject *pair = PyTuple_Pack(2, bound, count);
+        Py_DECREF(count);
+        if (pair == NULL) goto done;
+        int added = PyList_Append(pairs, pair);
+        Py_DECREF(pair);
+        if (added < 0) goto done;
+    }
+    if (end_series(out, series, pairs, last) < 0) goto done;
+    result = Py_NewRef(out);
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(seen);
+    Py_XDECREF(pairs);
+    Py_XDECREF(series);
+    return result;
+}
+
+/* A step over a family (args: labels, values, memo): None where its values are not plain. */
+static PyObject *family_step(PyObject *const *args, Py_ssize_t nargs, const char *usage,
+                             PyObject *(*step)(PyObject *, const double *, PyObject *)) {
+    if (nargs != 3 || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return NULL;
+    }
+    Py_buffer view;
+    if (family_values(args[0], args[1], &view) < 0) return NULL;
+    const double *v = (const double *)view.buf;
+    PyObject *result = plain_values(v, PyList_GET_SIZE(args[0])) ? step(args[0], v, args[2]) : Py_NewRef(Py_None);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyObject *totals(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return family_step(args, nargs, "totals(labels: list, values: array, memo: dict)", totals_of);
+}
+
+static PyObject *bucket_tuples(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return family_step(args, nargs, "bucket_tuples(labels: list, values: array, memo: dict)", buckets_of);
+}
+
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "scan(text, start, end): the sample lines of text[start:end] as families (see bulkparse.scan)."},
@@ -494,11 +772,20 @@ static PyMethodDef methods[] = {
      "family(blocks, cache): a family's cached label sets, ids, models and bad bounds (see bulkparse.family)."},
     {"canon_ids", (PyCFunction)(void (*)(void))canon_ids, METH_FASTCALL,
      "canon_ids(keys, canon): each label set's canonical id, new ones entered (see bulkparse.canon_ids)."},
+    {"unmemoised", (PyCFunction)(void (*)(void))unmemoised, METH_FASTCALL,
+     "unmemoised(labels, memo): the label tuples not memoised, each once (see seriesmaps.unmemoised)."},
+    {"split_labels", (PyCFunction)(void (*)(void))split_labels, METH_FASTCALL,
+     "split_labels(labels, order, skip, same, default): label tuples split (see seriesmaps.split_labels)."},
+    {"bucket_tuples", (PyCFunction)(void (*)(void))bucket_tuples, METH_FASTCALL,
+     "bucket_tuples(labels, values, memo): a _bucket family per series, or None (see seriesmaps.bucket_tuples)."},
+    {"totals", (PyCFunction)(void (*)(void))totals, METH_FASTCALL,
+     "totals(labels, values, memo): a _sum or _count family per series, or None (see seriesmaps.totals)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_fastparse", "Compiled bulk steps of the exposition reader (see bulkparse.py).", -1,
+    PyModuleDef_HEAD_INIT, "_fastparse",
+    "Compiled bulk steps of the exposition reader and the engine adapters (see bulkparse.py, seriesmaps.py).", -1,
     methods,
 };
 

@@ -14,8 +14,14 @@ per engine", "Data-parallel ranks and models", "Detection").
 
 from __future__ import annotations
 
+import contextlib
 import math
+from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from itertools import compress
+from operator import itemgetter
+from typing import TypeVar
 
 from inferwatch.agent.catalog.engine import ENGINE_KINDS, QUANTITIES  # noqa: F401  (QUANTITIES re-exported)
 from inferwatch.agent.catalog.engine_schemas import (
@@ -29,9 +35,19 @@ from inferwatch.agent.catalog.engine_schemas import (
     schemas_of,
 )
 from inferwatch.agent.errors import SourceFormatError
-from inferwatch.agent.node.engine.exposition import Exposition, ExpositionReader
+from inferwatch.agent.node.engine.exposition import Exposition, ExpositionReader, Series
 from inferwatch.agent.node.engine.histogram import Histogram
 from inferwatch.agent.node.engine.limits import EngineLimits
+from inferwatch.agent.node.engine.seriesmaps import (
+    Key,
+    Memo,
+    SeriesKey,
+    bucket_tuples,
+    split_labels,
+    split_one,
+    totals,
+    unmemoised,
+)
 from inferwatch.agent.node.engine.textformat import Labels, parse_float
 
 DEFAULT_MODEL = "unknown"  # engines without a model label (TGI, llama.cpp) unless engine.model_name is set
@@ -599,11 +615,16 @@ def _reject(src: Source, labels: Labels, value: float, why: str, reason: str) ->
     return ReadingError(f"{src.name}{{{shown}}} = {value:g}: {why}", reason)
 
 
-_Key = tuple[str, Labels, float | None]  # (model, other labels sorted, le bound or None)
+_Key = Key  # (model, other labels sorted, le bound or None)
 _NO_SKIP: frozenset[str] = frozenset()
 # what a memo lookup returns for labels not memoised yet (None is a memoised "no match"); compared by identity
 MISS: _Key = ("", (), None)
+_NO_BOUND = float(
+    "nan"
+)  # KeyCache.fill's mark of an le text that is no number: an object of its own, compared by identity
+_MODEL, _OTHERS, _LE_TEXT = itemgetter(0), itemgetter(1), itemgetter(2)
 MAX_KEY_CACHE_ENTRIES = 200_000
+_T = TypeVar("_T")
 
 
 class KeyCache:
@@ -660,6 +681,35 @@ class KeyCache:
         self._alive.append(labels)
         return out
 
+    def fill(self, labels: list[Labels], match: tuple[tuple[str, str], ...]) -> bool:
+        """Memoise the keys of those of ``labels`` not memoised yet, in bulk (``seriesmaps.split_labels``; one by one
+        through :meth:`key` under a label filter or near the bound on entries); True when any was new. A label tuple
+        whose ``le`` is no number is left out: the per-sample read meets it (and rejects the reading) in order."""
+        memo = self.memo(match)
+        missing = unmemoised(labels, memo)
+        if not missing:
+            return False
+        if match or len(self._alive) + len(missing) > MAX_KEY_CACHE_ENTRIES:
+            for one in missing:
+                with contextlib.suppress(SourceFormatError):  # an le that is no number: left out, as below
+                    self.key(one, match)
+            return True
+        splits = split_labels(missing, self.model_order, _NO_SKIP, self._same, self.default_model)
+        bounds: dict[str | None, float | None] = {}
+        for text in dict.fromkeys(map(_LE_TEXT, splits)):
+            try:
+                bounds[text] = self._bound(text)
+            except SourceFormatError:
+                bounds[text] = _NO_BOUND
+        found = list(map(bounds.__getitem__, map(_LE_TEXT, splits)))
+        keys = list(zip(map(_MODEL, splits), map(_OTHERS, splits), found, strict=True))
+        if _NO_BOUND in bounds.values():
+            taken = [bound is not _NO_BOUND for bound in found]
+            missing, keys = list(compress(missing, taken)), list(compress(keys, taken))
+        memo.update(zip(map(id, missing), keys, strict=True))
+        self._alive.extend(missing)
+        return True
+
     def _split(self, labels: Labels, match: tuple[tuple[str, str], ...]) -> _Key | None:
         if match:
             have = dict(labels)
@@ -668,37 +718,20 @@ class KeyCache:
             skip: frozenset[str] = frozenset(k for k, _ in match)
         else:
             skip = _NO_SKIP
-        model = None
-        order = self.model_order
-        model_rank = len(order)
-        model_labels = self.model_labels
-        le_text = None
-        rest = []
-        for pair in labels:  # the reader's pair tuples are kept as they are (shared, not copied)
-            k = pair[0]
-            if k == "le":
-                le_text = pair[1]
-            elif k in model_labels:
-                rank = order.index(k)
-                if rank < model_rank:
-                    model, model_rank = pair[1], rank
-            elif k not in skip:
-                rest.append(pair)
-        if len(rest) > 1:
-            rest.sort()
-        le = None
-        if le_text is not None:
-            le = self._le.get(le_text)
-            if le is None:
-                try:
-                    le = self._le[le_text] = parse_float(le_text)  # "+Inf" → inf
-                except ValueError:
-                    raise SourceFormatError(f"bucket bound le={le_text[:40]!r} is not a number") from None
-        same = self._same
-        model_key = same.setdefault(model, model) if model is not None else self.default_model
-        rest_tuple = tuple(rest)
-        rest_key = same.setdefault(rest_tuple, rest_tuple)
-        return model_key, rest_key, le  # type: ignore[return-value]
+        model, rest, le_text = split_one(labels, self.model_order, skip, self._same, self.default_model)
+        return model, rest, self._bound(le_text)
+
+    def _bound(self, le_text: str | None) -> float | None:
+        """The bound of an ``le`` text (None for none), parsed once per text."""
+        if le_text is None:
+            return None
+        le = self._le.get(le_text)
+        if le is None:
+            try:
+                le = self._le[le_text] = parse_float(le_text)  # "+Inf" → inf
+            except ValueError:
+                raise SourceFormatError(f"bucket bound le={le_text[:40]!r} is not a number") from None
+        return le
 
 
 def read(
@@ -809,22 +842,58 @@ def _read_ranks(adapter: Adapter, expo: Exposition, keys: KeyCache, models: dict
 
 
 def _histograms(src: Source, expo: Exposition, keys: KeyCache) -> dict[str, dict[Labels, Histogram]]:
-    buckets: dict[tuple[str, Labels], dict[float, float]] = {}
-    sums: dict[tuple[str, Labels], float] = {}
-    counts: dict[tuple[str, Labels], float] = {}
-    match = src.match
+    """Per model, per series, the source's histograms: the ``_bucket`` family taken in bulk where
+    :func:`~inferwatch.agent.node.engine.seriesmaps.bucket_tuples` takes it (and the source has no scale), else
+    sample by sample; both give the same histograms."""
+    samples = expo.get(src.name + "_bucket")
+    buckets = _in_bulk(bucket_tuples, src, samples, keys) if src.scale == 1.0 else None
+    if buckets is None:
+        buckets = {  # each series' dict let go as its tuple is made (~3 MB at 200 models x 2 ranks)
+            series: tuple(sorted(b.items()))
+            for series, b in _bucket_maps_by_sample(src, samples, keys).items()
+            if math.inf in b  # else not a usable histogram (no +Inf bucket); Prometheus would return NaN
+        }
+    sums, counts = (_totals(src, expo, suffix, keys) for suffix in ("_sum", "_count"))
+    out: dict[str, dict[Labels, Histogram]] = {}
+    for (model, series), ordered in buckets.items():  # in order
+        count = counts.get((model, series), ordered[-1][1])
+        out.setdefault(model, {})[series] = Histogram(ordered, sums.get((model, series), math.nan), count)
+    return out
+
+
+def _in_bulk(
+    step: Callable[[list[Labels], array[float], Memo], _T | None], src: Source, samples: Series, keys: KeyCache
+) -> _T | None:
+    """A family's answer from one of :mod:`~inferwatch.agent.node.engine.seriesmaps`' bulk steps: the label tuples
+    not memoised yet memoised first (a cold read), when the step says None for them; None where it does anyway."""
+    memo = keys.memo(src.match)
+    got = step(samples.labels, samples.values, memo)
+    if got is None and keys.fill(samples.labels, src.match):
+        got = step(samples.labels, samples.values, memo)
+    return got
+
+
+def _keyed(samples: Series, keys: KeyCache, match: tuple[tuple[str, str], ...]) -> Iterator[tuple[Labels, float, _Key]]:
+    """The samples the label filter takes, in order, each with its key."""
     memo = keys.memo(match)
+    for labels, value in samples:
+        k = memo.get(id(labels), MISS)
+        if k is MISS:
+            k = keys.key(labels, match)
+        if k is not None:
+            yield labels, value, k
+
+
+def _bucket_maps_by_sample(src: Source, samples: Series, keys: KeyCache) -> dict[SeriesKey, dict[float, float]]:
+    """Each series' ``bound → count`` map, sample by sample, for every case (a bucket below zero rejects the reading; a
+    scale applies to the finite bounds): what :func:`~inferwatch.agent.node.engine.seriesmaps.bucket_tuples` answers
+    in bulk for the common case."""
+    buckets: dict[SeriesKey, dict[float, float]] = {}
     scaled = src.scale != 1.0
     last_model: str | None = None
     last_series: Labels | None = None
     b: dict[float, float] = {}
-    for labels, value in expo.get(src.name + "_bucket"):
-        k = memo.get(id(labels), MISS)
-        if k is MISS:
-            k = keys.key(labels, match)
-        if k is None:
-            continue
-        model, series, bound = k
+    for labels, value, (model, series, bound) in _keyed(samples, keys, src.match):
         if bound is None:
             continue
         if series is not last_series or model is not last_model:  # the next series (KeyCache interns both)
@@ -837,27 +906,30 @@ def _histograms(src: Source, expo: Exposition, keys: KeyCache) -> dict[str, dict
         if scaled and math.isfinite(bound):
             bound *= src.scale
         b[bound] = b.get(bound, 0.0) + value
-    for suffix, into in (("_sum", sums), ("_count", counts)):
-        scale = src.scale if suffix == "_sum" else 1.0
-        for labels, value in expo.get(src.name + suffix):
-            k = memo.get(id(labels), MISS)
-            if k is MISS:
-                k = keys.key(labels, match)
-            if k is None:
-                continue
-            if value < 0:  # a count, or a sum of durations (every histogram an adapter reads is one)
-                raise _reject(src, labels, value, f"{suffix[1:]} below zero", "negative_value")
-            key = (k[0], k[1])
-            into[key] = into.get(key, 0.0) + value * scale
-    out: dict[str, dict[Labels, Histogram]] = {}
-    for model, series in list(buckets):  # in order; each series' dict let go as its histogram is made (~3 MB at 200
-        b = buckets.pop((model, series))  # models x 2 ranks)
-        if math.inf not in b:
-            continue  # not a usable histogram (no +Inf bucket); Prometheus would return NaN
-        ordered = tuple(sorted(b.items()))
-        count = counts.get((model, series), ordered[-1][1])
-        out.setdefault(model, {})[series] = Histogram(ordered, sums.get((model, series), math.nan), count)
-    return out
+    return buckets
+
+
+def _totals(src: Source, expo: Exposition, suffix: str, keys: KeyCache) -> dict[SeriesKey, float]:
+    """A histogram's ``_sum`` (scaled) or ``_count`` family per series, in bulk where
+    :func:`~inferwatch.agent.node.engine.seriesmaps.totals` takes it, else sample by sample."""
+    samples = expo.get(src.name + suffix)
+    scale = src.scale if suffix == "_sum" else 1.0
+    got = _in_bulk(totals, src, samples, keys) if scale == 1.0 else None
+    return got if got is not None else _totals_by_sample(src, samples, suffix, scale, keys)
+
+
+def _totals_by_sample(
+    src: Source, samples: Series, suffix: str, scale: float, keys: KeyCache
+) -> dict[SeriesKey, float]:
+    """:func:`~inferwatch.agent.node.engine.seriesmaps.totals` sample by sample, for every case (a value below zero
+    rejects the reading: a count, or a sum of durations, as every histogram an adapter reads is)."""
+    into: dict[SeriesKey, float] = {}
+    for labels, value, k in _keyed(samples, keys, src.match):
+        if value < 0:
+            raise _reject(src, labels, value, f"{suffix[1:]} below zero", "negative_value")
+        key = (k[0], k[1])
+        into[key] = into.get(key, 0.0) + value * scale
+    return into
 
 
 def _scalars(
@@ -869,7 +941,9 @@ def _scalars(
 ) -> dict[str, tuple[dict[str, float], int]]:
     out: dict[str, tuple[dict[str, float], int]] = {}
     lo, hi = domain if domain is not None else (-math.inf, math.inf)
-    for labels, value in expo.get(src.name):
+    samples = expo.get(src.name)
+    keys.fill(samples.labels, src.match)  # a cold read's new label tuples split in bulk, not one by one below
+    for labels, value in samples:
         if math.isnan(value):
             continue
         k = keys.key(labels, src.match)

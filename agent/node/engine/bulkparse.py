@@ -141,7 +141,8 @@ def canon_ids_py(keys: list[Labels], canon: dict[Labels, int]) -> list[int]:
     return list(map(canon.__getitem__, keys))
 
 
-def _compiled() -> Any:
+def compiled_module() -> Any:
+    """The extension, or None where it is not built or the environment asks for the pure-Python steps."""
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
         return None
     try:
@@ -151,7 +152,7 @@ def _compiled() -> Any:
     return _fastparse
 
 
-_EXT = _compiled()
+_EXT = compiled_module()
 COMPILED = _EXT is not None  # the compiled steps run (see the module's docstring)
 scan: Callable[[str, int, int], list[Family] | None] = scan_py if _EXT is None else _EXT.scan
 family: Callable[[list[str], dict[str | None, Info]], FamilySets | None] = family_py if _EXT is None else _EXT.family

@@ -19,7 +19,9 @@ Ground truth (benchmarks only; no span or metric carries it, and it changes no t
 * ``kv_blocks``: seconds waiting while admission stopped for want of free KV blocks, and the prefill steps that
   recompute a request preempted before its first token;
 * ``arrival_burst``: seconds waiting while admission stopped for want of slots or token budget with a request of an
-  injected burst (``injected="arrival_burst"``, set by the load) in the queue;
+  injected burst (``injected="arrival_burst"``, set by the load) in the queue; and for every request waiting or
+  prefilling, the share of the tokens of each step it waited or prefilled through that the burst's other requests'
+  prefills took (a burst admitted at once lengthens the steps it shares);
 * ``long_prompt``: an injected long prompt's (``injected="long_prompt"``) own prefill steps, and for every other
   request waiting or prefilling, the long prompts' share of the tokens of each step it waited or prefilled through.
 
@@ -125,6 +127,8 @@ class Step:
     decode: list[SimRequest]
     slow: float = 1.0  # slow_rank's factor on this engine (ground truth)
     long_share: float = 0.0  # the injected long prompts' share of the step's tokens (ground truth)
+    burst_tokens: int = 0  # prefill tokens of the step from an injected burst's requests (ground truth)
+    tokens: int = 0  # the step's prefill tokens plus decoding sequences
 
 
 class EngineCore:
@@ -302,7 +306,7 @@ class EngineCore:
         slow = self.scenarios.get("slow_rank")
         return max(1.0, slow.get("factor")) if slow and int(slow.get("engine")) == self.index else 1.0
 
-    def _set_wait_rates(self, slow: float, long_share: float, kv_blocked: bool) -> None:
+    def _set_wait_rates(self, slow: float, long_share: float, burst_share: float, kv_blocked: bool) -> None:
         """Which effect each second of waiting belongs to until the next plan."""
         rate: dict[str, float] = {}
         rest = 1.0
@@ -311,11 +315,13 @@ class EngineCore:
             rest = 1.0 / slow
         if long_share > 0:
             rate["long_prompt"] = rest * long_share
-            rest *= 1.0 - long_share
+        if burst_share > 0:
+            rate["arrival_burst"] = rest * burst_share
+        rest *= 1.0 - long_share - burst_share
         if self.waiting and kv_blocked:
             rate["kv_blocks"] = rest
         elif self.waiting and self._bursts_waiting > 0:
-            rate["arrival_burst"] = rest
+            rate["arrival_burst"] = rate.get("arrival_burst", 0.0) + rest
         self._wait_rate = rate
 
     # -- scheduling ------------------------------------------------------------------------------
@@ -473,18 +479,19 @@ class EngineCore:
             self.listener.on_step(self, 0, 0, preempted)
         slow = self._slow_factor()
         if not prefill and not decode:
-            self._set_wait_rates(slow, 0.0, kv_blocked)
+            self._set_wait_rates(slow, 0.0, 0.0, kv_blocked)
             return None
         prefill_tokens = sum(c for _, c in prefill)
         context = sum(r.prompt_tokens + r.generated for r in decode)
         duration = self.model.step_seconds(prefill_tokens, len(decode), context)
+        tokens = prefill_tokens + len(decode)
         long_tokens = sum(c for r, c in prefill if r.injected == "long_prompt")
-        long_share = long_tokens / (prefill_tokens + len(decode)) if long_tokens else 0.0
-        self._set_wait_rates(slow, long_share, kv_blocked)
-        return Step(now, duration, prefill, decode, slow, long_share)
+        burst_tokens = sum(c for r, c in prefill if r.injected == "arrival_burst")
+        self._set_wait_rates(slow, long_tokens / tokens, burst_tokens / tokens, kv_blocked)
+        return Step(now, duration, prefill, decode, slow, long_tokens / tokens, burst_tokens, tokens)
 
     @staticmethod
-    def _attribute_prefill(step: Step, req: SimRequest, seconds: float) -> None:
+    def _attribute_prefill(step: Step, req: SimRequest, chunk: int, seconds: float) -> None:
         """A prefill step's seconds for a request before its first token, by effect (module docstring)."""
         c = req.causes
         rest = seconds
@@ -496,7 +503,11 @@ class EngineCore:
             return
         if step.long_share > 0:
             c["long_prompt"] = c.get("long_prompt", 0.0) + rest * step.long_share
-            rest *= 1.0 - step.long_share
+        others = step.burst_tokens - (chunk if req.injected == "arrival_burst" else 0)  # the burst's other requests
+        burst_share = others / step.tokens if step.tokens else 0.0
+        if burst_share > 0:
+            c["arrival_burst"] = c.get("arrival_burst", 0.0) + rest * burst_share
+        rest *= 1.0 - step.long_share - burst_share
         if req.preemptions:
             c["kv_blocks"] = c.get("kv_blocks", 0.0) + rest
 
@@ -508,7 +519,7 @@ class EngineCore:
             if req.finish_reason is not None:
                 continue
             if req.first_token is None:
-                self._attribute_prefill(step, req, end - step.start)
+                self._attribute_prefill(step, req, chunk, end - step.start)
             req.to_prefill -= chunk
             if req.to_prefill == 0:
                 if req.generated == 0:

@@ -76,8 +76,9 @@ def test_healthy_and_other_engine_claim_nothing() -> None:
 
 def test_queue_behind_a_burst_is_the_bursts() -> None:
     """100 requests at once on a 32-slot engine: those of the injected burst wait for slots, and that wait is the
-    burst's (all of it but the first step, during which they waited for the step's end, not for a slot); the same
-    arrivals untagged claim nothing (queueing under the traffic's own load)."""
+    burst's (all of it but the first step, during which they waited for the step's end, not for a slot), and so is
+    the burst's share of the prefill steps they share; the same arrivals untagged claim nothing (queueing under the
+    traffic's own load)."""
 
     def burst(tag: str) -> list[SimRequest]:
         return [SimRequest(f"b{k}", 512, 64, 1.0 + 1e-4 * k, ignore_eos=True, injected=tag) for k in range(100)]
@@ -88,7 +89,9 @@ def test_queue_behind_a_burst_is_the_bursts() -> None:
     for r in waited:
         assert r.first_scheduled is not None
         wait = r.first_scheduled - r.queued
-        assert wait - 0.05 < r.causes["arrival_burst"] <= wait + 1e-9
+        assert r.first_token is not None
+        assert wait - 0.05 < r.causes["arrival_burst"] <= r.first_token - r.queued
+        assert set(r.causes) == {"arrival_burst"}
     assert all(not r.causes for r in _run([], burst("")))
 
 

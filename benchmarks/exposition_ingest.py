@@ -111,10 +111,10 @@ def cold_ingest(text: str) -> tuple[object, object]:
     return reader, read(VLLM, reader.read(text))
 
 
-# the bulk steps, by the module that calls them under the name it uses: the reader's (bulkparse.py) and the adapters'
-# (seriesmaps.py)
-STEPS = [(exposition, bulkparse, name) for name in bulkparse.STEPS]
-STEPS += [(adapters, seriesmaps, name) for name in seriesmaps.STEPS]
+# the bulk steps, by the module that calls them under the name it uses, with what a pure-Python install runs there:
+# the reader's pure-Python steps (bulkparse.py), and none of the adapters' (seriesmaps.py: each family sample by sample)
+STEPS = [(exposition, name, getattr(bulkparse, f"{name}_py")) for name in bulkparse.STEPS]
+STEPS += [(adapters, name, None) for name in seriesmaps.STEPS]
 try:  # the compiled steps, where built, even when INFERWATCH_PURE_PARSER made the reader select the pure ones
     from inferwatch.agent.node.engine import _fastparse as EXTENSION  # type: ignore[attr-defined]
 except ImportError:
@@ -125,9 +125,9 @@ def with_steps(compiled: bool, fn: Callable[[], object]) -> object:
     """Call ``fn`` with the reader's and the adapters' bulk steps compiled (the C extension) or in pure Python,
     whatever was selected at import (``INFERWATCH_PURE_PARSER``): both rows come from the same process and the same
     interleaved rounds."""
-    saved = [(user, name, getattr(user, name)) for user, _, name in STEPS]
-    for user, definer, name in STEPS:
-        setattr(user, name, getattr(EXTENSION, name) if compiled else getattr(definer, f"{name}_py"))
+    saved = [(user, name, getattr(user, name)) for user, name, _ in STEPS]
+    for user, name, pure in STEPS:
+        setattr(user, name, getattr(EXTENSION, name) if compiled else pure)
     try:
         return fn()
     finally:

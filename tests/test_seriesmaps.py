@@ -191,7 +191,8 @@ def test_steps_refuse_what_they_do_not_take(ext: Any) -> None:
 
 @pytest.fixture
 def steps() -> Iterator[Callable[[str], None]]:
-    """Switch the adapters' bulk steps: "compiled", "pure", or "none" (each family sample by sample)."""
+    """Switch the adapters' bulk steps: "compiled", "pure" (their pure-Python definitions), or "none" (each family
+    sample by sample, as without the extension)."""
     saved = {name: getattr(adapters, name) for name in seriesmaps.STEPS}
 
     def use(which: str) -> None:
@@ -199,10 +200,7 @@ def steps() -> Iterator[Callable[[str], None]]:
             if which == "compiled":
                 setattr(adapters, name, getattr(extension(), name))
             else:
-                setattr(adapters, name, getattr(seriesmaps, f"{name}_py"))
-        if which == "none":
-            adapters.bucket_tuples = lambda *a: None
-            adapters.totals = lambda *a: None
+                setattr(adapters, name, getattr(seriesmaps, f"{name}_py") if which == "pure" else None)
 
     yield use
     for name, step in saved.items():
@@ -265,28 +263,34 @@ def test_edits_the_bulk_steps_refuse_map_the_same(edit: tuple[str, str], steps: 
 
 
 def test_each_step_is_selected_at_import(ext: Any) -> None:
+    """The adapters run the compiled steps where selected, else none (each family sample by sample)."""
     assert seriesmaps.COMPILED == bulkparse.COMPILED
     for name in seriesmaps.STEPS:
         chosen = getattr(seriesmaps, name)
         assert chosen is (getattr(ext, name) if seriesmaps.COMPILED else getattr(seriesmaps, f"{name}_py")), name
-        assert getattr(adapters, name) is chosen, name
+        assert getattr(adapters, name) is (chosen if seriesmaps.COMPILED else None), name
 
 
 def test_the_environment_variable_forces_the_pure_steps(ext: Any) -> None:
-    code = "from inferwatch.agent.node.engine import seriesmaps as s; print(s.COMPILED, s.totals is s.totals_py)"
+    code = (
+        "from inferwatch.agent.node.engine import adapters as a, seriesmaps as s; "
+        "print(s.COMPILED, s.totals is s.totals_py, a.totals)"
+    )
     env = {**os.environ, bulkparse.PURE_ENV: "1"}
     out = subprocess.run([PYTHON, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "True"]
+    assert out.stdout.split() == ["False", "True", "None"]
 
 
-def test_a_vllm_reading_takes_every_histogram_in_bulk() -> None:
-    """The large body's histogram families all get a bulk answer (none read sample by sample)."""
+def test_a_vllm_reading_takes_every_histogram_in_bulk(steps: Callable[[str], None]) -> None:
+    """The large body's histogram families all get a bulk answer (none read sample by sample), with either step."""
     text, _gen = big_exposition(2_000)
     by_sample: list[str] = []
     saved = adapters._bucket_maps_by_sample
     adapters._bucket_maps_by_sample = lambda src, *a: by_sample.append(src.name) or saved(src, *a)  # type: ignore[assignment]
     try:
-        read(VLLM, VLLM.reader(EngineLimits()).read(text))
+        for which in ("pure", "compiled"):
+            steps(which)
+            read(VLLM, VLLM.reader(EngineLimits()).read(text))
     finally:
         adapters._bucket_maps_by_sample = saved
     assert by_sample == []
@@ -299,19 +303,28 @@ LE_PAIRS = st.sampled_from([("le", "0.5"), ("le", "+Inf"), ("le", "1e3"), ("le",
 @given(st.lists(st.lists(st.one_of(PAIRS, LE_PAIRS), max_size=4).map(tuple), max_size=10), st.booleans())
 def test_a_bulk_fill_memoises_what_one_by_one_does(labels: list[Any], filtered: bool) -> None:
     """KeyCache.fill enters the keys KeyCache.key enters one by one (the same values, the same interned objects),
-    and leaves out a label tuple whose le is no number (the per-sample read rejects the reading there, in order)."""
+    with the compiled steps and the pure ones, and leaves out a label tuple whose le is no number (the per-sample
+    read rejects the reading there, in order)."""
     labels = [tuple(one) for one in labels]  # distinct objects, some equal
     match = (("engine", "0"),) if filtered else ()
-    bulk, single = KeyCache(("model_name", "name"), "unknown"), KeyCache(("model_name", "name"), "unknown")
-    bulk.fill(labels, match)
+    single = KeyCache(("model_name", "name"), "unknown")
     want: dict[int, Any] = {}
     for one in labels:
         try:
             want[id(one)] = single.key(one, match)
         except SourceFormatError:
             assert ("le", "x") in one
-    assert canon(bulk.memo(match)) == canon(want)
-    for key in bulk.memo(match).values():
-        if key is not None:
-            assert key[1] is bulk._same[key[1]]
-    assert not bulk.fill(labels, match) or any(("le", "x") in one for one in labels)
+    saved = adapters.unmemoised, adapters.split_labels
+    try:
+        ext = extension()
+        for steps in ((seriesmaps.unmemoised_py, seriesmaps.split_labels_py), (ext.unmemoised, ext.split_labels)):
+            adapters.unmemoised, adapters.split_labels = steps
+            bulk = KeyCache(("model_name", "name"), "unknown")
+            bulk.fill(labels, match)
+            assert canon(bulk.memo(match)) == canon(want)
+            for key in bulk.memo(match).values():
+                if key is not None:
+                    assert key[1] is bulk._same[key[1]]
+            assert not bulk.fill(labels, match) or any(("le", "x") in one for one in labels)
+    finally:
+        adapters.unmemoised, adapters.split_labels = saved

@@ -19,8 +19,8 @@ import math
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from itertools import compress
-from operator import itemgetter
+from itertools import chain, compress, repeat
+from operator import is_, itemgetter
 from typing import TypeVar
 
 from inferwatch.agent.catalog.engine import ENGINE_KINDS, QUANTITIES  # noqa: F401  (QUANTITIES re-exported)
@@ -35,20 +35,24 @@ from inferwatch.agent.catalog.engine_schemas import (
     schemas_of,
 )
 from inferwatch.agent.errors import SourceFormatError
+from inferwatch.agent.node.engine import seriesmaps
 from inferwatch.agent.node.engine.exposition import Exposition, ExpositionReader, Series
 from inferwatch.agent.node.engine.histogram import Histogram
 from inferwatch.agent.node.engine.limits import EngineLimits
-from inferwatch.agent.node.engine.seriesmaps import (
-    Key,
-    Memo,
-    SeriesKey,
-    bucket_tuples,
-    split_labels,
-    split_one,
-    totals,
-    unmemoised,
-)
+from inferwatch.agent.node.engine.seriesmaps import Buckets, Key, Memo, SeriesKey, split_one
 from inferwatch.agent.node.engine.textformat import Labels, parse_float
+
+# The bulk steps of seriesmaps.py where they are compiled (seriesmaps.COMPILED); without them each family is read
+# sample by sample, which in pure Python is as fast as their pure-Python definitions (the reference the compiled
+# steps are held to, run by the tests).
+unmemoised: Callable[[list[Labels], Memo], list[Labels]] | None = seriesmaps.unmemoised if seriesmaps.COMPILED else None
+split_labels: Callable[..., list[seriesmaps.Split]] | None = seriesmaps.split_labels if seriesmaps.COMPILED else None
+bucket_tuples: Callable[[list[Labels], array[float], Memo], dict[SeriesKey, Buckets] | None] | None = (
+    seriesmaps.bucket_tuples if seriesmaps.COMPILED else None
+)
+totals: Callable[[list[Labels], array[float], Memo], dict[SeriesKey, float] | None] | None = (
+    seriesmaps.totals if seriesmaps.COMPILED else None
+)
 
 DEFAULT_MODEL = "unknown"  # engines without a model label (TGI, llama.cpp) unless engine.model_name is set
 
@@ -685,6 +689,8 @@ class KeyCache:
         """Memoise the keys of those of ``labels`` not memoised yet, in bulk (``seriesmaps.split_labels``; one by one
         through :meth:`key` under a label filter or near the bound on entries); True when any was new. A label tuple
         whose ``le`` is no number is left out: the per-sample read meets it (and rejects the reading) in order."""
+        if unmemoised is None or split_labels is None:
+            return False  # one by one, as the samples come (KeyCache.key)
         memo = self.memo(match)
         missing = unmemoised(labels, memo)
         if not missing:
@@ -862,10 +868,13 @@ def _histograms(src: Source, expo: Exposition, keys: KeyCache) -> dict[str, dict
 
 
 def _in_bulk(
-    step: Callable[[list[Labels], array[float], Memo], _T | None], src: Source, samples: Series, keys: KeyCache
+    step: Callable[[list[Labels], array[float], Memo], _T | None] | None, src: Source, samples: Series, keys: KeyCache
 ) -> _T | None:
     """A family's answer from one of :mod:`~inferwatch.agent.node.engine.seriesmaps`' bulk steps: the label tuples
-    not memoised yet memoised first (a cold read), when the step says None for them; None where it does anyway."""
+    not memoised yet memoised first (a cold read), when the step says None for them; None where it does anyway, or
+    where the step is not compiled."""
+    if step is None:
+        return None
     memo = keys.memo(src.match)
     got = step(samples.labels, samples.values, memo)
     if got is None and keys.fill(samples.labels, src.match):
@@ -873,15 +882,26 @@ def _in_bulk(
     return got
 
 
-def _keyed(samples: Series, keys: KeyCache, match: tuple[tuple[str, str], ...]) -> Iterator[tuple[Labels, float, _Key]]:
-    """The samples the label filter takes, in order, each with its key."""
-    memo = keys.memo(match)
-    for labels, value in samples:
-        k = memo.get(id(labels), MISS)
-        if k is MISS:
-            k = keys.key(labels, match)
-        if k is not None:
-            yield labels, value, k
+def _keyed(
+    samples: Series, keys: KeyCache, match: tuple[tuple[str, str], ...]
+) -> Iterator[tuple[Labels, float, _Key | None]]:
+    """The samples in order, each with its key (None: the label filter leaves it out): the memo looked up in bulk,
+    the label tuples not memoised yet split in order; an ``le`` that is no number raises where its sample comes."""
+    labels, values = samples.labels, samples.values
+    found = list(map(keys.memo(match).get, map(id, labels), repeat(MISS)))
+    for i in compress(range(len(found)), map(is_, found, repeat(MISS))):
+        try:
+            found[i] = keys.key(labels[i], match)
+        except SourceFormatError:
+            return chain(zip(labels[:i], values[:i], found[:i], strict=True), _raising(keys, labels[i], match))
+    return zip(labels, values, found, strict=True)
+
+
+def _raising(
+    keys: KeyCache, labels: Labels, match: tuple[tuple[str, str], ...]
+) -> Iterator[tuple[Labels, float, _Key]]:
+    keys.key(labels, match)  # raises again, once the samples before it are read
+    yield from ()
 
 
 def _bucket_maps_by_sample(src: Source, samples: Series, keys: KeyCache) -> dict[SeriesKey, dict[float, float]]:
@@ -893,7 +913,10 @@ def _bucket_maps_by_sample(src: Source, samples: Series, keys: KeyCache) -> dict
     last_model: str | None = None
     last_series: Labels | None = None
     b: dict[float, float] = {}
-    for labels, value, (model, series, bound) in _keyed(samples, keys, src.match):
+    for labels, value, k in _keyed(samples, keys, src.match):
+        if k is None:
+            continue
+        model, series, bound = k
         if bound is None:
             continue
         if series is not last_series or model is not last_model:  # the next series (KeyCache interns both)
@@ -925,6 +948,8 @@ def _totals_by_sample(
     rejects the reading: a count, or a sum of durations, as every histogram an adapter reads is)."""
     into: dict[SeriesKey, float] = {}
     for labels, value, k in _keyed(samples, keys, src.match):
+        if k is None:
+            continue
         if value < 0:
             raise _reject(src, labels, value, f"{suffix[1:]} below zero", "negative_value")
         key = (k[0], k[1])

@@ -2,7 +2,10 @@
 #   docker build -t inferwatch:0.1.0 .        (docker-compose.yml builds it for you)
 # Python 3.11 on Debian 12, pinned to a patch release by tag (not by digest: the official image's tag is rebuilt
 # when Debian updates, and no authoritative record of its current digest was at hand). Three stages:
-#   build  builds the inferwatch wheel from this checkout (setuptools and wheel from requirements-build.lock)
+#   build  builds the inferwatch wheel from this checkout (setuptools and wheel from requirements-build.lock), with
+#          the exposition reader's C extension (_fastparse) compiled into it: gcc and the C library's headers are
+#          installed in this stage only (the image's Python carries its own headers), and the stage fails if the
+#          wheel lacks the extension (setup.py builds it optionally, so a machine without a compiler still installs)
 #   final  installs the dependencies from requirements.lock (exact versions, sha256-pinned: pip --require-hashes),
 #          then that wheel (not editable: runbooks, rules and dashboards come from the installed package), and
 #          runs as the unprivileged user inferwatch (10001) with its own HOME and state directory.
@@ -14,11 +17,15 @@
 FROM python:3.11.11-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY requirements-build.lock ./
 RUN pip install --require-hashes --no-deps -r requirements-build.lock
 COPY . .
 RUN pip wheel --no-deps --no-build-isolation --wheel-dir /wheels .
+RUN python -c "import glob, sys, zipfile; names = zipfile.ZipFile(glob.glob('/wheels/inferwatch-*.whl')[0]).namelist(); sys.exit(not any('/_fastparse.' in n and n.endswith('.so') for n in names))"
 
 # phoenix  the compose stack's trace store (arize-phoenix from PyPI, pinned in deploy/phoenix/requirements.txt, the
 #          release the tests run), on the same base; built only for the phoenix service (compose: target phoenix)

@@ -12,8 +12,7 @@
  *
  * And the engine adapters' bulk steps, whose pure-Python definitions are in seriesmaps.py (held equal by
  * tests/test_seriesmaps.py):
- * unmemoised(labels, memo): the label tuples whose id is not a key of memo, each once, in order.
- * split_labels(labels, order, skip, same, default): label tuples split into (model, other labels, le text).
+ * memoise(labels, memo, alive, order, skip, same, default, bounds, bound_of): the keys of label tuples not memoised.
  * bucket_tuples(labels, values, memo): a _bucket family as each series' ((bound, count), ...), or None.
  * totals(labels, values, memo): a _sum or _count family as one value per series, or None.
  *
@@ -494,109 +493,112 @@ fail:
 
 /* --- the engine adapters' bulk steps (seriesmaps.py) --------------------------------------------------------- */
 
-/* unmemoised(labels, memo): the label tuples whose id is not a key of memo, each once, in order. */
-static PyObject *unmemoised(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "unmemoised(labels: list, memo: dict)");
-        return NULL;
-    }
-    PyObject *labels = args[0], *memo = args[1], *out = PyList_New(0), *met = NULL;
-    if (out == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(labels); i++) {
-        PyObject *one = PyList_GET_ITEM(labels, i);
-        PyObject *id = PyLong_FromVoidPtr(one);
-        if (id == NULL) goto fail;
-        int known = PyDict_Contains(memo, id);
-        if (known == 0) {
-            if (met == NULL && (met = PySet_New(NULL)) == NULL) known = -1;
-            else if ((known = PySet_Contains(met, id)) == 0) {
-                if (PySet_Add(met, id) < 0 || PyList_Append(out, one) < 0) known = -1;
-            }
-        }
-        Py_DECREF(id);
-        if (known < 0) goto fail;
-    }
-    Py_XDECREF(met);
-    return out;
-fail:
-    Py_XDECREF(met);
-    Py_DECREF(out);
-    return NULL;
-}
-
-/* split_labels(labels, order, skip, same, default): seriesmaps.split_one of each label tuple, in order. */
-static PyObject *split_labels(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyList_Check(args[0]) || !PyTuple_Check(args[1]) || !PyAnySet_Check(args[2]) ||
-        !PyDict_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "split_labels(labels: list, order: tuple, skip: frozenset, same: dict, default)");
-        return NULL;
-    }
-    PyObject *all = args[0], *order = args[1], *skip = args[2], *same = args[3], *fallback = args[4];
+/* seriesmaps.split_one of one label tuple: its pieces (borrowed: *model NULL for none, *le Py_None for none) and the
+ * other labels sorted (a new tuple); 0, or -1 with an exception set. */
+static int split_pieces(PyObject *labels, PyObject *order, PyObject *skip, PyObject **model, PyObject **le,
+                        PyObject **others) {
     static PyObject *le_name = NULL;
-    if (le_name == NULL && (le_name = PyUnicode_InternFromString("le")) == NULL) return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(all), norder = PyTuple_GET_SIZE(order);
-    PyObject *out = PyList_New(n);
-    if (out == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *labels = PyList_GET_ITEM(all, i);
-        if (!PyTuple_Check(labels)) {
-            PyErr_SetString(PyExc_TypeError, "a label set is a tuple of (name, value) pairs");
+    if (le_name == NULL && (le_name = PyUnicode_InternFromString("le")) == NULL) return -1;
+    if (!PyTuple_Check(labels)) {
+        PyErr_SetString(PyExc_TypeError, "a label set is a tuple of (name, value) pairs");
+        return -1;
+    }
+    Py_ssize_t norder = PyTuple_GET_SIZE(order), rank = norder;
+    *model = NULL, *le = Py_None;
+    PyObject *rest = PyList_New(0);
+    if (rest == NULL) return -1;
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(labels); j++) {
+        PyObject *pair = PyTuple_GET_ITEM(labels, j);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "a label is a (name, value) tuple");
             goto fail;
         }
-        PyObject *model = NULL, *le = Py_None; /* borrowed from the pairs */
-        Py_ssize_t rank = norder;
-        PyObject *rest = PyList_New(0);
-        if (rest == NULL) goto fail;
-        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(labels); j++) {
-            PyObject *pair = PyTuple_GET_ITEM(labels, j);
-            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
-                PyErr_SetString(PyExc_TypeError, "a label is a (name, value) tuple");
-                goto fail_rest;
-            }
-            PyObject *name = PyTuple_GET_ITEM(pair, 0);
-            int eq = PyObject_RichCompareBool(name, le_name, Py_EQ);
-            if (eq < 0) goto fail_rest;
-            if (eq) {
-                le = PyTuple_GET_ITEM(pair, 1);
-                continue;
-            }
-            Py_ssize_t at = -1;
-            for (Py_ssize_t r = 0; r < norder && at < 0; r++) {
-                eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(order, r), name, Py_EQ);
-                if (eq < 0) goto fail_rest;
-                if (eq) at = r;
-            }
-            if (at >= 0) {
-                if (at < rank) {
-                    model = PyTuple_GET_ITEM(pair, 1);
-                    rank = at;
-                }
-                continue;
-            }
-            int skipped = PySet_Contains(skip, name);
-            if (skipped < 0 || (!skipped && PyList_Append(rest, pair) < 0)) goto fail_rest;
+        PyObject *name = PyTuple_GET_ITEM(pair, 0);
+        int eq = PyObject_RichCompareBool(name, le_name, Py_EQ);
+        if (eq < 0) goto fail;
+        if (eq) {
+            *le = PyTuple_GET_ITEM(pair, 1);
+            continue;
         }
-        if (PyList_GET_SIZE(rest) > 1 && PyList_Sort(rest) < 0) goto fail_rest;
-        PyObject *others = PyList_AsTuple(rest);
-        Py_DECREF(rest);
-        if (others == NULL) goto fail;
+        Py_ssize_t at = -1;
+        for (Py_ssize_t r = 0; r < norder && at < 0; r++) {
+            eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(order, r), name, Py_EQ);
+            if (eq < 0) goto fail;
+            if (eq) at = r;
+        }
+        if (at >= 0) {
+            if (at < rank) {
+                *model = PyTuple_GET_ITEM(pair, 1);
+                rank = at;
+            }
+            continue;
+        }
+        int skipped = PySet_Contains(skip, name);
+        if (skipped < 0 || (!skipped && PyList_Append(rest, pair) < 0)) goto fail;
+    }
+    if (PyList_GET_SIZE(rest) > 1 && PyList_Sort(rest) < 0) goto fail;
+    *others = PyList_AsTuple(rest);
+    Py_DECREF(rest);
+    return *others == NULL ? -1 : 0;
+fail:
+    Py_DECREF(rest);
+    return -1;
+}
+
+/* memoise(labels, memo, alive, order, skip, same, default, bounds, bound_of): see seriesmaps.memoise. */
+static PyObject *memoise(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9 || !PyList_Check(args[0]) || !PyDict_Check(args[1]) || !PyList_Check(args[2]) ||
+        !PyTuple_Check(args[3]) || !PyAnySet_Check(args[4]) || !PyDict_Check(args[5]) || !PyDict_Check(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "memoise(labels: list, memo: dict, alive: list, order: tuple, "
+                                         "skip: frozenset, same: dict, default, bounds: dict, bound_of)");
+        return NULL;
+    }
+    PyObject *all = args[0], *memo = args[1], *alive = args[2], *order = args[3], *skip = args[4], *same = args[5];
+    PyObject *fallback = args[6], *bounds = args[7], *bound_of = args[8], *id = NULL, *bound = NULL;
+    Py_ssize_t entered = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(all); i++) {
+        PyObject *labels = PyList_GET_ITEM(all, i);
+        if ((id = PyLong_FromVoidPtr(labels)) == NULL) goto fail;
+        int known = PyDict_Contains(memo, id);
+        if (known != 0) {
+            Py_CLEAR(id);
+            if (known < 0) goto fail;
+            continue;
+        }
+        PyObject *model, *le, *others;
+        if (split_pieces(labels, order, skip, &model, &le, &others) < 0) goto fail;
         PyObject *who = fallback, *kept = NULL; /* borrowed; the model interned first, as split_one does */
         if (model == NULL || (who = PyDict_SetDefault(same, model, model)) != NULL)
             kept = PyDict_SetDefault(same, others, others);
         Py_DECREF(others);
         if (kept == NULL) goto fail;
-        PyObject *split = PyTuple_Pack(3, who, kept, le);
-        if (split == NULL) goto fail;
-        PyList_SET_ITEM(out, i, split);
-        continue;
-    fail_rest:
-        Py_DECREF(rest);
-        goto fail;
+        if (le == Py_None) {
+            bound = Py_NewRef(Py_None);
+        } else if ((bound = Py_XNewRef(PyDict_GetItemWithError(bounds, le))) == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            Py_INCREF(le); /* the call may drop what holds it */
+            bound = PyObject_CallOneArg(bound_of, le);
+            Py_DECREF(le);
+            if (bound == NULL) goto fail;
+            if (bound == Py_None) { /* no number: left out */
+                Py_CLEAR(bound);
+                Py_CLEAR(id);
+                continue;
+            }
+        }
+        PyObject *key = PyTuple_Pack(3, who, kept, bound);
+        Py_CLEAR(bound);
+        if (key == NULL) goto fail;
+        int set = PyDict_SetItem(memo, id, key);
+        Py_DECREF(key);
+        Py_CLEAR(id);
+        if (set < 0 || PyList_Append(alive, labels) < 0) goto fail;
+        entered++;
     }
-    return out;
+    return PyLong_FromSsize_t(entered);
 fail:
-    Py_DECREF(out);
+    Py_XDECREF(id);
+    Py_XDECREF(bound);
     return NULL;
 }
 
@@ -772,10 +774,9 @@ static PyMethodDef methods[] = {
      "family(blocks, cache): a family's cached label sets, ids, models and bad bounds (see bulkparse.family)."},
     {"canon_ids", (PyCFunction)(void (*)(void))canon_ids, METH_FASTCALL,
      "canon_ids(keys, canon): each label set's canonical id, new ones entered (see bulkparse.canon_ids)."},
-    {"unmemoised", (PyCFunction)(void (*)(void))unmemoised, METH_FASTCALL,
-     "unmemoised(labels, memo): the label tuples not memoised, each once (see seriesmaps.unmemoised)."},
-    {"split_labels", (PyCFunction)(void (*)(void))split_labels, METH_FASTCALL,
-     "split_labels(labels, order, skip, same, default): label tuples split (see seriesmaps.split_labels)."},
+    {"memoise", (PyCFunction)(void (*)(void))memoise, METH_FASTCALL,
+     "memoise(labels, memo, alive, order, skip, same, default, bounds, bound_of): the keys of new label tuples "
+     "memoised, how many returned (see seriesmaps.memoise)."},
     {"bucket_tuples", (PyCFunction)(void (*)(void))bucket_tuples, METH_FASTCALL,
      "bucket_tuples(labels, values, memo): a _bucket family per series, or None (see seriesmaps.bucket_tuples)."},
     {"totals", (PyCFunction)(void (*)(void))totals, METH_FASTCALL,

@@ -20,7 +20,7 @@ from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from itertools import chain, compress, repeat
-from operator import is_, itemgetter
+from operator import is_
 from typing import TypeVar
 
 from inferwatch.agent.catalog.engine import ENGINE_KINDS, QUANTITIES  # noqa: F401  (QUANTITIES re-exported)
@@ -45,8 +45,7 @@ from inferwatch.agent.node.engine.textformat import Labels, parse_float
 # The bulk steps of seriesmaps.py where they are compiled (seriesmaps.COMPILED); without them each family is read
 # sample by sample, which in pure Python is as fast as their pure-Python definitions (the reference the compiled
 # steps are held to, run by the tests).
-unmemoised: Callable[[list[Labels], Memo], list[Labels]] | None = seriesmaps.unmemoised if seriesmaps.COMPILED else None
-split_labels: Callable[..., list[seriesmaps.Split]] | None = seriesmaps.split_labels if seriesmaps.COMPILED else None
+memoise: Callable[..., int] | None = seriesmaps.memoise if seriesmaps.COMPILED else None
 bucket_tuples: Callable[[list[Labels], array[float], Memo], dict[SeriesKey, Buckets] | None] | None = (
     seriesmaps.bucket_tuples if seriesmaps.COMPILED else None
 )
@@ -623,10 +622,6 @@ _Key = Key  # (model, other labels sorted, le bound or None)
 _NO_SKIP: frozenset[str] = frozenset()
 # what a memo lookup returns for labels not memoised yet (None is a memoised "no match"); compared by identity
 MISS: _Key = ("", (), None)
-_NO_BOUND = float(
-    "nan"
-)  # KeyCache.fill's mark of an le text that is no number: an object of its own, compared by identity
-_MODEL, _OTHERS, _LE_TEXT = itemgetter(0), itemgetter(1), itemgetter(2)
 MAX_KEY_CACHE_ENTRIES = 200_000
 _T = TypeVar("_T")
 
@@ -686,35 +681,28 @@ class KeyCache:
         return out
 
     def fill(self, labels: list[Labels], match: tuple[tuple[str, str], ...]) -> bool:
-        """Memoise the keys of those of ``labels`` not memoised yet, in bulk (``seriesmaps.split_labels``; one by one
+        """Memoise the keys of those of ``labels`` not memoised yet, in bulk (``seriesmaps.memoise``; one by one
         through :meth:`key` under a label filter or near the bound on entries); True when any was new. A label tuple
         whose ``le`` is no number is left out: the per-sample read meets it (and rejects the reading) in order."""
-        if unmemoised is None or split_labels is None:
+        if memoise is None:
             return False  # one by one, as the samples come (KeyCache.key)
         memo = self.memo(match)
-        missing = unmemoised(labels, memo)
-        if not missing:
-            return False
-        if match or len(self._alive) + len(missing) > MAX_KEY_CACHE_ENTRIES:
-            for one in missing:
-                with contextlib.suppress(SourceFormatError):  # an le that is no number: left out, as below
-                    self.key(one, match)
-            return True
-        splits = split_labels(missing, self.model_order, _NO_SKIP, self._same, self.default_model)
-        bounds: dict[str | None, float | None] = {}
-        for text in dict.fromkeys(map(_LE_TEXT, splits)):
-            try:
-                bounds[text] = self._bound(text)
-            except SourceFormatError:
-                bounds[text] = _NO_BOUND
-        found = list(map(bounds.__getitem__, map(_LE_TEXT, splits)))
-        keys = list(zip(map(_MODEL, splits), map(_OTHERS, splits), found, strict=True))
-        if _NO_BOUND in bounds.values():
-            taken = [bound is not _NO_BOUND for bound in found]
-            missing, keys = list(compress(missing, taken)), list(compress(keys, taken))
-        memo.update(zip(map(id, missing), keys, strict=True))
-        self._alive.extend(missing)
-        return True
+        before = len(memo)
+        if match or len(self._alive) + len(labels) > MAX_KEY_CACHE_ENTRIES:
+            for one in labels:
+                if id(one) not in memo:
+                    with contextlib.suppress(SourceFormatError):  # an le that is no number: left out, as below
+                        self.key(one, match)
+            return len(memo) > before
+        order, same, default = self.model_order, self._same, self.default_model
+        return memoise(labels, memo, self._alive, order, _NO_SKIP, same, default, self._le, self._number) > 0
+
+    def _number(self, le_text: str) -> float | None:
+        """The bound of an ``le`` text, None where it is no number."""
+        try:
+            return self._bound(le_text)
+        except SourceFormatError:
+            return None
 
     def _split(self, labels: Labels, match: tuple[tuple[str, str], ...]) -> _Key | None:
         if match:

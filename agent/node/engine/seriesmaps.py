@@ -2,10 +2,10 @@
 
 The adapters key each sample by ``(model, other labels sorted, le text's bound or None)`` (``adapters.KeyCache``,
 memoised by the identity of the reader's label tuples: ``id(labels) → key``). The steps here take a whole family at
-once: :func:`unmemoised` finds the label tuples not memoised yet, :func:`split_labels` splits them (what
-``KeyCache`` memoises, the bound still a text), :func:`bucket_tuples` makes a histogram family's ``_bucket`` samples
-into each series' buckets as a :class:`~inferwatch.agent.node.engine.histogram.Histogram` holds them, :func:`totals`
-a ``_sum`` or ``_count`` family into one value per series. Each is defined here in pure Python; ``_fastparse``
+once: :func:`memoise` splits the label tuples not memoised yet and memoises their keys, :func:`bucket_tuples` makes
+a histogram family's ``_bucket`` samples into each series' buckets as a
+:class:`~inferwatch.agent.node.engine.histogram.Histogram` holds them, :func:`totals` a ``_sum`` or ``_count`` family
+into one value per series. Each is defined here in pure Python; ``_fastparse``
 (``_fastparse.c``, beside the reader's bulk steps) computes the same answers in one C loop, selected as
 :mod:`~inferwatch.agent.node.engine.bulkparse` selects the reader's (:data:`COMPILED`, ``INFERWATCH_PURE_PARSER``);
 ``tests/test_seriesmaps.py`` holds the two equal.
@@ -23,14 +23,14 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Callable, Collection, Sequence
-from itertools import compress, groupby, islice
-from operator import itemgetter, lt, not_
+from itertools import groupby, islice
+from operator import itemgetter, lt
 from typing import Any
 
 from inferwatch.agent.node.engine.bulkparse import compiled_module
 from inferwatch.agent.node.engine.textformat import Labels
 
-STEPS = ("unmemoised", "split_labels", "bucket_tuples", "totals")  # each has its pure-Python definition here as NAME_py
+STEPS = ("memoise", "bucket_tuples", "totals")  # each has its pure-Python definition here as NAME_py
 
 Key = tuple[str, Labels, "float | None"]  # (model, other labels sorted, le bound or None)
 SeriesKey = tuple[str, Labels]  # (model, other labels sorted)
@@ -66,17 +66,37 @@ def split_one(labels: Labels, order: Sequence[str], skip: Collection[str], same:
     return (same.setdefault(model, model) if model is not None else default), same.setdefault(others, others), le
 
 
-def unmemoised_py(labels: list[Labels], memo: Memo) -> list[Labels]:
-    """The label tuples of ``labels`` whose ``id`` is not a key of ``memo``, each once, in order."""
-    missing = list(compress(labels, map(not_, map(memo.__contains__, map(id, labels)))))
-    return list(dict(zip(map(id, missing), missing, strict=True)).values())
-
-
-def split_labels_py(
-    labels: list[Labels], order: tuple[str, ...], skip: frozenset[str], same: dict[Any, Any], default: str
-) -> list[Split]:
-    """:func:`split_one` of each label tuple, in order."""
-    return [split_one(one, order, skip, same, default) for one in labels]
+def memoise_py(
+    labels: list[Labels],
+    memo: Memo,
+    alive: list[Labels],
+    order: tuple[str, ...],
+    skip: frozenset[str],
+    same: dict[Any, Any],
+    default: str,
+    bounds: dict[str, float],
+    bound_of: Callable[[str], float | None],
+) -> int:
+    """Memoise the key of each label tuple of ``labels`` whose ``id`` is not a key of ``memo`` yet, in order
+    (:func:`split_one`; its le text's bound from ``bounds``, else ``bound_of``, which enters it there), each memoised
+    tuple appended to ``alive``; a tuple whose le ``bound_of`` says None of (no number) is left out. Returns how many
+    were memoised."""
+    entered = 0
+    for one in labels:
+        if id(one) in memo:
+            continue
+        model, others, le = split_one(one, order, skip, same, default)
+        bound = None
+        if le is not None:
+            bound = bounds.get(le)
+            if bound is None:
+                bound = bound_of(le)
+                if bound is None:
+                    continue
+        memo[id(one)] = (model, others, bound)
+        alive.append(one)
+        entered += 1
+    return entered
 
 
 def _plain(values: array[float]) -> bool:
@@ -146,10 +166,7 @@ def totals_py(labels: list[Labels], values: array[float], memo: Memo) -> dict[Se
 
 _EXT = compiled_module()
 COMPILED = _EXT is not None  # the compiled steps run (see the module's docstring)
-unmemoised: Callable[[list[Labels], Memo], list[Labels]] = unmemoised_py if _EXT is None else _EXT.unmemoised
-split_labels: Callable[[list[Labels], tuple[str, ...], frozenset[str], dict[Any, Any], str], list[Split]] = (
-    split_labels_py if _EXT is None else _EXT.split_labels
-)
+memoise: Callable[..., int] = memoise_py if _EXT is None else _EXT.memoise
 bucket_tuples: Callable[[list[Labels], array[float], Memo], dict[SeriesKey, Buckets] | None] = (
     bucket_tuples_py if _EXT is None else _EXT.bucket_tuples
 )

@@ -5,10 +5,11 @@ memoised by the identity of the reader's label tuples: ``id(labels) → key``). 
 once: :func:`memoise` splits the label tuples not memoised yet and memoises their keys, :func:`bucket_tuples` makes
 a histogram family's ``_bucket`` samples into each series' buckets as a
 :class:`~inferwatch.agent.node.engine.histogram.Histogram` holds them, :func:`totals` a ``_sum`` or ``_count`` family
-into one value per series. Each is defined here in pure Python; ``_fastparse``
-(``_fastparse.c``, beside the reader's bulk steps) computes the same answers in one C loop, selected as
+into one value per series. Each is defined here in pure Python; ``_fastparse`` (``_fastparse.c``, beside the
+reader's bulk steps) computes the same answers in one C loop, selected as
 :mod:`~inferwatch.agent.node.engine.bulkparse` selects the reader's (:data:`COMPILED`, ``INFERWATCH_PURE_PARSER``);
-``tests/test_seriesmaps.py`` holds the two equal.
+``tests/test_seriesmaps.py`` holds the two equal. The adapters run the steps only where they are compiled: in pure
+Python their definitions are no faster than reading each family sample by sample, which the adapters do then.
 
 :func:`bucket_tuples` and :func:`totals` answer only the common case and say None for everything else, where the
 adapter reads the family sample by sample (adapters.py's ``_bucket_maps_by_sample`` and ``_totals_by_sample``, which

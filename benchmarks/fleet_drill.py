@@ -331,12 +331,20 @@ def drill_table(data: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for part in parts:
+        expected: dict[str, set[str]] = {}
         for f in part["faults"]:
+            expected.setdefault(f["node"], set()).add(f"{f['alertname']}@{f['receiver']}")
+        for f in part["faults"]:
+            own = {f"{f['alertname']}@{f['receiver']}"}
+            also = [
+                o if o not in expected[f["node"]] - own else f"{o} (the node's other fault)"
+                for o in f["other_deliveries"]
+            ]
             met = "no (never)" if f["delivered_s"] is None else ("yes" if f["delivered_s"] <= f["target_s"] else "no")
             rows.append(
                 f"| `{f['fault']}` | {part.get('set', 'issue33')} | {f['node']} | {f['alertname']}{baseline(f)} → "
                 f"{f['receiver']} | {_fmt(f['delivered_s'])} | {met} (≤ {_fmt(f['target_s'])}) | "
-                f"{f.get('repeats', 0)} | {_fmt(f['resolved_s'])} | {', '.join(f['other_deliveries']) or '—'} |"
+                f"{f.get('repeats', 0)} | {_fmt(f['resolved_s'])} | {', '.join(also) or '—'} |"
             )
     return "\n".join(rows)
 

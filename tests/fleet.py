@@ -824,7 +824,7 @@ class FaultResult:
     recovered_at: float | None = None
     resolved_s: float | None = None  # recovery → resolved delivery
     other_deliveries: list[str] = field(default_factory=list)  # other alerts delivered about this node
-    repeats: int = 0  # firing deliveries of its own alert after the first
+    repeats: int = 0  # incidents its own alert opened after the first (fleet.incidents)
     baseline: str | None = None  # the delivered alert's `baseline` label: what a history-comparing rule compared with
 
 
@@ -858,6 +858,39 @@ def _describe(d: Delivery, t0: float) -> dict[str, Any]:
         "action": d.action,
         "labels": {k: v for k, v in labels.items() if k in keep},
     }
+
+
+def incidents(descs: Sequence[dict[str, Any]]) -> int:
+    """How many times the described deliveries (of one alert at one receiver, :func:`_describe`'s form) opened a new
+    incident for a person: one notification (the deliveries of one arrival: a webhook carries every alert of its
+    Alertmanager group, a PagerDuty event one) opens its group's incident when none is open; a notification with none
+    of its alerts firing closes it. A renotification of an open group (a group_interval tick after another alert
+    joined it, or the agent's pushed copy and the rule's flipping its state) is an update of the same PagerDuty
+    incident (same dedup key) or ticket, not a new one. The group is the route's: the alert's name, or its SLO for
+    the SLO pages (one group per SLO), its instance and its model."""
+    notes: dict[tuple[float, str], list[dict[str, Any]]] = {}
+    for d in descs:
+        notes.setdefault((d["t_s"], d["receiver"]), []).append(d)
+    opened, open_groups = 0, set()
+    for (_, receiver), group in sorted(notes.items()):
+        for key in {_group_of(d, receiver) for d in group}:
+            firing = any(_group_of(d, receiver) == key and d["action"] in ("trigger", "firing") for d in group)
+            if firing and key not in open_groups:
+                open_groups.add(key)
+                opened += 1
+            elif not firing:
+                open_groups.discard(key)
+    return opened
+
+
+def _group_of(d: dict[str, Any], receiver: str) -> tuple[str, ...]:
+    labels = d.get("labels", {})
+    return (
+        receiver,
+        labels.get("slo") or d["alertname"],
+        labels.get("instance", ""),
+        labels.get("gen_ai_request_model", ""),
+    )
 
 
 @dataclass
@@ -970,14 +1003,16 @@ def run_drill(
             f"{d.alertname}@{d.receiver}"
             for d in snap
             if d.t >= t_fault
-            and (d.instance in (node.instance, node.engine_instance) or _model_of(d) == node.model)
+            # its node's alerts, and a model's alerts that carry no instance (the SLO pages): another node that
+            # serves the same model is another node
+            and (d.instance in (node.instance, node.engine_instance) or (not d.instance and _model_of(d) == node.model))
             and (d.alertname, d.receiver) not in own
             and d.receiver != "agent-evidence"  # the agent's evidence capture (critical alerts), not a person
             and _fired(d)
         }
         results[fault.name].other_deliveries = sorted(others)
-        mine = [d for d in snap if d.t >= results[fault.name].injected_at and _fired(d) and fault.matches(d, fleet)]
-        results[fault.name].repeats = max(0, len(mine) - 1)  # a repeat notification of the same episode
+        mine = [_describe(d, t0) for d in snap if d.t >= results[fault.name].injected_at and fault.matches(d, fleet)]
+        results[fault.name].repeats = max(0, incidents(mine) - 1)  # a new incident again within the same episode
     return DrillResult(
         healthy_s, done_noise, healthy, list(results.values()), fault_phase, round(watchdog.t - start, 1)
     )

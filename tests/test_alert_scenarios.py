@@ -17,7 +17,7 @@ import yaml
 from inferwatch.simulator.scenarios import DEFAULTS, parse
 from tests.alerting import alert_names, rule_test_files
 from tests.conftest import ROOT
-from tests.fleet import faults
+from tests.fleet import faults, incidents
 from tests.test_runbooks_exec import FAULTS
 
 MAPPING = yaml.safe_load((ROOT / "tests" / "alert_scenarios.yml").read_text())
@@ -139,3 +139,39 @@ def test_drill_table_is_generated_from_the_last_run(tmp_path: Path) -> None:
     )
     assert "LatencyBimodal@ticket |" in text
     assert "| `kv_saturation` | issue33 | p5-kv | KVCacheSaturatedWithPreemptions → ticket | — | no (never)" in text
+
+
+def _d(t: float, receiver: str, action: str, **labels: str) -> dict[str, object]:
+    return {
+        "t_s": t,
+        "receiver": receiver,
+        "alertname": labels.pop("alertname", "A"),
+        "action": action,
+        "labels": labels,
+    }
+
+
+def test_drill_counts_incidents_not_notifications() -> None:
+    # Six features of one alert in one ticket notification: one incident.
+    six = [_d(824.1, "ticket", "firing", instance="n:9435", feature=f) for f in "abcdef"]
+    assert incidents(six) == 1
+    # A group renotified while open (the SLO's burn joins its fast page; the pushed and the rule copy): one incident.
+    slo = [
+        _d(772.7, "pagerduty", "trigger", alertname="TTFTErrorBudgetBurn", slo="ttft", burn_rate="30"),
+        _d(1072.7, "pagerduty", "trigger", alertname="TTFTErrorBudgetBurn", slo="ttft", burn_rate="14.4"),
+        _d(1372.7, "pagerduty", "resolve", alertname="TTFTErrorBudgetBurn", slo="ttft", burn_rate="14.4"),
+    ]
+    assert incidents(slo) == 1
+    # Resolved, then firing again: a second incident (a repeat page for one episode).
+    again = [*slo, _d(1500.0, "pagerduty", "trigger", alertname="TTFTErrorBudgetBurn", slo="ttft")]
+    assert incidents(again) == 2
+    # One ticket notification resolving some alerts of a group while others fire keeps the incident open.
+    mixed = [
+        _d(10.0, "ticket", "firing", instance="n:9435", feature="a"),
+        _d(20.0, "ticket", "resolved", instance="n:9435", feature="a"),
+        _d(20.0, "ticket", "firing", instance="n:9435", feature="b"),
+        _d(30.0, "ticket", "firing", instance="n:9435", feature="a"),
+    ]
+    assert incidents(mixed) == 1
+    # Two nodes are two incidents.
+    assert incidents([_d(1.0, "ticket", "firing", instance="a:1"), _d(1.0, "ticket", "firing", instance="b:1")]) == 2

@@ -5,9 +5,13 @@ Each check runs in a fresh interpreter (this one has imported the test suite's o
 
 from __future__ import annotations
 
+import os
 import subprocess
+from pathlib import Path
 
-from tests.conftest import PYTHON, ROOT
+import pytest
+
+from tests.conftest import PYTHON, ROOT, free_port
 
 
 def _modules_after(code: str) -> set[str]:
@@ -35,3 +39,62 @@ def test_a_served_agent_does_not_import_trio_through_httpcore() -> None:
     assert "httpcore._synchronization" in mods and "trio" not in mods
     # Without the block the same client imports it: the check above is not vacuous.
     assert "trio" in _modules_after("import httpx\nhttpx.Client()")
+
+
+# `python -m inferwatch.agent run ARGS` as benchmarks/import_cost.py starts it, in a wrapper that waits for the agent
+# to be ready (/readyz: every collector has run once), asks for /metrics and the status page, then writes the modules
+# it holds to a file and stops it.
+_SERVED = """
+import os, runpy, signal, sys, threading, time, urllib.request
+port, out = sys.argv[1], sys.argv[2]
+def _watch():
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            if urllib.request.urlopen(base + "/readyz", timeout=5).status == 200:
+                break
+        except OSError:
+            if time.monotonic() > deadline:
+                os._exit(3)
+            time.sleep(0.2)
+    for path in ("/metrics", "/", "/metrics"):
+        urllib.request.urlopen(base + path, timeout=30).read()
+    with open(out, "w") as f:
+        f.write("\\n".join(sorted(k for k, m in sys.modules.items() if m is not None)))
+    os.kill(os.getpid(), signal.SIGTERM)
+threading.Thread(target=_watch, daemon=True).start()
+sys.argv = ["inferwatch", "run", "--port", port, *sys.argv[3:]]
+runpy.run_module("inferwatch.agent", run_name="__main__")
+"""
+# What only a switched-on HTTP source (engine, probe, runtime profile, Kubernetes discovery, Alertmanager push) uses.
+HTTP_ONLY = ("httpx", "httpcore", "inferwatch.agent.common.httpclient")
+
+
+def _served_modules(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> set[str]:
+    out = tmp_path / "modules.txt"
+    # the benchmark's environment: no INFERWATCH_* of the caller's; HOME here, so nothing is written to the real one
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("INFERWATCH_")}
+    clean |= {"HOME": str(tmp_path), **(env or {})}
+    cmd = [PYTHON, "-c", _SERVED, str(free_port()), str(out), *args]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=clean, capture_output=True, text=True, timeout=150)
+    assert out.exists(), f"the agent did not serve (exit {proc.returncode}): {proc.stderr[-2000:]}"
+    return set(out.read_text().split())
+
+
+@pytest.mark.integration
+def test_a_default_agent_imports_no_http_client(tmp_path: Path) -> None:
+    # No engine URL, probe, runtime profile, discovery or Alertmanager: httpx (~6 MB imported, ~11 MB with a
+    # client) is never loaded (docs/benchmarks.md, "Where the megabytes go").
+    mods = _served_modules(tmp_path)
+    assert "inferwatch.agent.node.collectors.engine" in mods  # the engine collector is built (and reports no URL)
+    assert not mods & set(HTTP_ONLY), sorted(mods & set(HTTP_ONLY))
+
+
+@pytest.mark.integration
+def test_an_agent_with_an_engine_url_imports_its_client(tmp_path: Path) -> None:
+    # The same wrapper sees httpx once a source that uses it is on: the check above is not vacuous. Nothing listens
+    # on the engine's port; the first collection makes the client and fails to connect.
+    url = f"http://127.0.0.1:{free_port()}/metrics"
+    mods = _served_modules(tmp_path, "--interval", "1", env={"INFERWATCH_ENGINE__METRICS_URL": url})
+    assert set(HTTP_ONLY) <= mods, sorted(set(HTTP_ONLY) - mods)

@@ -11,7 +11,6 @@ from typing import Any
 
 import typer
 
-from inferwatch.agent.common.httpclient import http_client
 from inferwatch.agent.common.redact import redact_text
 from inferwatch.agent.config import DEFAULT_ENGINE_MAX_BYTES, ENGINE_KIND_CHOICES
 from inferwatch.agent.errors import CollectorError
@@ -73,6 +72,8 @@ def register(app: typer.Typer) -> None:
 
 def _load(parser: EngineParser, url: str | None, path: Path | None, timeout_s: float) -> EngineReading:
     if url is not None:
+        from inferwatch.agent.common.httpclient import http_client  # httpx: only for a URL (not in `inferwatch run`)
+
         with http_client("engine") as client:
             return parser.parse(fetch(client, url, timeout_s, DEFAULT_ENGINE_MAX_BYTES))
     assert path is not None

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import typer
 
 from inferwatch.agent.cli.common import ConfigOpt, build_settings, read_token
@@ -23,6 +22,8 @@ API_TIMEOUT_S = 15.0
 
 
 def _api(agent: str, path: str, token_file: Path | None) -> Any:
+    import httpx  # here, not at the top: `inferwatch run` imports every command's module and needs no client
+
     token = read_token(token_file, "evidence")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:

@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 from urllib.parse import urlencode
 
-import httpx
 import typer
 
 from inferwatch.agent.cli.common import read_token
@@ -50,6 +49,8 @@ def register(app: typer.Typer) -> None:
         params = {"window": window, "top": str(top), "by": by} | ({"model": model} if model else {})
         params |= {"target": target} if target else {}
         url = f"{agent.rstrip('/')}/api/v1/explain?{urlencode(params)}"
+        import httpx  # here, not at the top: `inferwatch run` imports every command's module and needs no client
+
         try:
             r = httpx.get(url, headers=headers, timeout=API_TIMEOUT_S)
         except httpx.HTTPError as exc:

@@ -15,7 +15,8 @@ Two settings close it:
 - :class:`StaleConnectionRetry`: an idempotent request (GET, HEAD, OPTIONS, no body to replay) that fails that
   way on a *reused* connection, before its response's head arrived, is sent once more (the pool has closed and
   dropped the failed connection) and counted in :class:`RetryCounts`
-  (``inferwatch_http_retries_total{source}``). A failure on a connection opened for the request is the
+  (``inferwatch_http_retries_total{source}``; the counts live in :mod:`~inferwatch.agent.common.retrycounts`, which
+  a collector's context holds without importing httpx). A failure on a connection opened for the request is the
   server's answer and is never retried, nor is a request whose response began, nor a POST.
 
 httpx's own ``HTTPTransport(retries=N)`` retries only the opening of a connection (httpcore's connect
@@ -35,7 +36,7 @@ from typing import Any
 import httpx
 
 from inferwatch.agent.common.redact import redact_url
-from inferwatch.agent.common.samples import AnySample, Sample, attrs
+from inferwatch.agent.common.retrycounts import RetryCounts
 
 log = logging.getLogger(__name__)
 
@@ -56,33 +57,6 @@ STALE_CONNECTION_ERRORS: tuple[type[httpx.TransportError], ...] = (
 _CONNECT_EVENTS = frozenset({"connection.connect_tcp.started", "connection.connect_unix_socket.started"})
 
 Trace = Callable[[str, dict[str, Any]], None]
-
-
-class RetryCounts:
-    """Requests sent again after a reused connection failed under them, by source; thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts: dict[str, int] = {}
-
-    def add(self, source: str) -> None:
-        with self._lock:
-            self._counts[source] = self._counts.get(source, 0) + 1
-
-    def count(self, source: str) -> int:
-        with self._lock:
-            return self._counts.get(source, 0)
-
-    def samples(self) -> list[AnySample]:
-        """``inferwatch.http.retries{source}``, one per source that has a client (0 until its first retry)."""
-        with self._lock:
-            counts = sorted(self._counts.items())
-        return [Sample("inferwatch.http.retries", n, attrs(source=s)) for s, n in counts]
-
-    def register(self, source: str) -> None:
-        """Export ``source`` at 0 before its first retry (a counter that appears at 1 hides its first increase)."""
-        with self._lock:
-            self._counts.setdefault(source, 0)
 
 
 class _ConnectionTrace:

@@ -14,8 +14,7 @@ defaults live in the registry (:mod:`inferwatch.agent.node.collectors`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import httpx
+from typing import TYPE_CHECKING
 
 from inferwatch.agent.config import Settings
 from inferwatch.agent.node.actions.alertpush import AlertPusher
@@ -35,6 +34,9 @@ from inferwatch.agent.node.host.nvml import NVMLClient, PynvmlClient
 from inferwatch.agent.node.host.procfs import LimitHits, ReadLimits
 from inferwatch.agent.node.host.runtime import RuntimeLocator, url_port
 from inferwatch.agent.node.state import AgentState
+
+if TYPE_CHECKING:  # a given engine client's type; the agent's own is made by the engine collector when it has a URL
+    import httpx
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,23 +37,24 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-import httpx
 import yaml
 
 from inferwatch.agent import catalog
 from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
 from inferwatch.agent.catalog.spec import prometheus_label
 from inferwatch.agent.common import assets
-from inferwatch.agent.common.httpclient import shared_ssl_context
 from inferwatch.agent.common.redact import redact_url
 from inferwatch.agent.common.samples import AnySample, Collection, Sample, attrs
 from inferwatch.agent.common.userfiles import read_text_bounded
 from inferwatch.agent.config import DEFAULT_RUNBOOKS_BASE_URL, AlertmanagerSettings
 from inferwatch.agent.errors import ConfigError
 from inferwatch.agent.node.state import AgentState
+
+if TYPE_CHECKING:  # httpx is imported when an Alertmanager is configured (a push, or basic auth), not before
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,8 @@ def _secret(path: Path, what: str) -> str:
 def auth_of(cfg: AlertmanagerSettings) -> httpx.Auth | dict[str, str] | None:
     """Basic auth, or a bearer header, from the configured files (read once, at start)."""
     if cfg.username and cfg.password_file is not None:
+        import httpx
+
         return httpx.BasicAuth(cfg.username, _secret(cfg.password_file, "password_file"))
     if cfg.bearer_token_file is not None:
         return {"Authorization": f"Bearer {_secret(cfg.bearer_token_file, 'bearer_token_file')}"}
@@ -202,10 +205,12 @@ class AlertPusher:
         self.instance = cfg.instance or ""
         self.runbooks_base = cfg.labels.get("runbook_base") or runbooks_base
         self.dashboard_base = cfg.labels.get("dashboard_base") or DEFAULT_DASHBOARD_BASE
-        self.summaries = rule_summaries()
+        # the shipped rules' summaries: parsed only when there is an Alertmanager to push to (~0.5 MB and the YAML
+        # parse of every rule file at start otherwise)
+        self.summaries = rule_summaries() if cfg.urls else {}
         auth = auth_of(cfg)
         headers = auth if isinstance(auth, dict) else None
-        basic = auth if isinstance(auth, httpx.BasicAuth) else None
+        basic = None if auth is None or isinstance(auth, dict) else auth
         self.urls = [u.rstrip("/") + API_PATH for u in cfg.urls]
         self._own_client = client is None
         self._client_args: dict[str, Any] = {"headers": headers, "auth": basic}
@@ -236,6 +241,10 @@ class AlertPusher:
         """The HTTP client the pushes go through, made on first use with the process's one TLS context."""
         with self._client_lock:
             if self._made_client is None:
+                import httpx
+
+                from inferwatch.agent.common.httpclient import shared_ssl_context
+
                 self._made_client = httpx.Client(
                     trust_env=False, follow_redirects=False, verify=shared_ssl_context(False), **self._client_args
                 )
@@ -474,6 +483,8 @@ class AlertPusher:
                 f.result(timeout=self.cfg.timeout_s + 1.0)
 
     def _post(self, url: str, payload: list[dict[str, object]]) -> None:
+        import httpx  # imported by the client already: a push has one
+
         try:
             r = self.client.post(url, json=payload, timeout=self.cfg.timeout_s)
             outcome = "ok" if r.status_code == 200 else "http_status"

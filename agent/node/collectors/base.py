@@ -16,17 +16,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
-import httpx
-
-from inferwatch.agent.common.httpclient import RetryCounts
+from inferwatch.agent.common.retrycounts import RetryCounts
 from inferwatch.agent.common.samples import Collection
-from inferwatch.agent.node.debugprofile.reader import ProfileReader
-from inferwatch.agent.node.host.cpuprobe import CpuProbe
-from inferwatch.agent.node.host.nvml import NVMLClient
 from inferwatch.agent.node.host.procfs import DEFAULT_READ_LIMITS, ReadLimits
-from inferwatch.agent.node.host.runtime import RuntimeLocator
+
+if TYPE_CHECKING:  # the context's types only: an agent imports httpx (and the rest) when a part that uses it is on
+    import httpx
+
+    from inferwatch.agent.node.debugprofile.reader import ProfileReader
+    from inferwatch.agent.node.host.cpuprobe import CpuProbe
+    from inferwatch.agent.node.host.nvml import NVMLClient
+    from inferwatch.agent.node.host.runtime import RuntimeLocator
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,11 +55,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import httpx
-
-from inferwatch.agent.common.httpclient import http_client
 from inferwatch.agent.common.samples import AnySample, Sample, attrs
 from inferwatch.agent.config import DEFAULT_ENGINE_INTERVAL_S, EngineSettings
 from inferwatch.agent.errors import NoDataError
@@ -86,6 +83,9 @@ from inferwatch.agent.node.engine.modellen import (
 from inferwatch.agent.node.engine.progress import ProgressReader
 from inferwatch.agent.node.engine.rankitl import rank_itl
 from inferwatch.agent.node.engine.scrape import EngineParser, ExpositionStream
+
+if TYPE_CHECKING:  # httpx is imported with the client, on the first request: no engine URL, no httpx (~6 MB)
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -475,6 +475,8 @@ class EngineCollector(BaseCollector):
         """The engine's /health while a rank is stalled: ok | failed | absent (404) | off (probe disabled)."""
         if not self.health_url:
             return "off"
+        import httpx  # a health URL is an engine URL's: the client's own import
+
         try:
             r = self._client.get(self.health_url, timeout=HEALTH_TIMEOUT_S)
         except httpx.HTTPError:
@@ -526,10 +528,12 @@ class EngineCollector(BaseCollector):
 
     @property
     def _client(self) -> httpx.Client:
-        """The engine's HTTP client, made on the first request: an agent with no engine URL never loads httpcore
-        or a TLS context (~5 MB; docs/benchmarks.md, "Where the megabytes go")."""
+        """The engine's HTTP client, made on the first request: an agent with no engine URL never imports httpx,
+        httpcore or a TLS context (~11 MB; docs/benchmarks.md, "Where the megabytes go")."""
         with self._lock:
             if self._made_client is None:
+                from inferwatch.agent.common.httpclient import http_client
+
                 self._made_client = http_client("engine", self._retries)
             return self._made_client
 

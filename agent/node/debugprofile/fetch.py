@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
-from inferwatch.agent.common.httpclient import http_client
 from inferwatch.agent.common.redact import redact_text, redact_url
 from inferwatch.agent.errors import CollectorError
+
+if TYPE_CHECKING:  # httpx is imported by the first fetch: a runtime with no debug endpoint, no httpx
+    import httpx
 
 FETCH_REASONS = ("timeout", "connect", "http_status", "oversized", "not_json")
 # Arrays and objects nested deeper than this are refused (reason ``oversized``) before anything walks them:
@@ -39,6 +39,10 @@ def fetch_json(
     url: str, headers: dict[str, str], timeout_s: float, max_bytes: int, client: httpx.Client | None = None
 ) -> Any:
     """GET ``url``; return the decoded JSON. Bounded by ``max_bytes`` and ``timeout_s`` overall."""
+    import httpx
+
+    from inferwatch.agent.common.httpclient import http_client
+
     deadline = time.monotonic() + timeout_s
     shown = redact_url(url)  # what messages say: never the URL's credentials
     own = client is None

@@ -33,15 +33,16 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
-
-import httpx
 
 from inferwatch.agent.catalog.engine import ENGINE_KINDS
 from inferwatch.agent.errors import CollectorError, ConfigError, SourceFormatError
 from inferwatch.agent.node.discovery.engines import KnownEngine, known_engine
 from inferwatch.agent.node.discovery.target import ENGINE_KIND_AUTO, EngineTarget, TargetIdentity, TargetSet
+
+if TYPE_CHECKING:  # httpx is imported with the watcher's client: no Kubernetes discovery, no httpx
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,8 @@ class ApiServer:
         return {"Authorization": f"Bearer {token}"}
 
     def client(self, watch_timeout_s: float) -> httpx.Client:
+        import httpx
+
         verify: Any = str(self.ca_file) if self.ca_file is not None else True
         timeout = httpx.Timeout(DEFAULT_CONNECT_TIMEOUT_S, read=watch_timeout_s + WATCH_READ_MARGIN_S)
         return httpx.Client(base_url=self.base_url, verify=verify, timeout=timeout, trust_env=False)
@@ -269,6 +272,8 @@ class _Scope:
             raise CollectorError(f"{what}: HTTP {response.status_code} from the API server")
 
     def relist(self) -> None:
+        import httpx  # the watcher's client's own import: already loaded
+
         w = self.watcher
         params: dict[str, str | int] = {"fieldSelector": w.field_selector, "limit": LIST_PAGE_LIMIT}
         pods: dict[str, Mapping[str, Any]] = {}
@@ -313,6 +318,8 @@ class _Scope:
             "resourceVersion": self.resource_version,
             "timeoutSeconds": str(w.watch_timeout_s),
         }
+        import httpx  # the watcher's client's own import: already loaded
+
         try:
             with w.client.stream("GET", self.path, params=params, headers=w.api.headers()) as response:
                 self._check(response, f"watching pods at {self.path}")

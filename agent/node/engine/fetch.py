@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Protocol
-
-import httpx
+from typing import TYPE_CHECKING, Protocol
 
 from inferwatch.agent.errors import CollectorError
 from inferwatch.agent.node.engine.limits import LIMIT_REASONS, SampleLineCounter
+
+if TYPE_CHECKING:  # a fetch is given its client: httpx is the caller's import (none without an engine URL)
+    import httpx
 
 REASONS = (
     "connect",
@@ -85,6 +86,8 @@ def fetch_into(
     connection). ``max_series``: stop reading once the body holds more sample lines (reason
     ``sample_limit``), before the chunk that crosses it reaches the sink.
     """
+    import httpx  # the client's own import: already loaded
+
     deadline = time.monotonic() + timeout_s
     try:
         with client.stream("GET", url, timeout=httpx.Timeout(timeout_s), headers={"Accept": ACCEPT}) as resp:

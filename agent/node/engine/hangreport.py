@@ -6,8 +6,6 @@ A rank is hung *but healthy* when it is stalled past its allowance and the engin
 
 from __future__ import annotations
 
-import httpx
-
 from inferwatch.agent.catalog.engine import MODEL
 from inferwatch.agent.common.samples import Finding, Sample, attrs
 from inferwatch.agent.node.engine.hang import RankVerdict
@@ -22,6 +20,8 @@ def health_url(metrics_url: str | None, configured: str | None) -> str:
         return configured
     if not metrics_url:
         return ""
+    import httpx  # an engine URL is configured: its collector's client imports httpx too
+
     u = httpx.URL(metrics_url)
     return str(u.copy_with(path="/health", query=None, fragment=None))
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import TypeGuard
+from typing import TYPE_CHECKING, TypeGuard
 
-import httpx
+if TYPE_CHECKING:  # imported where an engine URL is read: no engine URL, no httpx
+    import httpx
 
 MODEL_LEN_TIMEOUT_S = 2.0  # GET /v1/models or /props: a small JSON document, asked off the scrape
 MODEL_LEN_MAX_BYTES = 1 << 20  # a model list with thousands of LoRA adapters still fits
@@ -38,6 +39,8 @@ def model_len_url(metrics_url: str | None, kind: str) -> str:
     """Where ``kind``'s engine reports its maximum model length: the metrics URL's origin + the path ("" if none)."""
     if not metrics_url:
         return ""
+    import httpx
+
     u = httpx.URL(metrics_url)
     if u.scheme not in ("http", "https"):
         return ""
@@ -81,6 +84,8 @@ def ask_model_len(
     max_bytes: int = MODEL_LEN_MAX_BYTES,
 ) -> ModelLenAnswer:
     """GET ``url`` (at most ``max_bytes``, ``timeout_s`` in total) and read the lengths with :func:`model_lens`."""
+    import httpx  # the client's own import: already loaded
+
     deadline = time.monotonic() + timeout_s
     body = bytearray()
     try:

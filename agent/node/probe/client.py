@@ -12,14 +12,14 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
-from inferwatch.agent.common.httpclient import http_client
 from inferwatch.agent.common.redact import redact_text, redact_url
 from inferwatch.agent.node.probe.schema import OrderChecker, Violation, validate_payload
 from inferwatch.agent.node.probe.sse import SSEParser
+
+if TYPE_CHECKING:  # httpx is imported by the first probe: no probe URL, no httpx
+    import httpx
 
 PROTOCOLS = ("openai", "anthropic")
 PATHS = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
@@ -93,6 +93,8 @@ def endpoint(url: str, protocol: str) -> str:
 
 def discover_model(http: httpx.Client, url: str, timeout_s: float) -> str | None:
     """The first model id of ``GET /v1/models`` (OpenAI list shape), or None."""
+    import httpx  # the client's own import: already loaded
+
     base = endpoint(url, "openai").removesuffix(PATHS["openai"])
     try:
         r = http.get(base + "/v1/models", timeout=min(timeout_s, DISCOVERY_TIMEOUT_S))
@@ -235,6 +237,10 @@ def run_probe(
     """Run one probe; never raises for runtime misbehaviour (it is reported in the result)."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    import httpx
+
+    from inferwatch.agent.common.httpclient import http_client
+
     target = endpoint(url, protocol)
     result = ProbeResult(protocol, redact_url(target))  # what it reports: never the URL's credentials
     headers = {"accept": "text/event-stream", "content-type": "application/json"}

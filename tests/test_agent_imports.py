@@ -84,8 +84,8 @@ def _served_modules(tmp_path: Path, *args: str, env: dict[str, str] | None = Non
 
 @pytest.mark.integration
 def test_a_default_agent_imports_no_http_client(tmp_path: Path) -> None:
-    # No engine URL, probe, runtime profile, discovery or Alertmanager: httpx (~6 MB imported, ~11 MB with a
-    # client) is never loaded (docs/benchmarks.md, "Where the megabytes go").
+    # No engine URL, probe, runtime profile, discovery or Alertmanager: httpx is never loaded (1.7 MB of a default
+    # agent's install, more with a client and its TLS context: docs/benchmarks.md, "Where the megabytes go").
     mods = _served_modules(tmp_path)
     assert "inferwatch.agent.node.collectors.engine" in mods  # the engine collector is built (and reports no URL)
     assert not mods & set(HTTP_ONLY), sorted(mods & set(HTTP_ONLY))

@@ -84,7 +84,7 @@ from inferwatch.agent.node.engine.progress import ProgressReader
 from inferwatch.agent.node.engine.rankitl import rank_itl
 from inferwatch.agent.node.engine.scrape import EngineParser, ExpositionStream
 
-if TYPE_CHECKING:  # httpx is imported with the client, on the first request: no engine URL, no httpx (~6 MB)
+if TYPE_CHECKING:  # httpx is imported with the client, on the first request: no engine URL, no httpx
     import httpx
 
 log = logging.getLogger(__name__)
@@ -529,7 +529,7 @@ class EngineCollector(BaseCollector):
     @property
     def _client(self) -> httpx.Client:
         """The engine's HTTP client, made on the first request: an agent with no engine URL never imports httpx,
-        httpcore or a TLS context (~11 MB; docs/benchmarks.md, "Where the megabytes go")."""
+        httpcore or a TLS context (docs/benchmarks.md, "Where the megabytes go")."""
         with self._lock:
             if self._made_client is None:
                 from inferwatch.agent.common.httpclient import http_client

@@ -110,8 +110,10 @@ def test_each_engine_has_its_own_collectors_identity_and_failure(tmp_path: Path,
     assert "engine" not in [c.name for c in agent.runner.collectors]  # only the discovered engines
     agent.start()
     try:
+        # the two engines' series in the order their collections first published (either may read first)
+        by_engine = lambda lines: sorted(lines, key=lambda x: x.split('engine_name="')[1])  # noqa: E731
         ups = _wait("both engines up", lambda: (u := _lines(agent.state, "inferwatch_engine_up")) and len(u) == 2 and u)
-        assert ups == [
+        assert by_engine(ups) == [
             'inferwatch_engine_up{container="vllm",engine="vllm",engine_name="gpu0",namespace="serving",'
             'pod="vllm-0"} 1.0',
             'inferwatch_engine_up{container="",engine="vllm",engine_name="gpu1",namespace="",pod=""} 1.0',
@@ -119,6 +121,7 @@ def test_each_engine_has_its_own_collectors_identity_and_failure(tmp_path: Path,
         info = _wait(
             "both engines' models", lambda: (i := _lines(agent.state, "inferwatch_engine_info")) and len(i) == 2 and i
         )
+        info = by_engine(info)
         assert 'engine_name="gpu0"' in info[0] and 'gen_ai_request_model="model-a"' in info[0]
         assert 'engine_name="gpu1"' in info[1] and 'gen_ai_request_model="model-b"' in info[1]
         # each engine's process, told apart by the port it listens on (no pod identity here, both on loopback)

@@ -738,18 +738,20 @@ def test_runbook_blocks_run_and_show_the_evidence(stack: Stack, name: str) -> No
             for r in fault.view
             if Path(r if r.startswith("/sys/") else f"/proc/{r}").exists()
         }
-        results = run_blocks(name, _env(stack, agent_url, runtime_url), stack.tmp, view)
-        shell = "\n".join(out for _, _, out in results)
-        # The PromQL as the reader would run it again: a scrape that failed or a collection that timed out on a
-        # starved machine leaves a one-second hole in the node's series, so the queries are repeated (for at most
-        # PROMQL_RETRY_S) until they show the evidence.
+        # The blocks and the PromQL as the reader would run them again: a scrape that failed or a collection that
+        # timed out on a starved machine leaves a one-second hole in the node's series (a grep of its /metrics then
+        # finds nothing: the whole suite's load, fresh run of 2026-12-07), so they are repeated (for at most
+        # PROMQL_RETRY_S) until every block succeeds and the output shows the evidence.
         deadline = time.monotonic() + PROMQL_RETRY_S
         while True:
+            results = run_blocks(name, _env(stack, agent_url, runtime_url), stack.tmp, view)
+            shell = "\n".join(out for _, _, out in results)
             if name != "AgentDown":  # a failed scrape makes the node's series stale: query after a good one
                 _wait(lambda: bool(stack.pl.query(f'up{{instance="{node}"}} == 1')), 30, what=f"{node} scraped")
             output = "\n".join([shell, run_promql(name, stack.pl.prometheus_url, node)])
             missing = [why for e in EVIDENCE[name] if (why := _missing(e, output))]
-            if not missing or time.monotonic() > deadline:
+            failed = [block.index for block, rc, _ in results if rc != 0]
+            if (not missing and not failed) or time.monotonic() > deadline:
                 break
             time.sleep(1)
     (stack.tmp / f"{name}.out").write_text(output)  # what the reader would have seen, for a failure's post-mortem

@@ -71,17 +71,26 @@ def _all_cycled(waiting: list[tuple[_Slot, int]]) -> bool:
     return all(slot.cycles > seen for slot, seen in waiting)
 
 
+_NO_HOOK = object()
+
+
+def _hook(collector: Collector, name: str) -> object:
+    """The value of the collector's optional hook ``name()``, or ``_NO_HOOK`` when it has none or it fails (a
+    collector's bug must not stop the scheduler)."""
+    hook = getattr(collector, name, None)
+    if not callable(hook):
+        return _NO_HOOK
+    try:
+        return hook()
+    except Exception:
+        log.debug("collector %s: %s() failed", collector.name, name, exc_info=True)
+        return _NO_HOOK
+
+
 def _read_again_in(collector: Collector) -> float | None:
     """The collector's ``read_again_in()`` (seconds; the engine collector's, for a hang verdict due before its next
     timed run), None when it has none or it fails: the timed run stands."""
-    hook = getattr(collector, "read_again_in", None)
-    if not callable(hook):
-        return None
-    try:
-        value = hook()
-    except Exception:  # a collector's bug must not stop the scheduler
-        log.debug("collector %s: read_again_in() failed", collector.name, exc_info=True)
-        return None
+    value = _hook(collector, "read_again_in")
     return float(value) if isinstance(value, int | float) and value == value else None
 
 
@@ -89,14 +98,8 @@ def _paces_cadence(collector: Collector) -> bool:
     """The collector's ``paces_cadence()``: False when its last run's cost is not to set its next interval (the
     engine collector's full read, made once per collection interval between its cheap progress passes); True when
     it has no such hook or the hook fails."""
-    hook = getattr(collector, "paces_cadence", None)
-    if not callable(hook):
-        return True
-    try:
-        return bool(hook())
-    except Exception:  # a collector's bug must not stop the scheduler
-        log.debug("collector %s: paces_cadence() failed", collector.name, exc_info=True)
-        return True
+    value = _hook(collector, "paces_cadence")
+    return True if value is _NO_HOOK else bool(value)
 
 
 def run_collection(collector: Collector) -> Collection:

@@ -354,14 +354,17 @@ def test_a_parse_past_the_collector_timeout_sets_up_0_and_counts_a_timeout() -> 
         try:
             assert _poll(lambda: state.health()["engine"].state == "ok")
             up, errors = _status(c)
-            assert up == 1 and not any(errors.values())
+            # a cold first run can outlast the 0.3 s run timeout on a loaded machine (fresh run of 2026-12-07):
+            # only timeouts before the slow parse, and the slow parse must add its own
+            assert up == 1 and sum(errors.values()) == errors["timeout"]
+            before = errors["timeout"]
             slow.release.clear()
             slow.slow.set()
             assert slow.waiting.wait(10)  # a run is parsing, well inside the 5 s fetch deadline
             assert _poll(lambda: state.health()["engine"].error_reason == "hung")  # timed out, then hung
             up, errors = _status(c)
             assert up == 0
-            assert errors["timeout"] >= 2 and sum(errors.values()) == errors["timeout"]
+            assert errors["timeout"] >= before + 2 and sum(errors.values()) == errors["timeout"]
             slow.slow.clear()
             slow.release.set()  # the abandoned run ends: it is not the runner's any more and changes nothing
             assert _poll(lambda: state.health()["engine"].state == "ok")  # the next run is a good one

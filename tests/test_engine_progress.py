@@ -16,7 +16,13 @@ from inferwatch.agent.config import Settings
 from inferwatch.agent.node.collectors.engine import EngineCollector
 from inferwatch.agent.node.engine.adapters import EngineReading
 from inferwatch.agent.node.engine.fetch import EngineScrapeError
-from inferwatch.agent.node.engine.progress import PROGRESS_COUNTERS, PROGRESS_GAUGES, ProgressReader
+from inferwatch.agent.node.engine.progress import (
+    PROGRESS_COUNTERS,
+    PROGRESS_GAUGES,
+    ProgressReader,
+    find_lines,
+    progress_lines,
+)
 from inferwatch.agent.node.engine.scrape import EngineParser
 from inferwatch.agent.node.wiring import collect_context
 from inferwatch.exporters.prometheus import prerender
@@ -69,6 +75,22 @@ def test_the_progress_pass_reads_only_its_families_lines() -> None:
     kept = {ln.split(b"{")[0] for ln in body.splitlines() if ln and not ln.startswith(b"#")}
     assert 0 < r.lines < sum(1 for ln in body.splitlines() if ln and not ln.startswith(b"#")) / 5
     assert all(m.histograms == {} for m in reading.models.values()) and len(kept) > 20
+
+
+def test_the_lines_are_found_in_chunks_as_in_one_search() -> None:
+    """The search over the body in calls of ``chunk`` bytes (the interpreter let go between them) finds what one call
+    over the whole body finds, at every chunk size, with lines cut anywhere by the chunk ends."""
+    gen = VllmLike([f"m{i}" for i in range(3)], engines=2, seed=5)
+    gen.observe(4)
+    body = gen.text().encode()
+    pattern, _ = progress_lines(ProgressReader("vllm").adapter.wanted())
+    whole = pattern.findall(body)
+    assert len(whole) > 20
+    for chunk in (1, 7, 64, 100, 333, 4096, len(body) // 2, len(body), 10 * len(body)):
+        assert find_lines(pattern, body, chunk) == whole, chunk
+    for cut in (body[:-1], body[: len(body) // 3], b"\n\n" + body + b"no newline at the end", b"", b"\n"):
+        for chunk in (1, 50, 1 << 20):
+            assert find_lines(pattern, cut, chunk) == pattern.findall(cut), chunk
 
 
 def _collector(url: str, clock: list[float]) -> EngineCollector:

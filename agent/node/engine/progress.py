@@ -39,6 +39,9 @@ from inferwatch.agent.node.engine.limits import EngineLimits
 # prefill histogram, llama.cpp's prompt seconds) is the detector's from the last full read.
 PROGRESS_GAUGES = ("running", "waiting", "kv_usage")
 PROGRESS_COUNTERS = ("prompt_tokens", "generation_tokens", "finished", "preemptions")
+# Bytes of the body searched per call of the regular expression, which holds the interpreter while it runs: the
+# 12 MB of 200 models x 2 ranks took ~18 ms in one call, during which no other thread (the API's) ran.
+FIND_CHUNK = 1 << 20
 
 
 def progress_adapter(adapter: Adapter) -> Adapter:
@@ -62,6 +65,20 @@ def progress_lines(names: frozenset[str]) -> tuple[re.Pattern[bytes], re.Pattern
     return re.compile(rb"\n" + line), re.compile(line)
 
 
+def find_lines(pattern: re.Pattern[bytes], body: bytes, chunk: int = FIND_CHUNK) -> list[bytes]:
+    """``pattern.findall(body)`` for a :func:`progress_lines` pattern (a newline, then the rest of that line), in
+    calls over ``chunk`` bytes or so: each ends at a newline (where the line a match takes ends too) and the next
+    starts there, so every line is found once, as one call over the whole body finds it."""
+    found: list[bytes] = []
+    at, size = 0, len(body)
+    while at < size:
+        end = body.find(b"\n", at + chunk) if size - at > chunk else -1
+        end = size if end < 0 else end
+        found += pattern.findall(body, at, end)
+        at = end
+    return found
+
+
 class ProgressReader:
     """The progress pass of one engine kind; keeps its reader's and its label splits' caches between passes."""
 
@@ -78,7 +95,7 @@ class ProgressReader:
         """The progress families of ``body`` mapped per model and rank, or None (read the body in full instead)."""
         if not body.endswith(b"\n"):  # cut short, or a last line without its newline: the full read says which
             return None
-        kept = self._lines.findall(body)
+        kept = find_lines(self._lines, body)
         first = self._first.match(body)
         if first is not None:
             kept.insert(0, first.group(1))

@@ -1,49 +1,114 @@
-"""Entry point of the ``inferwatch`` command. Only this layer exits; library code raises."""
+"""Entry point of the ``inferwatch`` command. Only this layer exits; library code raises.
+
+A command's module is imported when that command runs (or when a help text or a completion lists every command):
+``inferwatch run`` loads ``cli/run.py`` and what it needs, not the other commands' modules and their imports
+(~2 MB of every agent's memory: docs/benchmarks.md, "Where the megabytes go").
+"""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
 import typer
+import typer.main
+from typer.core import TyperGroup
 
 from inferwatch.agent import __version__
-from inferwatch.agent.cli import assets, demo, doctor, loadgen, run, simulate, top
-from inferwatch.agent.cli import engine as engine_cli
-from inferwatch.agent.cli import evidence as evidence_cli
-from inferwatch.agent.cli import explain as explain_cli
-from inferwatch.agent.cli import probe as probe_cmd
-from inferwatch.agent.cli import profile as profile_cmd
-from inferwatch.agent.cli import simd as simd_cli
+
+# Every command, in the order ``inferwatch --help`` lists them → the module of inferwatch.agent.cli whose
+# ``register(app)`` defines it (a module may define several: matrix.py defines ``prices`` and ``matrix``).
+COMMANDS: dict[str, str] = {
+    "run": "run",
+    "doctor": "doctor",
+    "simulate": "simulate",
+    "loadgen": "loadgen",
+    "demo": "demo",
+    "probe": "probe",
+    "profile": "profile",
+    "explain": "explain",
+    "simd": "simd",
+    "top": "top",
+    "prices": "matrix",
+    "matrix": "matrix",
+    "drift": "drift",
+    "version": "",  # defined below, in this module
+    "engine": "engine",
+    "evidence": "evidence",
+    "assets": "assets",
+    "grafana": "grafana",
+}
+
+# One set of settings for the root and for every command's own small app, so a command reads the same either way.
+_APP_SETTINGS: dict[str, Any] = {
+    "add_completion": False,
+    "pretty_exceptions_enable": False,
+    # Help is plain text: rich markup would turn "normal:M:SD" into "normalⓂSD" (emoji codes) and eat "[...]".
+    "rich_markup_mode": None,
+}
+
+
+def _module_commands(module: str) -> dict[str, Any]:
+    """The click commands that ``inferwatch.agent.cli.<module>``'s ``register`` defines, by name."""
+    sub = typer.Typer(**_APP_SETTINGS)
+    importlib.import_module(f"inferwatch.agent.cli.{module}").register(sub)
+    return dict(typer.main.get_group(sub).commands)
+
+
+class _Commands(MutableMapping[str, Any]):
+    """The root group's commands: every name in :data:`COMMANDS` from the start, each command built (its module
+    imported) the first time it is looked up. Iterating yields the names without building anything; reading every
+    value (``items()``, a help listing) builds them all."""
+
+    def __init__(self, built: MutableMapping[str, Any]) -> None:
+        self._built = dict(built)
+
+    def __getitem__(self, name: str) -> Any:
+        module = COMMANDS.get(name)
+        if name not in self._built and module:
+            for cmd_name, cmd in _module_commands(module).items():
+                self._built.setdefault(cmd_name, cmd)
+        return self._built[name]
+
+    def __setitem__(self, name: str, cmd: Any) -> None:
+        self._built[name] = cmd
+
+    def __delitem__(self, name: str) -> None:
+        del self._built[name]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from COMMANDS
+        yield from (name for name in self._built if name not in COMMANDS)
+
+    def __len__(self) -> int:
+        return len(COMMANDS.keys() | self._built.keys())
+
+    def __contains__(self, name: object) -> bool:
+        return name in COMMANDS or name in self._built
+
+
+class _LazyGroup(TyperGroup):
+    """The root group, whose commands are a :class:`_Commands` (typer builds it with the commands of this module)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.commands = _Commands(self.commands)
+
 
 app = typer.Typer(
     name="inferwatch",
     help="Observability and SLO diagnostics for LLM inference runtimes.",
     no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    # Help is plain text: rich markup would turn "normal:M:SD" into "normalⓂSD" (emoji codes) and eat "[...]".
-    rich_markup_mode=None,
+    cls=_LazyGroup,
+    **_APP_SETTINGS,
 )
 
-for module in (
-    run,
-    doctor,
-    engine_cli,
-    simulate,
-    loadgen,
-    demo,
-    probe_cmd,
-    profile_cmd,
-    evidence_cli,
-    explain_cli,
-    simd_cli,
-    assets,
-    top,
-):
-    module.register(app)
 
-from inferwatch.agent.cli import drift, grafana, matrix  # noqa: E402  (dash: grafana push, matrix; drift)
-
-for module in (grafana, matrix, drift):
-    module.register(app)
+@app.callback()
+def _root() -> None:
+    # A group, not a one-command app: the other commands are added by _LazyGroup, where typer does not see them.
+    pass
 
 
 @app.command()

@@ -41,6 +41,57 @@ def test_a_served_agent_does_not_import_trio_through_httpcore() -> None:
     assert "trio" in _modules_after("import httpx\nhttpx.Client()")
 
 
+def test_inferwatch_run_imports_its_own_command_module_only() -> None:
+    # The CLI imports a command's module when that command runs: `inferwatch run` loads cli/run.py (and
+    # cli/common.py), not the other commands' modules and what they import (~2 MB of every agent).
+    def after(*argv: str) -> set[str]:
+        code = (
+            "from inferwatch.agent.cli.main import main\n"
+            f"sys.argv = ['inferwatch', *{list(argv)!r}]\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass"
+        )
+        return {m for m in _modules_after(code) if m.startswith("inferwatch.agent.cli.")}
+
+    commands = {"inferwatch.agent.cli.run", "inferwatch.agent.cli.common", "inferwatch.agent.cli.main"}
+    assert after("run", "--help") == commands
+    # The listing loads every command (its help line is the command's docstring): the check above is not vacuous.
+    listed = after("--help")
+    assert {"inferwatch.agent.cli.engine", "inferwatch.agent.cli.matrix", "inferwatch.agent.cli.top"} <= listed
+
+
+# What the agent's modules import only where the feature that needs it is on: psutil by the runtime locator when a
+# runtime is configured (or an engine port to look at), PyYAML by a config file's, a discovery file's or the shipped
+# rules' read (the Alertmanager push). docs/benchmarks.md, "Where the megabytes go".
+PSUTIL = ("psutil",)
+YAML = ("yaml",)
+ON_DEMAND_MODULES = (
+    "inferwatch.agent.config",
+    "inferwatch.agent.node.host.runtime",
+    "inferwatch.agent.node.collectors.process",
+    "inferwatch.agent.node.actions.pyspy",
+    "inferwatch.agent.node.discovery.filesd",
+    "inferwatch.agent.node.actions.alertpush",
+)
+
+
+def test_psutil_and_yaml_are_imported_on_use_only() -> None:
+    imports = "import " + ", ".join(ON_DEMAND_MODULES)
+    mods = _modules_after(imports)
+    assert set(ON_DEMAND_MODULES) <= mods
+    assert not mods & {*PSUTIL, *YAML}, sorted(mods & {*PSUTIL, *YAML})
+    # Their first use imports them: a runtime configured (the pattern matches nothing), a config file read.
+    use = (
+        f"{imports}\nfrom pathlib import Path\nimport tempfile\n"
+        "from inferwatch.agent.config import RuntimeSettings, read_yaml\n"
+        "from inferwatch.agent.errors import NoDataError\n"
+        "from inferwatch.agent.node.host.runtime import RuntimeLocator\n"
+        "loc = RuntimeLocator(RuntimeSettings(cmdline_pattern='no-such-runtime-x9'))\n"
+        "try:\n    loc.find()\nexcept NoDataError:\n    pass\n"
+        "f = Path(tempfile.mkdtemp()) / 'c.yaml'\nf.write_text('interval_s: 1')\nread_yaml(f)"
+    )
+    assert {*PSUTIL, *YAML} <= _modules_after(use)
+
+
 # `python -m inferwatch.agent run ARGS` as benchmarks/import_cost.py starts it, in a wrapper that waits for the agent
 # to be ready (/readyz: every collector has run once), asks for /metrics and the status page, then writes the modules
 # it holds to a file and stops it.
@@ -82,19 +133,32 @@ def _served_modules(tmp_path: Path, *args: str, env: dict[str, str] | None = Non
     return set(out.read_text().split())
 
 
+# What a default agent (no config file, no runtime, no HTTP source) never loads: the other commands' modules, the
+# HTTP client, psutil and PyYAML (docs/benchmarks.md, "Where the megabytes go").
+OTHER_COMMANDS = ("inferwatch.agent.cli.engine", "inferwatch.agent.cli.explain", "inferwatch.agent.cli.top")
+NOT_IN_A_DEFAULT_AGENT = (*HTTP_ONLY, *PSUTIL, *YAML, *OTHER_COMMANDS)
+
+
 @pytest.mark.integration
-def test_a_default_agent_imports_no_http_client(tmp_path: Path) -> None:
+def test_a_default_agent_imports_only_what_it_runs(tmp_path: Path) -> None:
     # No engine URL, probe, runtime profile, discovery or Alertmanager: httpx is never loaded (1.7 MB of a default
-    # agent's install, more with a client and its TLS context: docs/benchmarks.md, "Where the megabytes go").
+    # agent's install, more with a client and its TLS context); no runtime configured: no psutil; no config file: no
+    # PyYAML; and of the CLI, the run command's module only.
     mods = _served_modules(tmp_path)
     assert "inferwatch.agent.node.collectors.engine" in mods  # the engine collector is built (and reports no URL)
-    assert not mods & set(HTTP_ONLY), sorted(mods & set(HTTP_ONLY))
+    assert {"inferwatch.agent.node.host.runtime", "inferwatch.agent.node.discovery.filesd"} <= mods
+    assert not mods & set(NOT_IN_A_DEFAULT_AGENT), sorted(mods & set(NOT_IN_A_DEFAULT_AGENT))
 
 
 @pytest.mark.integration
-def test_an_agent_with_an_engine_url_imports_its_client(tmp_path: Path) -> None:
-    # The same wrapper sees httpx once a source that uses it is on: the check above is not vacuous. Nothing listens
-    # on the engine's port; the first collection makes the client and fails to connect.
+def test_an_agent_with_an_engine_a_runtime_and_a_config_file_imports_them(tmp_path: Path) -> None:
+    # The same wrapper sees httpx, psutil and PyYAML once what uses them is on: the check above is not vacuous.
+    # Nothing listens on the engine's port (the first collection makes the client and fails to connect); no process
+    # matches the runtime's pattern (the locator looks with psutil and finds none).
     url = f"http://127.0.0.1:{free_port()}/metrics"
-    mods = _served_modules(tmp_path, "--interval", "1", env={"INFERWATCH_ENGINE__METRICS_URL": url})
-    assert set(HTTP_ONLY) <= mods, sorted(set(HTTP_ONLY) - mods)
+    config = tmp_path / "inferwatch.yaml"
+    config.write_text("runtime:\n  cmdline_pattern: no-such-runtime-x9\n")
+    env = {"INFERWATCH_ENGINE__METRICS_URL": url}
+    mods = _served_modules(tmp_path, "--interval", "1", "--config", str(config), env=env)
+    wanted = {*HTTP_ONLY, *PSUTIL, *YAML}
+    assert wanted <= mods, sorted(wanted - mods)

@@ -1,5 +1,7 @@
 """The config file: one bounded read (a size cap and a YAML alias cap, both set by environment variables since
-they apply before the settings exist) and the settings source that hands its values to the settings root."""
+they apply before the settings exist) and the settings source that hands its values to the settings root.
+
+PyYAML is imported by the read: an agent configured by flags and environment alone never loads it."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic.fields import FieldInfo
 from pydantic_settings import PydanticBaseSettingsSource
 
@@ -61,23 +62,27 @@ def _env_int(environ: Mapping[str, str], var: str, default: int, least: int) -> 
     return value
 
 
-class _BoundedLoader(yaml.SafeLoader):
-    """SafeLoader that refuses aliases past ``max_aliases`` while composing, before anything expands."""
+def _bounded_loader(text: str, max_aliases: int) -> Any:
+    """A SafeLoader over ``text`` (what yaml.load uses) that refuses aliases past ``max_aliases`` while composing,
+    before anything expands."""
+    import yaml
 
-    aliases = 0
-    max_aliases = DEFAULT_CONFIG_MAX_ALIASES
+    class BoundedLoader(yaml.SafeLoader):
+        aliases = 0
 
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            self.aliases += 1
-            if self.aliases > self.max_aliases:
-                mark = self.peek_event().start_mark
-                accepted = f"more than {self.max_aliases} are" if self.max_aliases else "they are"
-                raise yaml.YAMLError(
-                    f"YAML aliases (*name): {accepted} not accepted in a config file (line {mark.line + 1}); "
-                    f"write values out, or raise {CONFIG_MAX_ALIASES_ENV}"
-                )
-        return super().compose_node(parent, index)
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                self.aliases += 1
+                if self.aliases > max_aliases:
+                    mark = self.peek_event().start_mark
+                    accepted = f"more than {max_aliases} are" if max_aliases else "they are"
+                    raise yaml.YAMLError(
+                        f"YAML aliases (*name): {accepted} not accepted in a config file (line {mark.line + 1}); "
+                        f"write values out, or raise {CONFIG_MAX_ALIASES_ENV}"
+                    )
+            return super().compose_node(parent, index)
+
+    return BoundedLoader(text)
 
 
 def read_yaml(
@@ -85,9 +90,10 @@ def read_yaml(
 ) -> dict[str, Any]:
     """The config file's top-level mapping; ConfigError when it is over ``max_bytes``, holds more than
     ``max_aliases`` YAML aliases, or is not a UTF-8 YAML mapping."""
+    import yaml
+
     text = read_text_bounded(path, max_bytes, "config file", f" ({CONFIG_MAX_BYTES_ENV})")
-    loader = _BoundedLoader(text)  # a SafeLoader subclass (what yaml.load does, with the alias cap set)
-    loader.max_aliases = max_aliases
+    loader = _bounded_loader(text, max_aliases)
     try:
         data = loader.get_single_data()
     except yaml.YAMLError as exc:

@@ -40,8 +40,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-import yaml
-
 from inferwatch.agent import catalog
 from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
 from inferwatch.agent.catalog.spec import prometheus_label
@@ -135,6 +133,8 @@ def _iso(t: float) -> str:
 
 def rule_summaries() -> dict[str, str]:
     """The static ``summary`` annotation of every shipped alert rule (the rule files the agent installs)."""
+    import yaml  # here: only a pusher with an Alertmanager URL reads them
+
     out: dict[str, str] = {}
     for path in assets.rule_files():
         doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}

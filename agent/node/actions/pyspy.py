@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from inferwatch.agent.errors import NoDataError, ToolError
 from inferwatch.agent.node.host.runtime import RuntimeLocator
 
@@ -67,6 +65,8 @@ class PidScope:
 
     def check(self, value: object) -> int:
         """The validated pid; PySpyError invalid_pid, not_runtime or no_runtime otherwise."""
+        import psutil  # here, on a profiling request: an agent that is never asked does not load it
+
         pid = validate_pid(value)
         name = self.locator.name
         if pid == self.agent_pid:

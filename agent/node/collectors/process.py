@@ -15,8 +15,6 @@ import time
 from dataclasses import replace
 from typing import ClassVar
 
-import psutil
-
 from inferwatch.agent.common.samples import AnySample, Finding, Sample, attrs
 from inferwatch.agent.config import PageCacheSettings
 from inferwatch.agent.errors import NoDataError, ReadLimitError
@@ -65,6 +63,8 @@ class ProcessCollector(BaseCollector):
             if loc.configured:
                 absent.append(Sample("inferwatch.runtime.restarts", loc.restarts, r))
             raise NoDataError(str(exc.args[0]), exc.hint, samples=absent) from None
+        import psutil  # loaded by the locator that found proc: an agent without a runtime never loads it
+
         try:
             with proc.oneshot():
                 cpu = proc.cpu_times()

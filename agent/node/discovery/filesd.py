@@ -26,8 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from inferwatch.agent.catalog.engine import ENGINE_KINDS
 from inferwatch.agent.errors import ConfigError, InferwatchError
 from inferwatch.agent.node.discovery.target import ENGINE_KIND_AUTO, EngineTarget, TargetIdentity, TargetSet
@@ -94,6 +92,8 @@ class FileTargets:
 
 def parse_file_sd(text: str, where: str = "discovery.file") -> TargetSet:
     """The targets of a ``file_sd`` text; ConfigError (naming ``where`` and the group) when it is not one."""
+    import yaml  # here: an agent without a discovery file never loads PyYAML
+
     try:
         data: Any = yaml.safe_load(text)
     except yaml.YAMLError as exc:

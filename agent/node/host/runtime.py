@@ -9,6 +9,9 @@ different (pid, start time) counts as a restart. Of several processes matching t
 wins (the parent: runtimes fork workers whose command lines match too). The port lookup reads
 ``<procfs>/net/tcp{,6}`` and every ``<procfs>/PID/fd``, so its answer is kept the same way. psutil
 reads ``psutil.PROCFS_PATH``, which is set to ``--path.procfs`` (one procfs root per agent process).
+
+psutil is imported by the first lookup that can find a process (a runtime configured, or a port to look at): an
+agent with neither, the default, never loads it (~1.5 MB: docs/benchmarks.md, "Where the megabytes go").
 """
 
 from __future__ import annotations
@@ -17,13 +20,15 @@ import os
 import re
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
-
-import psutil
 
 from inferwatch.agent.config import RuntimeSettings
 from inferwatch.agent.errors import NoDataError
 from inferwatch.agent.node.host.privilege import unless_root
+
+if TYPE_CHECKING:
+    import psutil
 
 HINT_CONFIGURE = (
     "set runtime.pid, runtime.pidfile or runtime.cmdline_pattern "
@@ -70,10 +75,14 @@ class RuntimeLocator:
         """Point psutil at ``--path.procfs`` on first use (not at construction: building the agent's
         dependencies, e.g. for a test on a recorded tree, must not change psutil for everyone). A locator on
         /proc points it back: psutil's root is one global, and whoever uses it last must find its own tree."""
+        import psutil
+
         if str(self.procfs) != psutil.PROCFS_PATH:
             psutil.PROCFS_PATH = str(self.procfs)
 
     def find(self) -> psutil.Process:
+        if not self.configured:  # before psutil: nothing to look for
+            raise NoDataError("no runtime process configured", hint=HINT_CONFIGURE)
         self._use_procfs()
         with self._lock:
             proc = self._proc
@@ -109,6 +118,10 @@ class RuntimeLocator:
 
     def pids(self) -> set[int]:
         """The runtime's pid and its descendants' (workers hold the GPU memory); empty when not running."""
+        if not self.configured:
+            return set()
+        import psutil
+
         try:
             proc = self.find()
             return {proc.pid} | {c.pid for c in proc.children(recursive=True)}
@@ -116,6 +129,8 @@ class RuntimeLocator:
             return set()
 
     def _still_valid(self, proc: psutil.Process) -> bool:
+        import psutil
+
         try:
             if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
                 return False
@@ -141,6 +156,8 @@ class RuntimeLocator:
         return int(text)
 
     def _process(self, pid: int, source: str) -> psutil.Process:
+        import psutil
+
         try:
             proc = psutil.Process(pid)
             if proc.status() == psutil.STATUS_ZOMBIE:
@@ -160,6 +177,8 @@ class RuntimeLocator:
             return self._process(self._read_pidfile(), f"runtime.pidfile {s.pidfile}")
         if self._pattern is None:
             raise NoDataError("no runtime process configured", hint=HINT_CONFIGURE)
+        import psutil
+
         me = os.getpid()
         matches: list[tuple[float, int, psutil.Process]] = []
         try:

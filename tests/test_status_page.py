@@ -513,3 +513,24 @@ def test_feature_table_marks_a_runtime_fallback() -> None:
     page = render_page(ov)
     assert '<td data-runtime="inactive">✖ NOT IN USE (fallback)</td>' in page
     assert "compiled for sve but its kernels do not use them" in page
+
+
+def test_prefix_cache_hit_ratio_per_model_counts_the_local_cache_only() -> None:
+    """hits / queries of each model's local prefix cache (``cache`` "local" or none), summed over its series; the
+    external (KV-connector) cache and the other models' series are not in it; no queries, no ratio."""
+    state = AgentState()
+    ok = CollectorHealth("engine", 1.0, 1.0, runs=1, state="ok")
+    samples = [Sample("inferwatch.engine.info", 1, attrs({"gen_ai.request.model": m}, engine="vllm")) for m in "abc"]
+    for model, cache, hits, queries in (
+        ("a", "local", 30, 100),
+        ("a", "external", 90, 100),
+        ("a", "", 10, 100),
+        ("b", "external", 5, 10),
+        ("c", "local", 0, 0),
+    ):
+        labels = attrs({"gen_ai.request.model": model, "cache": cache})
+        samples.append(Sample("inferwatch.engine.prefix_cache.hits", hits, labels))
+        samples.append(Sample("inferwatch.engine.prefix_cache.queries", queries, labels))
+    state.record("engine", ok, Collection(samples=samples))
+    ratios = {m["model"]: m["prefix_cache_hit_ratio"] for m in build_overview(state, PageHistory())["models"]}
+    assert ratios == {"a": 0.2, "b": None, "c": None}

@@ -62,6 +62,8 @@ class _Index:
     def __init__(self, collections: Mapping[str, Collection]) -> None:
         self.by_name: dict[str, list[AnySample]] = {}
         self.values: dict[tuple[str, ...], float] = {}
+        self._by_model: dict[str, dict[str, list[float]]] = {}  # per_model's answers, made on first use
+        blanks = ("",) * len(_KEYED)
         for c in collections.values():
             for s in c.samples:
                 self.by_name.setdefault(s.name, []).append(s)
@@ -69,8 +71,19 @@ class _Index:
                     a = dict(s.attributes)
                     model = a.get(MODEL)
                     if model is not None:
-                        key = (s.name, model, *(a.get(k, "") for k in _KEYED))
+                        key = (s.name, model, *map(a.get, _KEYED, blanks))
                         self.values[key] = s.value
+
+    def per_model(self, name: str) -> dict[str, list[float]]:
+        """The values of the local-cache series of ``name`` (``cache`` "" or "local") by model, in sample order: one
+        pass over the family for all the models of the page, not one per model."""
+        got = self._by_model.get(name)
+        if got is None:
+            got = self._by_model[name] = {}
+            for s in self.get(name):
+                if isinstance(s, Sample) and _attr(s, "cache") in ("", "local"):
+                    got.setdefault(_attr(s, MODEL), []).append(s.value)
+        return got
 
     def get(self, name: str) -> list[AnySample]:
         return self.by_name.get(name, [])
@@ -246,11 +259,7 @@ def _prefix_hit_ratio(ix: _Index, model: str) -> float | None:
     """Local prefix-cache hits / lookups since the engine started (the counters; rates are recording rules)."""
     sums = {}
     for name in ("inferwatch.engine.prefix_cache.hits", "inferwatch.engine.prefix_cache.queries"):
-        vals = [
-            s.value
-            for s in ix.get(name)
-            if isinstance(s, Sample) and _attr(s, MODEL) == model and _attr(s, "cache") in ("", "local")
-        ]
+        vals = ix.per_model(name).get(model)
         sums[name] = sum(vals) if vals else None
     hits, queries = sums.values()
     return hits / queries if hits is not None and queries else None

@@ -1,16 +1,19 @@
 """/metrics and the API while an engine of hundreds of models is read: latency, GC pauses, memory, per build.
 
 Run from the repository root: ``python benchmarks/scrape_latency.py [--models 200] [--seconds 90]
-[--tree DIR ...] [--rounds 2] [--out FILE]``.
+[--tree DIR ...] [--rounds 2] [--page-every 5] [--out FILE]``.
 
 The engine is engine_scale.py's live vLLM exposition (``--models`` x 2 data-parallel ranks, every read the next
-version: an engine under steady traffic). For each ``--tree`` (a checkout of some build; default this one, and a
+version: an engine under steady traffic), served by a child process: making each version is a busy Python thread,
+which in the scraping process would hold up the scrapers' own reads of the answers (their waits for the interpreter
+counted as the agent's latency). For each ``--tree`` (a checkout of some build; default this one, and a
 ``git worktree`` of an earlier build is the baseline) an agent runs as a process with that tree first on its path
 (its ``inferwatch/`` links resolve to that build), the engine collector raised to hold the exposition
 (``max_models``, ``max_series``, ``max_bytes``, a 30 s timeout). Once it has read the engine twice, ``/metrics``
-is scraped once a second and ``/api/v1/status`` five times a second for ``--seconds``; the agent's own garbage
+is scraped once a second, ``/api/v1/status`` five times a second and the status page (``/``) every
+``--page-every`` seconds, for ``--seconds``; the agent's own garbage
 collections over 5 ms are logged by a ``gc.callbacks`` hook loaded through ``sitecustomize``. Trees run in turn,
-``--rounds`` times, so a load change hits each. Reported per run: scrape and API medians, p99 and max, the
+``--rounds`` times, so a load change hits each. Reported per run: scrape, API and page medians, p99 and max, the
 exposition's size, engine reads, GC pauses by generation (count, total, over 50 ms), VmRSS/VmHWM at the end and the
 load average.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import statistics
@@ -52,12 +56,51 @@ gc.callbacks.append(_cb)
 """
 
 
+class EngineProcess:
+    """:class:`LiveExposition` in a child process: its URL, and how many times it was read so far (:attr:`reads`)."""
+
+    def __init__(self, models: int) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=self._serve, args=(models, child), daemon=True)
+        self._proc.start()
+        self.url = self._conn.recv()
+
+    @staticmethod
+    def _serve(models: int, conn: Any) -> None:
+        _, gen = exposition(models)
+        live = LiveExposition(gen)
+        conn.send(live.url)
+        while conn.recv() == "reads":
+            conn.send(live.reads)
+        live.close()
+
+    @property
+    def reads(self) -> int:
+        self._conn.send("reads")
+        return int(self._conn.recv())
+
+    def close(self) -> None:
+        self._conn.send("stop")
+        self._proc.join(15)
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    ms = 1000.0
+    if not values:
+        return {"n": 0}
+    return {"n": len(values), "median": round(statistics.median(values) * ms, 1),
+            "p99": round(quantile(values, 0.99) * ms, 1), "max": round(max(values) * ms, 1)}  # fmt: skip
+
+
 def quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run_one(tree: Path, url: str, models: int, seconds: float, live: LiveExposition) -> dict[str, Any]:
+def run_one(
+    tree: Path, url: str, models: int, seconds: float, live: EngineProcess, page_every: float
+) -> dict[str, Any]:
     hook = Path(tempfile.mkdtemp(prefix="scrape-latency-"))
     (hook / "sitecustomize.py").write_text(GC_HOOK)
     config = hook / "agent.json"
@@ -84,6 +127,7 @@ def run_one(tree: Path, url: str, models: int, seconds: float, live: LiveExposit
     base = f"http://127.0.0.1:{port}"
     scrapes: list[float] = []
     api: list[float] = []
+    page: list[float] = []
     size = 0
     try:
         with httpx.Client(timeout=60) as client:
@@ -110,8 +154,18 @@ def run_one(tree: Path, url: str, models: int, seconds: float, live: LiveExposit
                         api.append(time.perf_counter() - t)
                         stop.wait(0.2)
 
+            def poll_page() -> None:
+                with httpx.Client(timeout=60) as c3:
+                    while not stop.wait(page_every):
+                        t = time.perf_counter()
+                        c3.get(base + "/").raise_for_status()
+                        page.append(time.perf_counter() - t)
+
             poller = threading.Thread(target=poll_api)
             poller.start()
+            pager = threading.Thread(target=poll_page)
+            if page_every > 0:
+                pager.start()
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 t = time.perf_counter()
@@ -120,6 +174,8 @@ def run_one(tree: Path, url: str, models: int, seconds: float, live: LiveExposit
                 time.sleep(1.0)
             stop.set()
             poller.join()
+            if page_every > 0:
+                pager.join()
             reads = live.reads - reads0
         status_lines = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
         mem = {ln.split(":")[0]: int(ln.split()[1]) for ln in status_lines if ln.startswith(("VmRSS", "VmHWM"))}
@@ -129,20 +185,18 @@ def run_one(tree: Path, url: str, models: int, seconds: float, live: LiveExposit
     pauses: dict[str, dict[str, float]] = {}
     for log in hook.glob("gc-*.log"):
         for line in log.read_text().splitlines():
-            gen, ms, _ = line.split()
+            gen, took, _ = line.split()
             p = pauses.setdefault(f"gen{gen}", {"count": 0, "total_ms": 0.0, "over_50ms": 0})
             p["count"] += 1
-            p["total_ms"] = round(p["total_ms"] + float(ms), 1)
-            p["over_50ms"] += float(ms) > 50
-    ms = 1000.0
+            p["total_ms"] = round(p["total_ms"] + float(took), 1)
+            p["over_50ms"] += float(took) > 50
     return {
         "tree": str(tree),
         "build": subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip(),
-        "metrics_ms": {"n": len(scrapes), "median": round(statistics.median(scrapes) * ms, 1),
-                       "p99": round(quantile(scrapes, 0.99) * ms, 1), "max": round(max(scrapes) * ms, 1)},
-        "status_ms": {"n": len(api), "median": round(statistics.median(api) * ms, 1),
-                      "p99": round(quantile(api, 0.99) * ms, 1), "max": round(max(api) * ms, 1)},
+        "metrics_ms": summary(scrapes),
+        "status_ms": summary(api),
+        "page_ms": summary(page),
         "exposition_bytes": size,
         "engine_reads": reads,
         "gc_pauses": pauses,
@@ -158,16 +212,16 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=90.0)
     ap.add_argument("--tree", action="append", type=Path, help="a checkout to run (repeatable; default: this one)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--page-every", type=float, default=5.0, help="seconds between status page requests; 0: none")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     trees = [t.resolve() for t in (args.tree or [ROOT])]
-    _, gen = exposition(args.models)
-    live = LiveExposition(gen)
+    live = EngineProcess(args.models)
     runs = []
     try:
         for r in range(args.rounds):
             for tree in trees:
-                result = run_one(tree, live.url, args.models, args.seconds, live) | {"round": r + 1}
+                result = run_one(tree, live.url, args.models, args.seconds, live, args.page_every) | {"round": r + 1}
                 print(json.dumps(result), flush=True)
                 runs.append(result)
     finally:
@@ -179,6 +233,8 @@ def main() -> None:
         "models": args.models,
         "ranks": 2,
         "seconds": args.seconds,
+        "page_every_s": args.page_every,
+        "engine": "a child process (EngineProcess)",
         "runs": runs,
     }
     if args.out:

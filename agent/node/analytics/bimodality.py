@@ -20,7 +20,8 @@ Its measured power and false-positive rate are in docs/analytics.md (benchmarks/
 
 The input is weighted points (log value, count): the bins of a DDSketch, so the detector runs on the
 windowed sketch itself, never on kept raw values (zeros, i.e. values below 1 µs, are left out). Pure
-Python: a fit (at most 200 points) takes 1–13 ms, and the agent caches the verdict per sub-window.
+Python: a fit (at most 200 points) takes 1–13 ms, and the agent keeps a verdict while its window's input stays
+materially the same (agent/node/analytics/latency.py, ``REFIT_SHAPE``).
 """
 
 from __future__ import annotations
@@ -99,32 +100,33 @@ def _em(
 ) -> list[tuple[float, float, float]]:
     n = sum(w for _, w in points)
     prev = -math.inf
-    exp, sqrt = math.exp, math.sqrt
+    exp, sqrt, log = math.exp, math.sqrt, math.log
+    # The sums over all points do not change between iterations: summed once (in the same order as per iteration)
+    s_x = s_xx = 0.0
+    for x, w in points:
+        s_x += w * x
+        s_xx += w * x * x
     for _ in range(MAX_ITERATIONS):
         (a1, m1, v1), (a2, m2, v2) = comps
         c1, c2 = a1 / sqrt(v1), a2 / sqrt(v2)
         h1, h2 = -0.5 / v1, -0.5 / v2
         s_r = s_rx = s_rxx = 0.0
-        s_x = s_xx = 0.0
         ll = 0.0
         for x, w in points:
             d1 = x - m1
             d2 = x - m2
             p1 = c1 * exp(h1 * d1 * d1)
-            p2 = c2 * exp(h2 * d2 * d2)
-            tot = p1 + p2
+            tot = p1 + c2 * exp(h2 * d2 * d2)
             if tot <= 0.0:  # far from both: give it to the nearer component
-                r = 1.0 if abs(d1) <= abs(d2) else 0.0
+                rw = w if abs(d1) <= abs(d2) else 0.0
                 ll += w * -745.0
             else:
-                r = p1 / tot
-                ll += w * math.log(tot)
-            rw = r * w
+                rw = p1 / tot * w
+                ll += w * log(tot)
+            rwx = rw * x
             s_r += rw
-            s_rx += rw * x
-            s_rxx += rw * x * x
-            s_x += w * x
-            s_xx += w * x * x
+            s_rx += rwx
+            s_rxx += rwx * x
         if s_r <= 0 or s_r >= n:
             break
         w2 = n - s_r

@@ -7,8 +7,9 @@ Input: :class:`RequestTiming` values (one per finished request, seconds). Output
 - ``inferwatch.engine.latency.samples`` requests in the window;
 - ``inferwatch.engine.latency.tail_ratio`` P99 / P50;
 - ``inferwatch.engine.latency.bimodal`` / ``.bimodality`` (see :mod:`inferwatch.agent.node.analytics.bimodality`), from
-  :data:`~inferwatch.agent.node.analytics.bimodality.MIN_SAMPLES` requests on, recomputed once per sub-window (sooner
-  when the window has grown by a tenth since, :data:`REFIT_GROWTH`);
+  :data:`~inferwatch.agent.node.analytics.bimodality.MIN_SAMPLES` requests on, fitted again when the window's input
+  changed materially since the last fit (count by a quarter, shape by :data:`REFIT_SHAPE`) and at least once per
+  window length;
 - ``inferwatch.engine.goodput``: the exact share of requests with TTFT and time per output token both within the
   catalog's goodput targets (``GOODPUT_*_TARGET_S``);
 - ``inferwatch.engine.frontend_gap``: mean of TTFT − (queue + prefill) over requests that carry all three,
@@ -44,15 +45,31 @@ from inferwatch.agent.common.samples import UNKNOWN_MODEL, AnySample, Collection
 from inferwatch.agent.node.analytics import bimodality, genai
 from inferwatch.agent.node.analytics.failures import ModelFailures
 from inferwatch.agent.node.analytics.promptband import PromptBandHistograms
-from inferwatch.agent.node.analytics.windows import WINDOWS_S, WindowedSketch, WindowedSum, log_bins, slot_of
+from inferwatch.agent.node.analytics.windows import (
+    MIN_VALUE,
+    WINDOWS_S,
+    Bins,
+    WindowedSketch,
+    WindowedSum,
+    log_bins,
+    positive_bins,
+    shape_distance,
+    slot_of,
+    slots_in,
+)
 from inferwatch.agent.node.engine.board import Key, LatencyStats, latency_samples
 
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 SOURCE = "spans"
 DEFAULT_MAX_MODELS = 64
-# A bimodality verdict is kept for its sub-window unless the window has since grown by a tenth: the runner
-# computes every cycle, so a verdict from the first requests of a burst must not stand for the whole burst.
-REFIT_GROWTH = 1.1
+# A bimodality verdict is kept while its window's input is materially what it was fitted on: the runner computes
+# every cycle, but a fit (EM, 1–13 ms) of an unchanged distribution gives the same verdict. It is fitted again when
+# the window's requests grew or shrank by a quarter (a verdict from the first requests of a burst must not stand
+# for the whole burst; ΔBIC grows with n), when its shape moved (the L1 distance of the normalised sketch bins
+# above REFIT_SHAPE: a twentieth of the requests in other bins, as a new mode of 5 % weight, the least the test
+# flags, moves it by 0.1), and at least once per window length (a verdict never outlives its window's requests).
+REFIT_GROWTH = 1.25
+REFIT_SHAPE = 0.1
 # Called with (metric, seconds, attributes including the model) for each semantic-convention measurement.
 Observer = Callable[[str, float, dict[str, str]], None]
 
@@ -136,7 +153,9 @@ class LatencyAnalytics:
         self._engine_models: tuple[str, ...] = ()  # the engine collector's models at the last compute
         self._lock = threading.Lock()
         self._models: dict[str, _Model] = {}
-        self._bimodal_cache: dict[tuple[str, str, str], tuple[int, float, bimodality.Bimodality | None]] = {}
+        # (model, quantity, window) → (sub-window of the fit, the bins it was fitted on, its verdict)
+        self._bimodal_cache: dict[tuple[str, str, str], tuple[int, Bins, bimodality.Bimodality | None]] = {}
+        self.bimodality_fits = 0  # fits run (the rest of the cycles reuse one; tests/test_cost_counts.py counts)
         self.rejected_models = 0  # requests dropped because max_models distinct models were already tracked
         self.published: dict[Key, LatencyStats] = {}  # the last computation's stats (source="spans")
         self.failures = ModelFailures("latency")  # models whose step raised: left out of that cycle, counted
@@ -146,21 +165,29 @@ class LatencyAnalytics:
         dropped = 0
         with self._lock:
             now = self._clock()
+            slot = slot_of(now)
+            # per model of this batch: its entry and the current sub-window's sketch per quantity (one lookup a batch)
+            batch: dict[str, tuple[_Model, dict[str, Callable[[float], None]]]] = {}
             for t in timings:
-                m = self._models.get(t.model)
-                if m is None:
-                    if len(self._models) >= self._max_models:
-                        self._evict_idle(now)
-                    if len(self._models) >= self._max_models:
-                        dropped += 1
-                        continue
-                    banded = PromptBandHistograms(self._ttft_extra) if self._prompt_bands else None
-                    m = self._models[t.model] = _Model(self._histograms, banded)
+                entry = batch.get(t.model)
+                if entry is None:
+                    m = self._models.get(t.model)
+                    if m is None:
+                        if len(self._models) >= self._max_models:
+                            self._evict_idle(now)
+                            batch.clear()  # an evicted model must not be added to through this batch
+                        if len(self._models) >= self._max_models:
+                            dropped += 1
+                            continue
+                        banded = PromptBandHistograms(self._ttft_extra) if self._prompt_bands else None
+                        m = self._models[t.model] = _Model(self._histograms, banded)
+                    entry = batch[t.model] = (m, {q: sk.sketch_at(slot).add for q, sk in m.sketches.items()})
+                m, adders = entry
                 s = t.seconds
                 for q, v in s.items():
-                    sk = m.sketches.get(q)
-                    if sk is not None:
-                        sk.add(v, now)
+                    add = adders.get(q)
+                    if add is not None:
+                        add(v if v >= MIN_VALUE else 0.0)  # as WindowedSketch.add clamps
                 if "ttft" in s and "queue" in s and "prefill" in s:
                     m.gap.add(s["ttft"] - s["queue"] - s["prefill"], now)
                 g = good(t)
@@ -206,15 +233,14 @@ class LatencyAnalytics:
         ratio = p99 / p50 if p50 > 0 else None
         key, slot = (model, quantity, window), slot_of(now)
         cached = self._bimodal_cache.get(key)
-        if (
-            cached is not None
-            and cached[0] == slot
-            and (cached[1] == sketch.count or (cached[2] is not None and sketch.count < cached[1] * REFIT_GROWTH))
-        ):
+        bins = positive_bins(sketch)
+        fresh = cached is not None and slot - cached[0] < slots_in(WINDOWS_S[window])
+        if cached is not None and _same_input(cached[1], cached[2] is None, fresh, bins):
             verdict = cached[2]
         else:
             verdict = bimodality.detect_log(log_bins(sketch))
-            self._bimodal_cache[key] = (slot, sketch.count, verdict)
+            self.bimodality_fits += 1
+            self._bimodal_cache[key] = (slot, bins, verdict)
         mean = sketch.sum / sketch.count if sketch.count else None
         return WindowStats(float(sketch.count), qs, ratio, verdict, mean)
 
@@ -301,6 +327,19 @@ class LatencyAnalytics:
                 a = attrs({MODEL: label, "window": window, "source": SOURCE})
                 out.append(Sample("inferwatch.engine.goodput", gp, a))
         return out, hists, published
+
+
+def _same_input(fitted: Bins, no_verdict: bool, fresh: bool, bins: Bins) -> bool:
+    """Whether a bimodality verdict fitted on ``fitted`` still stands for ``bins`` (``fresh``: fitted within the
+    window's length; ``no_verdict``: it said too few requests)."""
+    n_fit, n = fitted[2], bins[2]
+    if n == n_fit and fitted[0] == bins[0] and fitted[1] == bins[1]:
+        return True  # the test is deterministic: the same bins, the same verdict
+    if no_verdict or not fresh:  # below MIN_SAMPLES the test reads a few bins: cheap, run on every change
+        return False
+    if not n_fit / REFIT_GROWTH <= n <= n_fit * REFIT_GROWTH:
+        return False
+    return shape_distance(fitted, bins) <= REFIT_SHAPE
 
 
 def display_name(model: str, tracked: Iterable[str] = (), engine_models: tuple[str, ...] = ()) -> str:

@@ -193,6 +193,28 @@ def _resource_identity(attributes: object) -> tuple[tuple[str, str], ...]:
     )
 
 
+# What each attribute key read by :func:`extract` is, in one lookup per attribute (the keys of no interest, e.g. the
+# sampling parameters, cost one dict miss). A ``gen_ai.*`` key is only ever a GenAI attribute, any other only a
+# label, preemption count or error.type.
+_LATENCY, _MODEL_REQ, _MODEL_RESP, _COMPLETION, _PROMPT, _REQ_ID, _OP, _PROV, _PROV_OLD, _CLIENT_TTFT = range(10)
+_ERROR, _LABEL, _PREEMPTIONS = range(10, 13)
+_KEY_KIND: dict[str, int] = {  # later entries win where sets overlap, as the earlier tests of the old if-chain did
+    CLIENT_TTFT_KEY: _CLIENT_TTFT,
+    _PROVIDER_OLD: _PROV_OLD,
+    _PROVIDER: _PROV,
+    _OPERATION: _OP,
+    _REQUEST_ID: _REQ_ID,
+    **{k: _PROMPT for k in _PROMPT_KEYS},
+    **{k: _COMPLETION for k in _COMPLETION_KEYS},
+    _RESPONSE_MODEL: _MODEL_RESP,
+    _REQUEST_MODEL: _MODEL_REQ,
+    **{k: _LATENCY for k in LATENCY_KEYS},
+    **{k: _PREEMPTIONS for k in PREEMPTION_KEYS if not k.startswith("gen_ai.")},
+    **{k: _LABEL for k in LABEL_KEYS if not k.startswith("gen_ai.")},
+    _ERROR_TYPE: _ERROR,
+}
+
+
 def extract(req: ExportTraceServiceRequest) -> Extracted:
     """Per-request timings from every span with ``gen_ai.latency.*`` attributes."""
     out = Extracted()
@@ -200,6 +222,7 @@ def extract(req: ExportTraceServiceRequest) -> Extracted:
     invalid = out.invalid
     latency_keys = LATENCY_KEYS
     label_keys = LABEL_KEYS
+    key_kind = _KEY_KIND.get
     for rs in req.resource_spans:
         resource_model = _resource_model(rs.resource.attributes)
         resource = _resource_identity(rs.resource.attributes)
@@ -214,46 +237,44 @@ def extract(req: ExportTraceServiceRequest) -> Extracted:
                 labels: list[tuple[str, str]] = []
                 for kv in span.attributes:
                     key = kv.key
-                    if not key.startswith("gen_ai."):
-                        if key == _ERROR_TYPE:
-                            error_type = kv.value.string_value[:MAX_LABEL_CHARS] or None
-                            continue
-                        label = label_keys.get(key)
-                        if label is not None:
-                            labels.append((label, _label_text(kv.value)))
-                        elif key in PREEMPTION_KEYS:
-                            n = _number(kv.value)
-                            preemptions = int(n) if n is not None and 0 <= n < 2**31 else None
+                    kind = key_kind(key)
+                    if kind is None:
                         continue
-                    q = latency_keys.get(key)
-                    if q is not None:
+                    if kind == _LATENCY:
                         x = _number(kv.value)
                         if x is None or math.isnan(x):
                             invalid["not_a_number"] += 1
                         elif not 0.0 <= x <= MAX_LATENCY_S:
                             invalid["out_of_range"] += 1
                         else:
-                            seconds[q] = x
-                    elif key == _REQUEST_MODEL:
+                            seconds[latency_keys[key]] = x
+                    elif kind == _MODEL_REQ:
                         model = kv.value.string_value
-                    elif key == _RESPONSE_MODEL:
+                    elif kind == _MODEL_RESP:
                         response_model = kv.value.string_value
-                    elif key in _COMPLETION_KEYS:
+                    elif kind == _COMPLETION:
                         n = _number(kv.value)
                         completion = int(n) if n is not None and 0 <= n < 2**53 else None
-                    elif key in _PROMPT_KEYS:
+                    elif kind == _PROMPT:
                         n = _number(kv.value)
                         prompt = int(n) if n is not None and 0 <= n < 2**53 else None
-                    elif key == _REQUEST_ID:
+                    elif kind == _REQ_ID:
                         request_id = kv.value.string_value[:MAX_REQUEST_ID_CHARS] or None
-                    elif key == _OPERATION:
+                    elif kind == _OP:
                         operation = kv.value.string_value[:MAX_LABEL_CHARS] or None
-                    elif key == _PROVIDER:
+                    elif kind == _PROV:
                         provider = kv.value.string_value[:MAX_LABEL_CHARS] or None
-                    elif key == _PROVIDER_OLD:
+                    elif kind == _PROV_OLD:
                         provider_old = kv.value.string_value[:MAX_LABEL_CHARS] or None
-                    elif key == CLIENT_TTFT_KEY:
+                    elif kind == _CLIENT_TTFT:
                         client_ttft = _number(kv.value)
+                    elif kind == _ERROR:
+                        error_type = kv.value.string_value[:MAX_LABEL_CHARS] or None
+                    elif kind == _LABEL:
+                        labels.append((label_keys[key], _label_text(kv.value)))
+                    else:  # _PREEMPTIONS
+                        n = _number(kv.value)
+                        preemptions = int(n) if n is not None and 0 <= n < 2**31 else None
                 if not seconds:
                     if (
                         client_ttft is not None

@@ -3,9 +3,10 @@
 Endpoint, protocol (``grpc`` or ``http/protobuf``), headers, timeout and extra resource attributes
 come from the standard ``OTEL_*`` variables, read by the SDK. Each catalog metric becomes an
 observable instrument whose callback reads the agent state, so OTLP and Prometheus show the same
-values. When the collector endpoint is unreachable the SDK drops the batch (cumulative temporality:
-the next success carries full totals), memory stays bounded, and we log once when export starts
-failing and once when it recovers.
+values; the state is read once per collection, not once per instrument (the collection's first
+callback indexes its samples by name, the others read the index). When the collector endpoint is
+unreachable the SDK drops the batch (cumulative temporality: the next success carries full totals),
+memory stays bounded, and we log once when export starts failing and once when it recovers.
 
 The GenAI semantic-convention histograms (``gen_ai.server.*``, agent/catalog/genai.py) are synchronous SDK
 histograms with the conventions' bucket advice (``explicit_bucket_boundaries_advisory``), fed one measurement per
@@ -140,6 +141,12 @@ class OTLPExporter:
         self.exports_failed = 0
         self._lock = threading.Lock()
         self._closed = False
+        # The state's samples by name, read by one collection's callbacks: a callback whose metric was already
+        # served from this index belongs to the next collection, and reads the state again.
+        self._index_lock = threading.Lock()
+        self._index: dict[str, list[Sample]] | None = None
+        self._served: set[str] = set()
+        self.state_reads = 0  # how many times the callbacks read the state (tests: once per collection)
         all_readers: list[MetricReader] = list(readers)  # non-network readers first (shutdown order)
         if exporter is not None:
             interval = export_interval_ms or int(
@@ -170,14 +177,31 @@ class OTLPExporter:
                 self.exports_failed += 1
 
     def _callback(self, spec: MetricSpec) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        name = spec.name
+
         def observe(_options: CallbackOptions) -> Iterable[Observation]:
-            seen = set()
-            for s in self.state.samples():
-                if s.name == spec.name and isinstance(s, Sample) and s.attributes not in seen:
-                    seen.add(s.attributes)
-                    yield Observation(float(s.value), dict(s.attributes))
+            return [Observation(float(s.value), dict(s.attributes)) for s in self._samples_of(name)]
 
         return observe
+
+    def _samples_of(self, name: str) -> list[Sample]:
+        """This collection's samples of ``name``, a series once (its first sample in the state's order)."""
+        with self._index_lock:
+            if self._index is None or name in self._served:
+                self._index = self._read_state()
+                self._served = set()
+            self._served.add(name)
+            return self._index.get(name, [])
+
+    def _read_state(self) -> dict[str, list[Sample]]:
+        self.state_reads += 1
+        index: dict[str, list[Sample]] = {}
+        seen: set[tuple[str, Any]] = set()
+        for s in self.state.samples():
+            if isinstance(s, Sample) and (s.name, s.attributes) not in seen:
+                seen.add((s.name, s.attributes))
+                index.setdefault(s.name, []).append(s)
+        return index
 
     def _instrument(self, meter: Any, spec: MetricSpec) -> None:
         cb = [self._callback(spec)]

@@ -190,3 +190,51 @@ def test_a_bad_old_timing_key_exits_2_naming_the_key_it_is_read_as(tmp_path) -> 
         "probe.interval_s is deprecated: read as collectors.probe.interval_s; set that instead",
         "inferwatch: invalid configuration: collectors.probe.interval_s: Input should be greater than 0 (got '0')",
     ]
+
+
+@pytest.mark.parametrize(
+    ("env", "read"),
+    [
+        # names are case-insensitive; a scalar is the string, validated as the setting
+        ({"inferwatch_listen_port": "1234"}, lambda s: s.listen_port == 1234),
+        # a list is JSON; a section's JSON object is merged with its __ variables, which win, and its keys are
+        # matched to the section's fields case-insensitively
+        ({"INFERWATCH_CPU__EXPECT_FEATURES": '["avx2", "fma"]'}, lambda s: s.cpu.expect_features == ["avx2", "fma"]),
+        (
+            {
+                "INFERWATCH_ENGINE": '{"METRICS_URL": "http://a/metrics", "kind": "vllm"}',
+                "INFERWATCH_ENGINE__KIND": "sglang",
+            },
+            lambda s: (s.engine.metrics_url, s.engine.kind) == ("http://a/metrics", "sglang"),
+        ),
+        # a mapping's keys at any depth: a collector's entry, a label
+        (
+            {"INFERWATCH_COLLECTORS": '{"cpu": {"enabled": false}}', "INFERWATCH_COLLECTORS__CPU__INTERVAL_S": "2"},
+            lambda s: (s.collector("cpu").enabled, s.collector("cpu").interval_s) == (False, 2),
+        ),
+        ({"INFERWATCH_ALERTMANAGER__LABELS__TEAM": "infra"}, lambda s: s.alertmanager.labels == {"team": "infra"}),
+    ],
+)
+def test_environment_variables_set_nested_and_json_values(monkeypatch, env: dict[str, str], read) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert read(load_settings(collectors=REGISTRY))
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"INFERWATCH_CPU__EXPECT_FEATURES": "avx2"},
+            "INFERWATCH_CPU__EXPECT_FEATURES (cpu.expect_features): not valid JSON (line 1, column 1); "
+            "a list or object setting takes JSON",
+        ),
+        ({"INFERWATCH_PAGECACHE__BOGUS": "1"}, "pagecache.bogus: Extra inputs are not permitted (got '1')"),
+    ],
+)
+def test_a_bad_environment_value_is_one_config_error(monkeypatch, env: dict[str, str], message: str) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as exc:
+        load_settings(collectors=REGISTRY)
+    assert str(exc.value) == f"invalid configuration: {message}"

@@ -278,8 +278,11 @@ def test_without_ptrace_permission_the_bundle_is_written_with_the_reason(deadloc
         from inferwatch.agent.node.wiring import build_deps
         s = Settings(runtime={{"pid": {proc.pid}}}, snapshots={{"dir": {str(tmp / "snap")!r}}},
                      evidence={{"dir": {str(tmp / "evidence")!r}}})
-        store = build_deps(s, nvml=FakeNVML([])).evidence
+        deps = build_deps(s, nvml=FakeNVML([]))
+        store = deps.evidence
         store.reader.enrich_policy()  # the redaction key, as root (the agent made it at start)
+        deps.sources.locator.find()  # the runtime found, as root: the agent's collectors found it at start (and
+        # loaded psutil, which the locator imports on first use: no module could be read once this is nobody)
         os.setgid({NOBODY}); os.setuid({NOBODY})
         meta = store.capture("api", "no ptrace")
         print(json.dumps(store.get(meta.id)))

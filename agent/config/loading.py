@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
-from pydantic_settings import SettingsError
 
 from inferwatch.agent.common.redact import redact_text, secret_name
+from inferwatch.agent.config.envsource import EnvJSONError
 from inferwatch.agent.config.settings import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings
 from inferwatch.agent.config.yamlfile import (
     CONFIG_MAX_ALIASES_ENV,
@@ -102,7 +102,7 @@ def load_settings(
         settings = Settings(**(overrides or {}))
     except ValidationError as exc:
         raise ConfigError(_format_error(exc)) from None
-    except SettingsError as exc:  # a complex value (JSON) in the environment that does not parse
+    except EnvJSONError as exc:  # a complex value (JSON) in the environment that does not parse
         raise ConfigError(f"invalid configuration: {_bad_json_env(os.environ) or exc}") from None
     finally:
         YamlSource.data = {}

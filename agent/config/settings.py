@@ -8,9 +8,9 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from inferwatch.agent.config.envsource import deep_update, env_values
 from inferwatch.agent.config.sections import (
     AlertmanagerSettings,
     ApiSettings,
@@ -54,13 +54,16 @@ ENV_NESTED_DELIMITER = "__"
 DEPRECATED_TIMING = {("runtime_profile", "interval_s"): "runtime_profile", ("probe", "interval_s"): "probe"}
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        env_nested_delimiter=ENV_NESTED_DELIMITER,
-        extra="forbid",
-        frozen=True,
-    )
+class Settings(BaseModel):
+    """``Settings(**flags)`` reads the sources, highest first: the values given, the environment
+    (:mod:`~inferwatch.agent.config.envsource`), the config file's values (:class:`YamlSource`), the defaults.
+    ``Settings.model_validate(values)`` takes the values alone."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    def __init__(self, **values: Any) -> None:
+        env = env_values(type(self), os.environ, ENV_PREFIX, ENV_NESTED_DELIMITER)
+        super().__init__(**deep_update(YamlSource.data, deep_update(env, values)))
 
     listen_address: str = DEFAULT_LISTEN_ADDRESS
     listen_port: int = Field(default=DEFAULT_LISTEN_PORT, ge=0, le=65535)
@@ -131,17 +134,6 @@ class Settings(BaseSettings):
                 "set api.tokens (or api.tokens_file) before exposing the agent, or bind 127.0.0.1"
             )
         return self
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, YamlSource(settings_cls))
 
     def collector(self, name: str) -> CollectorSettings:
         return self.collectors.get(name, CollectorSettings())

@@ -10,25 +10,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic.fields import FieldInfo
-from pydantic_settings import PydanticBaseSettingsSource
-
 from inferwatch.agent.common.redact import redact_text
 from inferwatch.agent.common.userfiles import read_text_bounded
 from inferwatch.agent.errors import ConfigError
 
 
-class YamlSource(PydanticBaseSettingsSource):
-    """The config file's values as a settings source, below flags and environment: ``data`` is set by
+class YamlSource:
+    """The config file's values, the source below flags and environment: ``data`` is set by
     :func:`~inferwatch.agent.config.loading.load_settings` for one build of the settings, then cleared."""
 
     data: dict[str, Any] = {}
-
-    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return self.data.get(field_name), field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return dict(YamlSource.data)
 
 
 # The config file's own limits: read before the settings exist, so set by environment variables only.

@@ -25,6 +25,7 @@ import urllib.request
 from pathlib import Path
 
 DEPENDENCIES = [
+    "pydantic",
     "pydantic_settings",
     "fastapi",
     "starlette.applications",
@@ -41,13 +42,15 @@ DEPENDENCIES = [
     "pynvml",
     "inferwatch.agent.node.app",
 ]
-# What `inferwatch run` imports, in its order: the CLI (typer), the settings (pydantic), every command's module, the
-# HTTP API (Starlette) with the actions it serves, the collectors, the composition root, the HTTP server (uvicorn).
+# What `inferwatch run` imports, in its order: the CLI's root (typer; a command's module is imported when it runs),
+# the settings (pydantic, then the models), the run command's module, the HTTP API (Starlette) with the actions it
+# serves, the collectors, the composition root, the HTTP server (uvicorn). A module a build lacks reads as absent.
 CHAIN = [
     "typer",
-    "pydantic_settings",
-    "inferwatch.agent.config",
     "inferwatch.agent.cli.main",
+    "pydantic",
+    "inferwatch.agent.config",
+    "inferwatch.agent.cli.run",
     "starlette.applications",
     "inferwatch.agent.node.api.server",
     "inferwatch.agent.node.collectors",

@@ -134,16 +134,17 @@ def _served_modules(tmp_path: Path, *args: str, env: dict[str, str] | None = Non
 
 
 # What a default agent (no config file, no runtime, no HTTP source) never loads: the other commands' modules, the
-# HTTP client, psutil and PyYAML (docs/benchmarks.md, "Where the megabytes go").
+# HTTP client, psutil and PyYAML, and no agent loads pydantic-settings, whose import the environment source replaced
+# (docs/benchmarks.md, "Where the megabytes go").
 OTHER_COMMANDS = ("inferwatch.agent.cli.engine", "inferwatch.agent.cli.explain", "inferwatch.agent.cli.top")
-NOT_IN_A_DEFAULT_AGENT = (*HTTP_ONLY, *PSUTIL, *YAML, *OTHER_COMMANDS)
+NOT_IN_A_DEFAULT_AGENT = (*HTTP_ONLY, *PSUTIL, *YAML, *OTHER_COMMANDS, "pydantic_settings")
 
 
 @pytest.mark.integration
 def test_a_default_agent_imports_only_what_it_runs(tmp_path: Path) -> None:
     # No engine URL, probe, runtime profile, discovery or Alertmanager: httpx is never loaded (1.7 MB of a default
     # agent's install, more with a client and its TLS context); no runtime configured: no psutil; no config file: no
-    # PyYAML; and of the CLI, the run command's module only.
+    # PyYAML; of the CLI, the run command's module only; settings without pydantic-settings.
     mods = _served_modules(tmp_path)
     assert "inferwatch.agent.node.collectors.engine" in mods  # the engine collector is built (and reports no URL)
     assert {"inferwatch.agent.node.host.runtime", "inferwatch.agent.node.discovery.filesd"} <= mods

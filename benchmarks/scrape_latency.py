@@ -10,12 +10,13 @@ counted as the agent's latency). For each ``--tree`` (a checkout of some build; 
 ``git worktree`` of an earlier build is the baseline) an agent runs as a process with that tree first on its path
 (its ``inferwatch/`` links resolve to that build), the engine collector raised to hold the exposition
 (``max_models``, ``max_series``, ``max_bytes``, a 30 s timeout). Once it has read the engine twice, ``/metrics``
-is scraped once a second, ``/api/v1/status`` five times a second and the status page (``/``) every
-``--page-every`` seconds, for ``--seconds``; the agent's own garbage
-collections over 5 ms are logged by a ``gc.callbacks`` hook loaded through ``sitecustomize``. Trees run in turn,
-``--rounds`` times, so a load change hits each. Reported per run: scrape, API and page medians, p99 and max, the
-exposition's size, engine reads, GC pauses by generation (count, total, over 50 ms), VmRSS/VmHWM at the end and the
-load average.
+is scraped once a second, ``/api/v1/status`` five times a second and the status page (``/``) every ``--page-every``
+seconds, for ``--seconds``; the agent's own garbage collections over 5 ms are logged by a ``gc.callbacks`` hook
+loaded through ``sitecustomize``. Trees run in turn, ``--rounds`` times, so a load change hits each. Reported per
+run: scrape, API and page medians, p99 and max, the exposition's size, engine reads, the agent's CPU over the window
+(user + system, a share of one core: its work, which the machine's load changes less than it changes the latencies),
+GC pauses by generation (count, total, over 50 ms; from the agent's start), VmRSS/VmHWM at the end and the load
+average.
 """
 
 from __future__ import annotations
@@ -85,6 +86,12 @@ class EngineProcess:
         self._proc.join(15)
 
 
+def cpu_s(pid: int) -> float:
+    """A process's user + system CPU seconds so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def summary(values: list[float]) -> dict[str, float]:
     ms = 1000.0
     if not values:
@@ -144,6 +151,7 @@ def run_one(
             else:
                 raise SystemExit(f"{tree}: the agent did not read the engine twice in 180 s")
             reads0 = live.reads
+            cpu0, window0 = cpu_s(proc.pid), time.monotonic()
             stop = threading.Event()
 
             def poll_api() -> None:
@@ -177,6 +185,7 @@ def run_one(
             if page_every > 0:
                 pager.join()
             reads = live.reads - reads0
+            cpu = (cpu_s(proc.pid) - cpu0) / (time.monotonic() - window0)
         status_lines = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
         mem = {ln.split(":")[0]: int(ln.split()[1]) for ln in status_lines if ln.startswith(("VmRSS", "VmHWM"))}
     finally:
@@ -199,6 +208,7 @@ def run_one(
         "page_ms": summary(page),
         "exposition_bytes": size,
         "engine_reads": reads,
+        "agent_cpu_share": round(cpu, 3),  # of one core over the window: the agent's work, whatever the load
         "gc_pauses": pauses,
         "vmrss_mb": round(mem["VmRSS"] / 1024, 1),
         "vmhwm_mb": round(mem["VmHWM"] / 1024, 1),

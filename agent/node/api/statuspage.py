@@ -56,23 +56,44 @@ _KEYED = ("quantity", "window", "source", "quantile")
 
 
 class _Index:
-    """The state's samples read once per request: by name, and per-model values by (name, model, quantity, window,
-    source, quantile) so each number on the page is one dict lookup."""
+    """The state's samples read once per request, by name; per-model values by (model, quantity, window, source,
+    quantile) for each engine family the page asks for, indexed when it first asks (a family it never asks for, most
+    of an engine of hundreds of models, is not), so each number on the page is one dict lookup."""
 
     def __init__(self, collections: Mapping[str, Collection]) -> None:
         self.by_name: dict[str, list[AnySample]] = {}
-        self.values: dict[tuple[str, ...], float] = {}
+        self._values: dict[str, dict[tuple[str, ...], float]] = {}  # value's index, by family
         self._by_model: dict[str, dict[str, list[float]]] = {}  # per_model's answers, made on first use
-        blanks = ("",) * len(_KEYED)
         for c in collections.values():
             for s in c.samples:
                 self.by_name.setdefault(s.name, []).append(s)
-                if isinstance(s, Sample) and s.name.startswith("inferwatch.engine."):
-                    a = dict(s.attributes)
-                    model = a.get(MODEL)
-                    if model is not None:
-                        key = (s.name, model, *map(a.get, _KEYED, blanks))
-                        self.values[key] = s.value
+
+    def get(self, name: str) -> list[AnySample]:
+        return self.by_name.get(name, [])
+
+    def _index(self, name: str) -> dict[tuple[str, ...], float]:
+        """(model, quantity, window, source, quantile) → value of the family's plain samples with a model (the last
+        one where two have the same key); only engine families are looked up."""
+        values: dict[tuple[str, ...], float] = {}
+        if not name.startswith("inferwatch.engine."):
+            return values
+        blanks = ("",) * len(_KEYED)
+        for s in self.get(name):
+            if isinstance(s, Sample):
+                a = dict(s.attributes)
+                model = a.get(MODEL)
+                if model is not None:
+                    key = (model, *map(a.get, _KEYED, blanks))
+                    values[key] = s.value
+        return values
+
+    def value(
+        self, name: str, model: str, quantity: str = "", window: str = "", source: str = "", quantile: str = ""
+    ) -> float | None:
+        values = self._values.get(name)
+        if values is None:
+            values = self._values[name] = self._index(name)
+        return _num(values.get((model, quantity, window, source, quantile)))
 
     def per_model(self, name: str) -> dict[str, list[float]]:
         """The values of the local-cache series of ``name`` (``cache`` "" or "local") by model, in sample order: one
@@ -84,14 +105,6 @@ class _Index:
                 if isinstance(s, Sample) and _attr(s, "cache") in ("", "local"):
                     got.setdefault(_attr(s, MODEL), []).append(s.value)
         return got
-
-    def get(self, name: str) -> list[AnySample]:
-        return self.by_name.get(name, [])
-
-    def value(
-        self, name: str, model: str, quantity: str = "", window: str = "", source: str = "", quantile: str = ""
-    ) -> float | None:
-        return _num(self.values.get((name, model, quantity, window, source, quantile)))
 
 
 def log_widths(bounds: list[float]) -> list[float]:

@@ -642,16 +642,22 @@ def episode_arrivals(ep: Episode, seconds: float) -> list[SimRequest]:
     return out
 
 
+KV_READ_S = 5.0  # the agent reads the engine's KV-cache usage once per collection interval (5 s by default)
+
+
 class EngineSeriesRecorder(Recorder):
     """The engine's own series as vLLM exports them, per second of virtual time: per data-parallel rank its
     inter-token latency sum and count (``vllm:inter_token_latency_seconds{engine=N}``), and preemptions
-    (``vllm:num_preemptions_total``). What the agent reads from /metrics; stock spans carry neither."""
+    (``vllm:num_preemptions_total``); and its KV-cache usage (``vllm:kv_cache_usage_perc``) as the agent reads it,
+    once per :data:`KV_READ_S`, the mean over the ranks (what the engine collector publishes per model). What the
+    agent reads from /metrics; stock spans carry none of it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.now = 0.0
         self.itl: dict[tuple[str, int], list[float]] = {}  # (rank, second) -> [sum, count]
         self.preempted: Counter[int] = Counter()  # second -> preemptions
+        self.kv: dict[int, dict[int, float]] = {}  # reading -> rank -> its usage at its last step before the reading
 
     def on_token(self, req: SimRequest, now: float, itl: float | None) -> None:
         self.now = now
@@ -664,6 +670,7 @@ class EngineSeriesRecorder(Recorder):
         super().on_step(core, prompt_tokens, generation_tokens, preempted)
         if preempted:
             self.preempted[math.ceil(self.now)] += preempted
+        self.kv.setdefault(math.ceil(self.now / KV_READ_S), {})[core.index] = core.kv_usage
 
     def signals(self, now: float, window_s: float) -> EngineSignals:
         """The counters' increase over (now - window_s, now]: preemptions, and each rank's mean ITL."""
@@ -675,7 +682,10 @@ class EngineSeriesRecorder(Recorder):
                 cell[0] += total
                 cell[1] += count
         preempted = sum(n for sec, n in self.preempted.items() if lo < sec <= now)
-        return EngineSignals(float(preempted), {r: t / c for r, (t, c) in sums.items() if c})
+        usage = [sum(v.values()) / len(v) for k, v in self.kv.items() if lo < k * KV_READ_S <= now and v]
+        return EngineSignals(
+            float(preempted), {r: t / c for r, (t, c) in sums.items() if c}, max(usage) if usage else None
+        )
 
 
 def simulate_episode(ep: Episode, seconds: float, recorder: Recorder | None = None) -> list[SimRequest]:

@@ -470,8 +470,17 @@ def test_stock_spans_name_preemption_and_a_slow_rank_from_the_engines_own_series
     assert counted is not None
     t = counted["quantities"]["ttft"]
     assert t["driver"] == "preemption" and t["phase"] == "queue" and "engine preemption counter" in t["headline"]
-    few = ex.explain(records, MODEL, 60.0, 100.0, top=0, signals=ex.EngineSignals(preemptions=2))
-    assert few is not None and few["quantities"]["ttft"]["driver"] == "queue"  # 2 of 1,000: not a full cache
+    # fewer preemptions (2 of 1,000 requests) still say the cache ran out, and a queue tail that did not arrive in a
+    # burst is then the cache's (nothing waiting is admitted while it is out); so does a usage reading of 90 % or more
+    for signals in (ex.EngineSignals(preemptions=2), ex.EngineSignals(preemptions=0, kv_usage_max=0.95)):
+        few = ex.explain(records, MODEL, 60.0, 100.0, top=0, signals=signals)
+        assert few is not None
+        f = few["quantities"]["ttft"]
+        assert f["driver"] == "preemption" and f["phase"] == "queue", f["headline"]
+        assert "of the gap is queue while the KV cache ran out" in f["headline"], f["headline"]
+    # neither: the queue tail stays the queue's
+    room = ex.explain(records, MODEL, 60.0, 100.0, top=0, signals=ex.EngineSignals(preemptions=0, kv_usage_max=0.6))
+    assert room is not None and room["quantities"]["ttft"]["driver"] == "queue"
     ranks = ex.EngineSignals(rank_itl_s={"0": 0.010, "1": 0.031, "2": 0.011})
     slow = ex.explain(records, MODEL, 60.0, 100.0, top=0, signals=ranks)
     assert slow is not None
@@ -483,6 +492,17 @@ def test_stock_spans_name_preemption_and_a_slow_rank_from_the_engines_own_series
     explainer.observe_engine([Sample("inferwatch.engine.preemptions", 100.0, attrs({"gen_ai.request.model": MODEL}))])
     clock[0] = 100.0
     explainer.observe_engine([Sample("inferwatch.engine.preemptions", 160.0, attrs({"gen_ai.request.model": MODEL}))])
+    report = explainer.explain(MODEL, 60.0, top=0)
+    assert report is not None and report["quantities"]["ttft"]["driver"] == "preemption"
+    # ... and its KV-cache usage readings, the highest in the window
+    explainer = ex.TailExplainer(records, clock=lambda: clock[0])
+    for when, usage in ((30.0, 0.97), (70.0, 0.5), (100.0, 0.93)):
+        clock[0] = when
+        explainer.observe_engine(
+            [Sample("inferwatch.engine.kv_cache.usage", usage, attrs({"gen_ai.request.model": MODEL}))]
+        )
+    got = explainer.engine.signals([MODEL], 60.0, 100.0)
+    assert got is not None and got.kv_usage_max == 0.93 and got.preemptions is None  # 0.97 was before the window
     report = explainer.explain(MODEL, 60.0, top=0)
     assert report is not None and report["quantities"]["ttft"]["driver"] == "preemption"
 

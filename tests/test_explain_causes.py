@@ -73,10 +73,43 @@ def test_prefill_beside_a_slow_rank_needs_its_own_evidence() -> None:
     verdict = _with_signals(reqs, signals)
     assert verdict["driver"] == "dp_rank" and verdict["shares"]["prefill"] >= 0.2, verdict
     assert "prefill" not in verdict["drivers"], verdict["headline"]
-    # with stalls on 10 % of the requests, prefill is named beside the rank
+    # with stalls of 0.25 s on 10 % of the requests, prefill is named beside the rank, whose requests hold the tail
+    # (0.29 s: queue 0.2 s and a 3x slower prefill)
+    stalled = reqs[:810] + [timing(rng, prefill=0.25) for _ in range(90)]
+    verdict = _with_signals(stalled, signals)
+    assert verdict["drivers"] == ["dp_rank", "prefill"], verdict["headline"]
+    assert verdict["tail_parts"]["dp_rank"] > verdict["tail_parts"].get("prefill", 0.0), verdict["tail_parts"]
+    # stalls of 0.6 s hold the tail: the stall is named first, the rank beside it
     stalled = reqs[:810] + [timing(rng, prefill=0.6) for _ in range(90)]
     verdict = _with_signals(stalled, signals)
-    assert verdict["driver"] == "dp_rank" and "prefill" in verdict["drivers"], verdict["headline"]
+    assert verdict["drivers"] == ["prefill", "dp_rank"], verdict["headline"]
+    assert verdict["tail_parts"]["prefill"] >= 0.9, verdict["tail_parts"]
+    assert "100% of the gap is prefill; prefill stalls: 10% of requests waited" in verdict["headline"], verdict[
+        "headline"
+    ]
+    assert "also dp_rank=1 3.0x slower per output token" in verdict["headline"], verdict["headline"]
+
+
+def test_tail_parts_split_each_tail_request_between_its_causes() -> None:
+    """tailcauses.tail_parts: a front-end delay, a stall and a slow rank's stretch, each request's excess split."""
+    f = {
+        # 100 plain requests (TTFT 0.1), then three tail requests: one delayed 0.5 s in the front end, one stalled
+        # 0.5 s before prefill, one on a 3x slower rank (queue 0.3 s, prefill 3x) with ITL 30 ms against 10 ms
+        "ttft": [0.1] * 100 + [0.6, 0.6, 0.4],
+        "queue": [0.05] * 100 + [0.05, 0.05, 0.3],
+        "prefill": [0.03] * 100 + [0.03, 0.53, 0.09],
+        "decode": [1.0] * 100 + [1.0, 1.0, 3.0],
+    }
+    prompts = [500] * 103
+    comp = [101] * 103
+    slow = {"attribute": "dp_rank", "value": "1", "itl_ratio": 3.0, "median_itl_s": 0.03, "others_median_itl_s": 0.01}
+    parts = tailcauses.tail_parts(f, prompts, comp, [100, 101, 102], 0.1, slow)
+    # excess 0.5 + 0.5 + 0.3 = 1.3 s: the front end's 0.5, the stall's 0.5, the rank's (0.3 + 0.09) x 2/3 = 0.26
+    assert parts == {"frontend": round(0.5 / 1.3, 4), "prefill": round(0.5 / 1.3, 4), "dp_rank": round(0.26 / 1.3, 4)}
+    assert tailcauses.tail_parts(f, prompts, comp, [100, 101, 102], 0.1, None) == {
+        "frontend": round(0.5 / 1.3, 4),
+        "prefill": round(0.5 / 1.3, 4),
+    }
 
 
 def test_a_saturated_window_with_a_long_prompt_workload_is_the_long_prompts() -> None:

@@ -35,11 +35,17 @@ is the separating placement attribute (``dp_rank``, ``lora``, ``tenant``) if the
 :data:`PHASE_OVER_PLACEMENT` (90 %) of the gap or the value's share of the tail is at least :data:`STRONG_LIFT` (3)
 times its share of the requests (a slow rank the balancer already avoids: 24 % of requests, 93 % of the tail);
 else the phase with at least :data:`DOMINANT_SHARE` of the gap, the separating attribute named beside it ("100 %
-of the gap is queue; dp_rank=1 is 49 % of requests and 100 % of the tail" is a queue burst that one rank took).
+of the gap is queue; dp_rank=1 is 49 % of requests and 100 % of the tail" is a queue burst that one rank took) —
+except a queue tail that did not arrive in a burst while the engine's own series say its KV cache ran out (a
+preemption counted, or usage of :data:`~inferwatch.agent.node.analytics.tailcauses.KV_FULL_USAGE` or more: nothing
+waiting is admitted then), which is the cache's (``preemption``).
 ``output_length`` is reported as the workload, never as a fault driver. Otherwise the answer is ``none`` ("no
 dominant driver"), unless a cause is seen in its own phase (:mod:`~inferwatch.agent.node.analytics.tailcauses`: a
 prefill stall, a front-end delay), which is also named first over a queue tail that is neither a burst nor
-saturation (the load's). Beside the first driver, every cause with evidence of its own is listed (``drivers``). The
+saturation (the load's). Beside the first driver, every cause with evidence of its own is listed (``drivers``); where
+two of them show on each request (a slow rank, a prefill stall or long prompts, a front-end delay), the one holding
+the larger part of the tail's excess is named first (:func:`~inferwatch.agent.node.analytics.tailcauses.tail_parts`,
+the report's ``tail_parts``). The
 thresholds and their measured accuracy are in docs/explain.md (benchmarks/tail_explain.py).
 
 **Sampled windows.** Above their bound the records keep 1 request in k with weight k, and always the slowest
@@ -70,6 +76,7 @@ from inferwatch.agent.node.analytics.failures import ModelFailures
 from inferwatch.agent.node.analytics.tailcauses import (
     BURST_TAIL_SHARE,
     HEAD_OF_LINE_SHARE,
+    LEAD_FACTOR,
     LONG_PROMPT_FACTOR,
     LONG_PROMPT_WORKLOAD,
     OWN_TAIL_SAMPLE,
@@ -81,12 +88,14 @@ from inferwatch.agent.node.analytics.tailcauses import (
     EngineSignals,
     burst,
     frontend_delay,
+    kv_ran_out,
     long_prompt_share,
     own_spreads,
     own_tails,
     prefill_stall,
     prompt_workload,
     slow_rank_from_signals,
+    tail_parts,
 )
 from inferwatch.agent.node.analytics.tailrecords import (
     HORIZON_S,
@@ -494,6 +503,14 @@ def _decompose(
             f"{workload['factor']:.1f}x the median band's (under {LONG_PROMPT_FACTOR:g}x: the prompt mix's own "
             "spread, the workload)"
         )
+    elif (
+        top_phase == "queue"
+        and shares[top_phase] >= DOMINANT_SHARE
+        and (ran_out := kv_ran_out(signals)) is not None
+        and not _counts_preemptions(phases)  # spans that count preemptions say so themselves
+    ):  # a queue tail neither saturated nor in a burst while the cache ran out: admission waited for KV blocks
+        driver = PREEMPTION
+        preemption = evidence = ran_out
     elif shares[top_phase] >= DOMINANT_SHARE:
         driver = top_phase
     else:
@@ -528,6 +545,17 @@ def _decompose(
         if own:
             driver = own[0]
             drivers = own + [d for d in drivers if d not in own and d != "queue"]
+    split: dict[str, float] | None = None
+    if quantity == "ttft" and len(drivers) >= 2 and _own_part(driver, slow, phases):
+        # two causes seen request by request: the one holding the tail's excess comes first (tailcauses.tail_parts)
+        long_prompts = phases.long_share() >= LONG_PROMPT_WORKLOAD
+        split = tail_parts(phases.f, phases.win.i["prompt"], phases.comp, tail, p50, slow, long_prompts)
+        lead = max((d for d in drivers if _own_part(d, slow, phases)), key=lambda d: split.get(d, 0.0))
+        if lead != driver and split.get(lead, 0.0) >= max(SECOND_SHARE, LEAD_FACTOR * split.get(driver, 0.0)):
+            drivers = [lead, *(d for d in drivers if d != lead)]
+            driver = lead
+            placement = placement if lead in PLACEMENT else None
+            separator = None
     shown = placement or separator
     if driver == PREEMPTION and preemption is not None:
         shown = preemption
@@ -554,6 +582,7 @@ def _decompose(
         "saturated": saturated,
         "prompt_workload": workload,
         "prefill_stall": phases.stall() if "prefill" in drivers else None,
+        "tail_parts": split,
         "headline": _headline(
             quantity,
             p50,
@@ -605,6 +634,21 @@ def _e2e(
     return raw
 
 
+def _own_part(cause: str, slow: Mapping[str, Any] | None, phases: _Phases) -> bool:
+    """Whether ``cause`` shows on each request (:func:`tailcauses.tail_parts`): a slow rank, a front-end delay, a
+    prefill stall or a long-prompt workload."""
+    if cause in PLACEMENT:
+        return slow is not None and slow["attribute"] == cause
+    if cause == "frontend":
+        return phases.front() is not None
+    return cause == "prefill" and (phases.stall() is not None or phases.long_share() >= LONG_PROMPT_WORKLOAD)
+
+
+def _counts_preemptions(phases: _Phases) -> bool:
+    """Whether the window's spans count preemptions (``vllm.num_preemptions``; stock vLLM spans do not)."""
+    return any(v >= 0 for v in phases.win.i["preemptions"][:: max(1, len(phases.win) // 64)])
+
+
 def _preemption_evidence(
     phases: _Phases,
     separators: list[dict[str, Any]],
@@ -623,8 +667,7 @@ def _preemption_evidence(
         if yes["share_of_requests"] < PREEMPTED_MIN_SHARE or yes["share_of_requests"] * total < PREEMPTED_MIN:
             return None
         return {**yes, "tail_in_flight_with_preempted": round(phases.in_flight_with_preempted(tail), 4)}
-    counted = any(v >= 0 for v in phases.win.i["preemptions"][:: max(1, len(phases.win) // 64)])
-    if counted or signals is None or signals.preemptions is None or total <= 0:
+    if _counts_preemptions(phases) or signals is None or signals.preemptions is None or total <= 0:
         return None
     n = signals.preemptions
     if n < PREEMPTED_MIN or n / total < PREEMPTED_MIN_SHARE:
@@ -834,6 +877,8 @@ def _headline(
         return head + f"no dominant driver ({'; '.join(reasons)})"
     if driver == "prefill" and top != "prefill" and stall is not None:
         return head + f"{shares[top]:.0%} of the gap is {top} behind {_stall_text(stall)}"
+    if driver == "prefill" and sep is None and stall is not None:
+        return head + f"{shares[top]:.0%} of the gap is {top}; {_stall_text(stall)}"
     if driver == "prefill" and top != "prefill" and long_share >= LONG_PROMPT_WORKLOAD:
         return head + f"{shares[top]:.0%} of the gap is {top} behind {_long_text(long_share)}"
     if driver == "frontend" and top != "frontend" and front is not None:
@@ -854,6 +899,12 @@ def _headline(
         return head + (
             f"{sep['attribute']}={sep['value']} is {sep['share_of_requests']:.0%} of requests and "
             f"{sep['share_of_tail']:.0%} of the tail{slow} ({shares[top]:.0%} of the gap is {top})"
+        )
+    if driver == PREEMPTION and sep is not None and sep.get("value") == "ran out":
+        usage = f", KV-cache usage up to {sep['kv_usage_max']:.0%}" if sep.get("kv_usage_max") is not None else ""
+        return head + (
+            f"{shares[top]:.0%} of the gap is {top} while the KV cache ran out ({sep['preemptions']:.0f} "
+            f"preemptions{usage}, the engine's series): waiting requests were not admitted for want of blocks"
         )
     if driver == PREEMPTION and sep is not None and "lift" not in sep:
         return head + (
@@ -1144,6 +1195,8 @@ class TailExplainer:
         for s in samples:
             if isinstance(s, Sample) and s.name == "inferwatch.engine.preemptions":
                 self.engine.observe(dict(s.attributes).get(MODEL, ""), float(s.value), now)
+            elif isinstance(s, Sample) and s.name == "inferwatch.engine.kv_cache.usage":
+                self.engine.observe_kv(dict(s.attributes).get(MODEL, ""), float(s.value), now)
         for model, ranks in (rank_itl or {}).items():
             self.engine.observe_ranks(model, ranks, now)
 

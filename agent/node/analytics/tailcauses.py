@@ -18,7 +18,9 @@ workload: :func:`prefill_stall`, :func:`long_prompt_share`), else the queue (arr
 The engine's per-rank series (mean inter-token latency per rank over the window, from its per-engine histograms) and
 its preemption counter (increase over the window) stand in: a rank whose mean ITL is at least
 ``SLOW_PLACEMENT_FACTOR`` times the other ranks' median is named, and preemptions counted on at least
-``PREEMPTED_MIN_SHARE`` of the window's requests (at least ``PREEMPTED_MIN``) name the KV cache.
+``PREEMPTED_MIN_SHARE`` of the window's requests (at least ``PREEMPTED_MIN``) name the KV cache. Fewer preemptions
+still say the cache ran out (vLLM preempts only then), as does a KV-cache usage of :data:`KV_FULL_USAGE` or more:
+while it is out, no waiting request is admitted, so a queue tail that did not arrive in a burst is then the cache's.
 
 **Prefill stalls** (:func:`prefill_stall`). A share of requests whose prefill took many times what their prompt
 needs waited before prefill (page cache, disk, remote KV): named ``prefill`` beside any other cause, and first
@@ -62,11 +64,13 @@ class EngineSignals:
 
     ``preemptions``: the preemption counter's increase over the window (``vllm:num_preemptions_total``), None when
     unknown. ``rank_itl_s``: per data-parallel rank (vLLM's ``engine`` label) its mean inter-token latency over the
-    window (the per-engine ITL histogram's sum over count increase).
+    window (the per-engine ITL histogram's sum over count increase). ``kv_usage_max``: the highest KV-cache usage
+    (0..1, the model's mean over its ranks) the engine reported in the window, None when unknown.
     """
 
     preemptions: float | None = None
     rank_itl_s: Mapping[str, float] = field(default_factory=dict)
+    kv_usage_max: float | None = None
 
 
 def slow_rank_from_signals(signals: EngineSignals | None, factor: float) -> dict[str, Any] | None:
@@ -261,6 +265,93 @@ def frontend_delay(ttft: Sequence[float], queue: Sequence[float], prefill: Seque
     return {"share_of_requests": round(len(late) / len(gaps), 4), "median_delay_s": round(late[len(late) // 2], 4)}
 
 
+KV_FULL_USAGE = 0.9  # a KV-cache usage reading this high: the blocks ran out around it (readings are seconds apart)
+
+
+def kv_ran_out(signals: EngineSignals | None) -> dict[str, Any] | None:
+    """The engine's evidence that its KV cache ran out in the window (:class:`EngineSignals`): a preemption counted,
+    or a usage reading of at least :data:`KV_FULL_USAGE`; None without either."""
+    if signals is None:
+        return None
+    preempted = signals.preemptions or 0.0
+    usage = signals.kv_usage_max
+    if preempted < 1 and (usage is None or usage < KV_FULL_USAGE):
+        return None
+    return {
+        "attribute": "kv_cache",
+        "value": "ran out",
+        "preemptions": preempted,
+        "kv_usage_max": usage,
+        "source": "engine preemption counter and KV-cache usage",
+    }
+
+
+LEAD_FACTOR = 1.5  # a cause holding 1.5x the first-named cause's part of the tail's excess is named first
+
+
+def tail_parts(
+    f: Mapping[str, Sequence[float]],
+    prompts: Sequence[int],
+    comp: Sequence[int],
+    tail: Sequence[int],
+    p50: float,
+    slow: Mapping[str, Any] | None,
+    long_prompts: bool = False,
+) -> dict[str, float]:
+    """The part of the tail band's TTFT excess over P50 each cause seen request by request holds (0..1 each).
+
+    Three causes show on the request itself: a front-end delay (its front-end gap over the window's median gap, at
+    least :data:`FRONT_MIN_S`), a prefill stall (its prefill over what its prompt needs at the window's median
+    prefill per token, at least :data:`STALL_MIN_S` and :data:`STALL_FACTOR` times it) or, with ``long_prompts`` (a
+    long-prompt workload), a long prompt (at least :data:`LONG_PROMPT_FACTOR` times the window's median prompt: its
+    prefill over the median prompt's), both ``prefill``, and a rank slower per token
+    (``slow``, from the engine's per-rank series or the spans: a request whose own ITL is past the geometric middle of
+    the slow rank's and the others' is on it; its queue and expected prefill ran ``itl_ratio`` times slower, so
+    ``1 - 1/itl_ratio`` of them are the rank's, and its expected prefill is the slow rank's). Each request's excess is
+    split between its causes, pro rata where they claim more than it. Which of two causes seen in the window holds
+    the tail is read here, not from which is seen at all: a page-cache stall on a fifth of the requests and a rank
+    1.5x slower are both seen, and the tail is the stall's."""
+    prefill, queue, ttft, decode = f["prefill"], f["queue"], f["ttft"], f["decode"]
+    step = max(1, len(prompts) // OWN_TAIL_SAMPLE)
+    rates = sorted(p / k for p, k in zip(prefill[::step], prompts[::step], strict=True) if k > 0 and p == p)
+    gaps = sorted(g for g in map(sub, map(sub, ttft[::step], queue[::step]), prefill[::step]) if g == g)
+    rate = rates[len(rates) // 2] if rates else 0.0
+    known = sorted(k for k in prompts[::step] if k > 0)
+    median_prompt = known[len(known) // 2] if known else 0
+    long_floor = LONG_PROMPT_FACTOR * median_prompt if long_prompts and known else math.inf
+    gap_median = gaps[len(gaps) // 2] if gaps else 0.0
+    factor, cut, rank = 1.0, math.inf, ""
+    if slow is not None and slow.get("itl_ratio", 0) > 1:
+        factor = float(slow["itl_ratio"])
+        cut = math.sqrt(float(slow["median_itl_s"]) * float(slow["others_median_itl_s"]))
+        rank = str(slow["attribute"])
+    parts: dict[str, float] = {}
+    total = 0.0
+    for j in tail:
+        t, q, p = ttft[j], queue[j], prefill[j]
+        excess = t - p50
+        if excess <= 0 or t != t or q != q or p != p:
+            continue
+        total += excess
+        mine: dict[str, float] = {}
+        front = t - q - p - gap_median
+        if front >= FRONT_MIN_S:
+            mine["frontend"] = front
+        on_slow = comp[j] > 1 and decode[j] == decode[j] and decode[j] / (comp[j] - 1) >= cut
+        expected = rate * max(0, prompts[j]) * (factor if on_slow else 1.0)
+        if p - expected >= STALL_MIN_S and p >= STALL_FACTOR * expected:
+            mine["prefill"] = p - expected
+        if prompts[j] >= long_floor:
+            mine["prefill"] = max(mine.get("prefill", 0.0), p - rate * median_prompt * (factor if on_slow else 1.0))
+        if on_slow:
+            mine[rank] = (q + min(p, expected)) * (1.0 - 1.0 / factor)
+        claimed = math.fsum(mine.values())
+        scale = min(1.0, excess / claimed) if claimed > 0 else 0.0
+        for cause, seconds in mine.items():
+            parts[cause] = parts.get(cause, 0.0) + seconds * scale
+    return {c: round(v / total, 4) for c, v in parts.items()} if total > 0 else {}
+
+
 COUNTER_HISTORY = 64  # readings kept per model: 5 minutes at the agent's 5 s interval, with room
 
 
@@ -277,6 +368,7 @@ class EngineCounters:
         self._lock = threading.Lock()
         self._seen: dict[str, deque[tuple[float, float]]] = {}
         self._ranks: dict[str, deque[tuple[float, Mapping[str, Sequence[float]]]]] = {}
+        self._kv: dict[str, deque[tuple[float, float]]] = {}
 
     def observe(self, model: str, preemptions: float, now: float) -> None:
         with self._lock:
@@ -284,6 +376,11 @@ class EngineCounters:
             if hist and preemptions < hist[-1][1]:
                 hist.clear()
             hist.append((now, preemptions))
+
+    def observe_kv(self, model: str, usage: float, now: float) -> None:
+        """One reading of the model's KV-cache usage (0..1)."""
+        with self._lock:
+            self._kv.setdefault(model, deque(maxlen=COUNTER_HISTORY)).append((now, usage))
 
     def observe_ranks(self, model: str, ranks: Mapping[str, Sequence[float]], now: float) -> None:
         """One reading of ``rank -> (ITL sum s, ITL count)``, cumulative."""
@@ -297,8 +394,8 @@ class EngineCounters:
 
     def signals(self, models: Sequence[str], window_s: float, now: float) -> EngineSignals | None:
         """The counters' increase over the last ``window_s`` (from the last reading at or before its start, else
-        the first kept): preemptions summed over ``models``, and each rank's mean ITL (the first of ``models`` with
-        per-rank readings); None when no model has two readings."""
+        the first kept): preemptions summed over ``models``, each rank's mean ITL (the first of ``models`` with
+        per-rank readings), and the highest KV-cache usage read in the window; None when there is none of them."""
         total, found = 0.0, False
         rank_itl: dict[str, float] = {}
         with self._lock:
@@ -320,6 +417,9 @@ class EngineCounters:
                     if n > 0:
                         rank_itl[rank] = (itl_sum - first[rank][0]) / n
                 break
-        if not found and not rank_itl:
+            usage = [u for model in models for t, u in self._kv.get(model, ()) if t > now - window_s and u == u]
+        if not found and not rank_itl and not usage:
             return None
-        return EngineSignals(preemptions=total if found else None, rank_itl_s=rank_itl)
+        return EngineSignals(
+            preemptions=total if found else None, rank_itl_s=rank_itl, kv_usage_max=max(usage) if usage else None
+        )

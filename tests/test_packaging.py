@@ -64,10 +64,16 @@ INSTALL_TIMEOUT_S = 480
 START_TIMEOUT_S = 90  # an agent's /readyz (every collector ran once) on a loaded 2-core machine
 DEMO_S = 75  # "about a minute": time for the first spans to reach explain on a loaded machine
 UV = ROOT / ".venv" / "bin" / "uv"
+# One client for the test's own requests to the agents it starts: ``httpx.get`` builds a client, and with it a TLS
+# context (~25 ms of CPU), per call (the readiness and status polls, ~80 runbook pages). No keep-alive: each request
+# opens its own connection, so an agent closing an idle one cannot pass for an agent that stopped.
+HTTP = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
 # checkout folder -> import name (setup.py: everything under the one name ``inferwatch``)
 FOLDERS: dict[str, str] = runpy.run_path(str(ROOT / "setup.py"), run_name="layout")["FOLDERS"]
+# What a checkout holds, without what a build or the suite's setup makes in it: ``.venv*`` are scripts/test.sh's
+# three virtual environments (~760 MB, which every copy of the checkout here paid for, three per run).
 COPY_IGNORE = shutil.ignore_patterns(
-    ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache",
+    ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache",
     ".hypothesis", "tmp", "*.so",
 )  # fmt: skip
 
@@ -241,7 +247,7 @@ def wait_ready(base: str, proc: subprocess.Popen[bytes], log: Path, headers: dic
     while time.monotonic() < deadline:
         assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
         try:
-            if httpx.get(f"{base}/readyz", headers=headers, timeout=5).status_code == 200:
+            if HTTP.get(f"{base}/readyz", headers=headers, timeout=5).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -497,19 +503,19 @@ def test_run_serves_every_collector_from_the_install(installed: Install, sim: Si
     with running(cmd, log, cwd=installed.cwd, env={**installed.env, **env}) as proc:
         base = f"http://127.0.0.1:{port}"
         wait_ready(base, proc, log)
-        status = httpx.get(f"{base}/api/v1/status", timeout=10).json()
+        status = HTTP.get(f"{base}/api/v1/status", timeout=10).json()
         states = {name: c["state"] for name, c in collectors(status).items()}
         assert not failing(status), failing(status)
         for name in ("engine", "probe", "runtime_profile", "process", "spans", "cpu"):
             assert states.get(name) == "ok", (name, states)
-        metrics = httpx.get(f"{base}/metrics", timeout=10)
+        metrics = HTTP.get(f"{base}/metrics", timeout=10)
         assert metrics.status_code == 200 and re.search(r"^inferwatch_engine_up\{[^}]*\} 1\.0$", metrics.text, re.M)
         for name in sorted(alert_names()):
-            page = httpx.get(f"{base}/runbooks/{name}", timeout=10)
+            page = HTTP.get(f"{base}/runbooks/{name}", timeout=10)
             assert page.status_code == 200 and f"<h1>{name}</h1>" in page.text, (name, page.status_code)
-            md = httpx.get(f"{base}/runbooks/{name}?format=md", timeout=10)
+            md = HTTP.get(f"{base}/runbooks/{name}?format=md", timeout=10)
             assert md.text == (ROOT / "runbooks" / f"{name}.md").read_text(encoding="utf-8"), name
-        index = httpx.get(f"{base}/runbooks", timeout=10).json()["runbooks"]
+        index = HTTP.get(f"{base}/runbooks", timeout=10).json()["runbooks"]
         assert {e["alert"] for e in index} == alert_names()
         assert all(e["url"] == f"{base}/runbooks/{e['alert']}" for e in index), index[:2]
 
@@ -520,7 +526,7 @@ def test_run_serves_every_collector_from_the_install(installed: Install, sim: Si
         assert r.returncode in (0, 1) and (r.returncode == 0 or len(r.stderr.strip().splitlines()) == 1), r.stderr
         r = installed.run("evidence", "list")  # this node's ring, under the install's HOME
         assert r.returncode == 0, r.stderr
-        assert not failing(httpx.get(f"{base}/api/v1/status", timeout=10).json())
+        assert not failing(HTTP.get(f"{base}/api/v1/status", timeout=10).json())
     assert not log_problems(log)
 
 
@@ -543,15 +549,17 @@ def test_operator_commands_from_the_install(installed: Install, tmp_path: Path) 
 def test_demo_runs_a_minute_from_the_install(installed: Install, tmp_path: Path) -> None:
     ports = {flag: free_port() for flag in ("--sim-port", "--agent-port", "--otlp-port", "--otlp-http-port")}
     logs = tmp_path / "logs"
-    cmd = [installed.inferwatch, "demo", "--duration", str(DEMO_S), "--log-dir", str(logs), "--rate", "10"]
+    # The demo's own load (5 requests/s), as a user starts it: at 10/s its load generator and simulator took ~20 s of
+    # the file's CPU, and 5/s fills explain's 1m window as well.
+    cmd = [installed.inferwatch, "demo", "--duration", str(DEMO_S), "--log-dir", str(logs)]
     cmd += [str(x) for pair in ports.items() for x in pair]
     out = tmp_path / "demo.out"
     base = f"http://127.0.0.1:{ports['--agent-port']}"
     with running(cmd, out, cwd=installed.cwd, env=installed.env) as demo:
         wait_ready(base, demo, out)
-        page = httpx.get(f"{base}/", timeout=10).text  # the status page: every runbook link it shows is served
+        page = HTTP.get(f"{base}/", timeout=10).text  # the status page: every runbook link it shows is served
         for name in set(re.findall(r'href="runbooks/([^"]+)"', page)):
-            assert httpx.get(f"{base}/runbooks/{name}", timeout=10).status_code == 200, name
+            assert HTTP.get(f"{base}/runbooks/{name}", timeout=10).status_code == 200, name
         top = installed.run("top", "--once", "--agent", base)
         assert top.returncode == 0, top.stderr
         explained = False
@@ -559,7 +567,7 @@ def test_demo_runs_a_minute_from_the_install(installed: Install, tmp_path: Path)
         deadline = time.monotonic() + DEMO_S + 30
         while demo.poll() is None and time.monotonic() < deadline:
             try:
-                last = httpx.get(f"{base}/api/v1/status", timeout=10).json()
+                last = HTTP.get(f"{base}/api/v1/status", timeout=10).json()
             except httpx.HTTPError:
                 break  # the demo is stopping its children
             assert not failing(last), failing(last)
@@ -619,10 +627,10 @@ def test_container_image_command_from_the_install(installed: Install, sim: Sim, 
     with running(adapt(argv, installed.python, port), log, cwd=installed.cwd, env={**installed.env, **env}) as proc:
         base = f"http://127.0.0.1:{port}"
         wait_ready(base, proc, log)
-        status = httpx.get(f"{base}/api/v1/status", timeout=10).json()
+        status = HTTP.get(f"{base}/api/v1/status", timeout=10).json()
         assert not failing(status), failing(status)
         assert collectors(status)["engine"]["state"] == "ok"
-        assert httpx.get(f"{base}/runbooks/AgentDown", timeout=10).status_code == 200
+        assert HTTP.get(f"{base}/runbooks/AgentDown", timeout=10).status_code == 200
     assert not [p for p in log_problems(log) if "no runtime process configured" not in p]
 
 
@@ -671,11 +679,11 @@ def test_daemonset_command_from_the_install(installed: Install, sim: Sim, tmp_pa
     with running(argv, log, cwd=installed.cwd, env={**installed.env, **env}) as proc:
         base, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"}
         wait_ready(base, proc, log)  # the DaemonSet's readinessProbe: an open path
-        assert httpx.get(f"{base}/api/v1/status", timeout=10).status_code in (401, 403)  # the Secret's token is needed
-        status = httpx.get(f"{base}/api/v1/status", headers=auth, timeout=10).json()
+        assert HTTP.get(f"{base}/api/v1/status", timeout=10).status_code in (401, 403)  # the Secret's token is needed
+        status = HTTP.get(f"{base}/api/v1/status", headers=auth, timeout=10).json()
         assert not failing(status), failing(status)
         assert collectors(status)["engine"]["state"] == "ok"
-        assert httpx.get(f"{base}/metrics", timeout=10).status_code == 200
+        assert HTTP.get(f"{base}/metrics", timeout=10).status_code == 200
         token_file = tmp_path / "token"
         token_file.write_text(token + "\n", encoding="utf-8")
         r = installed.run("evidence", "list", "--agent", base, "--token-file", str(token_file))

@@ -25,7 +25,7 @@ the families that more than one source writes are counted together, from their s
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import chain
 from operator import attrgetter
 from typing import ClassVar
@@ -131,17 +131,17 @@ class SeriesBudget:
     def __init__(self, state: AgentState, budget: int) -> None:
         self.state = state
         self.budget = budget
-        # per collector: its collection at the last count (held until the next count, for the identity check) and
-        # that collection's families
-        self._counted: dict[str, tuple[Collection, dict[str, _Family]]] = {}
+        # per collector: the samples of its collection at the last count (held until the next count, for the identity
+        # check; not the collection, whose rendered text would be held with it) and that collection's families
+        self._counted: dict[str, tuple[Sequence[AnySample], dict[str, _Family]]] = {}
 
     def _collection_families(self, name: str, collection: Collection) -> dict[str, _Family]:
         last = self._counted.get(name)
-        if last is not None and last[0] is collection:
+        if last is not None and last[0] is collection.samples:
             return last[1]
         before = last[1] if last is not None else {}
         families = {f: _Family(f, group, before.get(f)) for f, group in _families(collection.samples).items()}
-        self._counted[name] = (collection, families)
+        self._counted[name] = (collection.samples, families)
         return families
 
     def totals(self) -> tuple[int, Counter[str]]:

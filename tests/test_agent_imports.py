@@ -137,14 +137,24 @@ def _served_modules(tmp_path: Path, *args: str, env: dict[str, str] | None = Non
 # HTTP client, psutil and PyYAML, and no agent loads pydantic-settings, whose import the environment source replaced
 # (docs/benchmarks.md, "Where the megabytes go").
 OTHER_COMMANDS = ("inferwatch.agent.cli.engine", "inferwatch.agent.cli.explain", "inferwatch.agent.cli.top")
-NOT_IN_A_DEFAULT_AGENT = (*HTTP_ONLY, *PSUTIL, *YAML, *OTHER_COMMANDS, "pydantic_settings")
+# importlib.metadata: pydantic's plugin loader reads every distribution's entry points with it; the command loads no
+# pydantic plugin (cli/main.py).
+NOT_IN_A_DEFAULT_AGENT = (*HTTP_ONLY, *PSUTIL, *YAML, *OTHER_COMMANDS, "pydantic_settings", "importlib.metadata")
+
+
+def test_pydantic_looks_for_plugins_outside_the_command_only() -> None:
+    # The settings built in a plain interpreter load pydantic's plugin loader and importlib.metadata; under the
+    # command's main() (as every default agent runs: the check below) neither.
+    assert {"pydantic.plugin._loader", "importlib.metadata"} <= _modules_after(
+        "from inferwatch.agent.config import Settings\nSettings()"
+    )
 
 
 @pytest.mark.integration
 def test_a_default_agent_imports_only_what_it_runs(tmp_path: Path) -> None:
     # No engine URL, probe, runtime profile, discovery or Alertmanager: httpx is never loaded (1.7 MB of a default
     # agent's install, more with a client and its TLS context); no runtime configured: no psutil; no config file: no
-    # PyYAML; of the CLI, the run command's module only; settings without pydantic-settings.
+    # PyYAML; of the CLI, the run command's module only; settings without pydantic-settings or pydantic plugins.
     mods = _served_modules(tmp_path)
     assert "inferwatch.agent.node.collectors.engine" in mods  # the engine collector is built (and reports no URL)
     assert {"inferwatch.agent.node.host.runtime", "inferwatch.agent.node.discovery.filesd"} <= mods

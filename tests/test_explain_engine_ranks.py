@@ -92,3 +92,31 @@ def test_a_slow_rank_is_named_behind_stock_spans(tmp_path) -> None:
     slow = e2e["slow_placement"]
     assert slow["value"] == "1" and slow["source"] == "engine per-rank series" and slow["itl_ratio"] >= 2.0, slow
     assert "dp_rank=1" in text, text
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_engines_kv_cache_usage_and_preemptions_reach_the_verdict(tmp_path) -> None:
+    """The simulator with its KV cache cut (``kv_saturation``), stock spans: the agent hands the explainer the
+    engine's preemption counter and KV-cache usage read off /metrics, and the report shows them over the window."""
+    sim_args = ["--seed", "7", "--scenario", "kv_saturation", "--stock-spans"]
+    agent_env = {"INFERWATCH_ENGINE__METRICS_URL": "http://127.0.0.1:{sim_port}/metrics", "INFERWATCH_INTERVAL_S": "1"}
+    count = 200
+    with agent_beside_simulator(tmp_path, sim_args, agent_env) as (base, sim_port, _):
+        out = subprocess.run(
+            [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", f"http://127.0.0.1:{sim_port}", "--json", "--count",
+             str(count), "--rate", "16", "--seed", "3", "--output-tokens", "uniform:16:64"],
+            cwd=ROOT, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        deadline = time.monotonic() + 30
+        while True:
+            report = httpx.get(f"{base}/api/v1/explain", params={"window": "5m", "top": 0}, timeout=10).json()
+            signals = report.get("engine_signals") or {}
+            done = report.get("requests", 0) >= count and (signals.get("preemptions") or 0) > 0
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    assert report.get("requests", 0) >= count, report
+    assert signals.get("preemptions", 0) > 0, signals  # the cut cache preempted: the counter's increase
+    assert signals.get("kv_usage_max") is not None and signals["kv_usage_max"] >= 0.9, signals  # and ran full

@@ -968,6 +968,7 @@ def explain(
         "requests": len(win),
         "sampled": sampled,
         "median_itl_s": itl_med,
+        "engine_signals": _signals_row(signals),
         "quantities": {
             "ttft": _decompose("ttft", win.f["ttft"], PHASES["ttft"], phases, weights, groups),
             "e2e": _e2e(win, phases, weights, groups),
@@ -985,6 +986,17 @@ def explain(
     out["slowest_by"] = by
     out["slowest"] = [_request_row(win, phases, j, client_col) for j in slowest]
     return out
+
+
+def _signals_row(signals: EngineSignals | None) -> dict[str, Any] | None:
+    """What the engine's own series said over the window (the verdict weighs them for stock spans), or None."""
+    if signals is None:
+        return None
+    return {
+        "preemptions": signals.preemptions,
+        "rank_mean_itl_s": dict(signals.rank_itl_s),
+        "kv_usage_max": signals.kv_usage_max,
+    }
 
 
 def _client_column(win: Window, client: Mapping[str, float]) -> list[float] | None:

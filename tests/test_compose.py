@@ -477,6 +477,22 @@ def test_dockerfile_builds_the_wheel_and_installs_it_not_editable() -> None:
     ]
 
 
+COMPILERS = re.compile(r"\b(gcc|g\+\+|clang|cc|build-essential|libc6-dev|make|python3-dev)\b")
+
+
+def test_the_compiler_stays_in_the_build_stage() -> None:
+    """gcc builds the C extension in the build stage; the image that runs holds no compiler or headers: it installs
+    nothing from apt, and takes only the wheel from the build stage."""
+    stages = _stages()
+    build, final = stages[0], stages[-1]
+    build_apt = re.search(r"apt-get install[^\n]*", build.replace("\\\n", " "))
+    assert build_apt is not None and COMPILERS.search(build_apt.group(0)), "the build stage installs the compiler"
+    for stage in stages[1:]:
+        runs = " ".join(re.findall(r"^RUN (.+(?:\\\n.+)*)", stage, re.M))
+        assert "apt-get" not in runs and not COMPILERS.search(runs), f"a compiler or apt install in: {stage[:60]}"
+    assert re.findall(r"^COPY --from=(\S+) (\S+)", final, re.M) == [("build", "/wheels")]
+
+
 def test_image_runs_as_a_non_root_user_with_its_own_home() -> None:
     image = dockerfile_image((ROOT / "Dockerfile").read_text())
     uid, _, gid = image.user.partition(":")

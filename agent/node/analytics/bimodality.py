@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 D_THRESHOLD = 2.0
 MIN_WEIGHT = 0.05
@@ -200,8 +200,8 @@ def detect_log(points: Iterable[tuple[float, float]]) -> Bimodality | None:
     d = math.sqrt(2.0) * abs(slow[1] - fast[1]) / math.sqrt(fast[2] + slow[2])
     c_v, c_p = _valley_and_peak(pts, fast, slow)
     dip_z = (c_p - c_v) / math.sqrt(c_p + c_v) if c_p + c_v > 0 else 0.0
-    supported = delta_bic > 0 and min(fast[0], slow[0]) >= MIN_WEIGHT and dip_z >= DIP_Z
-    statistic = d if supported else 0.0
+    holds = delta_bic > 0 and min(fast[0], slow[0]) >= MIN_WEIGHT and dip_z >= DIP_Z  # as supported()
+    statistic = d if holds else 0.0
     return Bimodality(
         n=n,
         bimodal=statistic >= D_THRESHOLD,
@@ -214,6 +214,26 @@ def detect_log(points: Iterable[tuple[float, float]]) -> Bimodality | None:
         mode_fast=math.exp(fast[1]),
         mode_slow=math.exp(slow[1]),
     )
+
+
+def supported(b: Bimodality) -> bool:
+    """Conditions 1–3 (the statistic is Ashman's D, not 0)."""
+    return b.delta_bic > 0 and min(b.weight_slow, 1.0 - b.weight_slow) >= MIN_WEIGHT and b.dip_z >= DIP_Z
+
+
+def rescaled(b: Bimodality, n: float) -> Bimodality:
+    """The verdict the test gives on the same distribution holding ``n`` requests instead of ``b.n``.
+
+    Exact for the same normalised bins with every count scaled by k = n / b.n: EM, the starting split and the rebinning
+    depend on the weights' ratios only, so the fitted mixture (weights, modes, σ, Ashman's D, the valley) is the
+    same; both log-likelihoods scale by k, so ΔBIC = (ΔBIC₀ + 3·ln n₀)·k − 3·ln n; the dip's counts scale by k, so its
+    z by √k. ``None``-free: below :data:`MIN_SAMPLES` the test itself answers ``None``, which the caller must ask it.
+    """
+    k = n / b.n
+    delta_bic = (b.delta_bic + 3.0 * math.log(b.n)) * k - 3.0 * math.log(n)
+    out = replace(b, n=n, delta_bic=delta_bic, dip_z=b.dip_z * math.sqrt(k))
+    statistic = out.ashman_d if supported(out) else 0.0
+    return replace(out, statistic=statistic, bimodal=statistic >= D_THRESHOLD)
 
 
 def detect(values: Iterable[float]) -> Bimodality | None:

@@ -8,8 +8,8 @@ Input: :class:`RequestTiming` values (one per finished request, seconds). Output
 - ``inferwatch.engine.latency.tail_ratio`` P99 / P50;
 - ``inferwatch.engine.latency.bimodal`` / ``.bimodality`` (see :mod:`inferwatch.agent.node.analytics.bimodality`), from
   :data:`~inferwatch.agent.node.analytics.bimodality.MIN_SAMPLES` requests on, fitted again when the window's input
-  changed materially since the last fit (count by a quarter, shape by :data:`REFIT_SHAPE`) and at least once per
-  window length;
+  changed materially since the last fit (its shape by :data:`REFIT_SHAPE`, or its request count enough to flip the
+  verdict) and at least once per window length;
 - ``inferwatch.engine.goodput``: the exact share of requests with TTFT and time per output token both within the
   catalog's goodput targets (``GOODPUT_*_TARGET_S``);
 - ``inferwatch.engine.frontend_gap``: mean of TTFT − (queue + prefill) over requests that carry all three,
@@ -63,13 +63,12 @@ QUANTILES = (0.5, 0.9, 0.95, 0.99)
 SOURCE = "spans"
 DEFAULT_MAX_MODELS = 64
 # A bimodality verdict is kept while its window's input is materially what it was fitted on: the runner computes
-# every cycle, but a fit (EM, 1–13 ms) of an unchanged distribution gives the same verdict. It is fitted again when
-# the window's requests grew or shrank by a quarter (a verdict from the first requests of a burst must not stand
-# for the whole burst; ΔBIC grows with n), when its shape moved (the L1 distance of the normalised sketch bins
-# above REFIT_SHAPE: a twentieth of the requests in other bins, as a new mode of 5 % weight, the least the test
-# flags, moves it by 0.1), and at least once per window length (a verdict never outlives its window's requests).
-REFIT_GROWTH = 1.25
-REFIT_SHAPE = 0.1
+# every cycle, but a fit (EM, 1–13 ms) of an unchanged distribution gives the same verdict. A series is fitted again
+# when its shape moved (the Kolmogorov–Smirnov distance of the sketch bins above REFIT_SHAPE: a new mode of 5 %
+# weight, the least the test flags, moves it by ~0.05), when the fit rescaled to the
+# window's request count says the verdict could flip (bimodality.rescaled: exact for the same shape, so a burst's
+# verdict is re-examined as the burst grows, without a fit per step), and at least once per window length.
+REFIT_SHAPE = 0.05
 # Called with (metric, seconds, attributes including the model) for each semantic-convention measurement.
 Observer = Callable[[str, float, dict[str, str]], None]
 
@@ -235,7 +234,7 @@ class LatencyAnalytics:
         cached = self._bimodal_cache.get(key)
         bins = positive_bins(sketch)
         fresh = cached is not None and slot - cached[0] < slots_in(WINDOWS_S[window])
-        if cached is not None and _same_input(cached[1], cached[2] is None, fresh, bins):
+        if cached is not None and _same_input(cached[1], cached[2], fresh, bins):
             verdict = cached[2]
         else:
             verdict = bimodality.detect_log(log_bins(sketch))
@@ -329,16 +328,15 @@ class LatencyAnalytics:
         return out, hists, published
 
 
-def _same_input(fitted: Bins, no_verdict: bool, fresh: bool, bins: Bins) -> bool:
-    """Whether a bimodality verdict fitted on ``fitted`` still stands for ``bins`` (``fresh``: fitted within the
-    window's length; ``no_verdict``: it said too few requests)."""
-    n_fit, n = fitted[2], bins[2]
-    if n == n_fit and fitted[0] == bins[0] and fitted[1] == bins[1]:
+def _same_input(fitted: Bins, verdict: bimodality.Bimodality | None, fresh: bool, bins: Bins) -> bool:
+    """Whether ``verdict``, fitted on ``fitted``, still stands for ``bins`` (``fresh``: fitted within the window's
+    length)."""
+    if bins[2] == fitted[2] and bins[0] == fitted[0] and bins[1] == fitted[1]:
         return True  # the test is deterministic: the same bins, the same verdict
-    if no_verdict or not fresh:  # below MIN_SAMPLES the test reads a few bins: cheap, run on every change
+    if verdict is None or not fresh or bins[2] < bimodality.MIN_SAMPLES:  # None: a test of a few bins, cheap
         return False
-    if not n_fit / REFIT_GROWTH <= n <= n_fit * REFIT_GROWTH:
-        return False
+    if bimodality.supported(bimodality.rescaled(verdict, bins[2])) != bimodality.supported(verdict):
+        return False  # at this many requests the same shape would get the other verdict
     return shape_distance(fitted, bins) <= REFIT_SHAPE
 
 

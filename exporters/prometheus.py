@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from operator import is_
+from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
+from operator import attrgetter, is_, itemgetter
 
 from inferwatch.agent import catalog
 from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
@@ -31,19 +32,15 @@ def float_text(value: float) -> str:
     Python's repr, ``+Inf``/``-Inf``/``NaN``, and Go's exponent form for positive values of 10^7 and above. Here
     so that the text path does not import prometheus_client (~4 MB per agent); tests/test_exposition.py compares
     the two byte for byte."""
-    d = float(value)
-    if d == math.inf:
-        return "+Inf"
-    if d == -math.inf:
-        return "-Inf"
-    if math.isnan(d):
-        return "NaN"
-    s = repr(d)
+    s = repr(float(value))
     dot = s.find(".")
-    if d > 0 and dot > 6:
+    if dot > 6 and s[0] != "-":  # a positive value of 10^7 and above (repr has no exponent below 10^16)
         mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1 :]}".rstrip("0.")
         return f"{mantissa}e+{dot - 1:02d}"
-    return s
+    return _SPECIAL.get(s, s) if dot < 0 else s  # inf, -inf, nan; or an exponent form, as it is
+
+
+_SPECIAL = {"inf": "+Inf", "-inf": "-Inf", "nan": "NaN"}
 
 
 def fmt_le(bound: float) -> str:
@@ -83,10 +80,20 @@ def state_series(state: AgentState) -> Iterator[tuple[MetricSpec, tuple[str, ...
         yield spec, keys[len(spec.attributes) :], series
 
 
+def _picker(order: tuple[int, ...]) -> Callable[[tuple[str, ...]], tuple[str, ...]]:
+    """A function that takes the items ``order`` names out of a tuple, as a tuple (one C call from two items up)."""
+    if not order:
+        return lambda values: ()
+    if len(order) == 1:
+        i = order[0]
+        return lambda values: (values[i],)
+    return itemgetter(*order)
+
+
 class _Format:
     """One metric's fixed text: HELP and TYPE lines, sample names, label names in output (sorted) order."""
 
-    __slots__ = ("buckets", "header", "kind", "labels", "name")
+    __slots__ = ("at", "bucket", "count", "header", "kind", "line", "name", "order", "sum")
 
     def __init__(self, spec: MetricSpec, targets: tuple[str, ...] = ()) -> None:
         name = spec.prometheus
@@ -95,15 +102,27 @@ class _Format:
         self.header = f"# HELP {name} {doc}\n# TYPE {name} {kind}\n".encode()
         self.name = name
         self.kind = spec.kind
-        # prometheus_client writes labels sorted by label name; a histogram's "le" takes its sorted place too.
-        # Each label is (its text up to the value, the index of its value in catalog attribute order).
+        # prometheus_client writes labels sorted by label name; a histogram's "le" takes its sorted place too (``at``
+        # label values come before it). ``order`` takes a series' label values from catalog attribute order (its key)
+        # into that order, in one C call; each line is written from a template with "%s" for each label value
+        # (escaped first) and the sample value.
         all_labels = (*spec.prometheus_labels, *(TARGET_ATTRIBUTES[k] for k in targets))
-        names = sorted((label, i) for i, label in enumerate(all_labels))
-        self.labels = tuple((f'{label}="', i) for label, i in names)
-        self.buckets = sorted([label for label, _ in names] + ["le"]).index("le") if spec.kind is Kind.HISTOGRAM else -1
+        ranked = sorted((label, i) for i, label in enumerate(all_labels))
+        names = [label for label, _ in ranked]
+        self.order = _picker(tuple(i for _, i in ranked))
+        labels = ",".join(f'{label}="%s"' for label in names)
+        braces = f"{{{labels}}}" if names else ""
+        self.line = f"{name}{braces} %s\n"
+        self.count = f"{name}_count{braces} %s\n"
+        self.sum = f"{name}_sum{braces} %s\n"
+        self.at = at = sorted([*names, "le"]).index("le")
+        before = "".join(f'{label}="%s",' for label in names[:at])
+        after = "".join(f',{label}="%s"' for label in names[at:])
+        self.bucket = f'{name}_bucket{{{before}le="%s"{after}}} %s\n'
 
 
-_FORMATS: dict[tuple[str, tuple[str, ...]], _Format] = {}  # by (metric, target attributes its family carries)
+_FORMATS: dict[tuple[str, tuple[str, ...]], _Format] = {}
+_ATTRIBUTES = attrgetter("attributes")  # by (metric, target attributes its family carries)
 
 
 def _escape(value: str) -> str:
@@ -130,7 +149,8 @@ class _Block:
 
     def __init__(self, samples: list[AnySample]) -> None:
         self.samples = samples
-        self.present = frozenset(k for s in samples for k, _ in s.attributes if k in TARGET_ATTRIBUTES)
+        pairs = set(chain.from_iterable(map(_ATTRIBUTES, samples)))  # few: the samples share their pairs
+        self.present = frozenset(k for k, _ in pairs if k in TARGET_ATTRIBUTES)
         self._text: tuple[tuple[str, ...], bytes] | None = None
         self._values: tuple[tuple[str, ...], set[tuple[str, ...]]] | None = None
 
@@ -157,31 +177,37 @@ def _lines(
     if fmt is None:
         fmt = _FORMATS[(spec.name, targets)] = _Format(spec, targets)
     keys = (*spec.attributes, *targets)
+    blanks = ("",) * len(keys)
     seen: set[tuple[str, ...]] = set() if skip is None else set(skip)
-    prom = fmt.name
+    histogram = fmt.kind is Kind.HISTOGRAM
+    order, line, at = fmt.order, fmt.line, fmt.at
     out: list[str] = []
+    les: dict[float, str] = {}  # bucket bounds as text
     for s in samples:
         a = dict(s.attributes)
-        values = tuple(a.get(k, "") for k in keys)
+        values = tuple(map(a.get, keys, blanks))
         if values in seen:  # the same series twice: the first is kept, as prometheus_client's registry would
             continue
         seen.add(values)
-        parts = [f'{head}{_escape(values[i])}"' for head, i in fmt.labels]
+        labels = order(values)
+        text = "".join(labels)
+        if "\\" in text or "\n" in text or '"' in text:
+            labels = tuple(map(_escape, labels))
         if isinstance(s, HistogramSample):
-            if fmt.kind is not Kind.HISTOGRAM:
+            if not histogram:
                 continue
-            at = fmt.buckets
+            head, tail = labels[:at], labels[at:]
+            bucket = fmt.bucket
             for le, count in s.buckets:
-                parts.insert(at, f'le="{fmt_le(le)}"')
-                out.append(f"{prom}_bucket{{{','.join(parts)}}} {float_text(count)}\n")
-                del parts[at]
+                bound = les.get(le)
+                if bound is None or not le:  # 0.0 and -0.0 are one key, two texts
+                    bound = les[le] = fmt_le(le)
+                out.append(bucket % (*head, bound, *tail, float_text(count)))
             if s.buckets and s.buckets[0][0] >= 0:  # prometheus_client drops count and sum below zero
-                labels = f"{{{','.join(parts)}}}" if parts else ""
-                out.append(f"{prom}_count{labels} {float_text(s.buckets[-1][1])}\n")
-                out.append(f"{prom}_sum{labels} {float_text(s.sum)}\n")
-        elif fmt.kind is not Kind.HISTOGRAM:
-            labels = f"{{{','.join(parts)}}}" if parts else ""
-            out.append(f"{prom}{labels} {float_text(s.value)}\n")
+                out.append(fmt.count % (*labels, float_text(s.buckets[-1][1])))
+                out.append(fmt.sum % (*labels, float_text(s.sum)))
+        elif not histogram:
+            out.append(line % (*labels, float_text(s.value)))
     return "".join(out)
 
 

@@ -9,6 +9,7 @@ exponent), and both paths must agree exactly; the text must also parse back to t
 from __future__ import annotations
 
 import math
+import random
 
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,9 +20,9 @@ from inferwatch.agent.common.samples import HistogramSample, Sample
 from inferwatch.agent.node.collectors.base import Collection
 from inferwatch.agent.node.state import AgentState, CollectorHealth
 from inferwatch.exporters.openmetrics import make_registry
-from inferwatch.exporters.prometheus import render
+from inferwatch.exporters.prometheus import float_text, render
 
-AWKWARD = ["plain", "back\\slash", 'quote"d', "new\nline", "ünïcode ✓", "", "a,b=c{d}"]
+AWKWARD = ["plain", "back\\slash", 'quote"d', "new\nline", "ünïcode ✓", "", "a,b=c{d}", "50%s %d %%"]
 VALUES = [0.0, 1.0, -2.5, 1e22, 123456789.0, 0.1 + 0.2, 5e-324, math.inf, -math.inf, math.nan, 7]
 
 
@@ -92,3 +93,16 @@ def test_empty_state_renders_the_agent_info_only() -> None:
     state = AgentState(environment="prod")
     assert render(state) == generate_latest(make_registry(state))
     assert b'inferwatch_agent_info{environment="prod"' in render(state)
+
+
+def test_float_text_is_prometheus_client_s_float_to_go_string() -> None:
+    from prometheus_client.utils import floatToGoString
+
+    values = [0.0, -0.0, 1.0, -1.0, 0.1, 1e-7, 2.5e-300, 5e-324, 1234567.0, 12345678.0, -12345678.0, 9999999.999]
+    values += [1e7, 1.5e7, 123456789.125, 1e15, 9.999999999999998e15, 1e16, 1.2345e16, -1e16, 1e300]
+    values += [1.7976931348623157e308]
+    values += [math.inf, -math.inf, math.nan, 3, 10**7, 2**53, -(10**9), True]
+    rng = random.Random(38)
+    values += [rng.uniform(-1, 1) * 10 ** rng.randint(-20, 20) for _ in range(2000)]
+    for v in values:
+        assert float_text(v) == floatToGoString(v), v

@@ -99,8 +99,13 @@ def test_every_registered_collector_name_is_accepted(tmp_path) -> None:
 def test_inferwatch_variables_of_other_tools_do_not_stop_the_agent() -> None:
     """Every INFERWATCH_ name the repository uses is a setting or one the agent leaves alone (simulator, scripts)."""
     names: set[str] = set()
-    for path in ROOT.rglob("*"):
-        if path.is_file() and ".venv" not in path.parts and ".git" not in path.parts and path.suffix != ".pyc":
+    # the repository's own files (tracked, or new and not ignored): not the venvs, builds and caches beside them
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT, capture_output=True, check=True, timeout=60,
+    ).stdout.decode().split("\0")  # fmt: skip
+    for path in (ROOT / name for name in listed if name and not name.endswith(".pyc")):
+        if path.is_file():
             try:
                 names |= set(re.findall(r"\bINFERWATCH_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(encoding="utf-8")))
             except (UnicodeDecodeError, OSError):

@@ -534,3 +534,31 @@ def test_prefix_cache_hit_ratio_per_model_counts_the_local_cache_only() -> None:
     state.record("engine", ok, Collection(samples=samples))
     ratios = {m["model"]: m["prefix_cache_hit_ratio"] for m in build_overview(state, PageHistory())["models"]}
     assert ratios == {"a": 0.2, "b": None, "c": None}
+
+
+def test_a_node_with_many_models_shows_twenty_cards_signals_first_and_links_to_all() -> None:
+    """At 200 models the page shows PAGE_MODELS cards (those with a signal first, then by name) and a link to all;
+    every model's signal stays in the findings, and ``max_models=None`` (``?models=all``, the JSON) builds them all."""
+    from inferwatch.agent.node.api.statuspage import PAGE_MODELS
+
+    state = AgentState()
+    ok = CollectorHealth("engine", 1.0, 1.0, runs=1, state="ok")
+    names = [f"model-{k:03d}" for k in range(200)]
+    samples = [Sample("inferwatch.engine.info", 1, attrs({"gen_ai.request.model": m}, engine="vllm")) for m in names]
+    for model in ("model-150", "model-199"):  # prefill P99 5x its P50 over 5m: a tail-ratio signal
+        labels = {"gen_ai.request.model": model}
+        window = {"quantity": "prefill", "window": "5m", "source": "histogram"}
+        samples.append(Sample("inferwatch.engine.latency.tail_ratio", 5.0, attrs(labels, **window)))
+        samples.append(Sample("inferwatch.engine.latency.samples", 500, attrs(labels, **window)))
+    state.record("engine", ok, Collection(samples=samples))
+    page = build_overview(state, PageHistory(), max_models=PAGE_MODELS)
+    shown = [m["model"] for m in page["models"]]
+    assert page["models_total"] == 200 and len(shown) == PAGE_MODELS == 20
+    assert {"model-150", "model-199"} <= set(shown) and shown == sorted(shown)
+    assert shown[:18] == names[:18]  # then by name
+    assert {f["id"] for f in page["findings"]} >= {"latency.tail_ratio/model-150", "latency.tail_ratio/model-199"}
+    html = render_page(page, refresh_s=15)
+    assert "20 of 200 models" in html and "href='?models=all&amp;refresh=15'" in html
+    every = build_overview(state, PageHistory())
+    assert len(every["models"]) == every["models_total"] == 200
+    assert "of 200 models" not in render_page(every)

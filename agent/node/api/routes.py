@@ -39,7 +39,7 @@ from inferwatch.agent.node.api.pagehistory import PageHistory
 from inferwatch.agent.node.api.readiness import readiness
 from inferwatch.agent.node.api.services import ApiServices
 from inferwatch.agent.node.api.statushtml import render_page
-from inferwatch.agent.node.api.statuspage import build_overview
+from inferwatch.agent.node.api.statuspage import PAGE_MODELS, build_overview
 from inferwatch.agent.node.state import AgentState
 
 MEDIA_TYPES = {"speedscope": "application/json", "flamegraph": "image/svg+xml", "raw": "text/plain"}
@@ -130,7 +130,8 @@ def install(
     def status_page(request: Request) -> HTMLResponse:
         refresh = query_int(request, "refresh")
         refresh_s = None if refresh is None else min(max(refresh, MIN_PAGE_REFRESH_S), MAX_PAGE_REFRESH_S)
-        return HTMLResponse(render_page(build_overview(state, history), refresh_s))
+        cards = None if request.query_params.get("models") == "all" else PAGE_MODELS  # ?models=all: every card
+        return HTMLResponse(render_page(build_overview(state, history, max_models=cards), refresh_s))
 
     @route(app, "GET", "/api/v1/overview")
     def overview(request: Request) -> dict[str, Any]:

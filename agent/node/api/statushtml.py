@@ -462,6 +462,13 @@ def render_page(ov: dict[str, Any], refresh_s: int | None = None) -> str:
     title = f"{n['host_name'] or 'node'} — inferwatch"
     refresh = f'<meta http-equiv="refresh" content="{refresh_s}">' if refresh_s else ""
     models = "".join(_model_card(m) for m in ov["models"]) or "<p class='muted'>No engine model seen yet.</p>"
+    total = ov.get("models_total", len(ov["models"]))
+    if total > len(ov["models"]):
+        keep = f"&amp;refresh={refresh_s}" if refresh_s else ""
+        models = (
+            f"<p>{len(ov['models'])} of {total} models (those with a signal first, then by name; every model's signals"
+            f" are in the findings above) · <a href='?models=all{keep}'>all {total} models</a></p>" + models
+        )
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ov["generated_at"]))
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'

@@ -407,8 +407,18 @@ def agent_usage(started_at: float, now: float) -> dict[str, Any]:
     }
 
 
-def build_overview(state: AgentState, history: PageHistory, now: float | None = None) -> dict[str, Any]:
-    """Everything the page shows, as JSON-able values (also served as ``/api/v1/overview``)."""
+PAGE_MODELS = 20  # model cards on the page by default: a node serving 200 models gets 20 cards and a link to all
+
+
+def build_overview(
+    state: AgentState, history: PageHistory, now: float | None = None, max_models: int | None = None
+) -> dict[str, Any]:
+    """Everything the page shows, as JSON-able values (also served as ``/api/v1/overview``).
+
+    ``max_models``: at most that many model cards (``models``), those with a signal first, then by name; every
+    model's signals are in ``findings`` whatever is left out, and ``models_total`` counts them all. A model's card is
+    most of the page's cost (its latency, history lines and histogram): at 200 models the whole page took ~65 ms of
+    CPU and 1 MB, which nobody reads on one screen."""
     now = time.time() if now is None else now
     collections = state.collections()
     ix = _Index(collections)
@@ -427,8 +437,11 @@ def build_overview(state: AgentState, history: PageHistory, now: float | None = 
     hists = {_attr(s, MODEL): s for s in ix.get(TTFT_HISTOGRAM) if isinstance(s, HistogramSample)}
     sources = sorted({_attr(s, "source") for s in ix.get("inferwatch.engine.latency.bimodal")})
     models = []
-    signals: list[dict[str, Any]] = []
-    for model in _models(ix, collections):
+    names = _models(ix, collections)
+    by_model = {model: _signals(model, ix, sources) for model in names}
+    signals: list[dict[str, Any]] = [s for model in names for s in by_model[model]]
+    shown = sorted(names, key=lambda m: (not by_model[m], m))[:max_models] if max_models is not None else names
+    for model in sorted(shown):
         latency = {q: _latency(ix, model, q, "1m") for q in ("ttft", "itl")}
         lines = {}
         for q, cur in latency.items():
@@ -463,7 +476,6 @@ def build_overview(state: AgentState, history: PageHistory, now: float | None = 
                 "tail_driver": _tail_driver(ix, model),
             }
         )
-        signals += _signals(model, ix, sources)
     all_findings = [*signals, *(_finding(f) for f in findings)]
     all_findings.sort(key=lambda f: (STATUS_ORDER.get(f["status"], 9), f["id"]))
     return {
@@ -476,6 +488,7 @@ def build_overview(state: AgentState, history: PageHistory, now: float | None = 
         "engine_schema": _engine_schema(ix),
         "engines": _engines(state, collections, now),
         "models": models,
+        "models_total": len(names),
         "findings": all_findings,
         "collectors": [_health(h, now) for h in sorted(state.health().values(), key=lambda h: h.name)],
         "agent": agent_usage(state.started_at, now),

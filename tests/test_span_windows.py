@@ -189,3 +189,22 @@ def test_a_burst_is_fitted_again_as_it_grows() -> None:
         verdicts.append(None if st.bimodality is None else st.bimodality.bimodal)
     assert verdicts[0] is None  # 30 < MIN_SAMPLES: no verdict
     assert verdicts[-1] is True, verdicts
+
+
+@pytest.mark.parametrize("bin_limit", [windows.BIN_LIMIT, 40], ids=["default", "collapsing"])
+def test_adding_values_in_one_pass_is_adding_them_one_by_one(bin_limit: int) -> None:
+    """windows.add_values: the library's add per value (zeros, values below MIN_VALUE, growth to either side,
+    collapsing) gives the same sketch."""
+    for trial in range(100):
+        rng = random.Random(trial)
+        one, batch = _fast_sketch(bin_limit), _fast_sketch(bin_limit)
+        for _ in range(rng.randint(1, 4)):
+            values = [
+                rng.choice([0.0, 1e-9, windows.MIN_VALUE, rng.lognormvariate(rng.uniform(-8, 4), rng.uniform(0.01, 3))])
+                for _ in range(rng.randint(0, 150))
+            ]
+            for v in values:
+                one.add(v if v >= windows.MIN_VALUE else 0.0)
+            windows.add_values(batch, values)
+            assert _state(batch) == _state(one) and batch._zero_count == one._zero_count, (bin_limit, trial)
+            assert batch._max == one._max and batch._negative_store.count == one._negative_store.count == 0

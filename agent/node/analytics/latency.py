@@ -46,11 +46,11 @@ from inferwatch.agent.node.analytics import bimodality, genai
 from inferwatch.agent.node.analytics.failures import ModelFailures
 from inferwatch.agent.node.analytics.promptband import PromptBandHistograms
 from inferwatch.agent.node.analytics.windows import (
-    MIN_VALUE,
     WINDOWS_S,
     Bins,
     WindowedSketch,
     WindowedSum,
+    add_values,
     log_bins,
     positive_bins,
     shape_distance,
@@ -165,28 +165,30 @@ class LatencyAnalytics:
         with self._lock:
             now = self._clock()
             slot = slot_of(now)
-            # per model of this batch: its entry and the current sub-window's sketch per quantity (one lookup a batch)
-            batch: dict[str, tuple[_Model, dict[str, Callable[[float], None]]]] = {}
+            # per model of this batch: its entry and each quantity's values, added to the current sub-window's
+            # sketch in one pass per quantity at the end (in arrival order: the same sketch as one add per value)
+            batch: dict[str, tuple[_Model, dict[str, list[float]]]] = {}
             for t in timings:
                 entry = batch.get(t.model)
                 if entry is None:
                     m = self._models.get(t.model)
                     if m is None:
                         if len(self._models) >= self._max_models:
+                            _add_batch(batch, slot)  # a model with values waiting is not idle
+                            batch.clear()
                             self._evict_idle(now)
-                            batch.clear()  # an evicted model must not be added to through this batch
                         if len(self._models) >= self._max_models:
                             dropped += 1
                             continue
                         banded = PromptBandHistograms(self._ttft_extra) if self._prompt_bands else None
                         m = self._models[t.model] = _Model(self._histograms, banded)
-                    entry = batch[t.model] = (m, {q: sk.sketch_at(slot).add for q, sk in m.sketches.items()})
-                m, adders = entry
+                    entry = batch[t.model] = (m, {q: [] for q in m.sketches})
+                m, pending = entry
                 s = t.seconds
                 for q, v in s.items():
-                    add = adders.get(q)
-                    if add is not None:
-                        add(v if v >= MIN_VALUE else 0.0)  # as WindowedSketch.add clamps
+                    values = pending.get(q)
+                    if values is not None:
+                        values.append(v)
                 if "ttft" in s and "queue" in s and "prefill" in s:
                     m.gap.add(s["ttft"] - s["queue"] - s["prefill"], now)
                 g = good(t)
@@ -201,6 +203,7 @@ class LatencyAnalytics:
                         label = display_name(t.model, self._models, self._engine_models)
                         for metric, value, a in got:
                             observer(metric, value, {**dict(a), MODEL: label})
+            _add_batch(batch, slot)
             self.rejected_models += dropped
         return dropped
 
@@ -326,6 +329,13 @@ class LatencyAnalytics:
                 a = attrs({MODEL: label, "window": window, "source": SOURCE})
                 out.append(Sample("inferwatch.engine.goodput", gp, a))
         return out, hists, published
+
+
+def _add_batch(batch: dict[str, tuple[_Model, dict[str, list[float]]]], slot: int) -> None:
+    for m, pending in batch.values():
+        for q, values in pending.items():
+            if values:
+                add_values(m.sketches[q].sketch_at(slot), values)
 
 
 def _same_input(fitted: Bins, verdict: bimodality.Bimodality | None, fresh: bool, bins: Bins) -> bool:

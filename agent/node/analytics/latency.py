@@ -154,7 +154,7 @@ class LatencyAnalytics:
         self._models: dict[str, _Model] = {}
         # (model, quantity, window) → (sub-window of the fit, the bins it was fitted on, its verdict)
         self._bimodal_cache: dict[tuple[str, str, str], tuple[int, Bins, bimodality.Bimodality | None]] = {}
-        self.bimodality_fits = 0  # fits run (the rest of the cycles reuse one; tests/test_cost_counts.py counts)
+        self.bimodality_fits = 0  # fits run (other cycles reuse one; tests/test_cost_counts_spans.py counts them)
         self.rejected_models = 0  # requests dropped because max_models distinct models were already tracked
         self.published: dict[Key, LatencyStats] = {}  # the last computation's stats (source="spans")
         self.failures = ModelFailures("latency")  # models whose step raised: left out of that cycle, counted
@@ -168,42 +168,44 @@ class LatencyAnalytics:
             # per model of this batch: its entry and each quantity's values, added to the current sub-window's
             # sketch in one pass per quantity at the end (in arrival order: the same sketch as one add per value)
             batch: dict[str, tuple[_Model, dict[str, list[float]]]] = {}
-            for t in timings:
-                entry = batch.get(t.model)
-                if entry is None:
-                    m = self._models.get(t.model)
-                    if m is None:
-                        if len(self._models) >= self._max_models:
-                            _add_batch(batch, slot)  # a model with values waiting is not idle
-                            batch.clear()
-                            self._evict_idle(now)
-                        if len(self._models) >= self._max_models:
-                            dropped += 1
-                            continue
-                        banded = PromptBandHistograms(self._ttft_extra) if self._prompt_bands else None
-                        m = self._models[t.model] = _Model(self._histograms, banded)
-                    entry = batch[t.model] = (m, {q: [] for q in m.sketches})
-                m, pending = entry
-                s = t.seconds
-                for q, v in s.items():
-                    values = pending.get(q)
-                    if values is not None:
-                        values.append(v)
-                if "ttft" in s and "queue" in s and "prefill" in s:
-                    m.gap.add(s["ttft"] - s["queue"] - s["prefill"], now)
-                g = good(t)
-                if g is not None:
-                    m.good.add(g, now)
-                if m.banded is not None:
-                    m.banded.observe(t)
-                if m.histograms is not None:
-                    got = m.histograms.observe(t)
-                    observer = self._observer
-                    if observer is not None and got:
-                        label = display_name(t.model, self._models, self._engine_models)
-                        for metric, value, a in got:
-                            observer(metric, value, {**dict(a), MODEL: label})
-            _add_batch(batch, slot)
+            try:  # the values of the spans before one that raised are kept, as when each was added at once
+                for t in timings:
+                    entry = batch.get(t.model)
+                    if entry is None:
+                        m = self._models.get(t.model)
+                        if m is None:
+                            if len(self._models) >= self._max_models:
+                                _add_batch(batch, slot)  # a model with values waiting is not idle
+                                batch.clear()
+                                self._evict_idle(now)
+                            if len(self._models) >= self._max_models:
+                                dropped += 1
+                                continue
+                            banded = PromptBandHistograms(self._ttft_extra) if self._prompt_bands else None
+                            m = self._models[t.model] = _Model(self._histograms, banded)
+                        entry = batch[t.model] = (m, {q: [] for q in m.sketches})
+                    m, pending = entry
+                    s = t.seconds
+                    for q, v in s.items():
+                        values = pending.get(q)
+                        if values is not None:
+                            values.append(v)
+                    if "ttft" in s and "queue" in s and "prefill" in s:
+                        m.gap.add(s["ttft"] - s["queue"] - s["prefill"], now)
+                    g = good(t)
+                    if g is not None:
+                        m.good.add(g, now)
+                    if m.banded is not None:
+                        m.banded.observe(t)
+                    if m.histograms is not None:
+                        got = m.histograms.observe(t)
+                        observer = self._observer
+                        if observer is not None and got:
+                            label = display_name(t.model, self._models, self._engine_models)
+                            for metric, value, a in got:
+                                observer(metric, value, {**dict(a), MODEL: label})
+            finally:
+                _add_batch(batch, slot)
             self.rejected_models += dropped
         return dropped
 

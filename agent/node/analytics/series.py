@@ -14,12 +14,12 @@ four added), so it matches a scrape taken while nothing changes. docs/cardinalit
 
 The count is kept per family and per collection, and a family is counted again only when what its count depends on
 changed (:func:`_shape`: the samples' attributes, types and histogram bucket counts, never their values): a collection
-whose samples are the very same sequence as at the last count is not looked at, and a new one (an engine's next read, a progress
-pass carrying its predecessor's samples) is compared family by family, in C-speed tuple comparisons. At 200 models x
-2 ranks (41k series) a full count takes ~0.1 s of the interpreter, which the processor spent on every scrape and every
-interval (docs/benchmarks.md, "``/metrics`` and the API while a 200-model engine is read"); a count that finds nothing
-changed takes ~1 ms. The result is :func:`count` over every sample: a series is counted once (its first source's), and
-the families that more than one source writes are counted together, from their samples.
+whose samples are the very same sequence as at the last count is not looked at, and a new one (an engine's next read, a
+progress pass carrying its predecessor's samples) is compared family by family, in C-speed tuple comparisons. At 200
+models x 2 ranks (41k series) a full count takes ~0.1 s of the interpreter, which the processor spent on every scrape
+and every interval (docs/benchmarks.md, "``/metrics`` and the API while a 200-model engine is read"); a count that finds
+nothing changed takes ~1 ms. The result is :func:`count` over every sample: a series is counted once (its first
+source's), and the families that more than one source writes are counted together, from their samples.
 """
 
 from __future__ import annotations

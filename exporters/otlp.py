@@ -67,7 +67,10 @@ def make_exporter() -> MetricExporter:
     if proto == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
 
-        return HttpExporter()
+        from inferwatch.exporters.otlp_http import transport
+
+        own = transport("METRICS")  # httpx, not the SDK's requests session (otlp_http.py)
+        return HttpExporter(_transport=own) if own is not None else HttpExporter()
     raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL={proto!r} is not supported (use grpc or http/protobuf)")
 
 

@@ -173,3 +173,50 @@ def test_an_agent_with_an_engine_a_runtime_and_a_config_file_imports_them(tmp_pa
     mods = _served_modules(tmp_path, "--interval", "1", "--config", str(config), env=env)
     wanted = {*HTTP_ONLY, *PSUTIL, *YAML}
     assert wanted <= mods, sorted(wanted - mods)
+
+
+# What the SDK's OTLP/HTTP exporters load with their own transport (a requests session): requests, urllib3 (here
+# urllib3-future, with its HTTP/2 stack jh2) and charset_normalizer, 7.5 MB; the agent gives them an httpx transport
+# (exporters/otlp_http.py; docs/benchmarks.md, "Where everything-on's megabytes go").
+REQUESTS_STACK = ("requests", "urllib3", "charset_normalizer", "jh2")
+_HTTP_EXPORTERS = (
+    "import os\nos.environ['OTEL_EXPORTER_OTLP_PROTOCOL'] = 'http/protobuf'\n"
+    "os.environ['OTEL_EXPORTER_OTLP_ENDPOINT'] = 'http://127.0.0.1:9'\n"
+    "from inferwatch.exporters.otlp import make_exporter\n"
+    "from inferwatch.exporters.otlp_logs import make_log_exporter\n"
+)
+
+
+def test_otlp_http_export_loads_no_requests_stack() -> None:
+    code = (
+        f"{_HTTP_EXPORTERS}from inferwatch.exporters.otlp_http import HttpxTransport\n"
+        "metrics, logs = make_exporter(), make_log_exporter()\n"
+        "assert isinstance(metrics._client._transport, HttpxTransport), metrics._client._transport\n"
+        "assert isinstance(logs._client._transport, HttpxTransport), logs._client._transport\n"
+    )
+    mods = _modules_after(code)
+    assert "httpx" in mods and not mods & set(REQUESTS_STACK), sorted(mods & set(REQUESTS_STACK))
+    # The SDK's exporter built without it loads them: the check above is not vacuous.
+    sdk = (
+        f"{_HTTP_EXPORTERS}from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter\n"
+        "OTLPMetricExporter()"
+    )
+    assert set(REQUESTS_STACK) <= _modules_after(sdk)
+
+
+def test_otlp_http_transport_reads_the_sdk_tls_variables(tmp_path: Path) -> None:
+    from inferwatch.agent.errors import ConfigError
+    from inferwatch.exporters import otlp_http
+
+    # A credential provider is a requests session by definition: the SDK builds its own transport then.
+    assert otlp_http.transport("METRICS", {"OTEL_PYTHON_EXPORTER_OTLP_HTTP_METRICS_CREDENTIAL_PROVIDER": "x"}) is None
+    # The CA file is read (a file that is not a certificate bundle fails as it does with requests' verify).
+    bad = tmp_path / "ca.pem"
+    bad.write_text("not a certificate\n")
+    with pytest.raises(ConfigError, match="certificate or key files"):
+        otlp_http.transport("LOGS", {"OTEL_EXPORTER_OTLP_LOGS_CERTIFICATE": str(bad)})
+    import certifi
+
+    ok = otlp_http.transport("LOGS", {"OTEL_EXPORTER_OTLP_CERTIFICATE": certifi.where()})
+    assert ok is not None
+    ok.close()

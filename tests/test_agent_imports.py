@@ -220,3 +220,57 @@ def test_otlp_http_transport_reads_the_sdk_tls_variables(tmp_path: Path) -> None
     ok = otlp_http.transport("LOGS", {"OTEL_EXPORTER_OTLP_CERTIFICATE": certifi.where()})
     assert ok is not None
     ok.close()
+
+
+# A receiver with both endpoints (the default) whose engine sends OTLP/HTTP: grpcio is never loaded (~12 MB with its
+# server's threads); the first gRPC connection loads it and is served (agent/node/receiver/grpc_server.py).
+_RECEIVER = """
+import sys, threading, time, urllib.request
+from inferwatch.agent.config import ReceiverSettings
+from inferwatch.agent.node.analytics.latency import LatencyAnalytics
+from inferwatch.agent.node.receiver import Receiver
+from benchmarks.span_intake import payload as raw_request
+settings = ReceiverSettings(enabled=True, grpc_endpoint="127.0.0.1:0", http_endpoint="127.0.0.1:0")
+r = Receiver(settings, LatencyAnalytics())
+r.start()
+def count(transport):
+    want = (("transport", transport),)
+    return sum(s.value for s in r.samples() if s.name == "inferwatch.receiver.requests" and s.attributes == want)
+req = urllib.request.Request(f"http://127.0.0.1:{r.http_port}/v1/traces", data=raw_request(3),
+                             headers={"Content-Type": "application/x-protobuf"})
+assert urllib.request.urlopen(req, timeout=10).status == 200
+assert count("http") == 3, [s for s in r.samples() if s.name == "inferwatch.receiver.requests"]
+print("before_grpc", "grpc" in sys.modules, flush=True)
+import grpc
+with grpc.insecure_channel(f"127.0.0.1:{r.grpc_port}") as channel:  # the first connection: relayed to the server
+    export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+    for _ in range(3):
+        export(raw_request(2), timeout=10)
+with grpc.insecure_channel(f"127.0.0.1:{r.grpc_port}") as channel:  # a later one: the server itself
+    channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")(raw_request(2), timeout=10)
+assert count("grpc") == 8, count("grpc")  # 3 exports of 2 requests relayed, 1 of 2 served directly
+t0 = time.monotonic()
+r.stop()
+assert time.monotonic() - t0 < 10
+left = lambda: sorted(t.name for t in threading.enumerate() if t.name.startswith("otlp-grpc"))
+while left() and time.monotonic() - t0 < 10:  # the worker pool is shut down without waiting
+    time.sleep(0.05)
+print("threads_left", left())
+"""
+
+
+def test_the_grpc_receiver_loads_grpcio_at_its_first_connection_only() -> None:
+    out = subprocess.run([PYTHON, "-c", _RECEIVER], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "before_grpc False" in out.stdout  # spans over HTTP, gRPC endpoint open: grpcio not loaded
+    assert "threads_left []" in out.stdout
+
+
+def test_an_agent_receiving_otlp_http_does_not_load_grpcio(tmp_path: Path) -> None:
+    env = {
+        "INFERWATCH_RECEIVER__ENABLED": "true",
+        "INFERWATCH_RECEIVER__GRPC_ENDPOINT": f"127.0.0.1:{free_port()}",
+        "INFERWATCH_RECEIVER__HTTP_ENDPOINT": f"127.0.0.1:{free_port()}",
+    }
+    mods = _served_modules(tmp_path, env=env)
+    assert "inferwatch.agent.node.receiver.grpc_server" in mods and "grpc" not in mods

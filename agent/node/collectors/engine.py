@@ -357,7 +357,7 @@ class EngineCollector(BaseCollector):
         )
         return out
 
-    def _progress_reading(self, body: bytes) -> EngineReading | None:
+    def _progress_reading(self, body: bytearray) -> EngineReading | None:
         """The progress pass over ``body`` (agent/node/engine/progress.py), limited to the models of the last full
         read; None when it cannot stand for a full read: its reader gave up, or a quantity the last full read gave
         hang detection (a rank's, or a model's request events) is missing from it (a series written in a form it

@@ -70,11 +70,15 @@ class _Collect:
         self.body += chunk
 
 
-def fetch(client: httpx.Client, url: str, timeout_s: float, max_bytes: int, max_series: int | None = None) -> bytes:
-    """GET ``url``; return the body (at most ``max_bytes``) or raise EngineScrapeError (see :func:`fetch_into`)."""
+def fetch(client: httpx.Client, url: str, timeout_s: float, max_bytes: int, max_series: int | None = None) -> bytearray:
+    """GET ``url``; return the body (at most ``max_bytes``) or raise EngineScrapeError (see :func:`fetch_into`).
+
+    The buffer the chunks were gathered in, not a ``bytes`` copy of it: at 200 models x 2 ranks of vLLM a copy was
+    12 MB more at the agent's peak (the held body twice), docs/benchmarks.md "/metrics and the API while a 200-model
+    engine is read"."""
     sink = _Collect()
     fetch_into(client, url, timeout_s, max_bytes, sink, max_series)
-    return bytes(sink.body)
+    return sink.body
 
 
 def fetch_into(

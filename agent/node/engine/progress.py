@@ -65,7 +65,7 @@ def progress_lines(names: frozenset[str]) -> tuple[re.Pattern[bytes], re.Pattern
     return re.compile(rb"\n" + line), re.compile(line)
 
 
-def find_lines(pattern: re.Pattern[bytes], body: bytes, chunk: int = FIND_CHUNK) -> list[bytes]:
+def find_lines(pattern: re.Pattern[bytes], body: bytes | bytearray, chunk: int = FIND_CHUNK) -> list[bytes]:
     """``pattern.findall(body)`` for a :func:`progress_lines` pattern (a newline, then the rest of that line), in
     calls over ``chunk`` bytes or so: each ends at a newline (where the line a match takes ends too) and the next
     starts there, so every line is found once, as one call over the whole body finds it."""
@@ -91,7 +91,7 @@ class ProgressReader:
         self._keys = KeyCache(self.adapter.model_labels, default_model)
         self.lines = 0  # sample lines kept by the last pass
 
-    def read(self, body: bytes) -> EngineReading | None:
+    def read(self, body: bytes | bytearray) -> EngineReading | None:
         """The progress families of ``body`` mapped per model and rank, or None (read the body in full instead)."""
         if not body.endswith(b"\n"):  # cut short, or a last line without its newline: the full read says which
             return None

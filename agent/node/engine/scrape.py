@@ -60,7 +60,7 @@ class EngineParser:
                 out[reason] = out.get(reason, 0) + n
         return out
 
-    def parse(self, body: bytes) -> EngineReading:
+    def parse(self, body: bytes | bytearray) -> EngineReading:
         """Read a whole body (a file, ``engine inspect``); a body ending in ``# EOF`` is read as OpenMetrics."""
         try:
             text = body.decode("utf-8")
@@ -177,7 +177,7 @@ class ExpositionStream:
     def finish(self) -> EngineReading:
         if self._held is not None:
             if self._whole:
-                return self.parser.parse(bytes(self._held))
+                return self.parser.parse(self._held)
             self._release(final=True)
         if self._held is not None:  # no known engine's family
             try:

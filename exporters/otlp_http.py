@@ -48,7 +48,11 @@ class HttpxTransport(BaseHTTPTransport):
 
         import httpx
 
-        context: ssl.SSLContext | bool = True  # httpx's default context: certifi's bundle, as requests'
+        from inferwatch.agent.common.httpclient import shared_ssl_context
+
+        # httpx's default context (certifi's bundle, as requests'; SSL_CERT_FILE from the environment), the one the
+        # probe's client holds already: each context made parses the bundle again (~1.2 MB)
+        context = shared_ssl_context(trust_env=True)
         if cafile is not None or cert is not None:
             if cafile is None:
                 import certifi
@@ -57,7 +61,7 @@ class HttpxTransport(BaseHTTPTransport):
             context = ssl.create_default_context(cafile=cafile)
             if cert is not None:
                 context.load_cert_chain(*((cert,) if isinstance(cert, str) else cert))
-        self._client = httpx.Client(verify=context, follow_redirects=False)
+        self._client = httpx.Client(verify=context, follow_redirects=False, trust_env=True)
         self._errors = (httpx.TransportError,)
 
     def request(

@@ -274,3 +274,30 @@ def test_an_agent_receiving_otlp_http_does_not_load_grpcio(tmp_path: Path) -> No
     }
     mods = _served_modules(tmp_path, env=env)
     assert "inferwatch.agent.node.receiver.grpc_server" in mods and "grpc" not in mods
+
+
+def test_otlp_http_transport_shares_the_agents_tls_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each TLS context made parses certifi's bundle (~1.2 MB): the exporter's transport takes the one the probe's
+    # client (trust_env) holds, unless a CA or client certificate of its own is configured.
+    import ssl
+
+    from inferwatch.agent.common import httpclient
+    from inferwatch.exporters import otlp_http
+
+    made: list[object] = []
+    real = ssl.create_default_context
+
+    def counting(*args: object, **kwargs: object) -> ssl.SSLContext:
+        made.append(args or kwargs)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ssl, "create_default_context", counting)
+    monkeypatch.setattr(httpclient, "_SSL_CONTEXTS", {})
+    probe = httpclient.http_client("probe", trust_env=True)
+    first = otlp_http.transport("METRICS", {})
+    second = otlp_http.transport("LOGS", {})
+    assert first is not None and second is not None
+    assert len(made) == 1, made  # the probe's; none for either exporter
+    for t in (first, second):
+        t.close()
+    probe.close()

@@ -244,3 +244,39 @@ def test_doctor_engine_url_finds_the_runtime_by_port_for_the_binary_check(built,
         assert finding["evidence"]["pid"] == runtime.pid and finding["evidence"]["path"] == str(listener)
     finally:
         stop(runtime)
+
+
+def test_a_stopped_check_posts_nothing_even_when_its_check_outlasts_the_stop() -> None:
+    """A target's binary check stopped while a check is in progress (its join timed out under load): once stop()
+    returns, the check posts nothing, so the record the target's removal forgot stays forgotten."""
+    import threading
+
+    from inferwatch.agent.config import BinarySettings
+    from inferwatch.agent.errors import NoDataError
+    from inferwatch.agent.node.actions.binary import BinaryCheck
+    from inferwatch.agent.node.state import AgentState
+
+    entered, release = threading.Event(), threading.Event()
+
+    class SlowLocator:
+        procfs = Path("/proc")
+
+        def find_serving(self, port: int | None) -> object:
+            entered.set()
+            release.wait(5)
+            raise NoDataError("no runtime")
+
+    state = AgentState()
+    check = BinaryCheck(BinarySettings(), SlowLocator(), absent_interval_s=60.0, state=state, record="binary:t")  # type: ignore[arg-type]
+    check.start()
+    assert entered.wait(5)
+    stopper = threading.Thread(target=check.stop, kwargs={"timeout_s": 0.05})
+    stopper.start()
+    time.sleep(0.2)  # the join has timed out; stop() now waits for the check in progress
+    assert stopper.is_alive()
+    release.set()
+    stopper.join(5)
+    assert not stopper.is_alive()
+    state.forget("binary:t")  # what the target's removal does after stop()
+    time.sleep(0.1)
+    assert "binary:t" not in state.health()

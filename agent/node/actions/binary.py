@@ -302,10 +302,14 @@ class BinaryCheck:
             self._thread.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Safe to call twice; a check in progress is bounded by ``binary.timeout_s``."""
+        """Safe to call twice; a check in progress is bounded by ``binary.timeout_s``. Once this returns, no check
+        posts to the state: one in progress posts nothing after the stop (so a target's removed record stays
+        removed), and this waits for it to end."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if self._lock.acquire(timeout=max(timeout_s, self.cfg.timeout_s)):  # a check past the join ends, unposted
+            self._lock.release()
 
     def interval_s(self) -> float:
         """Seconds between scheduled checks: the agent's interval while the runtime is absent, else binary's."""
@@ -380,7 +384,7 @@ class BinaryCheck:
         return Collection(samples, self.findings(), report.as_dict())
 
     def _post(self, duration_s: float) -> None:
-        if self.state is None:
+        if self.state is None or self._stop.is_set():
             return
         if self.absent is not None:
             absent = self.absent

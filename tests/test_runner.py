@@ -243,9 +243,11 @@ def test_a_scrape_pulls_a_costly_run_forward_but_does_not_wait_for_it() -> None:
         t = time.monotonic()
         runner.pull(3.0)
         waited = time.monotonic() - t
+        costly_runs = state.health()["costly"].runs  # what the scrape answers with
         assert len(quick.calls) == 2 and state.health()["counting"].runs == 2  # the quick one: run and waited for
-        assert len(costly.calls) == 2 and costly.calls[1] - t < 0.5  # the costly one: pulled forward too ...
-        assert waited < 0.5 and state.health()["costly"].runs == 1, waited  # ... but not waited for
+        # the costly one: pulled forward too (its lane's thread may start it just after pull returns, under load) ...
+        assert _wait(lambda: len(costly.calls) == 2, 2) and costly.calls[1] - t < 0.5, (costly.calls, t)
+        assert waited < 0.5 and costly_runs == 1, waited  # ... but not waited for
         assert _wait(lambda: state.health()["costly"].runs == 2, 3)  # its values come for the next scrape
     finally:
         runner.stop()

@@ -61,21 +61,28 @@ def test_engine_counters_give_each_ranks_mean_itl_over_the_window() -> None:
     assert got is not None and got.rank_itl_s == pytest.approx({"0": 0.01, "1": 0.03})
 
 
+AGENT_ENV = {"INFERWATCH_ENGINE__METRICS_URL": "http://127.0.0.1:{sim_port}/metrics", "INFERWATCH_INTERVAL_S": "1"}
+
+
+def _load(sim_port: int, count: int) -> None:
+    """``count`` requests at 16/s from the load generator, outputs of 16-64 tokens."""
+    out = subprocess.run(
+        [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", f"http://127.0.0.1:{sim_port}", "--json", "--count",
+         str(count), "--rate", "16", "--seed", "3", "--output-tokens", "uniform:16:64"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 def test_a_slow_rank_is_named_behind_stock_spans(tmp_path) -> None:
     """The simulator with two data-parallel engines, rank 1 three times slower, spans as stock vLLM sends them; the
     agent reads its /metrics and receives its spans; ``/api/v1/explain`` names dp_rank=1 from the engine's series."""
     sim_args = ["--engines", "2", "--seed", "6", "--scenario", "slow_rank", "--stock-spans"]
-    agent_env = {"INFERWATCH_ENGINE__METRICS_URL": "http://127.0.0.1:{sim_port}/metrics", "INFERWATCH_INTERVAL_S": "1"}
     count = 400
-    with agent_beside_simulator(tmp_path, sim_args, agent_env) as (base, sim_port, _):
-        out = subprocess.run(
-            [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", f"http://127.0.0.1:{sim_port}", "--json", "--count",
-             str(count), "--rate", "16", "--seed", "3", "--output-tokens", "uniform:16:64"],
-            cwd=ROOT, capture_output=True, text=True, timeout=180,
-        )  # fmt: skip
-        assert out.returncode == 0, out.stderr
+    with agent_beside_simulator(tmp_path, sim_args, AGENT_ENV) as (base, sim_port, _):
+        _load(sim_port, count)
         deadline = time.monotonic() + 30
         while True:  # the last spans and one more engine read after the load
             report = httpx.get(f"{base}/api/v1/explain", params={"window": "5m", "top": 3}, timeout=10).json()
@@ -100,15 +107,9 @@ def test_the_engines_kv_cache_usage_and_preemptions_reach_the_verdict(tmp_path) 
     """The simulator with its KV cache cut (``kv_saturation``), stock spans: the agent hands the explainer the
     engine's preemption counter and KV-cache usage read off /metrics, and the report shows them over the window."""
     sim_args = ["--seed", "7", "--scenario", "kv_saturation", "--stock-spans"]
-    agent_env = {"INFERWATCH_ENGINE__METRICS_URL": "http://127.0.0.1:{sim_port}/metrics", "INFERWATCH_INTERVAL_S": "1"}
     count = 200
-    with agent_beside_simulator(tmp_path, sim_args, agent_env) as (base, sim_port, _):
-        out = subprocess.run(
-            [PYTHON, "-m", "inferwatch.agent", "loadgen", "--url", f"http://127.0.0.1:{sim_port}", "--json", "--count",
-             str(count), "--rate", "16", "--seed", "3", "--output-tokens", "uniform:16:64"],
-            cwd=ROOT, capture_output=True, text=True, timeout=180,
-        )  # fmt: skip
-        assert out.returncode == 0, out.stderr
+    with agent_beside_simulator(tmp_path, sim_args, AGENT_ENV) as (base, sim_port, _):
+        _load(sim_port, count)
         deadline = time.monotonic() + 30
         while True:
             report = httpx.get(f"{base}/api/v1/explain", params={"window": "5m", "top": 0}, timeout=10).json()

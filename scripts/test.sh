@@ -131,11 +131,12 @@ begin "import contract"
 .venv/bin/lint-imports
 end
 begin "pytest"
-# Four workers, each running whole files (module fixtures start their servers once), slow files first and longest
+# Six workers (two cores: the long files mostly wait), each running whole files (module fixtures start their
+# servers once), slow files first and longest
 # first by their measured wall time (tests/file-costs.json), at most two cpu_heavy files at a time
 # (tests/scheduling.py): the long files mostly wait out real timings (a for:, a window, Alertmanager's group_wait)
 # at a fraction of a core, so they overlap. INFERWATCH_TEST_WORKERS=0 runs one process; arguments after the
 # script's name go to pytest as they are.
 INFERWATCH_TEST_HEAVY_SLOTS="${INFERWATCH_TEST_HEAVY_SLOTS:-2}" \
-  .venv/bin/python -m pytest -n "${INFERWATCH_TEST_WORKERS:-4}" --dist loadfile --no-loadscope-reorder "$@"
+  .venv/bin/python -m pytest -n "${INFERWATCH_TEST_WORKERS:-6}" --dist loadfile --no-loadscope-reorder "$@"
 end

@@ -15,8 +15,6 @@ benchmarks/cost_profile.py measures the same path as CPU in a live agent (the sp
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -30,21 +28,11 @@ from inferwatch.agent.node.analytics.latency import LatencyAnalytics
 from inferwatch.agent.node.receiver.intake import SpanIntake
 from inferwatch.agent.node.state import AgentState, CollectorHealth
 from inferwatch.exporters.otlp import OTLPExporter
-from tests.test_exposition_whole import python_calls
+from tests.test_cost_counts import SUPERLINEAR, calls
 
 BATCHES = (50, 100, 200)  # spans per export request
 INTAKE_CALLS_PER_SPAN = 130.0  # 87.7 calls per added span on 2026-12-07 (163.7 before issue 38's span-path cuts)
 FITS_PER_CYCLE = 1.0  # 0.70 fits per 5 s cycle at 100 req/s on 2026-12-07 (7.0 with a fit per series and sub-window)
-SUPERLINEAR = 1.25
-
-
-def calls(fn: Callable[[], Any]) -> int:
-    gc.collect()
-    gc.disable()
-    try:
-        return python_calls(fn)
-    finally:
-        gc.enable()
 
 
 def test_span_intake_calls_grow_linearly_with_spans() -> None:

@@ -39,10 +39,19 @@ def test_promtool_check_rules_passes() -> None:
     assert r.stdout.count("SUCCESS") == len(rule_files())
 
 
-def test_promtool_unit_tests_pass() -> None:
-    r = run_tool(tool("promtool"), "test", "rules", *rule_test_files())
+@pytest.mark.parametrize("path", rule_test_files(), ids=lambda p: p.name)
+def test_promtool_unit_tests_pass(path: Path) -> None:
+    # One file per test: all thirteen in one promtool run took 38 s on a quiet machine and outran the
+    # 120 s timeout under the suite's six-worker load (CI, stop 43); apart, they spread over the workers.
+    r = run_tool(tool("promtool"), "test", "rules", path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.count("SUCCESS") == len(rule_test_files())
+    assert r.stdout.count("SUCCESS") == 1, r.stdout
+
+
+def test_the_rule_tests_are_all_found() -> None:
+    names = {p.name for p in rule_test_files()}
+    assert {"slo.test.yml", "engine-signals.test.yml", "hang.test.yml", "simd.test.yml"} <= names
+    assert len(names) >= 13, names
 
 
 def test_every_alert_has_a_firing_case_with_links_and_a_near_miss() -> None:

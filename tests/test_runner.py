@@ -525,3 +525,44 @@ def test_a_collector_that_has_a_verdict_due_sooner_is_run_then() -> None:
         runner.stop()
     gaps = [b - a for a, b in itertools.pairwise(due.calls)]
     assert all(0.25 <= g < 15.0 for g in gaps), gaps  # asked-for runs, not the 30 s interval (generous under load)
+
+
+def test_validation_remembers_what_passed_and_reports_a_failure_as_a_full_check(monkeypatch) -> None:
+    """A sample whose name, type and attribute names passed has only its value checked; the known samples of the
+    last collection (the same objects) are not checked again; a failure is reported as the full check reports it."""
+    from inferwatch.agent.common.samples import HistogramSample
+    from inferwatch.agent.errors import CatalogError
+    from inferwatch.agent.node import runner as runner_module
+    from inferwatch.agent.node.runner import validate
+
+    checked: list[object] = []
+    full_check = runner_module._check
+    monkeypatch.setattr(runner_module, "_check", lambda s: (checked.append(s), full_check(s))[1])
+    good = [Sample("process.uptime", float(i), attrs(runtime=f"r{i}")) for i in range(5)]
+    names = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "vllm", "gen_ai.request.model": "m"}
+    hist = HistogramSample(
+        "gen_ai.server.time_to_first_token", ((0.1, 1.0), (float("inf"), 2.0)), 0.3, 2.0, attrs(names)
+    )
+    validate(Collection([*good, hist]))
+    passed = len(checked)
+    validate(Collection([Sample("process.uptime", 7, attrs(runtime="other")), *good]))
+    assert len(checked) == passed  # the same names, types and attribute names: values checked only
+    checked.clear()
+    fresh = Sample("process.uptime", 1.0, attrs(runtime="new"))
+    validate(Collection([*good, fresh]), known=good)
+    assert checked == []
+    bad = [
+        (Sample("process.uptime", float("nan"), attrs(runtime="r")), "value nan is not a number"),
+        (Sample("process.uptime", True, attrs(runtime="r")), "value True is not a number"),
+        (Sample("process.uptime", "1", attrs(runtime="r")), "value '1' is not a number"),
+        (Sample("process.uptime", 1.0, attrs(runtime="r", extra="x")), "differ from the catalog's"),
+        (Sample("process.uptime", 1.0), "differ from the catalog's"),
+        (Sample(hist.name, 1.0, hist.attributes), "is a histogram; got a plain sample"),
+        (HistogramSample(hist.name, ((0.1, 1.0),), 0.3, 1.0, hist.attributes), "must end with a +Inf bucket"),
+        (HistogramSample("process.uptime", hist.buckets, 0.3, 2.0, attrs(runtime="r")), "not a histogram"),
+        ("garbage", "sample of type str is not a Sample"),
+    ]
+    for sample, message in bad:
+        with pytest.raises(CatalogError, match=message.replace("+", r"\+")):
+            validate(Collection([*good, sample]), known=good)  # type: ignore[list-item]
+    assert validate(Collection([*good, hist, fresh]), known=[*good, hist, fresh]).samples[-1] is fresh

@@ -537,7 +537,12 @@ def test_validation_remembers_what_passed_and_reports_a_failure_as_a_full_check(
 
     checked: list[object] = []
     full_check = runner_module._check
-    monkeypatch.setattr(runner_module, "_check", lambda s: (checked.append(s), full_check(s))[1])
+
+    def counted(sample: object) -> tuple[str, type, tuple[str, ...]]:
+        checked.append(sample)
+        return full_check(sample)
+
+    monkeypatch.setattr(runner_module, "_check", counted)
     good = [Sample("process.uptime", float(i), attrs(runtime=f"r{i}")) for i in range(5)]
     names = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "vllm", "gen_ai.request.model": "m"}
     hist = HistogramSample(
@@ -554,7 +559,7 @@ def test_validation_remembers_what_passed_and_reports_a_failure_as_a_full_check(
     bad = [
         (Sample("process.uptime", float("nan"), attrs(runtime="r")), "value nan is not a number"),
         (Sample("process.uptime", True, attrs(runtime="r")), "value True is not a number"),
-        (Sample("process.uptime", "1", attrs(runtime="r")), "value '1' is not a number"),
+        (Sample("process.uptime", "1", attrs(runtime="r")), "value '1' is not a number"),  # type: ignore[arg-type]
         (Sample("process.uptime", 1.0, attrs(runtime="r", extra="x")), "differ from the catalog's"),
         (Sample("process.uptime", 1.0), "differ from the catalog's"),
         (Sample(hist.name, 1.0, hist.attributes), "is a histogram; got a plain sample"),

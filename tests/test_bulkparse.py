@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferwatch.agent.node.engine import bulkparse, exposition
+from inferwatch.agent.node.engine import bulkparse, exposition, limits
 from inferwatch.agent.node.engine.adapters import VLLM
 from inferwatch.agent.node.engine.exposition import Everything, ExpositionReader
 from inferwatch.agent.node.engine.labelblock import plain_pair
@@ -439,3 +439,35 @@ def test_the_pure_steps_make_no_python_call_per_line(pure: Callable[[], None]) -
     pure()
     assert exposition.scan is bulkparse.scan_py
     whole.test_operations_of_a_read_grow_with_families_and_label_texts_not_lines()
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    chunk=st.lists(
+        st.sampled_from([b"\n", b"\n\n", b"#", b"a", b'{x="1"}', b" 1", b"\n#", b"\r", b"\x00"]), max_size=40
+    ),
+    after=st.booleans(),
+)
+def test_sample_lines_is_the_pure_step(chunk: list[bytes], after: bool) -> None:
+    """The fetch's sample-line count per chunk (engine.max_series): compiled, the same as bytes.count's four searches
+    (runs of newlines included), for bytes and bytearray; selected at import as the other steps are."""
+    ext = extension()
+    data = b"".join(chunk)
+    assert ext.sample_lines(data, after) == limits.sample_lines_py(data, after)
+    assert ext.sample_lines(bytearray(data), after) == limits.sample_lines_py(bytearray(data), after)
+    assert limits.sample_lines is (ext.sample_lines if bulkparse.COMPILED else limits.sample_lines_py)
+    with pytest.raises(TypeError):
+        ext.sample_lines("text", after)
+
+
+def test_the_fetch_counts_a_body_in_chunks_as_it_counts_it_whole() -> None:
+    """SampleLineCounter (the step selected at import) over a body cut anywhere gives the whole body's count."""
+    from inferwatch.agent.node.engine.limits import SampleLineCounter, count_sample_lines
+
+    text, _ = big_exposition(2_000)
+    data = text.encode()
+    for size in (1, 7, 100, 4096, 1 << 16, len(data)):
+        counter = SampleLineCounter()
+        for i in range(0, len(data), size):
+            counter.feed(data[i : i + size])
+        assert counter.samples == count_sample_lines(text), size

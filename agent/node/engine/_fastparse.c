@@ -9,6 +9,8 @@
  * label_sets(texts, known, label, plain_pair): plain label texts split into label sets (see bulkparse).
  * family(blocks, cache): a family's label texts looked up in the reader's cache, in one pass (see bulkparse).
  * canon_ids(keys, canon): label sets' canonical ids, new ones entered in order (see bulkparse).
+ * sample_lines(chunk, after_newline): the sample lines that start in a chunk of a body, as the fetch counts them
+ *     for engine.max_series (see limits.sample_lines_py).
  *
  * And the engine adapters' bulk steps, whose pure-Python definitions are in seriesmaps.py (held equal by
  * tests/test_seriesmaps.py):
@@ -765,6 +767,43 @@ static PyObject *bucket_tuples(PyObject *self, PyObject *const *args, Py_ssize_t
     return family_step(args, nargs, "bucket_tuples(labels: list, values: array, memo: dict)", buckets_of);
 }
 
+/* sample_lines(chunk, after_newline): one pass over the chunk's newlines (memchr) for what limits.sample_lines_py
+ * counts with four searches: its line starts, less those of a comment ("\n#") or an empty line ("\n\n", counted
+ * without overlap as bytes.count counts it), the chunk's first byte too when the byte before it was a newline. */
+static PyObject *sample_lines(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "sample_lines(chunk: bytes, after_newline: bool)");
+        return NULL;
+    }
+    int after = PyObject_IsTrue(args[1]);
+    if (after < 0) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
+    const char *b = (const char *)view.buf;
+    Py_ssize_t n = view.len, count = 0;
+    if (n > 0) {
+        Py_ssize_t newlines = 0, skipped = 0, free_from = 0; /* a "\n\n" starts at free_from or later */
+        const char *p = b, *end = b + n;
+        while (p < end && (p = memchr(p, '\n', (size_t)(end - p))) != NULL) {
+            Py_ssize_t i = p - b;
+            newlines++;
+            if (i + 1 < n) {
+                if (b[i + 1] == '#') {
+                    skipped++;
+                } else if (b[i + 1] == '\n' && i >= free_from) {
+                    skipped++;
+                    free_from = i + 2;
+                }
+            }
+            p++;
+        }
+        count = newlines + after - (b[n - 1] == '\n') - skipped;
+        if (after && (b[0] == '#' || b[0] == '\n')) count--;
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(count);
+}
+
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "scan(text, start, end): the sample lines of text[start:end] as families (see bulkparse.scan)."},
@@ -781,6 +820,8 @@ static PyMethodDef methods[] = {
      "bucket_tuples(labels, values, memo): a _bucket family per series, or None (see seriesmaps.bucket_tuples)."},
     {"totals", (PyCFunction)(void (*)(void))totals, METH_FASTCALL,
      "totals(labels, values, memo): a _sum or _count family per series, or None (see seriesmaps.totals)."},
+    {"sample_lines", (PyCFunction)(void (*)(void))sample_lines, METH_FASTCALL,
+     "sample_lines(chunk, after_newline): the sample lines that start in chunk (see limits.sample_lines_py)."},
     {NULL, NULL, 0, NULL},
 };
 

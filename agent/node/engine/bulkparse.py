@@ -13,18 +13,18 @@ imports, unless the environment variable ``INFERWATCH_PURE_PARSER`` is set to an
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from itertools import chain, count, filterfalse, groupby, islice, repeat
 from operator import itemgetter
 from typing import Any, cast
 
+from inferwatch.agent.node.engine.compiled import PURE_ENV as PURE_ENV  # where the tests look for it
+from inferwatch.agent.node.engine.compiled import compiled_module
 from inferwatch.agent.node.engine.labelblock import Pair
 from inferwatch.agent.node.engine.textformat import Labels
 
 STEPS = ("scan", "family", "label_sets", "canon_ids")  # each has its pure-Python definition here as NAME_py
-PURE_ENV = "INFERWATCH_PURE_PARSER"  # set (not "" or "0"): the pure-Python steps even where the extension is built
 
 # A whole sample line of the common shape: a metric name valid unquoted, a label block or none, one space, a value
 # of the characters a number may hold (``float`` judges it). A line of any other shape (a timestamp, blanks, a
@@ -139,17 +139,6 @@ def canon_ids_py(keys: list[Labels], canon: dict[Labels, int]) -> list[int]:
     the next id (``len(canon)``), in the order the sets first come."""
     canon.update(zip(filterfalse(canon.__contains__, dict.fromkeys(keys)), count(len(canon))))
     return list(map(canon.__getitem__, keys))
-
-
-def compiled_module() -> Any:
-    """The extension, or None where it is not built or the environment asks for the pure-Python steps."""
-    if os.environ.get(PURE_ENV, "") not in ("", "0"):
-        return None
-    try:
-        from inferwatch.agent.node.engine import _fastparse  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _fastparse
 
 
 _EXT = compiled_module()

@@ -16,6 +16,7 @@ reason, as before: a body that is mostly garbage is not an exposition. 0 makes e
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from inferwatch.agent.config import (  # the named defaults live with the settings
@@ -25,6 +26,7 @@ from inferwatch.agent.config import (  # the named defaults live with the settin
     DEFAULT_ENGINE_MAX_SERIES,
     EngineSettings,
 )
+from inferwatch.agent.node.engine.compiled import compiled_module
 
 DEFAULT_ENGINE_MAX_BAD_LINES = 1_000  # lines dropped per scrape before the scrape fails (see the module doc)
 LIMIT_REASONS = ("sample_limit", "label_value_length_limit", "label_bytes_limit")
@@ -72,6 +74,26 @@ def count_sample_lines(text: str) -> int:
     return lines - skipped
 
 
+def sample_lines_py(chunk: bytes | bytearray, after_newline: bool) -> int:
+    """The sample lines (neither blank nor comments) that start in ``chunk``, a piece of a body; ``after_newline``:
+    the byte before it was a newline (or it is the body's start). The fetch adds these up as it reads
+    (:class:`SampleLineCounter`, ``engine.max_series``); compiled (``_fastparse.sample_lines``), it is one pass
+    over the chunk's newlines instead of four searches (~3 ms for a 600 kB body: 10 models x 2 ranks of vLLM). Empty
+    lines are found as ``bytes.count`` finds ``b"\\n\\n"``, without overlap: of a run of n of them within a chunk,
+    (n + 1) // 2 are taken off."""
+    if not chunk:
+        return 0
+    starts = chunk.count(b"\n") + after_newline - chunk.endswith(b"\n")
+    skipped = chunk.count(b"\n#") + chunk.count(b"\n\n")
+    if after_newline and chunk[:1] in (b"#", b"\n"):
+        skipped += 1
+    return starts - skipped
+
+
+_EXT = compiled_module()
+sample_lines: Callable[[bytes | bytearray, bool], int] = sample_lines_py if _EXT is None else _EXT.sample_lines
+
+
 class SampleLineCounter:
     """The same count over a body arriving in chunks (bytes), so a fetch stops once it is over the limit."""
 
@@ -82,10 +104,6 @@ class SampleLineCounter:
     def feed(self, chunk: bytes) -> int:
         if not chunk:
             return self.samples
-        starts = chunk.count(b"\n") + (self._last == b"\n") - chunk.endswith(b"\n")
-        skipped = chunk.count(b"\n#") + chunk.count(b"\n\n")
-        if self._last == b"\n" and chunk[:1] in (b"#", b"\n"):
-            skipped += 1
-        self.samples += starts - skipped
+        self.samples += sample_lines(chunk, self._last == b"\n")
         self._last = chunk[-1:]
         return self.samples

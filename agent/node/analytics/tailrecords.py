@@ -7,6 +7,9 @@ copy: no lock held while it computes). :class:`ClientTTFTs` keeps the TTFT each 
 
 **Bounds.** At most :data:`CAPACITY` requests for all models together (about :data:`RECORD_BYTES_MAX` bytes each at
 most: 7.8 MB in all; request ids are cut to :data:`MAX_REQUEST_ID_CHARS`), for :data:`HORIZON_S` (the 5m window).
+The columns are made for :data:`INITIAL_SLOTS` requests and doubled when they are full, up to :data:`CAPACITY`: an
+agent pays for the records its traffic keeps (at 100 req/s, 8,192 slots after a minute, 32,768 by five), not for the
+bound at start. They do not shrink: after a burst they stay at its size, at most the bound.
 Sampling rule above the bound: each :data:`SUB_WINDOW_S` sub-window may keep :data:`SUB_WINDOW_BUDGET` requests
 (115 req/s); when the previous sub-window received more, a request is kept 1 in k (k = ceil(received / budget),
 systematic by arrival order) with weight k, except that a request at or above its model's last published P95 TTFT
@@ -31,6 +34,7 @@ from typing import Any
 from inferwatch.agent.common.samples import RequestTiming
 
 CAPACITY = 36_864
+INITIAL_SLOTS = 1_024  # the columns' first size; doubled when full, up to CAPACITY
 HORIZON_S = 300.0
 SUB_WINDOW_S = 10.0
 SUB_WINDOW_BUDGET = 1_152  # 30 sub-windows x 1152 = 34 560, the rest of CAPACITY is for the always-kept slow ones
@@ -67,19 +71,23 @@ _BAND_NAMES = _band_names()
 
 
 class RequestRecords:
-    """The last :data:`HORIZON_S` of finished requests, in a fixed ring of columns (thread-safe)."""
+    """The last :data:`HORIZON_S` of finished requests, in a ring of columns that grows to ``capacity`` (thread-safe).
+
+    The ring has ``_slots`` slots (:data:`INITIAL_SLOTS` at first); a record that finds it full doubles it (the live
+    records copied in arrival order to its start) until it holds ``capacity``, and only then overwrites the oldest.
+    """
 
     def __init__(self, capacity: int = CAPACITY, budget: int = SUB_WINDOW_BUDGET) -> None:
         self.capacity = capacity
         self.budget = budget
         self._lock = threading.Lock()
-        z = [0.0] * capacity
-        self._f = {c: array("d", z) for c in ("t", "ttft", "e2e", "queue", "prefill", "decode", "weight")}
-        self._i = {c: array("i", [-1] * capacity) for c in ("prompt", "completion", "preemptions")}
-        self._model = array("H", [0] * capacity)
-        self._code = array("I", [0] * capacity)  # attribute code (:func:`_code`): label set, band, preempted
-        self._trace = bytearray(16 * capacity)
-        self._request: list[str | None] = [None] * capacity
+        n = self._slots = min(capacity, INITIAL_SLOTS)
+        self._f = {c: array("d", bytes(8 * n)) for c in ("t", "ttft", "e2e", "queue", "prefill", "decode", "weight")}
+        self._i = {c: array("i", [-1]) * n for c in ("prompt", "completion", "preemptions")}
+        self._model = array("H", bytes(2 * n))
+        self._code = array("I", bytes(4 * n))  # attribute code (:func:`_code`): label set, band, preempted
+        self._trace = bytearray(16 * n)
+        self._request: list[str | None] = [None] * n
         self._models: dict[str, int] = {}
         self._model_names: list[str] = []
         self._labels: dict[tuple[tuple[str, str], ...], int] = {(): 0}
@@ -122,12 +130,14 @@ class RequestRecords:
                 self._put(t, now, ttft, e2e, weight)
 
     def _put(self, t: RequestTiming, now: float, ttft: float, e2e: float, weight: float) -> None:
+        if self._size == self._slots < self.capacity:
+            self._grow()
         i = self._next
-        if self._size == self.capacity:
+        if self._size == self._slots:
             self.overwritten += 1
         else:
             self._size += 1
-        self._next = (i + 1) % self.capacity
+        self._next = (i + 1) % self._slots
         f, s = self._f, t.seconds
         f["t"][i] = now
         f["ttft"][i] = ttft
@@ -164,10 +174,26 @@ class RequestRecords:
         self._trace[16 * i : 16 * i + 16] = tid
         self._request[i] = t.request_id[:MAX_REQUEST_ID_CHARS] if t.request_id else None
 
+    def _grow(self) -> None:
+        """Double the ring (at most to ``capacity``), its records moved to its start in arrival order."""
+        old, new = self._slots, min(self.capacity, 2 * self._slots)
+        start = (self._next - self._size) % old  # the oldest record's slot (0 when the ring never wrapped)
+
+        def moved(col: Any, fill: Any, width: int = 1) -> Any:  # width: a record's items in the column
+            return col[width * start :] + col[: width * start] + fill * (new - old)
+
+        self._f = {c: moved(a, array("d", [0.0])) for c, a in self._f.items()}
+        self._i = {c: moved(a, array("i", [-1])) for c, a in self._i.items()}
+        self._model = moved(self._model, array("H", [0]))
+        self._code = moved(self._code, array("I", [0]))
+        self._trace = moved(self._trace, bytearray(16), 16)
+        self._request = moved(self._request, [None])
+        self._next, self._slots = self._size % new, new
+
     def _expire(self, now: float) -> None:
         """Let go of the records older than :data:`HORIZON_S` (their request id strings): at a low request rate the
         ring would otherwise be overwritten only after hours, its memory growing until then."""
-        n, cap, t, requests = self._size, self.capacity, self._f["t"], self._request
+        n, cap, t, requests = self._size, self._slots, self._f["t"], self._request
         start, cut = (self._next - n) % cap, now - HORIZON_S
         while n and t[start] < cut:
             requests[start] = None
@@ -185,7 +211,7 @@ class RequestRecords:
 
     def _segments(self, cut: float) -> list[tuple[int, int]]:
         """The ring slots (one or two [start, end) runs) of the records stamped at or after ``cut``."""
-        n, cap, t = self._size, self.capacity, self._f["t"]
+        n, cap, t = self._size, self._slots, self._f["t"]
         start = (self._next - n) % cap
         lo, hi = 0, n
         while lo < hi:  # records are in stamp order: binary search for the first one inside the window
@@ -205,10 +231,10 @@ class RequestRecords:
             wanted = {self._models[m] for m in models if m in self._models}
             cut = now - window_s
             segs = self._segments(cut)
-            n, cap = self._size, self.capacity
-            oldest = self._f["t"][(self._next - n) % cap] if n else now
+            n = self._size
+            oldest = self._f["t"][(self._next - n) % self._slots] if n else now
             # the ring is full and its oldest record is inside the window: older requests were overwritten
-            covered = window_s if n < cap or oldest < cut else now - oldest
+            covered = window_s if n < self.capacity or oldest < cut else now - oldest
 
             def take(col: Any) -> list[Any]:
                 out: list[Any] = []
@@ -247,11 +273,11 @@ class RequestRecords:
         return Window(f, ints, codes, label_sets, traces, requests, now, covered, window_s)
 
     def memory_bytes(self) -> int:
-        """What the ring's columns hold, in bytes (request id strings counted as stored)."""
+        """What the ring's columns hold now, in bytes (request id strings counted as stored)."""
         columns: list[array[Any]] = [*self._f.values(), *self._i.values(), self._model, self._code]
         fixed = sum(a.itemsize * len(a) for a in columns)
         ids = sum(49 + len(r) for r in self._request if r is not None)
-        return fixed + len(self._trace) + 8 * self.capacity + ids
+        return fixed + len(self._trace) + 8 * len(self._request) + ids
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,15 @@
 """Per-protocol validation of streamed payloads and of the event order.
 
-Schemas live in ``agent/node/probe/schemas/`` (JSON Schema 2020-12). Each problem becomes a
-:class:`Violation` with a kind from :data:`VIOLATION_KINDS` and, for schema problems, the schema path
+Schemas live in ``agent/node/probe/schemas/`` (JSON Schema 2020-12); jsonschema is the validator of record. Each
+problem becomes a :class:`Violation` with a kind from :data:`VIOLATION_KINDS` and, for schema problems, the schema path
 and instance path jsonschema reports.
+
+The common chunks are first checked by :func:`plain`: a payload in one of the documented shapes (an OpenAI chunk, an
+Anthropic ``message_start``, ``content_block_*``, ``message_delta``, ``message_stop`` or ``ping``), every field the
+schema constrains holding a value it allows, is one jsonschema would pass, and is not given to it. Anything else (a
+field of an unusual type or value, another event, a violation) goes to jsonschema, which is imported then: a probe of a
+well-formed runtime never loads it (~2.9 MB of RSS with its referencing stack). :func:`plain` only ever says "passes";
+it reports nothing itself. tests/test_probe_schema.py holds it to jsonschema's verdicts.
 """
 
 from __future__ import annotations
@@ -50,14 +57,105 @@ class Violation:
 
 @cache
 def _validator(protocol: str) -> jsonschema.protocols.Validator:
-    # Imported on the first probe, not with the agent: jsonschema and its referencing stack are ~12 MB of RSS
-    # that an agent without a probe URL never uses.
+    # Imported on the first payload that is not plain(), not with the agent: jsonschema and its referencing stack
+    # are ~2.9 MB of RSS above the agent's imports, which an agent probing a well-formed runtime never uses.
     import jsonschema
 
     schema = json.loads((SCHEMA_DIR / SCHEMA_FILES[protocol]).read_text())
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
     return cls(schema)
+
+
+def _count(v: Any) -> bool:  # "type": "integer", "minimum": 0 (an int only: 1.0, also an integer there, is left to it)
+    return type(v) is int and v >= 0
+
+
+def _text(v: Any) -> bool:  # "type": ["string", "null"]
+    return v is None or type(v) is str
+
+
+def _texts(obj: dict[str, Any], keys: tuple[str, ...]) -> bool:
+    return all(_text(obj[k]) for k in keys if k in obj)
+
+
+# the schemas' enums, as tuples: membership by equality, so an unhashable value is simply not in them
+_ROLES = ("assistant", "system", "user", "tool", "developer")
+_FINISH_REASONS = (None, "stop", "length", "tool_calls", "content_filter", "function_call", "abort")
+_DELTA_TYPES = ("text_delta", "input_json_delta", "thinking_delta", "signature_delta", "citations_delta")
+_USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def _openai_plain(p: dict[str, Any]) -> bool:
+    """openai_chat_chunk.json, field by field; a field it leaves free is free here."""
+    choices = p.get("choices")
+    if not (type(p.get("id")) is str and p["id"] and p.get("object") == "chat.completion.chunk"):
+        return False
+    if not (_count(p.get("created")) and type(p.get("model")) is str and type(choices) is list):
+        return False
+    if not _texts(p, ("system_fingerprint", "service_tier")):
+        return False
+    for ch in choices:
+        if type(ch) is not dict or not _count(ch.get("index")) or type(delta := ch.get("delta")) is not dict:
+            return False
+        if "role" in delta and delta["role"] not in _ROLES:
+            return False
+        if not _texts(delta, ("content", "reasoning_content", "refusal")):
+            return False
+        if "tool_calls" in delta and type(delta["tool_calls"]) is not list:
+            return False
+        if ch.get("logprobs") is not None and type(ch["logprobs"]) is not dict:
+            return False
+        if "finish_reason" in ch and ch["finish_reason"] not in _FINISH_REASONS:
+            return False
+    usage = p.get("usage")  # null or absent; an object only on the final chunk, whose choices are empty
+    return usage is None or (not choices and type(usage) is dict and all(_count(usage.get(k)) for k in _USAGE_KEYS))
+
+
+def _anthropic_usage(u: Any) -> bool:  # $defs/usage
+    if type(u) is not dict:
+        return False
+    return ("input_tokens" not in u or u["input_tokens"] is None or _count(u["input_tokens"])) and (
+        "output_tokens" not in u or _count(u["output_tokens"])
+    )
+
+
+def _anthropic_plain(p: dict[str, Any]) -> bool:
+    """anthropic_event.json's $defs, by event type; ``error`` and unknown types are left to jsonschema."""
+    t = p.get("type")
+    if t in ("ping", "message_stop"):
+        return True
+    if t == "content_block_stop":
+        return _count(p.get("index"))
+    if t == "content_block_delta":
+        d = p.get("delta")
+        if "usage" in p or not _count(p.get("index")) or type(d) is not dict or d.get("type") not in _DELTA_TYPES:
+            return False
+        return "text" not in d or type(d["text"]) is str
+    if t == "content_block_start":
+        block = p.get("content_block")
+        return _count(p.get("index")) and type(block) is dict and type(block.get("type")) is str
+    if t == "message_delta":
+        d = p.get("delta")
+        if type(d) is not dict or not _texts(d, ("stop_reason", "stop_sequence")):
+            return False
+        return "usage" not in p or _anthropic_usage(p["usage"])
+    if t == "message_start":
+        m = p.get("message")
+        if type(m) is not dict or m.get("type") != "message" or m.get("role") != "assistant":
+            return False
+        if not (type(m.get("id")) is str and type(m.get("content")) is list and type(m.get("model")) is str):
+            return False
+        return _texts(m, ("stop_reason",)) and ("usage" not in m or _anthropic_usage(m["usage"]))
+    return False
+
+
+def plain(protocol: str, payload: Any) -> bool:
+    """True if ``payload`` is one of the protocol's common chunks in its documented shape, each field the schema
+    constrains holding a value the schema allows: jsonschema would report nothing. False says only "ask jsonschema"."""
+    if type(payload) is not dict:
+        return False
+    return _openai_plain(payload) if protocol == "openai" else _anthropic_plain(payload)
 
 
 def _kind(schema_path: list[Any]) -> str:
@@ -68,7 +166,10 @@ def _kind(schema_path: list[Any]) -> str:
 
 
 def validate_payload(protocol: str, payload: Any, index: int) -> list[Violation]:
-    """Validate one decoded payload; one violation per distinct kind (first error's paths)."""
+    """Validate one decoded payload; one violation per distinct kind (first error's paths). A :func:`plain` payload
+    passes without jsonschema."""
+    if plain(protocol, payload):
+        return []
     validator = _validator(protocol)
     fname = SCHEMA_FILES[protocol]
     prefix = ""

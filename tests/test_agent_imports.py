@@ -27,6 +27,40 @@ def test_the_agent_imports_jsonschema_only_for_the_probe() -> None:
     assert "jsonschema" in _modules_after(first_probe)
 
 
+def test_a_probe_of_a_well_formed_runtime_does_not_import_jsonschema() -> None:
+    # The fake runtime's clean streams in both protocols pass schema.plain(); its usage_only pitfall reaches jsonschema.
+    code = (
+        "from inferwatch.agent.node.probe import run_probe\nfrom tests.fake_runtime import fake_runtime\n"
+        "with fake_runtime() as rt:\n    rt.stream_mode = '{mode}'\n"
+        "    for protocol in ('openai', 'anthropic'):\n"
+        "        r = run_probe(rt.url, protocol, timeout_s=10)\n"
+        "        assert r.events > 3 and bool(r.violations) == ('{mode}' != 'ok'), r.as_dict()"
+    )
+    clean = _modules_after(code.format(mode="ok"))
+    assert "inferwatch.agent.node.probe.client" in clean and "jsonschema" not in clean
+    assert "jsonschema" in _modules_after(code.format(mode="usage_only"))
+
+
+# What uvicorn's package __init__ imports for its command line (click) and its reloader and workers (multiprocessing),
+# which the agent never runs: cli/run.py's defer_uvicorn_package_init leaves them out.
+UVICORN_CLI = ("uvicorn.main", "click", "uvicorn.supervisors", "multiprocessing")
+
+
+def test_uvicorn_names_read_the_same_with_its_package_init_deferred() -> None:
+    code = (
+        "from inferwatch.agent.cli.run import defer_uvicorn_package_init\nassert defer_uvicorn_package_init()\n"
+        "import uvicorn, uvicorn.config, uvicorn.server\n"
+        "assert uvicorn.Config is uvicorn.config.Config and uvicorn.Server is uvicorn.server.Server\n"
+        "from inferwatch.agent.node import quietserver\nassert 'uvicorn.main' not in sys.modules\n"
+        "assert uvicorn.run is sys.modules['uvicorn.main'].run and uvicorn.__version__ and callable(uvicorn.main)\n"
+        "print('read', uvicorn.__version__)"
+    )
+    assert {"uvicorn.main", "click"} <= _modules_after(code)  # asked for run: the real __init__ ran
+    # a process that imported uvicorn first keeps it as it is
+    assert "click" in _modules_after("import uvicorn\nfrom inferwatch.agent.cli.run import defer_uvicorn_package_init\n"
+                                     "assert not defer_uvicorn_package_init()")  # fmt: skip
+
+
 def test_a_served_agent_does_not_import_trio_through_httpcore() -> None:
     # trio comes with selenium, which the test command installs: without it this check would say nothing.
     assert "trio" in _modules_after("import trio"), "trio is not installed: the test command's selenium brings it"
@@ -139,7 +173,15 @@ def _served_modules(tmp_path: Path, *args: str, env: dict[str, str] | None = Non
 OTHER_COMMANDS = ("inferwatch.agent.cli.engine", "inferwatch.agent.cli.explain", "inferwatch.agent.cli.top")
 # importlib.metadata: pydantic's plugin loader reads every distribution's entry points with it; the command loads no
 # pydantic plugin (cli/main.py).
-NOT_IN_A_DEFAULT_AGENT = (*HTTP_ONLY, *PSUTIL, *YAML, *OTHER_COMMANDS, "pydantic_settings", "importlib.metadata")
+NOT_IN_A_DEFAULT_AGENT = (
+    *HTTP_ONLY,
+    *PSUTIL,
+    *YAML,
+    *OTHER_COMMANDS,
+    *UVICORN_CLI,
+    "pydantic_settings",
+    "importlib.metadata",
+)
 
 
 def test_pydantic_looks_for_plugins_outside_the_command_only() -> None:
@@ -274,6 +316,8 @@ def test_an_agent_receiving_otlp_http_does_not_load_grpcio(tmp_path: Path) -> No
     }
     mods = _served_modules(tmp_path, env=env)
     assert "inferwatch.agent.node.receiver.grpc_server" in mods and "grpc" not in mods
+    # the OTLP/HTTP receiver's server (uvicorn.Config, uvicorn.Server) leaves uvicorn's command line out too
+    assert "inferwatch.agent.node.receiver.http_server" in mods and not mods & set(UVICORN_CLI)
 
 
 def test_otlp_http_transport_shares_the_agents_tls_context(monkeypatch: pytest.MonkeyPatch) -> None:

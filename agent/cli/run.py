@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import importlib
+import importlib.util
 import logging
 import os
 import platform
@@ -75,6 +77,42 @@ def block_unused_imports() -> None:
     sys.modules.setdefault("trio", None)  # type: ignore[arg-type]
 
 
+# uvicorn's names the agent uses (agent/node/quietserver.py, agent/node/receiver/http_server.py), each from the module
+# that defines it; the same objects its package __init__ binds.
+UVICORN_NAMES = {"Config": "uvicorn.config", "Server": "uvicorn.server"}
+
+
+def defer_uvicorn_package_init() -> bool:
+    """Import uvicorn's package without running its ``__init__`` until a name other than ``Config`` or ``Server`` is
+    asked of it; True if it was done.
+
+    uvicorn's ``__init__`` imports ``uvicorn.main``, its command line: click, and the reloader's and workers'
+    supervisors with multiprocessing, ~1.5 MB of RSS in every agent, which runs only ``Config`` and ``Server``.
+    The package is put in sys.modules with its path (its submodules import as usual) and a module ``__getattr__``:
+    ``uvicorn.Config`` and ``uvicorn.Server`` come from their modules, any other name (``uvicorn.run``,
+    ``__version__``) runs the real ``__init__`` first, so every name reads as it would. Called by :func:`serve`
+    before the server's module is imported; a process that already imported uvicorn keeps it.
+    """
+    if "uvicorn" in sys.modules:
+        return False
+    spec = importlib.util.find_spec("uvicorn")
+    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+        return False
+    package = importlib.util.module_from_spec(spec)
+    loader = spec.loader
+
+    def attribute(name: str) -> object:
+        if name in UVICORN_NAMES:
+            return getattr(importlib.import_module(UVICORN_NAMES[name]), name)
+        del vars(package)["__getattr__"]  # once: the real __init__ binds the rest
+        loader.exec_module(package)
+        return getattr(package, name)
+
+    vars(package)["__getattr__"] = attribute  # PEP 562: asked only for the names the module lacks
+    sys.modules["uvicorn"] = package
+    return True
+
+
 M_ARENA_MAX = -8  # glibc's mallopt(3) parameter (malloc.h)
 MALLOC_ARENAS = 2  # the agent's measured steady state is flat at 2 (docs/benchmarks.md, "Soak")
 
@@ -99,13 +137,14 @@ def cap_malloc_arenas() -> bool:
 
 
 def serve(settings: object) -> None:
+    block_unused_imports()
+    defer_uvicorn_package_init()
     from inferwatch.agent.config import Settings
     from inferwatch.agent.errors import ConfigError
     from inferwatch.agent.node import quietserver
     from inferwatch.agent.node.app import Agent
 
     assert isinstance(settings, Settings)
-    block_unused_imports()
     cap_malloc_arenas()
     # uvicorn re-raises SIGTERM/SIGINT once its server has stopped; with the default handlers that kills
     # the process before agent.stop() (no OTLP flush). These handlers let the re-raise return instead.

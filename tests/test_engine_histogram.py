@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import math
 
-from inferwatch.agent.node.engine.histogram import Histogram, bucket_quantile, histogram_increase, sum_histograms
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inferwatch.agent.node.engine.histogram import (
+    Histogram,
+    bucket_quantile,
+    bucket_quantiles,
+    histogram_increase,
+    sum_histograms,
+)
 from inferwatch.agent.node.engine.windows import CounterWindow, HistogramWindow
 
 INF = math.inf
@@ -108,3 +117,19 @@ def test_counter_window_reset() -> None:
     c.update(10.0, {"x": 20.0})  # reset
     assert c.increase("x", 60.0) == 70.0
     assert c.increase("missing", 60.0) is None
+
+
+BOUNDS = st.sampled_from([0.0, -1.0, 0.1, 0.5, 1.0, 2.0, INF, -INF, math.nan])
+COUNTS = st.one_of(st.sampled_from([0.0, 1.0, 1e-13, 1.0 + 1e-13, math.nan]), st.floats(0, 100))
+QS = st.lists(st.sampled_from([0.0, 0.5, 0.9, 0.95, 0.99, 1.0, -0.5, 1.5, math.nan]), max_size=6)
+
+
+@settings(max_examples=500, deadline=None)
+@given(buckets=st.lists(st.tuples(BOUNDS, COUNTS), max_size=7), qs=QS)
+def test_quantiles_of_one_histogram_are_each_quantile_alone(
+    buckets: list[tuple[float, float]], qs: list[float]
+) -> None:
+    """bucket_quantiles (the buckets prepared once for several quantiles) gives each bucket_quantile's answer."""
+    many = bucket_quantiles(qs, buckets)
+    assert [repr(v) for v in many] == [repr(bucket_quantile(q, list(buckets))) for q in qs]
+    assert [repr(v) for v in bucket_quantiles(qs, iter(buckets))] == [repr(v) for v in many]  # read once

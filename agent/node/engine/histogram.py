@@ -44,6 +44,9 @@ class Histogram:
     def quantile(self, q: float) -> float:
         return bucket_quantile(q, self.buckets)
 
+    def quantiles(self, qs: Iterable[float]) -> list[float]:
+        return bucket_quantiles(qs, self.buckets)
+
 
 def from_maps(buckets: Mapping[float, float], total: float, count: float) -> Histogram:
     return Histogram(tuple(sorted(buckets.items())), total, count)
@@ -89,15 +92,34 @@ def _almost_equal(a: float, b: float, epsilon: float) -> bool:
 
 def bucket_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float:
     """Prometheus ``histogram_quantile(q, ...)`` over cumulative ``(upper_bound, count)`` buckets."""
-    if math.isnan(q):
-        return math.nan
-    if q < 0:
-        return -INF
-    if q > 1:
-        return INF
+    return bucket_quantiles((q,), buckets)[0]
+
+
+def bucket_quantiles(qs: Iterable[float], buckets: Iterable[tuple[float, float]]) -> list[float]:
+    """:func:`bucket_quantile` of each of ``qs`` over the same buckets, which are prepared (sorted, coalesced, made
+    monotonic) once for all of them: an engine's latency stats ask four quantiles of every window."""
+    out: list[float] = []
+    prepared: tuple[list[float], list[float]] | None = None
+    ready = False  # prepared (on the first quantile in 0..1: the buckets are not read for the others)
+    for q in qs:
+        if math.isnan(q):
+            out.append(math.nan)
+        elif q < 0:
+            out.append(-INF)
+        elif q > 1:
+            out.append(INF)
+        else:
+            if not ready:
+                prepared, ready = _prepared(buckets), True
+            out.append(math.nan if prepared is None else _rank_quantile(q, *prepared))
+    return out
+
+
+def _prepared(buckets: Iterable[tuple[float, float]]) -> tuple[list[float], list[float]] | None:
+    """(bounds, counts) of the buckets as ``histogram_quantile`` reads them, or None when every quantile is NaN."""
     ordered = sorted(buckets, key=lambda b: b[0])
     if not ordered or not math.isinf(ordered[-1][0]) or ordered[-1][0] < 0:
-        return math.nan
+        return None
     # coalesce equal bounds
     bounds: list[float] = []
     counts: list[float] = []
@@ -118,11 +140,16 @@ def bucket_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float:
             continue
         prev = cur
     if len(bounds) < 2:
-        return math.nan
+        return None
     observations = counts[-1]
     if observations == 0 or math.isnan(observations):
-        return math.nan
-    rank = q * observations
+        return None
+    return bounds, counts
+
+
+def _rank_quantile(q: float, bounds: list[float], counts: list[float]) -> float:
+    """The quantile ``q`` (0..1) of prepared buckets (:func:`_prepared`)."""
+    rank = q * counts[-1]
     b = bisect.bisect_left(counts, rank, 0, len(counts) - 1)
     if b == len(counts) - 1:
         return bounds[-2]

@@ -254,7 +254,7 @@ def stats_from_histogram(h: Histogram | None) -> LatencyStats | None:
     """Quantiles interpolated from (increments of) cumulative buckets; None when nothing was observed."""
     if h is None or not h.count > 0:
         return None
-    qs = {q: h.quantile(q) for q in QUANTILES}
+    qs = dict(zip(QUANTILES, h.quantiles(QUANTILES), strict=True))
     if any(math.isnan(v) for v in qs.values()):
         return None
     mean = h.sum / h.count if math.isfinite(h.sum) else None

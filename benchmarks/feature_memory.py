@@ -1,15 +1,18 @@
 """Where everything-on's megabytes go: the agent's RSS with its features switched on one at a time.
 
 Run: ``python benchmarks/feature_memory.py [--venv build/cost-venv] [--installed] [--window 70] [--steps ...]
-[--trace] [--out FILE]``. Each step starts the agent as benchmarks/cost_profile.py does (a runtime-only venv, outside
-the checkout, a sleeping child as its runtime, the same load for each feature) with the features of the steps
-before it and its own: **defaults**; **engine** (a live 10-model × 2-rank vLLM exposition, hang detection with it);
-**probe** (the streaming probe on the project's simulator); **receiver** (OTLP/HTTP and OTLP/gRPC endpoints, one
-``llm_request`` span per request at 100 req/s over OTLP/HTTP); **export** (OTLP metric export, ``http/protobuf``, to
-a decoding receiver); **viewer** (one status-page viewer every 10 s): the last is cost_profile.py's everything-on
-case. Extra steps: ``nogrpc`` (everything on, the gRPC endpoint off: the load comes over HTTP) and ``arenas``
-(everything on with ``MALLOC_ARENA_MAX=2``). Each agent's VmRSS (/proc) is read ``--window`` seconds after it is
-ready (the engine up, the load started; cost_profile.py reads it ~72 s after), its /metrics scraped every 5 s.
+[--baseline-venv VENV] [--rounds N] [--trace] [--out FILE]``. Each step starts the agent as benchmarks/cost_profile.py
+does (a runtime-only venv, outside the checkout, a sleeping child as its runtime, the same load for each feature) with
+the features of the steps before it and its own: **defaults**; **engine** (a live 10-model × 2-rank vLLM exposition,
+hang detection with it); **probe** (the streaming probe on the project's simulator); **receiver** (OTLP/HTTP and
+OTLP/gRPC endpoints, one ``llm_request`` span per request at 100 req/s over OTLP/HTTP); **export** (OTLP metric export,
+``http/protobuf``, to a decoding receiver); **viewer** (one status-page viewer every 10 s): the last is
+cost_profile.py's everything-on case. Extra steps: ``nogrpc`` (everything on, the gRPC endpoint off: the load comes over
+HTTP) and ``arenas`` (everything on with ``MALLOC_ARENA_MAX=2``). Each agent's VmRSS (/proc) is read ``--window``
+seconds after it is ready (the engine up, the load started; cost_profile.py reads it ~72 s after), its /metrics scraped
+every 5 s. ``--baseline-venv``: another build's runtime venv (used as it is), run beside ``--venv`` in the same run:
+each step once per build and round, one agent at a time, the order of the two alternating from round to round
+(``--rounds``).
 
 ``--imports``: what each feature's modules add to the agent's imports in a fresh interpreter of the venv, each step
 above the ones before it (the median of three; the default agent's imports first, benchmarks/import_cost.py's CHAIN),
@@ -58,7 +61,8 @@ from benchmarks.engine_targets import simulators  # noqa: E402
 # What each feature imports (and makes: an httpx client, the OTLP/HTTP exporter with its transport), in cost order.
 IMPORT_STEPS = [
     ("engine: httpx and a client", "import inferwatch.agent.common.httpclient, httpx; httpx.Client()"),
-    ("probe: its client and jsonschema", "import inferwatch.agent.node.probe.client, jsonschema"),
+    ("probe: its client", "import inferwatch.agent.node.probe.client"),
+    ("probe: jsonschema (a chunk in no common shape)", "import jsonschema"),
     ("receiver: analytics", "from inferwatch.agent.node.analytics import explain, processor"),
     ("receiver: intake (protobuf, OTLP proto)", "from inferwatch.agent.node.receiver import spans"),
     ("receiver: OTLP/HTTP server", "import inferwatch.agent.node.receiver.http_server"),
@@ -194,7 +198,7 @@ def run_step(python: Path, step: str, window_s: float, marker: str, trace: bool 
 
 
 def import_steps(python: Path) -> dict[str, float]:
-    from benchmarks.import_cost import CHAIN
+    from benchmarks.import_cost import CHAIN, chain_step
 
     env = {**clean_env(), **IMPORT_ENV}
 
@@ -206,7 +210,7 @@ def import_steps(python: Path) -> dict[str, float]:
             runs.append(int(out.stdout.split()[-1]) / 1024)
         return sorted(runs)[1]
 
-    base = "import asyncio\n" + "\n".join(f"import {m}" for m in CHAIN)
+    base = "import asyncio\n" + "\n".join(chain_step(m) for m in CHAIN)
     out = {"default_imports_mb": round(rss(base), 1)}
     code, prev = base, out["default_imports_mb"]
     for name, step in IMPORT_STEPS:
@@ -227,16 +231,22 @@ def main() -> int:
     ap.add_argument("--installed", action="store_true", help="use the venv as it is (do not reinstall this checkout)")
     ap.add_argument("--window", type=float, default=70.0)
     ap.add_argument("--steps", default=",".join(STEPS))
+    ap.add_argument("--baseline-venv", type=Path, help="another build's runtime venv, as it is, run beside --venv")
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--imports", action="store_true", help="also each feature's imports, step by step")
     ap.add_argument("--trace", action="store_true", help="also the everything-on agent under tracemalloc")
     ap.add_argument("--out", type=Path, default=RESULTS / "feature_memory.json")
     args = ap.parse_args()
     python = args.venv / "bin" / "python" if args.installed else runtime_venv(args.venv)
+    builds = [("candidate", python)]
+    if args.baseline_venv:
+        builds.append(("baseline", args.baseline_venv / "bin" / "python"))
     record: dict[str, Any] = {
         "benchmark": "feature_memory",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "venv": str(args.venv),
+        "baseline_venv": str(args.baseline_venv) if args.baseline_venv else None,
         "window_s": args.window,
         "load_average_start": [round(x, 2) for x in os.getloadavg()],
         "steps": [],
@@ -246,16 +256,21 @@ def main() -> int:
     try:
         if args.imports:
             record["imports"] = import_steps(python)
-        prev = None
-        for step in filter(None, args.steps.split(",")):
-            row = run_step(python, step, args.window, marker)
-            rss = row["after_window"]["VmRSS"]
-            row["adds_mb"] = round(rss - prev, 1) if prev is not None and step in STEPS[:6] else None
-            prev = rss if step in STEPS[:6] else prev
-            record["steps"].append(row)
-            after = row["after_window"]
-            print(f"{step:9s} ready {row['ready']['VmRSS']:6.1f}  after {rss:6.1f} MB  (+{row['adds_mb']})  "
-                  f"anon {after['RssAnon']}  threads {after['threads']}", flush=True)  # fmt: skip
+        for rnd in range(args.rounds):
+            prev: dict[str, float | None] = {name: None for name, _ in builds}
+            for step in filter(None, args.steps.split(",")):
+                for name, interpreter in builds[rnd % 2 :] + builds[: rnd % 2]:  # the first build alternates
+                    row = run_step(interpreter, step, args.window, marker)
+                    row["build"], row["round"] = name, rnd + 1
+                    rss = row["after_window"]["VmRSS"]
+                    before = prev[name]
+                    row["adds_mb"] = round(rss - before, 1) if before is not None and step in STEPS[:6] else None
+                    prev[name] = rss if step in STEPS[:6] else before
+                    record["steps"].append(row)
+                    after = row["after_window"]
+                    print(f"{name:9s} {step:9s} ready {row['ready']['VmRSS']:6.1f}  after {rss:6.1f} MB  "
+                          f"(+{row['adds_mb']})  anon {after['RssAnon']}  threads {after['threads']}  "
+                          f"load {row['load_average'][0]}", flush=True)  # fmt: skip
         if args.trace:
             row = run_step(python, "viewer", args.window, marker, trace=True)
             record["traced"] = row

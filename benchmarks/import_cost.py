@@ -57,6 +57,16 @@ CHAIN = [
     "inferwatch.agent.node.app",
     "inferwatch.agent.node.quietserver",
 ]
+# What `inferwatch run` calls between those imports (cli/run.py's serve, before the server's module): uvicorn's package
+# __init__ deferred. A build without the call skips it.
+CHAIN_CALLS = {"inferwatch.agent.cli.run": "getattr(inferwatch.agent.cli.run, 'defer_uvicorn_package_init', bool)()"}
+
+
+def chain_step(module: str) -> str:
+    """One step of :data:`CHAIN` as code: the import, then what the command calls after it."""
+    return "\n".join(filter(None, [f"import {module}", CHAIN_CALLS.get(module)]))
+
+
 RSS = "import sys; print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmRSS')))"
 
 
@@ -122,13 +132,14 @@ def main() -> None:
                                  text=True).stdout.strip()  # fmt: skip
         chain, before, imported = {}, floor, "import asyncio"
         for module in CHAIN:
-            imported += f", {module}"
+            imported += "\n" + chain_step(module)
             total = rss_after(python, imported)
             chain[module] = None if total is None or before is None else round(total - before, 1)
             before = total
         entry = {"python": python, "version": version, "asyncio_floor_mb": floor, "import_adds_mb": adds}
         entry["chain_adds_mb"] = chain
         entry |= running_agent(python)
+        entry["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
         print(json.dumps(entry, indent=1), flush=True)
         record["venvs"].append(entry)  # type: ignore[attr-defined]
     if args.out:

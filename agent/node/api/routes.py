@@ -39,7 +39,7 @@ from inferwatch.agent.node.api.pagehistory import PageHistory
 from inferwatch.agent.node.api.readiness import readiness
 from inferwatch.agent.node.api.services import ApiServices
 from inferwatch.agent.node.api.statushtml import render_page
-from inferwatch.agent.node.api.statuspage import PAGE_MODELS, build_overview
+from inferwatch.agent.node.api.statuspage import PAGE_MODELS, PageIndex, build_overview
 from inferwatch.agent.node.state import AgentState
 
 MEDIA_TYPES = {"speedscope": "application/json", "flamegraph": "image/svg+xml", "raw": "text/plain"}
@@ -122,20 +122,23 @@ def install(
 
     app.add_middleware(Authenticate, auth=auth)
 
-    # --- the node status page (agent/node/api/statuspage.py, statushtml.py): on request; pagehistory.py: a listener
+    # --- the node status page (agent/node/api/statuspage.py, statushtml.py): on request; pagehistory.py and the
+    # page's index: listeners
     history = PageHistory()
     state.add_listener(history.on_collection)
+    pages = PageIndex()  # each collection indexed once, ahead while the page is watched
+    state.add_listener(pages.on_collection)
 
     @route(app, "GET", "/")
     def status_page(request: Request) -> HTMLResponse:
         refresh = query_int(request, "refresh")
         refresh_s = None if refresh is None else min(max(refresh, MIN_PAGE_REFRESH_S), MAX_PAGE_REFRESH_S)
         cards = None if request.query_params.get("models") == "all" else PAGE_MODELS  # ?models=all: every card
-        return HTMLResponse(render_page(build_overview(state, history, max_models=cards), refresh_s))
+        return HTMLResponse(render_page(build_overview(state, history, max_models=cards, pages=pages), refresh_s))
 
     @route(app, "GET", "/api/v1/overview")
     def overview(request: Request) -> dict[str, Any]:
-        return build_overview(state, history)
+        return build_overview(state, history, pages=pages)
 
     @route(app, "GET", "/api/v1/findings")
     async def findings(request: Request) -> list[dict[str, Any]]:

@@ -153,12 +153,10 @@ def _line_svg(model: str, quantity: str, points: list[list[Any]]) -> str:
     top = max(v for p in pts for v in p[1:] if v is not None) or 1.0
     span = max(t1 - t0, 1e-9)
     lines = []
+    xs = [f"{(p[0] - t0) / span * (width - 50) + 46:.1f}," for p in pts]  # each point's x, once for the three lines
+    y0, dy = height - pad, height - 2 * pad
     for k, cls in ((1, "l50"), (2, "l95"), (3, "l99")):
-        xy = " ".join(
-            f"{(p[0] - t0) / span * (width - 50) + 46:.1f},{height - pad - (p[k] / top) * (height - 2 * pad):.1f}"
-            for p in pts
-            if p[k] is not None
-        )
+        xy = " ".join([f"{x}{y0 - (p[k] / top) * dy:.1f}" for x, p in zip(xs, pts, strict=True) if p[k] is not None])
         lines.append(f'<polyline class="{cls}" fill="none" stroke-width="1.8" points="{xy}"/>')
     minutes = span / 60
     label = f"{label_q} P50, P95 and P99 of {model} over the last {minutes:.0f} min; P99 now {fmt_seconds(pts[-1][3])}"

@@ -3,7 +3,8 @@
 
 What it reads: the state's latest collections (engine timing, span analytics, CPU features, page cache, GPUs,
 findings) and the runner's health record; the page history's lines and TTFT baselines
-(:class:`~inferwatch.agent.node.api.pagehistory.PageHistory`, the one part kept between requests); the agent's own
+(:class:`~inferwatch.agent.node.api.pagehistory.PageHistory`) and each collection's index (:class:`PageIndex`: made
+once per collection, ahead of the request while the page is watched), the parts kept between requests; the agent's own
 CPU time and peak RSS from ``getrusage`` (no /proc). What it derives: each model's latency and signals (mirroring two
 alert rules without their ``for:``), the TTFT histogram's window and modes, goodput, and the findings in order. The
 HTML is :mod:`inferwatch.agent.node.api.statushtml`; cost: benchmarks/status_page.py. Behind the API's token rules
@@ -15,8 +16,9 @@ from __future__ import annotations
 import bisect
 import math
 import resource
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from inferwatch.agent import __version__
@@ -53,32 +55,49 @@ def _num(v: float | None) -> float | None:
 
 
 _KEYED = ("quantity", "window", "source", "quantile")
+PAGE_PART = "statuspage"  # the page's index of a collection, in its ``rendered`` (what a sink made of it)
 
 
-class _Index:
-    """The state's samples read once per request, by name; per-model values by (model, quantity, window, source,
-    quantile) for each engine family the page asks for, indexed when it first asks (a family it never asks for, most
-    of an engine of hundreds of models, is not), so each number on the page is one dict lookup."""
+class _Part:
+    """One collection's samples indexed for the page, made once per collection and kept in its ``rendered`` (under
+    :data:`PAGE_PART`) until the next one replaces it: the samples by name, and for each engine family the page asks
+    for, when it first asks, its values by (model, quantity, window, source, quantile), its local-cache values by
+    model and its attribute values. Requests while the state is unchanged index nothing again; a new collection (an
+    engine read every few seconds) is indexed by the first request that sees it, or ahead by :meth:`PageIndex.warm`.
 
-    def __init__(self, collections: Mapping[str, Collection]) -> None:
+    ``samples``: the sequence indexed, checked by identity on use (a collection made from another keeps its
+    ``rendered``, as the engine collector's progress passes do: their samples are another sequence, so they are
+    indexed anew). Two requests may fill the same family at once; both make the same dict and either is kept."""
+
+    __slots__ = ("_attr_values", "_by_model", "_lock", "_values", "by_name", "samples")
+
+    def __init__(self, samples: Sequence[AnySample]) -> None:
+        self.samples = samples
+        self._lock = threading.Lock()  # a family is indexed once: a second asker waits for the first
         self.by_name: dict[str, list[AnySample]] = {}
-        self._values: dict[str, dict[tuple[str, ...], float]] = {}  # value's index, by family
-        self._by_model: dict[str, dict[str, list[float]]] = {}  # per_model's answers, made on first use
-        for c in collections.values():
-            for s in c.samples:
-                self.by_name.setdefault(s.name, []).append(s)
+        for s in samples:
+            self.by_name.setdefault(s.name, []).append(s)
+        self._values: dict[str, dict[tuple[str, ...], float]] = {}
+        self._by_model: dict[str, dict[str, list[float]]] = {}
+        self._attr_values: dict[tuple[str, str], frozenset[str]] = {}
 
-    def get(self, name: str) -> list[AnySample]:
-        return self.by_name.get(name, [])
+    def values(self, name: str) -> dict[tuple[str, ...], float]:
+        """(model, quantity, window, source, quantile) → value of the family's plain samples with a model (the last
+        one where two have the same key); only engine families are indexed."""
+        values = self._values.get(name)
+        if values is None:
+            with self._lock:
+                values = self._values.get(name)
+                if values is None:
+                    values = self._values[name] = self._index(name)
+        return values
 
     def _index(self, name: str) -> dict[tuple[str, ...], float]:
-        """(model, quantity, window, source, quantile) → value of the family's plain samples with a model (the last
-        one where two have the same key); only engine families are looked up."""
         values: dict[tuple[str, ...], float] = {}
         if not name.startswith("inferwatch.engine."):
             return values
         blanks = ("",) * len(_KEYED)
-        for s in self.get(name):
+        for s in self.by_name.get(name, ()):
             if isinstance(s, Sample):
                 a = dict(s.attributes)
                 model = a.get(MODEL)
@@ -87,24 +106,143 @@ class _Index:
                     values[key] = s.value
         return values
 
+    def per_model(self, name: str) -> dict[str, list[float]]:
+        """The values of the local-cache series of ``name`` (``cache`` "" or "local") by model, in sample order."""
+        got = self._by_model.get(name)
+        if got is None:
+            with self._lock:
+                got = self._by_model.get(name)
+                if got is None:
+                    got = {}
+                    for s in self.by_name.get(name, ()):
+                        if isinstance(s, Sample) and _attr(s, "cache") in ("", "local"):
+                            got.setdefault(_attr(s, MODEL), []).append(s.value)
+                    self._by_model[name] = got
+        return got
+
+    def attr_values(self, name: str, key: str) -> frozenset[str]:
+        """The values of attribute ``key`` ("" where a sample has none) over the family ``name``."""
+        got = self._attr_values.get((name, key))
+        if got is None:
+            got = self._attr_values[(name, key)] = frozenset(_attr(s, key) for s in self.by_name.get(name, ()))
+        return got
+
+
+_PARTS_LOCK = threading.Lock()  # one part per collection: a request and the warming listener never both make it
+
+
+def _part(collection: Collection) -> _Part:
+    part = collection.rendered.get(PAGE_PART)
+    if isinstance(part, _Part) and part.samples is collection.samples:
+        return part
+    with _PARTS_LOCK:
+        part = collection.rendered.get(PAGE_PART)
+        if not isinstance(part, _Part) or part.samples is not collection.samples:
+            part = collection.rendered[PAGE_PART] = _Part(collection.samples)
+    return part
+
+
+class _Index:
+    """The state's collections as the page reads them, for one request: each collection's :class:`_Part` (made once
+    per collection) merged in the state's order, so each number on the page is one dict lookup and a request
+    over an unchanged state indexes no sample. A family in one collection (every engine family of a node with one
+    engine) is that collection's dicts, not a copy; the lists and dicts handed out are shared: read, never changed."""
+
+    def __init__(self, collections: Mapping[str, Collection], asked: set[tuple[str, str, str]] | None = None) -> None:
+        self._asked = set() if asked is None else asked  # what was asked: ("values" | "per_model" | "attr", name, key)
+        self._parts = [_part(c) for c in collections.values()]
+        self.by_name: dict[str, list[AnySample]] = {}
+        for part in self._parts:
+            for name, samples in part.by_name.items():
+                had = self.by_name.get(name)
+                self.by_name[name] = samples if had is None else [*had, *samples]
+        self._values: dict[str, dict[tuple[str, ...], float]] = {}  # merged across parts, made on first use
+        self._by_model: dict[str, dict[str, list[float]]] = {}
+
+    def get(self, name: str) -> list[AnySample]:
+        return self.by_name.get(name, [])
+
+    def _holding(self, name: str) -> list[_Part]:
+        return [p for p in self._parts if name in p.by_name]
+
     def value(
         self, name: str, model: str, quantity: str = "", window: str = "", source: str = "", quantile: str = ""
     ) -> float | None:
         values = self._values.get(name)
         if values is None:
-            values = self._values[name] = self._index(name)
+            self._asked.add(("values", name, ""))
+            parts = self._holding(name)
+            if len(parts) == 1:
+                values = parts[0].values(name)
+            else:
+                values = {}
+                for p in parts:
+                    values.update(p.values(name))  # in the state's order: the last collection's value wins
+            self._values[name] = values
         return _num(values.get((model, quantity, window, source, quantile)))
 
     def per_model(self, name: str) -> dict[str, list[float]]:
         """The values of the local-cache series of ``name`` (``cache`` "" or "local") by model, in sample order: one
-        pass over the family for all the models of the page, not one per model."""
+        pass over the family (once per collection) for all the models of the page, not one per model."""
         got = self._by_model.get(name)
         if got is None:
-            got = self._by_model[name] = {}
-            for s in self.get(name):
-                if isinstance(s, Sample) and _attr(s, "cache") in ("", "local"):
-                    got.setdefault(_attr(s, MODEL), []).append(s.value)
+            self._asked.add(("per_model", name, ""))
+            parts = self._holding(name)
+            if len(parts) == 1:
+                got = parts[0].per_model(name)
+            else:
+                got = {}
+                for p in parts:
+                    for model, vals in p.per_model(name).items():
+                        got.setdefault(model, []).extend(vals)
+            self._by_model[name] = got
         return got
+
+    def attr_values(self, name: str, key: str) -> set[str]:
+        """The values of attribute ``key`` over the family ``name`` ("" where a sample has none)."""
+        self._asked.add(("attr", name, key))
+        out: set[str] = set()
+        for p in self._holding(name):
+            out |= p.attr_values(name, key)
+        return out
+
+
+WARM_S = 300.0  # after a page request, new collections are indexed ahead, in the collector's thread, this long
+
+
+class PageIndex:
+    """The page's reads of the state, between requests: each collection is indexed once (its :class:`_Part`, kept
+    in the collection), and while the page is watched, ahead of the next request.
+
+    :meth:`index` is a request's :class:`_Index`; it notes which families the page asked for.
+    :meth:`on_collection`, a state listener, indexes those families of each new collection in the collector's
+    thread when a page or overview was requested in the last ``warm_s`` (a 200-model engine read every few
+    seconds and a page every few: otherwise nearly every request would index a new collection, ~20 ms of the
+    interpreter on the serving path). Nobody watching, nothing is indexed ahead."""
+
+    def __init__(self, warm_s: float = WARM_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.warm_s = warm_s
+        self._clock = clock
+        self._asked: set[tuple[str, str, str]] = set()
+        self._last_request = -math.inf
+
+    def index(self, collections: Mapping[str, Collection]) -> _Index:
+        self._last_request = self._clock()
+        return _Index(collections, self._asked)
+
+    def on_collection(self, name: str, collection: Collection) -> None:
+        if self._clock() - self._last_request > self.warm_s:
+            return
+        part = _part(collection)
+        for kind, family, key in list(self._asked):  # a copy: a request may add to it meanwhile
+            if family not in part.by_name:
+                continue
+            if kind == "values":
+                part.values(family)
+            elif kind == "per_model":
+                part.per_model(family)
+            else:
+                part.attr_values(family, key)
 
 
 def log_widths(bounds: list[float]) -> list[float]:
@@ -163,6 +301,8 @@ def downsample(points: list[tuple[float, float | None, float | None, float | Non
     """At most :data:`MAX_CHART_POINTS`: consecutive points merged, each quantile the group's maximum (a P99
     spike stays visible), the time the group's last."""
     size = max(1, math.ceil(len(points) / MAX_CHART_POINTS))
+    if size == 1:  # each group one point: the point itself
+        return [list(p) for p in points]
     out: list[list[float | None]] = []
     for i in range(0, len(points), size):
         group = points[i : i + size]
@@ -315,10 +455,8 @@ def _finding(f: Finding) -> dict[str, Any]:
 def _models(ix: _Index, collections: Mapping[str, Collection]) -> list[str]:
     engine = collections.get("engine")
     names = {str(m) for m in engine.details.get("models", ())} if engine is not None else set()
-    for s in ix.get("inferwatch.engine.info"):
-        names.add(_attr(s, MODEL))
-    for s in ix.get("inferwatch.engine.latency"):
-        names.add(_attr(s, MODEL))
+    names |= ix.attr_values("inferwatch.engine.info", MODEL)
+    names |= ix.attr_values("inferwatch.engine.latency", MODEL)
     return sorted(n for n in names if n)
 
 
@@ -411,17 +549,22 @@ PAGE_MODELS = 20  # model cards on the page by default: a node serving 200 model
 
 
 def build_overview(
-    state: AgentState, history: PageHistory, now: float | None = None, max_models: int | None = None
+    state: AgentState,
+    history: PageHistory,
+    now: float | None = None,
+    max_models: int | None = None,
+    pages: PageIndex | None = None,
 ) -> dict[str, Any]:
     """Everything the page shows, as JSON-able values (also served as ``/api/v1/overview``).
 
     ``max_models``: at most that many model cards (``models``), those with a signal first, then by name; every
     model's signals are in ``findings`` whatever is left out, and ``models_total`` counts them all. A model's card is
     most of the page's cost (its latency, history lines and histogram): at 200 models the whole page took ~65 ms of
-    CPU and 1 MB, which nobody reads on one screen."""
+    CPU and 1 MB, which nobody reads on one screen. ``pages``: the route's :class:`PageIndex` (the index made
+    ahead while the page is watched); without it a request still indexes each collection only once."""
     now = time.time() if now is None else now
     collections = state.collections()
-    ix = _Index(collections)
+    ix = _Index(collections) if pages is None else pages.index(collections)
     findings = [f for c in collections.values() for f in c.findings]
     ident = state.identity
     node_info = next(iter(ix.get("inferwatch.node.info")), None)
@@ -435,7 +578,7 @@ def build_overview(
     }
     engines = {_attr(s, MODEL): _attr(s, "engine") for s in ix.get("inferwatch.engine.info")}
     hists = {_attr(s, MODEL): s for s in ix.get(TTFT_HISTOGRAM) if isinstance(s, HistogramSample)}
-    sources = sorted({_attr(s, "source") for s in ix.get("inferwatch.engine.latency.bimodal")})
+    sources = sorted(ix.attr_values("inferwatch.engine.latency.bimodal", "source"))
     models = []
     names = _models(ix, collections)
     by_model = {model: _signals(model, ix, sources) for model in names}
@@ -486,7 +629,7 @@ def build_overview(
         "cpu_features": _features(ix),
         "memory": _memory(ix, findings),
         "engine_schema": _engine_schema(ix),
-        "engines": _engines(state, collections, now),
+        "engines": _engines(state, collections, ix, now),
         "models": models,
         "models_total": len(names),
         "findings": all_findings,
@@ -495,14 +638,15 @@ def build_overview(
     }
 
 
-def _engines(state: AgentState, collections: Mapping[str, Collection], now: float) -> list[dict[str, Any]]:
+def _engines(state: AgentState, collections: Mapping[str, Collection], ix: _Index, now: float) -> list[dict[str, Any]]:
     """Each engine the agent watches: the single configured one (collector ``engine``) and each discovered target
-    (``engine:<name>``, agent/node/targets.py) with its identity, collector state, ``up`` and models."""
+    (``engine:<name>``, agent/node/targets.py) with its identity, collector state, ``up`` and models. ``up`` is
+    the last of the state's samples (its collections', then the attached sources', where the collectors put it)."""
     discovered = collections.get("discovery")
     targets = {f"engine:{t['name']}": t for t in (discovered.details.get("targets", ()) if discovered else ())}
     ups = {
         _attr(s, "inferwatch.engine.name"): s.value
-        for s in state.samples()
+        for s in (*ix.get("inferwatch.engine.up"), *state.loose_samples())
         if isinstance(s, Sample) and s.name == "inferwatch.engine.up"
     }
     out = []

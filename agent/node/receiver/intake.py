@@ -110,7 +110,7 @@ class SpanIntake:
                     self.forwarder.submit(children)
         now, first = self.wall_clock(), max(0, len(got.timings) - RECENT_SPANS_KEPT)
         recent = [
-            FinishedSpan(now, t, span_ref(span))
+            FinishedSpan(now, t, span_ref(span, t))
             for t, span in zip(got.timings[first:], got.sources[first:], strict=True)
         ]
         with self._lock:

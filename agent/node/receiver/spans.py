@@ -319,14 +319,17 @@ def extract(req: ExportTraceServiceRequest) -> Extracted:
     return out
 
 
-def span_ref(span: Any) -> SpanRef:
-    """Which span a timing came from: ids (hex), ``gen_ai.request.id``, start and end (Unix s)."""
-    request_id = next((kv.value.string_value for kv in span.attributes if kv.key == _REQUEST_ID), "")
+def span_ref(span: Any, timing: RequestTiming | None = None) -> SpanRef:
+    """Which span a timing came from: ids (hex), ``gen_ai.request.id``, start and end (Unix s).
+
+    ``timing``: what :func:`extract` read from ``span``; its trace and request ids are taken as read, so the span's
+    attributes are not read a second time (and the evidence names the request id the analytics recorded).
+    """
+    if timing is not None:
+        trace_id, request_id = timing.trace_id or "", timing.request_id
+    else:
+        trace_id = span.trace_id.hex()
+        first = next((kv.value.string_value for kv in span.attributes if kv.key == _REQUEST_ID), "")
+        request_id = first[:MAX_REQUEST_ID_CHARS] or None
     start, end = span.start_time_unix_nano, span.end_time_unix_nano
-    return SpanRef(
-        span.trace_id.hex(),
-        span.span_id.hex(),
-        request_id[:MAX_REQUEST_ID_CHARS] or None,
-        start / 1e9 or None,
-        end / 1e9 or None,
-    )
+    return SpanRef(trace_id, span.span_id.hex(), request_id, start / 1e9 or None, end / 1e9 or None)

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from inferwatch.agent.catalog.engine import MODEL
-from inferwatch.agent.common.samples import Sample, attrs
+from inferwatch.agent.common.samples import Attributes, Sample, attrs
 
 QUANTILES = (0.5, 0.9, 0.95, 0.99)
 SOURCES = ("spans", "histogram")  # preference order when a reader wants one value
@@ -85,17 +85,37 @@ class LatencyBoard:
 
 def latency_samples(model: str, quantity: str, window: str, stats: LatencyStats) -> list[Sample]:
     """Catalog samples for one stats value (quantiles, sample count, P99/P50)."""
-    base = {MODEL: model, "quantity": quantity, "window": window, "source": stats.source}
-    out = [
-        Sample("inferwatch.engine.latency", v, attrs(base, quantile=_fmt_q(q)))
-        for q, v in sorted(stats.quantiles.items())
-        if math.isfinite(v)
-    ]
-    out.append(Sample("inferwatch.engine.latency.samples", stats.count, attrs(base)))
+    base, by_quantile = _attributes(model, quantity, window, stats.source)
+    out = []
+    for q, v in sorted(stats.quantiles.items()):
+        if math.isfinite(v):
+            text = _fmt_q(q)
+            a = by_quantile.get(text)
+            if a is None:
+                a = by_quantile[text] = attrs(dict(base), quantile=text)
+            out.append(Sample("inferwatch.engine.latency", v, a))
+    out.append(Sample("inferwatch.engine.latency.samples", stats.count, base))
     ratio = stats.tail_ratio
     if ratio is not None:
-        out.append(Sample("inferwatch.engine.latency.tail_ratio", ratio, attrs(base)))
+        out.append(Sample("inferwatch.engine.latency.tail_ratio", ratio, base))
     return out
+
+
+# The attributes of each (model, quantity, window, source)'s samples, and of each of its quantiles (by their text):
+# the same tuples every read, made once (an engine's full read at 10 models x 2 ranks makes ~840 of these samples).
+# Emptied when it reaches MAX_CACHED_KEYS (models come and go), then filled again.
+MAX_CACHED_KEYS = 8_192
+_ATTRIBUTES: dict[tuple[str, str, str, str], tuple[Attributes, dict[str, Attributes]]] = {}
+
+
+def _attributes(model: str, quantity: str, window: str, source: str) -> tuple[Attributes, dict[str, Attributes]]:
+    key = (model, quantity, window, source)
+    hit = _ATTRIBUTES.get(key)
+    if hit is None:
+        if len(_ATTRIBUTES) >= MAX_CACHED_KEYS:
+            _ATTRIBUTES.clear()
+        hit = _ATTRIBUTES[key] = (attrs({MODEL: model, "quantity": quantity, "window": window, "source": source}), {})
+    return hit
 
 
 def _fmt_q(q: float) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from inferwatch.agent.catalog.engine import MODEL
 from inferwatch.agent.catalog.engine_schemas import DERIVED_MEANS
-from inferwatch.agent.common.samples import Sample, attrs
+from inferwatch.agent.common.samples import Attributes, Sample, attrs
 from inferwatch.agent.node.engine.adapters import QUANTITIES, EngineReading
 from inferwatch.agent.node.engine.board import Key, LatencyStats, latency_samples
 from inferwatch.agent.node.engine.scrape import stats_from_histogram
@@ -28,6 +28,9 @@ class EngineTimeline:
     def __init__(self) -> None:
         self._hist: dict[tuple[str, str], HistogramWindow] = {}
         self._counters: dict[str, CounterWindow] = {}
+        # the attributes of the derived samples by (model, window, attribute, value): the same every read, made once;
+        # emptied when a model goes
+        self._attrs: dict[tuple[str, str, str, str], Attributes] = {}
 
     def update(self, t: float, reading: EngineReading) -> None:
         live: set[tuple[str, str]] = set()
@@ -44,6 +47,7 @@ class EngineTimeline:
             del self._hist[key]
         for model in set(self._counters) - set(reading.models):
             del self._counters[model]
+            self._attrs.clear()
 
     def stats(self) -> dict[Key, LatencyStats]:
         out: dict[Key, LatencyStats] = {}
@@ -63,7 +67,7 @@ class EngineTimeline:
             for wname, seconds in WINDOWS_S.items():
                 gap = frontend_gap(stats, model, wname)
                 if gap is not None:
-                    out.append(Sample("inferwatch.engine.frontend_gap", gap, attrs({MODEL: model}, window=wname)))
+                    out.append(Sample("inferwatch.engine.frontend_gap", gap, self._attributes(model, wname, "", "")))
                 counters = self._counters.get(model)
                 if counters is None:
                     continue
@@ -77,9 +81,17 @@ class EngineTimeline:
                         d_secs = counters.increase(secs, seconds)
                         d_count = counters.increase(count, seconds)
                         if d_secs is not None and d_count:
-                            a = attrs({MODEL: model}, window=wname, **{key: label})
-                            out.append(Sample(name, d_secs / d_count, a))
+                            out.append(Sample(name, d_secs / d_count, self._attributes(model, wname, key, label)))
         return out
+
+    def _attributes(self, model: str, window: str, key: str, label: str) -> Attributes:
+        """``attrs`` of a derived sample: the model, the window and (``key`` not empty) ``key=label``."""
+        cache_key = (model, window, key, label)
+        hit = self._attrs.get(cache_key)
+        if hit is None:
+            extra = {key: label} if key else {}
+            hit = self._attrs[cache_key] = attrs({MODEL: model}, window=window, **extra)
+        return hit
 
 
 def frontend_gap(stats: dict[Key, LatencyStats], model: str, window: str) -> float | None:

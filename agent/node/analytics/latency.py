@@ -36,9 +36,12 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
+from itertools import accumulate
+from typing import Any
 
 from inferwatch.agent.catalog.engine import GOODPUT_TPOT_TARGET_S, GOODPUT_TTFT_TARGET_S, MODEL, QUANTITIES
 from inferwatch.agent.common.samples import UNKNOWN_MODEL, AnySample, Collection, RequestTiming, Sample, attrs
@@ -232,7 +235,7 @@ class LatencyAnalytics:
             sketch = m.sketches[quantity].window(WINDOWS_S[window], now)
         if not sketch.count:
             return None
-        qs = {q: float(sketch.get_quantile_value(q) or 0.0) for q in QUANTILES}
+        qs = quantiles(sketch, QUANTILES)
         p50, p99 = qs[0.5], qs[0.99]
         ratio = p99 / p50 if p50 > 0 else None
         key, slot = (model, quantity, window), slot_of(now)
@@ -331,6 +334,33 @@ class LatencyAnalytics:
                 a = attrs({MODEL: label, "window": window, "source": SOURCE})
                 out.append(Sample("inferwatch.engine.goodput", gp, a))
         return out, hists, published
+
+
+def quantiles(sketch: Any, qs: Iterable[float]) -> dict[float, float]:
+    """``{q: float(sketch.get_quantile_value(q) or 0.0)}``, the positive bins walked once for all of ``qs``.
+
+    DDSketch finds each quantile by summing the bins from the lowest up in Python; here the running sums are taken
+    once (``itertools.accumulate``, the same additions in the same order, so the same floats) and each quantile's
+    bin is found by bisection: the same key, the same value. A sketch with negative values (never a latency) is
+    left to DDSketch.
+    """
+    count = sketch.count
+    if not count or sketch._negative_store.count:
+        return {q: float(sketch.get_quantile_value(q) or 0.0) for q in qs}
+    store, zero, value = sketch._store, sketch._zero_count, sketch._mapping.value
+    running = list(accumulate(store.bins))
+    out: dict[float, float] = {}
+    for q in qs:
+        if not 0 <= q <= 1:
+            out[q] = 0.0
+            continue
+        rank = q * (count - 1)
+        if rank < zero:
+            out[q] = 0.0
+            continue
+        i = bisect_right(running, rank - zero)  # the first bin whose running sum exceeds the rank
+        out[q] = float(value(i + store.offset if i < len(running) else store.max_key) or 0.0)
+    return out
 
 
 def _add_batch(batch: dict[str, tuple[_Model, dict[str, list[float]]]], slot: int) -> None:

@@ -20,7 +20,7 @@ from operator import attrgetter, is_, itemgetter
 from inferwatch.agent import catalog
 from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
 from inferwatch.agent.catalog.spec import Kind, MetricSpec
-from inferwatch.agent.common.samples import AnySample, Collection, HistogramSample
+from inferwatch.agent.common.samples import AnySample, Collection, HistogramSample, by_name
 from inferwatch.agent.node.state import AgentState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -145,14 +145,22 @@ class _Block:
     be checked against.
     """
 
-    __slots__ = ("_text", "_values", "present", "samples")
+    __slots__ = ("_present", "_text", "_values", "samples")
 
     def __init__(self, samples: list[AnySample]) -> None:
         self.samples = samples
-        pairs = set(chain.from_iterable(map(_ATTRIBUTES, samples)))  # few: the samples share their pairs
-        self.present = frozenset(k for k, _ in pairs if k in TARGET_ATTRIBUTES)
+        self._present: frozenset[str] | None = None
         self._text: tuple[tuple[str, ...], bytes] | None = None
         self._values: tuple[tuple[str, ...], set[tuple[str, ...]]] | None = None
+
+    @property
+    def present(self) -> frozenset[str]:
+        """The target attributes its samples carry (found when first asked: a block :func:`prerender` replaces by
+        its predecessor's is never asked)."""
+        if self._present is None:
+            pairs = set(chain.from_iterable(map(_ATTRIBUTES, self.samples)))  # few: the samples share their pairs
+            self._present = frozenset(k for k, _ in pairs if k in TARGET_ATTRIBUTES)
+        return self._present
 
     def values(self, spec: MetricSpec, targets: tuple[str, ...]) -> set[tuple[str, ...]]:
         if self._values is None or self._values[0] != targets:
@@ -212,10 +220,7 @@ def _lines(
 
 
 def _blocks(samples: Iterable[AnySample]) -> dict[str, _Block]:
-    grouped: dict[str, list[AnySample]] = defaultdict(list)
-    for s in samples:
-        grouped[s.name].append(s)
-    return {name: _Block(group) for name, group in grouped.items() if name in catalog.CATALOG}
+    return {name: _Block(group) for name, group in by_name(samples).items() if name in catalog.CATALOG}
 
 
 def prerender(collection: Collection) -> None:

@@ -7,8 +7,10 @@ A collector returns one :class:`Collection`: a list of :class:`Sample` (gauge/co
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import attrgetter
 from typing import Any
 
 Attributes = tuple[tuple[str, str], ...]
@@ -121,3 +123,20 @@ class Collection:
     # What a sink made of this collection for reuse until the next one (the Prometheus exposition's rendered text,
     # inferwatch.exporters.prometheus.prerender), by sink; not part of its value.
     rendered: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+
+def by_name(samples: Iterable[AnySample]) -> dict[str, list[AnySample]]:
+    """The samples of each name, in order, the names in the order they first come. A run of samples of one name (a
+    collector writes a family's samples together) is taken in one C-level step, not sample by sample: the exposition
+    and the series count group an engine's thousands of samples so on every collection."""
+    grouped: dict[str, list[AnySample]] = {}
+    for name, run in groupby(samples, _NAME):
+        group = grouped.get(name)
+        if group is None:
+            grouped[name] = list(run)
+        else:
+            group.extend(run)
+    return grouped
+
+
+_NAME = attrgetter("name")

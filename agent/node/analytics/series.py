@@ -24,7 +24,7 @@ source's), and the families that more than one source writes are counted togethe
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from itertools import chain
 from operator import attrgetter
@@ -33,7 +33,7 @@ from typing import ClassVar
 from inferwatch.agent import catalog
 from inferwatch.agent.catalog.engine import MODEL
 from inferwatch.agent.catalog.spec import Kind, MetricSpec
-from inferwatch.agent.common.samples import AnySample, Collection, HistogramSample, Sample
+from inferwatch.agent.common.samples import AnySample, Collection, HistogramSample, Sample, by_name
 from inferwatch.agent.node.state import AgentState
 
 OWN = (
@@ -46,10 +46,7 @@ OWN = (
 
 def _families(samples: Iterable[AnySample]) -> dict[str, list[AnySample]]:
     """The samples of each counted family (a catalog metric, not one of :data:`OWN`), in order."""
-    grouped: dict[str, list[AnySample]] = defaultdict(list)
-    for s in samples:
-        grouped[s.name].append(s)
-    return {name: group for name, group in grouped.items() if name in catalog.CATALOG and name not in OWN}
+    return {name: group for name, group in by_name(samples).items() if name in catalog.CATALOG and name not in OWN}
 
 
 def _count_family(spec: MetricSpec, samples: Iterable[AnySample]) -> tuple[int, Counter[str]]:

@@ -8,12 +8,14 @@ collection repeats the last full read's series (the very objects, so /metrics re
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 
 from inferwatch.agent.config import Settings
 from inferwatch.agent.node.collectors.engine import EngineCollector
+from inferwatch.agent.node.engine import progress as progress_module
 from inferwatch.agent.node.engine.adapters import EngineReading
 from inferwatch.agent.node.engine.fetch import EngineScrapeError
 from inferwatch.agent.node.engine.progress import (
@@ -91,6 +93,47 @@ def test_the_lines_are_found_in_chunks_as_in_one_search() -> None:
     for cut in (body[:-1], body[: len(body) // 3], b"\n\n" + body + b"no newline at the end", b"", b"\n"):
         for chunk in (1, 50, 1 << 20):
             assert find_lines(pattern, cut, chunk) == pattern.findall(cut), chunk
+
+
+@pytest.mark.parametrize("find_chunk", [1, 50, 4096, 1 << 20])
+def test_a_pass_over_the_body_as_it_arrives_reads_what_a_pass_over_the_whole_body_reads(
+    monkeypatch: pytest.MonkeyPatch, find_chunk: int
+) -> None:
+    """The collector's pass (ProgressScan: fed the body chunk by chunk, searched every ~FIND_CHUNK bytes) gives the
+    reading, the line count and None where the pass over the whole body does, for chunks cut anywhere; and it gives
+    the body back byte for byte for the full read, kept as it came or compressed past HOLD_RAW_BYTES."""
+    monkeypatch.setattr(progress_module, "FIND_CHUNK", find_chunk)
+    gen = VllmLike([f"m{i}" for i in range(3)], engines=2, seed=6)
+    gen.observe(4)
+    body = gen.text().encode()
+    pattern, _ = progress_lines(ProgressReader("vllm").adapter.wanted())
+    lines_only = b"\n".join(pattern.findall(body)).lstrip(b"\n") + b"\n"  # its first line is a progress line
+    running = next(ln for ln in body.splitlines() if ln.startswith(b"vllm:num_requests_running{"))
+    bad = body.replace(running, running.rsplit(b" ", 1)[0] + b" x", 1)  # a bad value: the pass gives None
+    rng = random.Random(find_chunk)
+    for variant in (body, lines_only, bad, body[:-1], body[: len(body) // 3], b"", b"\n", b"\n\n" + body):
+        whole = ProgressReader("vllm")
+        expected = whole.read(variant)
+        for hold_raw in (0, 1000, 1 << 30):
+            monkeypatch.setattr(progress_module, "HOLD_RAW_BYTES", hold_raw)
+            for most in (1, 13, 700, len(variant) + 1):
+                r = ProgressReader("vllm")
+                scan = r.scan()
+                scan.begin("text/plain")
+                at = 0
+                while at < len(variant):
+                    step = rng.randint(1, most)
+                    scan.feed(variant[at : at + step])
+                    at += step
+                got = scan.finish()
+                where = (variant[:40], hold_raw, most)
+                assert (got is None) == (expected is None), where
+                if got is not None and expected is not None:
+                    assert _progress_view(got) == _progress_view(expected), where
+                    assert r.lines == whole.lines, where
+                assert scan.body() == variant, where
+    assert ProgressReader("vllm").read(body) is not None and ProgressReader("vllm").read(lines_only) is not None
+    assert ProgressReader("vllm").read(bad) is None
 
 
 def _collector(url: str, clock: list[float]) -> EngineCollector:

@@ -27,18 +27,19 @@ a failed one, a counter reset, another set of models), in a thread of its own so
 answer): counted by reason in ``details["max_model_len"]``, logged once when it starts and once when it ends,
 asked again after :data:`MODEL_LEN_RETRY_S`.
 
-**Progress passes.** Hang detection reads the engine every 2 s (its fast path, see the ENTRY below), the rest of
-the collection needs a read once per collection interval (``full_every_s``: the agent's ``interval_s``). So a run
-is a **full read** (the whole exposition parsed as it streams in, every quantity mapped, the latency windows moved,
-the hang verdicts) when ``FULL_READ_DUE`` of that interval has passed since the last one, and otherwise a
-**progress pass** (:mod:`inferwatch.agent.node.engine.progress`): the body fetched whole, only the lines of the
-families hang detection reads taken out of it and read, the verdicts made on them, and the collection returned
-is the last full read's series (the same objects, so the exposition reuses their text) with the new verdicts, its
-details with the new ``hang`` and ``read``. A pass that cannot stand for a full read (a line it keeps is bad, a
-rank quantity the last full read gave is missing from it) reads the same body in full instead (``fallback`` in
-``details["read"]["runs"]``). At 10 models x 2 ranks a pass costs ~7 ms of CPU against ~30 ms for a full read,
-at 200 models ~90 ms against ~640 ms (docs/benchmarks.md, "Cost at every size"). Between full reads the engine's
-own series in ``/metrics`` are up to one interval old, as a collector reading at the interval would give them.
+**Progress passes.** Hang detection reads the engine every 2 s (its fast path, see the ENTRY below), the rest of the
+collection needs a read once per collection interval (``full_every_s``: the agent's ``interval_s``). So a run is a
+**full read** (the whole exposition parsed as it streams in, every quantity mapped, the latency windows moved, the
+hang verdicts) when ``FULL_READ_DUE`` of that interval has passed since the last one, and otherwise a **progress
+pass** (:mod:`inferwatch.agent.node.engine.progress`): only the lines of the families hang detection reads taken out
+of the body as it arrives (the body kept, compressed past 1 MiB, for a fallback) and read, the verdicts made on
+them, and the collection returned is the last full read's series (the same objects, so the exposition reuses their
+text) with the new verdicts, its details with the new ``hang`` and ``read``. A pass that cannot stand for a full
+read (a line it keeps is bad, a rank quantity the last full read gave is missing from it) reads the same body in
+full instead (``fallback`` in ``details["read"]["runs"]``). At 10 models x 2 ranks a pass costs ~7 ms of CPU against
+~30 ms for a full read, at 200 models ~90 ms against ~640 ms (docs/benchmarks.md, "Cost at every size"). Between
+full reads the engine's own series in ``/metrics`` are up to one interval old, as a collector reading at the
+interval would give them.
 
 The histogram-derived stats are kept in the collector's own :class:`~inferwatch.agent.node.engine.board.LatencyBoard`
 (``EngineCollector.board``, for inspection). The span analytics learn what they need from this
@@ -66,7 +67,7 @@ from inferwatch.agent.node.engine.adapters import DEFAULT_MODEL, QUANTITIES, Eng
 from inferwatch.agent.node.engine.board import LatencyBoard
 from inferwatch.agent.node.engine.derived import EngineTimeline
 from inferwatch.agent.node.engine.emit import keep_sums, reading_samples
-from inferwatch.agent.node.engine.fetch import REASONS, EngineScrapeError, fetch, fetch_into
+from inferwatch.agent.node.engine.fetch import REASONS, EngineScrapeError, fetch_into
 from inferwatch.agent.node.engine.hang import HangDetector
 from inferwatch.agent.node.engine.hangreport import hang_dict, hang_findings, hang_samples, health_url
 from inferwatch.agent.node.engine.heap import release_freed_memory
@@ -80,7 +81,7 @@ from inferwatch.agent.node.engine.modellen import (
     ask_model_len,
     model_len_url,
 )
-from inferwatch.agent.node.engine.progress import ProgressReader
+from inferwatch.agent.node.engine.progress import ProgressReader, ProgressScan
 from inferwatch.agent.node.engine.rankitl import rank_itl
 from inferwatch.agent.node.engine.scrape import EngineParser, ExpositionStream
 
@@ -270,13 +271,14 @@ class EngineCollector(BaseCollector):
                 sent_s = time.perf_counter() - started - timed.spent_s
                 self._read_bytes = size
                 reading = stream.finish()
-            else:  # a progress pass: the body held, its progress lines read; in full if they cannot be trusted
-                body = fetch(self._client, url, deadline_s, self.cfg.max_bytes, self.limits.max_series)
+            else:  # a progress pass: its lines taken as the body arrives; the body read in full if they fail
+                scan = self._progress_scan()
+                size = fetch_into(self._client, url, deadline_s, self.cfg.max_bytes, scan, self.limits.max_series)
                 sent_s = time.perf_counter() - started
-                size = self._read_bytes = len(body)
-                progress = self._progress_reading(body)
-                reading = progress if progress is not None else self.parser.parse(body)
-                del body
+                self._read_bytes = size
+                progress = self._progress_reading(scan)
+                reading = progress if progress is not None else self.parser.parse(scan.body())
+                del scan
         except EngineScrapeError as exc:
             self._engine_mark = None  # the next scrape that succeeds may be of a restarted engine
             self._timed_out = exc.reason == "timeout"  # the next read may take the longest deadline (large, slow)
@@ -357,16 +359,23 @@ class EngineCollector(BaseCollector):
         )
         return out
 
-    def _progress_reading(self, body: bytearray) -> EngineReading | None:
-        """The progress pass over ``body`` (agent/node/engine/progress.py), limited to the models of the last full
-        read; None when it cannot stand for a full read: its reader gave up, or a quantity the last full read gave
-        hang detection (a rank's, or a model's request events) is missing from it (a series written in a form it
-        does not take, such as a quoted name: the full read judges the body)."""
+    def _progress_scan(self) -> ProgressScan:
+        """A progress pass over the body as it arrives (agent/node/engine/progress.py), for the engine kind of the
+        last full read."""
         last = self._full
         assert last is not None
         if self._progress is None or self._progress.kind != last.kind:
             self._progress = ProgressReader(last.kind, self.cfg.model_name or DEFAULT_MODEL, self.limits)
-        reading = self._progress.read(body)
+        return self._progress.scan()
+
+    def _progress_reading(self, scan: ProgressScan) -> EngineReading | None:
+        """The progress pass of ``scan``, limited to the models of the last full read; None when it cannot stand for
+        a full read: its reader gave up, or a quantity the last full read gave hang detection (a rank's, or a
+        model's request events) is missing from it (a series written in a form it does not take, such as a quoted
+        name: the full read judges the body)."""
+        last = self._full
+        assert last is not None
+        reading = scan.finish()
         if reading is None:
             return None
         reading.models = {name: m for name, m in reading.models.items() if name in last.models}

@@ -15,11 +15,18 @@ It answers None where it cannot be sure of that, and the collector then reads th
 keeps breaks the format or a rule of the reading (the full read says which, and counts it), or the lines it took
 are not a plain text-format body. What it does not check is every other family's lines: the full read at the
 collection interval does, and counts what it finds as it always has.
+
+The collector's pass is a :class:`ProgressScan`, a fetch's sink: the lines are taken out of the body as it arrives,
+and only about :data:`FIND_CHUNK` of it is held unread at a time. The body itself is kept for that full read,
+compressed past its first :data:`HOLD_RAW_BYTES` (zlib's fastest level: ~0.75 MB for the 12 MB of 200 models x 2
+ranks of vLLM, ~34 ms of CPU; a body this size or under is kept as it came, at no cost): held whole, it was the
+agent's memory peak at that size (docs/benchmarks.md, "/metrics and the API while a 200-model engine is read").
 """
 
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import replace
 
 from inferwatch.agent.errors import SourceFormatError
@@ -42,6 +49,8 @@ PROGRESS_COUNTERS = ("prompt_tokens", "generation_tokens", "finished", "preempti
 # Bytes of the body searched per call of the regular expression, which holds the interpreter while it runs: the
 # 12 MB of 200 models x 2 ranks took ~18 ms in one call, during which no other thread (the API's) ran.
 FIND_CHUNK = 1 << 20
+# A progress scan keeps its body for the full read it may fall back to: this much as it came, the rest compressed.
+HOLD_RAW_BYTES = 1 << 20
 
 
 def progress_adapter(adapter: Adapter) -> Adapter:
@@ -99,6 +108,14 @@ class ProgressReader:
         first = self._first.match(body)
         if first is not None:
             kept.insert(0, first.group(1))
+        return self.reading(kept)
+
+    def scan(self) -> ProgressScan:
+        """A pass over a body as it arrives (:class:`ProgressScan`): the collector's path."""
+        return ProgressScan(self)
+
+    def reading(self, kept: list[bytes]) -> EngineReading | None:
+        """The pass over the sample lines ``kept`` of its families (without their newlines, in the body's order)."""
         self.lines = len(kept)
         if not kept:
             return None
@@ -115,3 +132,84 @@ class ProgressReader:
             return read(self.adapter, expo, self.default_model, self._keys)
         except SourceFormatError:  # a value outside its domain (ReadingError): the full read rejects it
             return None
+
+
+class ProgressScan:
+    """A progress pass over a body as it arrives (a fetch's sink: :meth:`begin`, :meth:`feed` each chunk), then
+    :meth:`finish`; :meth:`body` gives the body back for the full read when the pass gives None.
+
+    The lines are found as :meth:`ProgressReader.read` finds them in the whole body — searched in calls over about
+    :data:`FIND_CHUNK` bytes, each ending at a newline, the next starting there — so they are the same lines and
+    give the same reading; only the bytes after the last such newline wait for the next chunk. The body is kept for
+    :meth:`body`: its first :data:`HOLD_RAW_BYTES` as they came, then all of it compressed (zlib, level 1).
+    """
+
+    def __init__(self, reader: ProgressReader) -> None:
+        self._reader = reader
+        self._kept: list[bytes] = []
+        self._pending = bytearray()  # from the newline the last search ended at (the body's start at first)
+        self._started = False  # the body's first line was looked at
+        self._last = 0  # the body's last byte so far (0: none yet)
+        self._raw: list[bytes] = []  # the body as it came, up to HOLD_RAW_BYTES
+        self._raw_bytes = 0
+        self._zip: zlib._Compress | None = None  # past HOLD_RAW_BYTES: the body compressed
+        self._zipped: list[bytes] = []
+
+    def begin(self, content_type: str) -> None:
+        pass
+
+    def feed(self, chunk: bytes) -> None:
+        if not chunk:
+            return
+        self._hold(chunk)
+        self._last = chunk[-1]
+        pending = self._pending
+        pending += chunk
+        if len(pending) > FIND_CHUNK:  # the last newline past FIND_CHUNK: none before this chunk, if searched
+            end = pending.rfind(b"\n", max(FIND_CHUNK, len(pending) - len(chunk)))
+            if end > 0:
+                self._search(end)
+                del pending[:end]
+
+    def finish(self) -> EngineReading | None:
+        """The pass's reading, as :meth:`ProgressReader.read` of the whole body gives it (None: read it in full)."""
+        if self._last != 0x0A:  # cut short, or a last line without its newline: the full read says which
+            self._pending.clear()
+            return None
+        self._search(len(self._pending))
+        self._pending = bytearray()
+        kept, self._kept = self._kept, []
+        return self._reader.reading(kept)
+
+    def body(self) -> bytes:
+        """The whole body, for the full read."""
+        if self._zip is None:
+            return b"".join(self._raw)
+        data = zlib.decompress(b"".join([*self._zipped, self._zip.flush()]))
+        self._zip, self._zipped = None, []
+        return data
+
+    def _hold(self, chunk: bytes) -> None:
+        if self._zip is None:
+            self._raw.append(chunk)
+            self._raw_bytes += len(chunk)
+            if self._raw_bytes <= HOLD_RAW_BYTES:
+                return
+            self._zip = zlib.compressobj(1)
+            chunks, self._raw = self._raw, []
+        else:
+            chunks = [chunk]
+        zipped = self._zipped
+        for one in chunks:
+            if out := self._zip.compress(one):
+                zipped.append(out)
+
+    def _search(self, end: int) -> None:
+        """The lines in ``self._pending[:end]`` (``end``: a newline, or the end of the body)."""
+        pending, reader = self._pending, self._reader
+        if not self._started:
+            self._started = True
+            first = reader._first.match(pending, 0, end)
+            if first is not None:
+                self._kept.append(first.group(1))
+        self._kept += reader._lines.findall(pending, 0, end)

@@ -8,7 +8,9 @@
   cycle), fake clock: once the 5 m window is full, the EM fits of the 14 series (7 quantities × 2 windows) stay
   under ``FITS_PER_CYCLE`` (a fit per series and sub-window, the rule before, made 7 a cycle);
 - **OTLP export**: one collection of the metric reader reads the agent state once, whatever the number of
-  instruments (each observable callback read all of it before: ~150 reads a collection).
+  instruments (each observable callback read all of it before: ~150 reads a collection); encoding a collection
+  (exporters/otlp_encode.py) makes at most ``ENCODE_CALLS_PER_POINT`` calls per added data point and under half the
+  SDK encoder's.
 
 benchmarks/cost_profile.py measures the same path as CPU in a live agent (the span-rate axis).
 """
@@ -18,6 +20,9 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.resources import Resource
 
@@ -28,10 +33,12 @@ from inferwatch.agent.node.analytics.latency import LatencyAnalytics
 from inferwatch.agent.node.receiver.intake import SpanIntake
 from inferwatch.agent.node.state import AgentState, CollectorHealth
 from inferwatch.exporters.otlp import OTLPExporter
+from inferwatch.exporters.otlp_encode import MetricsEncoder
 from tests.test_cost_counts import SUPERLINEAR, calls
 
 BATCHES = (50, 100, 200)  # spans per export request
 INTAKE_CALLS_PER_SPAN = 130.0  # 87.7 calls per added span on 2026-12-07 (163.7 before issue 38's span-path cuts)
+ENCODE_CALLS_PER_POINT = 10.0  # 8.0 on 2026-12-07 with MetricsEncoder (the SDK's encode_metrics: 20.0)
 FITS_PER_CYCLE = 1.0  # 0.70 fits per 5 s cycle at 100 req/s on 2026-12-07 (7.0 with a fit per series and sub-window)
 
 
@@ -103,3 +110,34 @@ def test_an_otlp_collection_reads_the_state_once() -> None:
             assert otlp.state_reads == collection and len(reads) == collection
     finally:
         otlp.shutdown()
+
+
+def test_otlp_encoding_calls_grow_linearly_with_points() -> None:
+    points = []
+    for n in (200, 400, 800):  # series per instrument: a gauge and a counter with four attributes each
+        reader = InMemoryMetricReader()
+        provider = MeterProvider(metric_readers=[reader])
+        meter = provider.get_meter("inferwatch.test")
+
+        def observe(_options: CallbackOptions, n: int = n) -> list[Observation]:
+            return [
+                Observation(i / 7, {"model": f"m{i % 10}", "quantity": "ttft", "window": "1m", "i": str(i)})
+                for i in range(n)
+            ]
+
+        meter.create_observable_gauge("g", callbacks=[observe])
+        meter.create_observable_counter("c", callbacks=[observe])
+        try:
+            data = reader.get_metrics_data()
+        finally:
+            provider.shutdown()
+        assert data is not None
+        encode = MetricsEncoder()
+        assert encode(data) == encode_metrics(data)  # the first encoding keeps each series' attribute bytes
+        points.append((2 * n, calls(partial(encode, data)), calls(partial(encode_metrics, data))))
+    (p0, c0, _), (p1, c1, s1), (p2, c2, s2) = points
+    first, second, sdk = (c1 - c0) / (p1 - p0), (c2 - c1) / (p2 - p1), (s2 - s1) / (p2 - p1)
+    print(f"OTLP encoding: (points, calls, SDK calls) {points}; calls per added point {first:.1f}, {second:.1f}")
+    assert second <= SUPERLINEAR * first, points
+    assert second <= ENCODE_CALLS_PER_POINT, f"{second:.1f} calls per point, bound {ENCODE_CALLS_PER_POINT}"
+    assert second <= sdk / 2, f"{second:.1f} calls per point against the SDK encoder's {sdk:.1f}"

@@ -159,3 +159,25 @@ def test_values_read_through_the_kept_index_are_the_samples(builds: Builds) -> N
                 for m in models:
                     assert ix.value(name, m) == expected.get((name, m)), (step, name, m)
         assert builds.parts == 2 * (step + 1)
+
+
+def test_a_line_chart_is_drawn_again_only_when_its_points_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page's line charts are kept drawn by model and quantity: the same points are not drawn again, other points
+    (the next history step) are, and the kept SVG is the one drawn for those points."""
+    from inferwatch.agent.node.api import statushtml
+
+    drawn: list[tuple[str, str]] = []
+    draw = statushtml._draw_line
+
+    def counted(model: str, quantity: str, points: list[list[Any]]) -> str:
+        drawn.append((model, quantity))
+        return draw(model, quantity, points)
+
+    monkeypatch.setattr(statushtml, "_draw_line", counted)
+    monkeypatch.setattr(statushtml, "_drawn", {})
+    points: list[list[Any]] = [[NOW + 30 * k, 0.1 * k, 0.2 * k, 0.3 * k] for k in range(1, 5)]
+    first = statushtml._line_svg("m", "ttft", points)
+    assert statushtml._line_svg("m", "ttft", [list(p) for p in points]) == first and len(drawn) == 1
+    later = [*points, [NOW + 150, 0.5, None, 2.0]]
+    assert statushtml._line_svg("m", "ttft", later) == draw("m", "ttft", later) != first
+    assert statushtml._line_svg("m", "itl", points) == first.replace("TTFT", "ITL") and len(drawn) == 3

@@ -10,6 +10,7 @@ is a ``<data value="...">`` holding the full-precision value next to the rounded
 from __future__ import annotations
 
 import html
+import marshal
 import math
 import time
 from typing import Any
@@ -143,7 +144,27 @@ def _histogram_svg(model: str, h: dict[str, Any]) -> str:
     )
 
 
+# Line charts kept drawn, by (model, quantity): a chart's points change once per history step (10 s), not per request.
+# Each is kept with its points as marshal bytes (exact: floats as their 8 bytes, None apart; ~4 kB for an hour's
+# line, and the SVG ~5 kB). The page history keeps at most 256 lines (MAX_SERIES): the default page's 20 cards keep 40.
+LINES_KEPT = 512
+_drawn: dict[tuple[str, str], tuple[bytes, str]] = {}
+
+
 def _line_svg(model: str, quantity: str, points: list[list[Any]]) -> str:
+    """A chart's SVG, drawn again only when its points changed (:data:`LINES_KEPT` kept)."""
+    key = marshal.dumps(points, 2)  # version 2: no back-references, so equal points give equal bytes
+    kept = _drawn.get((model, quantity))
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    svg = _draw_line(model, quantity, points)
+    if len(_drawn) >= LINES_KEPT:
+        _drawn.clear()
+    _drawn[(model, quantity)] = (key, svg)
+    return svg
+
+
+def _draw_line(model: str, quantity: str, points: list[list[Any]]) -> str:
     label_q = {"ttft": "TTFT", "itl": "ITL"}[quantity]
     pts = [p for p in points if any(v is not None for v in p[1:])]
     if len(pts) < 2:

@@ -62,13 +62,14 @@ PAGE_PART = "statuspage"  # the page's index of a collection, in its ``rendered`
 class _Part:
     """One collection's samples indexed for the page, made once per collection and kept in its ``rendered`` (under
     :data:`PAGE_PART`) until the next one replaces it: the samples by name, and for each engine family the page asks
-    for, when it first asks, its values by (model, quantity, window, source, quantile), its local-cache values by
+    for, when it first asks, its values by model and (quantity, window, source, quantile), its local-cache values by
     model and its attribute values. Requests while the state is unchanged index nothing again; a new collection (an
-    engine read every few seconds) is indexed by the first request that sees it, or ahead by :meth:`PageIndex.warm`.
+    engine read every few seconds) is indexed by the first request that sees it, or ahead by
+    :meth:`PageIndex.on_collection`.
 
     ``samples``: the sequence indexed, checked by identity on use (a collection made from another keeps its
     ``rendered``, as the engine collector's progress passes do: their samples are another sequence, so they are
-    indexed anew). Two requests may fill the same family at once; both make the same dict and either is kept."""
+    indexed anew). Each family is indexed once: a second asker (a request, the listener) waits for the first."""
 
     __slots__ = ("_attr_values", "_by_model", "_lock", "_values", "by_name", "samples")
 
@@ -130,7 +131,11 @@ class _Part:
         """The values of attribute ``key`` ("" where a sample has none) over the family ``name``."""
         got = self._attr_values.get((name, key))
         if got is None:
-            got = self._attr_values[(name, key)] = frozenset(_attr(s, key) for s in self.by_name.get(name, ()))
+            with self._lock:
+                got = self._attr_values.get((name, key))
+                if got is None:
+                    got = frozenset(_attr(s, key) for s in self.by_name.get(name, ()))
+                    self._attr_values[(name, key)] = got
         return got
 
 

@@ -27,11 +27,16 @@ def streamed(body: bytes, size: int, parser: EngineParser | None = None, ctype: 
     return stream.finish()
 
 
-@pytest.fixture(params=["default", "small"])
+@pytest.fixture(params=["default", "small", "compressed", "compressed, small"])
 def hold(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The body held before it is read: the default (most bodies held whole), or 100 bytes (streamed)."""
+    """The body held before it is read: the default (most bodies held whole, as they came), 100 bytes (streamed);
+    held compressed past 40 bytes (whole), or past 20 bytes and read from 300 on."""
     if request.param == "small":
         monkeypatch.setattr(scrape, "STREAM_HOLD_BYTES", 100)
+    if request.param.startswith("compressed"):
+        monkeypatch.setattr(scrape, "HOLD_RAW_BYTES", 40 if request.param == "compressed" else 20)
+    if request.param == "compressed, small":
+        monkeypatch.setattr(scrape, "STREAM_HOLD_BYTES", 300)
 
 
 def fixtures() -> list[str]:
@@ -58,6 +63,29 @@ def test_multibyte_characters_cut_by_a_chunk_and_a_late_engine_family() -> None:
     body = (pre + gen.text()).encode()
     got = streamed(body, 3)
     assert got == EngineParser().parse(body) and list(got.models) == ["modèle-ü"]
+
+
+@pytest.mark.parametrize("size", [1, 3, 64, 1 << 16])
+@pytest.mark.parametrize("hold_bytes", [100, 300, scrape.STREAM_HOLD_BYTES])
+def test_the_engine_is_told_from_compressed_held_bytes_as_from_raw_ones(
+    monkeypatch: pytest.MonkeyPatch, hold_bytes: int, size: int
+) -> None:
+    """With families of several engines in a body, the engine told from held bytes kept compressed (past
+    HOLD_RAW_BYTES) is the one told from the same bytes held as they came: detect() over the first STREAM_HOLD_BYTES
+    (ENGINE_KINDS order), whichever chunk brings each prefix."""
+    monkeypatch.setattr(scrape, "STREAM_HOLD_BYTES", hold_bytes)
+    sglang = 'sglang:num_running_reqs{model_name="s"} 1\n'
+    vllm = 'vllm:num_requests_running{model_name="v"} 2\n'
+    pad = "".join(f'python_info{{x="{i}"}} 1\n' for i in range(8))
+    told = set()
+    for text in (sglang + pad + vllm, pad + sglang + vllm + pad, vllm + pad + sglang, sglang + pad, pad + vllm):
+        body = text.encode()
+        monkeypatch.setattr(scrape, "HOLD_RAW_BYTES", 1 << 30)
+        raw = streamed(body, size)
+        monkeypatch.setattr(scrape, "HOLD_RAW_BYTES", 20)
+        assert streamed(body, size) == raw, text
+        told.add(raw.kind)
+    assert told == {"vllm", "sglang"}
 
 
 @pytest.mark.parametrize(

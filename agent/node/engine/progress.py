@@ -17,10 +17,12 @@ are not a plain text-format body. What it does not check is every other family's
 collection interval does, and counts what it finds as it always has.
 
 The collector's pass is a :class:`ProgressScan`, a fetch's sink: the lines are taken out of the body as it arrives,
-and only about :data:`FIND_CHUNK` of it is held unread at a time. The body itself is kept for that full read,
-compressed past its first :data:`HOLD_RAW_BYTES` (zlib's fastest level: ~0.75 MB for the 12 MB of 200 models x 2
-ranks of vLLM, ~34 ms of CPU; a body this size or under is kept as it came, at no cost): held whole, it was the
-agent's memory peak at that size (docs/benchmarks.md, "/metrics and the API while a 200-model engine is read").
+and only about :data:`FIND_CHUNK` of it is held unread at a time. The body itself is kept for that full read, its
+first :data:`HOLD_RAW_BYTES` as they came and the rest compressed (zlib's fastest level): held whole, the 12 MB of
+200 models x 2 ranks of vLLM were the agent's memory peak (docs/benchmarks.md, "/metrics and the API while a
+200-model engine is read"); kept so, a pass holds ~4 MB at its peak instead of ~14 MB (tracemalloc), for ~20 ms more
+CPU (~30 -> ~51 ms for the pass alone, in process). A body of 1 MiB or less (10 models: 0.6 MB) is kept as it came,
+at no cost.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ PROGRESS_COUNTERS = ("prompt_tokens", "generation_tokens", "finished", "preempti
 # Bytes of the body searched per call of the regular expression, which holds the interpreter while it runs: the
 # 12 MB of 200 models x 2 ranks took ~18 ms in one call, during which no other thread (the API's) ran.
 FIND_CHUNK = 1 << 20
-# A progress scan keeps its body for the full read it may fall back to: this much as it came, the rest compressed.
+# A progress scan keeps its body for the full read it may fall back to: its first MiB as it came, the rest compressed.
 HOLD_RAW_BYTES = 1 << 20
 
 
@@ -141,7 +143,7 @@ class ProgressScan:
     The lines are found as :meth:`ProgressReader.read` finds them in the whole body — searched in calls over about
     :data:`FIND_CHUNK` bytes, each ending at a newline, the next starting there — so they are the same lines and
     give the same reading; only the bytes after the last such newline wait for the next chunk. The body is kept for
-    :meth:`body`: its first :data:`HOLD_RAW_BYTES` as they came, then all of it compressed (zlib, level 1).
+    :meth:`body`: its first :data:`HOLD_RAW_BYTES` as they came, the rest compressed (zlib, level 1).
     """
 
     def __init__(self, reader: ProgressReader) -> None:
@@ -152,7 +154,7 @@ class ProgressScan:
         self._last = 0  # the body's last byte so far (0: none yet)
         self._raw: list[bytes] = []  # the body as it came, up to HOLD_RAW_BYTES
         self._raw_bytes = 0
-        self._zip: zlib._Compress | None = None  # past HOLD_RAW_BYTES: the body compressed
+        self._zip: zlib._Compress | None = None  # past HOLD_RAW_BYTES: the rest of the body compressed
         self._zipped: list[bytes] = []
 
     def begin(self, content_type: str) -> None:
@@ -185,24 +187,19 @@ class ProgressScan:
         """The whole body, for the full read."""
         if self._zip is None:
             return b"".join(self._raw)
-        data = zlib.decompress(b"".join([*self._zipped, self._zip.flush()]))
+        rest = zlib.decompress(b"".join([*self._zipped, self._zip.flush()]))
         self._zip, self._zipped = None, []
-        return data
+        return b"".join([*self._raw, rest])
 
     def _hold(self, chunk: bytes) -> None:
         if self._zip is None:
-            self._raw.append(chunk)
-            self._raw_bytes += len(chunk)
-            if self._raw_bytes <= HOLD_RAW_BYTES:
+            if self._raw_bytes + len(chunk) <= HOLD_RAW_BYTES:
+                self._raw.append(chunk)
+                self._raw_bytes += len(chunk)
                 return
             self._zip = zlib.compressobj(1)
-            chunks, self._raw = self._raw, []
-        else:
-            chunks = [chunk]
-        zipped = self._zipped
-        for one in chunks:
-            if out := self._zip.compress(one):
-                zipped.append(out)
+        if out := self._zip.compress(chunk):
+            self._zipped.append(out)
 
     def _search(self, end: int) -> None:
         """The lines in ``self._pending[:end]`` (``end``: a newline, or the end of the body)."""

@@ -47,9 +47,11 @@ def tool(name: str) -> str:
     return path
 
 
-def run_tool(*args: str | Path, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+def run_tool(
+    *args: str | Path, cwd: Path = ROOT, timeout_s: float = TOOL_TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S, check=False
+        [str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout_s, check=False
     )
 
 

@@ -4,9 +4,12 @@ The SDK's ``encode_metrics`` builds a protobuf message per data point and a ``Ke
 each point, every export: with everything on (~1,560 points a collection, ~4 attributes each) that was ~23 ms of
 CPU per export, as much as the collection itself. :class:`MetricsEncoder` builds the same
 ``ExportMetricsServiceRequest`` (equal message for message: tests/test_otlp_encode.py compares the two): a gauge's or
-a sum's points are written as protobuf bytes — the attributes' bytes kept per attribute set, since the same series
-come back every collection — and parsed into the metric's message in one call. Histograms, points with exemplars
-and anything else go through the SDK's own encoding. Resources and scopes are encoded as the SDK encodes them.
+a sum's points are written as protobuf bytes and parsed into the metric's message in one call. A point's attribute
+bytes are kept with its attributes mapping, found again by identity: the SDK keeps one mapping per series and hands
+the same object every collection, so the kept bytes cost no second copy of the attributes (a mapping seen for the
+first time is encoded; what is kept is dropped once it outgrows twice the last collection's points). Histograms,
+points with exemplars and anything else go through the SDK's own encoding. Resources and scopes are encoded as the
+SDK encodes them.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ _TIME_INT = struct.Struct("<BQBq")
 _START_TIME_DOUBLE = struct.Struct("<BQBQBd")
 _START_TIME_INT = struct.Struct("<BQBQBq")
 _ONE_BYTE = [bytes((i,)) for i in range(0x80)]
-MAX_CACHED_ATTRIBUTE_SETS = 100_000  # above this the kept attribute bytes are dropped and built again
+MIN_KEPT = 1_024  # attribute encodings kept whatever the collection's size
 
 
 def _varint(n: int) -> bytes:
@@ -64,13 +67,15 @@ class MetricsEncoder:
     """``encode_metrics`` for the agent's observable gauges and counters; thread-safe (one export at a time)."""
 
     def __init__(self) -> None:
-        self._attributes: dict[tuple[tuple[str, Any], ...], bytes] = {}
+        self._attributes: dict[int, tuple[Any, bytes]] = {}  # id(mapping) -> (the mapping, its attribute bytes)
+        self._points = 0  # the data points of the last collection
         self._lock = threading.Lock()
 
     def __call__(self, data: MetricsData) -> ExportMetricsServiceRequest:
         with self._lock:
-            if len(self._attributes) > MAX_CACHED_ATTRIBUTE_SETS:
+            if len(self._attributes) > 2 * self._points + MIN_KEPT:  # series gone, or mappings not kept by the SDK
                 self._attributes.clear()
+            self._points = 0
             request = ExportMetricsServiceRequest()  # built in place: a message passed to a constructor is copied
             for rm in data.resource_metrics:
                 resource_metrics = request.resource_metrics.add(schema_url=rm.resource.schema_url)
@@ -94,6 +99,7 @@ class MetricsEncoder:
         if not points:  # as the SDK: a metric without points has no data field set
             return
         gauge = isinstance(data, Gauge)
+        self._points += len(points)
         try:
             body = b"".join([self._point(p, gauge) for p in points])
         except (struct.error, OverflowError):  # an integer outside int64: the SDK's encoding says what is wrong
@@ -107,18 +113,21 @@ class MetricsEncoder:
             out.gauge.MergeFromString(body)
 
     def _point(self, p: Any, gauge: bool) -> bytes:
-        items = tuple(p.attributes.items()) if p.attributes else ()
-        attributes = self._attributes.get(items)
-        if attributes is None:
+        mapping = p.attributes
+        kept = self._attributes.get(id(mapping))
+        if kept is not None and kept[0] is mapping:  # the mapping is held here: its id is not another's
+            attributes = kept[1]
+        else:
             parts = []
-            for key, value in items:
+            for key, value in (mapping or {}).items():
                 try:
                     kv = _encode_key_value(key, value).SerializeToString()
                 except Exception:  # as the SDK's _encode_attributes: an attribute it cannot encode is left out
                     log.exception("Failed to encode key %s", key)
                     continue
                 parts.append(_ATTRIBUTE_TAG + _varint(len(kv)) + kv)
-            attributes = self._attributes[items] = b"".join(parts)
+            attributes = b"".join(parts)
+            self._attributes[id(mapping)] = (mapping, attributes)
         value = p.value
         is_int = isinstance(value, int)
         if gauge:  # the SDK leaves a gauge point's start time out

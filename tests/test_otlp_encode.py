@@ -8,6 +8,7 @@ builds (gRPC, HTTP) as a real receiver decodes their requests.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -95,11 +96,18 @@ def test_every_collection_encodes_as_the_sdk_encodes_it(collections: list[Metric
 
 
 def test_the_kept_attribute_bytes_are_bounded(collections: list[MetricsData], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(otlp_encode, "MAX_CACHED_ATTRIBUTE_SETS", 10)
+    monkeypatch.setattr(otlp_encode, "MIN_KEPT", 0)
     encode = MetricsEncoder()
+    points = sum(
+        len(m.data.data_points) for rm in collections[0].resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+    )
     for data in collections:
-        assert encode(data) == encode_metrics(data)  # dropped and built again: still the same request
-        assert len(encode._attributes) <= 10 + 60
+        assert encode(data) == encode_metrics(data)
+    assert len(encode._attributes) <= points  # the SDK's mappings are the same objects every collection: kept once
+    for _ in range(4):  # a reader that hands new mappings every time: the same request, and what is kept is bounded
+        fresh = copy.deepcopy(collections[-1])
+        assert encode(fresh) == encode_metrics(fresh)
+        assert len(encode._attributes) <= 3 * points
 
 
 def test_an_integer_outside_int64_is_left_to_the_sdk(collections: list[MetricsData]) -> None:

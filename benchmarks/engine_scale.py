@@ -21,6 +21,9 @@ HTTP
    holds all it will hold), its own ``/metrics`` series in total and per model, and the self-metric
    ``inferwatch_agent_series`` against the count of lines in the same scrape.
 
+   ``--live``: also the engine collector's memory in this process (tracemalloc): what it holds by source file, and
+   each run's peak over it, full reads and progress passes.
+
    ``--runtime-venv DIR``: the agent runs from a virtual environment holding only its runtime dependencies, as the
    image installs them (``requirements.lock``, then this checkout's wheel, bytecode compiled by pip), from a
    folder outside the checkout. The development venv also holds the test dependencies, and some of them change
@@ -345,9 +348,11 @@ def runtime_venv(folder: Path) -> Path:
     return python
 
 
-def live_breakdown(bodies: list[bytes], series: int, models: int, collections: int) -> dict[str, float]:
-    """The engine collector in this process (as the agent runs it) over ``bodies`` served in turn: the memory its
-    objects hold between collections (tracemalloc, after ``collections`` of them), MB by source file."""
+def live_breakdown(bodies: list[bytes], series: int, models: int, collections: int) -> dict[str, Any]:
+    """The engine collector in this process (as the agent runs it: a full read every 5 s, progress passes 2 s apart
+    between, on a clock of its own) over ``bodies`` served in turn: the memory its objects hold between collections
+    (tracemalloc, after ``collections`` of them), MB by source file, and each run's peak over what was held before it
+    (``peak_mb``: by the read it made, full or progress)."""
     from inferwatch.agent.config import Settings
     from inferwatch.agent.node.collectors.engine import EngineCollector
     from inferwatch.agent.node.wiring import collect_context
@@ -356,10 +361,17 @@ def live_breakdown(bodies: list[bytes], series: int, models: int, collections: i
     engine: dict[str, Any] = {"metrics_url": url, "kind": "vllm", "max_models": models * 2, "max_series": series * 2}
     settings = Settings.model_validate({"engine": {**engine, "max_bytes": 256 << 20, "timeout_s": 120}})
     try:
-        collector = EngineCollector(collect_context(settings), settings.engine)
+        now = [1000.0]
+        collector = EngineCollector(collect_context(settings), settings.engine, 5.0, lambda: now[0])
+        peaks: dict[str, list[float]] = {}
         tracemalloc.start()
         for _ in range(collections):
-            collector.collect()
+            held = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            kind = collector.collect().details["read"]["kind"]
+            peak = tracemalloc.get_traced_memory()[1] - held
+            peaks.setdefault(kind, []).append(round(peak / 1e6, 2))
+            now[0] += 2.0
             gc.collect()
         snap = tracemalloc.take_snapshot()
         tracemalloc.stop()
@@ -368,10 +380,10 @@ def live_breakdown(bodies: list[bytes], series: int, models: int, collections: i
     by_file = Tally[str]()
     for stat in snap.statistics("filename"):
         name = stat.traceback[0].filename
-        if name.startswith(str(ROOT / "agent")):
+        if name.startswith((str(ROOT / "agent"), str(ROOT / "inferwatch"))):  # the tree, or its import layout
             by_file[str(Path(name).relative_to(ROOT))] += stat.size
     del collector
-    return {name: round(size / 1e6, 2) for name, size in by_file.most_common() if size >= 50_000}
+    return {name: round(size / 1e6, 2) for name, size in by_file.most_common() if size >= 50_000} | {"peak_mb": peaks}
 
 
 def main() -> None:
@@ -447,7 +459,7 @@ def main() -> None:
     gc.collect()
 
     agents = {}
-    live: dict[str, float] = {}
+    live: dict[str, Any] = {}
     for label, n in (("baseline", args.baseline_models), ("scale", args.models)):
         if n <= 0:  # --baseline-models 0: the scale agent only
             continue

@@ -91,7 +91,8 @@ def sample_lines_py(chunk: bytes | bytearray, after_newline: bool) -> int:
 
 
 _EXT = compiled_module()
-sample_lines: Callable[[bytes | bytearray, bool], int] = sample_lines_py if _EXT is None else _EXT.sample_lines
+# an extension built before this step was added (a checkout's in-place build not redone) has none: the pure step
+sample_lines: Callable[[bytes | bytearray, bool], int] = getattr(_EXT, "sample_lines", sample_lines_py)
 
 
 class SampleLineCounter:

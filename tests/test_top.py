@@ -10,6 +10,7 @@ the terminal restored (exit status 0). ``--once`` without a token says why and e
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -98,7 +99,9 @@ def test_top_runs_live_in_a_terminal_and_quits_on_q(agent: tuple[str, str], tmp_
             cwd=ROOT, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert load.returncode == 0, load.stderr[-2000:]
-        text = tmux.wait(lambda t: MODEL in t and "2 modes" in t)
+        # the stall's mode beside the fast one; under the suite's load the fast requests may split in two (a fresh
+        # run at load ~13 showed "3 modes: 20 ms–40 ms & 100 ms–250 ms & 1.00 s–2.50 s"), so two or more
+        text = tmux.wait(lambda t: MODEL in t and re.search(r"\b[2-9] modes:", t) is not None)
 
         def shows_the_overview(pane: str) -> bool:  # read again each time: the values move while requests finish
             ov = httpx.get(url + "/api/v1/overview", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()

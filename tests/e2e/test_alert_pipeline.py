@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import re
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -194,6 +195,8 @@ class SimProc:
     model: str
     port: int
     proc: subprocess.Popen[bytes]
+    args: tuple[str, ...] = ()
+    env: dict[str, str] | None = None
 
     @property
     def url(self) -> str:
@@ -213,10 +216,35 @@ def _start_simulator(
     stack: contextlib.ExitStack, tmp: Path, model: str, *extra: str, env: dict[str, str] | None = None
 ) -> SimProc:
     port = free_port()
+    proc = stack.enter_context(running(_simulator_cmd(port, model, extra), tmp / f"sim-{model}.log", cwd=ROOT, env=env))
+    return SimProc(model, port, proc, extra, env)
+
+
+def _simulator_cmd(port: int, model: str, extra: tuple[str, ...]) -> list[str]:
     cmd = [PYTHON, "-m", "inferwatch.agent", "simulate", "--port", str(port), "--model", model, "--seed", "6"]
-    cmd += ["--control-token", SIM_CONTROL_TOKEN, "--log-level", "warning", *extra]
-    proc = stack.enter_context(running(cmd, tmp / f"sim-{model}.log", cwd=ROOT, env=env))
-    return SimProc(model, port, proc)
+    return [*cmd, "--control-token", SIM_CONTROL_TOKEN, "--log-level", "warning", *extra]
+
+
+PORT_ATTEMPTS = 3
+
+
+def _simulators_ready(stack: contextlib.ExitStack, tmp: Path, sims: list[SimProc]) -> None:
+    """Wait until each simulator answers ``/health``. One whose port another process took between ``free_port()`` and
+    its bind (under the suite's parallel load: a fresh run lost a whole module's setup to it) is started again on a
+    new port, at most PORT_ATTEMPTS times in all; call it before anything is told the simulators' URLs."""
+    for sim in sims:
+        log = tmp / f"sim-{sim.model}.log"
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                wait_http(f"{sim.url}/health", proc=sim.proc, timeout_s=60)
+                break
+            except RuntimeError:
+                if attempt == PORT_ATTEMPTS or "address already in use" not in log.read_text(errors="replace"):
+                    raise
+            sim.port = free_port()
+            sim.proc = stack.enter_context(
+                running(_simulator_cmd(sim.port, sim.model, sim.args), log, cwd=ROOT, env=sim.env)
+            )
 
 
 def _start_loadgen(stack: contextlib.ExitStack, tmp: Path, sim: SimProc, rate: float) -> None:
@@ -285,6 +313,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             f"http://127.0.0.1:{sim_bimodal_spans}/v1/traces",
             env={"OTEL_RESOURCE_ATTRIBUTES": "gen_ai.request.model=sim-bimodal"},
         )
+
+        _simulators_ready(stack, tmp, [sim_hang, sim_hw, sim_debug, sim_simd, sim_errors, sim_bimodal])
 
         def tail_text(scenario: str) -> Callable[[], str]:
             def text() -> str:  # 20 requests/s, all fast; from injection on 15% of them slow (2 s vs 0.09 s)
@@ -622,3 +652,16 @@ def test_nothing_unexpected_reached_any_receiver(run: Run) -> None:
     assert {(d.receiver, d.alertname, d.instance) for d in run.sink.snapshot()} == expected
     pd = [raw for raw in run.sink.raw if raw["path"] == "/v2/enqueue"]
     assert pd and all(raw["headers"].get("User-Agent", "").startswith("Alertmanager/") for raw in pd)
+
+
+def test_a_simulator_that_lost_its_port_is_started_again_on_another(tmp_path: Path) -> None:
+    with socket.socket() as taken, contextlib.ExitStack() as stack:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        log = tmp_path / "sim-lost.log"
+        proc = stack.enter_context(running(_simulator_cmd(port, "lost", ()), log, cwd=ROOT))
+        sim = SimProc("lost", port, proc)
+        _simulators_ready(stack, tmp_path, [sim])
+        assert sim.port != port
+        assert httpx.get(f"{sim.url}/health", timeout=10).status_code == 200

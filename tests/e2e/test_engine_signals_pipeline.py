@@ -32,7 +32,14 @@ import pytest
 
 from tests.conftest import PYTHON, ROOT
 from tests.e2e.harness import Delivery, Sink, backfill_day_ago, pipeline
-from tests.e2e.test_alert_pipeline import SimProc, _procfs, _start_agent, _start_simulator, _wait_generation_tokens
+from tests.e2e.test_alert_pipeline import (
+    SimProc,
+    _procfs,
+    _simulators_ready,
+    _start_agent,
+    _start_simulator,
+    _wait_generation_tokens,
+)
 from tests.procs import running, wait_http
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.cpu_heavy]
@@ -110,8 +117,8 @@ def test_engine_signal_faults_notify_through_the_pipeline(tmp_path: Path) -> Non
         agents = {}
         for f in FAULTS:
             sims[f.name] = _start_simulator(stack, tmp_path, f.name, *f.flags)
+        _simulators_ready(stack, tmp_path, list(sims.values()))
         for f in FAULTS:
-            wait_http(f"{sims[f.name].url}/health", proc=sims[f.name].proc, timeout_s=60)
             _load(stack, tmp_path, sims[f.name], f.load)
             env = {"INFERWATCH_ENGINE__METRICS_URL": f"{sims[f.name].url}/metrics"}
             agents[f.name] = _start_agent(stack, tmp_path, f.name, _procfs(tmp_path / f"proc-{f.name}"), env=env)

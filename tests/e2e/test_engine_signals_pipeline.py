@@ -45,7 +45,9 @@ from tests.procs import running, wait_http
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.cpu_heavy]
 
 HEALTHY_S = 12.0  # healthy phase: several 5s (compressed 5m) windows of normal signals
-WAIT_S = 120.0  # bounded wait for every notification
+# Bounded wait for every notification: in a fresh suite run under its own load SpecDecodeAcceptanceCollapsed was
+# firing but not yet delivered at 120 s, the others at 36-42 s (the timings to page are benchmarks, not this test).
+WAIT_S = 180.0
 YESTERDAY_HIT_RATIO = 0.6
 
 

@@ -59,6 +59,7 @@ REL_TOL_RATE = 0.25
 REL_TOL_RECORDED = 0.5  # a recorded input was itself evaluated at each engine's own instants (twice, when chained)
 ABS_TOL = 1e-6
 PERSIST_INSTANTS = 3  # a disagreement must be there at this many instants a scrape apart (_compare_persistent)
+RECORDED_LAG_S = 8.0  # how far apart the two evaluators' recordings may be read (_recorded_lag_explains)
 RATE_RE = re.compile(r"\b(rate|increase|irate|delta|idelta)\(")
 RECORDED_RE = re.compile(r"\w:\w")
 LABEL_RE = re.compile(r"\$labels\.(\w+)")
@@ -463,7 +464,31 @@ def _compare_persistent(stack: Stack, expr: str, at: float, noisy: tuple[set[str
         n = max(n, m)
         if not again:
             problems = []
+    values_only = not any(p.startswith("only in ") for p in problems)
+    if problems and values_only and RECORDED_RE.search(expr) and _recorded_lag_explains(stack, expr, at):
+        problems = []
     return n, problems
+
+
+def _recorded_lag_explains(stack: Stack, expr: str, at: float) -> bool:
+    """Each series' VictoriaMetrics value at ``at`` is Prometheus's at an instant up to RECORDED_LAG_S away.
+
+    A recorded series is written by each evaluator at its own instants, and vmalert's results reach VictoriaMetrics
+    through a remote write: on a loaded machine (CI, stop 44) vmalert's recording of the TTFT bucket rates stood at
+    2.0 while Prometheus's, evaluated seconds later over a burst the starved load generator let out, stood at 7.25,
+    on every bucket, for three instants in a row. The same values a few seconds apart are the same meaning; a label
+    matched otherwise or a different function differs at every shift (and series present in one store only are never
+    excused here).
+    """
+    vm = {_key(s["metric"]): float(s["value"][1]) for s in instant(stack.vm, expr, at)}
+    prom: dict[tuple[tuple[str, str], ...], list[float]] = {}
+    steps = int(RECORDED_LAG_S / PROFILE_SCRAPE_S)
+    for i in range(-steps, steps + 1):
+        for s in instant(stack.prom, expr, at + i * PROFILE_SCRAPE_S):
+            prom.setdefault(_key(s["metric"]), []).append(float(s["value"][1]))
+    if not vm or vm.keys() - prom.keys():
+        return False
+    return all(any(_close(v, p, REL_TOL_RECORDED) for p in prom[k]) for k, v in vm.items())
 
 
 def _compare(stack: Stack, expr: str, at: float, noisy: tuple[set[str], set[str]]) -> tuple[int, list[str]]:

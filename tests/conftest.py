@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import random
 import socket
 import sys
 from collections.abc import Iterator
@@ -30,8 +32,36 @@ def _psutil_procfs_restored() -> Iterator[None]:
     psutil.PROCFS_PATH = saved
 
 
+# Ports handed to servers the tests start come from below the kernel's ephemeral range (32768-60999 on Linux), each
+# pytest-xdist worker from its own slice. A port the kernel hands out for bind(0) is in the ephemeral range, where any
+# process's outgoing connection may take it as its source port between the test's check and the server's bind: CI
+# runs lost whole modules to "address already in use" that way. Below that range only an explicit bind takes a port,
+# and the workers never share one.
+_PORT_BASE = 20000
+_PORT_SLICE = 1500  # ports per worker: gw0..gw6 and the controller fit below 32768
+_port_next: list[int] = []
+
+
+def _port_slice() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker[2:]) + 1 if worker.startswith("gw") and worker[2:].isdigit() else 0
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port on 127.0.0.1 that nothing listens on now, from this worker's own slice (never the ephemeral range)."""
+    start = _PORT_BASE + (_port_slice() % 8) * _PORT_SLICE
+    if not _port_next:  # a random start: two test runs on one machine rarely walk the same ports in step
+        _port_next.append(random.randrange(_PORT_SLICE))
+    for _ in range(_PORT_SLICE):
+        port = start + _port_next[0] % _PORT_SLICE
+        _port_next[0] += 1
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:  # no SO_REUSEADDR: a port with connections still in TIME_WAIT is passed over too
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # the whole slice busy: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,6 +97,12 @@ def test_a_file_size_limit_answers_507_leaves_nothing_and_recovers(rt: FakeRunti
         wait_http(f"{base}/readyz", ok=lambda r: r.status_code == 200, proc=proc)  # the collector's first read
         # swept at start; the collector's own first capture may be mid-write now (its temp file is not stale)
         assert not stale.exists(), temp_files(snap_dir)
+        # Its store runs after /readyz (a state listener): let it land first, or it could take the ring's next
+        # number after the POST below and be listed as the newest in place of the snapshot the API stored.
+        deadline = time.monotonic() + 120  # bounds a hang only
+        while len(assert_listing_is_true(base)) < 1:
+            assert time.monotonic() < deadline, "the collector's first capture was never stored"
+            time.sleep(0.1)
         first = httpx.post(f"{base}/api/v1/snapshots", headers=AUTH)
         assert first.status_code == 201, first.text
         stored = assert_listing_is_true(base)

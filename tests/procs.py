@@ -15,11 +15,14 @@ import httpx
 
 def wait_http(
     url: str,
-    timeout_s: float = 30.0,
+    timeout_s: float = 120.0,
     ok: Callable[[httpx.Response], bool] | None = None,
     proc: subprocess.Popen[bytes] | None = None,
 ) -> httpx.Response:
     """Poll ``url`` until it answers (and ``ok`` accepts it) or time runs out.
+
+    The default bounds a hang, not a start-up time: on the suite's 2-core machine at load 10-17 a Python server's
+    imports alone take ten seconds and more. A process that exits fails the wait at once (``proc``).
 
     One client for the whole wait: ``httpx.get`` builds a client, and with it a TLS context (~25 ms of CPU), per call,
     which at one poll every 0.1 s kept a fifth of a core busy for as long as a server took to start."""

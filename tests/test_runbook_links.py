@@ -31,7 +31,7 @@ def runbook_server(tmp: Path) -> Iterator[str]:
     port = free_port()
     cmd = [PYTHON, str(SERVER), "--port", str(port), "--dir", str(ROOT / "runbooks")]
     with running(cmd, tmp / "runbooks.log", cwd=tmp) as proc:
-        wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc, timeout_s=30)
+        wait_http(f"http://127.0.0.1:{port}/healthz", proc=proc)
         yield f"http://127.0.0.1:{port}/runbooks"
 
 

@@ -117,7 +117,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         wait_http(s.agent + "/healthz", proc=agent)
         wait_http(s.sim + "/health", proc=sim)
         # every collector has run once and the engine's model is on the page (its first, empty TTFT buckets kept)
-        wait_http(s.agent + "/readyz", timeout_s=30, ok=lambda r: r.status_code == 200, proc=agent)
+        wait_http(s.agent + "/readyz", ok=lambda r: r.status_code == 200, proc=agent)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not any(
             m["ttft_histogram"] for m in s.get("/api/v1/overview").json()["models"]

@@ -34,8 +34,10 @@ class Received:
             return list(self.requests)
 
     def wait(
-        self, ok: Callable[[list[metrics_service_pb2.ExportMetricsServiceRequest]], bool], timeout_s: float = 30.0
+        self, ok: Callable[[list[metrics_service_pb2.ExportMetricsServiceRequest]], bool], timeout_s: float = 120.0
     ) -> list[metrics_service_pb2.ExportMetricsServiceRequest]:
+        """The requests once ``ok`` accepts them; the default bounds a hang (an agent at CI's load 10-17 on 2 cores
+        takes tens of seconds to start and export), never how soon a healthy sender sends."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             reqs = self.snapshot()

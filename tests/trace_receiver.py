@@ -42,7 +42,9 @@ class Received:
     def spans(self) -> list[Any]:
         return [s for r in self.requests() for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans]
 
-    def wait(self, ok: Callable[[Received], bool], timeout_s: float = 30.0) -> None:
+    def wait(self, ok: Callable[[Received], bool], timeout_s: float = 120.0) -> None:
+        """Until ``ok`` accepts what arrived; the default bounds a hang (senders at CI's load 10-17 on 2 cores take
+        tens of seconds to start and flush), never how soon a healthy sender sends."""
         deadline = time.monotonic() + timeout_s
         while not ok(self):
             if time.monotonic() > deadline:

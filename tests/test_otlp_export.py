@@ -101,7 +101,8 @@ def _check_against_catalog(received: Received) -> None:
 def test_otlp_export_matches_the_catalog(tmp_path: Path, protocol: str) -> None:
     otlp_port, api_port, marker = free_port(), free_port(), uuid.uuid4().hex
     receiver = grpc_receiver if protocol == "grpc" else http_receiver
-    runtime = [PYTHON, "-c", "import time; time.sleep(120)", f"fake-runtime-{marker}"]
+    # the fake runtime outlives any test run (stopped on exit): a loaded run past its sleep would lose the runtime
+    runtime = [PYTHON, "-c", "import time; time.sleep(900)", f"fake-runtime-{marker}"]
     agent = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(api_port), "--interval", "0.5"]
     env = _agent_env(f"http://127.0.0.1:{otlp_port}", protocol, marker)
     with (
@@ -119,11 +120,11 @@ def test_receiver_down_at_start_then_up_and_bounded_shutdown(tmp_path: Path) -> 
     agent = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(api_port), "--interval", "0.5"]
     env = _agent_env(f"http://127.0.0.1:{otlp_port}", "grpc", marker)
     log = tmp_path / "agent.log"
-    runtime = [PYTHON, "-c", "import time; time.sleep(120)", f"fake-runtime-{marker}"]
+    runtime = [PYTHON, "-c", "import time; time.sleep(900)", f"fake-runtime-{marker}"]  # outlives the test
     with running(runtime, tmp_path / "runtime.log"), running(agent, log, cwd=ROOT, env=env) as proc:
         base = f"http://127.0.0.1:{api_port}"
         wait_http(f"{base}/readyz", ok=lambda r: r.status_code == 200, proc=proc)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # bounds a hang: an export period at CI's load can take tens of seconds
         while FAILING not in log.read_text() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert FAILING in log.read_text()
@@ -133,7 +134,7 @@ def test_receiver_down_at_start_then_up_and_bounded_shutdown(tmp_path: Path) -> 
         assert r.status_code == 200 and "system_memory_limit_bytes" in r.text
         with grpc_receiver(otlp_port) as received:
             _check_against_catalog(received)
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 120  # bounds a hang
             while RECOVERED not in log.read_text() and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert RECOVERED in log.read_text()

@@ -312,7 +312,7 @@ def test_client_disconnect_aborts_the_request(sim: str):
         for line in r.iter_lines():
             if '"content":"' in line and '"content":""' not in line:
                 break  # leave after the first token
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # bounds a hang: the server notices the disconnect when the load lets it
     while _aborted(sim) < before + 1 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _aborted(sim) == before + 1

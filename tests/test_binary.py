@@ -178,11 +178,12 @@ def test_restored_library_clears_on_schedule_and_on_request(built, tmp_path) -> 
         wait_http(f"{base}/readyz", ok=lambda r: r.status_code == 200, proc=proc)
         assert metric() == "1.0"
         shutil.copy2(kept, lib)  # the library is back: the scheduled re-check clears it, no restart
-        until("0.0", 10)
+        # 60 s bounds a hang (the default re-check is every 300 s, so a pass still shows interval_s=1 is used)
+        until("0.0", 60)
         checks = httpx.get(f"{base}/api/v1/binary", headers=auth, timeout=10).json()["report"]
         assert checks["compatible"] is True and checks["missing_libraries"] == []
         lib.unlink()
-        until("1.0", 10)
+        until("1.0", 60)
         # on request: without the token 401, with it the new report at once
         shutil.copy2(kept, lib)
         assert httpx.post(f"{base}/api/v1/binary", timeout=30).status_code == 401
@@ -223,13 +224,14 @@ def test_doctor_engine_url_finds_the_runtime_by_port_for_the_binary_check(built,
     port = free_port()
     runtime = subprocess.Popen([str(listener), str(port)], start_new_session=True)
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + 60  # bounds a hang; past it the doctor would look for a runtime not listening
+        while True:
             import socket
 
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", port)) == 0:
                     break
+            assert runtime.poll() is None and time.monotonic() < deadline, f"not listening (exit {runtime.poll()})"
             time.sleep(0.1)
         lib.unlink()
         env = {k: v for k, v in os.environ.items() if not k.startswith("INFERWATCH_")}

@@ -25,14 +25,14 @@ def _series(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 def test_agent_reports_cpu_memory_and_runtime_process(tmp_path: Path) -> None:
     marker = uuid.uuid4().hex
-    runtime = [PYTHON, "-c", "import time; time.sleep(120)", f"fake-runtime-{marker}"]
+    runtime = [PYTHON, "-c", "import time; time.sleep(900)", f"fake-runtime-{marker}"]  # outlives the test
     port = free_port()
     agent = [PYTHON, "-m", "inferwatch.agent", "run", "--port", str(port), "--interval", "0.5"]
     env = {"INFERWATCH_RUNTIME__CMDLINE_PATTERN": f"fake-runtime-{marker}", "INFERWATCH_RUNTIME__NAME": "vllm"}
     with running(runtime, tmp_path / "rt.log") as rt, running(agent, tmp_path / "agent.log", cwd=ROOT, env=env) as proc:
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/readyz", ok=lambda r: r.status_code == 200, proc=proc)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120  # bounds a hang (CI's load 10-17 on 2 cores)
         series: dict[str, list[tuple[dict[str, str], float]]] = {}
         while time.monotonic() < deadline:
             series = _series(httpx.get(f"{base}/metrics").text)

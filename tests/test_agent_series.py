@@ -212,7 +212,7 @@ def test_a_running_agent_reports_its_own_series(tmp_path) -> None:
     with running(cmd, tmp_path / "agent.log", env=env, cwd=ROOT):
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/readyz", timeout_s=60, ok=lambda r: r.status_code == 200)
-        deadline, lines, own = time.monotonic() + 30, [], -1.0
+        deadline, lines, own = time.monotonic() + 120, [], -1.0  # bounds a hang (CI's load 10-17 on 2 cores)
         while time.monotonic() < deadline:  # two scrapes in a row with nothing changed in between agree
             lines = _lines(httpx.get(f"{url}/metrics", timeout=10).content)
             own = next((float(ln.split()[-1]) for ln in lines if ln.startswith("inferwatch_agent_series ")), -1.0)

@@ -382,7 +382,7 @@ def test_api_scope_webhook_and_cli(tmp_path, deadlocked) -> None:
         alert = {"status": "firing", "labels": {"alertname": "EngineHungButHealthy", "severity": "critical"}}
         r = httpx.post(base + "/api/v1/alertmanager", json={"version": "4", "alerts": [alert]}, headers=auth)
         assert r.status_code == 202 and r.json()["captured"] == "started"
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 120  # bounds a hang (CI's load 10-17 on 2 cores)
         while not (listed := httpx.get(base + "/api/v1/evidence", headers=auth).json()["evidence"]):
             assert time.monotonic() < deadline
             time.sleep(0.2)

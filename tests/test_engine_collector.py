@@ -221,8 +221,9 @@ def test_agent_keeps_serving_while_the_engine_misbehaves(tmp_path) -> None:
             )
 
 
-def _wait_metric(base: str, name: str, labels: dict[str, str], at_least: float, timeout_s: float = 20.0) -> dict:
-    """Poll the agent's /metrics until ``name{labels} >= at_least``; return {name: value} of unlabeled engine series."""
+def _wait_metric(base: str, name: str, labels: dict[str, str], at_least: float, timeout_s: float = 120.0) -> dict:
+    """Poll the agent's /metrics until ``name{labels} >= at_least``; return {name: value} of unlabeled engine series.
+    The default bounds a hang (CI's load 10-17 on 2 cores), never how soon a healthy agent gets there."""
     deadline = time.monotonic() + timeout_s
     last = None
     while time.monotonic() < deadline:

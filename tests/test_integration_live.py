@@ -146,7 +146,8 @@ def samples(m: Metrics, model: str, quantity: str, source: str, window: str = "1
                  source=source, window=window)  # fmt: skip
 
 
-def wait_until(s: Stack, ok, timeout_s: float = 30.0) -> Metrics:  # type: ignore[no-untyped-def]
+def wait_until(s: Stack, ok, timeout_s: float = 120.0) -> Metrics:  # type: ignore[no-untyped-def]
+    """/metrics once ``ok`` accepts it; the default bounds a hang (CI's load 10-17 on 2 cores), not a speed."""
     deadline = time.monotonic() + timeout_s
     m: Metrics = {}
     while time.monotonic() < deadline:

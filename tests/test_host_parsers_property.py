@@ -49,14 +49,14 @@ LINE = st.one_of(
 )
 TEXT = st.one_of(st.lists(LINE, max_size=40).map("\n".join), st.text(max_size=400))
 PROPERTY = settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
-MAX_PARSE_S = 2.0
+MAX_PARSE_S = 2.0  # CPU seconds of the parsing thread (time.thread_time): the work, not the machine's load
 
 
 def _returns_or_raises_ours(fn: Callable[..., Any], *args: Any) -> None:
-    start = time.monotonic()
+    start = time.thread_time()
     with contextlib.suppress(InferwatchError):
         fn(*args)
-    assert time.monotonic() - start < MAX_PARSE_S
+    assert time.thread_time() - start < MAX_PARSE_S
 
 
 @PROPERTY
@@ -122,10 +122,10 @@ def test_an_endless_procfs_file_is_read_only_up_to_the_limit(tmp_path: Path, nam
     path.parent.mkdir(parents=True, exist_ok=True)
     os.symlink("/dev/zero", path)
     before = _max_rss_bytes()
-    start = time.monotonic()
+    start = time.thread_time()  # CPU seconds (reading /dev/zero is this thread's system time): the work done
     with pytest.raises(SourceFormatError, match="larger than"):
         READERS[name](tmp_path)
-    assert time.monotonic() - start < 5.0
+    assert time.thread_time() - start < 5.0
     limit = procfs_read.MAX_CPUINFO_READ_BYTES if name == "cpuinfo" else procfs_read.MAX_PROCFS_READ_BYTES
     assert _max_rss_bytes() - before <= 2 * limit + (8 << 20)
 

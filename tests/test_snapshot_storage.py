@@ -103,13 +103,14 @@ def test_a_file_size_limit_answers_507_leaves_nothing_and_recovers(rt: FakeRunti
         while len(assert_listing_is_true(base)) < 1:
             assert time.monotonic() < deadline, "the collector's first capture was never stored"
             time.sleep(0.1)
-        first = httpx.post(f"{base}/api/v1/snapshots", headers=AUTH)
+        # a capture fetches the profile and fsyncs in the request: 30 s, not httpx's 5 s, at CI's load
+        first = httpx.post(f"{base}/api/v1/snapshots", headers=AUTH, timeout=30)
         assert first.status_code == 201, first.text
         stored = assert_listing_is_true(base)
         assert stored[0] == first.json()["id"]
         rt.profile = BIG_PROFILE
         for _ in range(3):
-            r = httpx.post(f"{base}/api/v1/snapshots", headers=AUTH)
+            r = httpx.post(f"{base}/api/v1/snapshots", headers=AUTH, timeout=30)
             assert r.status_code == 507, r.text
             body = r.json()
             assert body["error"] == "snapshot_not_stored" and body["reason"] == "no_space", body
@@ -118,7 +119,7 @@ def test_a_file_size_limit_answers_507_leaves_nothing_and_recovers(rt: FakeRunti
         assert assert_listing_is_true(base) == stored
         assert write_errors(base, "no_space") == 3
         rt.profile = SMALL_PROFILE
-        again = httpx.post(f"{base}/api/v1/snapshots", headers=AUTH)
+        again = httpx.post(f"{base}/api/v1/snapshots", headers=AUTH, timeout=30)
         assert again.status_code == 201, again.text
         assert assert_listing_is_true(base) == [again.json()["id"], *stored]
         assert write_errors(base, "no_space") == 3 and temp_files(snap_dir) == []
@@ -138,7 +139,7 @@ def test_an_unwritable_directory_answers_500_json_without_traceback(rt: FakeRunt
     with running([PYTHON, *agent_cmd(port)], log, cwd=ROOT, env=agent_env(rt, tmp_path, blocker / "snap")) as proc:
         wait_http(f"{base}/healthz", proc=proc)
         for _ in range(2):
-            r = httpx.post(f"{base}/api/v1/snapshots", headers=AUTH)
+            r = httpx.post(f"{base}/api/v1/snapshots", headers=AUTH, timeout=30)
             assert r.status_code == 500, r.text
             body = r.json()
             assert body["reason"] == "unwritable" and "Not a directory" in body["message"], body

@@ -391,7 +391,8 @@ def test_api_scope_webhook_and_cli(tmp_path, deadlocked) -> None:
         assert latest["meta"]["id"] == entry["id"] and latest["meta"]["trigger"] == "alert"
         text = httpx.get(f"{base}/api/v1/evidence/{entry['id']}?format=text", headers=auth).text
         assert "post_ledger_then_journal" in text
-        r = httpx.post(base + "/api/v1/evidence", headers=auth)
+        # the capture runs in the request (py-spy included, a 10 s budget): httpx's default 5 s read timeout is shorter
+        r = httpx.post(base + "/api/v1/evidence", headers=auth, timeout=60)
         assert r.status_code == 201 and r.json()["url"] == f"/api/v1/evidence/{r.json()['id']}"
         assert "inferwatch_evidence_captures_total" in httpx.get(base + "/metrics").text
     cli = [sys.executable, "-m", "inferwatch.agent", "evidence"]

@@ -73,7 +73,8 @@ def _by_name(result: Collection, name: str) -> dict[tuple, float]:
     return {s.attributes: s.value for s in result.samples if s.name == name}  # type: ignore[union-attr]
 
 
-def _until(predicate, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+def _until(predicate, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    """Wait for the watcher's thread; the bound is for a hang (CI's load 10-17 on 2 cores), not for its speed."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached"
@@ -300,7 +301,8 @@ def test_xid_events_are_counted_off_the_collection_path() -> None:
     assert result.details["xid"]["recent"][0]["xid"] == 94
     began = time.monotonic()
     c.close()
-    assert time.monotonic() - began < 2.0 and c.xid.state().status == "stopped"
+    # "stopped" is set by the watcher's thread as it ends: it ended within the join; the time only bounds a hang
+    assert time.monotonic() - began < 10.0 and c.xid.state().status == "stopped"
 
 
 def test_ecc_and_memory_repairs_pending() -> None:

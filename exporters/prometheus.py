@@ -20,6 +20,7 @@ from operator import attrgetter, is_, itemgetter
 from inferwatch.agent import catalog
 from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
 from inferwatch.agent.catalog.spec import Kind, MetricSpec
+from inferwatch.agent.common.precedence import step_aside
 from inferwatch.agent.common.samples import AnySample, Collection, HistogramSample, by_name
 from inferwatch.agent.node.state import AgentState
 
@@ -241,6 +242,7 @@ def prerender(collection: Collection) -> None:
         if old is not None and len(old.samples) == len(block.samples) and all(map(is_, old.samples, block.samples)):
             blocks[name] = old
             continue
+        step_aside()  # a request the API answers goes first (agent/common/precedence.py)
         block.text(catalog.CATALOG[name], _target_keys(block.present))
     collection.rendered["prometheus"] = blocks
 

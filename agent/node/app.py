@@ -157,12 +157,13 @@ class Agent:
         return make_registry(self.state)
 
     def asgi(self) -> Any:
-        """The agent's HTTP application (``/metrics`` in front of the API)."""
+        """The agent's HTTP application (``/metrics`` in front of the API), requests first (:class:`ServingFirst`)."""
+        from inferwatch.agent.common.precedence import ServingFirst
         from inferwatch.agent.node.api.server import create_app
 
         services = replace(self.deps.api_services(), explainer=self.explainer, spans=self.spans)
         s = self.settings
-        return create_app(
+        app = create_app(
             self.state,
             services,
             engine_cfg=s.engine,
@@ -172,6 +173,7 @@ class Agent:
             scrape_wait_s=s.scrape_wait_s,
             exemplars=s.receiver.enabled and s.receiver.emit_histograms,
         )
+        return ServingFirst(app)  # the collections step aside while a request is answered
 
     def start(self) -> None:
         with self._lock:

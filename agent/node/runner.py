@@ -32,6 +32,7 @@ from operator import itemgetter
 from inferwatch.agent import catalog
 from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
 from inferwatch.agent.catalog.spec import Kind
+from inferwatch.agent.common.precedence import step_aside
 from inferwatch.agent.common.redact import redact_text
 from inferwatch.agent.common.samples import Collection, HistogramSample, Sample
 from inferwatch.agent.errors import CatalogError, NoDataError
@@ -559,8 +560,10 @@ class Runner:
                 lane.current, lane.deadline = slot, started + slot.timeout
             cpu = time.thread_time()
             with self._around(slot.collector.name) if self._around is not None else contextlib.nullcontext():
+                step_aside()  # a request the API answers goes first (agent/common/precedence.py)
                 outcome, retry_s = self._call(slot)
                 if self._prepare is not None and outcome[0] is not None:
+                    step_aside()
                     try:
                         self._prepare(outcome[0])
                     except Exception:  # a sink's bug must not fail the collector that fed it; it renders on demand

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from inferwatch.agent import __version__
+from inferwatch.agent.common.precedence import GATE
 from inferwatch.agent.common.redact import redact_url
 from inferwatch.agent.common.runbooks import MARKDOWN_TYPE, Runbooks, to_html, wants_markdown
 from inferwatch.agent.config import EngineSettings, ReadinessSettings, RunbooksSettings
@@ -73,7 +74,8 @@ class MetricsEndpoint:
             await PlainTextResponse("method not allowed\n", 405, headers={"Allow": "GET, HEAD"})(scope, receive, send)
             return
         if self.pull is not None:
-            await self.pull(self.scrape_wait_s)
+            with GATE.waiting_on_background():  # the collection this scrape waits for does not wait for it
+                await self.pull(self.scrape_wait_s)
         accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
         body = None
         if self._exemplars and b"application/openmetrics-text" in accept:

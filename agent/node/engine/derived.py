@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from inferwatch.agent.catalog.engine import MODEL
 from inferwatch.agent.catalog.engine_schemas import DERIVED_MEANS
+from inferwatch.agent.common.precedence import step_aside
 from inferwatch.agent.common.samples import Attributes, Sample, attrs
 from inferwatch.agent.node.engine.adapters import QUANTITIES, EngineReading
 from inferwatch.agent.node.engine.board import Key, LatencyStats, latency_samples
@@ -35,6 +36,7 @@ class EngineTimeline:
     def update(self, t: float, reading: EngineReading) -> None:
         live: set[tuple[str, str]] = set()
         for model, m in reading.models.items():
+            step_aside()  # per model: a request the API answers goes first (agent/common/precedence.py)
             for quantity, series in m.histograms.items():
                 if quantity not in QUANTITIES:  # re-exported only (SIGNAL_HISTOGRAMS)
                     continue
@@ -52,6 +54,7 @@ class EngineTimeline:
     def stats(self) -> dict[Key, LatencyStats]:
         out: dict[Key, LatencyStats] = {}
         for (model, quantity), window in self._hist.items():
+            step_aside()
             for wname, seconds in WINDOWS_S.items():
                 stats = stats_from_histogram(window.window(seconds))
                 if stats is not None:
@@ -61,9 +64,12 @@ class EngineTimeline:
     def derived_samples(self, stats: dict[Key, LatencyStats]) -> list[Sample]:
         out: list[Sample] = []
         for (model, quantity, wname), s in sorted(stats.items()):
+            if wname == "1m":
+                step_aside()
             out.extend(latency_samples(model, quantity, wname, s))
         models = {k[0] for k in self._hist} | set(self._counters)
         for model in sorted(models):
+            step_aside()
             for wname, seconds in WINDOWS_S.items():
                 gap = frontend_gap(stats, model, wname)
                 if gap is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from inferwatch.agent import catalog
 from inferwatch.agent.catalog import genai
 from inferwatch.agent.catalog.engine import MODEL
+from inferwatch.agent.common.precedence import step_aside
 from inferwatch.agent.common.samples import AnySample, HistogramSample, Sample, attrs
 from inferwatch.agent.node.engine.adapters import EngineReading, ModelReading
 from inferwatch.agent.node.engine.histogram import sum_histograms
@@ -50,6 +51,7 @@ def keep_sums(reading: EngineReading) -> None:
     ~6 MB of (bound, count) tuples; let go here, the collection's samples are made in their place instead of beside
     them."""
     for m in reading.models.values():
+        step_aside()  # per model: a request the API answers goes first (agent/common/precedence.py)
         for quantity, series in m.histograms.items():
             if len(series) > 1:
                 total = sum_histograms(series.values())
@@ -60,6 +62,7 @@ def reading_samples(reading: EngineReading) -> list[AnySample]:
     """Instant samples of one reading: info, gauges, counters and re-exported cumulative histograms."""
     out: list[AnySample] = []
     for model, m in sorted(reading.models.items()):
+        step_aside()
         out.extend(_model_samples(reading.kind, model, m))
     out.extend(schema_samples(reading))
     return out

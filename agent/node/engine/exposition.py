@@ -56,6 +56,7 @@ from itertools import compress, repeat
 from operator import is_, itemgetter
 from typing import cast
 
+from inferwatch.agent.common.precedence import step_aside
 from inferwatch.agent.node.engine.bulkparse import FamilySets, canon_ids, family, family_of, label_sets, scan
 from inferwatch.agent.node.engine.bulkparse import sorted_labels as _sorted
 from inferwatch.agent.node.engine.heap import release_freed_memory
@@ -422,6 +423,7 @@ class ExpositionReader:
                 if stop == -1:
                     stop = n
                 while at < stop:
+                    step_aside()  # a request the API answers goes first (agent/common/precedence.py)
                     end = stop if stop - at <= WHOLE_CHUNK else text.index("\n", at + WHOLE_CHUNK) + 1
                     # the families of a histogram or summary come interleaved series by series: each one's lines
                     # in order, the families in the order they come

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from inferwatch.agent.common.precedence import step_aside
 from inferwatch.agent.errors import CollectorError
 from inferwatch.agent.node.engine.limits import LIMIT_REASONS, SampleLineCounter
 
@@ -117,6 +118,7 @@ def fetch_into(
                 if time.monotonic() > deadline:
                     raise EngineScrapeError("timeout", f"{url} still sending after {timeout_s:g}s")
                 fed = time.monotonic()
+                step_aside()  # a request the API is answering goes first (agent/common/precedence.py)
                 sink.feed(chunk)
                 deadline += time.monotonic() - fed  # the deadline is the server's: our parsing is not counted
             return size

@@ -7,6 +7,9 @@ after a read that timed out. A small engine that stops answering is still cut at
 
 from __future__ import annotations
 
+import re
+import time
+
 import pytest
 
 from inferwatch.agent.config import DEFAULT_ENGINE_TIMEOUT_S, Settings
@@ -50,12 +53,17 @@ def test_a_slow_engine_is_read_and_one_that_stops_answering_is_cut_near_its_own_
                 c.collect()
             assert first.value.reason == "timeout" and c.fetch_timeout_s() == pytest.approx(1.6)
             for _ in range(3):
+                started = time.monotonic()
                 c.collect()
-                assert 1.0 <= c.fetch_timeout_s() < 1.6  # twice what the engine took (0.5 s and the transfer)
+                took = time.monotonic() - started  # the engine's 0.5 s, the transfer and, at CI's load, the wait
+                # twice what the engine took: ~1.0-1.1 s on an idle machine; bounded by the read's own wall time, not
+                # by a fixed 1.6 s, since a machine at load 10-17 on 2 cores can add 0.3 s to a read
+                assert 1.0 <= c.fetch_timeout_s() <= 2 * took, (c.fetch_timeout_s(), took)
             srv.routes["/metrics"] = es.slow(5.0, es.body(VLLM))
             with pytest.raises(EngineScrapeError) as cut:
                 c.collect()
-            assert cut.value.reason == "timeout" and "1." in str(cut.value)
+            said = re.search(r"(\d+(?:\.\d+)?)s\b", str(cut.value))  # the deadline the message names
+            assert cut.value.reason == "timeout" and said is not None and 1.0 <= float(said.group(1)) <= 1.6, cut.value
             assert c.fetch_timeout_s() == pytest.approx(1.6)
         finally:
             c.close()

@@ -482,8 +482,14 @@ def probe(services: Mapping[str, Service], work: Path) -> dict[str, Any]:
     default = str(DEFAULT_SNAPSHOT_DIR).replace("~", agent.env.get("HOME", "/"), 1)
     state = Path(agent.env.get("INFERWATCH_SNAPSHOTS__DIR") or default)
     out["state_dir"] = str(state)
-    files = sorted(p for p in state.parent.rglob("*") if p.is_file()) if state.parent.is_dir() else []
-    out["state_files"] = [{"path": str(p), "uid": p.stat().st_uid} for p in files]
+    out["state_files"] = []
+    for p in sorted(state.parent.rglob("*")) if state.parent.is_dir() else []:
+        try:  # one stat per path: the agent's own captures (runtime profile, evidence) write a temp file and rename
+            st = p.stat()  # it, so a name listed a moment ago can be gone now (FileNotFoundError would end the probe)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out["state_files"].append({"path": str(p), "uid": st.st_uid})
     code, body = http(f"{base}/runbooks")
     out["runbook_index"] = json.loads(body) if code == 200 else body
     names = [r["alert"] for r in out["runbook_index"]["runbooks"]] if code == 200 else []

@@ -34,6 +34,7 @@ from inferwatch.agent.catalog.engine_schemas import (
     UNRECOGNISED,
     schemas_of,
 )
+from inferwatch.agent.common.precedence import step_aside
 from inferwatch.agent.errors import SourceFormatError
 from inferwatch.agent.node.engine import seriesmaps
 from inferwatch.agent.node.engine.exposition import Exposition, ExpositionReader, Series
@@ -764,6 +765,7 @@ def read(
     for quantity, cands in adapter.histograms.items():
         taken: set[str] = set()
         for src in cands:
+            step_aside()  # per family: a request the API answers goes first (agent/common/precedence.py)
             for mname, series in _histograms(src, expo, split).items():
                 if mname in taken:
                     continue
@@ -774,6 +776,7 @@ def read(
 
     for gname, cands in adapter.gauges.items():
         for src in cands:
+            step_aside()
             domain = GAUGE_DOMAINS.get(gname)
             for mname, (total, n) in _scalars(src, expo, split, per_dimension=False, domain=domain).items():
                 reading = model(mname)
@@ -785,6 +788,7 @@ def read(
 
     for cname, cands in adapter.counters.items():
         for src in cands:
+            step_aside()
             for mname, (total, _n) in _scalars(src, expo, split, per_dimension=True, domain=COUNTER_DOMAIN).items():
                 reading = model(mname)
                 if cname in reading.counters and cname not in COUNTER_ALL:

@@ -9,14 +9,14 @@ which in the scraping process would hold up the scrapers' own reads of the answe
 counted as the agent's latency). For each ``--tree`` (a checkout of some build; default this one, and a
 ``git worktree`` of an earlier build is the baseline) an agent runs as a process with that tree first on its path
 (its ``inferwatch/`` links resolve to that build), the engine collector raised to hold the exposition
-(``max_models``, ``max_series``, ``max_bytes``, a 30 s timeout). Once it has read the engine twice, ``/metrics``
-is scraped once a second, ``/api/v1/status`` five times a second and the status page (``/``) every ``--page-every``
-seconds, for ``--seconds``; the agent's own garbage collections over 5 ms are logged by a ``gc.callbacks`` hook
-loaded through ``sitecustomize``. Trees run in turn, ``--rounds`` times, so a load change hits each. Reported per
-run: scrape, API and page medians, p99 and max, the exposition's size, engine reads, the agent's CPU over the window
-(user + system, a share of one core: its work, which the machine's load changes less than it changes the latencies),
-GC pauses by generation (count, total, over 50 ms; from the agent's start), VmRSS/VmHWM at the end and the load
-average.
+(``max_models``, ``max_series``, ``max_bytes``, a 30 s timeout). Once it has read the engine twice, ``/metrics`` is
+scraped once a second, ``/api/v1/status`` five times a second and the status page (``/``) every ``--page-every``
+seconds, for ``--seconds``, each by a client process of its own; the agent's own garbage collections over 5 ms are
+logged by a ``gc.callbacks`` hook loaded through ``sitecustomize``. Trees run in turn, ``--rounds`` times, so a load
+change hits each. Reported per run: scrape, API and page medians, p99 and max, the exposition's size, engine reads, the
+agent's CPU over the window (user + system, a share of one core: its work, which the machine's load changes less than it
+changes the latencies), GC pauses by generation (count, total, over 50 ms; from the agent's start), VmRSS/VmHWM at the
+end and the load average.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -97,12 +96,35 @@ def summary(values: list[float]) -> dict[str, float]:
     if not values:
         return {"n": 0}
     return {"n": len(values), "median": round(statistics.median(values) * ms, 1),
-            "p99": round(quantile(values, 0.99) * ms, 1), "max": round(max(values) * ms, 1)}  # fmt: skip
+            "p90": round(quantile(values, 0.90) * ms, 1), "p99": round(quantile(values, 0.99) * ms, 1),
+            "max": round(max(values) * ms, 1)}  # fmt: skip
 
 
 def quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _poll(url: str, wait_before: float, wait_after: float, seconds: float, conn: Any) -> None:
+    """GET ``url`` in turn for ``seconds`` (waiting ``wait_before`` before and ``wait_after`` after each); sends the
+    latencies and the last answer's size back through ``conn``."""
+    times: list[float] = []
+    size = 0
+    end = time.monotonic() + seconds
+    with httpx.Client(timeout=60) as c:
+        while True:
+            if wait_before:
+                time.sleep(wait_before)
+            if time.monotonic() >= end:
+                break
+            t = time.perf_counter()
+            r = c.get(url)
+            r.raise_for_status()
+            times.append(time.perf_counter() - t)
+            size = len(r.content)
+            if wait_after:
+                time.sleep(wait_after)
+    conn.send((times, size))
 
 
 def run_one(
@@ -152,38 +174,25 @@ def run_one(
                 raise SystemExit(f"{tree}: the agent did not read the engine twice in 180 s")
             reads0 = live.reads
             cpu0, window0 = cpu_s(proc.pid), time.monotonic()
-            stop = threading.Event()
-
-            def poll_api() -> None:
-                with httpx.Client(timeout=60) as c2:
-                    while not stop.is_set():
-                        t = time.perf_counter()
-                        c2.get(base + "/api/v1/status")
-                        api.append(time.perf_counter() - t)
-                        stop.wait(0.2)
-
-            def poll_page() -> None:
-                with httpx.Client(timeout=60) as c3:
-                    while not stop.wait(page_every):
-                        t = time.perf_counter()
-                        c3.get(base + "/").raise_for_status()
-                        page.append(time.perf_counter() - t)
-
-            poller = threading.Thread(target=poll_api)
-            poller.start()
-            pager = threading.Thread(target=poll_page)
-            if page_every > 0:
-                pager.start()
-            end = time.monotonic() + seconds
-            while time.monotonic() < end:
-                t = time.perf_counter()
-                size = len(client.get(base + "/metrics").content)
-                scrapes.append(time.perf_counter() - t)
-                time.sleep(1.0)
-            stop.set()
-            poller.join()
-            if page_every > 0:
-                pager.join()
+            # Each poller is a process of its own: as threads of one process, the /metrics reader's Python work on
+            # each 5.7 MB answer held up the page's and the API's own reads of theirs (their waits for this process's
+            # interpreter counted as the agent's latency).
+            ctx = multiprocessing.get_context("fork")
+            pollers = []
+            for path, wait_before, wait_after in (("/metrics", 0.0, 1.0), ("/api/v1/status", 0.0, 0.2)) + (
+                (("/", page_every, 0.0),) if page_every > 0 else ()
+            ):
+                here, there = ctx.Pipe()
+                proc_p = ctx.Process(target=_poll, args=(base + path, wait_before, wait_after, seconds, there))
+                proc_p.start()
+                pollers.append((path, proc_p, here))
+            got: dict[str, tuple[list[float], int]] = {}
+            for path, proc_p, here in pollers:
+                got[path] = here.recv()
+                proc_p.join(30)
+            scrapes, size = got["/metrics"]
+            api = got["/api/v1/status"][0]
+            page = got["/"][0] if "/" in got else []
             reads = live.reads - reads0
             cpu = (cpu_s(proc.pid) - cpu0) / (time.monotonic() - window0)
         status_lines = Path(f"/proc/{proc.pid}/status").read_text().splitlines()

@@ -1,10 +1,10 @@
 """Requests first: background work steps aside while the agent's HTTP API answers.
 
-The agent's threads share one interpreter lock. A large collection (an engine of 200 models x 2 ranks: a second or
-more of Python work) holds it in 5 ms turns against a request's thread, and a request that takes and releases the
-lock many times (the event loop, the worker thread a route runs in, the socket writes) waits up to a turn each
-time: the status page that renders in ~30 ms answered in 200-300 ms at the p99 while such a collection ran
-(docs/benchmarks.md, "`/metrics` and the API while a 200-model engine is read").
+The agent's threads share one interpreter lock. A large collection (an engine of 200 models x 2 ranks: half a second
+or more of Python work) holds it in 5 ms turns against a request's thread, and a request that takes and releases the
+lock many times (the event loop, the worker thread a route runs in, the socket writes) waits up to a turn each time.
+Stepping aside instead took a third off the status page's p90 (18.7-21.5 against 27.6-30.5 ms) and a fifth or more
+off ``/metrics``' p99 at that size (docs/benchmarks.md, "`/metrics` and the API while a 200-model engine is read").
 
 :data:`GATE` counts the API's requests in flight (:class:`ServingFirst`, the ASGI middleware the composition root puts
 in front of the agent's app; the OTLP receiver's span intake is not counted: it is background work too). Long-running

@@ -151,3 +151,12 @@ def test_an_engine_read_steps_aside_all_through_it() -> None:
         longest = max(b - a for a, b in itertools.pairwise(marks))
         assert len(steps) >= models, (models, len(steps))
         assert longest <= 0.05 * calls, (models, longest, calls)
+
+
+def test_the_seconds_stepped_aside_are_a_counter_of_the_agent() -> None:
+    gate = Gate(priority_s=5.0)
+    assert [(s.name, s.value) for s in gate.samples()] == [("inferwatch.collector.stepped_aside", 0.0)]
+    token = gate.enter()
+    threading.Timer(0.05, gate.leave, args=(token,)).start()
+    waited = gate.step_aside()
+    assert gate.samples()[0].value == waited > 0

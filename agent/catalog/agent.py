@@ -73,6 +73,15 @@ METRICS = (
         ("source", "limit"),
     ),
     MetricSpec(
+        "inferwatch.collector.stepped_aside",
+        Kind.COUNTER,
+        "s",
+        "Seconds the collections waited at their boundaries while the agent's HTTP API answered a request younger "
+        "than 0.25 s (agent/common/precedence.py): what answering first costs the collections, in delay. Its rate "
+        "stays far below 1 unless requests come back to back.",
+        (),
+    ),
+    MetricSpec(
         "inferwatch.http.retries",
         Kind.COUNTER,
         "{request}",

@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from inferwatch.agent.common.samples import Sample
+
 PRIORITY_S = 0.25  # a request holds background work back for at most this long
 # The request the current context serves (ServingFirst sets it; a sync route's worker thread inherits it): work done
 # for a request never steps aside for it.
@@ -73,6 +75,12 @@ class Gate:
             self.waits += 1
             self.waited_s += waited
         return waited
+
+    def samples(self) -> list[Sample]:
+        """``inferwatch.collector.stepped_aside``: the seconds waited so far (a state source)."""
+        with self._cond:
+            waited = self.waited_s
+        return [Sample("inferwatch.collector.stepped_aside", waited, ())]
 
     @contextlib.contextmanager
     def waiting_on_background(self) -> Iterator[None]:

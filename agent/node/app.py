@@ -11,6 +11,7 @@ import threading
 from dataclasses import replace
 from typing import Any
 
+from inferwatch.agent.common.precedence import GATE
 from inferwatch.agent.common.samples import Sample, attrs
 from inferwatch.agent.config import Settings
 from inferwatch.agent.node.collectors import HOST_LANE, Collector, Schedule, enabled_collectors, schedules
@@ -132,6 +133,7 @@ class Agent:
         if self.ctx.read_limits.hits is not None:
             self.state.add_source("read_limits", self.ctx.read_limits.hits.samples)
         self.state.add_source("http_retries", self.ctx.http_retries.samples)  # agent/common/httpclient.py
+        self.state.add_source("stepped_aside", GATE.samples)  # agent/common/precedence.py
         self.state.add_listener(deps.evidence.on_record)  # a capture the moment the hang finding turns on
         if self.receiver is not None:  # a bundle lists the last finished requests' spans
             deps.evidence.attach_spans(self.receiver.recent_spans)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from inferwatch.agent.common.samples import Sample
+from inferwatch.agent.common.samples import AnySample, Sample
 
 PRIORITY_S = 0.25  # a request holds background work back for at most this long
 # The request the current context serves (ServingFirst sets it; a sync route's worker thread inherits it): work done
@@ -76,7 +76,7 @@ class Gate:
             self.waited_s += waited
         return waited
 
-    def samples(self) -> list[Sample]:
+    def samples(self) -> list[AnySample]:
         """``inferwatch.collector.stepped_aside``: the seconds waited so far (a state source)."""
         with self._cond:
             waited = self.waited_s

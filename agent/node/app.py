@@ -11,7 +11,7 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from inferwatch.agent.common.precedence import GATE
+from inferwatch.agent.common.precedence import GATE, ServingFirst
 from inferwatch.agent.common.samples import Sample, attrs
 from inferwatch.agent.config import Settings
 from inferwatch.agent.node.collectors import HOST_LANE, Collector, Schedule, enabled_collectors, schedules
@@ -160,7 +160,6 @@ class Agent:
 
     def asgi(self) -> Any:
         """The agent's HTTP application (``/metrics`` in front of the API), requests first (:class:`ServingFirst`)."""
-        from inferwatch.agent.common.precedence import ServingFirst
         from inferwatch.agent.node.api.server import create_app
 
         services = replace(self.deps.api_services(), explainer=self.explainer, spans=self.spans)

@@ -64,8 +64,7 @@ class EngineTimeline:
     def derived_samples(self, stats: dict[Key, LatencyStats]) -> list[Sample]:
         out: list[Sample] = []
         for (model, quantity, wname), s in sorted(stats.items()):
-            if wname == "1m":
-                step_aside()
+            step_aside()
             out.extend(latency_samples(model, quantity, wname, s))
         models = {k[0] for k in self._hist} | set(self._counters)
         for model in sorted(models):

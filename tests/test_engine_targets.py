@@ -21,7 +21,7 @@ from prometheus_client import generate_latest
 from rich.console import Console
 
 from inferwatch.agent.cli.top import render as top_frame
-from inferwatch.agent.common.samples import Collection
+from inferwatch.agent.common.samples import Collection, Sample
 from inferwatch.agent.config import DiscoverySettings, Settings
 from inferwatch.agent.node.api.statushtml import render_page
 from inferwatch.agent.node.api.statuspage import PageHistory, build_overview
@@ -31,7 +31,7 @@ from inferwatch.agent.node.collectors.base import BaseCollector
 from inferwatch.agent.node.discovery.combined import Discovery
 from inferwatch.agent.node.discovery.kubernetes import ApiServer
 from inferwatch.agent.node.runner import Runner
-from inferwatch.agent.node.state import AgentState
+from inferwatch.agent.node.state import AgentState, CollectorHealth
 from inferwatch.agent.node.targets import EngineTargets, TargetCollector
 from inferwatch.agent.node.wiring import build_deps
 from inferwatch.exporters.openmetrics import make_registry
@@ -136,7 +136,16 @@ def test_each_engine_has_its_own_collectors_identity_and_failure(tmp_path: Path,
         stored = _wait("a snapshot", lambda: list((tmp_path / "snap").rglob("*.json")))
         assert '"engine_name": "gpu0"' not in stored[0].read_text()  # attributes, not Prometheus labels
         assert '"inferwatch.engine.name": "gpu0"' in stored[0].read_text()
-        overview = build_overview(agent.state, PageHistory())
+        # the targets' identity comes with the discovery's collection, recorded when its run ends (at CI's load
+        # the engines it started can be read, and a snapshot stored, before that)
+        overview = _wait(
+            "the overview's identities",
+            lambda: (
+                (o := build_overview(agent.state, PageHistory()))
+                and any(e["pod"] == "vllm-0" for e in o["engines"])
+                and o
+            ),
+        )
         shown = {e["name"]: e for e in overview["engines"]}
         assert shown["gpu0"]["pod"] == "vllm-0" and shown["gpu0"]["models"] == ["model-a"] and shown["gpu0"]["up"] == 1
         assert shown["gpu1"]["namespace"] == "" and shown["gpu1"]["models"] == ["model-b"]
@@ -299,3 +308,13 @@ def test_otlp_carries_each_targets_identity(tmp_path: Path, sims: list[tuple[int
         "k8s.pod.name": "vllm-0",
         "k8s.container.name": "vllm",
     }
+
+
+def test_a_target_is_named_in_the_overview_before_the_discovery_is_recorded() -> None:
+    """The discovery's collection (the targets' identity) is recorded when its run ends; the engine collectors it
+    started may publish first. The overview names each by its collector (``engine:<name>``) meanwhile."""
+    state = AgentState()
+    collection = Collection([Sample("inferwatch.engine.up", 1.0, (("inferwatch.engine.name", "gpu0"),))])
+    state.record("engine:gpu0", CollectorHealth("engine:gpu0", 1.0, 1.0, runs=1, state="ok"), collection)
+    engines = build_overview(state, PageHistory())["engines"]
+    assert [(e["name"], e["collector"], e["pod"], e["up"]) for e in engines] == [("gpu0", "engine:gpu0", "", 1.0)]

@@ -668,7 +668,8 @@ def _engines(state: AgentState, collections: Mapping[str, Collection], ix: _Inde
         if h.name != "engine" and not h.name.startswith("engine:"):
             continue
         t = targets.get(h.name, {})
-        name = t.get("name", "") if h.name != "engine" else ""
+        # a target's name is its collector's (engine:<name>), also before the discovery's collection is recorded
+        name = "" if h.name == "engine" else t.get("name") or h.name.partition(":")[2]
         collection = collections.get(h.name)
         up = ups.get(name)
         out.append(

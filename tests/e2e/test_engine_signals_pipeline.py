@@ -46,8 +46,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.cpu_heavy]
 
 HEALTHY_S = 12.0  # healthy phase: several 5s (compressed 5m) windows of normal signals
 # Bounded wait for every notification: in a fresh suite run under its own load SpecDecodeAcceptanceCollapsed was
-# firing but not yet delivered at 120 s, the others at 36-42 s (the timings to page are benchmarks, not this test).
-WAIT_S = 180.0
+# firing but not yet delivered at 120 s, the others at 36-42 s; in a cached run at 5639c0b KVTransferSlow at 180 s,
+# the others at 34-35 s (the timings to page are benchmarks, not this test: this bounds a hang).
+WAIT_S = 360.0
 YESTERDAY_HIT_RATIO = 0.6
 
 

@@ -359,7 +359,7 @@ def live_breakdown(bodies: list[bytes], series: int, models: int, collections: i
 
     server, url = serve(bodies)
     engine: dict[str, Any] = {"metrics_url": url, "kind": "vllm", "max_models": models * 2, "max_series": series * 2}
-    settings = Settings.model_validate({"engine": {**engine, "max_bytes": 256 << 20, "timeout_s": 120}})
+    settings = Settings.from_values({"engine": {**engine, "max_bytes": 256 << 20, "timeout_s": 120}})
     try:
         now = [1000.0]
         collector = EngineCollector(collect_context(settings), settings.engine, 5.0, lambda: now[0])

@@ -25,6 +25,7 @@ import urllib.request
 from pathlib import Path
 
 DEPENDENCIES = [
+    "msgspec",
     "pydantic",
     "pydantic_settings",
     "fastapi",
@@ -43,12 +44,14 @@ DEPENDENCIES = [
     "inferwatch.agent.node.app",
 ]
 # What `inferwatch run` imports, in its order: the CLI's root (typer; a command's module is imported when it runs),
-# the settings (pydantic, then the models), the run command's module, the HTTP API (Starlette) with the actions it
-# serves, the collectors, the composition root, the HTTP server (uvicorn). A module a build lacks reads as absent.
+# the settings (msgspec, or pydantic in builds before it, then the models), the run command's module, the HTTP API
+# (Starlette) with the actions it serves, the collectors, the composition root, the HTTP server (uvicorn). A module
+# a build lacks reads as absent (null) and is left out of the steps after it.
 CHAIN = [
     "typer",
     "inferwatch.agent.cli.main",
     "pydantic",
+    "msgspec",
     "inferwatch.agent.config",
     "inferwatch.agent.cli.run",
     "starlette.applications",
@@ -132,9 +135,12 @@ def main() -> None:
                                  text=True).stdout.strip()  # fmt: skip
         chain, before, imported = {}, floor, "import asyncio"
         for module in CHAIN:
+            total = rss_after(python, imported + "\n" + chain_step(module))
+            if total is None:  # not in this build: the chain goes on without it
+                chain[module] = None
+                continue
             imported += "\n" + chain_step(module)
-            total = rss_after(python, imported)
-            chain[module] = None if total is None or before is None else round(total - before, 1)
+            chain[module] = None if before is None else round(total - before, 1)
             before = total
         entry = {"python": python, "version": version, "asyncio_floor_mb": floor, "import_adds_mb": adds}
         entry["chain_adds_mb"] = chain

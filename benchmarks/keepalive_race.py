@@ -159,7 +159,9 @@ def main() -> int:
     for i in range(args.agents):
         for arm in ARMS:
             url = f"http://127.0.0.1:{port}/metrics?arm={arm}&agent={i}"
-            settings = Settings(interval_s=args.interval, engine={"metrics_url": url, "max_model_len": 4096})
+            settings = Settings.from_values(
+                dict(interval_s=args.interval, engine={"metrics_url": url, "max_model_len": 4096})
+            )
             client, net = client_for(arm, counts[arm])
             nets[arm].append(net)
             collector = Recording(collect_context(settings, engine_http=client), settings.engine)

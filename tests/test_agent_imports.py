@@ -168,35 +168,37 @@ def _served_modules(tmp_path: Path, *args: str, env: dict[str, str] | None = Non
 
 
 # What a default agent (no config file, no runtime, no HTTP source) never loads: the other commands' modules, the
-# HTTP client, psutil and PyYAML, and no agent loads pydantic-settings, whose import the environment source replaced
-# (docs/benchmarks.md, "Where the megabytes go").
+# HTTP client, psutil and PyYAML, and no agent loads pydantic: the settings are msgspec structs, their environment
+# source the agent's own (docs/benchmarks.md, "Where the megabytes go").
 OTHER_COMMANDS = ("inferwatch.agent.cli.engine", "inferwatch.agent.cli.explain", "inferwatch.agent.cli.top")
-# importlib.metadata: pydantic's plugin loader reads every distribution's entry points with it; the command loads no
-# pydantic plugin (cli/main.py).
+# importlib.metadata: reads every installed distribution's metadata (pydantic's plugin loader did, at start).
+PYDANTIC = ("pydantic", "pydantic_core", "pydantic_settings")
 NOT_IN_A_DEFAULT_AGENT = (
     *HTTP_ONLY,
     *PSUTIL,
     *YAML,
     *OTHER_COMMANDS,
     *UVICORN_CLI,
-    "pydantic_settings",
+    *PYDANTIC,
     "importlib.metadata",
 )
 
 
-def test_pydantic_looks_for_plugins_outside_the_command_only() -> None:
-    # The settings built in a plain interpreter load pydantic's plugin loader and importlib.metadata; under the
-    # command's main() (as every default agent runs: the check below) neither.
-    assert {"pydantic.plugin._loader", "importlib.metadata"} <= _modules_after(
-        "from inferwatch.agent.config import Settings\nSettings()"
+def test_the_settings_load_no_pydantic() -> None:
+    # Settings converted from a config's values, an error in them included, in a plain interpreter: msgspec only.
+    mods = _modules_after(
+        "from inferwatch.agent.config import Settings\n"
+        "Settings.from_values({'engine': {'metrics_url': 'http://e:8000/metrics'}, 'collectors': {'cpu': {}}})\n"
+        "try:\n    Settings.from_values({'engine': {'max_series': 0}})\nexcept Exception:\n    pass"
     )
+    assert "msgspec" in mods and not mods & set(PYDANTIC), sorted(mods & set(PYDANTIC))
 
 
 @pytest.mark.integration
 def test_a_default_agent_imports_only_what_it_runs(tmp_path: Path) -> None:
     # No engine URL, probe, runtime profile, discovery or Alertmanager: httpx is never loaded (1.7 MB of a default
     # agent's install, more with a client and its TLS context); no runtime configured: no psutil; no config file: no
-    # PyYAML; of the CLI, the run command's module only; settings without pydantic-settings or pydantic plugins.
+    # PyYAML; of the CLI, the run command's module only; settings without pydantic.
     mods = _served_modules(tmp_path)
     assert "inferwatch.agent.node.collectors.engine" in mods  # the engine collector is built (and reports no URL)
     assert {"inferwatch.agent.node.host.runtime", "inferwatch.agent.node.discovery.filesd"} <= mods

@@ -25,7 +25,7 @@ def _settings_from_env(env: dict[str, str]) -> Settings:
         if key.startswith("INFERWATCH_ALERTMANAGER__"):
             field = key.removeprefix("INFERWATCH_ALERTMANAGER__").lower()
             data[field] = json.loads(value) if value.startswith(("[", "{")) else value
-    return Settings.model_validate({"alertmanager": data})
+    return Settings.from_values({"alertmanager": data})
 
 
 def test_compose_pushes_with_the_labels_of_its_prometheus() -> None:

@@ -63,7 +63,7 @@ def collected(gen: VllmLike) -> Collection:
     """Two collections by the real engine collector (the second one has windows to report), the second returned."""
     with es.EngineServer() as srv:
         srv.routes["/metrics"] = es.body(gen.text())
-        settings = Settings(engine={"metrics_url": srv.url("/metrics"), "kind": "vllm"})
+        settings = Settings.from_values(dict(engine={"metrics_url": srv.url("/metrics"), "kind": "vllm"}))
         collector = EngineCollector(collect_context(settings), settings.engine)
         try:
             collector.collect()

@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
 from inferwatch.agent.config import DiscoverySettings, DiscoveryTargetSettings
+from inferwatch.agent.config.convert import convert
 from inferwatch.agent.errors import ConfigError
 from inferwatch.agent.node.discovery.combined import Discovery
 from inferwatch.agent.node.discovery.filesd import FileTargets, parse_file_sd
@@ -64,8 +64,8 @@ def test_static_targets_from_settings() -> None:
     targets = static_targets(entries)
     assert sorted(targets) == ["gpu0", "gpu1"]
     assert targets["gpu1"].kind == "auto" and targets["gpu1"].labels == (("model", "qwen"),)
-    with pytest.raises(ValidationError, match="metrics_url"):
-        DiscoveryTargetSettings(name="x", metrics_url="file:///etc/passwd")
+    with pytest.raises(ConfigError, match="metrics_url"):
+        convert({"name": "x", "metrics_url": "file:///etc/passwd"}, DiscoveryTargetSettings)
     with pytest.raises(ConfigError, match="'gpu0'"):
         static_targets([entries[0], entries[0]])
 

@@ -32,20 +32,20 @@ def test_a_cheap_read_keeps_the_fast_interval_and_a_costly_one_stretches_it_up_t
 
 
 def test_the_engine_adapts_between_2_s_and_the_agent_interval_unless_an_interval_is_configured() -> None:
-    plan = schedule("engine", Settings.model_validate({"engine": {"metrics_url": URL}}))
+    plan = schedule("engine", Settings.from_values({"engine": {"metrics_url": URL}}))
     assert (plan.interval_s, plan.slow_interval_s) == (DEFAULT_ENGINE_INTERVAL_S, 5.0)
-    slower = Settings.model_validate({"engine": {"metrics_url": URL}, "interval_s": 15})
+    slower = Settings.from_values({"engine": {"metrics_url": URL}, "interval_s": 15})
     assert schedule("engine", slower).slow_interval_s == 15.0
-    fixed = Settings.model_validate({"engine": {"metrics_url": URL}, "collectors": {"engine": {"interval_s": 2}}})
+    fixed = Settings.from_values({"engine": {"metrics_url": URL}, "collectors": {"engine": {"interval_s": 2}}})
     assert (schedule("engine", fixed).interval_s, schedule("engine", fixed).slow_interval_s) == (2.0, None)
-    quick = Settings.model_validate({"engine": {"metrics_url": URL}, "interval_s": 1})
+    quick = Settings.from_values({"engine": {"metrics_url": URL}, "interval_s": 1})
     assert (schedule("engine", quick).interval_s, schedule("engine", quick).slow_interval_s) == (1.0, None)
     assert schedule("cpu", slower).slow_interval_s is None  # only the engine adapts
 
 
 def test_the_engine_run_may_take_its_fetch_deadline_whatever_the_interval() -> None:
     """A large exposition's read of several seconds is finished, not cut at the 2 s interval."""
-    plan = schedule("engine", Settings.model_validate({"engine": {"metrics_url": URL, "timeout_s": 5}}))
+    plan = schedule("engine", Settings.from_values({"engine": {"metrics_url": URL, "timeout_s": 5}}))
     assert plan.interval_s == DEFAULT_ENGINE_INTERVAL_S
     assert plan.timeout_s > 5 > plan.interval_s
 
@@ -65,7 +65,7 @@ def test_a_large_exposition_is_read_less_often_and_a_small_one_every_2_s() -> No
         cheap_srv.routes["/metrics"], costly_srv.routes["/metrics"] = es.body(small), es.slow(1.0, es.body(large))
         runners = []
         for srv in (cheap_srv, costly_srv):
-            settings = Settings.model_validate({"engine": {"metrics_url": srv.url("/metrics")}})
+            settings = Settings.from_values({"engine": {"metrics_url": srv.url("/metrics")}})
             plan = schedule("engine", settings)
             if srv is costly_srv:  # served from this process (its GIL): seconds a read on a loaded machine
                 plan = dataclasses.replace(plan, timeout_s=plan.slow_interval_s or plan.timeout_s)

@@ -185,7 +185,9 @@ def test_the_collector_exports_the_schema_and_its_shrink_after_an_upgrade() -> N
     want = {name: expected(name) for name in (before, after)}
     with es.EngineServer() as srv:
         srv.routes["/metrics"] = es.body((ENGINES / before).read_text() + "\n")
-        settings = Settings(engine={"metrics_url": srv.url("/metrics"), "timeout_s": 30})  # generous: a loaded machine
+        settings = Settings.from_values(
+            dict(engine={"metrics_url": srv.url("/metrics"), "timeout_s": 30})
+        )  # generous: a loaded machine
         c = EngineCollector(collect_context(settings), settings.engine)
         try:
             seen = []
@@ -230,7 +232,7 @@ def test_the_collector_exports_triton_means_per_request_over_the_window() -> Non
     assert later.count("4327965") == 1 and "300145" in later and "} 6\n" in later
     clock = iter((1000.0, 1015.0))
     with es.EngineServer({"/metrics": es.body(first)}) as srv:
-        settings = Settings(engine={"metrics_url": srv.url("/metrics"), "timeout_s": 30})
+        settings = Settings.from_values(dict(engine={"metrics_url": srv.url("/metrics"), "timeout_s": 30}))
         c = EngineCollector(collect_context(settings), settings.engine, clock=lambda: next(clock))
         try:
             c.collect()
@@ -262,7 +264,7 @@ def test_the_status_page_shows_the_recognised_release() -> None:
     name = "vllm-0.10.0-prodstack-617.prom"
     want = expected(name)
     with es.EngineServer({"/metrics": es.body((ENGINES / name).read_text())}) as srv:
-        settings = Settings(engine={"metrics_url": srv.url("/metrics"), "timeout_s": 30})
+        settings = Settings.from_values(dict(engine={"metrics_url": srv.url("/metrics"), "timeout_s": 30}))
         c = EngineCollector(collect_context(settings), settings.engine)
         try:
             collection = c.collect()

@@ -28,7 +28,7 @@ VALID = (FIXTURES / "engines" / "vllm-v1-dp2-synthetic.prom").read_text()
 
 
 def collector(url: str | None, **engine: object) -> EngineCollector:
-    settings = Settings(engine={"metrics_url": url, **engine})
+    settings = Settings.from_values(dict(engine={"metrics_url": url, **engine}))
     return EngineCollector(collect_context(settings), settings.engine)
 
 

@@ -61,7 +61,9 @@ class Engine:
     def __init__(self, e: VirtualEngine, routes: dict[str, Handler] | None = None, **engine: Any) -> None:
         self.e, self.routes, self.asked, self.down = e, dict(routes or {}), list[str](), False
         self.history: list[dict[str, Any]] = []
-        settings = Settings(engine={"metrics_url": "http://engine:8000/metrics", "health_url": "", **engine})
+        settings = Settings.from_values(
+            dict(engine={"metrics_url": "http://engine:8000/metrics", "health_url": "", **engine})
+        )
         client = httpx.Client(transport=httpx.MockTransport(self._handle))
         self.collector = EngineCollector(
             collect_context(settings, engine_http=client), settings.engine, clock=lambda: e.now
@@ -391,7 +393,7 @@ def test_live_simulator_one_rank_hung_through_the_engine_collector(tmp_path) -> 
             "--no-progress",
         ]
         with running([*load, "--output-tokens", "64", "--timeout", "120"], tmp_path / "load.log", cwd=ROOT):
-            settings = Settings(engine={"metrics_url": f"{url}/metrics", "hang_min_stall_s": 2.0})
+            settings = Settings.from_values(dict(engine={"metrics_url": f"{url}/metrics", "hang_min_stall_s": 2.0}))
             collector = EngineCollector(collect_context(settings), settings.engine)
             try:
                 deadline = time.monotonic() + 60

@@ -19,7 +19,7 @@ from tests import engine_server as es
 
 
 def collector(url: str, **engine: object) -> EngineCollector:
-    settings = Settings(engine={"metrics_url": url, **engine})
+    settings = Settings.from_values(dict(engine={"metrics_url": url, **engine}))
     return EngineCollector(collect_context(settings), settings.engine)
 
 

@@ -137,7 +137,7 @@ def test_a_pass_over_the_body_as_it_arrives_reads_what_a_pass_over_the_whole_bod
 
 
 def _collector(url: str, clock: list[float]) -> EngineCollector:
-    settings = Settings(engine={"metrics_url": url, "kind": "vllm", "health_url": ""})
+    settings = Settings.from_values(dict(engine={"metrics_url": url, "kind": "vllm", "health_url": ""}))
     return EngineCollector(collect_context(settings), settings.engine, 5.0, lambda: clock[0])
 
 

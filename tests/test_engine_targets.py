@@ -100,11 +100,13 @@ def test_each_engine_has_its_own_collectors_identity_and_failure(tmp_path: Path,
     gpu0 = {"targets": [f"127.0.0.1:{port_a}"], "labels": labels_a}
     gpu1 = {"targets": [f"127.0.0.1:{port_b}"], "labels": {"__inferwatch_name__": "gpu1"}}
     _write(targets, [gpu0, gpu1])
-    settings = Settings(
-        interval_s=1.0,
-        discovery=DiscoverySettings(file=targets),
-        snapshots={"dir": str(tmp_path / "snap")},
-        evidence={"dir": str(tmp_path / "ev"), "py_spy": False},
+    settings = Settings.from_values(
+        dict(
+            interval_s=1.0,
+            discovery=DiscoverySettings(file=targets),
+            snapshots={"dir": str(tmp_path / "snap")},
+            evidence={"dir": str(tmp_path / "ev"), "py_spy": False},
+        )
     )
     agent = Agent(settings, build_deps(settings, nvml=FakeNVML([])))
     assert "engine" not in [c.name for c in agent.runner.collectors]  # only the discovered engines
@@ -184,7 +186,7 @@ def test_each_engine_has_its_own_collectors_identity_and_failure(tmp_path: Path,
 
 
 def test_a_single_configured_engine_is_as_before() -> None:
-    settings = Settings(engine={"metrics_url": "http://127.0.0.1:9/metrics"})
+    settings = Settings.from_values(dict(engine={"metrics_url": "http://127.0.0.1:9/metrics"}))
     agent = Agent(settings, build_deps(settings, nvml=FakeNVML([])))
     names = [c.name for c in agent.runner.collectors]
     assert "engine" in names and "discovery" not in names and agent.targets is None
@@ -194,11 +196,13 @@ def test_kubernetes_targets_get_their_identity_and_their_process_by_cgroup() -> 
     """Each discovered pod gets an engine collector of its own, stamped with the ENGINE's namespace, pod and
     container, and a process collector on the process its container's cgroup names (recorded /proc tree)."""
     replay = Replay.from_fixture("watch-namespaces.json")
-    settings = Settings(
-        path={"procfs": str(K8S / "proc-v2-systemd-containerd")},
-        discovery=DiscoverySettings(
-            kubernetes=True, node_name=NODE, namespaces=["serving", "research"], watch_timeout_s=30
-        ),
+    settings = Settings.from_values(
+        dict(
+            path={"procfs": str(K8S / "proc-v2-systemd-containerd")},
+            discovery=DiscoverySettings(
+                kubernetes=True, node_name=NODE, namespaces=["serving", "research"], watch_timeout_s=30
+            ),
+        )
     )
     deps = build_deps(settings, nvml=FakeNVML([]))
     ctx = deps.collect_context()

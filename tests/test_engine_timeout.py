@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import time
 
+import msgspec
 import pytest
 
 from inferwatch.agent.config import DEFAULT_ENGINE_TIMEOUT_S, Settings
@@ -35,7 +36,7 @@ def test_the_deadline_follows_the_last_body_and_how_long_it_took() -> None:
 
 
 def test_the_runner_gives_a_read_the_longest_deadline_and_its_margin() -> None:
-    settings = Settings.model_validate({"engine": {"metrics_url": "http://e:8000/metrics"}})
+    settings = Settings.from_values({"engine": {"metrics_url": "http://e:8000/metrics"}})
     assert schedule("engine", settings).timeout_s == DEFAULT_ENGINE_TIMEOUT_S * TIMEOUT_MAX_FACTOR + 5.0
 
 
@@ -43,9 +44,11 @@ def test_a_slow_engine_is_read_and_one_that_stops_answering_is_cut_near_its_own_
     """Headers after 0.5 s at ``engine.timeout_s`` 0.2: the first read is cut at 0.2 s, the next (1.6 s) is read,
     and every one after (twice what it took); when it stops answering the read is cut at ~1 s (its pace), not at the
     base, and the next read gets the longest again."""
-    settings = Settings(engine={"metrics_url": "http://x/metrics", "kind": "vllm", "timeout_s": 0.2, "health_url": ""})
+    settings = Settings.from_values(
+        dict(engine={"metrics_url": "http://x/metrics", "kind": "vllm", "timeout_s": 0.2, "health_url": ""})
+    )
     with es.EngineServer({"/metrics": es.slow(0.5, es.body(VLLM))}) as srv:
-        cfg = settings.engine.model_copy(update={"metrics_url": srv.url("/metrics")})
+        cfg = msgspec.structs.replace(settings.engine, metrics_url=srv.url("/metrics"))
         c = EngineCollector(collect_context(settings), cfg)
         try:
             assert c.fetch_timeout_s() == 0.2

@@ -55,11 +55,13 @@ def deadlocked() -> Iterator[tuple[subprocess.Popen[str], int]]:
 
 
 def _settings(tmp: Path, pid: int, py_spy_exe: Path | None = None, **evidence: object) -> Settings:
-    return Settings(
-        runtime={"pid": pid},
-        snapshots={"dir": str(tmp / "snap")},
-        profiling={"py_spy": str(py_spy_exe) if py_spy_exe else None},
-        evidence={"dir": str(tmp / "evidence"), **evidence},
+    return Settings.from_values(
+        dict(
+            runtime={"pid": pid},
+            snapshots={"dir": str(tmp / "snap")},
+            profiling={"py_spy": str(py_spy_exe) if py_spy_exe else None},
+            evidence={"dir": str(tmp / "evidence"), **evidence},
+        )
     )
 
 
@@ -276,8 +278,8 @@ def test_without_ptrace_permission_the_bundle_is_written_with_the_reason(deadloc
         from tests.fake_nvml import FakeNVML
         from inferwatch.agent.config import Settings
         from inferwatch.agent.node.wiring import build_deps
-        s = Settings(runtime={{"pid": {proc.pid}}}, snapshots={{"dir": {str(tmp / "snap")!r}}},
-                     evidence={{"dir": {str(tmp / "evidence")!r}}})
+        s = Settings.from_values(dict(runtime={{"pid": {proc.pid}}}, snapshots={{"dir": {str(tmp / "snap")!r}}},
+                     evidence={{"dir": {str(tmp / "evidence")!r}}}))
         deps = build_deps(s, nvml=FakeNVML([]))
         store = deps.evidence
         store.reader.enrich_policy()  # the redaction key, as root (the agent made it at start)
@@ -454,9 +456,11 @@ def test_the_agent_hands_its_receivers_finished_spans_to_the_evidence_store(tmp_
     from inferwatch.agent.node.app import Agent
 
     def spans_of(receiver_on: bool) -> dict:
-        settings = Settings(
-            receiver=ReceiverSettings(enabled=receiver_on, grpc_endpoint=None, http_endpoint="127.0.0.1:0"),
-            evidence={"dir": str(tmp_path / f"ev-{receiver_on}")},
+        settings = Settings.from_values(
+            dict(
+                receiver=ReceiverSettings(enabled=receiver_on, grpc_endpoint=None, http_endpoint="127.0.0.1:0"),
+                evidence={"dir": str(tmp_path / f"ev-{receiver_on}")},
+            )
         )
         agent = Agent(settings, build_deps(settings, nvml=FakeNVML([])))
         return agent.deps.evidence._spans()["recent_finished"]

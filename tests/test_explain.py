@@ -439,13 +439,13 @@ def test_a_lora_adapter_or_a_tenant_that_holds_the_tail_is_named() -> None:
 
 
 def test_trace_url_must_be_a_url_and_unset_prints_bare_ids() -> None:
-    from pydantic import ValidationError
-
     from inferwatch.agent.config import ReceiverSettings
+    from inferwatch.agent.config.convert import convert
+    from inferwatch.agent.errors import ConfigError
 
-    assert ReceiverSettings(trace_url=TRACE_URL).trace_url == TRACE_URL
-    with pytest.raises(ValidationError):
-        ReceiverSettings(trace_url="localhost:6006/traces/")
+    assert convert({"trace_url": TRACE_URL}, ReceiverSettings).trace_url == TRACE_URL
+    with pytest.raises(ConfigError, match="trace_url: String should match pattern"):
+        convert({"trace_url": "localhost:6006/traces/"}, ReceiverSettings)
     rng = random.Random(9)
     explainer = ex.TailExplainer(clock=lambda: 100.0)
     explainer.record([timing(rng) for _ in range(60)])

@@ -23,12 +23,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import ValidationError
 
 from inferwatch.agent import catalog
 from inferwatch.agent.catalog import genai
 from inferwatch.agent.catalog.spec import Kind
 from inferwatch.agent.config import ReceiverSettings
+from inferwatch.agent.config.convert import convert
+from inferwatch.agent.errors import ConfigError
 from inferwatch.agent.node.analytics.genai import GenAIOptions
 from inferwatch.agent.node.analytics.latency import LatencyAnalytics
 from inferwatch.agent.node.state import AgentState
@@ -211,8 +212,8 @@ def test_prometheus_names_and_buckets_follow_the_catalog(exported: tuple[tuple[f
 
 @pytest.mark.parametrize("edges", [[5.0], [20.0, 15.0], [20.0, float("inf")], [float(x) for x in range(11, 28)]])
 def test_ttft_extension_rejects_edges_that_are_not_above_the_conventions(edges: list[float]) -> None:
-    with pytest.raises(ValidationError, match="ttft_extra_buckets_s"):
-        ReceiverSettings(ttft_extra_buckets_s=edges)
+    with pytest.raises(ConfigError, match="ttft_extra_buckets_s"):
+        convert({"ttft_extra_buckets_s": edges}, ReceiverSettings)
 
 
 def test_fixture_paths_are_in_the_repository() -> None:

@@ -68,7 +68,7 @@ def _stalled(s: Scraper, since: float = 0.0) -> list[tuple[float, str]]:
 
 
 def test_the_engine_collector_runs_every_2_s_by_default() -> None:
-    settings = Settings.model_validate({"engine": {"metrics_url": "http://e:8000/metrics"}})
+    settings = Settings.from_values({"engine": {"metrics_url": "http://e:8000/metrics"}})
     assert schedule("engine", settings).interval_s == 2.0
     assert DEFAULT_HANG_FAST_STALL_S + EVERY_S <= DETECT_S
 
@@ -102,7 +102,7 @@ def test_the_engine_collector_finds_a_busy_hang_within_10_s_on_its_progress_pass
             return httpx.Response(404)
         return httpx.Response(200, content=e.exposition(), headers={"content-type": "text/plain"})
 
-    settings = Settings(engine={"metrics_url": "http://engine:8000/metrics", "health_url": ""})
+    settings = Settings.from_values(dict(engine={"metrics_url": "http://engine:8000/metrics", "health_url": ""}))
     client = httpx.Client(transport=httpx.MockTransport(answer))
     c = EngineCollector(collect_context(settings, engine_http=client), settings.engine, FULL_EVERY_S, lambda: e.now)
     history: list[tuple[float, dict[str, object]]] = []

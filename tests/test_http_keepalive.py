@@ -200,7 +200,7 @@ def test_the_engine_collector_at_shrunk_timings_never_fails(server: tuple[Uvicor
     client keeps idle connections 4 s, so it meets the server's close; 0 failed collections, and every request
     that failed under them was sent again and counted."""
     srv, url = server
-    settings = Settings(engine={"metrics_url": url, "max_model_len": 4096})
+    settings = Settings.from_values(dict(engine={"metrics_url": url, "max_model_len": 4096}))
     transports = [CountingTransport() for _ in range(3)]
     counts = [RetryCounts() for _ in transports]
     collectors = [
@@ -240,7 +240,7 @@ def test_the_engine_collector_at_shrunk_timings_never_fails(server: tuple[Uvicor
 
 @pytest.mark.integration
 def test_the_agent_exports_the_retries_of_its_engine_client() -> None:
-    settings = Settings(engine={"metrics_url": "http://127.0.0.1:9/metrics"})
+    settings = Settings.from_values(dict(engine={"metrics_url": "http://127.0.0.1:9/metrics"}))
     agent = Agent(settings, build_deps(settings, nvml=FakeNVML([])))
     text = generate_latest(agent.registry).decode()
     assert 'inferwatch_http_retries_total{source="engine"} 0.0' in text

@@ -101,7 +101,7 @@ def _token_time(samples: list, phase: str) -> float:
 
 
 def _measure(server: LlamaServer, requests: int, clients: int) -> tuple[list[dict[str, float]], list]:
-    settings = Settings(engine={"metrics_url": f"{server.url}/metrics", "kind": "llamacpp"})
+    settings = Settings.from_values(dict(engine={"metrics_url": f"{server.url}/metrics", "kind": "llamacpp"}))
     collector = EngineCollector(collect_context(settings), settings.engine)
     try:
         _idle(server)

@@ -61,7 +61,7 @@ def test_collector_reports_used_on_the_native_build(
     llama_bin: Path, llama_models: dict[str, Path], tmp_path: Path
 ) -> None:
     with llama_server(llama_bin, llama_models["small"], tmp_path / "s.log", env=_env(True)) as server:
-        settings = Settings(runtime={"pid": server.pid}, simd={"busy_cpu_cores": 0.02})
+        settings = Settings.from_values(dict(runtime={"pid": server.pid}, simd={"busy_cpu_cores": 0.02}))
         collector = SimdCollector(collect_context(settings), settings.simd)
         try:
             with serving(server, n_predict=48):

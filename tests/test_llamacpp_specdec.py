@@ -72,7 +72,7 @@ class Agent:
     """The agent's engine collector on the server; :meth:`delta` is the change of a series between collections."""
 
     def __init__(self, server: LlamaServer) -> None:
-        settings = Settings(engine={"metrics_url": f"{server.url}/metrics", "kind": "llamacpp"})
+        settings = Settings.from_values(dict(engine={"metrics_url": f"{server.url}/metrics", "kind": "llamacpp"}))
         self.collector = EngineCollector(collect_context(settings), settings.engine)
         self.before = self._values()
 

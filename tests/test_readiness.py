@@ -30,7 +30,7 @@ def _ready(
 
 
 def _settings(**extra: Any) -> Settings:
-    return Settings.model_validate({"engine": {"metrics_url": ENGINE_URL}, **extra})
+    return Settings.from_values({"engine": {"metrics_url": ENGINE_URL}, **extra})
 
 
 def _ranks(running: float, waiting: float) -> list[dict[str, Any]]:

@@ -241,7 +241,7 @@ def test_collector_absent_without_runtime_and_valid_with_one() -> None:
     with pytest.raises(NoDataError):
         SimdCollector(ctx, SimdSettings()).collect()
     proc = _spawn(4.0, "glibc.cpu.hwcaps=-AVX512F,-AVX512VL")
-    settings = Settings(runtime={"pid": proc.pid}, simd={"busy_cpu_cores": 0.01})
+    settings = Settings.from_values(dict(runtime={"pid": proc.pid}, simd={"busy_cpu_cores": 0.01}))
     collector = SimdCollector(collect_context(settings), settings.simd)
     try:
         run_collection(collector)

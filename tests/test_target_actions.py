@@ -75,12 +75,14 @@ def _targets(tmp_path: Path, ports: list[int]) -> Path:
 
 
 def _agent(tmp_path: Path, ports: list[int], **extra: Any) -> Agent:
-    settings = Settings(
-        interval_s=1.0,
-        discovery=DiscoverySettings(file=_targets(tmp_path, ports)),
-        snapshots={"dir": str(tmp_path / "snap")},
-        evidence={"dir": str(tmp_path / "ev"), "py_spy": False},
-        **extra,
+    settings = Settings.from_values(
+        dict(
+            interval_s=1.0,
+            discovery=DiscoverySettings(file=_targets(tmp_path, ports)),
+            snapshots={"dir": str(tmp_path / "snap")},
+            evidence={"dir": str(tmp_path / "ev"), "py_spy": False},
+            **extra,
+        )
     )
     return Agent(settings, build_deps(settings, nvml=FakeNVML([])))
 
@@ -261,12 +263,14 @@ def test_each_engines_spans_are_analysed_apart(tmp_path: Path) -> None:
             for i, port in enumerate(ports)
         ]  # fmt: skip
         path.write_text(yaml.safe_dump(groups))
-        settings = Settings(
-            interval_s=1.0,
-            discovery=DiscoverySettings(file=path),
-            receiver={"enabled": True, "grpc_endpoint": f"127.0.0.1:{grpc}", "http_endpoint": None},
-            snapshots={"dir": str(tmp_path / "snap")},
-            evidence={"dir": str(tmp_path / "ev"), "py_spy": False},
+        settings = Settings.from_values(
+            dict(
+                interval_s=1.0,
+                discovery=DiscoverySettings(file=path),
+                receiver={"enabled": True, "grpc_endpoint": f"127.0.0.1:{grpc}", "http_endpoint": None},
+                snapshots={"dir": str(tmp_path / "snap")},
+                evidence={"dir": str(tmp_path / "ev"), "py_spy": False},
+            )
         )
         agent = Agent(settings, build_deps(settings, nvml=FakeNVML([])))
         agent.start()

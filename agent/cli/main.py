@@ -8,8 +8,6 @@ A command's module is imported when that command runs (or when a help text or a 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
@@ -119,21 +117,6 @@ def version() -> None:
     typer.echo(__version__)
 
 
-def _no_pydantic_plugins() -> None:
-    """Load no pydantic plugin in this process, and spare the import of the loader that would look for them.
-
-    pydantic looks for plugins (the ``pydantic`` entry points of every installed distribution) when it builds its
-    first validator, in ``pydantic.plugin._loader``, which imports importlib.metadata to read them: ~0.8 MB of the
-    agent's memory (docs/benchmarks.md, "Where the megabytes go"). typer builds its parameters' validators with
-    plugins disabled (``PYDANTIC_DISABLE_PLUGINS``, which still imports the loader) and the settings want none, so
-    a stand-in that finds none takes the loader's place. A process that already imported it keeps it.
-    """
-    if "pydantic.plugin._loader" not in sys.modules:
-        stand_in = types.ModuleType("pydantic.plugin._loader", "No pydantic plugins in the inferwatch command.")
-        stand_in.get_plugins = lambda: ()  # type: ignore[attr-defined]
-        sys.modules["pydantic.plugin._loader"] = stand_in
-
-
 def main() -> None:
     """Run the command; an error the agent raises on purpose (inferwatch.agent.errors) ends in one line, never a
     traceback.
@@ -143,7 +126,6 @@ def main() -> None:
     """
     from inferwatch.agent.errors import ConfigError, InferwatchError
 
-    _no_pydantic_plugins()
     try:
         app()
     except InferwatchError as exc:

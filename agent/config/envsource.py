@@ -9,8 +9,10 @@ cost: ~1.3 MB of every agent's memory for sources it never used, docs/benchmarks
   the settings' validation converts. A JSON object for a section is merged with the section's ``__`` variables,
   which win. A complex value that is not JSON raises :class:`EnvJSONError`, unless the setting is a union that
   also takes a scalar (then the string is kept, and validation judges it);
-- a key below a section that the section does not declare is passed on as written, so the section's model
-  rejects it (``extra="forbid"``) with the setting's name.
+- a key below a section that the section does not declare is passed on as written, so the section's struct
+  rejects it (``forbid_unknown_fields``) with the setting's name;
+- a number's text is read without the spaces around it, and a switch's as pydantic read it: ``true``, ``1``,
+  ``yes``, ``on``, ``y``, ``t`` and their opposites, in any case.
 """
 
 from __future__ import annotations
@@ -23,8 +25,20 @@ from collections import deque
 from collections.abc import Mapping, Sequence, Set
 from typing import Any, TypeGuard, get_args, get_origin
 
-from pydantic import BaseModel
-from pydantic.fields import FieldInfo
+from msgspec import Struct
+
+from inferwatch.agent.config.convert import struct_fields
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldInfo:
+    """A settings struct's field, as the reader walks them: its annotation."""
+
+    annotation: Any
+
+
+def _fields(model: Any) -> dict[str, FieldInfo]:
+    return {name: FieldInfo(annotation) for name, annotation in struct_fields(model).items()}
 
 
 class EnvJSONError(ValueError):
@@ -58,14 +72,14 @@ def _strip(annotation: Any) -> Any:
             return annotation
 
 
-def _is_model(annotation: Any) -> TypeGuard[type[BaseModel]]:
-    return isinstance(annotation, type) and issubclass(annotation, BaseModel) and annotation is not BaseModel
+def _is_model(annotation: Any) -> TypeGuard[type[Struct]]:
+    return isinstance(annotation, type) and issubclass(annotation, Struct) and annotation is not Struct
 
 
 def _complex_class(cls: Any) -> bool:
     if not isinstance(cls, type) or issubclass(cls, (str, bytes)):
         return False
-    return issubclass(cls, (BaseModel, Mapping, Sequence, Set, tuple, deque)) or dataclasses.is_dataclass(cls)
+    return issubclass(cls, (Struct, Mapping, Sequence, Set, tuple, deque)) or dataclasses.is_dataclass(cls)
 
 
 def _is_complex(annotation: Any) -> bool:
@@ -103,10 +117,25 @@ def _next_field(target: Any, key: str, prefix: str) -> Any:
         if found is not None:
             return found
     if _is_model(annotation):
-        for name, field in annotation.model_fields.items():
+        for name, field in _fields(annotation).items():
             if key in (name.lower(), f"{prefix}{name}".lower()):
                 return field
     return None
+
+
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+def _scalar(annotation: Any, text: str) -> str:
+    """A scalar variable's text as the conversion reads it (the module docstring's last point)."""
+    kind = _strip(annotation)
+    if kind is bool:
+        word = text.strip().lower()
+        return "true" if word in _TRUE else "false" if word in _FALSE else text
+    if kind in (int, float):
+        return text.strip()
+    return text
 
 
 class _Reader:
@@ -158,6 +187,8 @@ class _Reader:
                         if not keep_string:
                             path = ".".join((field_name, *keys, last))
                             raise self.fail(env_name, path, exc) from None
+            if isinstance(value, str) and isinstance(target, FieldInfo):
+                value = _scalar(target.annotation, value)
             if isinstance(node, dict):
                 node[last] = value
         return result
@@ -171,21 +202,22 @@ def _field_names(annotation: Any, values: dict[str, Any]) -> dict[str, Any]:
         return values
     out: dict[str, Any] = {}
     for key, value in values.items():
-        name = next((n for n in model.model_fields if n.lower() == key.lower()), None)
+        fields = _fields(model)
+        name = next((n for n in fields if n.lower() == key.lower()), None)
         if name is None:
             out[key] = value
             continue
-        sub = model.model_fields[name].annotation
+        sub = fields[name].annotation
         out[name] = _field_names(sub, value) if _is_model(_strip(sub)) and isinstance(value, dict) else value
     return out
 
 
-def env_values(model: type[BaseModel], environ: Mapping[str, str], prefix: str, delimiter: str) -> dict[str, Any]:
+def env_values(model: type[Struct], environ: Mapping[str, str], prefix: str, delimiter: str) -> dict[str, Any]:
     """The values ``environ`` sets for ``model``'s fields (see the module docstring); EnvJSONError when a complex
     setting's variable is not JSON."""
     reader = _Reader(environ, prefix, delimiter)
     out: dict[str, Any] = {}
-    for name, field in model.model_fields.items():
+    for name, field in _fields(model).items():
         env_name = f"{reader.prefix}{name}".lower()
         raw = reader.env.get(env_name)
         is_complex, keep_string = _complexity(field.annotation)
@@ -202,5 +234,7 @@ def env_values(model: type[BaseModel], environ: Mapping[str, str], prefix: str, 
                 value = deep_update(value, reader.explode(name, field))
         if value is None:
             continue
+        if isinstance(value, str):
+            value = _scalar(field.annotation, value)
         out[name] = _field_names(field.annotation, value) if isinstance(value, dict) else value
     return out

@@ -6,20 +6,15 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import reprlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from inferwatch.agent.common.redact import redact_text, secret_name
-from inferwatch.agent.config.envsource import EnvJSONError
+from inferwatch.agent.config.envsource import EnvJSONError, deep_update, env_values
 from inferwatch.agent.config.settings import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings
 from inferwatch.agent.config.yamlfile import (
     CONFIG_MAX_ALIASES_ENV,
     CONFIG_MAX_BYTES_ENV,
-    YamlSource,
     config_file_limits,
     read_yaml,
 )
@@ -28,19 +23,6 @@ from inferwatch.agent.errors import ConfigError
 CONFIG_ENV = "INFERWATCH_CONFIG"
 
 _CONFIG_LIMIT_ENVS = {CONFIG_ENV, CONFIG_MAX_BYTES_ENV, CONFIG_MAX_ALIASES_ENV}  # not settings: no name check
-
-
-def _format_error(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        value = err.get("input")
-        # bounded (never the whole input), and never a secret: no value of a secret field (api.tokens), no
-        # credentials of a URL
-        hidden = isinstance(value, dict) or any(secret_name(str(p)) for p in err["loc"])
-        shown = "" if hidden else f" (got {reprlib.repr(redact_text(value) if isinstance(value, str) else value)})"
-        parts.append(f"{loc}: {err['msg']}{shown}")
-    return "invalid configuration: " + "; ".join(parts)
 
 
 def _bad_json_env(environ: Mapping[str, str]) -> str | None:
@@ -60,7 +42,7 @@ def _bad_json_env(environ: Mapping[str, str]) -> str | None:
 
 def check_env_names(environ: Mapping[str, str]) -> None:
     """Reject ``INFERWATCH_`` variables that name no setting (see the module docstring for which)."""
-    fields = set(Settings.model_fields)
+    fields = set(Settings.__struct_fields__)
     for var in sorted(environ):
         if not var.upper().startswith(ENV_PREFIX) or var.upper() in _CONFIG_LIMIT_ENVS:
             continue
@@ -97,15 +79,12 @@ def load_settings(
     max_bytes, max_aliases = config_file_limits(os.environ)
     if config_file is None and os.environ.get(CONFIG_ENV):
         config_file = Path(os.environ[CONFIG_ENV])
-    YamlSource.data = read_yaml(config_file, max_bytes, max_aliases) if config_file else {}
+    file_values = read_yaml(config_file, max_bytes, max_aliases) if config_file else {}
     try:
-        settings = Settings(**(overrides or {}))
-    except ValidationError as exc:
-        raise ConfigError(_format_error(exc)) from None
+        env = env_values(Settings, os.environ, ENV_PREFIX, ENV_NESTED_DELIMITER)
     except EnvJSONError as exc:  # a complex value (JSON) in the environment that does not parse
         raise ConfigError(f"invalid configuration: {_bad_json_env(os.environ) or exc}") from None
-    finally:
-        YamlSource.data = {}
+    settings = Settings.from_values(deep_update(file_values, deep_update(env, overrides or {})))
     if collectors is not None:
         check_collector_names(settings, collectors)
     return settings

@@ -1,19 +1,24 @@
-"""The settings sections: one model per part of the agent, each with its named defaults and its own validation.
+"""The settings sections: one struct per part of the agent, each with its named defaults and its own validation.
 
 A part is built from its section (``EngineSettings`` for the engine collector, ``SnapshotSettings`` for the snapshot
 store ...), never from the whole :class:`~inferwatch.agent.config.settings.Settings`; the composition root
-(agent/node/wiring.py, agent/node/app.py) hands each one out. Every section is frozen and refuses unknown keys.
+(agent/node/wiring.py, agent/node/app.py) hands each one out. Every section is a frozen ``msgspec.Struct`` that
+refuses unknown keys: its types and bounds (``Meta``) are checked when the settings are converted from their sources
+(:func:`~inferwatch.agent.config.convert.convert`), its own checks (``__post_init__``) whenever one is made. The
+settings were pydantic models until issue 38 measured what that cost every agent: ~12 MB of its ~50 (pydantic's
+machinery, built at start), against ~1.5 MB for msgspec (docs/benchmarks.md, "Where the megabytes go").
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic_core import PydanticCustomError
+from msgspec import Meta, Struct, field
+from msgspec.structs import force_setattr
 
 from inferwatch.agent.catalog.engine import ENGINE_KINDS
 
@@ -49,20 +54,50 @@ def http_url(v: str | None) -> str | None:
     return v
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class SettingError(ValueError):
+    """A section's own check refused ``field``'s value (``field`` None: the section as a whole). The conversion
+    names the setting from where the section sits (``engine.metrics_url: must be ...``)."""
+
+    def __init__(self, field: str | None, message: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+        self.message = message
 
 
-class CollectorSettings(_Section):
+def _check(section: Struct, name: str, check: Callable[[Any], Any]) -> None:
+    """Run ``check`` on the field ``name``; keep what it returns (a normalised value) and name the field when it
+    refuses."""
+    value = getattr(section, name)
+    try:
+        checked = check(value)
+    except SettingError:
+        raise
+    except ValueError as exc:
+        raise SettingError(name, str(exc)) from None
+    if checked is not value:
+        force_setattr(section, name, checked)
+
+
+class _Section(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class CollectorSettings(_Section, frozen=True, kw_only=True):
     """Per-collector switches and timing, the one place a collector's interval and timeout are configured;
     ``None`` means the collector's own default (its registry entry, agent/node/collectors/__init__.py)."""
 
     enabled: bool | None = None
-    interval_s: float | None = Field(default=None, gt=0, le=86400)  # a day: runtime_profile's old bound
-    timeout_s: float | None = Field(default=None, gt=0, le=600)
+    interval_s: Annotated[float, Meta(gt=0, le=86400)] | None = None  # a day: runtime_profile's old bound
+    timeout_s: Annotated[float, Meta(gt=0, le=600)] | None = None
 
 
-class PathSettings(_Section):
+def _uname_machine(v: str | None) -> str | None:
+    if v is not None and not re.fullmatch(r"[a-z][a-z0-9_]{0,31}", v := v.strip().lower()):
+        raise ValueError("must be a `uname -m` name such as x86_64, aarch64, armv7l, s390x, ppc64le, riscv64")
+    return v
+
+
+class PathSettings(_Section, frozen=True, kw_only=True):
     procfs: Path = Path("/proc")
     sysfs: Path = Path("/sys")
     # The kernel architecture (``uname -m``: x86_64, aarch64, armv7l ...) of a recorded procfs tree. None: the
@@ -70,64 +105,60 @@ class PathSettings(_Section):
     # (agent/node/host/machine.py).
     machine: str | None = None
 
-    @field_validator("machine")
-    @classmethod
-    def _uname_machine(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"[a-z][a-z0-9_]{0,31}", v := v.strip().lower()):
-            raise ValueError("must be a `uname -m` name such as x86_64, aarch64, armv7l, s390x, ppc64le, riscv64")
-        return v
+    def __post_init__(self) -> None:
+        _check(self, "machine", _uname_machine)
 
 
-class ReadLimitSettings(_Section):
+class ReadLimitSettings(_Section, frozen=True, kw_only=True):
     """Bytes one read of a procfs/sysfs file may take (see the defaults' comment); more is refused, counted."""
 
-    max_file_bytes: int = Field(default=DEFAULT_MAX_PROCFS_READ_BYTES, ge=4096, le=1 << 30)
-    max_cpuinfo_bytes: int = Field(default=DEFAULT_MAX_CPUINFO_READ_BYTES, ge=4096, le=1 << 30)
+    max_file_bytes: Annotated[int, Meta(ge=4096, le=1 << 30)] = DEFAULT_MAX_PROCFS_READ_BYTES
+    max_cpuinfo_bytes: Annotated[int, Meta(ge=4096, le=1 << 30)] = DEFAULT_MAX_CPUINFO_READ_BYTES
 
 
-class RuntimeSettings(_Section):
+def _valid_regex(v: str | None) -> str | None:
+    if v is not None:
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from exc
+    return v
+
+
+class RuntimeSettings(_Section, frozen=True, kw_only=True):
     """How to find the inference runtime process on this host (first match wins: pid, pidfile, pattern)."""
 
     name: str = "runtime"
-    pid: int | None = Field(default=None, gt=0)
+    pid: Annotated[int, Meta(gt=0)] | None = None
     pidfile: Path | None = None
     cmdline_pattern: str | None = None
 
-    @field_validator("cmdline_pattern")
-    @classmethod
-    def _valid_regex(cls, v: str | None) -> str | None:
-        if v is not None:
-            import re
-
-            try:
-                re.compile(v)
-            except re.error as exc:
-                raise ValueError(f"not a valid regular expression: {exc}") from exc
-        return v
+    def __post_init__(self) -> None:
+        _check(self, "cmdline_pattern", _valid_regex)
 
 
-class NodeSettings(_Section):
+class NodeSettings(_Section, frozen=True, kw_only=True):
     environment: str = "unknown"  # e.g. production, staging: DebugProfileEnabledInProduction reads it
 
 
-class CPUSettings(_Section):
-    expect_features: list[str] = Field(default_factory=list)
+class CPUSettings(_Section, frozen=True, kw_only=True):
+    expect_features: list[str] = field(default_factory=list)
 
 
-class PageCacheSettings(_Section):
-    inactive_file_threshold_bytes: int = Field(default=DEFAULT_INACTIVE_FILE_THRESHOLD_BYTES, ge=0)
+class PageCacheSettings(_Section, frozen=True, kw_only=True):
+    inactive_file_threshold_bytes: Annotated[int, Meta(ge=0)] = DEFAULT_INACTIVE_FILE_THRESHOLD_BYTES
 
 
 DEFAULT_SIMD_BUSY_CPU_CORES = 0.05  # runtime CPU below this over a window is "idle": no SIMD verdict
 
 
-class SimdSettings(_Section):
+class SimdSettings(_Section, frozen=True, kw_only=True):
     """SIMD utilisation (collector ``simd``): the CPU use above which the runtime counts as serving."""
 
-    busy_cpu_cores: float = Field(default=DEFAULT_SIMD_BUSY_CPU_CORES, ge=0, le=4096)
+    busy_cpu_cores: Annotated[float, Meta(ge=0, le=4096)] = DEFAULT_SIMD_BUSY_CPU_CORES
 
 
-class OTLPSettings(_Section):
+class OTLPSettings(_Section, frozen=True, kw_only=True):
     """Only the switch lives here; endpoint, protocol, headers and resource come from ``OTEL_*``."""
 
     enabled: bool | None = None  # None: on when OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT is set
@@ -147,43 +178,42 @@ DEFAULT_HANG_FAST_STALL_S = 6.0
 DEFAULT_ENGINE_INTERVAL_S = 2.0  # the engine collector's cadence: a fast-path hang is seen <= 2 s + 6 s after it starts
 
 
-class EngineSettings(_Section):
+def known_kind(v: str) -> str:
+    """``v`` when it is one of :data:`ENGINE_KIND_CHOICES`; ValueError listing them otherwise."""
+    if v not in ENGINE_KIND_CHOICES:
+        raise ValueError("Input should be " + ", ".join(repr(k) for k in ENGINE_KIND_CHOICES))
+    return v
+
+
+class EngineSettings(_Section, frozen=True, kw_only=True):
     """The inference engine's own /metrics (vLLM, SGLang, TGI, llama.cpp, TensorRT-LLM)."""
 
     metrics_url: str | None = None  # None: the engine collector reports absence
     kind: str = "auto"  # one of ENGINE_KIND_CHOICES: "auto" (detect) or an adapter's kind
-    timeout_s: float = Field(default=DEFAULT_ENGINE_TIMEOUT_S, gt=0, le=600)
-    max_bytes: int = Field(default=DEFAULT_ENGINE_MAX_BYTES, gt=0)
+    timeout_s: Annotated[float, Meta(gt=0, le=600)] = DEFAULT_ENGINE_TIMEOUT_S
+    max_bytes: Annotated[int, Meta(gt=0)] = DEFAULT_ENGINE_MAX_BYTES
     model_name: str | None = None  # model label for engines whose series have none (TGI, llama.cpp)
     # Limits (agent/node/engine/limits.py, docs/engine.md): over the first three the scrape is rejected with that
     # reason; past max_models the first models are kept and the rest dropped and counted.
-    max_series: int = Field(default=DEFAULT_ENGINE_MAX_SERIES, ge=1, le=100_000_000)  # sample_limit
-    max_label_value_bytes: int = Field(default=DEFAULT_ENGINE_MAX_LABEL_VALUE_BYTES, ge=1, le=1 << 20)
-    max_label_bytes: int = Field(default=DEFAULT_ENGINE_MAX_LABEL_BYTES, ge=1, le=1 << 24)
-    max_models: int = Field(default=DEFAULT_ENGINE_MAX_MODELS, ge=1, le=100_000)
+    max_series: Annotated[int, Meta(ge=1, le=100_000_000)] = DEFAULT_ENGINE_MAX_SERIES  # sample_limit
+    max_label_value_bytes: Annotated[int, Meta(ge=1, le=1 << 20)] = DEFAULT_ENGINE_MAX_LABEL_VALUE_BYTES
+    max_label_bytes: Annotated[int, Meta(ge=1, le=1 << 24)] = DEFAULT_ENGINE_MAX_LABEL_BYTES
+    max_models: Annotated[int, Meta(ge=1, le=100_000)] = DEFAULT_ENGINE_MAX_MODELS
     # Hang detection (agent/node/engine/hang.py, docs/diagnostics.md): a rank with requests and no token progress for
     # max(hang_min_stall_s, 2 × max_model_len × prefill s/token) — capped at hang_max_stall_s — whose health_url
     # still answers 200 is hung. health_url None: metrics_url's origin + /health; "" turns the probe off.
     health_url: str | None = None
-    max_model_len: int = Field(default=0, ge=0, le=100_000_000)  # 0: ask the engine (/v1/models, llama.cpp /props)
-    hang_min_stall_s: float = Field(default=DEFAULT_HANG_MIN_STALL_S, gt=0, le=3600)
-    hang_max_stall_s: float = Field(default=DEFAULT_HANG_MAX_STALL_S, gt=0, le=86400)
-    hang_fast_stall_s: float = Field(default=DEFAULT_HANG_FAST_STALL_S, ge=0, le=3600)  # 0: the allowance only
+    max_model_len: Annotated[int, Meta(ge=0, le=100_000_000)] = 0  # 0: ask the engine (/v1/models, llama.cpp /props)
+    hang_min_stall_s: Annotated[float, Meta(gt=0, le=3600)] = DEFAULT_HANG_MIN_STALL_S
+    hang_max_stall_s: Annotated[float, Meta(gt=0, le=86400)] = DEFAULT_HANG_MAX_STALL_S
+    hang_fast_stall_s: Annotated[float, Meta(ge=0, le=3600)] = DEFAULT_HANG_FAST_STALL_S  # 0: the allowance only
     # The engine's name in GET /engines/{name}/ready (agent/node/api/readiness.py)
-    name: str = Field(default="default", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")] = "default"
 
-    @field_validator("metrics_url", "health_url")
-    @classmethod
-    def _http_metrics_url(cls, v: str | None) -> str | None:
-        return http_url(v)
-
-    @field_validator("kind")
-    @classmethod
-    def _known_kind(cls, v: str) -> str:
-        if v not in ENGINE_KIND_CHOICES:
-            expected = ", ".join(repr(k) for k in ENGINE_KIND_CHOICES)
-            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
-        return v
+    def __post_init__(self) -> None:
+        _check(self, "metrics_url", http_url)
+        _check(self, "health_url", http_url)
+        _check(self, "kind", known_kind)
 
 
 DEFAULT_RECEIVER_GRPC_ENDPOINT = "127.0.0.1:4317"
@@ -196,7 +226,28 @@ MAX_TTFT_EXTRA_BUCKETS = 16
 GENAI_TTFT_LAST_BUCKET_S = 10.0  # the GenAI conventions' last TTFT edge; extra edges go above it
 
 
-class ReceiverSettings(_Section):
+def _extra_ttft_edges(v: list[float]) -> list[float]:
+    last = GENAI_TTFT_LAST_BUCKET_S
+    for edge in v:
+        if not math.isfinite(edge) or edge <= last or edge > 86_400:
+            raise ValueError(
+                f"each edge must be above the previous one and above {last:g} s (the conventions' last TTFT "
+                f"edge), at most 86400 s; got {edge!r}"
+            )
+        last = edge
+    return v
+
+
+def _host_port(v: str | None) -> str | None:
+    if v is None or v == "":
+        return None
+    host, sep, port = v.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("must be host:port")
+    return v
+
+
+class ReceiverSettings(_Section, frozen=True, kw_only=True):
     """OTLP trace intake (gRPC and HTTP/protobuf) for per-request timing from engine spans.
 
     An endpoint is ``host:port``; ``None`` turns that transport off. ``forward_endpoint`` sends every
@@ -221,39 +272,21 @@ class ReceiverSettings(_Section):
     http_endpoint: str | None = DEFAULT_RECEIVER_HTTP_ENDPOINT
     forward_endpoint: str | None = None
     forward_phase_spans: bool = True
-    max_message_bytes: int = Field(default=DEFAULT_RECEIVER_MAX_MESSAGE_BYTES, ge=1024, le=256 << 20)
-    forward_queue_requests: int = Field(default=DEFAULT_RECEIVER_FORWARD_QUEUE_REQUESTS, ge=1, le=100_000)
-    forward_timeout_s: float = Field(default=DEFAULT_RECEIVER_FORWARD_TIMEOUT_S, gt=0, le=300)
-    max_models: int = Field(default=DEFAULT_RECEIVER_MAX_MODELS, ge=1, le=10_000)
+    max_message_bytes: Annotated[int, Meta(ge=1024, le=256 << 20)] = DEFAULT_RECEIVER_MAX_MESSAGE_BYTES
+    forward_queue_requests: Annotated[int, Meta(ge=1, le=100_000)] = DEFAULT_RECEIVER_FORWARD_QUEUE_REQUESTS
+    forward_timeout_s: Annotated[float, Meta(gt=0, le=300)] = DEFAULT_RECEIVER_FORWARD_TIMEOUT_S
+    max_models: Annotated[int, Meta(ge=1, le=10_000)] = DEFAULT_RECEIVER_MAX_MODELS
     emit_histograms: bool = False
     prompt_band_histograms: bool = False
-    genai_operation_name: str = Field(default="chat", min_length=1, max_length=64)
-    genai_provider_name: str = Field(default="vllm", min_length=1, max_length=64)
-    ttft_extra_buckets_s: list[float] = Field(default_factory=list, max_length=MAX_TTFT_EXTRA_BUCKETS)
-    trace_url: str | None = Field(default=None, max_length=2048, pattern=r"^https?://\S+$")
+    genai_operation_name: Annotated[str, Meta(min_length=1, max_length=64)] = "chat"
+    genai_provider_name: Annotated[str, Meta(min_length=1, max_length=64)] = "vllm"
+    ttft_extra_buckets_s: Annotated[list[float], Meta(max_length=MAX_TTFT_EXTRA_BUCKETS)] = field(default_factory=list)
+    trace_url: Annotated[str, Meta(max_length=2048, pattern=r"^https?://\S+$")] | None = None
 
-    @field_validator("ttft_extra_buckets_s")
-    @classmethod
-    def _extra_ttft_edges(cls, v: list[float]) -> list[float]:
-        last = GENAI_TTFT_LAST_BUCKET_S
-        for edge in v:
-            if not math.isfinite(edge) or edge <= last or edge > 86_400:
-                raise ValueError(
-                    f"each edge must be above the previous one and above {last:g} s (the conventions' last TTFT "
-                    f"edge), at most 86400 s; got {edge!r}"
-                )
-            last = edge
-        return v
-
-    @field_validator("grpc_endpoint", "http_endpoint")
-    @classmethod
-    def _host_port(cls, v: str | None) -> str | None:
-        if v is None or v == "":
-            return None
-        host, sep, port = v.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ValueError("must be host:port")
-        return v
+    def __post_init__(self) -> None:
+        _check(self, "ttft_extra_buckets_s", _extra_ttft_edges)
+        _check(self, "grpc_endpoint", _host_port)
+        _check(self, "http_endpoint", _host_port)
 
 
 DEFAULT_PROFILE_HEADER = "X-Runtime-Debug: runtime_profile=1"
@@ -287,7 +320,14 @@ def _default_scopes() -> list[Scope]:
     return ["read"]
 
 
-class RuntimeProfileSettings(_Section):
+def _header_shape(v: str) -> str:
+    name, sep, _ = v.partition(":")
+    if not sep or not name.strip() or any(c.isspace() for c in name.strip()):
+        raise ValueError("must look like 'Header-Name: value'")
+    return v
+
+
+class RuntimeProfileSettings(_Section, frozen=True, kw_only=True):
     """The runtime's debug ``runtime_profile`` endpoint (None = collector reports absence).
 
     ``timeout_s`` bounds one fetch (as ``engine.timeout_s``); how often the collector runs, and how long a run
@@ -296,25 +336,19 @@ class RuntimeProfileSettings(_Section):
 
     url: str | None = None  # e.g. http://127.0.0.1:8000/debug/runtime_profile
     header: str = DEFAULT_PROFILE_HEADER  # "Name: value" sent with every fetch
-    timeout_s: float = Field(default=DEFAULT_PROFILE_TIMEOUT_S, gt=0, le=120)
-    max_bytes: int = Field(default=DEFAULT_PROFILE_MAX_BYTES, gt=0, le=64 << 20)
+    timeout_s: Annotated[float, Meta(gt=0, le=120)] = DEFAULT_PROFILE_TIMEOUT_S
+    max_bytes: Annotated[int, Meta(gt=0, le=64 << 20)] = DEFAULT_PROFILE_MAX_BYTES
     redaction: Literal["denylist", "allowlist"] = "denylist"
-    deny_keys: list[str] = Field(default_factory=list)  # extra key regexes, added to the built-in denylist
-    allow_keys: list[str] = Field(default_factory=list)  # allowlist mode: keys (or dotted paths) kept verbatim
-    gauge_fields: list[str] = Field(default_factory=lambda: list(DEFAULT_GAUGE_FIELDS))
+    deny_keys: list[str] = field(default_factory=list)  # extra key regexes, added to the built-in denylist
+    allow_keys: list[str] = field(default_factory=list)  # allowlist mode: keys (or dotted paths) kept verbatim
+    gauge_fields: list[str] = field(default_factory=lambda: list(DEFAULT_GAUGE_FIELDS))
 
-    _http_url = field_validator("url")(http_url)
-
-    @field_validator("header")
-    @classmethod
-    def _header_shape(cls, v: str) -> str:
-        name, sep, _ = v.partition(":")
-        if not sep or not name.strip() or any(c.isspace() for c in name.strip()):
-            raise ValueError("must look like 'Header-Name: value'")
-        return v
+    def __post_init__(self) -> None:
+        _check(self, "url", http_url)
+        _check(self, "header", _header_shape)
 
 
-class ProbeSettings(_Section):
+class ProbeSettings(_Section, frozen=True, kw_only=True):
     """Synthetic streaming request against the runtime (off unless ``url`` is set), and against each discovered
     engine target with ``targets`` (agent/node/targets.py).
 
@@ -325,49 +359,50 @@ class ProbeSettings(_Section):
     url: str | None = None  # base URL of the runtime, e.g. http://127.0.0.1:8000
     # True: each discovered engine target (discovery.*) is probed too, at its metrics URL's origin, its own model
     targets: bool = False
-    protocols: list[ProbeProtocol] = Field(default_factory=_default_protocols)
-    timeout_s: float = Field(default=DEFAULT_PROBE_TIMEOUT_S, gt=0, le=300)
+    protocols: list[ProbeProtocol] = field(default_factory=_default_protocols)
+    timeout_s: Annotated[float, Meta(gt=0, le=300)] = DEFAULT_PROBE_TIMEOUT_S
     model: str | None = None  # None: the first model of GET /v1/models
     prompt: str = "Say OK."
-    max_tokens: int = Field(default=DEFAULT_PROBE_MAX_TOKENS, gt=0, le=256)
-    max_bytes: int = Field(default=DEFAULT_PROBE_MAX_BYTES, gt=0, le=64 << 20)
+    max_tokens: Annotated[int, Meta(gt=0, le=256)] = DEFAULT_PROBE_MAX_TOKENS
+    max_bytes: Annotated[int, Meta(gt=0, le=64 << 20)] = DEFAULT_PROBE_MAX_BYTES
 
-    _http_url = field_validator("url")(http_url)
+    def __post_init__(self) -> None:
+        _check(self, "url", http_url)
 
 
-class ApiToken(_Section):
-    token: str = Field(min_length=16)
-    scopes: list[Scope] = Field(default_factory=_default_scopes)
+class ApiToken(_Section, frozen=True, kw_only=True):
+    token: Annotated[str, Meta(min_length=16)]
+    scopes: list[Scope] = field(default_factory=_default_scopes)
     name: str = ""
 
 
-class ApiSettings(_Section):
+class ApiSettings(_Section, frozen=True, kw_only=True):
     """Bearer tokens and scopes of the JSON API (see docs/diagnostics.md)."""
 
-    tokens: list[ApiToken] = Field(default_factory=list)
+    tokens: list[ApiToken] = field(default_factory=list)
     tokens_file: Path | None = None  # lines "TOKEN scope,scope [name]"
-    open_paths: list[str] = Field(
+    open_paths: list[str] = field(
         default_factory=lambda: ["/metrics", "/healthz", "/readyz", "/runbooks", "/runbooks/*"]
     )
     # ^ exact paths, or a prefix ending in "/*"
-    anonymous_scopes: list[Scope] = Field(default_factory=_default_scopes)
+    anonymous_scopes: list[Scope] = field(default_factory=_default_scopes)
 
 
-class ProfilingSettings(_Section):
+class ProfilingSettings(_Section, frozen=True, kw_only=True):
     """py-spy: off unless enabled; never run on the collection path except the rate-limited dump enrichment."""
 
     enabled: bool = False
     py_spy: Path | None = None  # None: py-spy next to the agent's Python, else on PATH (resolved once at start)
-    max_duration_s: float = Field(default=DEFAULT_PROFILE_DURATION_CAP_S, gt=0, le=600)
-    ring_count: int = Field(default=DEFAULT_PROFILE_RING_COUNT, gt=0, le=1000)
-    ring_bytes: int = Field(default=DEFAULT_PROFILE_RING_BYTES, gt=0)
+    max_duration_s: Annotated[float, Meta(gt=0, le=600)] = DEFAULT_PROFILE_DURATION_CAP_S
+    ring_count: Annotated[int, Meta(gt=0, le=1000)] = DEFAULT_PROFILE_RING_COUNT
+    ring_bytes: Annotated[int, Meta(gt=0)] = DEFAULT_PROFILE_RING_BYTES
     dir: Path | None = None  # None: <snapshots.dir>/../profiles
 
 
-class SnapshotSettings(_Section):
+class SnapshotSettings(_Section, frozen=True, kw_only=True):
     dir: Path = DEFAULT_SNAPSHOT_DIR
-    max_count: int = Field(default=DEFAULT_SNAPSHOT_MAX_COUNT, gt=0, le=10000)
-    max_bytes: int = Field(default=DEFAULT_SNAPSHOT_MAX_BYTES, gt=0)
+    max_count: Annotated[int, Meta(gt=0, le=10000)] = DEFAULT_SNAPSHOT_MAX_COUNT
+    max_bytes: Annotated[int, Meta(gt=0)] = DEFAULT_SNAPSHOT_MAX_BYTES
 
 
 DEFAULT_EVIDENCE_DIR = Path("~/.local/state/inferwatch/evidence")
@@ -377,16 +412,16 @@ DEFAULT_EVIDENCE_MIN_INTERVAL_S = 600.0  # one automatic bundle per runtime proc
 DEFAULT_EVIDENCE_TIME_LIMIT_S = 10.0  # the whole capture, py-spy of every process included
 
 
-class EvidenceSettings(_Section):
+class EvidenceSettings(_Section, frozen=True, kw_only=True):
     """Evidence bundles (agent/node/actions/evidence.py): captured when the agent's hang finding turns on, when a
     critical alert for this node reaches the webhook, and on request (POST /api/v1/evidence)."""
 
     enabled: bool = True
     dir: Path = DEFAULT_EVIDENCE_DIR
-    max_count: int = Field(default=DEFAULT_EVIDENCE_MAX_COUNT, gt=0, le=10000)
-    max_bytes: int = Field(default=DEFAULT_EVIDENCE_MAX_BYTES, gt=0)
-    min_interval_s: float = Field(default=DEFAULT_EVIDENCE_MIN_INTERVAL_S, ge=0, le=86400)
-    time_limit_s: float = Field(default=DEFAULT_EVIDENCE_TIME_LIMIT_S, gt=0, le=120)
+    max_count: Annotated[int, Meta(gt=0, le=10000)] = DEFAULT_EVIDENCE_MAX_COUNT
+    max_bytes: Annotated[int, Meta(gt=0)] = DEFAULT_EVIDENCE_MAX_BYTES
+    min_interval_s: Annotated[float, Meta(ge=0, le=86400)] = DEFAULT_EVIDENCE_MIN_INTERVAL_S
+    time_limit_s: Annotated[float, Meta(gt=0, le=120)] = DEFAULT_EVIDENCE_TIME_LIMIT_S
     on_hang: bool = True  # capture the moment the engine collector's hang finding turns on
     py_spy: bool = True  # include py-spy dumps (needs ptrace: see docs/diagnostics.md); profiling.py_spy is the binary
     # py-spy dump --native (native frames too; pauses the process for the dump); where py-spy cannot, the dump is
@@ -394,10 +429,10 @@ class EvidenceSettings(_Section):
     native: bool = True
     # The webhook acts only on alerts whose instance label is one of these (this node's agent as Prometheus names
     # it, e.g. "node-a:9435"); empty: every alert it receives is for this node (one agent per Alertmanager route).
-    instances: list[str] = Field(default_factory=list)
+    instances: list[str] = field(default_factory=list)
 
 
-class BinarySettings(_Section):
+class BinarySettings(_Section, frozen=True, kw_only=True):
     """Binary compatibility of the runtime (at start, every ``interval_s``, and on demand).
 
     ``path`` overrides /proc/PID/exe; ``interval_s`` is the re-check while the runtime is found (while it is
@@ -405,8 +440,8 @@ class BinarySettings(_Section):
     """
 
     path: Path | None = None
-    timeout_s: float = Field(default=DEFAULT_BINARY_TIMEOUT_S, gt=0, le=120)
-    interval_s: float = Field(default=DEFAULT_BINARY_INTERVAL_S, gt=0, le=86400)
+    timeout_s: Annotated[float, Meta(gt=0, le=120)] = DEFAULT_BINARY_TIMEOUT_S
+    interval_s: Annotated[float, Meta(gt=0, le=86400)] = DEFAULT_BINARY_INTERVAL_S
 
 
 DEFAULT_ALERTMANAGER_TIMEOUT_S = 2.0  # one POST to one Alertmanager
@@ -420,7 +455,13 @@ PUSHED_ALERTS: tuple[PushedAlert, ...] = (
 )
 
 
-class AlertmanagerSettings(_Section):
+def _http_urls(v: list[str]) -> list[str]:
+    for url in v:
+        http_url(url)
+    return v
+
+
+class AlertmanagerSettings(_Section, frozen=True, kw_only=True):
     """Push of the agent's critical node-local findings straight to Alertmanager (agent/node/actions/alertpush.py).
 
     Off while ``urls`` is empty. Each URL is one Alertmanager (``http://am-0:9093``; the agent POSTs to
@@ -430,112 +471,110 @@ class AlertmanagerSettings(_Section):
     target or Prometheus adds (its ``global.external_labels``, e.g. ``runbook_base``, ``dashboard_base``).
     """
 
-    urls: list[str] = Field(default_factory=list)
+    urls: list[str] = field(default_factory=list)
     instance: str | None = None  # required with urls: the `instance` label of this agent's scrape target
     job: str = "inferwatch-agent"
     # Labels the scrape adds to every series of this agent besides instance and job (relabeling: node, pod,
     # namespace ... as a ServiceMonitor adds them); a rule's by (...) drops them as it drops them from the series.
-    target_labels: dict[str, str] = Field(default_factory=dict)
-    labels: dict[str, str] = Field(default_factory=dict)  # Prometheus's external labels: on every alert it sends
-    alerts: list[PushedAlert] = Field(default_factory=lambda: list(PUSHED_ALERTS))
-    timeout_s: float = Field(default=DEFAULT_ALERTMANAGER_TIMEOUT_S, gt=0, le=60)
-    resend_s: float = Field(default=DEFAULT_ALERTMANAGER_RESEND_S, ge=1, le=3600)
+    target_labels: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)  # Prometheus's external labels: on every alert it sends
+    alerts: list[PushedAlert] = field(default_factory=lambda: list(PUSHED_ALERTS))
+    timeout_s: Annotated[float, Meta(gt=0, le=60)] = DEFAULT_ALERTMANAGER_TIMEOUT_S
+    resend_s: Annotated[float, Meta(ge=1, le=3600)] = DEFAULT_ALERTMANAGER_RESEND_S
     bearer_token_file: Path | None = None
     username: str | None = None  # basic auth, with password_file
     password_file: Path | None = None
 
-    @field_validator("urls")
-    @classmethod
-    def _http_urls(cls, v: list[str]) -> list[str]:
-        for url in v:
-            http_url(url)
-        return v
-
-    @model_validator(mode="after")
-    def _complete(self) -> AlertmanagerSettings:
+    def __post_init__(self) -> None:
+        _check(self, "urls", _http_urls)
         if self.urls and not self.instance:
-            raise ValueError(
+            raise SettingError(
+                None,
                 "alertmanager.instance must be set with alertmanager.urls: the instance label Prometheus gives this "
-                "agent's scrape target (e.g. node-a:9435), so pushed alerts and the rules' are one alert"
+                "agent's scrape target (e.g. node-a:9435), so pushed alerts and the rules' are one alert",
             )
         if self.bearer_token_file is not None and (self.username or self.password_file):
-            raise ValueError("alertmanager: bearer_token_file or username/password_file, not both")
+            raise SettingError(None, "alertmanager: bearer_token_file or username/password_file, not both")
         if bool(self.username) != (self.password_file is not None):
-            raise ValueError("alertmanager: username and password_file go together")
-        return self
+            raise SettingError(None, "alertmanager: username and password_file go together")
 
 
 DEFAULT_READINESS_MAX_AGE_S = 10.0  # five engine reads at the 2 s cadence
 # The pod condition the agent sets on each discovered engine pod that declares it as a readiness gate
 # (agent/node/discovery/podcondition.py, docs/kubernetes.md "Readiness").
 DEFAULT_READINESS_POD_CONDITION = "inferwatch.io/engine-serving"
+_POD_CONDITION = (
+    r"^$|^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
 
 
-class ReadinessSettings(_Section):
+class ReadinessSettings(_Section, frozen=True, kw_only=True):
     """``GET /engines/{name}/ready`` (agent/node/api/readiness.py): 503 when the engine's last successful read is older
     than ``max_age_s`` (or than two of the engine collector's intervals, when those are longer); with
     ``shed_waiting`` > 0, also once that many requests wait (load shedding, off by
     default: a saturated engine serves)."""
 
-    max_age_s: float = Field(default=DEFAULT_READINESS_MAX_AGE_S, gt=0, le=3600)
-    shed_waiting: int = Field(default=0, ge=0, le=1_000_000)
+    max_age_s: Annotated[float, Meta(gt=0, le=3600)] = DEFAULT_READINESS_MAX_AGE_S
+    shed_waiting: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
     # With discovery.kubernetes: set on every engine pod whose spec.readinessGates names it, True while the engine
     # serves (as GET /engines/<target>/ready answers), else False; "" never sets one. A condition type is a
     # qualified name (an optional DNS prefix and "/", then up to 63 characters).
-    pod_condition: str = Field(
-        default=DEFAULT_READINESS_POD_CONDITION,
-        pattern=r"^$|^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",
-    )
+    pod_condition: Annotated[str, Meta(pattern=_POD_CONDITION)] = DEFAULT_READINESS_POD_CONDITION
 
 
-class RunbooksSettings(_Section):
-    """Base URL of the runbook links (no trailing slash); ``/runbooks/<AlertName>`` on the agent by default."""
+def _runbooks_base(v: str) -> str:
+    if not v.startswith(("http://", "https://")):
+        raise ValueError("must start with http:// or https://")
+    return v.rstrip("/")
 
-    base_url: str = DEFAULT_RUNBOOKS_BASE_URL
 
-    @field_validator("base_url")
-    @classmethod
-    def _http_url(cls, v: str) -> str:
-        if not v.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        return v.rstrip("/")
+class RunbooksSettings(_Section, frozen=True, kw_only=True):
+    """Base URL of the runbook links (no trailing slash); ``/runbooks/<AlertName>`` on the agent by default
+    (``None``: the agent's own, as a request reached it)."""
+
+    base_url: str | None = None
+
+    def __post_init__(self) -> None:
+        _check(self, "base_url", lambda v: None if v is None else _runbooks_base(v))
+
+    @property
+    def url(self) -> str:
+        """The base URL the rule files and links use: ``base_url``, else :data:`DEFAULT_RUNBOOKS_BASE_URL`."""
+        return self.base_url or DEFAULT_RUNBOOKS_BASE_URL
 
 
 DEFAULT_DISCOVERY_FILE_MAX_BYTES = 4 << 20  # a file_sd file of thousands of targets is well under 1 MiB
 DEFAULT_DISCOVERY_WATCH_TIMEOUT_S = 300  # the API server ends each watch after this; the agent re-watches
 
 
-class DiscoveryTargetSettings(_Section):
+class DiscoveryTargetSettings(_Section, frozen=True, kw_only=True):
     """One engine written in the settings file (agent/node/discovery/static.py)."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,252}$")
+    name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]{0,252}$")]
     kind: str = "auto"
     metrics_url: str
     health_url: str | None = None
     profile_url: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
 
-    @field_validator("metrics_url", "health_url", "profile_url")
-    @classmethod
-    def _http(cls, v: str | None) -> str | None:
-        return http_url(v)
-
-    @field_validator("kind")
-    @classmethod
-    def _known_kind(cls, v: str) -> str:
-        return EngineSettings._known_kind(v)
+    def __post_init__(self) -> None:
+        _check(self, "metrics_url", http_url)
+        _check(self, "health_url", http_url)
+        _check(self, "profile_url", http_url)
+        _check(self, "kind", known_kind)
 
 
-class DiscoverySettings(_Section):
+class DiscoverySettings(_Section, frozen=True, kw_only=True):
     """Where the engine targets come from (agent/node/discovery/, docs/kubernetes.md "Discovery"): a static list, a
     ``file_sd``-shaped file, and engine pods on this node from the Kubernetes API. With any of them set, the agent
     runs a set of engine collectors per target (agent/node/targets.py), beside the single ``engine.metrics_url``."""
 
-    targets: list[DiscoveryTargetSettings] = Field(default_factory=list)
+    targets: list[DiscoveryTargetSettings] = field(default_factory=list)
     file: Path | None = None
-    file_max_bytes: int = Field(default=DEFAULT_DISCOVERY_FILE_MAX_BYTES, gt=0, le=1 << 30)
+    file_max_bytes: Annotated[int, Meta(gt=0, le=1 << 30)] = DEFAULT_DISCOVERY_FILE_MAX_BYTES
     kubernetes: bool = False
     node_name: str | None = None  # the Downward API's spec.nodeName (NODE_NAME in the DaemonSet)
-    namespaces: list[str] = Field(default_factory=list)  # empty: every namespace (needs the ClusterRole)
+    namespaces: list[str] = field(default_factory=list)  # empty: every namespace (needs the ClusterRole)
     image_fallback: bool = True  # pods without inferwatch.io/scrape found by their engine image
-    watch_timeout_s: int = Field(default=DEFAULT_DISCOVERY_WATCH_TIMEOUT_S, ge=10, le=3600)
+    watch_timeout_s: Annotated[int, Meta(ge=10, le=3600)] = DEFAULT_DISCOVERY_WATCH_TIMEOUT_S

@@ -1,16 +1,15 @@
 """The settings root: every section under its name, the agent-wide values (listen address, interval, timeout,
-series budget), the checks that span sections, and the order of the sources (flags, environment, config file)."""
+series budget), the checks that span sections, and the old names read as the new ones."""
 
 from __future__ import annotations
 
 import logging
 import os
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from msgspec import Meta, Struct, field
 
-from inferwatch.agent.config.envsource import deep_update, env_values
 from inferwatch.agent.config.sections import (
     AlertmanagerSettings,
     ApiSettings,
@@ -32,10 +31,10 @@ from inferwatch.agent.config.sections import (
     RunbooksSettings,
     RuntimeProfileSettings,
     RuntimeSettings,
+    SettingError,
     SimdSettings,
     SnapshotSettings,
 )
-from inferwatch.agent.config.yamlfile import YamlSource
 
 log = logging.getLogger(__name__)
 
@@ -54,32 +53,27 @@ ENV_NESTED_DELIMITER = "__"
 DEPRECATED_TIMING = {("runtime_profile", "interval_s"): "runtime_profile", ("probe", "interval_s"): "probe"}
 
 
-class Settings(BaseModel):
-    """``Settings(**flags)`` reads the sources, highest first: the values given, the environment
-    (:mod:`~inferwatch.agent.config.envsource`), the config file's values (:class:`YamlSource`), the defaults.
-    ``Settings.model_validate(values)`` takes the values alone."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
-
-    def __init__(self, **values: Any) -> None:
-        env = env_values(type(self), os.environ, ENV_PREFIX, ENV_NESTED_DELIMITER)
-        super().__init__(**deep_update(YamlSource.data, deep_update(env, values)))
+class Settings(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Every section under its name, and the agent-wide values. :meth:`from_values` converts and checks values read
+    from the sources (:func:`~inferwatch.agent.config.loading.load_settings` reads them, highest first: flags, the
+    environment, the config file); ``Settings()`` is the defaults, ``Settings(engine=EngineSettings(...))`` takes
+    sections already made."""
 
     listen_address: str = DEFAULT_LISTEN_ADDRESS
-    listen_port: int = Field(default=DEFAULT_LISTEN_PORT, ge=0, le=65535)
-    interval_s: float = Field(default=DEFAULT_INTERVAL_S, gt=0, le=3600)
-    timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0, le=600)
+    listen_port: Annotated[int, Meta(ge=0, le=65535)] = DEFAULT_LISTEN_PORT
+    interval_s: Annotated[float, Meta(gt=0, le=3600)] = DEFAULT_INTERVAL_S
+    timeout_s: Annotated[float, Meta(gt=0, le=600)] = DEFAULT_TIMEOUT_S
     # The agent's own /metrics series this node may hold before AgentSeriesBudgetExceeded (docs/cardinality.md).
-    series_budget: int = Field(default=DEFAULT_SERIES_BUDGET, ge=100, le=100_000_000)
+    series_budget: Annotated[int, Meta(ge=100, le=100_000_000)] = DEFAULT_SERIES_BUDGET
     # A scrape of /metrics runs the collections due before the next scrape and waits for them (at most
     # scrape_wait_s; not for one whose last run took over 0.1 s, Runner.pull): fresh values, and one wake-up per
     # cycle instead of two (docs/collectors.md).
     collect_on_scrape: bool = True
-    scrape_wait_s: float = Field(default=2.0, gt=0, le=60)
+    scrape_wait_s: Annotated[float, Meta(gt=0, le=60)] = 2.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     path: PathSettings = PathSettings()
     read_limits: ReadLimitSettings = ReadLimitSettings()
-    collectors: dict[str, CollectorSettings] = Field(default_factory=dict)
+    collectors: dict[str, CollectorSettings] = field(default_factory=dict)
     runtime: RuntimeSettings = RuntimeSettings()
     discovery: DiscoverySettings = DiscoverySettings()
     node: NodeSettings = NodeSettings()
@@ -101,39 +95,21 @@ class Settings(BaseModel):
     binary: BinarySettings = BinarySettings()
     simd: SimdSettings = SimdSettings()
 
-    @model_validator(mode="before")
     @classmethod
-    def _deprecated_timing(cls, data: Any) -> Any:
-        """Move each old timing key (:data:`DEPRECATED_TIMING`) to ``collectors.NAME``, with one warning each."""
-        if not isinstance(data, dict):
-            return data
-        out = dict(data)
-        for (section, key), name in DEPRECATED_TIMING.items():
-            values = out.get(section)
-            if not isinstance(values, Mapping) or key not in values:
-                continue
-            out[section] = {k: v for k, v in values.items() if k != key}
-            collectors = dict(out.get("collectors") or {})
-            entry = collectors.get(name) or {}
-            entry = entry.model_dump(exclude_none=True) if isinstance(entry, CollectorSettings) else dict(entry)
-            new = f"collectors.{name}.{key}"
-            if entry.get(key) is not None:
-                log.warning("%s.%s is deprecated and ignored: %s is set", section, key, new)
-                continue
-            entry[key] = values[key]
-            collectors[name] = entry
-            out["collectors"] = collectors
-            log.warning("%s.%s is deprecated: read as %s; set that instead", section, key, new)
-        return out
+    def from_values(cls, values: Mapping[str, Any]) -> Settings:
+        """The settings from ``values`` (nested mappings; sections already made are kept), converted and checked;
+        :class:`~inferwatch.agent.errors.ConfigError` naming the setting when a value is refused."""
+        from inferwatch.agent.config.convert import convert
 
-    @model_validator(mode="after")
-    def _no_open_api_off_loopback(self) -> Settings:
+        return convert(_deprecated_timing(values), cls)
+
+    def __post_init__(self) -> None:
         if not _is_loopback(self.listen_address) and not self.api.tokens and self.api.tokens_file is None:
-            raise ValueError(
+            raise SettingError(
+                None,
                 f"listen_address {self.listen_address} is not a loopback address and no API token is configured; "
-                "set api.tokens (or api.tokens_file) before exposing the agent, or bind 127.0.0.1"
+                "set api.tokens (or api.tokens_file) before exposing the agent, or bind 127.0.0.1",
             )
-        return self
 
     def collector(self, name: str) -> CollectorSettings:
         return self.collectors.get(name, CollectorSettings())
@@ -144,6 +120,30 @@ class Settings(BaseModel):
         return bool(
             os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
         )
+
+
+def _deprecated_timing(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Move each old timing key (:data:`DEPRECATED_TIMING`) to ``collectors.NAME``, with one warning each."""
+    out = dict(data)
+    for (section, key), name in DEPRECATED_TIMING.items():
+        values = out.get(section)
+        if not isinstance(values, Mapping) or key not in values:
+            continue
+        out[section] = {k: v for k, v in values.items() if k != key}
+        collectors = dict(out.get("collectors") or {})
+        entry = collectors.get(name) or {}
+        if isinstance(entry, CollectorSettings):
+            entry = {k: getattr(entry, k) for k in entry.__struct_fields__ if getattr(entry, k) is not None}
+        entry = dict(entry)
+        new = f"collectors.{name}.{key}"
+        if entry.get(key) is not None:
+            log.warning("%s.%s is deprecated and ignored: %s is set", section, key, new)
+            continue
+        entry[key] = values[key]
+        collectors[name] = entry
+        out["collectors"] = collectors
+        log.warning("%s.%s is deprecated: read as %s; set that instead", section, key, new)
+    return out
 
 
 def _is_loopback(address: str) -> bool:

@@ -1,5 +1,6 @@
 """The config file: one bounded read (a size cap and a YAML alias cap, both set by environment variables since
-they apply before the settings exist) and the settings source that hands its values to the settings root.
+they apply before the settings exist); :func:`~inferwatch.agent.config.loading.load_settings` lays the flags and the
+environment over what it reads.
 
 PyYAML is imported by the read: an agent configured by flags and environment alone never loads it."""
 
@@ -13,14 +14,6 @@ from typing import Any
 from inferwatch.agent.common.redact import redact_text
 from inferwatch.agent.common.userfiles import read_text_bounded
 from inferwatch.agent.errors import ConfigError
-
-
-class YamlSource:
-    """The config file's values, the source below flags and environment: ``data`` is set by
-    :func:`~inferwatch.agent.config.loading.load_settings` for one build of the settings, then cleared."""
-
-    data: dict[str, Any] = {}
-
 
 # The config file's own limits: read before the settings exist, so set by environment variables only.
 DEFAULT_CONFIG_MAX_BYTES = 1 << 20  # 1 MiB: a config file is a few KiB

@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+import msgspec
+
 from inferwatch.agent.catalog.engine import TARGET_ATTRIBUTES
 from inferwatch.agent.common.samples import AnySample, Attributes, Collection, Finding
 from inferwatch.agent.config import DiscoverySettings, EngineSettings, ProbeSettings, RuntimeProfileSettings, Settings
@@ -309,16 +311,16 @@ class EngineTargets(BaseCollector):
     def _engine(self, target: EngineTarget) -> EngineSettings:
         """The target's engine section: the agent's, with the target's URLs and kind."""
         update = {"metrics_url": target.metrics_url, "kind": target.kind, "health_url": target.health_url}
-        return self.settings.engine.model_copy(update=update)
+        return msgspec.structs.replace(self.settings.engine, **update)
 
     def _profile(self, target: EngineTarget) -> RuntimeProfileSettings:
-        return self.settings.runtime_profile.model_copy(update={"url": target.profile_url})
+        return msgspec.structs.replace(self.settings.runtime_profile, url=target.profile_url)
 
     def _probe(self, target: EngineTarget) -> ProbeSettings:
         """The target's streaming probe: the agent's section at the engine's API (its metrics URL's origin: vLLM,
         SGLang, TGI and llama.cpp serve both on one port), asking the engine for its own model (``probe.model``
         names the configured engine's)."""
-        return self.settings.probe.model_copy(update={"url": origin(target.metrics_url), "model": None})
+        return msgspec.structs.replace(self.settings.probe, url=origin(target.metrics_url), model=None)
 
     def _ctx(self, target: EngineTarget, locator: RuntimeLocator | None = None) -> CollectContext:
         s = self.settings
@@ -376,8 +378,8 @@ class EngineTargets(BaseCollector):
             running.process_error = str(exc.args[0] if exc.args else exc)
             return
         running.process_error = None
-        runtime = self.settings.runtime.model_copy(
-            update={"pid": pid, "pidfile": None, "cmdline_pattern": None, "name": target.name}
+        runtime = msgspec.structs.replace(
+            self.settings.runtime, pid=pid, pidfile=None, cmdline_pattern=None, name=target.name
         )
         locator = RuntimeLocator(runtime, self.ctx.procfs)
         ctx = self._ctx(target, locator)

@@ -126,7 +126,7 @@ def build_deps(
         alertpush=AlertPusher(
             settings.alertmanager,
             state,
-            settings.runbooks.base_url,
+            settings.runbooks.url,
             on_fire=evidence.on_alerts,
             engine_timeout_s=settings.engine.timeout_s,
         ),

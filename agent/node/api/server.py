@@ -149,11 +149,11 @@ def create_api(
 
     # runbooks.base_url when set; else this agent's own /runbooks, as the request reached it (host and port the
     # agent serves on, not the default's 9435).
-    runbooks_base_set = "base_url" in runbooks_cfg.model_fields_set
+    runbooks_base = runbooks_cfg.base_url
 
     @route(app, "GET", "/runbooks")
     def runbook_index(request: Request) -> dict[str, Any]:
-        base = runbooks_cfg.base_url if runbooks_base_set else f"{str(request.base_url).rstrip('/')}/runbooks"
+        base = runbooks_base or f"{str(request.base_url).rstrip('/')}/runbooks"
         base = redact_url(base)  # an open path: never a credential in a link
         return {"runbooks": [{"alert": n, "url": f"{base}/{n}"} for n in runbooks.names()]}
 

@@ -84,7 +84,7 @@ def test_a_slow_engine_body_logs_one_line_when_it_starts_and_one_when_it_ends(
     caplog.set_level(logging.INFO, logger="inferwatch.agent.node.runner")
     with es.EngineServer({"/metrics": es.body(VLLM)}) as srv:
         engine = {"metrics_url": srv.url("/metrics"), "timeout_s": ENGINE_TIMEOUT_S}
-        settings = Settings(interval_s=INTERVAL_S, engine=engine)
+        settings = Settings.from_values({"interval_s": INTERVAL_S, "engine": engine})
         state = AgentState()
         collectors = [EngineCollector(collect_context(settings), settings.engine)]
         runner = Runner(state, collectors, schedules(collectors, settings))

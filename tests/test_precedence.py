@@ -121,7 +121,7 @@ def _counted_read(models: int) -> tuple[int, list[int]]:
     with es.EngineServer() as srv:
         srv.routes["/metrics"] = es.body(gen.text())
         engine = {"metrics_url": srv.url("/metrics"), "kind": "vllm", "max_models": 1000, "max_series": 10**6}
-        settings = Settings(engine=engine)
+        settings = Settings.from_values({"engine": engine})
         collector = EngineCollector(collect_context(settings), settings.engine)
         try:
             collector.collect()  # the next read has windows to report: every step of a read in steady state

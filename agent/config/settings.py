@@ -104,6 +104,12 @@ class Settings(Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
         return convert(_deprecated_timing(values), cls)
 
     def __post_init__(self) -> None:
+        for name in self.__struct_fields__:  # Settings(engine={...}): a section left a mapping would fail far away
+            value = getattr(self, name)
+            if isinstance(value, Mapping) and (
+                name != "collectors" or any(isinstance(v, Mapping) for v in value.values())
+            ):
+                raise TypeError(f"Settings({name}=...) takes a section; values go through Settings.from_values")
         if not _is_loopback(self.listen_address) and not self.api.tokens and self.api.tokens_file is None:
             raise SettingError(
                 None,

@@ -106,3 +106,51 @@ def test_float_text_is_prometheus_client_s_float_to_go_string() -> None:
     values += [rng.uniform(-1, 1) * 10 ** rng.randint(-20, 20) for _ in range(2000)]
     for v in values:
         assert float_text(v) == floatToGoString(v), v
+
+
+def _big_state(series: int) -> AgentState:
+    """A state whose exposition is several pieces long (``series`` gauge series of one family)."""
+    state = AgentState(environment="test")
+    spec = next(s for s in catalog.CATALOG.values() if s.kind is Kind.GAUGE and s.attributes)
+    samples = [
+        Sample(spec.name, float(i), tuple((a, f"{a}-{i:07d}" * 4) for a in spec.attributes)) for i in range(series)
+    ]
+    state.register(CollectorHealth("synthetic", 5.0, 5.0))
+    state.record("synthetic", CollectorHealth("synthetic", 5.0, 5.0, runs=1, state="ok"), Collection(samples))
+    return state
+
+
+def test_metrics_is_written_in_pieces_that_add_up_to_the_whole_text() -> None:
+    """issue 38: the scrape's answer is written in ~256 KiB pieces (never one more copy of the whole text), with the
+    whole text's Content-Length; a HEAD gets the headers alone."""
+    import asyncio
+
+    from inferwatch.agent.config import ApiSettings
+    from inferwatch.agent.node.api.auth import Authenticator
+    from inferwatch.agent.node.api.server import WRITE_PIECE_BYTES, MetricsEndpoint
+
+    state = _big_state(20_000)
+    whole = render(state)
+    assert len(whole) > 4 * WRITE_PIECE_BYTES
+    endpoint = MetricsEndpoint(None, state, Authenticator(ApiSettings()), None, 2.0, exemplars=False)
+
+    def scrape(method: str) -> list[dict]:
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "path": "/metrics", "method": method, "headers": []}
+        asyncio.run(endpoint(scope, None, send))
+        return sent
+
+    start, *bodies = scrape("GET")
+    assert dict(start["headers"])[b"content-length"] == str(len(whole)).encode()
+    assert b"".join(m["body"] for m in bodies) == whole
+    assert [m["more_body"] for m in bodies] == [True] * (len(bodies) - 1) + [False]
+    assert len(bodies) >= len(whole) // WRITE_PIECE_BYTES  # pieces, never the whole text again
+    assert all(len(m["body"]) <= 2 * WRITE_PIECE_BYTES for m in bodies)
+    start, *bodies = scrape("HEAD")
+    assert dict(start["headers"])[b"content-length"] == str(len(whole)).encode() and bodies == [
+        {"type": "http.response.body", "body": b""}
+    ]

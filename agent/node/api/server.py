@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from starlette.applications import Starlette
@@ -20,7 +20,7 @@ from inferwatch.agent.node.api.endpoints import query_str, route
 from inferwatch.agent.node.api.routes import finding_dict, install
 from inferwatch.agent.node.api.services import ApiServices
 from inferwatch.agent.node.state import AgentState
-from inferwatch.exporters.prometheus import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, render, render_openmetrics
+from inferwatch.exporters.prometheus import CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE, render_openmetrics, render_parts
 
 log = logging.getLogger(__name__)
 Pull = Callable[[float], Awaitable[None]]  # Runner.pull_async: bring the due collections into this scrape
@@ -32,8 +32,8 @@ class MetricsEndpoint:
     A scrape runs no routing, no middleware stack and no thread hand-off (why: docs/benchmarks.md, "The agent's CPU
     target"): it checks the token when ``/metrics`` is not an open path, pulls the collections due for it on the
     event loop (:meth:`Runner.pull_async`: the loop waits, the lane workers collect), and writes the state with
-    :func:`inferwatch.exporters.prometheus.render`. A request the token check refuses goes on to the API, whose
-    authentication middleware answers (and counts) the 401/403 as for any other path.
+    :func:`inferwatch.exporters.prometheus.render_parts`, in pieces. A request the token check refuses goes on to the
+    API, whose authentication middleware answers (and counts) the 401/403 as for any other path.
 
     ``pull`` None (``collect_on_scrape`` off): a scrape writes the state as it is; else it waits at most
     ``scrape_wait_s`` for the pulled collections. ``exemplars``: the span receiver feeds histograms with exemplars
@@ -77,19 +77,60 @@ class MetricsEndpoint:
             with GATE.waiting_on_background():  # the collection this scrape waits for does not wait for it
                 await self.pull(self.scrape_wait_s)
         accept = next((v for k, v in scope["headers"] if k == b"accept"), b"")
-        body = None
+        parts: list[bytes] | None = None
         if self._exemplars and b"application/openmetrics-text" in accept:
             try:
-                body, head = render_openmetrics(self.state), self._openmetrics_headers
+                parts, head = [render_openmetrics(self.state)], self._openmetrics_headers
             except Exception:  # a family OpenMetrics refuses: the scrape still gets every value, as plain text
                 if not self._openmetrics_failed:
                     log.warning("OpenMetrics exposition failed; answering in the text format", exc_info=True)
                     self._openmetrics_failed = True
-        if body is None:
-            body, head = render(self.state), self._headers
-        headers = [*head, (b"content-length", str(len(body)).encode())]
+        if parts is None:
+            parts, head = render_parts(self.state), self._headers
+        headers = [*head, (b"content-length", str(sum(map(len, parts))).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body if scope["method"] == "GET" else b""})
+        if scope["method"] != "GET":
+            await send({"type": "http.response.body", "body": b""})
+            return
+        # Written in pieces of ~256 KiB, each after the one before has left (the server's flow control): the answer
+        # is never copied whole, in the server's framing or the socket's buffer (at 200 models the agent's memory
+        # peaked there: docs/benchmarks.md, "/metrics and the API while a 200-model engine is read").
+        for piece, last in _pieces(parts, WRITE_PIECE_BYTES):
+            await send({"type": "http.response.body", "body": piece, "more_body": not last})
+
+
+WRITE_PIECE_BYTES = 256 << 10
+
+
+def _pieces(parts: list[bytes], size: int) -> Iterator[tuple[bytes, bool]]:
+    """``parts`` as pieces of about ``size`` bytes (small parts joined, a large one cut), each with whether it is the
+    last; made one at a time, as they are written."""
+
+    def made() -> Iterator[bytes]:
+        batch: list[bytes] = []
+        held = 0
+        for part in parts:
+            if len(part) > size:  # a large family: pieces of its own
+                if batch:
+                    yield b"".join(batch)
+                    batch, held = [], 0
+                for i in range(0, len(part), size):
+                    yield part[i : i + size]
+                continue
+            batch.append(part)
+            held += len(part)
+            if held >= size:
+                yield b"".join(batch)
+                batch, held = [], 0
+        if batch:
+            yield b"".join(batch)
+
+    pending: bytes | None = None
+    for piece in made():
+        if pending is not None:
+            yield pending, False
+        pending = piece
+    yield (pending if pending is not None else b""), True
 
 
 def create_app(

@@ -184,6 +184,16 @@ NOT_IN_A_DEFAULT_AGENT = (
 )
 
 
+def _nvml_library_loads() -> bool:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
 def test_the_settings_load_no_pydantic() -> None:
     # Settings converted from a config's values, an error in them included, in a plain interpreter: msgspec only.
     mods = _modules_after(
@@ -203,6 +213,7 @@ def test_a_default_agent_imports_only_what_it_runs(tmp_path: Path) -> None:
     assert "inferwatch.agent.node.collectors.engine" in mods  # the engine collector is built (and reports no URL)
     assert {"inferwatch.agent.node.host.runtime", "inferwatch.agent.node.discovery.filesd"} <= mods
     assert not mods & set(NOT_IN_A_DEFAULT_AGENT), sorted(mods & set(NOT_IN_A_DEFAULT_AGENT))
+    assert ("pynvml" in mods) == _nvml_library_loads()  # the GPU collector imports it where a driver is
 
 
 @pytest.mark.integration

@@ -226,13 +226,14 @@ def _address(handle: object) -> int:
         return id(handle)
 
 
+NVML_LIBRARY = "libnvidia-ml.so.1"  # what pynvml's nvmlInit loads on Linux
+
+
 class PynvmlClient:
     """:class:`NVMLClient` over nvidia-ml-py. Thread-safe; ``init``/``shutdown`` are refcounted by NVML."""
 
     def __init__(self) -> None:
-        import pynvml
-
-        self._nvml: Any = pynvml
+        self._nvml: Any = None  # pynvml, imported once the driver's library is found (~1.5 MB on a host without one)
         self._lock = threading.Lock()
         self._handles: dict[int, Any] = {}
         self._initialised = False
@@ -256,7 +257,16 @@ class PynvmlClient:
             raise self._translate(fn, exc) from None
 
     def _library_init(self) -> None:
-        """nvmlInit, with the host's absence of a driver as NoDataError."""
+        """nvmlInit, with the host's absence of a driver as NoDataError (told before pynvml is imported: the library
+        pynvml loads, ``libnvidia-ml.so.1``, cannot be loaded)."""
+        if self._nvml is None:
+            try:
+                ctypes.CDLL(NVML_LIBRARY)
+            except OSError:
+                raise NoDataError("NVML library not found: no NVIDIA driver on this host", hint=NO_NVML_HINT) from None
+            import pynvml
+
+            self._nvml = pynvml
         nv = self._nvml
         try:
             nv.nvmlInit()

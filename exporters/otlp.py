@@ -1,44 +1,54 @@
-"""OTLP metric export through the OpenTelemetry SDK.
+"""OTLP metric export, on the OpenTelemetry SDK's exporters.
 
 Endpoint, protocol (``grpc`` or ``http/protobuf``), headers, timeout and extra resource attributes
-come from the standard ``OTEL_*`` variables, read by the SDK. Each catalog metric becomes an
-observable instrument whose callback reads the agent state, so OTLP and Prometheus show the same
-values; the state is read once per collection, not once per instrument (the collection's first
-callback indexes its samples by name, the others read the index). When the collector endpoint is
-unreachable the SDK drops the batch (cumulative temporality: the next success carries full totals),
-memory stays bounded, and we log once when export starts failing and once when it recovers.
+come from the standard ``OTEL_*`` variables, read by the SDK's exporters. Every ``OTEL_METRIC_EXPORT_INTERVAL``
+(15 s) an export is built from the agent state as it is then (:meth:`OTLPExporter.collect`: the state read once), so
+OTLP and Prometheus show the same values: each gauge, counter and up-down counter of the catalog with the series the
+state holds, counters cumulative since the agent started. When the collector endpoint is unreachable the batch is
+dropped (cumulative temporality: the next success carries full totals), memory stays bounded, and we log once when
+export starts failing and once when it recovers. Shutdown exports once more, bounded.
 
-The GenAI semantic-convention histograms (``gen_ai.server.*``, agent/catalog/genai.py) are synchronous SDK
-histograms with the conventions' bucket advice (``explicit_bucket_boundaries_advisory``), fed one measurement per
-finished request by the span analytics (:meth:`OTLPExporter.record_genai`): the SDK has no observable histogram,
-and a cumulative bucket count cannot be replayed into one exactly. Other histograms are Prometheus-only.
+The GenAI semantic-convention histograms (``gen_ai.server.*``, agent/catalog/genai.py) are kept here as the SDK's
+explicit-bucket histograms keep them, with the conventions' bucket edges, fed one measurement per finished request by
+the span analytics (:meth:`OTLPExporter.record_genai`). Other histograms are Prometheus-only.
 
-The exporters are the SDK's (gRPC or HTTP), encoding each collection with :class:`~exporters.otlp_encode.MetricsEncoder`
-(the same request as the SDK's encoder, a sixth of its CPU).
+The agent's export used the SDK's ``MeterProvider`` with an observable instrument per catalog metric until issue 38
+measured what its aggregations held: ~2.4 MB of objects with everything on at 10 models, for values the state holds
+already. The exporters are the SDK's (gRPC or HTTP), encoding each export with
+:class:`~exporters.otlp_encode.MetricsEncoder` (the same request as the SDK's encoder, a sixth of its CPU).
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
+import math
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
     MetricExporter,
     MetricExportResult,
-    MetricReader,
     MetricsData,
-    PeriodicExportingMetricReader,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
 )
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from inferwatch.agent import __version__, catalog
 from inferwatch.agent.catalog import genai
-from inferwatch.agent.catalog.spec import Kind, MetricSpec
+from inferwatch.agent.catalog.spec import Kind
 from inferwatch.agent.common.samples import Sample
 from inferwatch.agent.node.state import AgentState
 from inferwatch.exporters.otlp_encode import MetricsEncoder
@@ -151,52 +161,96 @@ def build_resource(identity: dict[str, str], environment: str) -> Resource:
     return Resource.create(attrs)
 
 
+class _GenAIHistogram:
+    """A ``gen_ai.server.*`` histogram, cumulative: bucket counts, sum, count, min and max per attribute set, as the
+    SDK's explicit-bucket aggregation keeps them (a value on an edge counts in the bucket the edge closes)."""
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.series: dict[tuple[tuple[str, str], ...], list[Any]] = {}  # key -> [counts, sum, count, min, max, mapping]
+        self.lock = threading.Lock()
+
+    def record(self, value: float, attributes: dict[str, str]) -> None:
+        key = tuple(sorted(attributes.items()))
+        with self.lock:
+            entry = self.series.get(key)
+            if entry is None:
+                entry = self.series[key] = [[0] * (len(self.bounds) + 1), 0.0, 0, math.inf, -math.inf, attributes]
+            entry[0][bisect.bisect_left(self.bounds, value)] += 1
+            entry[1] += value
+            entry[2] += 1
+            entry[3] = min(entry[3], value)
+            entry[4] = max(entry[4], value)
+
+    def points(self, start_ns: int, now_ns: int) -> list[HistogramDataPoint]:
+        with self.lock:
+            return [
+                HistogramDataPoint(
+                    attributes=mapping,
+                    start_time_unix_nano=start_ns,
+                    time_unix_nano=now_ns,
+                    count=count,
+                    sum=total,
+                    bucket_counts=list(counts),
+                    explicit_bounds=self.bounds,
+                    min=low,
+                    max=high,
+                )
+                for counts, total, count, low, high, mapping in self.series.values()
+            ]
+
+
 class OTLPExporter:
-    """The agent's OTLP metrics sink: export on a period, flush, shutdown (idempotent, bounded)."""
+    """The agent's OTLP metrics sink: export on a period, flush, shutdown (idempotent, bounded).
+
+    Each export is built from the agent state as it is then (:meth:`collect`): a gauge, counter or up-down counter of
+    the catalog is a metric of the series the state holds, a counter's points cumulative since the exporter started.
+    The SDK kept an aggregation per series for the same values (~2.4 MB of objects with everything on at 10 models,
+    docs/benchmarks.md "Where everything-on's megabytes go"); what is kept here is one attributes mapping per series
+    of the last export, which the encoder recognises (:class:`~exporters.otlp_encode.MetricsEncoder`).
+    """
 
     def __init__(
         self,
         state: AgentState,
         resource: Resource,
         exporter: MetricExporter | None = None,
-        readers: Sequence[MetricReader] = (),
         export_interval_ms: int | None = None,
         ttft_extra_buckets_s: tuple[float, ...] = (),
     ) -> None:
         self.state = state
-        self._ttft_extra_buckets_s = ttft_extra_buckets_s
-        self._genai: dict[str, Any] = {}
+        self.resource = resource
+        self.scope = InstrumentationScope("inferwatch.agent", __version__)
+        self._start_ns = time.time_ns()
+        self._genai = {
+            name: _GenAIHistogram(genai.buckets(name, ttft_extra_buckets_s))
+            for name in (genai.TTFT, genai.TPOT, genai.DURATION)
+            if name in catalog.CATALOG
+        }
+        self._mappings: dict[Any, dict[str, Any]] = {}  # a series' attributes -> its mapping, as of the last export
         self.exports_ok = 0
         self.exports_failed = 0
+        self.state_reads = 0  # how many times an export read the state (tests: once per collection)
         self._lock = threading.Lock()
+        self._collect_lock = threading.Lock()
         self._closed = False
-        # The state's samples by name, read by one collection's callbacks: a callback whose metric was already
-        # served from this index belongs to the next collection, and reads the state again.
-        self._index_lock = threading.Lock()
-        self._index: dict[str, list[Sample]] | None = None
-        self._served: set[str] = set()
-        self.state_reads = 0  # how many times the callbacks read the state (tests: once per collection)
-        all_readers: list[MetricReader] = list(readers)  # non-network readers first (shutdown order)
+        self._exporter: _StateLoggingExporter | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
         if exporter is not None:
             interval = export_interval_ms or int(
                 os.environ.get("OTEL_METRIC_EXPORT_INTERVAL", DEFAULT_EXPORT_INTERVAL_MS)
             )
-            timeout = min(
+            self._timeout_ms = min(
                 int(os.environ.get("OTEL_METRIC_EXPORT_TIMEOUT", DEFAULT_EXPORT_TIMEOUT_MS)), SHUTDOWN_TIMEOUT_MS - 1000
             )
             for name in _SDK_LOGGERS:  # we log transitions ourselves; the SDK logs every retry
                 logging.getLogger(name).setLevel(logging.CRITICAL)
-            all_readers.append(
-                PeriodicExportingMetricReader(
-                    _StateLoggingExporter(exporter, self._count),
-                    export_interval_millis=interval,
-                    export_timeout_millis=timeout,
-                )
+            self._exporter = _StateLoggingExporter(exporter, self._count)
+            self._thread = threading.Thread(
+                target=self._run, args=(interval / 1000.0,), name="otlp-export", daemon=True
             )
-        self.provider = MeterProvider(resource=resource, metric_readers=all_readers)
-        meter = self.provider.get_meter("inferwatch.agent", __version__)
-        for spec in catalog.CATALOG.values():
-            self._instrument(meter, spec)
+            self._thread.start()
 
     def _count(self, ok: bool) -> None:
         with self._lock:
@@ -205,68 +259,87 @@ class OTLPExporter:
             else:
                 self.exports_failed += 1
 
-    def _callback(self, spec: MetricSpec) -> Callable[[CallbackOptions], Iterable[Observation]]:
-        name = spec.name
+    def _run(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            self._export()
 
-        def observe(_options: CallbackOptions) -> Iterable[Observation]:
-            return [Observation(float(s.value), dict(s.attributes)) for s in self._samples_of(name)]
+    def _export(self) -> bool:
+        exporter = self._exporter
+        if exporter is None:
+            return False
+        try:
+            data = self.collect()
+        except Exception:  # a state that cannot be read this time: the next export tries again
+            log.warning("OTLP export: the agent state could not be read", exc_info=True)
+            return False
+        return exporter.export(data, timeout_millis=self._timeout_ms) is MetricExportResult.SUCCESS
 
-        return observe
-
-    def _samples_of(self, name: str) -> list[Sample]:
-        """This collection's samples of ``name``, a series once (its first sample in the state's order)."""
-        with self._index_lock:
-            if self._index is None or name in self._served:
-                self._index = self._read_state()
-                self._served = set()
-            self._served.add(name)
-            return self._index.get(name, [])
-
-    def _read_state(self) -> dict[str, list[Sample]]:
-        self.state_reads += 1
-        index: dict[str, list[Sample]] = {}
-        seen: set[tuple[str, Any]] = set()
-        for s in self.state.samples():
-            if isinstance(s, Sample) and (s.name, s.attributes) not in seen:
-                seen.add((s.name, s.attributes))
-                index.setdefault(s.name, []).append(s)
-        return index
-
-    def _instrument(self, meter: Any, spec: MetricSpec) -> None:
-        cb = [self._callback(spec)]
-        if spec.kind is Kind.GAUGE:
-            meter.create_observable_gauge(spec.name, callbacks=cb, unit=spec.unit, description=spec.description)
-        elif spec.kind is Kind.COUNTER:
-            meter.create_observable_counter(spec.name, callbacks=cb, unit=spec.unit, description=spec.description)
-        elif spec.kind is Kind.UPDOWNCOUNTER:
-            meter.create_observable_up_down_counter(
-                spec.name, callbacks=cb, unit=spec.unit, description=spec.description
-            )
-        elif spec.name in (genai.TTFT, genai.TPOT, genai.DURATION):
-            self._genai[spec.name] = meter.create_histogram(
-                spec.name,
-                unit=spec.unit,
-                description=spec.description,
-                explicit_bucket_boundaries_advisory=list(genai.buckets(spec.name, self._ttft_extra_buckets_s)),
-            )
-        # Other histograms: the SDK has no observable histogram; they are exported through Prometheus (and the
-        # Collector's Prometheus receiver).
+    def collect(self) -> MetricsData:
+        """The export of now: the catalog's gauges and sums from the state (read once), a series once (its first
+        sample in the state's order), and the ``gen_ai.server.*`` histograms."""
+        with self._collect_lock:
+            self.state_reads += 1
+            index: dict[str, list[Sample]] = {}
+            seen: set[tuple[str, Any]] = set()
+            for s in self.state.samples():
+                if isinstance(s, Sample) and (s.name, s.attributes) not in seen:
+                    seen.add((s.name, s.attributes))
+                    index.setdefault(s.name, []).append(s)
+            now = time.time_ns()
+            start = self._start_ns
+            kept, mappings = self._mappings, {}
+            metrics: list[Metric] = []
+            for spec in catalog.CATALOG.values():
+                if spec.kind is Kind.HISTOGRAM:
+                    histogram = self._genai.get(spec.name)
+                    hpoints = histogram.points(start, now) if histogram is not None else []
+                    if hpoints:
+                        data: Any = Histogram(hpoints, AggregationTemporality.CUMULATIVE)
+                        metrics.append(Metric(spec.name, spec.description, spec.unit, data))
+                    # Other histograms are Prometheus-only (and reach a Collector through its Prometheus receiver).
+                    continue
+                samples = index.get(spec.name)
+                if not samples:
+                    continue
+                gauge = spec.kind is Kind.GAUGE
+                points = []
+                for sample in samples:
+                    mapping = kept.get(sample.attributes)
+                    if mapping is None:
+                        mapping = dict(sample.attributes)
+                    mappings[sample.attributes] = mapping
+                    points.append(NumberDataPoint(mapping, None if gauge else start, now, float(sample.value)))  # type: ignore[arg-type]
+                if gauge:
+                    data = Gauge(points)
+                else:
+                    data = Sum(points, AggregationTemporality.CUMULATIVE, spec.kind is Kind.COUNTER)
+                metrics.append(Metric(spec.name, spec.description, spec.unit, data))
+            self._mappings = mappings  # the series gone since the last export are let go
+            scope = ScopeMetrics(self.scope, metrics, self.scope.schema_url or "")
+            return MetricsData([ResourceMetrics(self.resource, [scope], self.resource.schema_url)])
 
     def record_genai(self, name: str, value_s: float, attributes: dict[str, str]) -> None:
         """Record one request's ``gen_ai.server.*`` measurement; an empty attribute (no error) is left out."""
-        instrument = self._genai.get(name)
-        if instrument is not None and not self._closed:
-            instrument.record(value_s, {k: v for k, v in attributes.items() if v})
+        histogram = self._genai.get(name)
+        if histogram is not None and not self._closed:
+            histogram.record(value_s, {k: v for k, v in attributes.items() if v})
 
     def force_flush(self, timeout_ms: int = SHUTDOWN_TIMEOUT_MS) -> bool:
-        return bool(self.provider.force_flush(timeout_millis=timeout_ms))
+        return self._export()
 
     def shutdown(self, timeout_ms: int = SHUTDOWN_TIMEOUT_MS) -> None:
+        """Stop the period, export once more (what changed since the last export), then close the exporter."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_ms / 1000.0)
+        if self._exporter is None:
+            return
         try:
-            self.provider.shutdown(timeout_millis=timeout_ms)
+            self._export()
+            self._exporter.shutdown(timeout_millis=timeout_ms)
         except Exception:
             log.warning("OTLP shutdown incomplete", exc_info=True)

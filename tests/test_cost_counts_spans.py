@@ -96,11 +96,10 @@ def test_an_otlp_collection_reads_the_state_once() -> None:
         Sample("inferwatch.analytics.errors", 1.0, attrs(stage="explain")),
     ]
     state.record("c", CollectorHealth("c", 5.0, 5.0, runs=1, state="ok"), Collection(samples=samples))
-    reader = InMemoryMetricReader()
-    otlp = OTLPExporter(state, Resource.create({}), readers=[reader])
+    otlp = OTLPExporter(state, Resource.create({}))
     try:
         for collection in (1, 2):
-            data = reader.get_metrics_data()
+            data = otlp.collect()
             assert data is not None
             metrics = {m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
             points: list[Any] = list(metrics["inferwatch.analytics.errors"].data.data_points)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
-from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import HistogramDataPoint
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -144,13 +144,12 @@ def exported(request: pytest.FixtureRequest) -> Iterator[tuple[tuple[float, ...]
     analytics = LatencyAnalytics(
         histograms=True, genai_options=GenAIOptions("chat", "vllm", tuple(settings.ttft_extra_buckets_s))
     )
-    reader = InMemoryMetricReader()
     state = AgentState()
-    otlp = OTLPExporter(state, Resource.create({}), readers=[reader], ttft_extra_buckets_s=extra)
+    otlp = OTLPExporter(state, Resource.create({}), ttft_extra_buckets_s=extra)
     analytics.set_observer(otlp.record_genai)
     try:
         with received(settings, analytics, _spans, state):
-            yield extra, reader.get_metrics_data(), render(state).decode()
+            yield extra, otlp.collect(), render(state).decode()
     finally:
         otlp.shutdown()
 

@@ -218,6 +218,16 @@ def test_a_bad_old_timing_key_exits_2_naming_the_key_it_is_read_as(tmp_path) -> 
             lambda s: (s.collector("cpu").enabled, s.collector("cpu").interval_s) == (False, 2),
         ),
         ({"INFERWATCH_ALERTMANAGER__LABELS__TEAM": "infra"}, lambda s: s.alertmanager.labels == {"team": "infra"}),
+        # a switch reads as pydantic read it (yes/on/1 and their opposites, any case); a number without its spaces
+        (
+            {
+                "INFERWATCH_RECEIVER__ENABLED": "Yes",
+                "INFERWATCH_COLLECT_ON_SCRAPE": "off",
+                "INFERWATCH_LISTEN_PORT": " 1234 ",
+            },
+            lambda s: (s.receiver.enabled, s.collect_on_scrape, s.listen_port) == (True, False, 1234),
+        ),
+        ({"INFERWATCH_COLLECTORS__CPU__ENABLED": "n"}, lambda s: s.collector("cpu").enabled is False),
     ],
 )
 def test_environment_variables_set_nested_and_json_values(monkeypatch, env: dict[str, str], read) -> None:

@@ -27,6 +27,7 @@ from typing import Any, TypeGuard, get_args, get_origin
 
 from msgspec import Struct
 
+from inferwatch.agent.config.convert import strip as _strip
 from inferwatch.agent.config.convert import struct_fields
 
 
@@ -59,17 +60,6 @@ def deep_update(mapping: Mapping[str, Any], *updates: Mapping[str, Any]) -> dict
 
 def _is_union(annotation: Any) -> bool:
     return get_origin(annotation) in (typing.Union, types.UnionType)
-
-
-def _strip(annotation: Any) -> Any:
-    """``X`` of ``Annotated[X, ...]``, ``X | None`` and ``Optional[X]``."""
-    while True:
-        if get_origin(annotation) is typing.Annotated:
-            annotation = get_args(annotation)[0]
-        elif _is_union(annotation) and len(args := [a for a in get_args(annotation) if a is not type(None)]) == 1:
-            annotation = args[0]
-        else:
-            return annotation
 
 
 def _is_model(annotation: Any) -> TypeGuard[type[Struct]]:
@@ -201,8 +191,8 @@ def _field_names(annotation: Any, values: dict[str, Any]) -> dict[str, Any]:
     if not _is_model(model):
         return values
     out: dict[str, Any] = {}
+    fields = _fields(model)
     for key, value in values.items():
-        fields = _fields(model)
         name = next((n for n in fields if n.lower() == key.lower()), None)
         if name is None:
             out[key] = value

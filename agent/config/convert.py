@@ -16,7 +16,7 @@ import reprlib
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from pathlib import Path, PurePath
+from pathlib import PurePath
 from typing import Any, TypeVar, get_args, get_origin
 
 import msgspec
@@ -184,14 +184,3 @@ def describe(exc: msgspec.ValidationError, values: Any, cls: type) -> str:
     hidden = value is _MISSING or isinstance(value, (Mapping, msgspec.Struct)) or any(secret_name(str(p)) for p in loc)
     shown = "" if hidden else f" (got {reprlib.repr(redact_text(value) if isinstance(value, str) else value)})"
     return f"{name}: {message}{shown}" if name else message
-
-
-def to_builtins(section: msgspec.Struct) -> dict[str, Any]:
-    """A section's values as plain data (paths as strings), as a config file would hold them."""
-    return typing.cast(dict[str, Any], msgspec.to_builtins(section, enc_hook=_enc_hook))
-
-
-def _enc_hook(value: Any) -> Any:
-    if isinstance(value, Path):
-        return str(value)
-    raise NotImplementedError(f"no plain form for {type(value).__name__}")

@@ -5,11 +5,11 @@ each point, every export: with everything on (~1,560 points a collection, ~4 att
 CPU per export, as much as the collection itself. :class:`MetricsEncoder` builds the same
 ``ExportMetricsServiceRequest`` (equal message for message: tests/test_otlp_encode.py compares the two): a gauge's or
 a sum's points are written as protobuf bytes and parsed into the metric's message in one call. A point's attribute
-bytes are kept with its attributes mapping, found again by identity: the SDK keeps one mapping per series and hands
-the same object every collection, so the kept bytes cost no second copy of the attributes (a mapping seen for the
-first time is encoded; what is kept is dropped once it outgrows twice the last collection's points). Histograms,
-points with exemplars and anything else go through the SDK's own encoding. Resources and scopes are encoded as the
-SDK encodes them.
+bytes are kept with its attributes mapping, found again by identity: the exporter (``OTLPExporter.collect`` in
+exporters/otlp.py) keeps one mapping per series and hands the same object every export, so the kept bytes cost no
+second copy of the attributes (a mapping seen for the first time is encoded; what is kept is dropped once it outgrows
+twice the last collection's points). Histograms, points with exemplars and anything else go through the SDK's own
+encoding. Resources and scopes are encoded as the SDK encodes them.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def _sdk_encode(metric: Any, out: pb2.Metric) -> None:
 
 
 class MetricsEncoder:
-    """``encode_metrics`` for the agent's observable gauges and counters; thread-safe (one export at a time)."""
+    """``encode_metrics`` for the agent's gauges and counters; thread-safe (one export at a time)."""
 
     def __init__(self) -> None:
         self._attributes: dict[int, tuple[Any, bytes]] = {}  # id(mapping) -> (the mapping, its attribute bytes)
@@ -73,7 +73,7 @@ class MetricsEncoder:
 
     def __call__(self, data: MetricsData) -> ExportMetricsServiceRequest:
         with self._lock:
-            if len(self._attributes) > 2 * self._points + MIN_KEPT:  # series gone, or mappings not kept by the SDK
+            if len(self._attributes) > 2 * self._points + MIN_KEPT:  # series gone, or mappings not kept by the caller
                 self._attributes.clear()
             self._points = 0
             request = ExportMetricsServiceRequest()  # built in place: a message passed to a constructor is copied

@@ -46,6 +46,7 @@ import tempfile
 import threading
 import time
 import tracemalloc
+import urllib.parse
 from collections import Counter as Tally
 from collections.abc import Callable
 from pathlib import Path
@@ -55,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
-from prometheus_client import Counter, Gauge, Histogram  # noqa: E402
+from prometheus_client import Counter, Gauge, Histogram, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from benchmarks.exposition_ingest import check_identical  # noqa: E402
@@ -149,15 +150,43 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def serve_metrics(next_body: Callable[[], bytes]) -> tuple[http.server.ThreadingHTTPServer, str]:
-    """An engine's /metrics on 127.0.0.1: each GET answers ``next_body()``; the server and its URL."""
+def restricted_text(body: bytes, names: set[str]) -> bytes:
+    """What prometheus_client's exposition app (vLLM's ``/metrics``) answers a ``name[]=`` query with, from the whole
+    text: the samples of those names, each family's HELP and TYPE lines before its first (``restricted_registry``;
+    tests/test_engine_progress.py holds it to prometheus_client's own answer)."""
+    out: list[bytes] = []
+    head: list[bytes] = []
+    for line in body.split(b"\n"):
+        if line.startswith(b"#"):
+            head = [line] if line.startswith(b"# HELP") else [*head, line]
+            continue
+        if line and line.split(b"{", 1)[0].split(b" ", 1)[0].decode() in names:
+            out.extend(head)
+            head = []
+            out.append(line)
+    return b"\n".join(out) + b"\n" if out else b""
+
+
+def serve_metrics(
+    next_body: Callable[[], bytes], restricted: Callable[[set[str]], bytes] | None = None
+) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """An engine's /metrics on 127.0.0.1: each GET answers ``next_body()``, a GET with ``name[]=`` in its query
+    ``restricted(names)`` as vLLM's prometheus_client app does (default: :func:`restricted_text` of the next body);
+    the server and its URL."""
+
+    def answer(names: set[str]) -> bytes:
+        return restricted(names) if restricted is not None else restricted_text(next_body(), names)
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as engines serve (uvicorn): a read is not a new connection
+
         def do_GET(self) -> None:
-            if self.path != "/metrics":  # the agent also asks /v1/models and /health: none here
+            parts = urllib.parse.urlsplit(self.path)
+            if parts.path != "/metrics":  # the agent also asks /v1/models and /health: none here
                 self.send_error(404)
                 return
-            body = next_body()
+            names = urllib.parse.parse_qs(parts.query).get("name[]")
+            body = answer(set(names)) if names else next_body()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
@@ -197,13 +226,19 @@ class LiveExposition:
         self._served = threading.Event()
         self._stop = threading.Event()
         threading.Thread(target=self._produce, daemon=True).start()
-        self.server, self.url = serve_metrics(self._next_body)
+        self.server, self.url = serve_metrics(self._next_body, self._restricted)
 
     def _next_body(self) -> bytes:
         body = self.body
         self.reads += 1
         self._served.set()
         return body
+
+    def _restricted(self, names: set[str]) -> bytes:
+        """The answer to a ``name[]=`` query: prometheus_client's own, from the registry as it is now."""
+        self.reads += 1
+        self._served.set()
+        return generate_latest(self.gen.registry.restricted_registry(names))
 
     def _produce(self) -> None:
         while not self._stop.is_set():

@@ -461,7 +461,12 @@ class SimulatorApp:
         return JSONResponse({"version": ENGINE_VERSION})
 
     async def metrics(self, request: Request) -> Response:
-        return Response(generate_latest(self.runtime.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        """vLLM's /metrics is prometheus_client's ``make_asgi_app``: a ``name[]=`` query gets those samples only."""
+        registry: Any = self.runtime.metrics.registry
+        names = request.query_params.getlist("name[]")
+        if names:
+            registry = registry.restricted_registry(names)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     async def debug_profile(self, request: Request) -> Response:
         name, value = self._debug_header

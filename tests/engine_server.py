@@ -99,7 +99,9 @@ class EngineServer:
 
             def do_GET(self) -> None:
                 server.requests.append((time.time(), self.path))
-                route = server.routes.get(self.path)
+                # a path's route answers it with any query too (an engine that ignores ``name[]=``, as TGI and
+                # llama.cpp do), unless the path with that query has a route of its own
+                route = server.routes.get(self.path) or server.routes.get(self.path.split("?", 1)[0])
                 try:
                     (route or status(404))(self)
                 except (BrokenPipeError, ConnectionResetError):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from inferwatch.agent.config import Settings
-from inferwatch.agent.node.collectors.engine import EngineCollector
+from inferwatch.agent.node.collectors.engine import FILTER_RETRY_S, EngineCollector
 from inferwatch.agent.node.engine import progress as progress_module
 from inferwatch.agent.node.engine.adapters import EngineReading
 from inferwatch.agent.node.engine.fetch import EngineScrapeError
@@ -22,6 +22,7 @@ from inferwatch.agent.node.engine.progress import (
     PROGRESS_COUNTERS,
     PROGRESS_GAUGES,
     ProgressReader,
+    filtered_url,
     find_lines,
     progress_lines,
 )
@@ -185,8 +186,10 @@ def _pass_and_full_calls(body: str) -> tuple[int, int]:
             first = c.collect()
             prerender(first)
             clock[0] += 2.0
+            prerender(c.collect())  # the first pass makes its reader and its URL: once per engine kind
+            clock[0] += 2.0
             progress = python_calls(lambda: prerender(c.collect()))
-            clock[0] += 4.0
+            clock[0] += 2.0
             full = python_calls(lambda: prerender(c.collect()))
         finally:
             c.close()
@@ -234,3 +237,153 @@ def test_a_pass_that_cannot_stand_for_a_full_read_reads_the_body_in_full(head: s
             c.close()
     assert col.details["read"]["kind"] == "full" and c.read_counts["fallback"] == 1
     assert {(v["model"], v["rank"]) for v in col.details["hang"]} == {(m, r) for m in ("m0", "m1") for r in "01"}
+
+
+# --- asking for the progress families alone (name[]=, prometheus_client's restricted registry) ---------------------
+
+
+def _filtered_collector(url: str, clock: list[float], **engine: object) -> EngineCollector:
+    values = {"metrics_url": url, "kind": "vllm", "health_url": "", **engine}
+    settings = Settings.from_values(dict(engine=values))
+    return EngineCollector(collect_context(settings), settings.engine, 5.0, lambda: clock[0])
+
+
+def _verdicts(col: object) -> list[tuple[str, str, bool]]:
+    hang = col.details["hang"]  # type: ignore[attr-defined]
+    return sorted((v["model"], v["rank"], v["stalled"]) for v in hang)
+
+
+def test_a_pass_asks_prometheus_clients_own_server_for_its_families_and_reads_a_fraction_of_the_body() -> None:
+    """The engine here is prometheus_client's own HTTP server over a vLLM-shaped registry (as vLLM serves its
+    /metrics with prometheus_client's app): the pass's answer is its families alone, and it judges what a pass over
+    the whole exposition judges."""
+    from prometheus_client import start_http_server
+
+    from tests.conftest import free_port
+
+    gen = VllmLike([f"m{i}" for i in range(4)], engines=2, seed=11)
+    gen.observe(4)
+    port = free_port()
+    httpd, thread = start_http_server(port, addr="127.0.0.1", registry=gen.registry)
+    url = f"http://127.0.0.1:{port}/metrics"
+    clock = [1000.0]
+    asked, plain = _filtered_collector(url, clock), _filtered_collector(url, clock, progress_filter=False)
+    try:
+        for c in (asked, plain):
+            first = c.collect()
+            assert first.details["read"]["kind"] == "full" and len(first.details["models"]) == 4
+            assert not any(c.parser.dropped_lines().values())  # the text format asked for: OpenMetrics escapes names
+        full_bytes = asked._read_bytes
+        clock[0] += 2.0
+        gen.observe(2)
+        got, want = asked.collect(), plain.collect()
+        assert got.details["read"]["kind"] == want.details["read"]["kind"] == "progress"
+        assert got.details["read"]["filter"] == {"state": "asked", "until": None, "refused": 0}
+        assert want.details["read"]["filter"]["state"] == "off"
+        assert asked._read_bytes * 10 < full_bytes, (asked._read_bytes, full_bytes)  # its families alone
+        assert plain._read_bytes > 0.9 * full_bytes  # the whole exposition (its values moved on)
+        assert asked._progress is not None and plain._progress is not None
+        assert asked._progress.lines == plain._progress.lines > 0  # the same lines, taken from far fewer bytes
+        assert _verdicts(got) == _verdicts(want) and len(_verdicts(got)) == 8
+        assert [s for s in got.samples if s.name in HANG] == [s for s in want.samples if s.name in HANG]
+    finally:
+        asked.close()
+        plain.close()
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(5)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        es.body(""),  # prometheus_client before 0.25 over a multiprocess registry: nothing
+        es.status(400),  # a server that refuses the query
+        es.body("# HELP x y\n# TYPE x gauge\nx 1\n"),  # something else, without the families
+    ],
+)
+def test_an_answer_to_the_query_that_cannot_stand_for_a_full_read_is_never_read_as_the_whole_exposition(
+    answer: es.Route,
+) -> None:
+    gen = VllmLike(["m0", "m1"], engines=2, seed=3)
+    gen.observe(3)
+    clock = [1000.0]
+    with es.EngineServer() as srv:
+        c = _filtered_collector(srv.url("/metrics"), clock)
+        try:
+            srv.routes["/metrics"] = es.body(gen.text())
+            c.collect()
+            query = c._progress_url()
+            assert query is not None and str(query).startswith(srv.url("/metrics?name%5B%5D="))
+            srv.routes[str(query)[len(srv.url("")) :]] = answer
+            clock[0] += 2.0
+            col = c.collect()
+            # read in full from the plain URL: every series of the full read, the engine up, no error counted
+            assert col.details["read"]["kind"] == "full" and c.read_counts["fallback"] == 1
+            assert len(col.details["hang"]) == 4 and col.details["series_read"] > 100
+            assert col.details["read"]["filter"] == {"state": "paused", "until": 1002.0 + FILTER_RETRY_S, "refused": 1}
+            status = {(s.name, s.attributes): s.value for s in c.status_samples()}
+            assert status[("inferwatch.engine.up", (("engine", "vllm"),))] == 1
+            assert not any(v for (n, _), v in status.items() if n == "inferwatch.engine.scrape.errors")
+            asked = str(query)[len(srv.url("")) :]
+
+            def reads() -> list[str]:  # the engine's /metrics requests (not /v1/models, asked in a thread)
+                return [p for _, p in srv.requests if p.startswith("/metrics")]
+
+            assert reads()[-2:] == [asked, "/metrics"]
+            clock[0] += 2.0
+            assert c.collect().details["read"]["kind"] == "progress"  # the passes read the whole exposition now
+            assert reads()[-1] == "/metrics"
+            clock[0] += FILTER_RETRY_S
+            c.collect()  # a full read (due)
+            clock[0] += 2.0
+            c.collect()  # the retry time has come: the pass asks again, and falls back again
+            assert reads()[-2:] == [asked, "/metrics"] and c.read_counts["fallback"] == 2
+        finally:
+            c.close()
+
+
+def test_an_engine_that_ignores_the_query_is_read_from_its_whole_answer() -> None:
+    """TGI and llama.cpp answer ``/metrics?name[]=...`` with everything: the pass takes its lines from that."""
+    gen = VllmLike(["m0", "m1"], engines=2, seed=4)
+    gen.observe(3)
+    clock = [1000.0]
+    with es.EngineServer() as srv:
+        srv.routes["/metrics"] = es.body(gen.text())  # any query: the same whole body
+        c = _filtered_collector(srv.url("/metrics"), clock)
+        try:
+            c.collect()
+            clock[0] += 2.0
+            col = c.collect()
+        finally:
+            c.close()
+    assert col.details["read"]["kind"] == "progress" and c.read_counts["fallback"] == 0
+    assert "?name%5B%5D=" in srv.requests[-1][1] and len(col.details["hang"]) == 4
+
+
+def test_the_query_keeps_the_urls_own() -> None:
+    assert (
+        filtered_url("http://e:8000/metrics?x=1", ["b", "a"]) == "http://e:8000/metrics?x=1&name%5B%5D=a&name%5B%5D=b"
+    )
+    assert filtered_url("http://e/metrics", ["vllm:a"]) == "http://e/metrics?name%5B%5D=vllm%3Aa"
+
+
+def test_the_benchmarks_engine_answers_a_query_as_prometheus_client_does() -> None:
+    """benchmarks/engine_scale.py's engine filters pre-rendered text as prometheus_client's restricted registry does."""
+    from prometheus_client import generate_latest
+
+    from benchmarks.engine_scale import restricted_text
+
+    gen = VllmLike([f"m{i}" for i in range(3)], engines=2, seed=6)
+    gen.observe(3)
+    def families(text: bytes) -> list[bytes]:  # prometheus_client orders a restricted answer's families as a set
+        return sorted(b"# HELP" + block for block in text.split(b"# HELP") if block)
+
+    for names in (
+        {"vllm:num_requests_running", "vllm:prompt_tokens_total"},
+        set(ProgressReader("vllm").names),
+        {"vllm:time_to_first_token_seconds_bucket", "vllm:time_to_first_token_seconds_count"},
+        {"nothing"},
+    ):
+        want = generate_latest(gen.registry.restricted_registry(names))
+        assert families(restricted_text(generate_latest(gen.registry), names)) == families(want), names

@@ -161,6 +161,17 @@ def test_metrics_are_exactly_vllm_v1s_families_labels_and_buckets(sim: str):
     assert reasons == set(CONTRACT["finished_reasons"])
 
 
+def test_metrics_answer_a_name_query_with_those_samples_alone_as_vllms_prometheus_client_app_does(sim: str):
+    """vLLM's /metrics is prometheus_client's make_asgi_app: ``name[]=`` restricts the answer to those samples (the
+    agent's progress passes ask so, agent/node/engine/progress.py)."""
+    oai(sim).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=3)
+    names = ["vllm:num_requests_running", "vllm:generation_tokens_total"]
+    text = httpx.get(sim + "/metrics", params=[("name[]", n) for n in names]).text
+    got = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert got == set(names), got
+    assert len(text) * 10 < len(httpx.get(sim + "/metrics").text)
+
+
 def test_hidden_metrics_only_behind_the_flag(tmp_path: Path):
     port = free_port()
     cmd = [

@@ -207,6 +207,9 @@ class EngineSettings(_Section, frozen=True, kw_only=True):
     hang_min_stall_s: Annotated[float, Meta(gt=0, le=3600)] = DEFAULT_HANG_MIN_STALL_S
     hang_max_stall_s: Annotated[float, Meta(gt=0, le=86400)] = DEFAULT_HANG_MAX_STALL_S
     hang_fast_stall_s: Annotated[float, Meta(ge=0, le=3600)] = DEFAULT_HANG_FAST_STALL_S  # 0: the allowance only
+    # Progress passes ask prometheus_client's /metrics app (vLLM, SGLang) for their families alone (name[]=...);
+    # False: every pass reads the whole exposition (agent/node/engine/progress.py)
+    progress_filter: bool = True
     # The engine's name in GET /engines/{name}/ready (agent/node/api/readiness.py)
     name: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")] = "default"
 

@@ -31,12 +31,17 @@ asked again after :data:`MODEL_LEN_RETRY_S`.
 collection needs a read once per collection interval (``full_every_s``: the agent's ``interval_s``). So a run is a
 **full read** (the whole exposition parsed as it streams in, every quantity mapped, the latency windows moved, the
 hang verdicts) when ``FULL_READ_DUE`` of that interval has passed since the last one, and otherwise a **progress
-pass** (:mod:`inferwatch.agent.node.engine.progress`): only the lines of the families hang detection reads taken out
-of the body as it arrives (the body kept, compressed past 1 MiB, for a fallback) and read, the verdicts made on
-them, and the collection returned is the last full read's series (the same objects, so the exposition reuses their
-text) with the new verdicts, its details with the new ``hang`` and ``read``. A pass that cannot stand for a full
-read (a line it keeps is bad, a rank quantity the last full read gave is missing from it) reads the same body in
-full instead (``fallback`` in ``details["read"]["runs"]``). At 10 models x 2 ranks a pass costs ~7 ms of CPU against
+pass** (:mod:`inferwatch.agent.node.engine.progress`): the engine asked for those families alone (``name[]=``,
+which prometheus_client's exposition app — vLLM's, SGLang's — answers with them only; ``engine.progress_filter``),
+only the lines of the families hang detection reads taken out of the body as it arrives and read, the verdicts made
+on them, and the collection returned is the last full read's series (the same objects, so the exposition reuses
+their text) with the new verdicts, its details with the new ``hang`` and ``read``. A pass that cannot stand for a
+full read (a line it keeps is bad, a rank quantity the last full read gave is missing from it) is a full read
+instead (``fallback`` in ``details["read"]["runs"]``): of the same body where the engine sent all of it (the body
+kept for that, compressed past 1 MiB), of the plain URL where the pass asked for its families alone — an answer
+that misses one (prometheus_client before 0.25 answers with nothing from a multiprocess registry) is never taken
+for the whole exposition, and the passes then read it whole for :data:`FILTER_RETRY_S` (``details["read"]
+["filter"]``). At 10 models x 2 ranks a pass costs ~7 ms of CPU against
 ~30 ms for a full read, at 200 models ~90 ms against ~640 ms (docs/benchmarks.md, "Cost at every size"). Between
 full reads the engine's own series in ``/metrics`` are up to one interval old, as a collector reading at the
 interval would give them.
@@ -81,7 +86,7 @@ from inferwatch.agent.node.engine.modellen import (
     ask_model_len,
     model_len_url,
 )
-from inferwatch.agent.node.engine.progress import ProgressReader, ProgressScan
+from inferwatch.agent.node.engine.progress import ProgressReader, ProgressScan, filtered_url
 from inferwatch.agent.node.engine.rankitl import rank_itl
 from inferwatch.agent.node.engine.scrape import EngineParser, ExpositionStream
 
@@ -109,6 +114,9 @@ TIMEOUT_SLOW_FACTOR = 2.0  # and at least twice what the engine took to send its
 FULL_READ_DUE = 0.9
 EVENTS = ("finished", "preemptions")  # the request events hang detection counts per model
 READS = ("full", "progress", "fallback")  # fallback: a progress pass that read its body in full
+# After a progress pass asked for its families alone and could not stand for a full read, the passes read the whole
+# exposition for this long before they ask again (an engine upgraded, restarted with another registry).
+FILTER_RETRY_S = 600.0
 
 
 @dataclass(eq=False)
@@ -194,6 +202,12 @@ class EngineCollector(BaseCollector):
         self.cfg = cfg
         self.full_every_s = full_every_s
         self._progress: ProgressReader | None = None  # made for the engine kind the last full read found
+        # the metrics URL asking for the progress families alone (None until a reader is made): parsed once, as httpx
+        # checks a URL string character by character on each request (~0.5 ms for this one's ~1 kB)
+        self._filter_url: httpx.URL | None = None
+        self._filter_off_until = float("-inf")  # a filtered answer could not stand for a full read: not until then
+        self._filter_refused = 0  # such answers so far
+        self._filter_state = "asked" if cfg.progress_filter else "off"  # as the last pass found it: or "paused"
         self._full: _FullRead | None = None  # what the last full read made, for the progress passes after it
         self.read_counts = dict.fromkeys(READS, 0)  # runs by the read they made
         self._last_read = ""  # the last run's: full (planned), progress, or fallback (a progress pass read in full)
@@ -264,6 +278,7 @@ class EngineCollector(BaseCollector):
         deadline_s = self.fetch_timeout_s()
         try:
             started = time.perf_counter()
+            whole = True
             if full:  # parsed while it streams in: the body is never held (a limit stops the fetch at once)
                 stream = self.parser.stream()
                 timed = _Timed(stream)
@@ -271,14 +286,8 @@ class EngineCollector(BaseCollector):
                 sent_s = time.perf_counter() - started - timed.spent_s
                 self._read_bytes = size
                 reading = stream.finish()
-            else:  # a progress pass: its lines taken as the body arrives; the body read in full if they fail
-                scan = self._progress_scan()
-                size = fetch_into(self._client, url, deadline_s, self.cfg.max_bytes, scan, self.limits.max_series)
-                sent_s = time.perf_counter() - started
-                self._read_bytes = size
-                progress = self._progress_reading(scan)
-                reading = progress if progress is not None else self.parser.parse(scan.body())
-                del scan
+            else:  # a progress pass: its lines taken as the body arrives; the engine read in full if they fail
+                reading, progress, size, sent_s, whole = self._progress_fetch(url, deadline_s)
         except EngineScrapeError as exc:
             self._engine_mark = None  # the next scrape that succeeds may be of a restarted engine
             self._timed_out = exc.reason == "timeout"  # the next read may take the longest deadline (large, slow)
@@ -290,7 +299,9 @@ class EngineCollector(BaseCollector):
                 if exc.reason in self._limit_hits:
                     self._limit_hits[exc.reason] += 1
             raise  # the runner logs the failure once when it starts and once when it ends
-        self._last_fetch, self._timed_out = (size, sent_s), False
+        if whole:
+            self._last_fetch = (size, sent_s)
+        self._timed_out = False
         now = self._clock()
         dropped = reading.models_dropped
         with self._lock:
@@ -359,14 +370,78 @@ class EngineCollector(BaseCollector):
         )
         return out
 
-    def _progress_scan(self) -> ProgressScan:
+    def _progress_fetch(
+        self, url: str, deadline_s: float
+    ) -> tuple[EngineReading, EngineReading | None, int, float, bool]:
+        """A progress pass: the reading to use, the pass's own (None: it fell back to a full read), the body's bytes,
+        the seconds the engine took to send it, and whether that body was the whole exposition (its size sets the
+        next deadline)."""
+        filtered = self._progress_url()
+        started = time.perf_counter()
+        scan = self._progress_scan(hold=filtered is None)
+        try:
+            size = fetch_into(
+                self._client,
+                url if filtered is None else filtered,
+                deadline_s,
+                self.cfg.max_bytes,
+                scan,
+                self.limits.max_series,
+            )
+        except EngineScrapeError as exc:
+            if filtered is None or exc.reason not in ("http_status", "not_prometheus"):
+                raise
+            size = -1  # a server that refuses the query: read the plain URL in full, as below
+        self._read_bytes = max(size, 0)
+        progress = self._progress_reading(scan) if size >= 0 else None
+        if progress is not None:
+            return progress, progress, size, time.perf_counter() - started, filtered is None
+        if filtered is None:
+            return self.parser.parse(scan.body()), None, size, time.perf_counter() - started, True
+        # the answer to the filtered query is never taken for the whole exposition: that is read from the plain URL
+        self._filter_refused += 1
+        self._filter_off_until = self._clock() + FILTER_RETRY_S
+        self._filter_state = "paused"
+        log.info(
+            "engine progress pass: the answer to %s?name[]=... cannot stand for a full read; the passes read the "
+            "whole exposition for %gs",
+            url,
+            FILTER_RETRY_S,
+        )
+        del scan
+        started = time.perf_counter()
+        stream = self.parser.stream()
+        timed = _Timed(stream)
+        size = fetch_into(self._client, url, deadline_s, self.cfg.max_bytes, timed, self.limits.max_series)
+        self._read_bytes = size
+        return stream.finish(), None, size, time.perf_counter() - started - timed.spent_s, True
+
+    def _progress_scan(self, hold: bool = True) -> ProgressScan:
         """A progress pass over the body as it arrives (agent/node/engine/progress.py), for the engine kind of the
-        last full read."""
+        last full read; ``hold``: keep the body for a full read of it."""
+        return self._progress_reader().scan(hold)
+
+    def _progress_reader(self) -> ProgressReader:
         last = self._full
         assert last is not None
         if self._progress is None or self._progress.kind != last.kind:
             self._progress = ProgressReader(last.kind, self.cfg.model_name or DEFAULT_MODEL, self.limits)
-        return self._progress.scan()
+            import httpx  # the client's own import: already loaded by the full read before
+
+            self._filter_url = httpx.URL(filtered_url(self.cfg.metrics_url or "", self._progress.names))
+        return self._progress
+
+    def _progress_url(self) -> httpx.URL | None:
+        """The URL a progress pass asks for its families alone (None: the plain URL — the filter is off, or an answer
+        to it could not stand for a full read less than :data:`FILTER_RETRY_S` ago)."""
+        self._progress_reader()
+        if not self.cfg.progress_filter:
+            return None
+        if self._filter_state == "paused":
+            if self._clock() < self._filter_off_until:
+                return None
+            self._filter_state = "asked"
+        return self._filter_url
 
     def _progress_reading(self, scan: ProgressScan) -> EngineReading | None:
         """The progress pass of ``scan``, limited to the models of the last full read; None when it cannot stand for
@@ -408,6 +483,17 @@ class EngineCollector(BaseCollector):
             "full_at": last.at if last is not None and kind == "progress" else None,
             "progress_lines": self._progress.lines if self._progress is not None and kind == "progress" else None,
             "runs": dict(self.read_counts),
+            "filter": self._filter_dict(),
+        }
+
+    def _filter_dict(self) -> dict[str, object]:
+        """Whether the progress passes ask for their families alone (``asked``), read the whole exposition after an
+        answer that could not stand for a full read (``paused``, ``until``: seconds), or never ask (``off``)."""
+        paused = self._filter_state == "paused"
+        return {
+            "state": self._filter_state,
+            "until": self._filter_off_until if paused else None,
+            "refused": self._filter_refused,
         }
 
     def _model_len_step(self, now: float, reading: EngineReading) -> None:

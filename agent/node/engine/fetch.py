@@ -37,7 +37,11 @@ REASONS = (
     "openmetrics",  # an OpenMetrics family rule broken (body ending in # EOF)
     *LIMIT_REASONS,  # a limit of agent/node/engine/limits.py: sample_limit, label_value_length_limit, label_bytes_limit
 )
-ACCEPT = "text/plain;version=0.0.4;q=1,application/openmetrics-text;q=0.5,*/*;q=0.1"
+# The text format only: prometheus_client's exposition app (vLLM's, SGLang's /metrics) answers OpenMetrics whenever the
+# header names it, whatever its q (choose_encoder), and since 0.23 with its names escaped to underscores in the samples
+# but not in their HELP and TYPE lines ("vllm_num_preemptions_total" under "# TYPE vllm:num_preemptions counter"):
+# every family clashes. An engine that only speaks OpenMetrics still answers */*, and is read.
+ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 _REFUSED_TYPES = ("text/html", "application/json", "application/xml", "text/xml", "application/x-protobuf")
 
 
@@ -83,7 +87,12 @@ def fetch(client: httpx.Client, url: str, timeout_s: float, max_bytes: int, max_
 
 
 def fetch_into(
-    client: httpx.Client, url: str, timeout_s: float, max_bytes: int, sink: Sink, max_series: int | None = None
+    client: httpx.Client,
+    url: str | httpx.URL,
+    timeout_s: float,
+    max_bytes: int,
+    sink: Sink,
+    max_series: int | None = None,
 ) -> int:
     """GET ``url`` and hand each chunk of the body to ``sink`` as it arrives; return the body's size in bytes.
 

@@ -42,7 +42,7 @@ def test_records_grow_with_the_traffic_and_keep_what_a_full_ring_keeps() -> None
         for models in (["m", "other"], ["m"]):
             win = records.window(models, HORIZON_S, now)
             want = [k for _, k in kept if ("m" if k % 3 else "other") in models]
-            assert win.requests == [f"req-{k}" for k in want]
+            assert list(win.requests) == [f"req-{k}" for k in want]  # "req-9" .. "req-9999": the column widened
             assert [win.trace_id(j) for j in range(len(win))] == [f"{k + 1:032x}" for k in want]
             assert list(win.f["e2e"]) == [k / 100 for k in want]
             assert list(win.i["completion"]) == [k % 7 for k in want]
@@ -61,3 +61,30 @@ def test_a_quiet_agent_keeps_the_first_columns() -> None:
     assert records._slots == INITIAL_SLOTS
     win = records.window(["m", "other"], HORIZON_S, 3.0 * INITIAL_SLOTS - 1)
     assert len(win) == HORIZON_S + 1 and not math.isnan(win.f["ttft"][0])
+
+
+def test_request_ids_are_one_column_as_wide_as_the_longest_and_read_back_as_put() -> None:
+    ids = tailrecords.RequestIds(4)
+    ids.put(0, "a")
+    ids.put(1, None)
+    ids.put(2, "chatcmpl-" + "f" * 32)  # widens the column with "a" in it
+    ids.put(3, "é" * 40)  # 80 bytes of UTF-8: cut to 64, whole characters only
+    assert ids.width == tailrecords.MAX_REQUEST_ID_BYTES
+    assert list(ids) == ["a", None, "chatcmpl-" + "f" * 32, "é" * 32]
+    assert list(ids.take([(2, 4), (0, 1)])) == ["chatcmpl-" + "f" * 32, "é" * 32, "a"]
+    assert list(ids.pick([3, 1])) == ["é" * 32, None]
+    assert list(ids.moved(2, 6)) == ["chatcmpl-" + "f" * 32, "é" * 32, "a", None, None, None]
+
+
+def test_request_ids_cost_less_than_their_strings() -> None:
+    """At 100 req/s the 5-minute window keeps ~30,000 ids: as strings ~3 MB (41 characters each)."""
+    import sys
+
+    n = 30_000
+    ids = tailrecords.RequestIds(n)
+    names = [f"chatcmpl-{k:032x}" for k in range(n)]
+    for k, name in enumerate(names):
+        ids.put(k, name)
+    as_strings = sum(sys.getsizeof(x) for x in names) + 8 * n
+    assert ids.memory_bytes() == 42 * n  # 41 bytes and a length each
+    assert ids.memory_bytes() * 2 < as_strings, (ids.memory_bytes(), as_strings)

@@ -6,7 +6,9 @@
 copy: no lock held while it computes). :class:`ClientTTFTs` keeps the TTFT each client saw, by trace id.
 
 **Bounds.** At most :data:`CAPACITY` requests for all models together (about :data:`RECORD_BYTES_MAX` bytes each at
-most: 7.8 MB in all; request ids are cut to :data:`MAX_REQUEST_ID_CHARS`), for :data:`HORIZON_S` (the 5m window).
+most: 5.5 MB in all; request ids are cut to :data:`MAX_REQUEST_ID_BYTES` of UTF-8), for :data:`HORIZON_S` (the 5m
+window). The request ids are one column of bytes as wide as the longest id kept (:class:`RequestIds`), not a Python
+string each: at 100 req/s and 41-character ids (``chatcmpl-`` and 32 hex digits) 1.3 MB instead of 3.2.
 The columns are made for :data:`INITIAL_SLOTS` requests and doubled when they are full, up to :data:`CAPACITY`: an
 agent pays for the records its traffic keeps (at 100 req/s, 8,192 slots after a minute, 32,768 by five), not for the
 bound at start. They do not shrink: after a burst they stay at its size, at most the bound.
@@ -38,9 +40,9 @@ INITIAL_SLOTS = 1_024  # the columns' first size; doubled when full, up to CAPAC
 HORIZON_S = 300.0
 SUB_WINDOW_S = 10.0
 SUB_WINDOW_BUDGET = 1_152  # 30 sub-windows x 1152 = 34 560, the rest of CAPACITY is for the always-kept slow ones
-MAX_REQUEST_ID_CHARS = 64
+MAX_REQUEST_ID_BYTES = 64  # UTF-8 bytes of a request id kept (a character cut in two is left out)
 MAX_LABEL_SETS = 4_096  # distinct (dp_rank, lora, tenant) combinations kept; beyond that they read "other"
-RECORD_BYTES_MAX = 211  # 7 doubles + 3 int32 + 16-byte trace id + uint16 + uint32 + a list slot + a 64-char str
+RECORD_BYTES_MAX = 150  # 7 doubles + 3 int32 + 16-byte trace id + uint16 + uint32 + a 64-byte id and its length
 PROMPT_BANDS = (1024, 4096, 16384)  # prompt tokens: <=1k, 1k-4k, 4k-16k, >16k
 # client TTFTs kept by trace id, waiting for (or beside) their engine record: ~3.1 MB when full (measured 6.9 MB for
 # 36,864), so at 100 req/s the last ~160 s of requests can be reconciled, all of the 5-minute window below 55 req/s
@@ -87,7 +89,7 @@ class RequestRecords:
         self._model = array("H", bytes(2 * n))
         self._code = array("I", bytes(4 * n))  # attribute code (:func:`_code`): label set, band, preempted
         self._trace = bytearray(16 * n)
-        self._request: list[str | None] = [None] * n
+        self._request = RequestIds(n)
         self._models: dict[str, int] = {}
         self._model_names: list[str] = []
         self._labels: dict[tuple[tuple[str, str], ...], int] = {(): 0}
@@ -172,7 +174,7 @@ class RequestRecords:
         self._code[i] = _code(_bisect_left(PROMPT_BANDS, p) if p >= 0 else -1, ints["preemptions"][i], lab)
         tid = bytes.fromhex(t.trace_id) if t.trace_id and len(t.trace_id) == 32 else bytes(16)
         self._trace[16 * i : 16 * i + 16] = tid
-        self._request[i] = t.request_id[:MAX_REQUEST_ID_CHARS] if t.request_id else None
+        self._request.put(i, t.request_id)
 
     def _grow(self) -> None:
         """Double the ring (at most to ``capacity``), its records moved to its start in arrival order."""
@@ -187,16 +189,15 @@ class RequestRecords:
         self._model = moved(self._model, array("H", [0]))
         self._code = moved(self._code, array("I", [0]))
         self._trace = moved(self._trace, bytearray(16), 16)
-        self._request = moved(self._request, [None])
+        self._request = self._request.moved(start, new)
         self._next, self._slots = self._size % new, new
 
     def _expire(self, now: float) -> None:
-        """Let go of the records older than :data:`HORIZON_S` (their request id strings): at a low request rate the
-        ring would otherwise be overwritten only after hours, its memory growing until then."""
-        n, cap, t, requests = self._size, self._slots, self._f["t"], self._request
+        """Let go of the records older than :data:`HORIZON_S`: the window no longer reads them (their slots are
+        overwritten as the ring turns)."""
+        n, cap, t = self._size, self._slots, self._f["t"]
         start, cut = (self._next - n) % cap, now - HORIZON_S
         while n and t[start] < cut:
-            requests[start] = None
             start = start + 1 if start + 1 < cap else 0
             n -= 1
         self._size = n
@@ -236,12 +237,6 @@ class RequestRecords:
             # the ring is full and its oldest record is inside the window: older requests were overwritten
             covered = window_s if n < self.capacity or oldest < cut else now - oldest
 
-            def take(col: Any) -> list[Any]:
-                out: list[Any] = []
-                for lo, hi in segs:
-                    out.extend(col[lo:hi])
-                return out
-
             def copy(col: array[Any]) -> array[Any]:  # a memcpy
                 out = col[0:0]
                 for lo, hi in segs:
@@ -254,7 +249,7 @@ class RequestRecords:
             f: dict[str, Sequence[float]] = {c: copy(a) for c, a in self._f.items()}
             ints: dict[str, Sequence[int]] = {c: copy(a) for c, a in self._i.items()}
             codes: Sequence[int] = copy(self._code)
-            requests = take(self._request)
+            requests = self._request.take(segs)
             traces = b"".join(bytes(self._trace[16 * lo : 16 * hi]) for lo, hi in segs)
             model = copy(self._model)
             label_sets = list(self._label_sets)
@@ -268,7 +263,7 @@ class RequestRecords:
             f = {c: [v[j] for j in keep] for c, v in f.items()}
             ints = {c: [v[j] for j in keep] for c, v in ints.items()}
             codes = [codes[j] for j in keep]
-            requests = [requests[j] for j in keep]
+            requests = requests.pick(keep)
             traces = b"".join(traces[16 * j : 16 * j + 16] for j in keep)
         return Window(f, ints, codes, label_sets, traces, requests, now, covered, window_s)
 
@@ -276,8 +271,7 @@ class RequestRecords:
         """What the ring's columns hold now, in bytes (request id strings counted as stored)."""
         columns: list[array[Any]] = [*self._f.values(), *self._i.values(), self._model, self._code]
         fixed = sum(a.itemsize * len(a) for a in columns)
-        ids = sum(49 + len(r) for r in self._request if r is not None)
-        return fixed + len(self._trace) + 8 * len(self._request) + ids
+        return fixed + len(self._trace) + self._request.memory_bytes()
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,7 +283,7 @@ class Window:
     codes: Sequence[int]  # per record its attribute code (:func:`_code`); code >> 5 indexes label_sets
     label_sets: list[tuple[tuple[str, str], ...]]
     traces: bytes  # 16 bytes a record
-    requests: list[str | None]
+    requests: RequestIds
     now: float
     covered_s: float
     window_s: float
@@ -300,6 +294,69 @@ class Window:
     def trace_id(self, j: int) -> str | None:
         raw = self.traces[16 * j : 16 * j + 16]
         return raw.hex() if any(raw) else None
+
+
+class RequestIds(Sequence[str | None]):
+    """Request ids in one column of bytes, ``width`` bytes a slot (the longest id put so far, at most
+    :data:`MAX_REQUEST_ID_BYTES`), and each slot's length (0: no id). Read back as strings (None where absent)."""
+
+    __slots__ = ("_blob", "_lens", "width")
+
+    def __init__(self, slots: int = 0, width: int = 0) -> None:
+        self.width = width
+        self._blob = bytearray(width * slots)
+        self._lens = array("B", bytes(slots))
+
+    def put(self, slot: int, rid: str | None) -> None:
+        raw = rid.encode("utf-8", "replace")[:MAX_REQUEST_ID_BYTES] if rid else b""
+        if len(raw) > self.width:
+            self._widen(len(raw))
+        w = self.width
+        self._blob[w * slot : w * slot + len(raw)] = raw
+        self._lens[slot] = len(raw)
+
+    def _widen(self, width: int) -> None:
+        """Every slot ``width`` bytes wide (a longer id came: at most :data:`MAX_REQUEST_ID_BYTES`)."""
+        old, n = self.width, len(self._lens)
+        pad = bytes(width - old)
+        blob = bytearray(width * n)
+        if old:
+            blob[:] = b"".join(self._blob[old * k : old * k + old] + pad for k in range(n))
+        self._blob, self.width = blob, width
+
+    def moved(self, start: int, slots: int) -> RequestIds:
+        """The column with slot ``start`` first (the ring's oldest record), grown to ``slots`` slots."""
+        out, w = RequestIds(0, self.width), self.width
+        out._blob = self._blob[w * start :] + self._blob[: w * start] + bytes(w * (slots - len(self._lens)))
+        out._lens = self._lens[start:] + self._lens[:start] + array("B", bytes(slots - len(self._lens)))
+        return out
+
+    def take(self, segments: Iterable[tuple[int, int]]) -> RequestIds:
+        """The slots of ``segments`` ([start, end) runs), in that order: a copy."""
+        out, w = RequestIds(0, self.width), self.width
+        for lo, hi in segments:
+            out._blob += self._blob[w * lo : w * hi]
+            out._lens += self._lens[lo:hi]
+        return out
+
+    def pick(self, keep: Sequence[int]) -> RequestIds:
+        out, w = RequestIds(0, self.width), self.width
+        out._blob = bytearray(b"".join(self._blob[w * j : w * j + w] for j in keep))
+        out._lens = array("B", (self._lens[j] for j in keep))
+        return out
+
+    def memory_bytes(self) -> int:
+        return len(self._blob) + len(self._lens)
+
+    def __len__(self) -> int:
+        return len(self._lens)
+
+    def __getitem__(self, j: int) -> str | None:  # type: ignore[override]
+        n = self._lens[j]
+        if not n:
+            return None
+        at = self.width * (j % len(self._lens))
+        return self._blob[at : at + n].decode("utf-8", "ignore")
 
 
 def _code(band: int, preemptions: int, label: int) -> int:

@@ -79,11 +79,18 @@ RSS_LINE = "print(next(l.split()[1] for l in open('/proc/self/status') if l.star
 
 STEPS = ["defaults", "engine", "probe", "receiver", "export", "viewer", "nogrpc", "arenas"]
 
-# The agent under tracemalloc: a thread writes the snapshot's attribution to OUT when TRIGGER appears.
+# The agent under tracemalloc: a sitecustomize.py on PYTHONPATH, so it starts in the interpreter that serves (the one
+# `inferwatch run` execs after its command line: agent/cli/serve.py) before its first import; a thread writes the
+# snapshot's attribution to $IW_TRACE_OUT when $IW_TRACE_TRIGGER appears.
 TRACED = """
-import os, runpy, sys, threading, time, tracemalloc
-tracemalloc.start(12)
-trigger, out = sys.argv[1], sys.argv[2]
+import os, sys
+if "--settings-fd" in sys.argv and os.environ.get("IW_TRACE_OUT"):
+    import threading, time, tracemalloc
+    tracemalloc.start(12)
+    trigger, out = os.environ["IW_TRACE_TRIGGER"], os.environ["IW_TRACE_OUT"]
+    _serving = True
+else:
+    _serving = False
 def _attribute(snap):
     imports, running, by_line, total = {}, {}, {}, 0
     for tr in snap.traces:
@@ -117,9 +124,8 @@ def _watch():
     with open(out + ".tmp", "w") as f:
         json.dump(_attribute(snap), f)
     os.rename(out + ".tmp", out)
-threading.Thread(target=_watch, daemon=True).start()
-sys.argv = ["inferwatch", *sys.argv[3:]]
-runpy.run_module("inferwatch.agent", run_name="__main__")
+if _serving:
+    threading.Thread(target=_watch, daemon=True).start()
 """
 
 
@@ -166,7 +172,8 @@ def run_step(python: Path, step: str, window_s: float, marker: str, trace: bool 
         trigger, traced = Path(tmp) / "trigger", Path(tmp) / "traced.json"
         cmd = [str(python), "-m", "inferwatch.agent", *argv]
         if trace:
-            cmd = [str(python), "-c", TRACED, str(trigger), str(traced), *argv]
+            (Path(tmp) / "sitecustomize.py").write_text(TRACED)
+            env.update(PYTHONPATH=tmp, IW_TRACE_TRIGGER=str(trigger), IW_TRACE_OUT=str(traced))
         agent = launch(cmd, env, Path(tmp))
         stack.callback(stop, agent)
         base = f"http://127.0.0.1:{port}"

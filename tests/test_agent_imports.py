@@ -86,7 +86,12 @@ def test_inferwatch_run_imports_its_own_command_module_only() -> None:
         )
         return {m for m in _modules_after(code) if m.startswith("inferwatch.agent.cli.")}
 
-    commands = {"inferwatch.agent.cli.run", "inferwatch.agent.cli.common", "inferwatch.agent.cli.main"}
+    commands = {
+        "inferwatch.agent.cli.run",
+        "inferwatch.agent.cli.common",
+        "inferwatch.agent.cli.main",
+        "inferwatch.agent.cli.serve",
+    }
     assert after("run", "--help") == commands
     # The listing loads every command (its help line is the command's docstring): the check above is not vacuous.
     listed = after("--help")
@@ -126,42 +131,49 @@ def test_psutil_and_yaml_are_imported_on_use_only() -> None:
     assert {*PSUTIL, *YAML} <= _modules_after(use)
 
 
-# `python -m inferwatch.agent run ARGS` as benchmarks/import_cost.py starts it, in a wrapper that waits for the agent
-# to be ready (/readyz: every collector has run once), asks for /metrics and the status page, then writes the modules
-# it holds to a file and stops it.
+# `python -m inferwatch.agent run ARGS` as benchmarks/import_cost.py starts it, with this sitecustomize.py on
+# PYTHONPATH: in the interpreter that serves (the one the command execs after its command line, agent/cli/serve.py)
+# a thread waits for the agent to be ready (/readyz: every collector has run once), asks for /metrics and the status
+# page, then writes the modules it holds to $IW_SERVED_OUT and stops it. The command's own interpreter runs none of
+# it.
 _SERVED = """
-import os, runpy, signal, sys, threading, time, urllib.request
-port, out = sys.argv[1], sys.argv[2]
-def _watch():
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if urllib.request.urlopen(base + "/readyz", timeout=5).status == 200:
-                break
-        except OSError:
-            if time.monotonic() > deadline:
-                os._exit(3)
-            time.sleep(0.2)
-    for path in ("/metrics", "/", "/metrics"):
-        urllib.request.urlopen(base + path, timeout=30).read()
-    with open(out, "w") as f:
-        f.write("\\n".join(sorted(k for k, m in sys.modules.items() if m is not None)))
-    os.kill(os.getpid(), signal.SIGTERM)
-threading.Thread(target=_watch, daemon=True).start()
-sys.argv = ["inferwatch", "run", "--port", port, *sys.argv[3:]]
-runpy.run_module("inferwatch.agent", run_name="__main__")
+import os, sys
+if "--settings-fd" in sys.argv and os.environ.get("IW_SERVED_OUT"):
+    import signal, threading, time, urllib.request
+
+    def _watch():
+        base = "http://127.0.0.1:" + os.environ["IW_SERVED_PORT"]
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if urllib.request.urlopen(base + "/readyz", timeout=5).status == 200:
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    os._exit(3)
+                time.sleep(0.2)
+        for path in ("/metrics", "/", "/metrics"):
+            urllib.request.urlopen(base + path, timeout=30).read()
+        with open(os.environ["IW_SERVED_OUT"], "w") as f:
+            f.write("\\n".join(sorted(k for k, m in sys.modules.items() if m is not None)))
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=_watch, daemon=True).start()
 """
 # What only a switched-on HTTP source (engine, probe, runtime profile, Kubernetes discovery, Alertmanager push) uses.
 HTTP_ONLY = ("httpx", "httpcore", "inferwatch.agent.common.httpclient")
 
 
 def _served_modules(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> set[str]:
-    out = tmp_path / "modules.txt"
+    out, port = tmp_path / "modules.txt", str(free_port())
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(_SERVED)
     # the benchmark's environment: no INFERWATCH_* of the caller's; HOME here, so nothing is written to the real one
     clean = {k: v for k, v in os.environ.items() if not k.startswith("INFERWATCH_")}
-    clean |= {"HOME": str(tmp_path), **(env or {})}
-    cmd = [PYTHON, "-c", _SERVED, str(free_port()), str(out), *args]
+    clean |= {"HOME": str(tmp_path), "PYTHONPATH": str(site), "IW_SERVED_OUT": str(out), "IW_SERVED_PORT": port}
+    clean |= env or {}
+    cmd = [PYTHON, "-m", "inferwatch.agent", "run", "--port", port, *args]
     proc = subprocess.run(cmd, cwd=tmp_path, env=clean, capture_output=True, text=True, timeout=150)
     assert out.exists(), f"the agent did not serve (exit {proc.returncode}): {proc.stderr[-2000:]}"
     return set(out.read_text().split())
@@ -173,7 +185,10 @@ def _served_modules(tmp_path: Path, *args: str, env: dict[str, str] | None = Non
 OTHER_COMMANDS = ("inferwatch.agent.cli.engine", "inferwatch.agent.cli.explain", "inferwatch.agent.cli.top")
 # importlib.metadata: reads every installed distribution's metadata (pydantic's plugin loader did, at start).
 PYDANTIC = ("pydantic", "pydantic_core", "pydantic_settings")
+# The command line: `inferwatch run` serves in a fresh interpreter without it (agent/cli/serve.py)
+COMMAND_LINE = ("typer", "click", *(f"inferwatch.agent.cli.{m}" for m in ("main", "run", "common")))
 NOT_IN_A_DEFAULT_AGENT = (
+    *COMMAND_LINE,
     *HTTP_ONLY,
     *PSUTIL,
     *YAML,
@@ -218,7 +233,7 @@ def test_a_default_agent_imports_only_what_it_runs(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_an_agent_with_an_engine_a_runtime_and_a_config_file_imports_them(tmp_path: Path) -> None:
-    # The same wrapper sees httpx, psutil and PyYAML once what uses them is on: the check above is not vacuous.
+    # The same wrapper sees httpx and psutil once what uses them is on: the check above is not vacuous.
     # Nothing listens on the engine's port (the first collection makes the client and fails to connect); no process
     # matches the runtime's pattern (the locator looks with psutil and finds none).
     url = f"http://127.0.0.1:{free_port()}/metrics"
@@ -226,8 +241,10 @@ def test_an_agent_with_an_engine_a_runtime_and_a_config_file_imports_them(tmp_pa
     config.write_text("runtime:\n  cmdline_pattern: no-such-runtime-x9\n")
     env = {"INFERWATCH_ENGINE__METRICS_URL": url}
     mods = _served_modules(tmp_path, "--interval", "1", "--config", str(config), env=env)
-    wanted = {*HTTP_ONLY, *PSUTIL, *YAML}
+    wanted = {*HTTP_ONLY, *PSUTIL}
     assert wanted <= mods, sorted(wanted - mods)
+    # the config file was read by the command, which hands the agent its settings: PyYAML stays out of the agent
+    assert not mods & set(YAML)
 
 
 # What the SDK's OTLP/HTTP exporters load with their own transport (a requests session): requests, urllib3 (here

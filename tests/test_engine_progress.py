@@ -376,6 +376,7 @@ def test_the_benchmarks_engine_answers_a_query_as_prometheus_client_does() -> No
 
     gen = VllmLike([f"m{i}" for i in range(3)], engines=2, seed=6)
     gen.observe(3)
+
     def families(text: bytes) -> list[bytes]:  # prometheus_client orders a restricted answer's families as a set
         return sorted(b"# HELP" + block for block in text.split(b"# HELP") if block)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import Any
 
 import typer
 
+from inferwatch.agent.cli.serve import QUIET_LIBRARY_LEVEL, QUIET_LIBRARY_LOGGERS, setup_logging
 from inferwatch.agent.common.userfiles import read_text_bounded
 from inferwatch.agent.config import Settings, load_settings
 from inferwatch.agent.errors import ConfigError
@@ -95,19 +95,5 @@ def build_settings(
 # probe and profile read) and httpcore under it, uvicorn's access log (one per API request). The agent says
 # what matters itself, once when a source starts failing and once when it recovers (inferwatch.agent.node.runner), so
 # these are held at WARNING whatever log_level is: their warnings and errors still show.
-QUIET_LIBRARY_LOGGERS = ("httpx", "httpcore", "uvicorn.access", "hpack", "urllib3")
-QUIET_LIBRARY_LEVEL = logging.WARNING
 
-
-def setup_logging(level: str) -> None:
-    """The root handler, whose every line loses credentials (a URL's password, token parameters): libraries
-    log URLs as given (inferwatch.agent.common.redact.RedactingFormatter)."""
-    from inferwatch.agent.common.redact import install_log_redaction
-
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    install_log_redaction()
-    for name in QUIET_LIBRARY_LOGGERS:
-        logging.getLogger(name).setLevel(QUIET_LIBRARY_LEVEL)
+__all__ = ["QUIET_LIBRARY_LEVEL", "QUIET_LIBRARY_LOGGERS", "setup_logging"]  # kept here for the commands

@@ -124,8 +124,10 @@ def main() -> None:
     Commands catch what they expect themselves; this is the net under them, so a user's mistake that reaches
     library code (a bad value, an unreadable file) still reads as one message: exit 2 for configuration, else 1.
     """
+    from inferwatch.agent.cli.serve import PROGRAM
     from inferwatch.agent.errors import ConfigError, InferwatchError
 
+    PROGRAM[0] = True  # this process is the command's: ``inferwatch run`` may replace its interpreter
     try:
         app()
     except InferwatchError as exc:

@@ -375,3 +375,30 @@ def test_otlp_http_transport_shares_the_agents_tls_context(monkeypatch: pytest.M
     for t in (first, second):
         t.close()
     probe.close()
+
+
+def test_clients_that_read_the_same_ca_certificates_share_one_context(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The engine's client does not trust the environment, the probe's does: with no SSL_CERT_FILE/SSL_CERT_DIR both
+    # read certifi's bundle, and one parse of it (~1.1 MB) serves both; a CA file in the environment is its own.
+    import ssl
+
+    import certifi
+
+    from inferwatch.agent.common import httpclient
+
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    monkeypatch.setattr(httpclient, "_SSL_CONTEXTS", {})
+    assert httpclient.shared_ssl_context(False) is httpclient.shared_ssl_context(True)
+    assert len(httpclient._SSL_CONTEXTS) == 1
+    ca = tmp_path / "ca.pem"
+    ca.write_text(
+        Path(certifi.where()).read_text()[:200_000].rsplit("-----END CERTIFICATE-----", 1)[0]
+        + "-----END CERTIFICATE-----\n"
+    )
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca))
+    own = httpclient.shared_ssl_context(True)
+    assert own is not httpclient.shared_ssl_context(False) and isinstance(own, ssl.SSLContext)
+    assert own.cert_store_stats()["x509_ca"] < httpclient.shared_ssl_context(False).cert_store_stats()["x509_ca"]

@@ -28,6 +28,7 @@ was reused is told by httpcore's ``trace`` request extension: no ``connection.co
 from __future__ import annotations
 
 import logging
+import os
 import ssl
 import threading
 from collections.abc import Callable
@@ -109,22 +110,34 @@ class StaleConnectionRetry(httpx.BaseTransport):
         self._inner.close()
 
 
-_SSL_CONTEXTS: dict[bool, ssl.SSLContext] = {}
+_SSL_CONTEXTS: dict[tuple[str, str], ssl.SSLContext] = {}
 _SSL_LOCK = threading.Lock()
 
 
+def _ca_source(trust_env: bool) -> tuple[str, str]:
+    """Where a context's CA certificates come from, as httpx.create_ssl_context chooses: ``SSL_CERT_FILE`` or
+    ``SSL_CERT_DIR`` when the environment counts and sets one, else certifi's bundle ("", "")."""
+    if trust_env and os.environ.get("SSL_CERT_FILE"):
+        return "file", os.environ["SSL_CERT_FILE"]
+    if trust_env and os.environ.get("SSL_CERT_DIR"):
+        return "dir", os.environ["SSL_CERT_DIR"]
+    return "", ""
+
+
 def shared_ssl_context(trust_env: bool) -> ssl.SSLContext:
-    """The verifying TLS context every client of this process uses (one per ``trust_env``: whether
-    ``SSL_CERT_FILE``/``SSL_CERT_DIR`` count), made on first use.
+    """The verifying TLS context every client of this process uses, made on first use: one per source of CA
+    certificates (``trust_env``: whether ``SSL_CERT_FILE``/``SSL_CERT_DIR`` count; where neither is set a client that
+    trusts the environment and one that does not read the same certifi bundle, and share its context).
 
     httpx builds a context per transport, parsing certifi's CA bundle each time: 0.8–2.7 MB per client, measured
-    (docs/benchmarks.md, "Where the megabytes go"), with a client per source and per engine target. An
-    :class:`ssl.SSLContext` is safe to share between threads and connections.
+    (docs/benchmarks.md, "Where the megabytes go"), with a client per source and per engine target; each parse holds
+    ~1.1 MB. An :class:`ssl.SSLContext` is safe to share between threads and connections.
     """
+    key = _ca_source(trust_env)
     with _SSL_LOCK:
-        ctx = _SSL_CONTEXTS.get(trust_env)
+        ctx = _SSL_CONTEXTS.get(key)
         if ctx is None:
-            ctx = _SSL_CONTEXTS[trust_env] = httpx.create_ssl_context(trust_env=trust_env)
+            ctx = _SSL_CONTEXTS[key] = httpx.create_ssl_context(trust_env=bool(key[0]))
         return ctx
 
 

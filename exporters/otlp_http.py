@@ -48,11 +48,8 @@ class HttpxTransport(BaseHTTPTransport):
 
         import httpx
 
-        from inferwatch.agent.common.httpclient import shared_ssl_context
+        from inferwatch.agent.common.httpclient import TLSOnDemand, client_verify, shared_ssl_context
 
-        # httpx's default context (certifi's bundle, as requests'; SSL_CERT_FILE from the environment), the one the
-        # probe's client holds already: each context made parses the bundle again (~1.2 MB)
-        context = shared_ssl_context(trust_env=True)
         if cafile is not None or cert is not None:
             if cafile is None:
                 import certifi
@@ -61,7 +58,16 @@ class HttpxTransport(BaseHTTPTransport):
             context = ssl.create_default_context(cafile=cafile)
             if cert is not None:
                 context.load_cert_chain(*((cert,) if isinstance(cert, str) else cert))
-        self._client = httpx.Client(verify=context, follow_redirects=False, trust_env=True)
+            self._client = httpx.Client(verify=context, follow_redirects=False, trust_env=True)
+        else:
+            # httpx's default context (certifi's bundle, as requests'; SSL_CERT_FILE from the environment), the one
+            # the probe's client holds: each context made parses the bundle again (~1.1 MB); made at the first
+            # https:// export, none for an http:// endpoint
+            limits = httpx.Limits()
+            plain_or_tls = TLSOnDemand(limits, True, lambda: shared_ssl_context(trust_env=True))
+            self._client = httpx.Client(
+                transport=plain_or_tls, verify=client_verify(True), follow_redirects=False, trust_env=True
+            )
         self._errors = (httpx.TransportError,)
 
     def request(

@@ -79,6 +79,7 @@ command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)  # status page test:
 command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 command -v tmux >/dev/null 2>&1 || need_apt+=(tmux)  # `inferwatch top` test: a terminal a person would use
 command -v haproxy >/dev/null 2>&1 || need_apt+=(haproxy)  # readiness test: a real load balancer ejects a hung replica
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)  # TLS test: a self-signed server certificate
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "   installing Debian packages: ${need_apt[*]}"
   $SUDO apt-get update -qq

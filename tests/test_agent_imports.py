@@ -367,10 +367,16 @@ def test_otlp_http_transport_shares_the_agents_tls_context(monkeypatch: pytest.M
 
     monkeypatch.setattr(ssl, "create_default_context", counting)
     monkeypatch.setattr(httpclient, "_SSL_CONTEXTS", {})
+    monkeypatch.delenv("HTTPS_PROXY", raising=False)
+    monkeypatch.delenv("https_proxy", raising=False)
     probe = httpclient.http_client("probe", trust_env=True)
     first = otlp_http.transport("METRICS", {})
     second = otlp_http.transport("LOGS", {})
     assert first is not None and second is not None
+    assert made == []  # none until a request goes to an https:// URL
+    probe._transport._inner.secure()  # type: ignore[attr-defined]  # as the first https:// request makes it
+    for t in (first, second):
+        t._client._transport.secure()  # type: ignore[attr-defined]
     assert len(made) == 1, made  # the probe's; none for either exporter
     for t in (first, second):
         t.close()

@@ -141,6 +141,47 @@ def shared_ssl_context(trust_env: bool) -> ssl.SSLContext:
         return ctx
 
 
+class TLSOnDemand(httpx.BaseTransport):
+    """``http://`` requests on a transport that holds no CA certificates, ``https://`` ones on a transport with the
+    verifying :func:`shared_ssl_context` (``verify()``), made at the first of them: an agent whose sources are all
+    plain HTTP (an engine, a probe and an OTLP receiver on the node) never parses a CA bundle (~1.1 MB). A request
+    is never sent over TLS without verification: the unverified context of the plain transport is never used by
+    it (no TLS without ``https://``, redirects not followed)."""
+
+    def __init__(self, limits: httpx.Limits, trust_env: bool, verify: Callable[[], ssl.SSLContext]) -> None:
+        self._limits, self._trust_env, self._verify = limits, trust_env, verify
+        self._plain = httpx.HTTPTransport(limits=limits, trust_env=trust_env, verify=False)
+        self._tls: httpx.HTTPTransport | None = None
+        self._lock = threading.Lock()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.scheme == "http":
+            return self._plain.handle_request(request)
+        return self.secure().handle_request(request)
+
+    def secure(self) -> httpx.HTTPTransport:
+        """The transport of ``https://`` requests (made on first use)."""
+        with self._lock:
+            if self._tls is None:
+                self._tls = httpx.HTTPTransport(limits=self._limits, trust_env=self._trust_env, verify=self._verify())
+            return self._tls
+
+    def close(self) -> None:
+        self._plain.close()
+        with self._lock:
+            tls, self._tls = self._tls, None
+        if tls is not None:
+            tls.close()
+
+
+def client_verify(trust_env: bool) -> ssl.SSLContext | bool:
+    """What an :class:`httpx.Client` with a transport of its own is given as ``verify``: it is used only for the
+    proxies the environment names (``trust_env``), so the shared context is made only where there are some."""
+    from urllib.request import getproxies  # httpx's own source of them, imported by httpx already
+
+    return shared_ssl_context(trust_env) if trust_env and getproxies() else True
+
+
 def http_client(
     source: str,
     counts: RetryCounts | None = None,
@@ -158,12 +199,13 @@ def http_client(
     ``trust_env``: take proxies and CA files from the environment (httpx's default; the engine's client does not).
     A request sent through an environment proxy gets the expiry, not the retry. ``retry`` False and
     ``keepalive_expiry_s`` are for comparing with httpx's defaults (benchmarks/keepalive_race.py);
-    ``transport`` replaces the network transport (the retry still wraps it). TLS: :func:`shared_ssl_context`.
+    ``transport`` replaces the network transport (the retry still wraps it). TLS: :func:`shared_ssl_context`, made
+    at the first ``https://`` request (:class:`TLSOnDemand`).
     """
     limits = httpx.Limits(keepalive_expiry=keepalive_expiry_s)
-    verify = shared_ssl_context(trust_env)
-    inner = transport or httpx.HTTPTransport(limits=limits, trust_env=trust_env, verify=verify)
+    inner = transport or TLSOnDemand(limits, trust_env, lambda: shared_ssl_context(trust_env))
     outer = StaleConnectionRetry(inner, source, counts) if retry else inner
+    verify = client_verify(trust_env)
     return httpx.Client(
         transport=outer, limits=limits, timeout=timeout, follow_redirects=False, trust_env=trust_env, verify=verify
     )

@@ -347,12 +347,15 @@ def test_issue_case_over_http_keeps_every_models_series_on_metrics(tmp_path) -> 
 
 def test_records_past_the_horizon_let_go_of_their_request_ids() -> None:
     """The soak's slope (issue 31): at a low rate the ring was overwritten only after hours, holding every request
-    id string until then; now what is older than the 5-minute horizon is let go when the next requests arrive."""
+    id string until then; now what is older than the 5-minute horizon is let go when the next requests arrive, and
+    the ids live in one column of the ring's size (tailrecords.RequestIds): their memory does not grow with age."""
     records = RequestRecords()
+    sizes = []
     for step in range(40):  # 20 minutes at one request every 30 s
         records.add([RequestTiming("m", {"ttft": 0.1, "e2e": 1.0}, request_id=f"cmpl-{step:064d}")], 30.0 * step)
-    held = sum(r is not None for r in records._request)
-    assert held == 11  # 300 s of records at one per 30 s, both ends in
+        sizes.append(records.memory_bytes())
+    assert records._size == 11  # 300 s of records at one per 30 s, both ends in
+    assert len(set(sizes)) == 1  # the first columns, never grown: nothing held per request past them
     assert records.models() == ["m"]
     report = explain(records, "m", 300.0, 30.0 * 39)
     assert report is not None and report["requests"] == 11

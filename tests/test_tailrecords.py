@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from array import array
 
 from inferwatch.agent.common.samples import RequestTiming
 from inferwatch.agent.node.analytics import tailrecords
@@ -44,7 +45,7 @@ def test_records_grow_with_the_traffic_and_keep_what_a_full_ring_keeps() -> None
             want = [k for _, k in kept if ("m" if k % 3 else "other") in models]
             assert list(win.requests) == [f"req-{k}" for k in want]  # "req-9" .. "req-9999": the column widened
             assert [win.trace_id(j) for j in range(len(win))] == [f"{k + 1:032x}" for k in want]
-            assert list(win.f["e2e"]) == [k / 100 for k in want]
+            assert list(win.f["e2e"]) == list(array("f", [k / 100 for k in want]))  # 32-bit floats: 7 digits
             assert list(win.i["completion"]) == [k % 7 for k in want]
             assert [tailrecords.code_keys(c, win.label_sets)[-1] for c in win.codes] == [
                 ("tenant", f"t{k % 5}") for k in want
@@ -88,3 +89,13 @@ def test_request_ids_cost_less_than_their_strings() -> None:
     as_strings = sum(sys.getsizeof(x) for x in names) + 8 * n
     assert ids.memory_bytes() == 42 * n  # 41 bytes and a length each
     assert ids.memory_bytes() * 2 < as_strings, (ids.memory_bytes(), as_strings)
+
+
+def test_durations_keep_a_microsecond_below_ten_seconds_and_the_stamp_its_double() -> None:
+    records = RequestRecords()
+    now = 1_796_000_000.123456  # a stamp of 2026: a 32-bit float would be off by minutes
+    values = [1e-6 * k + 0.5 for k in range(0, 9_500_000, 250_001)]  # 0.5 s .. 10 s
+    records.add([RequestTiming("m", {"ttft": v, "e2e": v}) for v in values], now)
+    win = records.window(["m"], HORIZON_S, now)
+    assert all(abs(a - v) < 1e-6 for a, v in zip(win.f["ttft"], values, strict=True))
+    assert set(win.f["t"]) == {now}

@@ -41,8 +41,8 @@ instead (``fallback`` in ``details["read"]["runs"]``): of the same body where th
 kept for that, compressed past 1 MiB), of the plain URL where the pass asked for its families alone — an answer
 that misses one (prometheus_client before 0.25 answers with nothing from a multiprocess registry) is never taken
 for the whole exposition, and the passes then read it whole for :data:`FILTER_RETRY_S` (``details["read"]
-["filter"]``). At 10 models x 2 ranks a pass costs ~7 ms of CPU against
-~30 ms for a full read, at 200 models ~90 ms against ~640 ms (docs/benchmarks.md, "Cost at every size"). Between
+["filter"]``). A pass that asks for its families costs ~3 ms of CPU at 10 models x 2 ranks and ~25 ms at 200
+(~7 and ~170 ms reading the whole body), a full read ~25 and ~620 ms (in process, 2026-12-07). Between
 full reads the engine's own series in ``/metrics`` are up to one interval old, as a collector reading at the
 interval would give them.
 

@@ -35,7 +35,8 @@ def _fast_sketch(bin_limit: int) -> LogCollapsingLowestDenseDDSketch:
 
 def _state(sketch: LogCollapsingLowestDenseDDSketch) -> tuple[object, ...]:
     s = sketch._store
-    return (s.bins, s.offset, s.min_key, s.max_key, s.is_collapsed, s.count, sketch.count, sketch.sum, sketch._min)
+    bins = list(s.bins)  # the library's store keeps a list, ours an array('d'): the same doubles
+    return (bins, s.offset, s.min_key, s.max_key, s.is_collapsed, s.count, sketch.count, sketch.sum, sketch._min)
 
 
 @pytest.mark.parametrize("bin_limit", [windows.BIN_LIMIT, 40, 8], ids=["default", "collapsing", "tiny"])
@@ -208,3 +209,23 @@ def test_adding_values_in_one_pass_is_adding_them_one_by_one(bin_limit: int) -> 
             windows.add_values(batch, values)
             assert _state(batch) == _state(one) and batch._zero_count == one._zero_count, (bin_limit, trial)
             assert batch._max == one._max and batch._negative_store.count == one._negative_store.count == 0
+
+
+def test_the_bins_stay_an_array_through_every_operation() -> None:
+    """Growth at both ends, shifts, collapses, copies and merges: the store never falls back to a list of floats
+    (each bin with a count its own 24-byte object)."""
+    import random
+    from array import array
+
+    rng = random.Random(7)
+    for bin_limit in (windows.BIN_LIMIT, 40, 8):
+        a, b = _fast_sketch(bin_limit), _fast_sketch(bin_limit)
+        for _ in range(300):
+            a.add(rng.lognormvariate(rng.uniform(-6, 3), 1.5))
+            b.add(rng.lognormvariate(rng.uniform(-6, 3), 1.5))
+        windows.add_values(a, [rng.lognormvariate(-8, 2) for _ in range(50)])
+        a.merge(b)
+        c = _fast_sketch(bin_limit)
+        c.merge(a)  # into an empty one: a copy
+        for s in (a, b, c):
+            assert isinstance(s._store.bins, array) and s._store.bins.typecode == "d"

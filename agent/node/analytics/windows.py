@@ -14,9 +14,11 @@ values are clamped to [:data:`MIN_VALUE`, caller's maximum]).
 from __future__ import annotations
 
 import math
+from array import array
 from collections import deque
 from collections.abc import Iterator
 from operator import add
+from typing import Any
 
 from ddsketch import LogCollapsingLowestDenseDDSketch
 from ddsketch.store import CollapsingLowestDenseStore
@@ -29,9 +31,65 @@ WINDOWS_S: dict[str, float] = {"1m": 60.0, "5m": 300.0}
 
 
 class _Store(CollapsingLowestDenseStore):
-    """ddsketch's collapsing store whose merge adds the other store's bins with one slice operation instead of a
-    Python loop per bin: the same additions in the same bins (tests/test_span_windows.py checks it against the
-    library's own merge, collapsing included). A window read merges sketches of a few hundred bins each."""
+    """ddsketch's collapsing store with its bins in an ``array('d')``, not a list of float objects: the same doubles
+    (tests/test_span_windows.py holds every operation to the library's own store, collapsing included), 8 bytes a
+    bin instead of a pointer and, for every bin with a count, a 24-byte float (at 100 req/s ~1 MB of a model's
+    5-minute windows). Its merge adds the other store's bins with one slice operation instead of a Python loop per bin.
+    The library's methods that assign lists to the bins are overridden with the same arithmetic on arrays."""
+
+    bins: Any  # an array('d') here; the library declares a list
+
+    def _extend_range(self, key: int, second_key: int | None = None) -> None:
+        if second_key is None:
+            second_key = key
+        new_min_key = min(key, second_key, self.min_key)
+        new_max_key = max(key, second_key, self.max_key)
+        if self.length() == 0:
+            self.bins = _zeros(self._get_new_length(new_min_key, new_max_key))
+            self.offset = new_min_key
+            self._adjust(new_min_key, new_max_key)
+        elif new_min_key >= self.min_key and new_max_key < self.offset + self.length():
+            self.min_key = new_min_key
+            self.max_key = new_max_key
+        else:
+            new_length = self._get_new_length(new_min_key, new_max_key)
+            if new_length > self.length():
+                self.bins.extend(_zeros(new_length - self.length()))
+            self._adjust(new_min_key, new_max_key)
+
+    def _shift_bins(self, shift: int) -> None:
+        if shift > 0:
+            self.bins = _zeros(shift) + self.bins[:-shift]
+        else:
+            self.bins = self.bins[-shift:] + _zeros(-shift)
+        self.offset -= shift
+
+    def _adjust(self, new_min_key: int, new_max_key: int) -> None:
+        if new_max_key - new_min_key + 1 > self.length():  # too wide: the lowest bins collapse (the library's steps)
+            new_min_key = new_max_key - self.length() + 1
+            if new_min_key >= self.max_key:
+                self.offset = new_min_key
+                self.min_key = new_min_key
+                self.bins = _zeros(self.length())
+                self.bins[0] = self.count
+            else:
+                shift = self.offset - new_min_key
+                if shift < 0:
+                    start, end = self.min_key - self.offset, new_min_key - self.offset
+                    collapsed = sum(self.bins[start:end])
+                    self.bins[start:end] = _zeros(new_min_key - self.min_key)
+                    self.bins[end] += collapsed
+                    self.min_key = new_min_key
+                    self._shift_bins(shift)
+                else:
+                    self.min_key = new_min_key
+                    self._shift_bins(shift)
+            self.max_key = new_max_key
+            self.is_collapsed = True
+        else:
+            self._center_bins(new_min_key, new_max_key)
+            self.min_key = new_min_key
+            self.max_key = new_max_key
 
     def merge(self, store: CollapsingLowestDenseStore) -> None:
         if store.count == 0:
@@ -51,8 +109,17 @@ class _Store(CollapsingLowestDenseStore):
         lo, hi = first - self.offset, store.max_key + 1 - self.offset
         if hi > lo:
             src = first - store.offset
-            self.bins[lo:hi] = map(add, self.bins[lo:hi], store.bins[src : src + hi - lo])
+            self.bins[lo:hi] = array("d", map(add, self.bins[lo:hi], store.bins[src : src + hi - lo]))
         self.count += store.count
+
+    def copy(self, store: CollapsingLowestDenseStore) -> None:
+        super().copy(store)
+        if not isinstance(self.bins, array):  # a library store's list
+            self.bins = array("d", self.bins)
+
+
+def _zeros(n: int) -> array[float]:
+    return array("d", bytes(8 * n))
 
 
 def add_values(sketch: LogCollapsingLowestDenseDDSketch, values: list[float]) -> None:

@@ -49,8 +49,11 @@ PROMPT_BANDS = (1024, 4096, 16384)  # prompt tokens: <=1k, 1k-4k, 4k-16k, >16k
 CLIENT_CAPACITY = 16_384
 _NAN = math.nan
 FLOAT_COLUMNS = ("t", "ttft", "e2e", "queue", "prefill", "decode", "weight")
-_TYPECODE = {c: "d" if c == "t" else "f" for c in FLOAT_COLUMNS}
-_SIZE = {c: 8 if c == "t" else 4 for c in FLOAT_COLUMNS}
+
+
+def _float_column(column: str, n: int) -> array[float]:
+    """``n`` zeros of a float column: the stamp a double, the durations and the weight 32-bit floats."""
+    return array("d", bytes(8 * n)) if column == "t" else array("f", bytes(4 * n))
 
 
 def _band_names() -> tuple[str, ...]:
@@ -89,7 +92,7 @@ class RequestRecords:
         n = self._slots = min(capacity, INITIAL_SLOTS)
         # the stamp in a double (seconds since the epoch); the durations and the weight in 32-bit floats: 7 digits, a
         # microsecond below 10 s, and 24 bytes a record less (0.8 MB of the 5-minute window at 100 req/s)
-        self._f = {c: array(_TYPECODE[c], bytes(_SIZE[c] * n)) for c in FLOAT_COLUMNS}
+        self._f = {c: _float_column(c, n) for c in FLOAT_COLUMNS}
         self._i = {c: array("i", [-1]) * n for c in ("prompt", "completion", "preemptions")}
         self._model = array("H", bytes(2 * n))
         self._code = array("I", bytes(4 * n))  # attribute code (:func:`_code`): label set, band, preempted
@@ -189,7 +192,7 @@ class RequestRecords:
         def moved(col: Any, fill: Any, width: int = 1) -> Any:  # width: a record's items in the column
             return col[width * start :] + col[: width * start] + fill * (new - old)
 
-        self._f = {c: moved(a, array(_TYPECODE[c], [0.0])) for c, a in self._f.items()}
+        self._f = {c: moved(a, _float_column(c, 1)) for c, a in self._f.items()}
         self._i = {c: moved(a, array("i", [-1])) for c, a in self._i.items()}
         self._model = moved(self._model, array("H", [0]))
         self._code = moved(self._code, array("I", [0]))

@@ -229,3 +229,19 @@ def test_the_bins_stay_an_array_through_every_operation() -> None:
         c.merge(a)  # into an empty one: a copy
         for s in (a, b, c):
             assert isinstance(s._store.bins, array) and s._store.bins.typecode == "d"
+
+
+def test_a_new_sketch_is_the_librarys_with_the_shared_mapping() -> None:
+    import random
+
+    rng = random.Random(3)
+    values = [rng.lognormvariate(-1, 1) for _ in range(2_000)]
+    ours, lib = windows.new_sketch(), _library_sketch(windows.BIN_LIMIT)
+    for v in values:
+        ours.add(v)
+        lib.add(v)
+    assert _state(ours) == _state(lib)
+    assert ours._mapping is windows.new_sketch()._mapping  # one mapping for all
+    assert ours._relative_accuracy == lib._relative_accuracy
+    for q in (0.5, 0.9, 0.99):
+        assert ours.get_quantile_value(q) == lib.get_quantile_value(q)

@@ -21,6 +21,8 @@ from operator import add
 from typing import Any
 
 from ddsketch import LogCollapsingLowestDenseDDSketch
+from ddsketch.ddsketch import BaseDDSketch
+from ddsketch.mapping import LogarithmicMapping
 from ddsketch.store import CollapsingLowestDenseStore
 
 SUB_WINDOW_S = 10.0
@@ -149,10 +151,16 @@ def add_values(sketch: LogCollapsingLowestDenseDDSketch, values: list[float]) ->
     sketch._count, sketch._sum, sketch._zero_count, sketch._min, sketch._max = count, total, zeros, lo, hi
 
 
+# One key mapping for every sketch (its constants only; ddsketch makes one per sketch): what makes two sketches
+# mergeable is its relative accuracy, the same for all of them.
+_MAPPING = LogarithmicMapping(RELATIVE_ACCURACY)
+
+
 def new_sketch() -> LogCollapsingLowestDenseDDSketch:
-    sketch = LogCollapsingLowestDenseDDSketch(RELATIVE_ACCURACY, bin_limit=BIN_LIMIT)
-    sketch._store = _Store(BIN_LIMIT)
-    sketch._negative_store = _Store(BIN_LIMIT)
+    """An empty sketch as ``LogCollapsingLowestDenseDDSketch(RELATIVE_ACCURACY, bin_limit=BIN_LIMIT)`` makes it, with
+    the shared mapping and this module's array-backed stores."""
+    sketch = LogCollapsingLowestDenseDDSketch.__new__(LogCollapsingLowestDenseDDSketch)
+    BaseDDSketch.__init__(sketch, _MAPPING, _Store(BIN_LIMIT), _Store(BIN_LIMIT), 0.0)
     return sketch
 
 

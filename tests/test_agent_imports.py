@@ -42,7 +42,7 @@ def test_a_probe_of_a_well_formed_runtime_does_not_import_jsonschema() -> None:
 
 
 # What uvicorn's package __init__ imports for its command line (click) and its reloader and workers (multiprocessing),
-# which the agent never runs: cli/run.py's defer_uvicorn_package_init leaves them out.
+# which the agent never runs: cli/serve.py's defer_uvicorn_package_init leaves them out.
 UVICORN_CLI = ("uvicorn.main", "click", "uvicorn.supervisors", "multiprocessing")
 
 

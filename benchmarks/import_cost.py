@@ -60,8 +60,8 @@ CHAIN = [
     "inferwatch.agent.node.app",
     "inferwatch.agent.node.quietserver",
 ]
-# What `inferwatch run` calls between those imports (cli/serve.py's serve, before the server's module): uvicorn's package
-# __init__ deferred. A build without the call skips it.
+# What `inferwatch run` calls between those imports (cli/serve.py's serve, before the server's module): uvicorn's
+# package __init__ deferred. A build without the call skips it.
 CHAIN_CALLS = {"inferwatch.agent.cli.run": "getattr(inferwatch.agent.cli.run, 'defer_uvicorn_package_init', bool)()"}
 
 

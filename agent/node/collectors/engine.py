@@ -277,15 +277,9 @@ class EngineCollector(BaseCollector):
         progress: EngineReading | None = None
         deadline_s = self.fetch_timeout_s()
         try:
-            started = time.perf_counter()
             whole = True
-            if full:  # parsed while it streams in: the body is never held (a limit stops the fetch at once)
-                stream = self.parser.stream()
-                timed = _Timed(stream)
-                size = fetch_into(self._client, url, deadline_s, self.cfg.max_bytes, timed, self.limits.max_series)
-                sent_s = time.perf_counter() - started - timed.spent_s
-                self._read_bytes = size
-                reading = stream.finish()
+            if full:
+                reading, size, sent_s = self._full_fetch(url, deadline_s)
             else:  # a progress pass: its lines taken as the body arrives; the engine read in full if they fail
                 reading, progress, size, sent_s, whole = self._progress_fetch(url, deadline_s)
         except EngineScrapeError as exc:
@@ -409,12 +403,19 @@ class EngineCollector(BaseCollector):
             FILTER_RETRY_S,
         )
         del scan
+        reading, size, sent_s = self._full_fetch(url, deadline_s)
+        return reading, None, size, sent_s, True
+
+    def _full_fetch(self, url: str, deadline_s: float) -> tuple[EngineReading, int, float]:
+        """A full read, parsed while it streams in (the body is never held; a limit stops the fetch at once): the
+        reading, the body's bytes and the seconds the engine took to send it (the agent's parsing not counted)."""
         started = time.perf_counter()
         stream = self.parser.stream()
         timed = _Timed(stream)
         size = fetch_into(self._client, url, deadline_s, self.cfg.max_bytes, timed, self.limits.max_series)
+        sent_s = time.perf_counter() - started - timed.spent_s
         self._read_bytes = size
-        return stream.finish(), None, size, time.perf_counter() - started - timed.spent_s, True
+        return stream.finish(), size, sent_s
 
     def _progress_scan(self, hold: bool = True) -> ProgressScan:
         """A progress pass over the body as it arrives (agent/node/engine/progress.py), for the engine kind of the

@@ -61,8 +61,9 @@ CHAIN = [
     "inferwatch.agent.node.quietserver",
 ]
 # What `inferwatch run` calls between those imports (cli/serve.py's serve, before the server's module): uvicorn's
-# package __init__ deferred. A build without the call skips it.
-CHAIN_CALLS = {"inferwatch.agent.cli.run": "getattr(inferwatch.agent.cli.run, 'defer_uvicorn_package_init', bool)()"}
+# package __init__ deferred (in cli/serve.py since 9e76476, cli/run.py before). A build without the call skips it.
+_HOLDER = "sys.modules.get('inferwatch.agent.cli.serve', inferwatch.agent.cli.run)"
+CHAIN_CALLS = {"inferwatch.agent.cli.run": f"import sys\ngetattr({_HOLDER}, 'defer_uvicorn_package_init', bool)()"}
 
 
 def chain_step(module: str) -> str:

@@ -48,7 +48,7 @@ UVICORN_CLI = ("uvicorn.main", "click", "uvicorn.supervisors", "multiprocessing"
 
 def test_uvicorn_names_read_the_same_with_its_package_init_deferred() -> None:
     code = (
-        "from inferwatch.agent.cli.run import defer_uvicorn_package_init\nassert defer_uvicorn_package_init()\n"
+        "from inferwatch.agent.cli.serve import defer_uvicorn_package_init\nassert defer_uvicorn_package_init()\n"
         "import uvicorn, uvicorn.config, uvicorn.server\n"
         "assert uvicorn.Config is uvicorn.config.Config and uvicorn.Server is uvicorn.server.Server\n"
         "from inferwatch.agent.node import quietserver\nassert 'uvicorn.main' not in sys.modules\n"
@@ -57,8 +57,8 @@ def test_uvicorn_names_read_the_same_with_its_package_init_deferred() -> None:
     )
     assert {"uvicorn.main", "click"} <= _modules_after(code)  # asked for run: the real __init__ ran
     # a process that imported uvicorn first keeps it as it is
-    assert "click" in _modules_after("import uvicorn\nfrom inferwatch.agent.cli.run import defer_uvicorn_package_init\n"
-                                     "assert not defer_uvicorn_package_init()")  # fmt: skip
+    first = "import uvicorn\nfrom inferwatch.agent.cli.serve import defer_uvicorn_package_init\n"
+    assert "click" in _modules_after(first + "assert not defer_uvicorn_package_init()")
 
 
 def test_a_served_agent_does_not_import_trio_through_httpcore() -> None:
@@ -66,7 +66,7 @@ def test_a_served_agent_does_not_import_trio_through_httpcore() -> None:
     assert "trio" in _modules_after("import trio"), "trio is not installed: the test command's selenium brings it"
     # What serve() does before it builds the agent, then the agent's first HTTP client.
     code = (
-        "from inferwatch.agent.cli.run import block_unused_imports\n"
+        "from inferwatch.agent.cli.serve import block_unused_imports\n"
         "block_unused_imports()\nimport httpx\nhttpx.Client()"
     )
     mods = _modules_after(code)

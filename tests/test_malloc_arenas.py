@@ -7,7 +7,7 @@ import platform
 import subprocess
 import sys
 
-PROBE = "from inferwatch.agent.cli.run import cap_malloc_arenas; print(cap_malloc_arenas())"
+PROBE = "from inferwatch.agent.cli.serve import cap_malloc_arenas; print(cap_malloc_arenas())"
 
 
 def _run(env: dict[str, str]) -> str:

@@ -16,16 +16,7 @@ from inferwatch.agent.cli.common import (
     build_settings,
     setup_logging,
 )
-from inferwatch.agent.cli.serve import (  # noqa: F401  (re-exported: tests and benchmarks import them from here)
-    M_ARENA_MAX,
-    MALLOC_ARENAS,
-    UVICORN_NAMES,
-    block_unused_imports,
-    cap_malloc_arenas,
-    defer_uvicorn_package_init,
-    reexec,
-    serve,
-)
+from inferwatch.agent.cli.serve import reexec, serve
 
 
 def register(app: typer.Typer) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from inferwatch.agent.cli.serve import QUIET_LIBRARY_LEVEL, QUIET_LIBRARY_LOGGERS, setup_logging
+from inferwatch.agent.cli.serve import setup_logging
 from inferwatch.agent.common.userfiles import read_text_bounded
 from inferwatch.agent.config import Settings, load_settings
 from inferwatch.agent.errors import ConfigError
@@ -91,9 +91,4 @@ def build_settings(
         raise typer.Exit(2) from None
 
 
-# Libraries that log a line per request at INFO: httpx ("HTTP Request: GET ... 200", one per engine fetch,
-# probe and profile read) and httpcore under it, uvicorn's access log (one per API request). The agent says
-# what matters itself, once when a source starts failing and once when it recovers (inferwatch.agent.node.runner), so
-# these are held at WARNING whatever log_level is: their warnings and errors still show.
-
-__all__ = ["QUIET_LIBRARY_LEVEL", "QUIET_LIBRARY_LOGGERS", "setup_logging"]  # kept here for the commands
+__all__ = ["setup_logging"]  # the commands import it from here; it lives in cli/serve.py

@@ -28,6 +28,10 @@ REEXEC_ENV = "INFERWATCH_REEXEC"  # "0": serve in the command's own interpreter
 # Set by the ``inferwatch`` program's entry (cli/main.py ``main``): only then is the interpreter the command's own to
 # replace (not a test's, running the command in its process)
 PROGRAM: list[bool] = [False]
+# Libraries that log a line per request at INFO: httpx ("HTTP Request: GET ... 200", one per engine fetch,
+# probe and profile read) and httpcore under it, uvicorn's access log (one per API request). The agent says
+# what matters itself, once when a source starts failing and once when it recovers (inferwatch.agent.node.runner), so
+# these are held at WARNING whatever log_level is: their warnings and errors still show.
 QUIET_LIBRARY_LOGGERS = ("httpx", "httpcore", "uvicorn.access", "hpack", "urllib3")
 QUIET_LIBRARY_LEVEL = logging.WARNING
 
